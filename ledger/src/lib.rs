@@ -1,1 +1,87 @@
-//! flow-ledger
+//! flow-ledger: the durable lease ledger behind flow's at-most-once tool calls.
+//!
+//! One API ([`Ledger`]) over SQLite and PostgreSQL, chosen by URL. It stores the run
+//! queue, the steps of each run, the tool-call ledger with its effect attempts and usage,
+//! database-wide rate counters and the event outbox — and it owns the persisted states
+//! and their legal transitions ([`state`]), so that both backends only perform
+//! conditional updates that Rust has already decided are legal.
+//!
+//! # Table of contents
+//! - [`clock`]: [`Timestamp`] (ms since the epoch, UTC), [`Clock`], [`ManualClock`].
+//!   Every method takes `now`: no SQL reads the database clock.
+//! - [`worker`]: [`WorkerId`] `host:pid:start`, provable death on the same host.
+//! - [`state`]: [`RunStatus`], [`StepStatus`], [`CallStatus`], [`ErrorKind`], the claim
+//!   decision table (pure, unit tested).
+//! - [`model`]: requests and rows.
+//! - [`events`]: outbox [`Event`]s, written in the transaction of their state change.
+//! - [`Error`]: one enum; sqlx errors are mapped at the boundary.
+//! - the operations, each one transaction: `runs.rs` (queue), `steps.rs`, `calls.rs`
+//!   (claim), `outbound.rs` (mark_outbound, complete, in doubt, release), `resolve.rs`
+//!   (operator resolution, pure calls), `rate.rs`, `reads.rs`.
+//! - backend specifics: `sqlite.rs`, `postgres.rs` (connecting, migrations) and the
+//!   `FOR UPDATE` / `SKIP LOCKED` variants picked in place; `db.rs` runs shared SQL on
+//!   either driver.
+//!
+//! # The at-most-once protocol (DESIGN §7)
+//! 1. [`Ledger::claim_call`] → `Claimed(lease)`, `Replay`, `InDoubt`, or `Busy` /
+//!    `Conflict` / `LeaseLost` errors;
+//! 2. [`Ledger::rate_acquire`] (if limited: [`Ledger::release_call`], defer the step);
+//! 3. [`Ledger::mark_outbound`]: one fenced, durable statement — only then may bytes leave;
+//! 4. the adapter runs, [`Ledger::renew_call_lease`] while waiting;
+//! 5. [`Ledger::complete_call`] (outcome, attempt row, usage, step, next step, events in
+//!    one transaction) or [`Ledger::mark_in_doubt`].
+//!
+//! A worker that crashes between 3 and 5 leaves an `outbound` row; whoever claims the
+//! call next (after the lease expires, the holder is provably dead on this host, or the
+//! run was taken over under a newer run token) turns it `in_doubt` and pauses the step.
+//!
+//! # Fencing and liveness
+//! Every write after a claim carries the lease token in its `WHERE` clause. Expiry is
+//! checked only where new work or a side effect begins (`claim_call`, `mark_outbound`,
+//! `record_pure_call`): recording a fact that already happened (complete, finish, step
+//! writes) is accepted as long as the token still matches, i.e. nobody took over.
+//!
+//! # Performance and group commit
+//! Each method is one transaction (one fsync on SQLite `FULL`); a tool call costs three
+//! (claim, outbound, complete), a pure function one ([`Ledger::record_pure_call`]). The
+//! operations are written against a borrowed connection (`db::Conn`), not a pool, so a
+//! group-commit writer can later run many of them inside one SQLite `BEGIN IMMEDIATE` —
+//! a single task owning the write connection, draining a channel of requests, executing
+//! each under a `SAVEPOINT` (so one failing request rolls back alone) and committing
+//! once per batch, answering every request only after that commit. `mark_outbound` must
+//! then still be acknowledged only after the batch commit, which keeps its guarantee.
+
+pub mod clock;
+pub mod events;
+pub mod model;
+pub mod state;
+pub mod worker;
+
+mod calls;
+mod canonical;
+mod db;
+mod error;
+mod ledger;
+mod outbound;
+mod postgres;
+mod rate;
+mod reads;
+mod resolve;
+mod rows;
+mod runs;
+mod sqlite;
+mod steps;
+
+pub use canonical::{canonical_hash, canonical_json};
+pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use error::Error;
+pub use events::{Event, EventFilter, EventType};
+pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
+pub use model::{
+    Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, CompleteCall, Enqueued,
+    HeartbeatAck, InDoubtReport, NewRun, NewStep, PureCall, PureRecorded, RateAcquire,
+    RateDecision, Replayed, Resolution, Resolve, Run, RunFilter, RunFinish, RunLease, Scope, Step,
+    StepError, StepFinish, ToolCall, Usage, Window,
+};
+pub use state::{CallStatus, ErrorKind, RunStatus, StepStatus};
+pub use worker::WorkerId;

@@ -1,0 +1,516 @@
+//! Claiming a tool call: DESIGN §7's claim rules.
+//!
+//! One transaction: check the caller's run lease, read the call by id (then by key),
+//! let `state::decide_claim` decide, and perform exactly that conditional write. SQLite
+//! serializes claimers with `BEGIN IMMEDIATE`; PostgreSQL with `INSERT … ON CONFLICT DO
+//! NOTHING` followed by `SELECT … FOR UPDATE`, so two racing claimers never both win and a
+//! unique violation never reaches the caller.
+
+use serde_json::json;
+
+use crate::clock::Timestamp;
+use crate::db::{Conn, args};
+use crate::error::Error;
+use crate::events::{EventType, NewEvent, emit};
+use crate::ledger::{Ledger, check_run_lease};
+use crate::model::{CallClaim, CallLease, ClaimCall};
+use crate::rows::{CallRow, call_cols};
+use crate::state::{ClaimDecision, attempt_key, decide_claim, decide_foreign_claim};
+use crate::steps::pause_steps_in;
+use crate::worker::WorkerId;
+
+const SELECT_CALL: (&str, &str) = (
+    concat!(
+        "SELECT ",
+        call_cols!(),
+        " FROM tool_calls WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4"
+    ),
+    concat!(
+        "SELECT ",
+        call_cols!(),
+        " FROM tool_calls WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4 FOR UPDATE"
+    ),
+);
+
+const SELECT_CALL_BY_KEY: (&str, &str) = (
+    concat!(
+        "SELECT ",
+        call_cols!(),
+        " FROM tool_calls WHERE tenant = $1 AND workspace = $2 AND idempotency_key = $3"
+    ),
+    concat!(
+        "SELECT ",
+        call_cols!(),
+        " FROM tool_calls WHERE tenant = $1 AND workspace = $2 AND idempotency_key = $3 FOR UPDATE"
+    ),
+);
+
+/// How many times a claim re-reads after losing an insert race before giving up with a
+/// retryable error (one re-read always suffices; the bound only guards against a bug).
+const CLAIM_ROUNDS: usize = 4;
+
+pub(crate) async fn read_call(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    run_id: &str,
+    tool_call_id: &str,
+) -> Result<Option<CallRow>, Error> {
+    let s = ledger.scope();
+    let (sqlite, pg) = SELECT_CALL;
+    let sql = c.pick(sqlite, pg);
+    c.optional::<CallRow>(sql, args![&s.tenant, &s.workspace, run_id, tool_call_id])
+        .await
+}
+
+pub(crate) async fn read_call_by_key(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    key: &str,
+) -> Result<Option<CallRow>, Error> {
+    let s = ledger.scope();
+    let (sqlite, pg) = SELECT_CALL_BY_KEY;
+    let sql = c.pick(sqlite, pg);
+    c.optional::<CallRow>(sql, args![&s.tenant, &s.workspace, key])
+        .await
+}
+
+/// The identity check of a call row against a claim: same tool, key and request.
+pub(crate) fn check_identity(
+    row: &CallRow,
+    tool: &str,
+    key: &str,
+    request_hash: &str,
+) -> Result<(), Error> {
+    let reason = if row.tool != tool {
+        format!(
+            "tool call was recorded for tool {:?}, now {tool:?}",
+            row.tool
+        )
+    } else if row.idempotency_key != key {
+        format!(
+            "tool call was recorded with idempotency key {:?}, now {key:?}",
+            row.idempotency_key
+        )
+    } else if row.request_hash != request_hash {
+        "tool call identity was reused with a different request".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(Error::Conflict {
+        other_run: row.run_id.clone(),
+        other_node: row.tool_call_id.clone(),
+        reason,
+    })
+}
+
+/// The check of another call that already uses the claimed key.
+pub(crate) fn check_foreign(
+    other: &CallRow,
+    run_id: &str,
+    tool: &str,
+    request_hash: &str,
+) -> Result<(), Error> {
+    let reason = if other.run_id == run_id {
+        "idempotency key already used by another node of this run".to_owned()
+    } else if other.tool != tool || other.request_hash != request_hash {
+        "idempotency key already used by another run with a different request".to_owned()
+    } else {
+        return Ok(());
+    };
+    Err(Error::Conflict {
+        other_run: other.run_id.clone(),
+        other_node: other.tool_call_id.clone(),
+        reason,
+    })
+}
+
+/// Writes the `tool_call.in_doubt` event.
+pub(crate) async fn emit_in_doubt(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    row: &CallRow,
+    reason: &str,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let payload = json!({
+        "tool": row.tool,
+        "attempt": row.attempt_count,
+        "key": attempt_key(&row.idempotency_key, u32::try_from(row.attempt_count).unwrap_or(0)),
+        "outbound_started_at": row.outbound_started_at.map(Timestamp),
+        "step_id": row.step_id,
+        "reason": reason,
+    });
+    emit(
+        c,
+        ledger.scope(),
+        now,
+        NewEvent {
+            event_type: EventType::ToolCallInDoubt,
+            run_id: &row.run_id,
+            step_id: Some(&row.step_id),
+            tool_call_id: Some(&row.tool_call_id),
+            payload,
+        },
+    )
+    .await
+}
+
+/// One `tool_call_attempts` row.
+pub(crate) struct AttemptRecord<'a> {
+    pub run_id: &'a str,
+    pub tool_call_id: &'a str,
+    pub step_id: &'a str,
+    pub attempt: i64,
+    pub sent_key: String,
+    pub outbound_started_at: Option<i64>,
+    pub outcome: &'static str,
+    pub error_kind: Option<&'static str>,
+    pub error_message: Option<String>,
+    pub requests_sent: u32,
+}
+
+pub(crate) async fn insert_attempt(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    a: AttemptRecord<'_>,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let s = ledger.scope();
+    c.execute(
+        "INSERT INTO tool_call_attempts (tenant, workspace, id, run_id, tool_call_id, step_id,
+            attempt, sent_key, outbound_started_at, finished_at, outcome, error_kind,
+            error_message, requests_sent)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        args![
+            &s.tenant,
+            &s.workspace,
+            format!("att_{}", ulid::Ulid::generate()),
+            a.run_id,
+            a.tool_call_id,
+            a.step_id,
+            a.attempt,
+            a.sent_key,
+            a.outbound_started_at,
+            now,
+            a.outcome,
+            a.error_kind,
+            a.error_message,
+            a.requests_sent,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// One `usage` row per request sent (DESIGN fix ⑫: usage counts requests).
+pub(crate) async fn insert_usage(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    lease: &CallLease,
+    requests: u32,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let s = ledger.scope();
+    for _ in 0..requests {
+        c.execute(
+            "INSERT INTO usage (tenant, workspace, id, run_id, tool_call_id, tool, attempt,
+                sent_key, kind, quantity, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'request', 1, $9)",
+            args![
+                &s.tenant,
+                &s.workspace,
+                format!("use_{}", ulid::Ulid::generate()),
+                &lease.run_id,
+                &lease.tool_call_id,
+                &lease.tool,
+                lease.attempt,
+                &lease.key,
+                now,
+            ],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Moves an abandoned `outbound` call to `in_doubt` (takeover), with its attempt row,
+/// paused steps and event.
+async fn take_over_to_in_doubt(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    row: &CallRow,
+    caller_step: &str,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let s = ledger.scope();
+    let n = c
+        .execute(
+            "UPDATE tool_calls SET status = 'in_doubt', in_doubt_at = $5, lease_holder = NULL,
+                lease_expires_at = NULL, lease_token = lease_token + 1, updated_at = $5
+             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+               AND status = 'outbound' AND lease_token = $6",
+            args![
+                &s.tenant,
+                &s.workspace,
+                &row.run_id,
+                &row.tool_call_id,
+                now,
+                row.lease_token,
+            ],
+        )
+        .await?;
+    if n == 0 {
+        return Err(Error::Backend {
+            message: "tool call changed under a row lock".into(),
+            retryable: true,
+        });
+    }
+    let reason = format!(
+        "lease of {} ended after the request may have left; outcome unknown",
+        row.lease_holder.as_deref().unwrap_or("?")
+    );
+    insert_attempt(
+        c,
+        ledger,
+        AttemptRecord {
+            run_id: &row.run_id,
+            tool_call_id: &row.tool_call_id,
+            step_id: &row.step_id,
+            attempt: row.attempt_count,
+            sent_key: attempt_key(
+                &row.idempotency_key,
+                u32::try_from(row.attempt_count).unwrap_or(0),
+            ),
+            outbound_started_at: row.outbound_started_at,
+            outcome: "unknown",
+            error_kind: Some("unknown"),
+            error_message: Some(reason.clone()),
+            requests_sent: 0,
+        },
+        now,
+    )
+    .await?;
+    pause_steps_in(
+        c,
+        ledger,
+        &row.run_id,
+        [&row.step_id, caller_step],
+        &row.tool_call_id,
+        now,
+    )
+    .await?;
+    emit_in_doubt(c, ledger, row, &reason, now).await
+}
+
+impl Ledger {
+    /// Claims a node's tool call (DESIGN §7). See the crate docs for the rules; in short:
+    /// no row → `Claimed` (attempt 1); terminal → `Replay` (failed + `retry_failed` →
+    /// `Claimed` with attempt n+1 and key `<base>:<n+1>`); abandoned `claimed` → taken
+    /// over (`Claimed`, same attempt and key); abandoned `outbound` → `InDoubt` (step
+    /// paused, `tool_call.in_doubt` emitted, same transaction); a live lease → `Busy`.
+    /// The same key in another run: same request → that call's outcome (`from_run` set)
+    /// or `Busy`/`InDoubt` while it is open; different request → `Conflict`.
+    pub async fn claim_call(&self, req: ClaimCall<'_>, now: Timestamp) -> Result<CallClaim, Error> {
+        let s = self.scope();
+        let run = req.run;
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        check_run_lease(&mut c, s, run, Some(now)).await?;
+        let expires_at = now.plus(req.lease);
+        for _ in 0..CLAIM_ROUNDS {
+            let row = read_call(&mut c, self, &run.run_id, &req.tool_call_id).await?;
+            let Some(row) = row else {
+                if let Some(other) = read_call_by_key(&mut c, self, &req.idempotency_key).await? {
+                    check_foreign(&other, &run.run_id, &req.tool, &req.request_hash)?;
+                    let outcome = match decide_foreign_claim(&other.facts()?, now) {
+                        ClaimDecision::Replay => {
+                            CallClaim::Replay(other.replayed(Some(other.run_id.clone()))?)
+                        }
+                        ClaimDecision::Busy { holder, until } => {
+                            return Err(Error::Busy { holder, until });
+                        }
+                        _ => {
+                            // In doubt in the other run: this step waits on it too.
+                            pause_steps_in(
+                                &mut c,
+                                self,
+                                &run.run_id,
+                                [&req.step_id, &req.step_id],
+                                &req.tool_call_id,
+                                now,
+                            )
+                            .await?;
+                            CallClaim::InDoubt {
+                                since: Timestamp(other.in_doubt_at.unwrap_or(now.0)),
+                            }
+                        }
+                    };
+                    tx.commit().await?;
+                    return Ok(outcome);
+                }
+                let inserted = c
+                    .optional::<CallRow>(
+                        concat!(
+                            "INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id,
+                                step_id, tool, idempotency_key, request, request_hash, status,
+                                attempt_count, outbound_requests, lease_holder, lease_token,
+                                run_token, lease_expires_at, created_at, updated_at)
+                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'claimed', 1, 0,
+                                $10, 1, $11, $12, $13, $13)
+                             ON CONFLICT DO NOTHING
+                             RETURNING ",
+                            call_cols!()
+                        ),
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            &run.run_id,
+                            &req.tool_call_id,
+                            &req.step_id,
+                            &req.tool,
+                            &req.idempotency_key,
+                            req.request.to_string(),
+                            &req.request_hash,
+                            run.worker.as_str(),
+                            run.token,
+                            expires_at,
+                            now,
+                        ],
+                    )
+                    .await?;
+                match inserted {
+                    Some(row) => {
+                        let lease = self.lease_from(&row, &run.worker)?;
+                        self.tie_step(&mut c, &req, now).await?;
+                        tx.commit().await?;
+                        return Ok(CallClaim::Claimed(lease));
+                    }
+                    // Lost an insert race (PostgreSQL): the winner has committed; re-read.
+                    None => continue,
+                }
+            };
+            check_identity(&row, &req.tool, &req.idempotency_key, &req.request_hash)?;
+            let facts = row.facts()?;
+            let decision =
+                decide_claim(&facts, req.retry_failed, run.token, row.holder_dead(), now);
+            let sql = match decision {
+                ClaimDecision::Replay => {
+                    return Ok(CallClaim::Replay(row.replayed(None)?));
+                }
+                ClaimDecision::Busy { holder, until } => {
+                    return Err(Error::Busy { holder, until });
+                }
+                ClaimDecision::InDoubt(since) => {
+                    pause_steps_in(
+                        &mut c,
+                        self,
+                        &run.run_id,
+                        [&req.step_id, &req.step_id],
+                        &req.tool_call_id,
+                        now,
+                    )
+                    .await?;
+                    tx.commit().await?;
+                    return Ok(CallClaim::InDoubt {
+                        since: since.unwrap_or(now),
+                    });
+                }
+                ClaimDecision::ToInDoubt => {
+                    take_over_to_in_doubt(&mut c, self, &row, &req.step_id, now).await?;
+                    tx.commit().await?;
+                    return Ok(CallClaim::InDoubt { since: now });
+                }
+                ClaimDecision::NewAttempt => concat!(
+                    "UPDATE tool_calls SET status = 'claimed', attempt_count = attempt_count + 1,
+                        lease_holder = $5, lease_token = lease_token + 1, run_token = $6,
+                        lease_expires_at = $7, step_id = $8, output = NULL, error_kind = NULL,
+                        error_message = NULL, finished_at = NULL, updated_at = $9
+                     WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+                       AND status = 'failed' AND lease_token = $10
+                     RETURNING ",
+                    call_cols!()
+                ),
+                ClaimDecision::Takeover => concat!(
+                    "UPDATE tool_calls SET lease_holder = $5, lease_token = lease_token + 1,
+                        run_token = $6, lease_expires_at = $7, step_id = $8, updated_at = $9
+                     WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+                       AND status = 'claimed' AND lease_token = $10
+                     RETURNING ",
+                    call_cols!()
+                ),
+            };
+            let updated = c
+                .optional::<CallRow>(
+                    sql,
+                    args![
+                        &s.tenant,
+                        &s.workspace,
+                        &run.run_id,
+                        &req.tool_call_id,
+                        run.worker.as_str(),
+                        run.token,
+                        expires_at,
+                        &req.step_id,
+                        now,
+                        row.lease_token,
+                    ],
+                )
+                .await?;
+            if let Some(updated) = updated {
+                let lease = self.lease_from(&updated, &run.worker)?;
+                self.tie_step(&mut c, &req, now).await?;
+                tx.commit().await?;
+                return Ok(CallClaim::Claimed(lease));
+            }
+        }
+        Err(Error::Backend {
+            message: format!(
+                "claim of tool call {} did not settle after {CLAIM_ROUNDS} rounds",
+                req.tool_call_id
+            ),
+            retryable: true,
+        })
+    }
+
+    fn lease_from(&self, row: &CallRow, worker: &WorkerId) -> Result<CallLease, Error> {
+        let attempt = u32::try_from(row.attempt_count).map_err(|_| Error::Corrupt {
+            what: format!("attempt_count {}", row.attempt_count),
+        })?;
+        Ok(CallLease {
+            run_id: row.run_id.clone(),
+            tool_call_id: row.tool_call_id.clone(),
+            step_id: row.step_id.clone(),
+            tool: row.tool.clone(),
+            worker: worker.clone(),
+            token: row.lease_token,
+            attempt,
+            key: attempt_key(&row.idempotency_key, attempt),
+            run_token: row.run_token,
+            expires_at: Timestamp(row.lease_expires_at.unwrap_or(0)),
+        })
+    }
+
+    /// Records on the claiming step which call it made (for `flow show` and resolve).
+    async fn tie_step(
+        &self,
+        c: &mut Conn<'_>,
+        req: &ClaimCall<'_>,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let s = self.scope();
+        c.execute(
+            "UPDATE steps SET tool_call_id = $5, updated_at = $6
+             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4",
+            args![
+                &s.tenant,
+                &s.workspace,
+                &req.run.run_id,
+                &req.step_id,
+                &req.tool_call_id,
+                now,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+}

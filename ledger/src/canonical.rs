@@ -1,0 +1,75 @@
+//! Canonical request hashes.
+//!
+//! A request hash identifies "the same request" across retries, resumes and runs
+//! (DESIGN §7: same key + same hash = the same call). It must not depend on key order
+//! or on serde_json's `preserve_order` feature, so objects are written with sorted keys.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// `sha256:<hex>` of the canonical JSON of `v` (objects with keys sorted, no spaces).
+pub fn canonical_hash(v: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    let digest = Sha256::digest(out.as_bytes());
+    let mut hex = String::with_capacity(7 + 64);
+    hex.push_str("sha256:");
+    for b in digest {
+        hex.push_str(&format!("{b:02x}"));
+    }
+    hex
+}
+
+/// The canonical JSON text of `v`.
+pub fn canonical_json(v: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(v, &mut out);
+    out
+}
+
+fn write_canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String((*k).clone()).to_string());
+                out.push(':');
+                write_canonical(&map[k.as_str()], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write_canonical(item, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn key_order_does_not_matter() {
+        let a = json!({"b": 1, "a": {"y": [1, 2], "x": null}});
+        let b: Value = serde_json::from_str(r#"{"a":{"x":null,"y":[1,2]},"b":1}"#).expect("json");
+        assert_eq!(canonical_hash(&a), canonical_hash(&b));
+        assert_eq!(canonical_json(&a), r#"{"a":{"x":null,"y":[1,2]},"b":1}"#);
+        assert_ne!(canonical_hash(&a), canonical_hash(&json!({"b": 2})));
+        assert!(canonical_hash(&a).starts_with("sha256:"));
+        assert_eq!(canonical_hash(&a).len(), 7 + 64);
+    }
+}

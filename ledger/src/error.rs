@@ -1,0 +1,161 @@
+//! `ledger::Error`: one enum for the storage boundary.
+//!
+//! sqlx errors are mapped here and only here, so callers act on meaning (`LeaseLost`: stop,
+//! `Busy`: someone else is working, `Conflict`: identity reused with other input) and a
+//! unique-constraint violation never reaches them raw.
+
+use crate::clock::Timestamp;
+
+/// Everything a ledger method can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The row does not exist in this tenant/workspace.
+    #[error("{what} not found")]
+    NotFound {
+        /// What was looked up, e.g. `run run_01H…`.
+        what: String,
+    },
+    /// An identity (run id, tool_call_id, idempotency key) was reused with different input.
+    #[error("conflict with run {other_run} node {other_node}: {reason}")]
+    Conflict {
+        /// The run that already owns the identity.
+        other_run: String,
+        /// The node (tool_call_id) that already owns it (empty for run-level conflicts).
+        other_node: String,
+        /// What differs.
+        reason: String,
+    },
+    /// A live lease is held by someone else: never two workers (or senders) at once.
+    #[error("busy: leased by {holder} until {until}")]
+    Busy {
+        /// The holder's worker id.
+        holder: String,
+        /// When its lease ends unless renewed.
+        until: Timestamp,
+    },
+    /// This worker no longer holds the lease it wrote under (expired and taken over, or
+    /// fenced out by a newer token). The caller must stop: it may not send or record.
+    #[error("lease lost: this worker no longer holds the lease")]
+    LeaseLost,
+    /// The call's outcome is unknown; it waits for a resolution.
+    #[error("tool call is in doubt since {since}")]
+    InDoubt {
+        /// When it became in doubt.
+        since: Timestamp,
+    },
+    /// The requested change is not a legal transition from the current state.
+    #[error("{what} cannot go from {from} to {to}")]
+    InvalidTransition {
+        /// `run`, `step` or `tool call`.
+        what: &'static str,
+        /// Current state.
+        from: String,
+        /// Requested state or action.
+        to: String,
+    },
+    /// The run already finished; nothing may change it.
+    #[error("run is already {status}")]
+    Terminal {
+        /// Its terminal status.
+        status: crate::RunStatus,
+    },
+    /// A value is larger than `OpenOptions::output_limit_bytes` (never truncated).
+    #[error("output is {size} bytes, over the limit of {limit} bytes")]
+    OutputTooLarge {
+        /// The configured limit.
+        limit: usize,
+        /// The value's size as JSON.
+        size: usize,
+    },
+    /// The database cannot be reached or opened. The CLI maps this to exit code 5.
+    #[error("database {url} is unavailable: {reason}")]
+    Unavailable {
+        /// The URL with any password replaced by `***`.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// The URL's scheme is neither `sqlite:` nor `postgres:`/`postgresql:`.
+    #[error("unsupported database URL {url}: expected sqlite://PATH or postgres://…")]
+    UnsupportedUrl {
+        /// The URL with any password replaced by `***`.
+        url: String,
+    },
+    /// Migrations could not be applied.
+    #[error("migration failed: {0}")]
+    Migrate(String),
+    /// A stored value does not parse (a row written by a newer or broken version).
+    #[error("corrupt ledger data: {what}")]
+    Corrupt {
+        /// What failed to parse.
+        what: String,
+    },
+    /// Any other database error. `retryable` is true for transient conditions (connection
+    /// lost, pool timeout, SQLITE_BUSY, serialization failure, deadlock).
+    #[error("database error: {message}")]
+    Backend {
+        /// The driver's message (never contains bound values, so never secrets).
+        message: String,
+        /// Whether repeating the operation may succeed.
+        retryable: bool,
+    },
+}
+
+impl Error {
+    /// Whether repeating the same operation may succeed (a transient backend problem).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Backend {
+                retryable: true,
+                ..
+            }
+        )
+    }
+}
+
+impl From<sqlx::Error> for Error {
+    fn from(e: sqlx::Error) -> Self {
+        let retryable = match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(db) => {
+                let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+                // SQLite: 5 BUSY, 6 LOCKED (and their extended codes, low byte).
+                // PostgreSQL: 40001 serialization, 40P01 deadlock, 57P01 admin shutdown,
+                // class 08 connection exceptions.
+                let sqlite_busy = code
+                    .parse::<i64>()
+                    .map(|c| matches!(c & 0xff, 5 | 6))
+                    .unwrap_or(false);
+                sqlite_busy
+                    || matches!(code.as_str(), "40001" | "40P01" | "57P01" | "55P03")
+                    || code.starts_with("08")
+            }
+            _ => false,
+        };
+        if let sqlx::Error::Database(db) = &e
+            && db.is_unique_violation()
+        {
+            // Callers handle the races they expect; one that slips through is still a
+            // conflict of identities, never a raw driver error.
+            return Error::Conflict {
+                other_run: String::new(),
+                other_node: String::new(),
+                reason: format!("identity already in use ({})", db.message()),
+            };
+        }
+        Error::Backend {
+            message: e.to_string(),
+            retryable,
+        }
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for Error {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        Error::Migrate(e.to_string())
+    }
+}

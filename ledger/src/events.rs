@@ -1,0 +1,176 @@
+//! Outbox events (DESIGN §2 guarantee 4, issue 7 item 1).
+//!
+//! Each state-changing method inserts its events into `outbox` inside its own
+//! transaction: no event without its state change, no state change without its event.
+//! Payloads carry only what the ledger already stores (redacted), never secret values.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::clock::Timestamp;
+use crate::db::{Conn, args};
+use crate::error::Error;
+use crate::model::Scope;
+
+/// The event types flow emits. Consumers filter on [`EventType::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EventType {
+    /// A run entered the queue.
+    #[serde(rename = "run.queued")]
+    RunQueued,
+    /// A worker claimed a run (emitted on every claim, takeovers included).
+    #[serde(rename = "run.started")]
+    RunStarted,
+    /// A run paused (in doubt, or operator).
+    #[serde(rename = "run.paused")]
+    RunPaused,
+    /// A run succeeded.
+    #[serde(rename = "run.succeeded")]
+    RunSucceeded,
+    /// A run failed.
+    #[serde(rename = "run.failed")]
+    RunFailed,
+    /// A run was cancelled.
+    #[serde(rename = "run.cancelled")]
+    RunCancelled,
+    /// A step started running.
+    #[serde(rename = "step.started")]
+    StepStarted,
+    /// A step succeeded.
+    #[serde(rename = "step.succeeded")]
+    StepSucceeded,
+    /// A step failed.
+    #[serde(rename = "step.failed")]
+    StepFailed,
+    /// A retry step was created, waiting for its backoff.
+    #[serde(rename = "step.retry_scheduled")]
+    StepRetryScheduled,
+    /// A tool call became in doubt.
+    #[serde(rename = "tool_call.in_doubt")]
+    ToolCallInDoubt,
+    /// An in-doubt tool call was resolved.
+    #[serde(rename = "tool_call.resolved")]
+    ToolCallResolved,
+}
+
+impl EventType {
+    /// Every type.
+    pub const ALL: &'static [EventType] = &[
+        Self::RunQueued,
+        Self::RunStarted,
+        Self::RunPaused,
+        Self::RunSucceeded,
+        Self::RunFailed,
+        Self::RunCancelled,
+        Self::StepStarted,
+        Self::StepSucceeded,
+        Self::StepFailed,
+        Self::StepRetryScheduled,
+        Self::ToolCallInDoubt,
+        Self::ToolCallResolved,
+    ];
+
+    /// The stored and delivered name, e.g. `tool_call.in_doubt`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RunQueued => "run.queued",
+            Self::RunStarted => "run.started",
+            Self::RunPaused => "run.paused",
+            Self::RunSucceeded => "run.succeeded",
+            Self::RunFailed => "run.failed",
+            Self::RunCancelled => "run.cancelled",
+            Self::StepStarted => "step.started",
+            Self::StepSucceeded => "step.succeeded",
+            Self::StepFailed => "step.failed",
+            Self::StepRetryScheduled => "step.retry_scheduled",
+            Self::ToolCallInDoubt => "tool_call.in_doubt",
+            Self::ToolCallResolved => "tool_call.resolved",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn parse(s: &str) -> Option<EventType> {
+        Self::ALL.iter().copied().find(|t| t.as_str() == s)
+    }
+}
+
+/// An event as stored in the outbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// Delivery order within the database.
+    pub seq: i64,
+    /// `evt_<ULID>`: what consumers dedupe on.
+    pub id: String,
+    /// Type.
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    /// When the state change happened (the `now` of the method that made it).
+    pub time: Timestamp,
+    /// Run id.
+    pub run_id: Option<String>,
+    /// Step id.
+    pub step_id: Option<String>,
+    /// Tool call id.
+    pub tool_call_id: Option<String>,
+    /// Details (no secret values).
+    pub payload: Value,
+}
+
+/// Which events [`crate::Ledger::list_events`] returns (oldest first).
+#[derive(Debug, Clone, Default)]
+pub struct EventFilter {
+    /// Only events of this run.
+    pub run_id: Option<String>,
+    /// Only events with `seq` greater than this (a consumer checkpoint).
+    pub after_seq: Option<i64>,
+    /// At most this many (0 = 1000).
+    pub limit: u32,
+}
+
+/// An event about to be written.
+pub(crate) struct NewEvent<'a> {
+    pub(crate) event_type: EventType,
+    pub(crate) run_id: &'a str,
+    pub(crate) step_id: Option<&'a str>,
+    pub(crate) tool_call_id: Option<&'a str>,
+    pub(crate) payload: Value,
+}
+
+impl<'a> NewEvent<'a> {
+    pub(crate) fn run(event_type: EventType, run_id: &'a str, payload: Value) -> Self {
+        Self {
+            event_type,
+            run_id,
+            step_id: None,
+            tool_call_id: None,
+            payload,
+        }
+    }
+}
+
+/// Inserts one event in the caller's transaction.
+pub(crate) async fn emit(
+    conn: &mut Conn<'_>,
+    scope: &Scope,
+    now: Timestamp,
+    ev: NewEvent<'_>,
+) -> Result<(), Error> {
+    let id = format!("evt_{}", ulid::Ulid::generate());
+    conn.execute(
+        "INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id, payload)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        args![
+            &scope.tenant,
+            &scope.workspace,
+            id,
+            ev.event_type.as_str(),
+            now,
+            ev.run_id,
+            ev.step_id,
+            ev.tool_call_id,
+            ev.payload.to_string(),
+        ],
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,247 @@
+//! The `Ledger` facade: opening, options, and the helpers every operation shares.
+//!
+//! The operations themselves live in `runs.rs`, `steps.rs`, `calls.rs`, `resolve.rs`,
+//! `rate.rs` and `reads.rs`, each an `impl Ledger` block over the same backend-neutral
+//! [`crate::db::Conn`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::clock::Timestamp;
+use crate::db::{Conn, Pool, args};
+use crate::error::Error;
+use crate::model::{RunLease, Scope};
+use crate::rows::{RunRow, run_cols};
+use crate::state::RunStatus;
+use crate::{postgres, sqlite};
+
+/// SQLite's `synchronous` setting: the durability/throughput trade-off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SqliteSynchronous {
+    /// Every commit is fsynced: durable against power loss (the default).
+    #[default]
+    Full,
+    /// WAL commits are fsynced only at checkpoints: faster, still safe against process
+    /// crashes, but a power loss may roll back the last commits — including an
+    /// `outbound` mark, which would let a request be sent twice. Use only where the
+    /// machine's power loss is not a concern.
+    Normal,
+}
+
+/// How to open a ledger.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Tenant and workspace of every row this handle reads or writes.
+    pub scope: Scope,
+    /// SQLite durability (ignored for PostgreSQL).
+    pub sqlite_synchronous: SqliteSynchronous,
+    /// Pool size (0 = backend default: 8 for SQLite, 10 for PostgreSQL).
+    pub max_connections: u32,
+    /// Apply pending migrations on open (the CLI's `flow migrate` calls
+    /// [`Ledger::migrate`] with this off).
+    pub migrate: bool,
+    /// Largest step, call or run output stored, in bytes of JSON. Larger outputs fail
+    /// the step with a permanent error naming the limit; nothing is truncated.
+    pub output_limit_bytes: usize,
+    /// How long to wait for a database connection before `Unavailable`.
+    pub connect_timeout: Duration,
+    /// SQLite `busy_timeout`: how long a writer waits for another writer.
+    pub busy_timeout: Duration,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            scope: Scope::default(),
+            sqlite_synchronous: SqliteSynchronous::Full,
+            max_connections: 0,
+            migrate: true,
+            output_limit_bytes: 1024 * 1024,
+            connect_timeout: Duration::from_secs(5),
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The durable ledger of runs, steps and tool calls, on SQLite or PostgreSQL.
+/// Cheap to clone (a pool inside); share it between tasks.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    pub(crate) inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) scope: Scope,
+    pub(crate) url_redacted: String,
+    pub(crate) output_limit: usize,
+}
+
+impl Ledger {
+    /// Opens `sqlite://PATH` (or `sqlite:PATH`; the file and its parent directory are
+    /// created if missing) or `postgres://…` / `postgresql://…`, and applies migrations
+    /// unless `opts.migrate` is off.
+    pub async fn open(url: &str, opts: OpenOptions) -> Result<Ledger, Error> {
+        let url_redacted = redact_url(url);
+        let pool = if let Some(path) = sqlite::path_of(url) {
+            Pool::Sqlite(sqlite::connect(path, &url_redacted, &opts).await?)
+        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Pool::Postgres(postgres::connect(url, &url_redacted, &opts).await?)
+        } else {
+            return Err(Error::UnsupportedUrl { url: url_redacted });
+        };
+        let ledger = Ledger {
+            inner: Arc::new(Inner {
+                pool,
+                scope: opts.scope.clone(),
+                url_redacted,
+                output_limit: opts.output_limit_bytes,
+            }),
+        };
+        if opts.migrate {
+            ledger.migrate().await?;
+        }
+        Ok(ledger)
+    }
+
+    /// Applies pending migrations (embedded from `migrations/{sqlite,postgres}`).
+    /// Safe to call concurrently: PostgreSQL takes an advisory lock, SQLite a write lock.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        match &self.inner.pool {
+            Pool::Sqlite(p) => sqlite::MIGRATOR.run(p).await?,
+            Pool::Postgres(p) => postgres::MIGRATOR.run(p).await?,
+        }
+        Ok(())
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn backend_name(&self) -> &'static str {
+        match &self.inner.pool {
+            Pool::Sqlite(_) => "sqlite",
+            Pool::Postgres(_) => "postgres",
+        }
+    }
+
+    /// The URL this ledger was opened with, password hidden: safe for logs and errors.
+    pub fn url_redacted(&self) -> &str {
+        &self.inner.url_redacted
+    }
+
+    /// The tenant and workspace of this handle.
+    pub fn scope(&self) -> &Scope {
+        &self.inner.scope
+    }
+
+    /// The output limit in bytes.
+    pub fn output_limit_bytes(&self) -> usize {
+        self.inner.output_limit
+    }
+
+    /// Closes the pool (waits for connections to return). Other clones become unusable.
+    pub async fn close(&self) {
+        self.inner.pool.close().await;
+    }
+
+    pub(crate) fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// Serializes a value that will be stored, refusing it when over the output limit.
+    pub(crate) fn checked_json(&self, v: &Value) -> Result<String, Error> {
+        let s = v.to_string();
+        if s.len() > self.inner.output_limit {
+            return Err(Error::OutputTooLarge {
+                limit: self.inner.output_limit,
+                size: s.len(),
+            });
+        }
+        Ok(s)
+    }
+}
+
+/// Reads a run row (PostgreSQL: `FOR SHARE`, so a concurrent claim that bumps the lease
+/// token waits until this transaction ends and fencing holds for all of it).
+pub(crate) async fn read_run_shared(
+    conn: &mut Conn<'_>,
+    scope: &Scope,
+    run_id: &str,
+) -> Result<RunRow, Error> {
+    let sql = conn.pick(
+        concat!(
+            "SELECT ",
+            run_cols!(),
+            " FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3"
+        ),
+        concat!(
+            "SELECT ",
+            run_cols!(),
+            " FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3 FOR SHARE"
+        ),
+    );
+    conn.optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
+        .await?
+        .ok_or_else(|| Error::NotFound {
+            what: format!("run {run_id}"),
+        })
+}
+
+/// Checks that `lease` still holds its run: same worker, same token, status running and,
+/// when `live_at` is given, not expired at that time. Expiry is checked only where new
+/// work or a side effect begins (claims, `mark_outbound`): recording a fact that already
+/// happened is still correct as long as nobody took the run over (the token says that).
+pub(crate) async fn check_run_lease(
+    conn: &mut Conn<'_>,
+    scope: &Scope,
+    lease: &RunLease,
+    live_at: Option<Timestamp>,
+) -> Result<RunRow, Error> {
+    let row = read_run_shared(conn, scope, &lease.run_id).await?;
+    let held = row.status()? == RunStatus::Running
+        && row.lease_token == lease.token
+        && row.worker.as_deref() == Some(lease.worker.as_str())
+        && live_at.is_none_or(|now| row.lease_expires_at.is_some_and(|e| e > now.0));
+    if held { Ok(row) } else { Err(Error::LeaseLost) }
+}
+
+/// Hides the password of `scheme://user:password@host/…`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            let host = &authority[at + 1..];
+            let user = userinfo.split(':').next().unwrap_or("");
+            if userinfo.contains(':') {
+                format!("{scheme}://{user}:***@{host}{tail}")
+            } else {
+                format!("{scheme}://{userinfo}@{host}{tail}")
+            }
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn redacts_passwords_only() {
+        assert_eq!(
+            redact_url("postgres://u:s3cret@db:5432/flow"),
+            "postgres://u:***@db:5432/flow"
+        );
+        assert_eq!(redact_url("postgres://u@db/flow"), "postgres://u@db/flow");
+        assert_eq!(
+            redact_url("sqlite://.flow/flow.db"),
+            "sqlite://.flow/flow.db"
+        );
+    }
+}

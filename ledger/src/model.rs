@@ -1,0 +1,579 @@
+//! The ledger's request and row types.
+//!
+//! Requests with more than a few fields are structs (STYLE: no bare bool arguments); rows
+//! are plain data with serde so the CLI can print them as JSON as they are.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::clock::Timestamp;
+use crate::state::{CallStatus, ErrorKind, RunStatus, StepStatus};
+use crate::worker::WorkerId;
+
+/// Which tenant and workspace a [`crate::Ledger`] handle reads and writes. Fixed when the
+/// ledger is opened, so no query can forget to filter by it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Scope {
+    /// Tenant (default `default`).
+    pub tenant: String,
+    /// Workspace within the tenant (default `default`).
+    pub workspace: String,
+}
+
+impl Default for Scope {
+    fn default() -> Self {
+        Self {
+            tenant: "default".into(),
+            workspace: "default".into(),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Runs
+
+/// A run to put on the queue.
+#[derive(Debug, Clone)]
+pub struct NewRun {
+    /// `run_<ULID>`, chosen by the caller so that a retried submit is idempotent.
+    pub id: String,
+    /// The workflow's `name`.
+    pub workflow_name: String,
+    /// The YAML text the run will execute (a snapshot: editing the file later does not
+    /// change a queued or paused run).
+    pub workflow_text: String,
+    /// Hash of `workflow_text`, compared on idempotent re-submit.
+    pub workflow_hash: String,
+    /// The run's inputs.
+    pub inputs: Value,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Not claimable before this time (`None` = at once).
+    pub not_before: Option<Timestamp>,
+}
+
+/// The result of [`crate::Ledger::enqueue`].
+#[derive(Debug, Clone)]
+pub struct Enqueued {
+    /// The run as stored.
+    pub run: Run,
+    /// False when the same run (same id, hash and inputs) was already there.
+    pub created: bool,
+}
+
+/// A run as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    /// Run id.
+    pub id: String,
+    /// Current status.
+    pub status: RunStatus,
+    /// Workflow name.
+    pub workflow_name: String,
+    /// Workflow YAML snapshot.
+    pub workflow_text: String,
+    /// Hash of the snapshot.
+    pub workflow_hash: String,
+    /// Inputs.
+    pub inputs: Value,
+    /// Final output, once succeeded.
+    pub output: Option<Value>,
+    /// Final error message, once failed or cancelled.
+    pub error: Option<String>,
+    /// Why it paused, while paused.
+    pub pause_reason: Option<String>,
+    /// Enqueue time.
+    pub created_at: Timestamp,
+    /// First claim time.
+    pub started_at: Option<Timestamp>,
+    /// Terminal time.
+    pub finished_at: Option<Timestamp>,
+    /// Not claimable before this time.
+    pub not_before: Timestamp,
+    /// Current or last lease holder.
+    pub worker: Option<WorkerId>,
+    /// Current lease token (fencing token; +1 per claim).
+    pub lease_token: i64,
+    /// Lease end while running.
+    pub lease_expires_at: Option<Timestamp>,
+    /// A cancel was requested; the holder stops at its next heartbeat.
+    pub cancel_requested: bool,
+    /// Queue priority.
+    pub priority: i32,
+}
+
+/// Which runs [`crate::Ledger::list_runs`] returns (newest first).
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    /// Only runs in this status.
+    pub status: Option<RunStatus>,
+    /// At most this many (0 = 100).
+    pub limit: u32,
+}
+
+/// A batch claim from the run queue.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRuns<'a> {
+    /// Who claims.
+    pub worker: &'a WorkerId,
+    /// Lease length; renew with `heartbeat` well before it ends.
+    pub lease: Duration,
+    /// At most this many runs.
+    pub limit: u32,
+}
+
+/// Ownership of a run by a worker. Every write on the run's behalf carries `token`: a
+/// worker whose run was taken over gets `LeaseLost` instead of a silent success.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunLease {
+    /// The run.
+    pub run_id: String,
+    /// The holder.
+    pub worker: WorkerId,
+    /// Fencing token, strictly increasing per run.
+    pub token: i64,
+    /// Lease end at the time of the claim or last heartbeat.
+    pub expires_at: Timestamp,
+}
+
+/// What a heartbeat tells the holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatAck {
+    /// The new lease end.
+    pub expires_at: Timestamp,
+    /// Someone asked to cancel the run: stop starting new work.
+    pub cancel_requested: bool,
+}
+
+/// How a run ends.
+#[derive(Debug, Clone)]
+pub struct RunFinish {
+    /// `Succeeded`, `Failed` or `Cancelled`.
+    pub status: RunStatus,
+    /// Output of a succeeded run.
+    pub output: Option<Value>,
+    /// Error message of a failed or cancelled run.
+    pub error: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Steps
+
+/// A step to create: `node` for the first attempt, `node_retry<n>` for retry n.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewStep {
+    /// Step id.
+    pub step_id: String,
+    /// Node id.
+    pub node_id: String,
+    /// Retry index (0 for the first attempt).
+    pub retry: u32,
+    /// Durable backoff: not to be started before this.
+    pub not_before: Option<Timestamp>,
+    /// `Pending`, `Running` or `Skipped`.
+    pub status: StepStatus,
+}
+
+/// An error with its kind, as stored on steps and calls.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepError {
+    /// What the executor may do about it.
+    pub kind: ErrorKind,
+    /// Human-readable message (no secret values).
+    pub message: String,
+}
+
+/// How a step ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepFinish {
+    /// Step id.
+    pub step_id: String,
+    /// `Succeeded`, `Failed`, `Skipped` or `Cancelled`.
+    pub status: StepStatus,
+    /// Output of a succeeded step (limited to `output_limit_bytes`).
+    pub output: Option<Value>,
+    /// Error of a failed step.
+    pub error: Option<StepError>,
+}
+
+/// A step as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// Run id.
+    pub run_id: String,
+    /// Step id.
+    pub step_id: String,
+    /// Node id.
+    pub node_id: String,
+    /// Retry index.
+    pub retry: u32,
+    /// Current status.
+    pub status: StepStatus,
+    /// Durable backoff.
+    pub not_before: Option<Timestamp>,
+    /// Creation time.
+    pub created_at: Timestamp,
+    /// Start time.
+    pub started_at: Option<Timestamp>,
+    /// End time.
+    pub finished_at: Option<Timestamp>,
+    /// Output.
+    pub output: Option<Value>,
+    /// Error kind.
+    pub error_kind: Option<ErrorKind>,
+    /// Error message.
+    pub error_message: Option<String>,
+    /// The tool call this step claimed, if any.
+    pub tool_call_id: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Tool calls
+
+/// A claim on a node's tool call (DESIGN §7).
+#[derive(Debug, Clone)]
+pub struct ClaimCall<'a> {
+    /// The caller's run lease (the claim is refused with `LeaseLost` without it).
+    pub run: &'a RunLease,
+    /// The step making this attempt.
+    pub step_id: String,
+    /// The node id; stable across the node's steps.
+    pub tool_call_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Base idempotency key; attempt n sends `<key>:<n>`.
+    pub idempotency_key: String,
+    /// The redacted request (secret names only).
+    pub request: Value,
+    /// [`crate::canonical_hash`] of the request, computed by the caller.
+    pub request_hash: String,
+    /// A failed call starts a new effect attempt instead of being replayed.
+    pub retry_failed: bool,
+    /// Call lease length.
+    pub lease: Duration,
+}
+
+/// Ownership of a call by a step. Carries everything the fenced writes need.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallLease {
+    /// Run id.
+    pub run_id: String,
+    /// Node id.
+    pub tool_call_id: String,
+    /// The step that holds it.
+    pub step_id: String,
+    /// Tool name (for usage rows).
+    pub tool: String,
+    /// The holder.
+    pub worker: WorkerId,
+    /// Call fencing token.
+    pub token: i64,
+    /// Effect attempt number (1-based).
+    pub attempt: u32,
+    /// The key to SEND: `<base>:<attempt>`.
+    pub key: String,
+    /// The run lease token this claim was made under.
+    pub run_token: i64,
+    /// Lease end.
+    pub expires_at: Timestamp,
+}
+
+/// A terminal outcome returned without calling the tool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Replayed {
+    /// `Succeeded` or `Failed`.
+    pub status: CallStatus,
+    /// Stored output.
+    pub output: Option<Value>,
+    /// Stored error.
+    pub error: Option<StepError>,
+    /// Set when replaying another run's call that used the same key and request.
+    pub from_run: Option<String>,
+    /// Effect attempts of the replayed call.
+    pub attempt_count: u32,
+    /// Requests it sent.
+    pub outbound_requests: u32,
+}
+
+/// The answer to a claim that did not fail.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallClaim {
+    /// This step may send (after `mark_outbound`).
+    Claimed(CallLease),
+    /// The call is terminal: use the stored outcome.
+    Replay(Replayed),
+    /// The call is (or just became, by this claim's takeover) in doubt: the step is
+    /// paused; the engine pauses the run once independent branches finish.
+    InDoubt {
+        /// When it became in doubt.
+        since: Timestamp,
+    },
+}
+
+/// A call's terminal outcome.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallOutcome {
+    /// The tool succeeded with this output.
+    Succeeded(Value),
+    /// The tool failed.
+    Failed(StepError),
+}
+
+/// Recording the outcome of an outbound call.
+#[derive(Debug, Clone)]
+pub struct CompleteCall<'a> {
+    /// The call lease (fenced: token and run lease must still match).
+    pub lease: &'a CallLease,
+    /// What happened.
+    pub outcome: CallOutcome,
+    /// Requests actually sent in this attempt (one usage row each).
+    pub requests_sent: u32,
+    /// Finish the step in the same transaction.
+    pub step: Option<StepFinish>,
+    /// Create the next step (e.g. `node_retry1` with `not_before`) in the same transaction.
+    pub next_step: Option<NewStep>,
+}
+
+/// The worker learned that the outcome of an outbound call is unknown.
+#[derive(Debug, Clone)]
+pub struct InDoubtReport {
+    /// Requests that left (or may have left) in this attempt.
+    pub requests_sent: u32,
+    /// What happened (timeout, connection lost…).
+    pub message: String,
+}
+
+/// A pure in-process function's call: recorded terminal in one commit.
+#[derive(Debug, Clone)]
+pub struct PureCall<'a> {
+    /// The run lease.
+    pub run: &'a RunLease,
+    /// The step (created if missing, then finished from `outcome`).
+    pub step: NewStep,
+    /// Node id.
+    pub tool_call_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Base idempotency key.
+    pub idempotency_key: String,
+    /// Redacted request.
+    pub request: Value,
+    /// Canonical hash of the request.
+    pub request_hash: String,
+    /// The function's result.
+    pub outcome: CallOutcome,
+    /// Overwrite a failed call with a new attempt instead of replaying it.
+    pub retry_failed: bool,
+    /// Create the next step (a retry) in the same transaction.
+    pub next_step: Option<NewStep>,
+}
+
+/// What [`crate::Ledger::record_pure_call`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PureRecorded {
+    /// The outcome was recorded and the step finished with it.
+    Recorded,
+    /// A terminal call already existed: the step was finished with the stored outcome,
+    /// which the engine must use instead of the fresh one.
+    Replayed(Replayed),
+}
+
+/// An operator's decision on an in-doubt call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Resolution {
+    /// It happened; this is its output.
+    Succeeded(Value),
+    /// It did not happen (or failed); this is why.
+    Failed(String),
+    /// Re-send with the same key and attempt (safe only if the downstream dedupes).
+    Retry,
+}
+
+impl Resolution {
+    /// The stored text (`succeeded`, `failed`, `retry`).
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Resolution::Succeeded(_) => "succeeded",
+            Resolution::Failed(_) => "failed",
+            Resolution::Retry => "retry",
+        }
+    }
+}
+
+/// Settling an in-doubt call.
+#[derive(Debug, Clone)]
+pub struct Resolve {
+    /// Run id.
+    pub run_id: String,
+    /// Node id.
+    pub tool_call_id: String,
+    /// The decision.
+    pub resolution: Resolution,
+    /// Who decided (OS user or worker id).
+    pub by: String,
+    /// Why.
+    pub note: Option<String>,
+}
+
+/// A tool call as stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// Run id.
+    pub run_id: String,
+    /// Node id.
+    pub tool_call_id: String,
+    /// The step that last claimed it.
+    pub step_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Current status.
+    pub status: CallStatus,
+    /// Effect attempts started.
+    pub attempt_count: u32,
+    /// Requests known to have been sent.
+    pub outbound_requests: u32,
+    /// Base idempotency key.
+    pub idempotency_key: String,
+    /// Key of the current attempt (`<base>:<attempt_count>`).
+    pub current_key: String,
+    /// Last outbound mark.
+    pub outbound_started_at: Option<Timestamp>,
+    /// When it became in doubt.
+    pub in_doubt_at: Option<Timestamp>,
+    /// Lease holder (`None` when released or never leased).
+    pub lease_holder: Option<WorkerId>,
+    /// Call fencing token.
+    pub lease_token: i64,
+    /// Lease end.
+    pub lease_expires_at: Option<Timestamp>,
+    /// Output.
+    pub output: Option<Value>,
+    /// Error kind.
+    pub error_kind: Option<ErrorKind>,
+    /// Error message.
+    pub error_message: Option<String>,
+    /// Operator resolution (`succeeded`, `failed`, `retry`).
+    pub resolution: Option<String>,
+    /// Who resolved it.
+    pub resolved_by: Option<String>,
+    /// When.
+    pub resolved_at: Option<Timestamp>,
+    /// Why.
+    pub resolution_note: Option<String>,
+    /// Redacted request.
+    pub request: Value,
+    /// Canonical request hash.
+    pub request_hash: String,
+    /// Creation time.
+    pub created_at: Timestamp,
+    /// Terminal time.
+    pub finished_at: Option<Timestamp>,
+}
+
+/// One effect attempt that reached an outcome.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// Node id.
+    pub tool_call_id: String,
+    /// Step that made it.
+    pub step_id: String,
+    /// Attempt number.
+    pub attempt: u32,
+    /// Key sent.
+    pub sent_key: String,
+    /// Outbound mark.
+    pub outbound_started_at: Option<Timestamp>,
+    /// Outcome time.
+    pub finished_at: Timestamp,
+    /// `succeeded`, `failed` or `unknown`.
+    pub outcome: String,
+    /// Error kind.
+    pub error_kind: Option<ErrorKind>,
+    /// Error message.
+    pub error_message: Option<String>,
+    /// Requests sent in this attempt.
+    pub requests_sent: u32,
+}
+
+/// One request sent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Node id.
+    pub tool_call_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Attempt number.
+    pub attempt: u32,
+    /// Key sent.
+    pub sent_key: String,
+    /// `request`.
+    pub kind: String,
+    /// Always 1 for requests.
+    pub quantity: i64,
+    /// When.
+    pub created_at: Timestamp,
+}
+
+// ---------------------------------------------------------------------------------------
+// Rate limits
+
+/// A fixed counting window, aligned to UTC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Window {
+    /// The current UTC minute (`hh:mm:00.000` to the next minute).
+    Minute,
+    /// The current UTC day (`00:00:00.000Z` to the next midnight): a daily quota.
+    Day,
+}
+
+impl Window {
+    /// Stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Window::Minute => "minute",
+            Window::Day => "day",
+        }
+    }
+
+    /// Window length in milliseconds.
+    pub fn millis(self) -> i64 {
+        match self {
+            Window::Minute => 60_000,
+            Window::Day => 86_400_000,
+        }
+    }
+
+    /// Start of the window containing `t`.
+    pub fn start(self, t: Timestamp) -> Timestamp {
+        Timestamp(t.0.div_euclid(self.millis()) * self.millis())
+    }
+}
+
+/// One request asking to be counted.
+#[derive(Debug, Clone)]
+pub struct RateAcquire {
+    /// What is limited, e.g. a tool name.
+    pub key: String,
+    /// Which window.
+    pub window: Window,
+    /// At most this many per window.
+    pub limit: u32,
+}
+
+/// The answer of [`crate::Ledger::rate_acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateDecision {
+    /// Counted; `count` requests used in this window so far.
+    Granted {
+        /// Count after this request.
+        count: u32,
+    },
+    /// The window is full; try again at `retry_at` (the next window's start).
+    Limited {
+        /// Next window start.
+        retry_at: Timestamp,
+    },
+}

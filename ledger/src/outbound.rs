@@ -1,0 +1,291 @@
+//! After the claim: the fenced writes of a call lease holder.
+//!
+//! `mark_outbound` is the pivot of at-most-once: ONE conditional `UPDATE` that checks, in
+//! the same statement, that this worker still holds the call lease (token, holder,
+//! unexpired) *and* the run lease (worker, token, unexpired, running). It commits before
+//! returning, so a request is only ever written after the mark is durable, and a worker
+//! that lost either lease can never send.
+
+use std::time::Duration;
+
+use crate::clock::Timestamp;
+use crate::db::{Arg, Conn, args};
+use crate::error::Error;
+use crate::ledger::Ledger;
+use crate::model::{CallLease, CallOutcome, CompleteCall, InDoubtReport, StepError};
+use crate::rows::{CallRow, call_cols};
+use crate::state::ErrorKind;
+use crate::steps::{create_step_in, finish_step_in, pause_steps_in};
+
+use crate::calls::{AttemptRecord, emit_in_doubt, insert_attempt, insert_usage, read_call};
+
+/// The fencing clause shared by the holder's writes: `$1..$7` are tenant, workspace,
+/// run_id, tool_call_id, call token, holder, run token.
+macro_rules! fenced {
+    () => {
+        " WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+            AND lease_token = $5 AND lease_holder = $6
+            AND EXISTS (SELECT 1 FROM runs r WHERE r.tenant = $1 AND r.workspace = $2
+                AND r.id = $3 AND r.status = 'running' AND r.worker = $6
+                AND r.lease_token = $7) "
+    };
+}
+
+fn fence_args(ledger: &Ledger, lease: &CallLease) -> Vec<Arg> {
+    let s = ledger.scope();
+    args![
+        &s.tenant,
+        &s.workspace,
+        &lease.run_id,
+        &lease.tool_call_id,
+        lease.token,
+        lease.worker.as_str(),
+        lease.run_token,
+    ]
+}
+
+impl Ledger {
+    /// claimed → outbound, durably, before any byte of the request is written. Refused
+    /// with `LeaseLost` unless this worker still holds both the call lease and the run
+    /// lease, unexpired, checked in the same statement.
+    pub async fn mark_outbound(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
+        let mut pc = self.pool().acquire().await?;
+        let mut c = pc.conn();
+        let mut a = fence_args(self, lease);
+        a.push(now.into());
+        let n = c
+            .execute(
+                concat!(
+                    "UPDATE tool_calls SET status = 'outbound', outbound_started_at = $8,
+                        updated_at = $8",
+                    fenced!(),
+                    " AND status = 'claimed' AND lease_expires_at > $8
+                      AND EXISTS (SELECT 1 FROM runs r2 WHERE r2.tenant = $1
+                        AND r2.workspace = $2 AND r2.id = $3 AND r2.lease_expires_at > $8)"
+                ),
+                a,
+            )
+            .await?;
+        if n == 1 {
+            return Ok(());
+        }
+        match read_call(&mut c, self, &lease.run_id, &lease.tool_call_id).await? {
+            None => Err(Error::NotFound {
+                what: format!("tool call {}/{}", lease.run_id, lease.tool_call_id),
+            }),
+            Some(_) => Err(Error::LeaseLost),
+        }
+    }
+
+    /// Extends the call lease while the adapter works (fenced by tokens; see
+    /// `complete_call` for why expiry alone does not refuse).
+    pub async fn renew_call_lease(
+        &self,
+        lease: &CallLease,
+        duration: Duration,
+        now: Timestamp,
+    ) -> Result<Timestamp, Error> {
+        let expires_at = now.plus(duration);
+        let mut pc = self.pool().acquire().await?;
+        let mut a = fence_args(self, lease);
+        a.push(expires_at.into());
+        a.push(now.into());
+        let n = pc
+            .conn()
+            .execute(
+                concat!(
+                    "UPDATE tool_calls SET lease_expires_at = $8, updated_at = $9",
+                    fenced!(),
+                    " AND status IN ('claimed', 'outbound')"
+                ),
+                a,
+            )
+            .await?;
+        if n == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(expires_at)
+    }
+
+    /// Records the outcome of an outbound call, in ONE transaction: the call's terminal
+    /// state, `outbound_requests += requests_sent`, an attempt row, one usage row per
+    /// request, the optional step finish and next step, and their events.
+    ///
+    /// Fenced by the call token and the run token, but not by expiry: if the lease ran
+    /// out and nobody took the call over, recording the outcome that really happened is
+    /// strictly better than leaving it in doubt; if someone did take over, the token
+    /// changed (the call is `in_doubt`) and this is `LeaseLost`.
+    pub async fn complete_call(&self, req: CompleteCall<'_>, now: Timestamp) -> Result<(), Error> {
+        let lease = req.lease;
+        let (status, output, error) = match &req.outcome {
+            CallOutcome::Succeeded(v) => match self.checked_json(v) {
+                Ok(s) => ("succeeded", Some(s), None),
+                Err(e) => (
+                    "failed",
+                    None,
+                    Some(StepError {
+                        kind: ErrorKind::Permanent,
+                        message: format!(
+                            "the tool succeeded but its {e}; the output was not stored"
+                        ),
+                    }),
+                ),
+            },
+            CallOutcome::Failed(e) => ("failed", None, Some(e.clone())),
+        };
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        let mut a = fence_args(self, lease);
+        a.extend(args![
+            status,
+            output,
+            error.as_ref().map(|e| e.kind.as_str()),
+            error.as_ref().map(|e| e.message.clone()),
+            req.requests_sent,
+            now,
+        ]);
+        let row = c
+            .optional::<CallRow>(
+                concat!(
+                    "UPDATE tool_calls SET status = $8, output = $9, error_kind = $10,
+                        error_message = $11, outbound_requests = outbound_requests + $12,
+                        finished_at = $13, updated_at = $13, lease_holder = NULL,
+                        lease_expires_at = NULL",
+                    fenced!(),
+                    " AND status = 'outbound' RETURNING ",
+                    call_cols!()
+                ),
+                a,
+            )
+            .await?
+            .ok_or(Error::LeaseLost)?;
+        insert_attempt(
+            &mut c,
+            self,
+            AttemptRecord {
+                run_id: &lease.run_id,
+                tool_call_id: &lease.tool_call_id,
+                step_id: &lease.step_id,
+                attempt: i64::from(lease.attempt),
+                sent_key: lease.key.clone(),
+                outbound_started_at: row.outbound_started_at,
+                outcome: status,
+                error_kind: error.as_ref().map(|e| e.kind.as_str()),
+                error_message: error.as_ref().map(|e| e.message.clone()),
+                requests_sent: req.requests_sent,
+            },
+            now,
+        )
+        .await?;
+        insert_usage(&mut c, self, lease, req.requests_sent, now).await?;
+        self.step_effects(&mut c, &lease.run_id, &req, now).await?;
+        tx.commit().await
+    }
+
+    async fn step_effects(
+        &self,
+        c: &mut Conn<'_>,
+        run_id: &str,
+        req: &CompleteCall<'_>,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        if let Some(finish) = &req.step {
+            finish_step_in(c, self, run_id, finish, now).await?;
+        }
+        if let Some(next) = &req.next_step {
+            create_step_in(c, self, run_id, next, now).await?;
+        }
+        Ok(())
+    }
+
+    /// The worker itself learned that the outcome is unknown (timeout or connection lost
+    /// after the request left): outbound → in_doubt with an `unknown` attempt row, usage
+    /// rows, the step paused and `tool_call.in_doubt`, in one fenced transaction.
+    pub async fn mark_in_doubt(
+        &self,
+        lease: &CallLease,
+        report: InDoubtReport,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        let mut a = fence_args(self, lease);
+        a.extend(args![report.message.clone(), report.requests_sent, now]);
+        let row = c
+            .optional::<CallRow>(
+                concat!(
+                    "UPDATE tool_calls SET status = 'in_doubt', in_doubt_at = $10,
+                        error_kind = 'unknown', error_message = $8,
+                        outbound_requests = outbound_requests + $9, updated_at = $10,
+                        lease_holder = NULL, lease_expires_at = NULL,
+                        lease_token = lease_token + 1",
+                    fenced!(),
+                    " AND status = 'outbound' RETURNING ",
+                    call_cols!()
+                ),
+                a,
+            )
+            .await?
+            .ok_or(Error::LeaseLost)?;
+        insert_attempt(
+            &mut c,
+            self,
+            AttemptRecord {
+                run_id: &lease.run_id,
+                tool_call_id: &lease.tool_call_id,
+                step_id: &lease.step_id,
+                attempt: i64::from(lease.attempt),
+                sent_key: lease.key.clone(),
+                outbound_started_at: row.outbound_started_at,
+                outcome: "unknown",
+                error_kind: Some(ErrorKind::Unknown.as_str()),
+                error_message: Some(report.message.clone()),
+                requests_sent: report.requests_sent,
+            },
+            now,
+        )
+        .await?;
+        insert_usage(&mut c, self, lease, report.requests_sent, now).await?;
+        pause_steps_in(
+            &mut c,
+            self,
+            &lease.run_id,
+            [&lease.step_id, &row.step_id],
+            &lease.tool_call_id,
+            now,
+        )
+        .await?;
+        emit_in_doubt(&mut c, self, &row, &report.message, now).await?;
+        tx.commit().await
+    }
+
+    /// Gives back a claim that never went outbound (rate limited, deferred). It is not an
+    /// attempt and leaves nothing that blocks a later claim: the row stays `claimed` with
+    /// no holder and a lease that expired at `now`, attempt count and key unchanged, so
+    /// the next claim of this call takes it over and sends the same key.
+    pub async fn release_call(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let n = pc
+            .conn()
+            .execute(
+                "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $7, updated_at = $7
+                 WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+                   AND lease_token = $5 AND lease_holder = $6 AND status = 'claimed'",
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    &lease.run_id,
+                    &lease.tool_call_id,
+                    lease.token,
+                    lease.worker.as_str(),
+                    now,
+                ],
+            )
+            .await?;
+        if n == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
+    }
+}

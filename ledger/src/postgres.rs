@@ -1,0 +1,41 @@
+//! PostgreSQL specifics: connection settings and migrations.
+//!
+//! The run queue is claimed with `FOR UPDATE SKIP LOCKED`, call claims with
+//! `INSERT … ON CONFLICT DO NOTHING` followed by `SELECT … FOR UPDATE` (in `runs.rs` and
+//! `calls.rs`); everything else is the SQL shared with SQLite.
+
+use std::str::FromStr;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+use crate::error::Error;
+use crate::ledger::OpenOptions;
+
+/// The PostgreSQL migrations, embedded at build time.
+pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+
+pub(crate) async fn connect(
+    url: &str,
+    url_redacted: &str,
+    opts: &OpenOptions,
+) -> Result<PgPool, Error> {
+    let unavailable = |reason: String| Error::Unavailable {
+        url: url_redacted.to_owned(),
+        reason,
+    };
+    let connect = PgConnectOptions::from_str(url)
+        .map_err(|e| unavailable(format!("bad URL: {e}")))?
+        .statement_cache_capacity(256)
+        .application_name("flow");
+    let max = if opts.max_connections == 0 {
+        10
+    } else {
+        opts.max_connections
+    };
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(opts.connect_timeout)
+        .connect_with(connect)
+        .await
+        .map_err(|e| unavailable(e.to_string()))
+}

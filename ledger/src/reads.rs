@@ -1,0 +1,194 @@
+//! Reads: runs, steps, calls, attempts, usage, events, counts. Each is one statement on a
+//! pooled connection (no write lock taken).
+
+use crate::db::args;
+use crate::error::Error;
+use crate::events::{Event, EventFilter};
+use crate::ledger::Ledger;
+use crate::model::{Attempt, Run, RunFilter, Step, ToolCall, Usage};
+use crate::rows::{
+    AttemptRow, CallRow, EventRow, RunRow, StepRow, TextIntRow, UsageRow, call_cols, run_cols,
+    step_cols,
+};
+use crate::state::RunStatus;
+
+impl Ledger {
+    /// One run.
+    pub async fn get_run(&self, run_id: &str) -> Result<Run, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        pc.conn()
+            .optional::<RunRow>(
+                concat!(
+                    "SELECT ",
+                    run_cols!(),
+                    " FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3"
+                ),
+                args![&s.tenant, &s.workspace, run_id],
+            )
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: format!("run {run_id}"),
+            })?
+            .into_run()
+    }
+
+    /// Runs, newest first.
+    pub async fn list_runs(&self, filter: RunFilter) -> Result<Vec<Run>, Error> {
+        let s = self.scope();
+        let limit = if filter.limit == 0 { 100 } else { filter.limit };
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<RunRow>(
+                concat!(
+                    "SELECT ",
+                    run_cols!(),
+                    " FROM runs WHERE tenant = $1 AND workspace = $2
+                       AND ($3 IS NULL OR status = $3)
+                     ORDER BY created_at DESC, id DESC LIMIT $4"
+                ),
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    filter.status.map(|st| st.as_str()),
+                    i64::from(limit),
+                ],
+            )
+            .await?;
+        rows.into_iter().map(RunRow::into_run).collect()
+    }
+
+    /// How many runs are in each status (every status listed, zeros included): queue
+    /// depth and the like for metrics.
+    pub async fn count_runs_by_status(&self) -> Result<Vec<(RunStatus, i64)>, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<TextIntRow>(
+                "SELECT status AS t, COUNT(*) AS n FROM runs
+                 WHERE tenant = $1 AND workspace = $2 GROUP BY status",
+                args![&s.tenant, &s.workspace],
+            )
+            .await?;
+        let mut out: Vec<(RunStatus, i64)> = RunStatus::ALL.iter().map(|st| (*st, 0)).collect();
+        for r in rows {
+            let st: RunStatus = r.t.parse()?;
+            if let Some(slot) = out.iter_mut().find(|(k, _)| *k == st) {
+                slot.1 = r.n;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The steps of a run, in creation order.
+    pub async fn list_steps(&self, run_id: &str) -> Result<Vec<Step>, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<StepRow>(
+                concat!(
+                    "SELECT ",
+                    step_cols!(),
+                    " FROM steps WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+                     ORDER BY created_at, step_id"
+                ),
+                args![&s.tenant, &s.workspace, run_id],
+            )
+            .await?;
+        rows.into_iter().map(StepRow::into_step).collect()
+    }
+
+    /// The tool calls of a run, in creation order.
+    pub async fn list_calls(&self, run_id: &str) -> Result<Vec<ToolCall>, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<CallRow>(
+                concat!(
+                    "SELECT ",
+                    call_cols!(),
+                    " FROM tool_calls WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+                     ORDER BY created_at, tool_call_id"
+                ),
+                args![&s.tenant, &s.workspace, run_id],
+            )
+            .await?;
+        rows.into_iter().map(CallRow::into_call).collect()
+    }
+
+    /// One tool call.
+    pub async fn get_call(&self, run_id: &str, tool_call_id: &str) -> Result<ToolCall, Error> {
+        let mut pc = self.pool().acquire().await?;
+        crate::calls::read_call(&mut pc.conn(), self, run_id, tool_call_id)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: format!("tool call {run_id}/{tool_call_id}"),
+            })?
+            .into_call()
+    }
+
+    /// The effect attempts of a run's calls, by call and attempt.
+    pub async fn list_attempts(&self, run_id: &str) -> Result<Vec<Attempt>, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<AttemptRow>(
+                "SELECT tool_call_id, step_id, attempt, sent_key, outbound_started_at,
+                    finished_at, outcome, error_kind, error_message, requests_sent
+                 FROM tool_call_attempts WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+                 ORDER BY tool_call_id, attempt, finished_at, id",
+                args![&s.tenant, &s.workspace, run_id],
+            )
+            .await?;
+        rows.into_iter().map(AttemptRow::into_attempt).collect()
+    }
+
+    /// The usage rows (one per request sent) of a run.
+    pub async fn list_usage(&self, run_id: &str) -> Result<Vec<Usage>, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<UsageRow>(
+                "SELECT tool_call_id, tool, attempt, sent_key, kind, quantity, created_at
+                 FROM usage WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+                 ORDER BY tool_call_id, attempt, created_at, id",
+                args![&s.tenant, &s.workspace, run_id],
+            )
+            .await?;
+        Ok(rows.into_iter().map(UsageRow::into_usage).collect())
+    }
+
+    /// Outbox events, oldest first.
+    pub async fn list_events(&self, filter: EventFilter) -> Result<Vec<Event>, Error> {
+        let s = self.scope();
+        let limit = if filter.limit == 0 {
+            1000
+        } else {
+            filter.limit
+        };
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<EventRow>(
+                "SELECT seq, id, type, time, run_id, step_id, tool_call_id, payload
+                 FROM outbox WHERE tenant = $1 AND workspace = $2
+                   AND ($3 IS NULL OR run_id = $3) AND seq > $4
+                 ORDER BY seq LIMIT $5",
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    filter.run_id,
+                    filter.after_seq.unwrap_or(-1),
+                    i64::from(limit),
+                ],
+            )
+            .await?;
+        rows.into_iter().map(EventRow::into_event).collect()
+    }
+}

@@ -1,0 +1,648 @@
+//! The run queue: enqueue, claim, heartbeat, finish, pause, requeue, cancel.
+//!
+//! A run's lease is `(worker, lease_token, lease_expires_at)` on its row. Every claim
+//! increments `lease_token`, so a worker that lost its run (expired and re-claimed)
+//! carries a stale token and all its fenced writes get `LeaseLost`.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+use crate::canonical::canonical_hash;
+use crate::clock::Timestamp;
+use crate::db::{Conn, args};
+use crate::error::Error;
+use crate::events::{EventType, NewEvent, emit};
+use crate::ledger::Ledger;
+use crate::model::{ClaimRuns, Enqueued, HeartbeatAck, NewRun, Run, RunFinish, RunLease};
+use crate::rows::{RunRow, TextRow, run_cols};
+use crate::state::RunStatus;
+use crate::worker::WorkerId;
+
+const SELECT_RUN_FOR_UPDATE: (&str, &str) = (
+    concat!(
+        "SELECT ",
+        run_cols!(),
+        " FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3"
+    ),
+    concat!(
+        "SELECT ",
+        run_cols!(),
+        " FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3 FOR UPDATE"
+    ),
+);
+
+/// Claims the queue: SQLite inside `BEGIN IMMEDIATE` (one writer at a time), PostgreSQL
+/// with `FOR UPDATE SKIP LOCKED` so concurrent workers take different runs without
+/// waiting on each other.
+const CLAIM_NEXT: (&str, &str) = (
+    concat!(
+        "UPDATE runs SET status = 'running', worker = $3, lease_token = lease_token + 1,
+            lease_expires_at = $4, started_at = COALESCE(started_at, $5), updated_at = $5,
+            pause_reason = NULL
+         WHERE tenant = $1 AND workspace = $2 AND id IN (
+            SELECT id FROM runs
+            WHERE tenant = $1 AND workspace = $2
+              AND ((status = 'queued' AND not_before <= $5)
+                OR (status = 'running' AND lease_expires_at <= $5))
+            ORDER BY priority DESC, not_before, created_at, id
+            LIMIT $6)
+         RETURNING ",
+        run_cols!()
+    ),
+    concat!(
+        "WITH next AS (
+            SELECT id FROM runs
+            WHERE tenant = $1 AND workspace = $2
+              AND ((status = 'queued' AND not_before <= $5)
+                OR (status = 'running' AND lease_expires_at <= $5))
+            ORDER BY priority DESC, not_before, created_at, id
+            LIMIT $6
+            FOR UPDATE SKIP LOCKED)
+         UPDATE runs SET status = 'running', worker = $3, lease_token = lease_token + 1,
+            lease_expires_at = $4, started_at = COALESCE(started_at, $5), updated_at = $5,
+            pause_reason = NULL
+         WHERE tenant = $1 AND workspace = $2 AND id IN (SELECT id FROM next)
+         RETURNING ",
+        run_cols!()
+    ),
+);
+
+fn lease_of(row: &RunRow, worker: &WorkerId) -> RunLease {
+    RunLease {
+        run_id: row.id.clone(),
+        worker: worker.clone(),
+        token: row.lease_token,
+        expires_at: Timestamp(row.lease_expires_at.unwrap_or(0)),
+    }
+}
+
+async fn emit_started(
+    conn: &mut Conn<'_>,
+    ledger: &Ledger,
+    row: &RunRow,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let payload = json!({
+        "worker": row.worker,
+        "lease_token": row.lease_token,
+        "workflow_name": row.workflow_name,
+    });
+    emit(
+        conn,
+        ledger.scope(),
+        now,
+        NewEvent::run(EventType::RunStarted, &row.id, payload),
+    )
+    .await
+}
+
+impl Ledger {
+    /// Puts a run on the queue. Idempotent by id: the same workflow hash and inputs
+    /// return the existing run (`created: false`); anything else is a `Conflict`.
+    /// Emits `run.queued`.
+    pub async fn enqueue(&self, run: NewRun, now: Timestamp) -> Result<Enqueued, Error> {
+        let scope = self.scope();
+        let inputs_hash = canonical_hash(&run.inputs);
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        let inserted = c
+            .execute(
+                "INSERT INTO runs (tenant, workspace, id, workflow_name, workflow_text,
+                    workflow_hash, inputs, inputs_hash, status, priority, not_before,
+                    created_at, updated_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', $9, $10, $11, $11)
+                 ON CONFLICT DO NOTHING",
+                args![
+                    &scope.tenant,
+                    &scope.workspace,
+                    &run.id,
+                    &run.workflow_name,
+                    &run.workflow_text,
+                    &run.workflow_hash,
+                    run.inputs.to_string(),
+                    &inputs_hash,
+                    run.priority,
+                    run.not_before.unwrap_or(now),
+                    now,
+                ],
+            )
+            .await?;
+        let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
+        let sql = c.pick(sqlite, pg);
+        let row = c
+            .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, &run.id])
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: format!("run {}", run.id),
+            })?;
+        if inserted == 0 {
+            if row.workflow_hash != run.workflow_hash || row.inputs_hash != inputs_hash {
+                let what = if row.workflow_hash != run.workflow_hash {
+                    "workflow"
+                } else {
+                    "inputs"
+                };
+                return Err(Error::Conflict {
+                    other_run: row.id,
+                    other_node: String::new(),
+                    reason: format!("run id already used with a different {what}"),
+                });
+            }
+            tx.commit().await?;
+            return Ok(Enqueued {
+                run: row.into_run()?,
+                created: false,
+            });
+        }
+        let payload = json!({
+            "workflow_name": run.workflow_name,
+            "workflow_hash": run.workflow_hash,
+            "priority": run.priority,
+            "not_before": run.not_before,
+        });
+        emit(
+            &mut c,
+            scope,
+            now,
+            NewEvent::run(EventType::RunQueued, &run.id, payload),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(Enqueued {
+            run: row.into_run()?,
+            created: true,
+        })
+    }
+
+    /// Claims up to `limit` runs: queued ones whose `not_before` has passed and running
+    /// ones whose lease expired, highest priority first, then oldest `not_before`.
+    /// Each claim increments the run's fencing token and emits `run.started` (on every
+    /// claim, takeovers included, with the worker and token in the payload).
+    pub async fn claim_next(
+        &self,
+        req: ClaimRuns<'_>,
+        now: Timestamp,
+    ) -> Result<Vec<RunLease>, Error> {
+        if req.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let scope = self.scope();
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        let (sqlite, pg) = CLAIM_NEXT;
+        let sql = c.pick(sqlite, pg);
+        let mut rows = c
+            .all::<RunRow>(
+                sql,
+                args![
+                    &scope.tenant,
+                    &scope.workspace,
+                    req.worker.as_str(),
+                    now.plus(req.lease),
+                    now,
+                    i64::from(req.limit),
+                ],
+            )
+            .await?;
+        // RETURNING order is unspecified: restore the queue order.
+        rows.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.not_before.cmp(&b.not_before))
+                .then(a.created_at.cmp(&b.created_at))
+                .then(a.id.cmp(&b.id))
+        });
+        for row in &rows {
+            emit_started(&mut c, self, row, now).await?;
+        }
+        tx.commit().await?;
+        Ok(rows.iter().map(|r| lease_of(r, req.worker)).collect())
+    }
+
+    /// Claims one specific run (for `flow resume`): allowed when it is queued, paused,
+    /// running with an expired lease, or running under a provably dead worker (taken over
+    /// at once). A live lease held by anyone (this process included) is `Busy`; a
+    /// finished run is `Terminal`.
+    pub async fn claim_run(
+        &self,
+        run_id: &str,
+        worker: &WorkerId,
+        lease: Duration,
+        now: Timestamp,
+    ) -> Result<RunLease, Error> {
+        let scope = self.scope();
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
+        let sql = c.pick(sqlite, pg);
+        let row = c
+            .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: format!("run {run_id}"),
+            })?;
+        let status = row.status()?;
+        if status.is_terminal() {
+            return Err(Error::Terminal { status });
+        }
+        if status == RunStatus::Running {
+            let live = row.lease_expires_at.is_some_and(|e| e > now.0);
+            let dead = row
+                .worker
+                .as_deref()
+                .is_some_and(|w| WorkerId::from_string(w).is_provably_dead());
+            if live && !dead {
+                return Err(Error::Busy {
+                    holder: row.worker.unwrap_or_default(),
+                    until: Timestamp(row.lease_expires_at.unwrap_or(0)),
+                });
+            }
+        }
+        let row = c
+            .optional::<RunRow>(
+                concat!(
+                    "UPDATE runs SET status = 'running', worker = $4, lease_token = lease_token + 1,
+                        lease_expires_at = $5, started_at = COALESCE(started_at, $6),
+                        updated_at = $6, pause_reason = NULL
+                     WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $7
+                     RETURNING ",
+                    run_cols!()
+                ),
+                args![
+                    &scope.tenant,
+                    &scope.workspace,
+                    run_id,
+                    worker.as_str(),
+                    now.plus(lease),
+                    now,
+                    row.lease_token,
+                ],
+            )
+            .await?
+            .ok_or(Error::LeaseLost)?;
+        emit_started(&mut c, self, &row, now).await?;
+        tx.commit().await?;
+        Ok(lease_of(&row, worker))
+    }
+
+    /// Extends the run lease. Fenced by token, not by expiry: a holder whose lease ran
+    /// out but whose run nobody took over may go on. Also reports a pending cancel
+    /// request, so the worker learns of it without another query.
+    pub async fn heartbeat(
+        &self,
+        lease: &RunLease,
+        duration: Duration,
+        now: Timestamp,
+    ) -> Result<HeartbeatAck, Error> {
+        let scope = self.scope();
+        let expires_at = now.plus(duration);
+        let mut pc = self.pool().acquire().await?;
+        let mut c = pc.conn();
+        #[derive(sqlx::FromRow)]
+        struct Ack {
+            cancel_requested: bool,
+        }
+        let ack = c
+            .optional::<Ack>(
+                "UPDATE runs SET lease_expires_at = $6, updated_at = $7
+                 WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+                   AND lease_token = $5 AND status = 'running'
+                 RETURNING cancel_requested",
+                args![
+                    &scope.tenant,
+                    &scope.workspace,
+                    &lease.run_id,
+                    lease.worker.as_str(),
+                    lease.token,
+                    expires_at,
+                    now,
+                ],
+            )
+            .await?
+            .ok_or(Error::LeaseLost)?;
+        Ok(HeartbeatAck {
+            expires_at,
+            cancel_requested: ack.cancel_requested,
+        })
+    }
+
+    /// Gives a run back to the queue (daemon shutdown): status `queued`, lease cleared.
+    /// The token stays, so the next claim's token is still strictly greater.
+    pub async fn release_run(&self, lease: &RunLease, now: Timestamp) -> Result<(), Error> {
+        let scope = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let n = pc
+            .conn()
+            .execute(
+                "UPDATE runs SET status = 'queued', worker = NULL, lease_expires_at = NULL,
+                    updated_at = $6
+                 WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+                   AND lease_token = $5 AND status = 'running'",
+                args![
+                    &scope.tenant,
+                    &scope.workspace,
+                    &lease.run_id,
+                    lease.worker.as_str(),
+                    lease.token,
+                    now,
+                ],
+            )
+            .await?;
+        if n == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
+    }
+
+    /// Finishes a run (fenced). An output over the limit turns a success into a failure
+    /// naming the limit. Emits `run.succeeded`, `run.failed` or `run.cancelled`.
+    pub async fn finish_run(
+        &self,
+        lease: &RunLease,
+        finish: RunFinish,
+        now: Timestamp,
+    ) -> Result<Run, Error> {
+        let (mut status, mut error) = (finish.status, finish.error);
+        let event = match status {
+            RunStatus::Succeeded => EventType::RunSucceeded,
+            RunStatus::Failed => EventType::RunFailed,
+            RunStatus::Cancelled => EventType::RunCancelled,
+            other => {
+                return Err(Error::InvalidTransition {
+                    what: "run",
+                    from: RunStatus::Running.as_str().into(),
+                    to: other.as_str().into(),
+                });
+            }
+        };
+        let mut output = None;
+        let mut event = event;
+        if let Some(v) = &finish.output {
+            match self.checked_json(v) {
+                Ok(s) => output = Some(s),
+                Err(e) => {
+                    status = RunStatus::Failed;
+                    event = EventType::RunFailed;
+                    error = Some(format!("run {e}; nothing was stored"));
+                }
+            }
+        }
+        let scope = self.scope();
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        let row = c
+            .optional::<RunRow>(
+                concat!(
+                    "UPDATE runs SET status = $6, output = $7, error = $8, finished_at = $9,
+                        updated_at = $9, lease_expires_at = NULL
+                     WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+                       AND lease_token = $5 AND status = 'running'
+                     RETURNING ",
+                    run_cols!()
+                ),
+                args![
+                    &scope.tenant,
+                    &scope.workspace,
+                    &lease.run_id,
+                    lease.worker.as_str(),
+                    lease.token,
+                    status.as_str(),
+                    output,
+                    error.clone(),
+                    now,
+                ],
+            )
+            .await?
+            .ok_or(Error::LeaseLost)?;
+        let payload = json!({ "status": status.as_str(), "error": error });
+        emit(
+            &mut c,
+            scope,
+            now,
+            NewEvent::run(event, &lease.run_id, payload),
+        )
+        .await?;
+        tx.commit().await?;
+        row.into_run()
+    }
+
+    /// Pauses a run (fenced): an in-doubt call waits for an operator. Clears the lease;
+    /// `requeue_run` or `claim_run` resumes it. Emits `run.paused`.
+    pub async fn pause_run(
+        &self,
+        lease: &RunLease,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let scope = self.scope();
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        let n = c
+            .execute(
+                "UPDATE runs SET status = 'paused', pause_reason = $6, lease_expires_at = NULL,
+                    updated_at = $7
+                 WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+                   AND lease_token = $5 AND status = 'running'",
+                args![
+                    &scope.tenant,
+                    &scope.workspace,
+                    &lease.run_id,
+                    lease.worker.as_str(),
+                    lease.token,
+                    reason,
+                    now,
+                ],
+            )
+            .await?;
+        if n == 0 {
+            return Err(Error::LeaseLost);
+        }
+        emit(
+            &mut c,
+            scope,
+            now,
+            NewEvent::run(
+                EventType::RunPaused,
+                &lease.run_id,
+                json!({ "reason": reason }),
+            ),
+        )
+        .await?;
+        tx.commit().await
+    }
+
+    /// Puts a paused run, or a running run whose worker is gone (lease expired or holder
+    /// provably dead), back on the queue (`flow resume --detach`). The token is bumped
+    /// so the old holder is fenced out. A queued run is returned as is; a live lease is
+    /// `Busy`; a finished run is `Terminal`. Emits `run.queued`.
+    pub async fn requeue_run(&self, run_id: &str, now: Timestamp) -> Result<Run, Error> {
+        let scope = self.scope();
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
+        let sql = c.pick(sqlite, pg);
+        let row = c
+            .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: format!("run {run_id}"),
+            })?;
+        match row.status()? {
+            RunStatus::Queued => return row.into_run(),
+            s if s.is_terminal() => return Err(Error::Terminal { status: s }),
+            RunStatus::Running => {
+                let live = row.lease_expires_at.is_some_and(|e| e > now.0);
+                let dead = row
+                    .worker
+                    .as_deref()
+                    .is_some_and(|w| WorkerId::from_string(w).is_provably_dead());
+                if live && !dead {
+                    return Err(Error::Busy {
+                        holder: row.worker.unwrap_or_default(),
+                        until: Timestamp(row.lease_expires_at.unwrap_or(0)),
+                    });
+                }
+            }
+            _ => {}
+        }
+        let row = c
+            .optional::<RunRow>(
+                concat!(
+                    "UPDATE runs SET status = 'queued', worker = NULL, lease_expires_at = NULL,
+                        lease_token = lease_token + 1, pause_reason = NULL, updated_at = $4,
+                        not_before = CASE WHEN not_before > $4 THEN $4 ELSE not_before END
+                     WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $5
+                     RETURNING ",
+                    run_cols!()
+                ),
+                args![
+                    &scope.tenant,
+                    &scope.workspace,
+                    run_id,
+                    now,
+                    row.lease_token
+                ],
+            )
+            .await?
+            .ok_or(Error::LeaseLost)?;
+        emit(
+            &mut c,
+            scope,
+            now,
+            NewEvent::run(EventType::RunQueued, run_id, json!({ "requeued": true })),
+        )
+        .await?;
+        tx.commit().await?;
+        row.into_run()
+    }
+
+    /// Asks a run to stop. Queued and paused runs are cancelled at once (emits
+    /// `run.cancelled`); a running run gets `cancel_requested`, which its worker sees at
+    /// its next heartbeat. Cancelling a cancelled run is a no-op; other finished runs
+    /// are `Terminal`.
+    pub async fn request_cancel(&self, run_id: &str, now: Timestamp) -> Result<Run, Error> {
+        let scope = self.scope();
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
+        let sql = c.pick(sqlite, pg);
+        let row = c
+            .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: format!("run {run_id}"),
+            })?;
+        let status = row.status()?;
+        let row = match status {
+            RunStatus::Cancelled => return row.into_run(),
+            s if s.is_terminal() => return Err(Error::Terminal { status: s }),
+            RunStatus::Running => c
+                .optional::<RunRow>(
+                    concat!(
+                        "UPDATE runs SET cancel_requested = TRUE, updated_at = $4
+                         WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
+                        run_cols!()
+                    ),
+                    args![&scope.tenant, &scope.workspace, run_id, now],
+                )
+                .await?
+                .ok_or(Error::LeaseLost)?,
+            _ => {
+                let row = c
+                    .optional::<RunRow>(
+                        concat!(
+                            "UPDATE runs SET cancel_requested = TRUE, status = 'cancelled',
+                                error = 'cancelled', finished_at = $4, updated_at = $4,
+                                lease_expires_at = NULL
+                             WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
+                            run_cols!()
+                        ),
+                        args![&scope.tenant, &scope.workspace, run_id, now],
+                    )
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                emit(
+                    &mut c,
+                    scope,
+                    now,
+                    NewEvent::run(
+                        EventType::RunCancelled,
+                        run_id,
+                        json!({ "from": status.as_str() }),
+                    ),
+                )
+                .await?;
+                row
+            }
+        };
+        tx.commit().await?;
+        row.into_run()
+    }
+
+    /// Expires every run and call lease held by a worker on this host that is provably
+    /// dead (see [`WorkerId::is_provably_dead`]), so takeovers happen at once instead of
+    /// after the lease length. Returns how many leases were expired.
+    pub async fn expire_dead_local_workers(&self, now: Timestamp) -> Result<u32, Error> {
+        let scope = self.scope();
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        let holders = c
+            .all::<TextRow>(
+                "SELECT DISTINCT worker AS t FROM runs
+                 WHERE tenant = $1 AND workspace = $2 AND status = 'running'
+                   AND lease_expires_at > $3 AND worker IS NOT NULL
+                 UNION
+                 SELECT DISTINCT lease_holder AS t FROM tool_calls
+                 WHERE tenant = $1 AND workspace = $2 AND status IN ('claimed', 'outbound')
+                   AND lease_expires_at > $3 AND lease_holder IS NOT NULL",
+                args![&scope.tenant, &scope.workspace, now],
+            )
+            .await?;
+        let mut expired = 0u64;
+        for h in holders {
+            if !WorkerId::from_string(h.t.clone()).is_provably_dead() {
+                continue;
+            }
+            tracing::info!(worker = %h.t, "expiring leases of a dead local worker");
+            expired += c
+                .execute(
+                    "UPDATE runs SET lease_expires_at = $4, updated_at = $4
+                     WHERE tenant = $1 AND workspace = $2 AND worker = $3
+                       AND status = 'running' AND lease_expires_at > $4",
+                    args![&scope.tenant, &scope.workspace, &h.t, now],
+                )
+                .await?;
+            expired += c
+                .execute(
+                    "UPDATE tool_calls SET lease_expires_at = $4, updated_at = $4
+                     WHERE tenant = $1 AND workspace = $2 AND lease_holder = $3
+                       AND status IN ('claimed', 'outbound') AND lease_expires_at > $4",
+                    args![&scope.tenant, &scope.workspace, &h.t, now],
+                )
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(u32::try_from(expired).unwrap_or(u32::MAX))
+    }
+}

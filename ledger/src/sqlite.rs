@@ -1,0 +1,69 @@
+//! SQLite specifics: URL parsing, connection settings, migrations.
+//!
+//! WAL lets readers run beside the single writer; `synchronous=FULL` makes each commit
+//! durable (the `outbound` mark must survive power loss); `busy_timeout` makes a writer
+//! wait for another instead of failing; every write transaction is `BEGIN IMMEDIATE`
+//! (see `db::Pool::begin`).
+
+use std::path::Path;
+
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+use crate::error::Error;
+use crate::ledger::{OpenOptions, SqliteSynchronous as Sync};
+
+/// The SQLite migrations, embedded at build time.
+pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+
+/// The file path of a `sqlite://PATH` or `sqlite:PATH` URL (query string dropped).
+pub(crate) fn path_of(url: &str) -> Option<&str> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    Some(rest.split('?').next().unwrap_or(rest))
+}
+
+pub(crate) async fn connect(
+    path: &str,
+    url_redacted: &str,
+    opts: &OpenOptions,
+) -> Result<SqlitePool, Error> {
+    let unavailable = |reason: String| Error::Unavailable {
+        url: url_redacted.to_owned(),
+        reason,
+    };
+    if path.is_empty() {
+        return Err(unavailable("empty SQLite path".into()));
+    }
+    if let Some(parent) = Path::new(path).parent()
+        && !parent.as_os_str().is_empty()
+    {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| unavailable(format!("cannot create {}: {e}", parent.display())))?;
+    }
+    let sync = match opts.sqlite_synchronous {
+        Sync::Full => SqliteSynchronous::Full,
+        Sync::Normal => SqliteSynchronous::Normal,
+    };
+    let connect = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(sync)
+        .busy_timeout(opts.busy_timeout)
+        .foreign_keys(true)
+        .statement_cache_capacity(256);
+    let max = if opts.max_connections == 0 {
+        8
+    } else {
+        opts.max_connections
+    };
+    SqlitePoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(opts.connect_timeout.max(opts.busy_timeout * 2))
+        .connect_with(connect)
+        .await
+        .map_err(|e| unavailable(e.to_string()))
+}

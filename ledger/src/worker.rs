@@ -1,0 +1,155 @@
+//! Worker identity: `host:pid:start`.
+//!
+//! A lease names its holder. Because the id carries the process start time, a worker on
+//! the same host can *prove* that a holder is dead (no such pid, or the pid was reused by
+//! a process that started at another time) and take its leases over at once instead of
+//! waiting for them to expire. A holder on another host is never declared dead: only its
+//! lease expiry may free its work.
+
+use std::fmt;
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::{Clock, SystemClock};
+
+/// The id of one worker process: `host:pid:start`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct WorkerId(String);
+
+impl WorkerId {
+    /// The id of this process. Computed once: the start time does not change.
+    pub fn current() -> WorkerId {
+        static CURRENT: OnceLock<WorkerId> = OnceLock::new();
+        CURRENT
+            .get_or_init(|| {
+                let pid = std::process::id();
+                let start = process_start(pid).unwrap_or_else(|| {
+                    // Not Linux (or /proc hidden): any stable unique value will do; such
+                    // ids are simply never provably dead.
+                    format!("t{}", SystemClock.now().as_millis())
+                });
+                WorkerId::new(&this_host(), pid, &start)
+            })
+            .clone()
+    }
+
+    /// Builds an id from its parts (tests use made-up hosts to model remote workers).
+    pub fn new(host: &str, pid: u32, start: &str) -> WorkerId {
+        WorkerId(format!("{host}:{pid}:{start}"))
+    }
+
+    /// Wraps an id read back from the database or from the command line.
+    pub fn from_string(s: impl Into<String>) -> WorkerId {
+        WorkerId(s.into())
+    }
+
+    /// The id text, as stored in lease columns.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// `(host, pid, start)` if the id has that shape.
+    pub fn parts(&self) -> Option<(&str, u32, &str)> {
+        let mut it = self.0.rsplitn(3, ':');
+        let start = it.next()?;
+        let pid = it.next()?.parse().ok()?;
+        let host = it.next()?;
+        Some((host, pid, start))
+    }
+
+    /// True only when this id names a process on *this* host that no longer exists (no
+    /// such pid, or the pid now belongs to a process with another start time). Never true
+    /// for other hosts or for ids of an unknown shape: being wrong here would let two
+    /// workers send the same request, so only proof counts.
+    pub fn is_provably_dead(&self) -> bool {
+        let Some((host, pid, start)) = self.parts() else {
+            return false;
+        };
+        if host != this_host() {
+            return false;
+        }
+        // Only ids written by `current()` on Linux can be checked.
+        if !start.starts_with('b') {
+            return false;
+        }
+        if !std::path::Path::new("/proc/self/stat").exists() {
+            return false;
+        }
+        match process_start(pid) {
+            None => true,
+            Some(actual) => actual != start,
+        }
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn this_host() -> String {
+    static HOST: OnceLock<String> = OnceLock::new();
+    HOST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| h.trim().replace(':', "_"))
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned())
+    })
+    .clone()
+}
+
+/// `b<boot time>.<start ticks>`: field 22 of `/proc/<pid>/stat` (clock ticks since boot)
+/// qualified by the boot time, so it is unique across reboots without needing `sysconf`.
+fn process_start(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Field 2 (comm) is in parentheses and may contain spaces: split after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // `rest` starts at field 3; field 22 is the 20th from there.
+    let ticks = rest.split_whitespace().nth(19)?;
+    Some(format!("b{}.{ticks}", boot_time()?))
+}
+
+fn boot_time() -> Option<u64> {
+    static BTIME: OnceLock<Option<u64>> = OnceLock::new();
+    *BTIME.get_or_init(|| {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        stat.lines()
+            .find_map(|l| l.strip_prefix("btime "))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn current_is_alive_and_well_formed() {
+        let me = WorkerId::current();
+        let (host, pid, _start) = me.parts().expect("shape");
+        assert_eq!(host, this_host());
+        assert_eq!(pid, std::process::id());
+        assert!(!me.is_provably_dead());
+    }
+
+    #[test]
+    fn dead_only_with_proof() {
+        let me = WorkerId::current();
+        let (host, pid, start) = me.parts().expect("shape");
+        if start.starts_with('b') {
+            // Same pid, other start time: the pid was reused, the holder is gone.
+            assert!(WorkerId::new(host, pid, "b1.1").is_provably_dead());
+            // A pid that cannot exist on Linux (above pid_max).
+            assert!(WorkerId::new(host, 4_294_000_000, "b1.1").is_provably_dead());
+        }
+        // Other hosts are never provably dead.
+        assert!(!WorkerId::new("elsewhere", 4_294_000_000, "b1.1").is_provably_dead());
+        // Unknown shapes are never provably dead.
+        assert!(!WorkerId::from_string("garbage").is_provably_dead());
+    }
+}

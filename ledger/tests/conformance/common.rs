@@ -1,0 +1,314 @@
+//! Test fixtures: a fresh ledger per test on a real SQLite file or a fresh PostgreSQL
+//! database, and the `conformance!` macro that runs each test on both backends.
+
+use std::time::Duration;
+
+use flow_ledger::{
+    CallClaim, CallLease, ClaimCall, CompleteCall, Ledger, ManualClock, NewRun, NewStep,
+    OpenOptions, RunLease, StepStatus, Timestamp, WorkerId, canonical_hash,
+};
+use serde_json::{Value, json};
+use sqlx::Connection;
+
+/// A fixed start time (2027-01-15T08:00:00Z) so window and RFC 3339 checks are stable.
+pub const T0: Timestamp = Timestamp(1_800_000_000_000);
+pub const LEASE: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A ledger on its own database, dropped (PostgreSQL) or deleted (SQLite) at the end.
+pub struct TestDb {
+    pub ledger: Ledger,
+    pub url: String,
+    pub clock: ManualClock,
+    _dir: Option<tempfile::TempDir>,
+    _pg: PgDrop,
+}
+
+/// Drops a test database when the test ends, panics included.
+pub struct PgDrop(Option<String>);
+
+impl TestDb {
+    pub fn now(&self) -> Timestamp {
+        use flow_ledger::Clock;
+        self.clock.now()
+    }
+
+    pub fn advance(&self, d: Duration) -> Timestamp {
+        self.clock.advance(d)
+    }
+}
+
+impl Drop for PgDrop {
+    fn drop(&mut self) {
+        if let Some(name) = self.0.take() {
+            let admin = admin_url();
+            // Drop runs outside the test's runtime: a fresh thread with its own runtime.
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async {
+                    if let Ok(mut c) = sqlx::PgConnection::connect(&admin).await {
+                        let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                        let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut c).await;
+                    }
+                });
+            })
+            .join();
+        }
+    }
+}
+
+pub fn admin_url() -> String {
+    std::env::var("FLOW_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+fn with_database(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let path_start = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
+    let mut out = format!("{}/{db}", &base[..path_start]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+fn skip_loudly(reason: &str) {
+    eprintln!(
+        "\n################################################################################\n\
+         ##  SKIPPING the PostgreSQL half of this test: PostgreSQL is unreachable\n\
+         ##  ({reason}).\n\
+         ##  Set FLOW_TEST_POSTGRES_URL or start PostgreSQL; CI=true makes this a failure.\n\
+         ################################################################################\n"
+    );
+}
+
+/// Creates a fresh PostgreSQL database and returns its URL, or `None` (after a loud
+/// message) when PostgreSQL is unreachable outside CI.
+pub async fn fresh_pg_database() -> Option<(String, String)> {
+    let admin = admin_url();
+    let connect =
+        tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&admin)).await;
+    let mut conn = match connect {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return unreachable_pg(&e.to_string()),
+        Err(_) => return unreachable_pg("connect timed out"),
+    };
+    let name = format!(
+        "flow_test_{}",
+        ulid::Ulid::generate().to_string().to_lowercase()
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .expect("create database");
+    Some((with_database(&admin, &name), name))
+}
+
+fn unreachable_pg(reason: &str) -> Option<(String, String)> {
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        panic!("PostgreSQL is unreachable in CI: {reason}");
+    }
+    skip_loudly(reason);
+    None
+}
+
+pub fn options() -> OpenOptions {
+    OpenOptions::default()
+}
+
+/// A fresh ledger on `backend`, or `None` when PostgreSQL is skipped.
+pub async fn open(backend: Backend, opts: OpenOptions) -> Option<TestDb> {
+    let clock = ManualClock::new(T0);
+    match backend {
+        Backend::Sqlite => {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let url = format!("sqlite://{}/ledger/flow.db", dir.path().display());
+            let ledger = Ledger::open(&url, opts).await.expect("open sqlite");
+            Some(TestDb {
+                ledger,
+                url,
+                clock,
+                _dir: Some(dir),
+                _pg: PgDrop(None),
+            })
+        }
+        Backend::Postgres => {
+            let (url, name) = fresh_pg_database().await?;
+            let guard = PgDrop(Some(name));
+            let ledger = Ledger::open(&url, opts).await.expect("open postgres");
+            Some(TestDb {
+                ledger,
+                url,
+                clock,
+                _dir: None,
+                _pg: guard,
+            })
+        }
+    }
+}
+
+/// Generates `sqlite::<name>` and `postgres::<name>` tests from `async fn name(db: TestDb)`.
+#[macro_export]
+macro_rules! conformance {
+    ($($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    let db = $crate::common::open($crate::common::Backend::Sqlite, $crate::common::options())
+                        .await
+                        .expect("sqlite");
+                    super::$name(db).await;
+                }
+            )+
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if let Some(db) = $crate::common::open($crate::common::Backend::Postgres, $crate::common::options()).await {
+                        super::$name(db).await;
+                    }
+                }
+            )+
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------
+// Helpers shared by the tests.
+
+pub fn worker(name: &str) -> WorkerId {
+    WorkerId::new(&format!("test-host-{name}"), 1, "1")
+}
+
+pub fn new_run(id: &str) -> NewRun {
+    NewRun {
+        id: id.to_owned(),
+        workflow_name: "wf".into(),
+        workflow_text: "name: wf\nnodes: {}\n".into(),
+        workflow_hash: "sha256:wf".into(),
+        inputs: json!({"order": 42}),
+        priority: 0,
+        not_before: None,
+    }
+}
+
+/// Enqueues `run_id` and claims it with `w`.
+pub async fn running(db: &TestDb, run_id: &str, w: &WorkerId) -> RunLease {
+    let now = db.now();
+    db.ledger
+        .enqueue(new_run(run_id), now)
+        .await
+        .expect("enqueue");
+    db.ledger
+        .claim_run(run_id, w, LEASE, now)
+        .await
+        .expect("claim run")
+}
+
+pub fn step(step_id: &str, node: &str, retry: u32) -> NewStep {
+    NewStep {
+        step_id: step_id.into(),
+        node_id: node.into(),
+        retry,
+        not_before: None,
+        status: StepStatus::Running,
+    }
+}
+
+pub fn claim<'a>(
+    run: &'a RunLease,
+    step_id: &str,
+    node: &str,
+    key: &str,
+    request: Value,
+) -> ClaimCall<'a> {
+    ClaimCall {
+        run,
+        step_id: step_id.into(),
+        tool_call_id: node.into(),
+        tool: "payments".into(),
+        idempotency_key: key.into(),
+        request_hash: canonical_hash(&request),
+        request,
+        retry_failed: false,
+        lease: LEASE,
+    }
+}
+
+pub fn claimed(c: CallClaim) -> CallLease {
+    match c {
+        CallClaim::Claimed(l) => l,
+        other => panic!("expected Claimed, got {other:?}"),
+    }
+}
+
+pub fn complete_ok(lease: &CallLease, output: Value) -> CompleteCall<'_> {
+    CompleteCall {
+        lease,
+        outcome: flow_ledger::CallOutcome::Succeeded(output),
+        requests_sent: 1,
+        step: None,
+        next_step: None,
+    }
+}
+
+/// Runs a step through claim → outbound → complete(succeeded).
+pub async fn call_ok(
+    db: &TestDb,
+    run: &RunLease,
+    node: &str,
+    key: &str,
+    output: Value,
+) -> CallLease {
+    let now = db.now();
+    db.ledger
+        .create_step(run, step(node, node, 0), now)
+        .await
+        .expect("step");
+    let lease = claimed(
+        db.ledger
+            .claim_call(claim(run, node, node, key, json!({"n": node})), now)
+            .await
+            .expect("claim"),
+    );
+    db.ledger
+        .mark_outbound(&lease, now)
+        .await
+        .expect("outbound");
+    db.ledger
+        .complete_call(complete_ok(&lease, output), now)
+        .await
+        .expect("complete");
+    lease
+}
+
+/// Event type names of a run, in order.
+pub async fn event_types(db: &TestDb, run_id: &str) -> Vec<String> {
+    db.ledger
+        .list_events(flow_ledger::EventFilter {
+            run_id: Some(run_id.into()),
+            ..Default::default()
+        })
+        .await
+        .expect("events")
+        .into_iter()
+        .map(|e| e.event_type.as_str().to_owned())
+        .collect()
+}

@@ -1,0 +1,12 @@
+//! The ledger conformance suite: every test runs on SQLite and on PostgreSQL
+//! (`sqlite::<name>` / `postgres::<name>`).
+
+mod common;
+
+mod calls;
+mod differential;
+mod races;
+mod rate;
+mod resolve;
+mod runs;
+mod steps;
