@@ -1,1 +1,5 @@
+//! End-to-end tests of the `flow` binary: one integration test binary, one module per
+//! area (ripgrep's layout), real files and real processes.
 
+mod support;
+mod validate;

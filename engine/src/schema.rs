@@ -1,0 +1,205 @@
+//! The JSON Schema of workflow files (`flow schema`, committed as `workflows/schema.json`).
+//!
+//! Editors use it for completion and inline errors. It mirrors the keys that
+//! [`crate::workflow`] accepts; a test checks every example against it, and another that
+//! the committed copy is current. Validation proper (references, cycles, expressions)
+//! is `flow validate`'s job: a schema cannot express it.
+
+use serde_json::{Value, json};
+
+fn duration() -> Value {
+    json!({
+        "type": "string",
+        "pattern": "^\\s*[0-9]+\\s*[a-zµ]+(\\s*[0-9]+\\s*[a-zµ]+)*\\s*$",
+        "description": "A duration: `250ms`, `30s`, `5m`, `1h`, `1h30m`.",
+        "examples": ["250ms", "30s", "5m", "1h"]
+    })
+}
+
+fn string_map(description: &str) -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": { "type": ["string", "number", "boolean"] },
+        "description": description
+    })
+}
+
+fn argv(description: &str) -> Value {
+    json!({ "type": "array", "items": { "type": "string" }, "minItems": 1, "description": description })
+}
+
+/// The schema as a JSON value.
+pub fn workflow_schema() -> Value {
+    let retry_policy = json!({
+        "type": "object",
+        "additionalProperties": false,
+        "description": "Node retries. Each retry is a step `<node>_retry<n>` created with a durable `not_before`.",
+        "properties": {
+            "max_retries": { "type": "integer", "minimum": 0, "maximum": 100, "description": "Retries after the first attempt (2 = at most 3 steps)." },
+            "backoff": {
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "initial": duration(),
+                    "max": duration(),
+                    "multiplier": { "type": "number", "minimum": 1, "maximum": 10 },
+                    "jitter": { "type": "number", "minimum": 0, "maximum": 1, "description": "Fraction of each delay drawn at random." }
+                }
+            }
+        }
+    });
+    let common = json!({
+        "kind": { "enum": ["function", "command", "http", "mcp"] },
+        "description": { "type": "string" },
+        "timeout": duration(),
+        "rate_limit": { "type": "object", "additionalProperties": false, "required": ["per_minute"],
+            "properties": { "per_minute": { "type": "integer", "minimum": 1, "maximum": 1000000 } },
+            "description": "Requests per minute, counted in the ledger across all workers." },
+        "quota": { "type": "object", "additionalProperties": false, "required": ["per_day"],
+            "properties": { "per_day": { "type": "integer", "minimum": 1, "maximum": 100000000 } },
+            "description": "Requests per UTC day, counted in the ledger across all workers." },
+        "idempotency": { "enum": ["none", "header"], "description": "`header`: the downstream dedupes on the idempotency-key header, so an unknown outcome may be re-sent with the same key." },
+        "read_only": { "type": "boolean", "description": "Safe to repeat: an unknown outcome is retried instead of going in doubt." }
+    });
+    let with_kind = |kind: &str, required: &[&str], extra: Value| {
+        let mut props = common.clone();
+        if let (Some(p), Some(e)) = (props.as_object_mut(), extra.as_object()) {
+            p.extend(e.clone());
+            p.insert("kind".into(), json!({ "const": kind }));
+        }
+        let mut req = vec!["kind".to_string()];
+        req.extend(required.iter().map(|s| (*s).to_string()));
+        json!({
+            "if": { "properties": { "kind": { "const": kind } }, "required": ["kind"] },
+            "then": { "type": "object", "additionalProperties": false, "required": req, "properties": props }
+        })
+    };
+    let tool = json!({
+        "type": "object",
+        "required": ["kind"],
+        "properties": { "kind": { "enum": ["function", "command", "http", "mcp"] } },
+        "allOf": [
+            with_kind("function", &["function"], json!({
+                "function": { "type": "string", "description": "Registry name, e.g. `core.echo`." }
+            })),
+            with_kind("command", &["command"], json!({
+                "command": argv("Program and arguments (no shell). `with` arrives as JSON on stdin."),
+                "env": string_map("Environment for the program (templated); the only way secrets reach it."),
+                "cwd": { "type": "string" },
+                "env_allow": { "type": "array", "items": { "type": "string" }, "description": "Inherited variable names." }
+            })),
+            with_kind("http", &["url"], json!({
+                "method": { "enum": ["GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE", "get", "head", "options", "post", "put", "patch", "delete"] },
+                "url": { "type": "string" },
+                "headers": string_map("Request headers (templated)."),
+                "query": string_map("Query parameters (templated)."),
+                "body": { "description": "JSON body (templated); default: the node's `with` for non-GET methods." },
+                "idempotency_header": { "type": "string", "default": "Idempotency-Key" },
+                "follow_redirects": { "type": "boolean", "default": false },
+                "max_response_bytes": { "type": "integer", "minimum": 1 }
+            })),
+            with_kind("mcp", &["server", "tool"], json!({
+                "server": {
+                    "type": "object",
+                    "oneOf": [
+                        { "additionalProperties": false, "required": ["command"], "properties": {
+                            "command": argv("Server program (stdio transport)."),
+                            "args": { "type": "array", "items": { "type": "string" } },
+                            "env": string_map("Environment for the server."),
+                            "cwd": { "type": "string" } } },
+                        { "additionalProperties": false, "required": ["url"], "properties": {
+                            "url": { "type": "string", "description": "Streamable HTTP endpoint." },
+                            "headers": string_map("Request headers.") } }
+                    ]
+                },
+                "tool": { "type": "string" },
+                "auth": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "properties": {
+                        "bearer": { "type": "string" },
+                        "oauth": { "type": "object", "additionalProperties": false,
+                            "required": ["token_url", "client_id", "client_secret"],
+                            "properties": {
+                                "token_url": { "type": "string" },
+                                "client_id": { "type": "string" },
+                                "client_secret": { "type": "string" },
+                                "scope": { "type": "string" } } }
+                    }
+                }
+            }))
+        ]
+    });
+    json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://flow.dev/schema/workflow.json",
+        "title": "flow workflow",
+        "description": "A DAG of nodes, each calling one tool. Strings may hold `${{ expr }}` expressions.",
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["nodes"],
+        "properties": {
+            "name": { "type": "string" },
+            "description": { "type": "string" },
+            "inputs": {
+                "type": "object",
+                "propertyNames": { "pattern": "^[A-Za-z_][A-Za-z0-9_]*$" },
+                "additionalProperties": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["type"],
+                    "properties": {
+                        "type": { "enum": ["string", "integer", "number", "boolean", "object", "array"] },
+                        "required": { "type": "boolean" },
+                        "default": {},
+                        "description": { "type": "string" }
+                    }
+                }
+            },
+            "defaults": {
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "timeout": duration(),
+                    "deadline": duration(),
+                    "retry_policy": retry_policy.clone()
+                }
+            },
+            "max_parallel": { "type": "integer", "minimum": 1, "maximum": 1024 },
+            "tools": {
+                "type": "object",
+                "propertyNames": { "pattern": "^[A-Za-z0-9_.-]+$" },
+                "additionalProperties": tool
+            },
+            "nodes": {
+                "type": "object",
+                "minProperties": 1,
+                "propertyNames": { "pattern": "^[a-z0-9_-]+$", "not": { "pattern": "_retry[0-9]+$" } },
+                "additionalProperties": {
+                    "type": "object",
+                    "additionalProperties": false,
+                    "required": ["tool"],
+                    "properties": {
+                        "tool": { "type": "string" },
+                        "needs": { "oneOf": [ { "type": "string" }, { "type": "array", "items": { "type": "string" } } ] },
+                        "with": { "description": "Arguments; strings may hold `${{ expr }}`." },
+                        "if": { "type": ["string", "boolean"], "description": "Skip the node (and its dependents) when false." },
+                        "retry_policy": retry_policy,
+                        "timeout": duration(),
+                        "deadline": duration(),
+                        "idempotency_key": { "type": "string", "description": "Names the effect across runs; default `<run_id>:<node>`." },
+                        "continue_on_error": { "type": "boolean" },
+                        "description": { "type": "string" }
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// The schema as pretty JSON with a trailing newline (the committed file's exact text).
+pub fn workflow_schema_text() -> String {
+    let mut text = serde_json::to_string_pretty(&workflow_schema()).unwrap_or_default();
+    text.push('\n');
+    text
+}

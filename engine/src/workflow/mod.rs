@@ -1,0 +1,131 @@
+//! Workflow files: reading them safely, the model they describe, and validation.
+//!
+//! [`load_file`] is the one entry point: bytes → limits (size, UTF-8, empty) → YAML tree →
+//! model → cross-reference checks. It returns a [`Workflow`] only when the file has no
+//! problems at all; otherwise every problem, each with its position.
+
+pub mod diagnostic;
+pub mod expr;
+pub mod model;
+pub(crate) mod parse;
+pub mod validate;
+pub mod yaml;
+
+use std::path::Path;
+
+pub use diagnostic::{Diagnostic, Diagnostics, Pos};
+pub use model::*;
+pub use parse::{is_node_id, parse_duration, reserved_retry_suffix};
+pub use validate::ValidateOptions;
+
+/// Largest workflow file accepted: 1 MiB keeps parsing time and memory bounded.
+pub const MAX_FILE_BYTES: usize = 1024 * 1024;
+
+/// A workflow together with the exact text it was read from; runs keep this snapshot.
+#[derive(Debug, Clone)]
+pub struct Source {
+    /// The file name as given by the user (used in diagnostics).
+    pub file: String,
+    /// The file's text.
+    pub text: String,
+}
+
+/// Reads and validates a workflow file.
+pub fn load_file(path: &Path, opts: &ValidateOptions) -> Result<(Workflow, Source), Diagnostics> {
+    let file = path.display().to_string();
+    let fail = |message: String| {
+        Diagnostics::new(
+            file.clone(),
+            vec![Diagnostic::new(Pos { line: 1, col: 1 }, message)],
+        )
+    };
+    let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read the file: {e}")))?;
+    if meta.is_dir() {
+        return Err(fail("is a directory, not a workflow file".to_string()));
+    }
+    if meta.len() > MAX_FILE_BYTES as u64 {
+        return Err(fail(format!(
+            "the file is {} bytes; workflow files are limited to {MAX_FILE_BYTES} bytes (1 MiB)",
+            meta.len()
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read the file: {e}")))?;
+    let text = decode(&bytes).map_err(|d| Diagnostics::new(file.clone(), vec![d]))?;
+    let wf = parse_with(&text, &file, opts)?;
+    Ok((wf, Source { file, text }))
+}
+
+/// Validates workflow text (already read) under the name `file`.
+pub fn parse_str(text: &str, file: &str) -> Result<Workflow, Diagnostics> {
+    parse_with(text, file, &ValidateOptions::default())
+}
+
+/// Validates workflow text with options.
+pub fn parse_with(text: &str, file: &str, opts: &ValidateOptions) -> Result<Workflow, Diagnostics> {
+    if text.len() > MAX_FILE_BYTES {
+        return Err(Diagnostics::new(
+            file,
+            vec![Diagnostic::new(
+                Pos { line: 1, col: 1 },
+                format!("workflow text is limited to {MAX_FILE_BYTES} bytes (1 MiB)"),
+            )],
+        ));
+    }
+    if text.trim().is_empty() {
+        return Err(Diagnostics::new(
+            file,
+            vec![
+                Diagnostic::new(Pos { line: 1, col: 1 }, "the file is empty".to_string())
+                    .with_help(
+                        "a workflow needs at least `tools:` and `nodes:`; see workflows/hello.yaml",
+                    ),
+            ],
+        ));
+    }
+    let root = yaml::load(text).map_err(|d| Diagnostics::new(file, vec![d]))?;
+    let stem = Path::new(file).file_stem().map_or_else(
+        || "workflow".to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    let mut cx = parse::Cx {
+        diags: Vec::new(),
+        declared_tools: Vec::new(),
+    };
+    let wf = parse::workflow(&mut cx, &root, &stem);
+    validate::check(&wf, opts, &cx.declared_tools, &mut cx.diags);
+    if cx.diags.is_empty() {
+        Ok(wf)
+    } else {
+        Err(Diagnostics::new(file, cx.diags))
+    }
+}
+
+/// UTF-8 decoding that reports where the first bad byte is.
+fn decode(bytes: &[u8]) -> Result<String, Diagnostic> {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => Ok(text.strip_prefix('\u{feff}').unwrap_or(text).to_string()),
+        Err(e) => {
+            let valid = &bytes[..e.valid_up_to()];
+            let line = valid.iter().filter(|&&b| b == b'\n').count() + 1;
+            let line_start = valid.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            let col = String::from_utf8_lossy(&valid[line_start..])
+                .chars()
+                .count()
+                + 1;
+            Err(Diagnostic::new(
+                Pos {
+                    line: u32::try_from(line).unwrap_or(u32::MAX),
+                    col: u32::try_from(col).unwrap_or(u32::MAX),
+                },
+                format!(
+                    "the file is not valid UTF-8 (byte {} is invalid)",
+                    e.valid_up_to()
+                ),
+            )
+            .with_help("save the file as UTF-8"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

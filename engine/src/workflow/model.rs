@@ -1,0 +1,363 @@
+//! The workflow model: what a valid workflow file means, after validation.
+//!
+//! Everything here is already checked: ids are legal, references resolve, durations and
+//! counts are in range, expressions parse. The executor never re-validates.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use super::diagnostic::Pos;
+use super::expr::{TValue, Template};
+
+/// Default per-attempt timeout when neither node, tool nor workflow defaults set one: no
+/// request is ever sent without a timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `max_parallel`: enough for fan-outs of network calls, bounded so a 1,000-way
+/// fan-out does not open 1,000 sockets at once.
+pub const DEFAULT_MAX_PARALLEL: u32 = 8;
+
+/// A validated workflow.
+#[derive(Debug, Clone)]
+pub struct Workflow {
+    /// `name:` or, when absent, the file stem.
+    pub name: String,
+    /// `description:`.
+    pub description: Option<String>,
+    /// Declared inputs, in file order.
+    pub inputs: Vec<InputDecl>,
+    /// Workflow-wide defaults for nodes.
+    pub defaults: Defaults,
+    /// Most nodes running at once in one run.
+    pub max_parallel: u32,
+    /// Tools by name.
+    pub tools: BTreeMap<String, ToolDecl>,
+    /// Nodes in file order; [`crate::plan::Plan`] indexes them by position.
+    pub nodes: Vec<NodeDecl>,
+}
+
+impl Workflow {
+    /// The node with this id.
+    pub fn node(&self, id: &str) -> Option<&NodeDecl> {
+        self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// The input declaration with this name.
+    pub fn input(&self, name: &str) -> Option<&InputDecl> {
+        self.inputs.iter().find(|i| i.name == name)
+    }
+
+    /// The effective retry policy of a node: its own, else the workflow default, else none.
+    pub fn retry_policy(&self, node: &NodeDecl) -> RetryPolicy {
+        node.retry_policy
+            .clone()
+            .or_else(|| self.defaults.retry_policy.clone())
+            .unwrap_or_default()
+    }
+
+    /// The per-attempt timeout of a node: node, then tool, then workflow default, then 30 s.
+    pub fn timeout(&self, node: &NodeDecl) -> Duration {
+        node.timeout
+            .or_else(|| self.tools.get(&node.tool).and_then(|t| t.timeout))
+            .or(self.defaults.timeout)
+            .unwrap_or(DEFAULT_TIMEOUT)
+    }
+
+    /// The whole-node deadline (all attempts and backoff), if any.
+    pub fn deadline(&self, node: &NodeDecl) -> Option<Duration> {
+        node.deadline.or(self.defaults.deadline)
+    }
+}
+
+/// The JSON type an input must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputType {
+    /// A JSON string.
+    String,
+    /// A whole number.
+    Integer,
+    /// Any JSON number.
+    Number,
+    /// `true` / `false`.
+    Boolean,
+    /// A JSON object.
+    Object,
+    /// A JSON array.
+    Array,
+}
+
+impl InputType {
+    /// Every type name accepted in `type:`.
+    pub const NAMES: [&'static str; 6] =
+        ["string", "integer", "number", "boolean", "object", "array"];
+
+    /// Parses a `type:` value.
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name {
+            "string" => Self::String,
+            "integer" => Self::Integer,
+            "number" => Self::Number,
+            "boolean" => Self::Boolean,
+            "object" => Self::Object,
+            "array" => Self::Array,
+            _ => return None,
+        })
+    }
+
+    /// The name used in files and messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::String => "string",
+            Self::Integer => "integer",
+            Self::Number => "number",
+            Self::Boolean => "boolean",
+            Self::Object => "object",
+            Self::Array => "array",
+        }
+    }
+
+    /// Whether a JSON value has this type.
+    pub fn accepts(self, value: &serde_json::Value) -> bool {
+        use serde_json::Value as J;
+        match self {
+            Self::String => value.is_string(),
+            Self::Integer => value.is_i64() || value.is_u64(),
+            Self::Number => value.is_number(),
+            Self::Boolean => value.is_boolean(),
+            Self::Object => matches!(value, J::Object(_)),
+            Self::Array => matches!(value, J::Array(_)),
+        }
+    }
+}
+
+/// One declared input.
+#[derive(Debug, Clone)]
+pub struct InputDecl {
+    /// The input's name, as used in `${{ inputs.<name> }}`.
+    pub name: String,
+    /// Its type.
+    pub ty: InputType,
+    /// Whether a run must supply it (when it has no default).
+    pub required: bool,
+    /// Value used when the run does not supply one.
+    pub default: Option<serde_json::Value>,
+    /// Free text for humans.
+    pub description: Option<String>,
+}
+
+/// Workflow-wide defaults that nodes inherit.
+#[derive(Debug, Clone, Default)]
+pub struct Defaults {
+    /// Per-attempt timeout.
+    pub timeout: Option<Duration>,
+    /// Whole-node deadline (every attempt and backoff).
+    pub deadline: Option<Duration>,
+    /// Node retry policy.
+    pub retry_policy: Option<RetryPolicy>,
+}
+
+/// How a node is retried: plain data; the delay maths lives in [`crate::retry`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Retries after the first attempt: `max_retries: 2` means at most 3 steps.
+    pub max_retries: u32,
+    /// Delay before retry 1.
+    pub initial: Duration,
+    /// Longest delay.
+    pub max: Duration,
+    /// Growth factor per retry.
+    pub multiplier: f64,
+    /// Fraction of each delay drawn at random (0 = none, 1 = anywhere in `[0, delay]`).
+    pub jitter: f64,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_retries: 0,
+            initial: Duration::from_secs(1),
+            max: Duration::from_secs(60),
+            multiplier: 2.0,
+            jitter: 0.2,
+        }
+    }
+}
+
+/// How a tool's downstream deals with repeated requests (DESIGN §8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Idempotency {
+    /// The downstream does not dedupe: an unknown outcome goes in doubt.
+    #[default]
+    None,
+    /// The downstream dedupes on the idempotency-key header: re-sending with the same key
+    /// is safe.
+    Header,
+}
+
+/// A declared tool.
+#[derive(Debug, Clone)]
+pub struct ToolDecl {
+    /// The tool's name, as used by `nodes.<id>.tool`.
+    pub name: String,
+    /// Where it is declared, for messages that concern the tool.
+    pub pos: Pos,
+    /// Kind-specific settings.
+    pub kind: ToolKind,
+    /// Free text for humans.
+    pub description: Option<String>,
+    /// Per-attempt timeout for calls of this tool.
+    pub timeout: Option<Duration>,
+    /// Requests per minute across all workers.
+    pub rate_limit_per_minute: Option<u32>,
+    /// Requests per UTC day across all workers.
+    pub quota_per_day: Option<u32>,
+    /// Side-effect class declared by the workflow.
+    pub idempotency: Idempotency,
+    /// `read_only:` override (`None` = infer: GET is read-only, MCP annotations).
+    pub read_only: Option<bool>,
+}
+
+/// The four tool kinds.
+#[derive(Debug, Clone)]
+pub enum ToolKind {
+    /// An in-process function from the registry.
+    Function {
+        /// Registry name, e.g. `core.echo`.
+        function: String,
+    },
+    /// A local program (argv, no shell).
+    Command {
+        /// Program and arguments (templated).
+        command: Vec<Template>,
+        /// Declared environment (templated; the only way secrets reach a command).
+        env: Vec<(String, Template)>,
+        /// Working directory.
+        cwd: Option<String>,
+        /// Inherited environment variable names (default: a small allow-list).
+        env_allow: Option<Vec<String>>,
+    },
+    /// An HTTP endpoint.
+    Http(HttpTool),
+    /// A tool on an MCP server.
+    Mcp(McpTool),
+}
+
+impl ToolKind {
+    /// The `kind:` name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Function { .. } => "function",
+            Self::Command { .. } => "command",
+            Self::Http(_) => "http",
+            Self::Mcp(_) => "mcp",
+        }
+    }
+}
+
+/// An `http` tool.
+#[derive(Debug, Clone)]
+pub struct HttpTool {
+    /// Upper-case method.
+    pub method: String,
+    /// URL template.
+    pub url: Template,
+    /// Header templates.
+    pub headers: Vec<(String, Template)>,
+    /// Query parameter templates.
+    pub query: Vec<(String, Template)>,
+    /// Body template; `None` = the node's `with` for non-GET methods.
+    pub body: Option<TValue>,
+    /// Name of the idempotency-key header.
+    pub idempotency_header: String,
+    /// Whether 3xx responses are followed.
+    pub follow_redirects: bool,
+    /// Largest response body accepted.
+    pub max_response_bytes: Option<u64>,
+}
+
+/// An `mcp` tool.
+#[derive(Debug, Clone)]
+pub struct McpTool {
+    /// How to reach the server.
+    pub server: McpServer,
+    /// The tool's name on the server.
+    pub tool: String,
+    /// How to authenticate.
+    pub auth: McpAuth,
+}
+
+/// An MCP server.
+#[derive(Debug, Clone)]
+pub enum McpServer {
+    /// A child process speaking MCP on stdio.
+    Stdio {
+        /// Program and arguments (templated).
+        command: Vec<Template>,
+        /// Environment (templated).
+        env: Vec<(String, Template)>,
+        /// Working directory.
+        cwd: Option<String>,
+    },
+    /// A streamable-HTTP endpoint.
+    Http {
+        /// URL template.
+        url: Template,
+        /// Header templates.
+        headers: Vec<(String, Template)>,
+    },
+}
+
+/// MCP authentication.
+#[derive(Debug, Clone, Default)]
+pub enum McpAuth {
+    /// None.
+    #[default]
+    None,
+    /// A bearer token (usually `${{ secrets.NAME }}`).
+    Bearer(Template),
+    /// OAuth 2 `client_credentials`.
+    ClientCredentials {
+        /// Token endpoint.
+        token_url: Template,
+        /// Client id.
+        client_id: Template,
+        /// Client secret.
+        client_secret: Template,
+        /// Requested scope.
+        scope: Option<String>,
+    },
+}
+
+/// A node of the DAG.
+#[derive(Debug, Clone)]
+pub struct NodeDecl {
+    /// The node id (`[a-z0-9_-]+`).
+    pub id: String,
+    /// Where the node is declared.
+    pub pos: Pos,
+    /// The tool it calls.
+    pub tool: String,
+    /// Where `tool:` is written.
+    pub tool_pos: Pos,
+    /// Nodes that must finish first.
+    pub needs: Vec<String>,
+    /// Where each `needs` entry is written (same order as `needs`).
+    pub needs_pos: Vec<Pos>,
+    /// Arguments (templated).
+    pub with: TValue,
+    /// Condition; a false condition skips the node and its dependents.
+    pub condition: Option<Template>,
+    /// Where `if:` is written.
+    pub condition_pos: Option<Pos>,
+    /// Node-level retry policy.
+    pub retry_policy: Option<RetryPolicy>,
+    /// Per-attempt timeout.
+    pub timeout: Option<Duration>,
+    /// Whole-node deadline.
+    pub deadline: Option<Duration>,
+    /// Idempotency key template (default `<run_id>:<node>`).
+    pub idempotency_key: Option<Template>,
+    /// Whether the run goes on (and dependents run) when this node fails.
+    pub continue_on_error: bool,
+    /// Free text for humans.
+    pub description: Option<String>,
+}

@@ -1,0 +1,357 @@
+//! Checks that need the whole workflow: references between nodes, tools and inputs,
+//! cycles, and what each expression may see.
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::diagnostic::{Diagnostic, Pos, did_you_mean};
+use super::expr::{Template, references};
+use super::model::{McpAuth, McpServer, ToolKind, Workflow};
+use crate::plan::Plan;
+
+/// Where an expression appears; decides which names it may read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope<'a> {
+    /// A node's `with`: inputs, ancestors' outputs, run, secrets.
+    With { node: usize },
+    /// A node's `if` or `idempotency_key`: no secrets (they would be stored or logged).
+    NodeField { node: usize, field: &'a str },
+    /// A tool's spec: inputs, `with`, run, secrets; node outputs come in through `with`.
+    Tool,
+}
+
+/// Options for validation that depend on the embedding program.
+#[derive(Debug, Clone, Default)]
+pub struct ValidateOptions {
+    /// Function names that exist (`None` = do not check function names).
+    pub functions: Option<BTreeSet<String>>,
+}
+
+/// Runs every cross-reference check, appending to `diags`.
+pub(crate) fn check(
+    wf: &Workflow,
+    opts: &ValidateOptions,
+    declared_tools: &[String],
+    diags: &mut Vec<Diagnostic>,
+) {
+    let index: HashMap<&str, usize> = wf
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.id.as_str(), i))
+        .collect();
+    let node_ids: Vec<&str> = wf.nodes.iter().map(|n| n.id.as_str()).collect();
+    let tool_names: Vec<&str> = wf.tools.keys().map(String::as_str).collect();
+
+    for node in &wf.nodes {
+        if !node.tool.is_empty() && !declared_tools.contains(&node.tool) {
+            let mut d = Diagnostic::new(
+                node.tool_pos,
+                format!("node `{}` uses unknown tool `{}`", node.id, node.tool),
+            );
+            if let Some(near) = did_you_mean(&node.tool, tool_names.iter().copied()) {
+                d = d.with_help(format!("did you mean `{near}`?"));
+            } else if tool_names.is_empty() {
+                d = d.with_help("declare it under `tools:`");
+            }
+            diags.push(d);
+        }
+        for (need, pos) in node.needs.iter().zip(&node.needs_pos) {
+            if !index.contains_key(need.as_str()) {
+                let mut d = Diagnostic::new(
+                    *pos,
+                    format!("node `{}` needs unknown node `{need}`", node.id),
+                );
+                if let Some(near) = did_you_mean(need, node_ids.iter().copied()) {
+                    d = d.with_help(format!("did you mean `{near}`?"));
+                }
+                diags.push(d);
+            }
+        }
+    }
+
+    if let Some(functions) = &opts.functions {
+        for tool in wf.tools.values() {
+            if let ToolKind::Function { function } = &tool.kind {
+                if !functions.contains(function) {
+                    let mut d = Diagnostic::new(
+                        tool.pos,
+                        format!("tool `{}` names unknown function `{function}`", tool.name),
+                    );
+                    if let Some(near) = did_you_mean(function, functions.iter().map(String::as_str))
+                    {
+                        d = d.with_help(format!("did you mean `{near}`?"));
+                    }
+                    diags.push(d);
+                }
+            }
+        }
+    }
+
+    let plan = match Plan::new(wf) {
+        Ok(plan) => Some(plan),
+        Err(cycles) => {
+            for cycle in cycles {
+                let mut names: Vec<&str> = cycle.iter().map(|&i| wf.nodes[i].id.as_str()).collect();
+                names.push(names[0]);
+                let first = &wf.nodes[cycle[0]];
+                diags.push(
+                    Diagnostic::new(
+                        first.pos,
+                        format!("dependency cycle: {}", names.join(" -> ")),
+                    )
+                    .with_help("a workflow is a DAG: remove one of these `needs`"),
+                );
+            }
+            None
+        }
+    };
+    let ancestors = plan.as_ref().map(Plan::ancestors);
+
+    let mut checker = RefChecker {
+        wf,
+        index: &index,
+        ancestors: ancestors.as_deref(),
+        diags,
+    };
+    for (i, node) in wf.nodes.iter().enumerate() {
+        for t in node.with.templates() {
+            checker.template(t, Scope::With { node: i });
+        }
+        if let Some(t) = &node.condition {
+            checker.template(
+                t,
+                Scope::NodeField {
+                    node: i,
+                    field: "if",
+                },
+            );
+        }
+        if let Some(t) = &node.idempotency_key {
+            checker.template(
+                t,
+                Scope::NodeField {
+                    node: i,
+                    field: "idempotency_key",
+                },
+            );
+        }
+    }
+    for tool in wf.tools.values() {
+        for t in tool_templates(&tool.kind) {
+            checker.template(t, Scope::Tool);
+        }
+    }
+}
+
+/// Every template in a tool spec.
+fn tool_templates(kind: &ToolKind) -> Vec<&Template> {
+    let mut out = Vec::new();
+    match kind {
+        ToolKind::Function { .. } => {}
+        ToolKind::Command { command, env, .. } => {
+            out.extend(command);
+            out.extend(env.iter().map(|(_, t)| t));
+        }
+        ToolKind::Http(h) => {
+            out.push(&h.url);
+            out.extend(h.headers.iter().map(|(_, t)| t));
+            out.extend(h.query.iter().map(|(_, t)| t));
+            if let Some(body) = &h.body {
+                out.extend(body.templates());
+            }
+        }
+        ToolKind::Mcp(m) => {
+            match &m.server {
+                McpServer::Stdio { command, env, .. } => {
+                    out.extend(command);
+                    out.extend(env.iter().map(|(_, t)| t));
+                }
+                McpServer::Http { url, headers } => {
+                    out.push(url);
+                    out.extend(headers.iter().map(|(_, t)| t));
+                }
+            }
+            match &m.auth {
+                McpAuth::None => {}
+                McpAuth::Bearer(t) => out.push(t),
+                McpAuth::ClientCredentials {
+                    token_url,
+                    client_id,
+                    client_secret,
+                    ..
+                } => {
+                    out.extend([token_url, client_id, client_secret]);
+                }
+            }
+        }
+    }
+    out
+}
+
+struct RefChecker<'a> {
+    wf: &'a Workflow,
+    index: &'a HashMap<&'a str, usize>,
+    ancestors: Option<&'a [fixedbitset::FixedBitSet]>,
+    diags: &'a mut Vec<Diagnostic>,
+}
+
+/// Globals of the expression language that are not workflow data.
+const LANGUAGE_GLOBALS: &[&str] = &["range", "dict", "namespace", "true", "false", "none"];
+
+impl RefChecker<'_> {
+    fn template(&mut self, t: &Template, scope: Scope<'_>) {
+        for src in t.exprs() {
+            for path in references(src) {
+                self.reference(t.pos, src, &path, scope);
+            }
+        }
+    }
+
+    fn error(&mut self, pos: Pos, message: String, help: Option<String>) {
+        let mut d = Diagnostic::new(pos, message);
+        d.help = help;
+        self.diags.push(d);
+    }
+
+    fn reference(&mut self, pos: Pos, src: &str, path: &str, scope: Scope<'_>) {
+        let mut parts = path.split('.');
+        let root = parts.next().unwrap_or_default();
+        let second = parts.next();
+        let third = parts.next();
+        let where_ = match scope {
+            Scope::With { node } => format!("`with` of node `{}`", self.wf.nodes[node].id),
+            Scope::NodeField { node, field } => {
+                format!("`{field}` of node `{}`", self.wf.nodes[node].id)
+            }
+            Scope::Tool => "a tool spec".to_string(),
+        };
+        match root {
+            "inputs" => match second {
+                Some(name) if self.wf.input(name).is_some() => {}
+                Some(name) => {
+                    let names: Vec<&str> = self.wf.inputs.iter().map(|i| i.name.as_str()).collect();
+                    let help = did_you_mean(name, names.iter().copied())
+                        .map(|n| format!("did you mean `inputs.{n}`?"))
+                        .or_else(|| {
+                            Some(format!(
+                                "declare it under `inputs:` (declared: {})",
+                                if names.is_empty() {
+                                    "none".to_string()
+                                } else {
+                                    names.join(", ")
+                                }
+                            ))
+                        });
+                    self.error(
+                        pos,
+                        format!("`{src}` in {where_} reads unknown input `{name}`"),
+                        help,
+                    );
+                }
+                None => self.error(
+                    pos,
+                    format!("`{src}` in {where_} reads `inputs` as a whole"),
+                    Some("read one input: `inputs.<name>`".into()),
+                ),
+            },
+            "nodes" => {
+                let (Scope::With { node } | Scope::NodeField { node, .. }) = scope else {
+                    self.error(
+                        pos,
+                        format!("`{src}` in {where_} reads node outputs, which tool specs cannot see"),
+                        Some("pass the value through the node's `with:` and read `with.<name>` in the tool".into()),
+                    );
+                    return;
+                };
+                let Some(target) = second else {
+                    self.error(
+                        pos,
+                        format!("`{src}` in {where_} reads `nodes` as a whole"),
+                        Some("read one node's output: `nodes.<id>.output`".into()),
+                    );
+                    return;
+                };
+                let Some(&t) = self.index.get(target) else {
+                    let ids: Vec<&str> = self.wf.nodes.iter().map(|n| n.id.as_str()).collect();
+                    let help = did_you_mean(target, ids.iter().copied())
+                        .map(|n| format!("did you mean `nodes.{n}`?"));
+                    self.error(
+                        pos,
+                        format!("`{src}` in {where_} reads unknown node `{target}`"),
+                        help,
+                    );
+                    return;
+                };
+                if third != Some("output") {
+                    self.error(
+                        pos,
+                        format!("`{src}` in {where_}: a node exposes only `nodes.{target}.output`"),
+                        None,
+                    );
+                    return;
+                }
+                if let Some(ancestors) = self.ancestors {
+                    if !ancestors[node].contains(t) {
+                        let me = &self.wf.nodes[node].id;
+                        self.error(
+                            pos,
+                            format!("`{src}` in {where_} reads node `{target}`, which is not an ancestor of `{me}`"),
+                            Some(format!("add `{target}` to `needs` of `{me}` (directly or through another node)")),
+                        );
+                    }
+                }
+            }
+            "secrets" => {
+                if let Scope::NodeField { field, .. } = scope {
+                    self.error(
+                        pos,
+                        format!("`{src}` in {where_} reads a secret; secrets are only visible in `with` and tool specs"),
+                        Some(format!("`{field}` values are stored and logged, so they must not hold secrets")),
+                    );
+                } else if second.is_none() {
+                    self.error(
+                        pos,
+                        format!("`{src}` in {where_} reads `secrets` as a whole"),
+                        Some("read one secret: `secrets.<NAME>`".into()),
+                    );
+                }
+            }
+            "run" => {
+                if second != Some("id") {
+                    self.error(
+                        pos,
+                        format!("`{src}` in {where_} reads `{path}`; a run exposes only `run.id`"),
+                        None,
+                    );
+                }
+            }
+            "with" => {
+                if !matches!(scope, Scope::Tool) {
+                    self.error(
+                        pos,
+                        format!("`{src}` in {where_} reads `with`, which only tool specs can see"),
+                        Some("read the value directly (`inputs.…`, `nodes.<id>.output…`)".into()),
+                    );
+                }
+            }
+            other if LANGUAGE_GLOBALS.contains(&other) => {}
+            other => {
+                let roots = if matches!(scope, Scope::Tool) {
+                    "inputs, with, run, secrets"
+                } else {
+                    "inputs, nodes, run, secrets"
+                };
+                let help = did_you_mean(other, ["inputs", "nodes", "run", "secrets", "with"])
+                    .map_or_else(
+                        || format!("expressions here can read: {roots}"),
+                        |n| format!("did you mean `{n}`?"),
+                    );
+                self.error(
+                    pos,
+                    format!("`{src}` in {where_} reads unknown name `{other}`"),
+                    Some(help),
+                );
+            }
+        }
+    }
+}
