@@ -1,1 +1,47 @@
-//! flow-adapters
+//! flow's tool adapters: the only code in flow that talks to the outside world.
+//!
+//! Every node of a workflow calls one [`Tool`]. The engine renders the node's `with`
+//! (templates and secrets) into a [`Call`], hands it to a tool, and gets back an
+//! [`Outcome`]: the JSON output or a classified [`Error`], plus how many requests
+//! actually left the process. The classification ([`ErrorKind`]) is decided here,
+//! where the knowledge is, so that the engine can tell "never sent" from "sent, outcome
+//! unknown" without guessing:
+//!
+//! | kind | meaning | engine's reaction |
+//! |---|---|---|
+//! | [`ErrorKind::Permanent`] | config, validation, 4xx, non-zero exit, MCP `isError` | fail; retrying cannot help |
+//! | [`ErrorKind::Transient`] | 408/425/429/5xx, MCP HTTP 429/5xx | retry by policy, honouring `retry_after` |
+//! | [`ErrorKind::Unknown`] | the request may have been processed (timeout or lost connection after it was written) | in doubt: never re-sent blindly |
+//! | [`ErrorKind::NotSent`] | provably never left (connect refused, DNS, spawn failure) | safe to send again |
+//!
+//! No adapter turns an error into a success value, and none retries behind the engine's
+//! back except the two documented cases, both counted in [`Outcome::requests_sent`]: an
+//! HTTP request whose connection was refused is tried once more at once, and an MCP call
+//! answered by an OAuth scope challenge is re-sent once with a new token.
+//!
+//! The crate knows nothing of runs, steps, leases or the ledger (invariant: it never
+//! depends on `flow-ledger`). Modules, one per tool kind:
+//!
+//! - [`function`]: in-process async Rust functions and the `core.*` built-ins;
+//! - [`command`]: a local program, `with` as JSON on stdin, no shell;
+//! - [`http`]: one HTTP request through a shared connection pool;
+//! - [`mcp`]: a tool on an MCP server (stdio child or streamable HTTP), one session per
+//!   server reused across calls;
+//! - `testkit` (feature `testkit`): real test servers for this crate's and the engine's
+//!   tests, and the `flow-testkit` binary.
+
+mod error;
+mod process;
+mod redact;
+mod tool;
+
+pub mod command;
+pub mod function;
+pub mod http;
+pub mod mcp;
+
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use error::{Error, ErrorKind};
+pub use tool::{BoxFuture, Call, Outcome, SideEffect, Tool};

@@ -1,0 +1,380 @@
+//! Credentials for MCP servers over HTTP: a bearer token slot shared with the transport,
+//! the OAuth `client_credentials` grant, and `WWW-Authenticate` challenge parsing.
+//!
+//! The token lives in a [`TokenSlot`] that the transport reads on every request, so a
+//! re-authenticated token applies to the existing session: the re-sent call goes out on
+//! the same MCP session, and only the two `tools/call` requests are counted.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use reqwest::header::{HeaderName, HeaderValue};
+use rmcp::model::ClientJsonRpcMessage;
+use rmcp::transport::streamable_http_client::{
+    SseError, StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+    StreamableHttpResponseLimits,
+};
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use crate::error::head;
+use crate::http::classify::detail;
+use crate::http::classify::status_kind;
+use crate::{Error, ErrorKind};
+
+/// The current bearer token of one session, read by the transport on every request.
+#[derive(Clone, Default)]
+pub(crate) struct TokenSlot(Arc<RwLock<Option<String>>>);
+
+impl TokenSlot {
+    pub(crate) fn get(&self) -> Option<String> {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn set(&self, token: String) {
+        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Some(token);
+    }
+}
+
+/// rmcp's reqwest transport with the `Authorization` value taken from a [`TokenSlot`]
+/// at send time instead of being fixed when the transport is built.
+#[derive(Clone)]
+pub(crate) struct AuthedClient {
+    pub(crate) inner: reqwest::Client,
+    pub(crate) token: TokenSlot,
+}
+
+impl StreamableHttpClient for AuthedClient {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        self.post_message_with_response_limits(
+            uri,
+            message,
+            session_id,
+            None,
+            custom_headers,
+            StreamableHttpResponseLimits::default(),
+        )
+        .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        self.inner
+            .post_message_with_max_sse_event_size(
+                uri,
+                message,
+                session_id,
+                self.token.get(),
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        self.inner
+            .post_message_with_response_limits(
+                uri,
+                message,
+                session_id,
+                self.token.get(),
+                custom_headers,
+                limits,
+            )
+            .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), StreamableHttpError<Self::Error>> {
+        self.inner
+            .delete_session(uri, session_id, self.token.get(), custom_headers)
+            .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<
+        BoxStream<'static, Result<sse_stream::Sse, SseError>>,
+        StreamableHttpError<Self::Error>,
+    > {
+        self.inner
+            .get_stream(
+                uri,
+                session_id,
+                last_event_id,
+                self.token.get(),
+                custom_headers,
+            )
+            .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        _auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<
+        BoxStream<'static, Result<sse_stream::Sse, SseError>>,
+        StreamableHttpError<Self::Error>,
+    > {
+        self.inner
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                self.token.get(),
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+}
+
+/// The client of an OAuth `client_credentials` grant (RFC 6749 §4.4).
+#[derive(Clone)]
+pub(crate) struct Credentials {
+    pub(crate) token_url: String,
+    pub(crate) client_id: String,
+    pub(crate) client_secret: String,
+}
+
+/// A token and what it was granted for.
+pub(crate) struct Token {
+    pub(crate) access_token: String,
+    /// Granted scope: the server's answer, else what was asked for.
+    pub(crate) scope: Option<String>,
+    pub(crate) expires_at: Option<Instant>,
+}
+
+#[derive(Deserialize)]
+struct TokenResponse {
+    access_token: String,
+    #[serde(default)]
+    expires_in: Option<u64>,
+    #[serde(default)]
+    scope: Option<String>,
+}
+
+/// Tokens are renewed this long before they expire, so none expires in flight.
+const EXPIRY_SKEW: Duration = Duration::from_secs(30);
+
+impl Token {
+    /// Whether the token should be renewed before the next call.
+    pub(crate) fn is_stale(&self, now: Instant) -> bool {
+        self.expires_at.is_some_and(|at| now + EXPIRY_SKEW >= at)
+    }
+}
+
+/// Requests a token with `scope`. Errors are classified as if nothing had been sent to
+/// the MCP server yet; the caller adjusts when a tool call already left.
+///
+/// The client authenticates with HTTP Basic (RFC 6749 §2.3.1, which servers must
+/// support); the secret never appears in an error message.
+pub(crate) async fn fetch_token(
+    http: &reqwest::Client,
+    credentials: &Credentials,
+    scope: Option<&str>,
+    deadline: Instant,
+) -> Result<Token, Error> {
+    let what = format!("token endpoint {}", without_query(&credentials.token_url));
+    let mut form = vec![("grant_type", "client_credentials")];
+    if let Some(scope) = scope.filter(|s| !s.is_empty()) {
+        form.push(("scope", scope));
+    }
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    if remaining.is_zero() {
+        return Err(Error::not_sent(format!(
+            "{what}: the timeout expired before the token request"
+        )));
+    }
+    let request = http
+        .post(&credentials.token_url)
+        .basic_auth(&credentials.client_id, Some(&credentials.client_secret))
+        .form(&form)
+        .timeout(remaining);
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(e) if e.is_connect() => {
+            return Err(Error::not_sent(format!(
+                "{what}: could not connect: {}",
+                detail(&e)
+            )));
+        }
+        Err(e) if e.is_builder() => {
+            return Err(Error::permanent(format!(
+                "{what}: invalid request: {}",
+                detail(&e)
+            )));
+        }
+        Err(e) => {
+            return Err(Error::transient(format!("{what}: {}", detail(&e)), None));
+        }
+    };
+    let status = response.status();
+    let kind = status_kind(status, response.headers());
+    let body = response.bytes().await.map_err(|e| {
+        Error::transient(format!("{what}: reading the answer: {}", detail(&e)), None)
+    })?;
+    if !status.is_success() {
+        // OAuth errors carry `error` and `error_description`, never the secret.
+        let detail = head(&body, 300);
+        let message = format!("{what}: HTTP {status}: {detail}");
+        let kind = match kind {
+            ErrorKind::Transient { .. } => kind,
+            _ => ErrorKind::Permanent,
+        };
+        return Err(Error::new(kind, message));
+    }
+    let parsed: TokenResponse = serde_json::from_slice(&body).map_err(|e| {
+        Error::permanent(format!(
+            "{what}: the answer is not an OAuth token response: {e}"
+        ))
+    })?;
+    Ok(Token {
+        access_token: parsed.access_token,
+        scope: parsed.scope.or_else(|| scope.map(str::to_string)),
+        expires_at: parsed
+            .expires_in
+            .map(|secs| Instant::now() + Duration::from_secs(secs)),
+    })
+}
+
+/// The `scope` parameter of a `WWW-Authenticate: Bearer …` challenge (RFC 6750 §3).
+pub(crate) fn challenge_scope(header: &str) -> Option<String> {
+    let rest = header.trim_start();
+    let params = match rest.get(..6) {
+        Some(scheme) if scheme.eq_ignore_ascii_case("bearer") => &rest[6..],
+        _ => return None,
+    };
+    let mut chars = params.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| c.is_whitespace() || *c == ',') {
+            chars.next();
+        }
+        let name: String = chars.by_ref().take_while(|c| *c != '=').collect();
+        if name.is_empty() {
+            return None;
+        }
+        let mut value = String::new();
+        if chars.peek() == Some(&'"') {
+            chars.next();
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => value.extend(chars.next()),
+                    '"' => break,
+                    c => value.push(c),
+                }
+            }
+        } else {
+            while let Some(c) = chars.next_if(|c| *c != ',') {
+                value.push(c);
+            }
+            value = value.trim().to_string();
+        }
+        if name.trim().eq_ignore_ascii_case("scope") {
+            return Some(value);
+        }
+    }
+}
+
+/// The union of two space-separated scope lists, first list's order first.
+pub(crate) fn scope_union(current: Option<&str>, challenged: Option<&str>) -> Option<String> {
+    let mut scopes: Vec<&str> = Vec::new();
+    for scope in current
+        .into_iter()
+        .chain(challenged)
+        .flat_map(str::split_whitespace)
+    {
+        if !scopes.contains(&scope) {
+            scopes.push(scope);
+        }
+    }
+    (!scopes.is_empty()).then(|| scopes.join(" "))
+}
+
+/// A URL for messages: without query and user info.
+pub(crate) fn without_query(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) => {
+            parsed.set_query(None);
+            parsed.set_fragment(None);
+            let _ = parsed.set_username("");
+            let _ = parsed.set_password(None);
+            parsed.to_string()
+        }
+        Err(_) => "<invalid url>".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn challenge_scopes() {
+        assert_eq!(
+            challenge_scope(r#"Bearer scope="tools:write""#).as_deref(),
+            Some("tools:write")
+        );
+        assert_eq!(
+            challenge_scope(r#"Bearer error="insufficient_scope", scope="a b", realm="x""#)
+                .as_deref(),
+            Some("a b")
+        );
+        assert_eq!(
+            challenge_scope(r#"bearer realm=x, scope=read:data"#).as_deref(),
+            Some("read:data")
+        );
+        assert_eq!(challenge_scope(r#"Bearer realm="x""#), None);
+        assert_eq!(challenge_scope(r#"Basic realm="x", scope="a""#), None);
+    }
+
+    #[test]
+    fn scope_unions() {
+        assert_eq!(
+            scope_union(Some("a b"), Some("b c")).as_deref(),
+            Some("a b c")
+        );
+        assert_eq!(scope_union(None, Some("c")).as_deref(), Some("c"));
+        assert_eq!(scope_union(None, None), None);
+    }
+}

@@ -1,0 +1,252 @@
+//! Tools on MCP servers, through one rmcp client session per server.
+//!
+//! # Sessions
+//! A [`Pool`] keeps one session per (server, credentials) and reuses it for every call
+//! in the process: a stdio server is started once, an HTTP server is initialized once.
+//! A session whose child exited or whose transport closed is replaced on the next call.
+//! Starting a session counts against the call's timeout; failing to start it (spawn
+//! failure, the child exiting, no `initialize` answer in time, connection refused) is
+//! `NotSent`, since the tool call itself never left.
+//!
+//! Stdio servers run as the leader of their own process group with a cleared
+//! environment (the command adapter's default allow-list plus the declared `env`);
+//! their stderr is logged at `debug` (target `flow_adapters::mcp`) and its tail is
+//! quoted when the server fails to start.
+//!
+//! # Calls and classification
+//! `tools/call` with `Call::args` (an object, or `null` for none) under `Call::timeout`:
+//!
+//! | what happened | result |
+//! |---|---|
+//! | result with `structuredContent` | that value |
+//! | result with text content | see [`McpTool`]: JSON when the text is JSON |
+//! | `isError: true` | `Permanent` carrying the tool's text |
+//! | JSON-RPC error (unknown tool, bad params, internal error) | `Permanent` |
+//! | HTTP 429/5xx | `Transient` (`Retry-After` honoured) |
+//! | other HTTP 4xx | `Permanent` |
+//! | HTTP 404 for the session (server restarted) | `Transient`; the next call starts a new session (rmcp's silent re-initialize-and-resend is turned off) |
+//! | timeout after the call was sent, transport died mid-call (child exited, connection lost) | `Unknown` |
+//! | connection refused before the call was written | `NotSent` |
+//!
+//! # Authorization (HTTP servers)
+//! [`Auth::Bearer`] sends `Authorization: Bearer <token>`. [`Auth::ClientCredentials`]
+//! fetches a token from `token_url` (OAuth `client_credentials`, client authenticated
+//! with HTTP Basic) before the session starts, and renews it 30 s before it expires.
+//! When a call is answered 401, or 403 `insufficient_scope`, with a
+//! `WWW-Authenticate: Bearer … scope="…"` challenge, a token for the union of the
+//! current and the challenged scopes is fetched and the call re-sent **at most once**,
+//! on the same session; both requests count in `requests_sent` (2). A second challenge,
+//! or a challenge without client credentials, is `Permanent`.
+//!
+//! rmcp logs an `ERROR` when a request is answered 401; the engine's log filter should
+//! quiet the target `rmcp::transport::worker` (see the crate report).
+//!
+//! # Side effect class
+//! `read_only_override` when set; else `ReadOnly` when the tool's annotations say
+//! `readOnlyHint` or `idempotentHint` (fetched with [`Pool::annotations`]); else `None`.
+
+mod auth;
+mod classify;
+mod pool;
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::{BoxFuture, Call, Error, Outcome, SideEffect, Tool};
+pub use pool::Pool;
+
+/// How to reach an MCP server.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub enum ServerSpec {
+    /// A child process speaking MCP on stdin/stdout.
+    Stdio {
+        /// Program and arguments (no shell).
+        command: Vec<String>,
+        /// Declared environment (values rendered, secrets included).
+        env: Vec<(String, String)>,
+        /// Working directory; flow's own when `None`.
+        cwd: Option<PathBuf>,
+    },
+    /// A streamable-HTTP endpoint.
+    Http {
+        /// The MCP endpoint, e.g. `http://127.0.0.1:9000/mcp`.
+        url: String,
+        /// Extra headers on every request (values may carry secrets; never logged).
+        headers: Vec<(String, String)>,
+    },
+}
+
+impl ServerSpec {
+    /// A short name for messages: the program, or the URL without query.
+    pub(crate) fn label(&self) -> String {
+        match self {
+            ServerSpec::Stdio { command, .. } => format!(
+                "MCP server `{}`",
+                command.first().map(String::as_str).unwrap_or("")
+            ),
+            ServerSpec::Http { url, .. } => format!("MCP server {}", auth::without_query(url)),
+        }
+    }
+}
+
+impl std::fmt::Debug for ServerSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerSpec::Stdio { command, env, cwd } => f
+                .debug_struct("Stdio")
+                .field("command", command)
+                .field("env", &crate::redact::Pairs(env))
+                .field("cwd", cwd)
+                .finish(),
+            ServerSpec::Http { url, headers } => f
+                .debug_struct("Http")
+                .field("url", &auth::without_query(url))
+                .field("headers", &crate::redact::Pairs(headers))
+                .finish(),
+        }
+    }
+}
+
+/// Credentials for an HTTP MCP server (ignored for stdio servers).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub enum Auth {
+    /// No `Authorization` header.
+    None,
+    /// A fixed bearer token.
+    Bearer(String),
+    /// OAuth 2 `client_credentials` grant.
+    ClientCredentials {
+        /// The authorization server's token endpoint.
+        token_url: String,
+        /// Client id.
+        client_id: String,
+        /// Client secret.
+        client_secret: String,
+        /// Scope to ask for first (space-separated), if any.
+        scope: Option<String>,
+    },
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Auth::None => f.write_str("None"),
+            Auth::Bearer(_) => f.write_str("Bearer(\"…\")"),
+            Auth::ClientCredentials {
+                token_url,
+                client_id,
+                scope,
+                ..
+            } => f
+                .debug_struct("ClientCredentials")
+                .field("token_url", &auth::without_query(token_url))
+                .field("client_id", client_id)
+                .field("client_secret", &crate::redact::Hidden)
+                .field("scope", scope)
+                .finish(),
+        }
+    }
+}
+
+/// An MCP tool as declared by a workflow, with values already rendered.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Spec {
+    /// Where the server is.
+    pub server: ServerSpec,
+    /// The tool's name on that server.
+    pub tool: String,
+    /// Credentials (HTTP servers).
+    pub auth: Auth,
+    /// The workflow's `read_only:`; overrides the tool's annotations.
+    pub read_only_override: Option<bool>,
+}
+
+/// A tool's behaviour hints from `tools/list`, with MCP's defaults applied when the
+/// server gives none (read-only false, idempotent false, destructive true).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Annotations {
+    /// `readOnlyHint`: the tool does not modify its environment.
+    pub read_only: bool,
+    /// `idempotentHint`: repeating a call with the same arguments has no further effect.
+    pub idempotent: bool,
+    /// `destructiveHint`: the tool may destroy data (meaningful when not read-only).
+    pub destructive: bool,
+}
+
+impl Annotations {
+    fn from_rmcp(annotations: Option<&rmcp::model::ToolAnnotations>) -> Self {
+        Annotations {
+            read_only: annotations.and_then(|a| a.read_only_hint).unwrap_or(false),
+            idempotent: annotations.and_then(|a| a.idempotent_hint).unwrap_or(false),
+            destructive: annotations.and_then(|a| a.destructive_hint).unwrap_or(true),
+        }
+    }
+}
+
+/// Calls one tool of one server through a [`Pool`].
+///
+/// Text results: one text block is returned as JSON when it parses as JSON, else as a
+/// string; several text blocks become an array (each parsed the same way).
+#[derive(Debug, Clone)]
+pub struct McpTool {
+    pool: Pool,
+    spec: Spec,
+    annotations: Option<Annotations>,
+}
+
+impl McpTool {
+    /// A tool for `spec`; its side-effect class uses annotations already fetched by
+    /// [`Pool::annotations`] for this server and tool, if any.
+    pub fn new(pool: &Pool, spec: Spec) -> Self {
+        pool.tool(spec)
+    }
+
+    /// The same tool with these annotations (e.g. from the engine's own cache).
+    pub fn with_annotations(mut self, annotations: Option<Annotations>) -> Self {
+        self.annotations = annotations;
+        self
+    }
+
+    /// The annotations the side-effect class is computed from.
+    pub fn annotations(&self) -> Option<Annotations> {
+        self.annotations
+    }
+
+    async fn run(&self, call: Call) -> Outcome {
+        if call.timeout.is_zero() {
+            return Outcome::err(Error::permanent("mcp: the timeout must be positive"), 0);
+        }
+        let arguments = match call.args {
+            Value::Null => None,
+            Value::Object(map) => Some(map),
+            other => {
+                let message = format!(
+                    "mcp: the arguments of tool `{}` must be an object, got {other}",
+                    self.spec.tool
+                );
+                return Outcome::err(Error::permanent(message), 0);
+            }
+        };
+        let deadline = Instant::now() + call.timeout;
+        self.pool.call(&self.spec, arguments, deadline).await
+    }
+}
+
+impl Tool for McpTool {
+    fn call(&self, call: Call) -> BoxFuture<'_, Outcome> {
+        Box::pin(self.run(call))
+    }
+
+    fn side_effect(&self) -> SideEffect {
+        match self.spec.read_only_override {
+            Some(true) => SideEffect::ReadOnly,
+            Some(false) => SideEffect::None,
+            None => match self.annotations {
+                Some(a) if a.read_only || a.idempotent => SideEffect::ReadOnly,
+                _ => SideEffect::None,
+            },
+        }
+    }
+}

@@ -1,0 +1,625 @@
+//! An HTTP server that counts what arrives, per `Idempotency-Key`, and misbehaves on
+//! request.
+//!
+//! Every request to a path other than `/_control/…` is recorded when its head and body
+//! have **arrived** — before any hold or failure — and again as **completed** once its
+//! response was fully produced. A crash test can therefore resolve an in-doubt call
+//! from the downstream's own record ("arrived and completed → it succeeded").
+//!
+//! Behaviour is set per path (exact match; `*` for every other path) with
+//! [`CountingServer::set`], or from another process with
+//! `POST /_control/set {"path": "/x", "behavior": {"type": "status", "status": 503}}`.
+//! Other control endpoints: `POST /_control/release` (release held requests),
+//! `POST /_control/reset` (forget counts and behaviours), `GET /_control/state`
+//! (`{"total", "counts": {key: n}, "completed": {key: n}, "log": [...]}`).
+//!
+//! The default behaviour, [`Behavior::Echo`], answers 200 with
+//! `{"key", "count", "method", "path", "query", "body", "headers"}` where `count` is
+//! the number of requests seen with that key (or on that path, for requests without a
+//! key).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+/// What the server does with requests to one path.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Behavior {
+    /// 200 with the echo document (the default).
+    Echo,
+    /// A fixed JSON answer.
+    Json {
+        /// HTTP status (default 200).
+        #[serde(default = "ok_status")]
+        status: u16,
+        /// The body.
+        body: Value,
+    },
+    /// A fixed text answer (`text/plain`).
+    Text {
+        /// HTTP status (default 200).
+        #[serde(default = "ok_status")]
+        status: u16,
+        /// The body.
+        body: String,
+    },
+    /// An error status, optionally with `Retry-After`.
+    Status {
+        /// HTTP status.
+        status: u16,
+        /// `Retry-After` value, sent as is (seconds or an HTTP date).
+        #[serde(default)]
+        retry_after: Option<String>,
+        /// Body text.
+        #[serde(default)]
+        body: Option<String>,
+    },
+    /// The first `times` requests to the path get `status`, later ones the echo.
+    FailTimes {
+        /// How many requests fail.
+        times: u32,
+        /// Their status.
+        status: u16,
+    },
+    /// Answers the echo after `ms` milliseconds.
+    Hold {
+        /// Delay.
+        ms: u64,
+    },
+    /// Answers the echo once [`CountingServer::release`] (or `/_control/release`) is called.
+    HoldUntilReleased,
+    /// Sends 200 headers and part of a body, then closes the connection.
+    DropMidResponse,
+    /// Sends the echo document in `chunks` pieces, `interval_ms` apart.
+    Slow {
+        /// Number of pieces.
+        chunks: u32,
+        /// Delay before each piece.
+        interval_ms: u64,
+    },
+    /// A redirect to `to`.
+    Redirect {
+        /// The `Location`.
+        to: String,
+        /// 301, 302, 303, 307 or 308 (default 302).
+        #[serde(default = "found_status")]
+        status: u16,
+    },
+    /// 200 with a body of `bytes` bytes (`x` repeated, `text/plain`).
+    Big {
+        /// Body size.
+        bytes: usize,
+    },
+}
+
+fn ok_status() -> u16 {
+    200
+}
+
+fn found_status() -> u16 {
+    302
+}
+
+impl Behavior {
+    /// `Status` without `Retry-After`.
+    pub fn status(status: u16) -> Self {
+        Behavior::Status {
+            status,
+            retry_after: None,
+            body: None,
+        }
+    }
+
+    /// `Status` with a `Retry-After` value.
+    pub fn status_retry_after(status: u16, retry_after: impl Into<String>) -> Self {
+        Behavior::Status {
+            status,
+            retry_after: Some(retry_after.into()),
+            body: None,
+        }
+    }
+
+    /// `Hold` for `delay`.
+    pub fn hold(delay: Duration) -> Self {
+        Behavior::Hold {
+            ms: delay.as_millis() as u64,
+        }
+    }
+}
+
+/// One request as it arrived.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// Arrival order, from 1.
+    pub seq: u64,
+    /// HTTP method.
+    pub method: String,
+    /// Path, without query.
+    pub path: String,
+    /// Query string, if any.
+    pub query: Option<String>,
+    /// The `Idempotency-Key` header, if any.
+    pub key: Option<String>,
+    /// The body: JSON when it parses, else text, `null` when empty.
+    pub body: Value,
+    /// All headers, names lower-case, in arrival order.
+    pub headers: Vec<(String, String)>,
+}
+
+impl RequestRecord {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Default)]
+struct Record {
+    behaviors: HashMap<String, Behavior>,
+    failures: HashMap<String, u32>,
+    counts: HashMap<String, u32>,
+    path_counts: HashMap<String, u32>,
+    completed: HashMap<String, u32>,
+    completed_total: u32,
+    log: Vec<RequestRecord>,
+}
+
+struct Shared {
+    record: Mutex<Record>,
+    released: watch::Sender<u64>,
+    log_file: Option<Mutex<std::fs::File>>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Record> {
+        self.record.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends one line to the log file and fsyncs it, so the record survives a crash.
+    fn append(&self, line: Value) {
+        if let Some(file) = &self.log_file {
+            let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = writeln!(file, "{line}");
+            let _ = file.sync_data();
+        }
+    }
+
+    fn complete(&self, seq: u64, key: Option<&str>) {
+        {
+            let mut record = self.lock();
+            record.completed_total += 1;
+            if let Some(key) = key {
+                *record.completed.entry(key.to_string()).or_default() += 1;
+            }
+        }
+        self.append(json!({"event": "completed", "seq": seq, "key": key}));
+    }
+}
+
+/// The counting server, listening on loopback until dropped.
+pub struct CountingServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CountingServer {
+    /// Starts on `127.0.0.1:0`.
+    pub async fn start() -> std::io::Result<CountingServer> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), None).await
+    }
+
+    /// Starts on `addr`, appending arrivals and completions to `log_file` if given.
+    pub async fn start_on(
+        addr: SocketAddr,
+        log_file: Option<&Path>,
+    ) -> std::io::Result<CountingServer> {
+        let log_file = match log_file {
+            Some(path) => Some(Mutex::new(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)?,
+            )),
+            None => None,
+        };
+        let (released, _) = watch::channel(0);
+        let shared = Arc::new(Shared {
+            record: Mutex::new(Record::default()),
+            released,
+            log_file,
+        });
+        let router = Router::new()
+            .route("/_control/set", post(control_set))
+            .route("/_control/release", post(control_release))
+            .route("/_control/reset", post(control_reset))
+            .route("/_control/state", get(control_state))
+            .fallback(handle)
+            .with_state(shared.clone());
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router).await {
+                tracing::warn!("counting server stopped: {e}");
+            }
+        });
+        Ok(CountingServer { addr, shared, task })
+    }
+
+    /// `http://127.0.0.1:PORT` (no trailing slash).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Sets what requests to `path` get (`*` matches paths without their own behaviour).
+    pub fn set(&self, path: &str, behavior: Behavior) {
+        let mut record = self.shared.lock();
+        record.failures.remove(path);
+        record.behaviors.insert(path.to_string(), behavior);
+    }
+
+    /// Releases every request held by [`Behavior::HoldUntilReleased`] so far.
+    pub fn release(&self) {
+        self.shared.released.send_modify(|n| *n += 1);
+    }
+
+    /// Requests that arrived with this `Idempotency-Key`.
+    pub fn count(&self, key: &str) -> u32 {
+        self.shared.lock().counts.get(key).copied().unwrap_or(0)
+    }
+
+    /// Requests with this key whose response was fully produced.
+    pub fn completed(&self, key: &str) -> u32 {
+        self.shared.lock().completed.get(key).copied().unwrap_or(0)
+    }
+
+    /// Requests that arrived, control requests excluded.
+    pub fn total(&self) -> u32 {
+        self.shared.lock().log.len() as u32
+    }
+
+    /// Requests whose response was fully produced.
+    pub fn completed_total(&self) -> u32 {
+        self.shared.lock().completed_total
+    }
+
+    /// Every arrived request, in order.
+    pub fn log(&self) -> Vec<RequestRecord> {
+        self.shared.lock().log.clone()
+    }
+}
+
+impl Drop for CountingServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body_value = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()))
+    };
+    let header_pairs: Vec<(String, String)> = headers
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    // Subscribe before recording, so a release racing this arrival is not missed.
+    let mut released = shared.released.subscribe();
+    let (record, count, behavior, fail) = {
+        let mut state = shared.lock();
+        let count = match &key {
+            Some(key) => {
+                let n = state.counts.entry(key.clone()).or_default();
+                *n += 1;
+                *n
+            }
+            None => 0,
+        };
+        let path_count = {
+            let n = state.path_counts.entry(path.clone()).or_default();
+            *n += 1;
+            *n
+        };
+        let record = RequestRecord {
+            seq: state.log.len() as u64 + 1,
+            method: method.to_string(),
+            path: path.clone(),
+            query: uri.query().map(str::to_string),
+            key: key.clone(),
+            body: body_value,
+            headers: header_pairs,
+        };
+        state.log.push(record.clone());
+        let behavior = state
+            .behaviors
+            .get(&path)
+            .or_else(|| state.behaviors.get("*"))
+            .cloned()
+            .unwrap_or(Behavior::Echo);
+        let fail = match &behavior {
+            Behavior::FailTimes { times, .. } => {
+                let failed = state.failures.entry(path.clone()).or_default();
+                *failed += 1;
+                *failed <= *times
+            }
+            _ => false,
+        };
+        (
+            record,
+            if key.is_some() { count } else { path_count },
+            behavior,
+            fail,
+        )
+    };
+    shared.append(json!({
+        "event": "arrived", "seq": record.seq, "method": record.method, "path": record.path,
+        "key": record.key, "body": record.body,
+    }));
+    let echo = json!({
+        "key": record.key, "count": count, "method": record.method, "path": record.path,
+        "query": record.query, "body": record.body,
+        "headers": record.headers.iter().map(|(n, v)| (n.clone(), Value::String(v.clone()))).collect::<serde_json::Map<_, _>>(),
+    });
+    let seq = record.seq;
+    let response = match behavior {
+        Behavior::Echo => axum::Json(echo).into_response(),
+        Behavior::Json { status, body } => (code(status), axum::Json(body)).into_response(),
+        Behavior::Text { status, body } => (code(status), body).into_response(),
+        Behavior::Status {
+            status,
+            retry_after,
+            body,
+        } => {
+            let mut response = (code(status), body.unwrap_or_default()).into_response();
+            if let Some(value) = retry_after.and_then(|v| v.parse().ok()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            response
+        }
+        Behavior::FailTimes { status, .. } if fail => {
+            (code(status), format!("failing on purpose ({status})")).into_response()
+        }
+        Behavior::FailTimes { .. } => axum::Json(echo).into_response(),
+        Behavior::Hold { ms } => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            axum::Json(echo).into_response()
+        }
+        Behavior::HoldUntilReleased => {
+            let start = *released.borrow_and_update();
+            while *released.borrow_and_update() == start {
+                if released.changed().await.is_err() {
+                    break;
+                }
+            }
+            axum::Json(echo).into_response()
+        }
+        Behavior::DropMidResponse => {
+            let stream = futures::stream::unfold(0_u8, |step| async move {
+                match step {
+                    0 => Some((Ok(Bytes::from_static(b"{\"partial\": ")), 1)),
+                    1 => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        Some((Err(std::io::Error::other("dropped on purpose")), 2))
+                    }
+                    _ => None,
+                }
+            });
+            return (StatusCode::OK, Body::from_stream(stream)).into_response();
+        }
+        Behavior::Slow {
+            chunks,
+            interval_ms,
+        } => {
+            let text = echo.to_string().into_bytes();
+            let chunks = chunks.max(1) as usize;
+            let size = text.len().div_ceil(chunks).max(1);
+            let pieces: Vec<Bytes> = text.chunks(size).map(Bytes::copy_from_slice).collect();
+            let done = shared.clone();
+            let key = record.key.clone();
+            let stream = futures::stream::unfold(
+                (pieces.into_iter(), Some((done, key))),
+                move |(mut rest, mut done)| async move {
+                    tokio::time::sleep(Duration::from_millis(interval_ms)).await;
+                    match rest.next() {
+                        Some(piece) => Some((Ok::<_, std::io::Error>(piece), (rest, done))),
+                        None => {
+                            if let Some((shared, key)) = done.take() {
+                                shared.complete(seq, key.as_deref());
+                            }
+                            None
+                        }
+                    }
+                },
+            );
+            return (
+                [(header::CONTENT_TYPE, "application/json")],
+                Body::from_stream(stream),
+            )
+                .into_response();
+        }
+        Behavior::Redirect { to, status } => {
+            let mut response = code(status).into_response();
+            if let Ok(value) = to.parse() {
+                response.headers_mut().insert(header::LOCATION, value);
+            }
+            response
+        }
+        Behavior::Big { bytes } => {
+            ([(header::CONTENT_TYPE, "text/plain")], vec![b'x'; bytes]).into_response()
+        }
+    };
+    shared.complete(seq, record.key.as_deref());
+    response
+}
+
+fn code(status: u16) -> StatusCode {
+    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+#[derive(Deserialize)]
+struct SetRequest {
+    path: String,
+    behavior: Behavior,
+}
+
+async fn control_set(
+    State(shared): State<Arc<Shared>>,
+    axum::Json(request): axum::Json<SetRequest>,
+) -> StatusCode {
+    let mut record = shared.lock();
+    record.failures.remove(&request.path);
+    record.behaviors.insert(request.path, request.behavior);
+    StatusCode::NO_CONTENT
+}
+
+async fn control_release(State(shared): State<Arc<Shared>>) -> StatusCode {
+    shared.released.send_modify(|n| *n += 1);
+    StatusCode::NO_CONTENT
+}
+
+async fn control_reset(State(shared): State<Arc<Shared>>) -> StatusCode {
+    *shared.lock() = Record::default();
+    StatusCode::NO_CONTENT
+}
+
+async fn control_state(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {
+    let record = shared.lock();
+    axum::Json(json!({
+        "total": record.log.len(),
+        "counts": record.counts,
+        "completed": record.completed,
+        "completed_total": record.completed_total,
+        "log": record.log,
+    }))
+}
+
+/// A CountingServer in another process (`flow-testkit http`), driven through its
+/// control endpoints.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    base: String,
+    http: reqwest::Client,
+}
+
+/// The state of a remote server, as `GET /_control/state` reports it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct RemoteState {
+    /// Requests that arrived.
+    pub total: u32,
+    /// Arrivals per `Idempotency-Key`.
+    pub counts: HashMap<String, u32>,
+    /// Completions per `Idempotency-Key`.
+    pub completed: HashMap<String, u32>,
+    /// Completed responses.
+    pub completed_total: u32,
+    /// Every arrived request.
+    pub log: Vec<RequestRecord>,
+}
+
+impl Remote {
+    /// A handle on the server at `base` (`http://127.0.0.1:PORT`).
+    pub fn new(base: impl Into<String>) -> Self {
+        Remote {
+            base: base.into().trim_end_matches('/').to_string(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn post(&self, path: &str, body: Option<Value>) -> Result<(), reqwest::Error> {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .timeout(Duration::from_secs(10));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        request.send().await?.error_for_status()?;
+        Ok(())
+    }
+
+    /// Sets what requests to `path` get.
+    pub async fn set(&self, path: &str, behavior: &Behavior) -> Result<(), reqwest::Error> {
+        self.post(
+            "/_control/set",
+            Some(json!({"path": path, "behavior": behavior})),
+        )
+        .await
+    }
+
+    /// Releases held requests.
+    pub async fn release(&self) -> Result<(), reqwest::Error> {
+        self.post("/_control/release", None).await
+    }
+
+    /// Forgets counts and behaviours.
+    pub async fn reset(&self) -> Result<(), reqwest::Error> {
+        self.post("/_control/reset", None).await
+    }
+
+    /// Counts and log.
+    pub async fn state(&self) -> Result<RemoteState, reqwest::Error> {
+        self.http
+            .get(format!("{}/_control/state", self.base))
+            .timeout(Duration::from_secs(10))
+            .send()
+            .await?
+            .error_for_status()?
+            .json()
+            .await
+    }
+}
+
+/// Reads a `--log-file` written by `flow-testkit http`: one JSON value per line.
+pub fn read_log_file(path: &Path) -> std::io::Result<Vec<Value>> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(text
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect())
+}
+
+/// Convenience for tests: a fresh log-file path inside `dir`.
+pub fn log_file_in(dir: &Path) -> PathBuf {
+    dir.join("counting-server.jsonl")
+}

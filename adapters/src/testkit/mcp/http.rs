@@ -1,0 +1,395 @@
+//! The MCP test server over streamable HTTP, with counting and an OAuth mode.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use base64::Engine;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::{Value, json};
+
+use super::{Stats, TestServer};
+
+/// The OAuth mode: `tools/call` needs a token carrying `required_scope`.
+///
+/// A request without a valid token gets 401 `Bearer realm="flow-testkit",
+/// error="invalid_token"`. A `tools/call` whose token lacks the scope gets
+/// `challenge_status` (401, or 403 for the `insufficient_scope` form) with
+/// `WWW-Authenticate: Bearer error="insufficient_scope", scope="<required_scope>"`.
+/// Tokens come from `POST /token` (`grant_type=client_credentials`, client
+/// authenticated with HTTP Basic or form fields), granted for exactly the scope asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthOptions {
+    /// Accepted client id.
+    pub client_id: String,
+    /// Accepted client secret.
+    pub client_secret: String,
+    /// Scope a token needs for `tools/call`.
+    pub required_scope: String,
+    /// 401 or 403.
+    pub challenge_status: u16,
+    /// Whether `/token` grants `required_scope` when asked; `false` makes every
+    /// re-authentication useless, to check that a client gives up after one.
+    pub grant_required_scope: bool,
+}
+
+impl Default for AuthOptions {
+    fn default() -> Self {
+        AuthOptions {
+            client_id: "flow".to_string(),
+            client_secret: "flow-secret".to_string(),
+            required_scope: "tools:write".to_string(),
+            challenge_status: 401,
+            grant_required_scope: true,
+        }
+    }
+}
+
+/// HTTP-level counts, taken before authorization, so rejected requests count too.
+#[derive(Debug, Default)]
+pub struct HttpStats {
+    requests: AtomicU32,
+    tool_call_requests: AtomicU32,
+    initialize_requests: AtomicU32,
+    rejected: AtomicU32,
+    token_requests: AtomicU32,
+}
+
+impl HttpStats {
+    /// Every HTTP request to `/mcp` (POST, GET, DELETE), rejected ones included.
+    pub fn requests(&self) -> u32 {
+        self.requests.load(Ordering::SeqCst)
+    }
+
+    /// POSTs carrying a `tools/call`, rejected ones included.
+    pub fn tool_call_requests(&self) -> u32 {
+        self.tool_call_requests.load(Ordering::SeqCst)
+    }
+
+    /// POSTs carrying an `initialize`, rejected ones included.
+    pub fn initialize_requests(&self) -> u32 {
+        self.initialize_requests.load(Ordering::SeqCst)
+    }
+
+    /// Requests answered 401/403 by the OAuth mode.
+    pub fn rejected(&self) -> u32 {
+        self.rejected.load(Ordering::SeqCst)
+    }
+
+    /// Requests to `/token`, refused ones included.
+    pub fn token_requests(&self) -> u32 {
+        self.token_requests.load(Ordering::SeqCst)
+    }
+}
+
+struct Gate {
+    auth: Option<AuthOptions>,
+    stats: HttpStats,
+    tokens: Mutex<HashMap<String, String>>,
+    issued: AtomicU32,
+    /// `tools/call` answered with this status (and `Retry-After`) instead of running.
+    call_failure: Mutex<Option<(u16, Option<String>)>>,
+    /// Session ids seen so far, and those the server pretends to have forgotten.
+    sessions: Mutex<(Vec<String>, Vec<String>)>,
+}
+
+impl Gate {
+    fn issue(&self, scope: &str) -> String {
+        let n = self.issued.fetch_add(1, Ordering::SeqCst) + 1;
+        let token = format!("testkit-token-{n}");
+        self.tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(token.clone(), scope.to_string());
+        token
+    }
+
+    fn scope_of(&self, token: &str) -> Option<String> {
+        self.tokens
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(token)
+            .cloned()
+    }
+}
+
+/// The MCP test server on loopback: MCP at `/mcp`, tokens at `/token`.
+pub struct HttpServer {
+    addr: SocketAddr,
+    stats: Arc<Stats>,
+    gate: Arc<Gate>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl HttpServer {
+    /// Starts on `127.0.0.1:0`; `auth` turns the OAuth mode on.
+    pub async fn start(auth: Option<AuthOptions>) -> std::io::Result<HttpServer> {
+        Self::start_on(SocketAddr::from(([127, 0, 0, 1], 0)), auth, None).await
+    }
+
+    /// Starts on `addr`, logging tool calls to `count_file` if given.
+    pub async fn start_on(
+        addr: SocketAddr,
+        auth: Option<AuthOptions>,
+        count_file: Option<PathBuf>,
+    ) -> std::io::Result<HttpServer> {
+        let server = TestServer::new(count_file);
+        let stats = server.stats();
+        let service: StreamableHttpService<TestServer, LocalSessionManager> =
+            StreamableHttpService::new(
+                move || Ok(server.clone()),
+                Default::default(),
+                StreamableHttpServerConfig::default().with_sse_keep_alive(None),
+            );
+        let gate = Arc::new(Gate {
+            auth,
+            stats: HttpStats::default(),
+            tokens: Mutex::new(HashMap::new()),
+            issued: AtomicU32::new(0),
+            call_failure: Mutex::new(None),
+            sessions: Mutex::new((Vec::new(), Vec::new())),
+        });
+        let router = Router::new()
+            .route("/token", post(token))
+            .nest_service("/mcp", service)
+            .layer(middleware::from_fn_with_state(gate.clone(), guard))
+            .with_state(gate.clone());
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, router).await {
+                tracing::warn!("MCP test server stopped: {e}");
+            }
+        });
+        Ok(HttpServer {
+            addr,
+            stats,
+            gate,
+            task,
+        })
+    }
+
+    /// The MCP endpoint, `http://127.0.0.1:PORT/mcp`.
+    pub fn url(&self) -> String {
+        format!("http://{}/mcp", self.addr)
+    }
+
+    /// The token endpoint, `http://127.0.0.1:PORT/token`.
+    pub fn token_url(&self) -> String {
+        format!("http://{}/token", self.addr)
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// What the tools saw.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// What arrived over HTTP, rejected requests included.
+    pub fn http(&self) -> &HttpStats {
+        &self.gate.stats
+    }
+
+    /// Issues a token for `scope` without a token request (for bearer-token tests).
+    pub fn issue_token(&self, scope: &str) -> String {
+        self.gate.issue(scope)
+    }
+
+    /// Answers every later `tools/call` with `status` (and `Retry-After`), before the
+    /// tool runs; `None` restores normal service.
+    pub fn fail_calls_with(&self, failure: Option<(u16, Option<String>)>) {
+        *self
+            .gate
+            .call_failure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = failure;
+    }
+
+    /// Forgets every session seen so far, as a restarted server would: their requests
+    /// get 404 from now on, and clients must initialize a new session.
+    pub fn expire_sessions(&self) {
+        let mut sessions = self.gate.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        let (seen, expired) = &mut *sessions;
+        expired.append(seen);
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(token.trim())
+}
+
+fn challenge(status: u16, value: String) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::UNAUTHORIZED);
+    let mut response = (status, "authorization required").into_response();
+    if let Ok(value) = value.parse() {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, value);
+    }
+    response
+}
+
+/// Counts every `/mcp` request, then enforces the OAuth mode.
+async fn guard(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+    if !request.uri().path().starts_with("/mcp") {
+        return next.run(request).await;
+    }
+    gate.stats.requests.fetch_add(1, Ordering::SeqCst);
+    let (parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, 16 * 1024 * 1024).await else {
+        return (StatusCode::BAD_REQUEST, "unreadable body").into_response();
+    };
+    let method = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_string));
+    let is_call = method.as_deref() == Some("tools/call");
+    if is_call {
+        gate.stats.tool_call_requests.fetch_add(1, Ordering::SeqCst);
+    }
+    if method.as_deref() == Some("initialize") {
+        gate.stats
+            .initialize_requests
+            .fetch_add(1, Ordering::SeqCst);
+    }
+    if let Some(id) = parts
+        .headers
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+    {
+        let mut sessions = gate.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if sessions.1.iter().any(|s| s == id) {
+            return (StatusCode::NOT_FOUND, "session not found").into_response();
+        }
+        if !sessions.0.iter().any(|s| s == id) {
+            sessions.0.push(id.to_string());
+        }
+    }
+    if let Some(auth) = &gate.auth {
+        let scope = bearer(&parts.headers).and_then(|token| gate.scope_of(token));
+        match scope {
+            None => {
+                gate.stats.rejected.fetch_add(1, Ordering::SeqCst);
+                return challenge(
+                    401,
+                    r#"Bearer realm="flow-testkit", error="invalid_token""#.to_string(),
+                );
+            }
+            Some(scope)
+                if is_call && !scope.split_whitespace().any(|s| s == auth.required_scope) =>
+            {
+                gate.stats.rejected.fetch_add(1, Ordering::SeqCst);
+                return challenge(
+                    auth.challenge_status,
+                    format!(
+                        r#"Bearer realm="flow-testkit", error="insufficient_scope", scope="{}""#,
+                        auth.required_scope
+                    ),
+                );
+            }
+            Some(_) => {}
+        }
+    }
+    let failure = gate
+        .call_failure
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    if let (true, Some((status, retry_after))) = (is_call, failure) {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (status, "failing on purpose").into_response();
+        if let Some(value) = retry_after.and_then(|v| v.parse().ok()) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        return response;
+    }
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+/// `POST /token`: the OAuth `client_credentials` grant.
+async fn token(State(gate): State<Arc<Gate>>, headers: HeaderMap, body: String) -> Response {
+    gate.stats.token_requests.fetch_add(1, Ordering::SeqCst);
+    let form: HashMap<String, String> = reqwest::Url::parse(&format!("http://form/?{body}"))
+        .map(|url| url.query_pairs().into_owned().collect())
+        .unwrap_or_default();
+    let basic = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Basic "))
+        .and_then(|b| {
+            base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .ok()
+        })
+        .and_then(|raw| String::from_utf8(raw).ok())
+        .and_then(|pair| {
+            pair.split_once(':')
+                .map(|(id, secret)| (decode(id), decode(secret)))
+        });
+    let (client_id, client_secret) = basic.unwrap_or_else(|| {
+        (
+            form.get("client_id").cloned().unwrap_or_default(),
+            form.get("client_secret").cloned().unwrap_or_default(),
+        )
+    });
+    let error = |status: StatusCode, code: &str| {
+        (status, axum::Json(json!({"error": code}))).into_response()
+    };
+    if form.get("grant_type").map(String::as_str) != Some("client_credentials") {
+        return error(StatusCode::BAD_REQUEST, "unsupported_grant_type");
+    }
+    let Some(auth) = &gate.auth else {
+        return error(StatusCode::BAD_REQUEST, "invalid_request");
+    };
+    if client_id != auth.client_id || client_secret != auth.client_secret {
+        return error(StatusCode::UNAUTHORIZED, "invalid_client");
+    }
+    let mut scope = form.get("scope").cloned().unwrap_or_default();
+    if !auth.grant_required_scope {
+        scope = scope
+            .split_whitespace()
+            .filter(|s| *s != auth.required_scope)
+            .collect::<Vec<_>>()
+            .join(" ");
+    }
+    let access_token = gate.issue(&scope);
+    axum::Json(json!({
+        "access_token": access_token,
+        "token_type": "Bearer",
+        "expires_in": 3600,
+        "scope": scope,
+    }))
+    .into_response()
+}
+
+/// Basic credentials are form-urlencoded before base64 (RFC 6749 §2.3.1).
+fn decode(text: &str) -> String {
+    reqwest::Url::parse(&format!("http://x/?v={text}"))
+        .ok()
+        .and_then(|url| url.query_pairs().next().map(|(_, v)| v.into_owned()))
+        .unwrap_or_else(|| text.to_string())
+}

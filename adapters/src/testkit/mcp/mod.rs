@@ -1,0 +1,354 @@
+//! An MCP test server (rmcp server side) whose tools count their calls.
+//!
+//! | tool | args | result | annotations |
+//! |---|---|---|---|
+//! | `echo` | any object | the args as `structuredContent` | — |
+//! | `count` | `{key}` | `{key, count}`: calls so far with that key | — |
+//! | `fail` | `{message?}` | `isError: true` with the message as text | — |
+//! | `slow` | `{ms}` | `{slept_ms}` after sleeping | — |
+//! | `lookup` | `{id?}` | `{id, found: true}` | `readOnlyHint` |
+//! | `set_flag` | `{name}` | `{name, set: true}` | `idempotentHint` |
+//! | `delete_thing` | `{id}` | `{deleted: id}` | `destructiveHint` |
+//! | `text` | `{text?}` | one plain text block (default `plain text`) | — |
+//! | `json_text` | — | one text block holding `{"answer":42}` | — |
+//! | `texts` | — | two text blocks: `one` and `{"two":2}` | — |
+//! | `crash` | — | over stdio: the process exits(3) before answering; over HTTP: a JSON-RPC internal error | — |
+//!
+//! Served over stdio by `flow-testkit mcp-stdio` ([`serve_stdio`]) and over streamable
+//! HTTP by [`HttpServer`] (in-process, or `flow-testkit mcp-http`).
+
+mod http;
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, InitializeRequestParams, InitializeResult, JsonObject,
+    ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{
+    ErrorData, RoleServer, ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+pub use http::{AuthOptions, HttpServer, HttpStats};
+
+/// What the tools saw: initializations, calls per tool, calls per `count` key.
+#[derive(Debug, Default)]
+pub struct Stats {
+    initializes: AtomicU32,
+    calls: Mutex<HashMap<String, u32>>,
+    keys: Mutex<HashMap<String, u32>>,
+}
+
+impl Stats {
+    /// Sessions initialized (one per client session).
+    pub fn initializes(&self) -> u32 {
+        self.initializes.load(Ordering::SeqCst)
+    }
+
+    /// Calls of `tool` that reached the tool.
+    pub fn calls(&self, tool: &str) -> u32 {
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(tool)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Calls of any tool that reached it.
+    pub fn total_calls(&self) -> u32 {
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .sum()
+    }
+
+    /// `count` calls with this key.
+    pub fn count(&self, key: &str) -> u32 {
+        self.keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+/// The server's handler. Cheap to clone; clones share [`Stats`].
+#[derive(Debug, Clone)]
+pub struct TestServer {
+    tool_router: ToolRouter<Self>,
+    stats: Arc<Stats>,
+    count_file: Option<PathBuf>,
+    /// Whether `crash` may exit the process (only when serving stdio in its own process).
+    may_exit: bool,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct KeyArgs {
+    /// The key calls are counted under.
+    key: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct FailArgs {
+    /// The error text.
+    message: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct SlowArgs {
+    /// How long to sleep, in milliseconds.
+    ms: u64,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct IdArgs {
+    /// An id.
+    id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct NameArgs {
+    /// A name.
+    name: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct TextArgs {
+    /// The text to return.
+    text: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct NoArgs {}
+
+impl TestServer {
+    /// A server with fresh stats, logging calls to `count_file` if given.
+    pub fn new(count_file: Option<PathBuf>) -> Self {
+        Self::with_stats(Arc::new(Stats::default()), count_file, false)
+    }
+
+    fn with_stats(stats: Arc<Stats>, count_file: Option<PathBuf>, may_exit: bool) -> Self {
+        TestServer {
+            tool_router: Self::tool_router(),
+            stats,
+            count_file,
+            may_exit,
+        }
+    }
+
+    /// The shared stats.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.stats.clone()
+    }
+
+    fn note(&self, tool: &str, key: Option<&str>) -> u32 {
+        *self
+            .stats
+            .calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(tool.to_string())
+            .or_default() += 1;
+        let count = match key {
+            Some(key) => {
+                let mut keys = self.stats.keys.lock().unwrap_or_else(|e| e.into_inner());
+                let n = keys.entry(key.to_string()).or_default();
+                *n += 1;
+                *n
+            }
+            None => 0,
+        };
+        self.append(json!({"event": "call", "tool": tool, "key": key, "pid": std::process::id()}));
+        count
+    }
+
+    fn append(&self, line: Value) {
+        if let Some(path) = &self.count_file
+            && let Ok(mut file) = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+        {
+            let _ = writeln!(file, "{line}");
+        }
+    }
+}
+
+#[tool_router]
+impl TestServer {
+    #[tool(description = "Returns its arguments as structured content.")]
+    async fn echo(
+        &self,
+        Parameters(args): Parameters<JsonObject>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.note("echo", None);
+        Ok(CallToolResult::structured(Value::Object(args)))
+    }
+
+    #[tool(description = "Counts calls per key and returns the count.")]
+    async fn count(
+        &self,
+        Parameters(args): Parameters<KeyArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let count = self.note("count", Some(&args.key));
+        Ok(CallToolResult::structured(
+            json!({"key": args.key, "count": count}),
+        ))
+    }
+
+    #[tool(description = "Always reports an error.")]
+    async fn fail(
+        &self,
+        Parameters(args): Parameters<FailArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.note("fail", None);
+        let message = args
+            .message
+            .unwrap_or_else(|| "the tool failed".to_string());
+        Ok(CallToolResult::error(vec![ContentBlock::text(message)]))
+    }
+
+    #[tool(description = "Sleeps for `ms` milliseconds.")]
+    async fn slow(
+        &self,
+        Parameters(args): Parameters<SlowArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.note("slow", None);
+        tokio::time::sleep(Duration::from_millis(args.ms)).await;
+        Ok(CallToolResult::structured(json!({"slept_ms": args.ms})))
+    }
+
+    #[tool(
+        description = "Looks something up.",
+        annotations(read_only_hint = true)
+    )]
+    async fn lookup(
+        &self,
+        Parameters(args): Parameters<IdArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.note("lookup", None);
+        Ok(CallToolResult::structured(
+            json!({"id": args.id, "found": true}),
+        ))
+    }
+
+    #[tool(
+        description = "Sets a flag; repeating it changes nothing.",
+        annotations(idempotent_hint = true, read_only_hint = false)
+    )]
+    async fn set_flag(
+        &self,
+        Parameters(args): Parameters<NameArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.note("set_flag", None);
+        Ok(CallToolResult::structured(
+            json!({"name": args.name, "set": true}),
+        ))
+    }
+
+    #[tool(
+        description = "Deletes a thing.",
+        annotations(destructive_hint = true, read_only_hint = false)
+    )]
+    async fn delete_thing(
+        &self,
+        Parameters(args): Parameters<IdArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.note("delete_thing", None);
+        Ok(CallToolResult::structured(json!({"deleted": args.id})))
+    }
+
+    #[tool(description = "Returns plain text.")]
+    async fn text(
+        &self,
+        Parameters(args): Parameters<TextArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.note("text", None);
+        let text = args.text.unwrap_or_else(|| "plain text".to_string());
+        Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+    }
+
+    #[tool(description = "Returns JSON as a text block.")]
+    async fn json_text(
+        &self,
+        Parameters(_): Parameters<NoArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.note("json_text", None);
+        Ok(CallToolResult::success(vec![ContentBlock::text(
+            r#"{"answer":42}"#,
+        )]))
+    }
+
+    #[tool(description = "Returns two text blocks.")]
+    async fn texts(&self, Parameters(_): Parameters<NoArgs>) -> Result<CallToolResult, ErrorData> {
+        self.note("texts", None);
+        Ok(CallToolResult::success(vec![
+            ContentBlock::text("one"),
+            ContentBlock::text(r#"{"two":2}"#),
+        ]))
+    }
+
+    #[tool(description = "Exits the server process before answering (stdio only).")]
+    async fn crash(&self, Parameters(_): Parameters<NoArgs>) -> Result<CallToolResult, ErrorData> {
+        self.note("crash", None);
+        if self.may_exit {
+            std::process::exit(3);
+        }
+        Err(ErrorData::internal_error(
+            "crash is only fatal over stdio",
+            None,
+        ))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for TestServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_instructions("flow's MCP test server: tools that count their calls")
+    }
+
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        self.stats.initializes.fetch_add(1, Ordering::SeqCst);
+        self.append(json!({"event": "initialize", "pid": std::process::id()}));
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+}
+
+/// Serves the test server on this process's stdin/stdout until the client disconnects
+/// (`flow-testkit mcp-stdio`). `crash` exits the process.
+pub async fn serve_stdio(
+    count_file: Option<PathBuf>,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let server = TestServer::with_stats(Arc::new(Stats::default()), count_file, true);
+    let running = server.serve(rmcp::transport::stdio()).await?;
+    running.waiting().await?;
+    Ok(())
+}
+
+/// Reads a `--count-file`: one JSON value per line.
+pub fn read_count_file(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
+}

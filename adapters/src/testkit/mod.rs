@@ -1,0 +1,99 @@
+//! Real test servers for flow's tests (feature `testkit`; never in the `flow` binary).
+//!
+//! Tests of the at-most-once contract need downstreams that count what they receive,
+//! so that "sent once" is checked at the receiving end rather than inferred. Everything
+//! here listens on loopback and runs in the test's process or as the `flow-testkit`
+//! binary, which tests of the `flow` binary start as a child process.
+//!
+//! - [`http::CountingServer`]: counts requests per `Idempotency-Key`, and per path can
+//!   echo, answer a status, fail N times, hold, drop the connection mid-response,
+//!   redirect or send a large body. Configurable from the test process and, through
+//!   `POST /_control/set`, from any process ([`http::Remote`]).
+//! - [`mcp`]: an rmcp MCP server with counting tools, over stdio (the binary) and
+//!   streamable HTTP ([`mcp::HttpServer`], in-process or the binary), with an OAuth
+//!   mode that challenges for a scope until a token from its own `/token` carries it.
+//! - [`bin_path`]: where the `flow-testkit` binary is, building it once if needed.
+//!
+//! # The `flow-testkit` binary
+//!
+//! ```text
+//! flow-testkit http [--addr 127.0.0.1:8080] [--log-file F] [--print-url]
+//!     the CountingServer; --log-file appends one fsynced JSON line per arrived and
+//!     per completed request ({"event":"arrived"|"completed","seq",…}), so the record
+//!     outlives crashes of the process under test
+//! flow-testkit mcp-stdio [--count-file F]
+//!     the MCP test server on stdin/stdout; --count-file gets one JSON line per
+//!     initialize and per tool call ({"event":"initialize"|"call","tool","key","pid"})
+//! flow-testkit mcp-http [--addr 127.0.0.1:0] [--print-url] [--count-file F]
+//!                       [--auth-scope S [--client-id ID] [--client-secret S] [--challenge-status 401|403]]
+//!     the MCP test server over streamable HTTP at /mcp, token endpoint at /token
+//! ```
+//! `--print-url` prints the base URL (`http://127.0.0.1:PORT`, or `…/mcp` for
+//! `mcp-http`) as the first line of stdout once the server listens, so a parent can bind
+//! port 0 and read where it landed. The servers run until killed.
+//!
+//! Example workflows (`workflows/`) use `flow-testkit http --addr 127.0.0.1:8080`.
+
+pub mod http;
+pub mod mcp;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The `flow-testkit` binary next to the running test executable
+/// (`…/target/<profile>/deps/<test>` → `…/target/<profile>/flow-testkit`), built with
+/// `cargo build -p flow-adapters --features testkit --bin flow-testkit` the first time
+/// it is missing (once per process, even when tests run concurrently).
+///
+/// Panics when the binary cannot be found or built: that is a broken test setup, and
+/// the panic message says what to run.
+pub fn bin_path() -> PathBuf {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(locate_or_build).clone()
+}
+
+fn locate_or_build() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
+    let mut profile_dir = exe
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("test executable {} has no parent", exe.display()));
+    if profile_dir.ends_with("deps") {
+        profile_dir.pop();
+    }
+    let binary = profile_dir.join("flow-testkit");
+    if binary.is_file() {
+        return binary;
+    }
+    let target_dir = profile_dir
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| profile_dir.clone());
+    let release = profile_dir.file_name().is_some_and(|n| n == "release");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let mut command = std::process::Command::new(cargo);
+    command
+        .args(["build", "--manifest-path", manifest])
+        .args([
+            "-p",
+            "flow-adapters",
+            "--features",
+            "testkit",
+            "--bin",
+            "flow-testkit",
+        ])
+        .arg("--target-dir")
+        .arg(&target_dir);
+    if release {
+        command.arg("--release");
+    }
+    let status = command
+        .status()
+        .unwrap_or_else(|e| panic!("running cargo to build flow-testkit: {e}"));
+    assert!(
+        status.success() && binary.is_file(),
+        "building flow-testkit failed ({status}); run `cargo build -p flow-adapters --features testkit --bin flow-testkit`"
+    );
+    binary
+}
