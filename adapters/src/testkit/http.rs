@@ -217,7 +217,7 @@ impl Shared {
 pub struct CountingServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
+    running: super::Running,
 }
 
 impl CountingServer {
@@ -255,12 +255,12 @@ impl CountingServer {
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
-                tracing::warn!("counting server stopped: {e}");
-            }
-        });
-        Ok(CountingServer { addr, shared, task })
+        let running = super::Running::serve(listener, router, None);
+        Ok(CountingServer {
+            addr,
+            shared,
+            running,
+        })
     }
 
     /// `http://127.0.0.1:PORT` (no trailing slash).
@@ -311,9 +311,13 @@ impl CountingServer {
     }
 }
 
-impl Drop for CountingServer {
-    fn drop(&mut self) {
-        self.task.abort();
+impl CountingServer {
+    /// Stops listening and closes idle connections, as a stopped server process would,
+    /// and waits for requests in progress (held ones are released first). Dropping the
+    /// server does the same without waiting.
+    pub async fn shutdown(self) {
+        self.release();
+        self.running.shutdown().await;
     }
 }
 
@@ -346,6 +350,7 @@ async fn handle(
         .collect();
     // Subscribe before recording, so a release racing this arrival is not missed.
     let mut released = shared.released.subscribe();
+    let released_before = *released.borrow_and_update();
     let (record, count, behavior, fail) = {
         let mut state = shared.lock();
         let count = match &key {
@@ -426,8 +431,7 @@ async fn handle(
             axum::Json(echo).into_response()
         }
         Behavior::HoldUntilReleased => {
-            let start = *released.borrow_and_update();
-            while *released.borrow_and_update() == start {
+            while *released.borrow_and_update() == released_before {
                 if released.changed().await.is_err() {
                     break;
                 }

@@ -39,6 +39,9 @@ pub mod mcp;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
 
 /// The `flow-testkit` binary next to the running test executable
 /// (`…/target/<profile>/deps/<test>` → `…/target/<profile>/flow-testkit`), built with
@@ -96,4 +99,70 @@ fn locate_or_build() -> PathBuf {
         "building flow-testkit failed ({status}); run `cargo build -p flow-adapters --features testkit --bin flow-testkit`"
     );
     binary
+}
+
+/// A server task that stops like a real server process would: the listener closes,
+/// idle keep-alive connections are closed, and `before_stop` runs (the MCP server uses
+/// it to end its sessions and event streams). Dropping it stops the server without
+/// waiting; [`Running::shutdown`] waits.
+pub(crate) struct Running {
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<tokio::task::JoinHandle<()>>,
+    before_stop: Option<Box<dyn FnOnce() + Send + Sync>>,
+}
+
+impl Running {
+    /// Serves `router` on `listener` until stopped.
+    pub(crate) fn serve(
+        listener: tokio::net::TcpListener,
+        router: axum::Router,
+        before_stop: Option<Box<dyn FnOnce() + Send + Sync>>,
+    ) -> Running {
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let signal = async move {
+                let _ = stopped.await;
+            };
+            if let Err(e) = axum::serve(listener, router)
+                .with_graceful_shutdown(signal)
+                .await
+            {
+                tracing::warn!("test server stopped: {e}");
+            }
+        });
+        Running {
+            stop: Some(stop),
+            task: Some(task),
+            before_stop,
+        }
+    }
+
+    fn signal(&mut self) {
+        if let Some(before_stop) = self.before_stop.take() {
+            before_stop();
+        }
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+
+    /// Stops and waits (at most 5 s; requests still held after that are abandoned).
+    pub(crate) async fn shutdown(mut self) {
+        self.signal();
+        if let Some(task) = self.task.take() {
+            let abort = task.abort_handle();
+            if tokio::time::timeout(Duration::from_secs(5), task)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.signal();
+    }
 }

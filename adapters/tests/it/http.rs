@@ -235,12 +235,24 @@ async fn connect_refused_is_not_sent_with_nothing_counted() {
 }
 
 #[tokio::test]
+async fn dns_failure_is_not_sent() {
+    // `.invalid` never resolves (RFC 6761); should a resolver hang instead, the 10 s
+    // connect bound still classifies it as a connect failure within this timeout.
+    let tool = client().tool(Spec::new("POST", "http://flow-test.invalid/refunds"));
+    let outcome = tool
+        .call(Call::new(json!({}), "k", Duration::from_secs(25)))
+        .await;
+    assert_kind(&outcome, ErrorKind::NotSent, "could not connect");
+    assert_eq!(outcome.requests_sent, 0);
+}
+
+#[tokio::test]
 async fn timeout_while_held_is_unknown_and_was_counted() {
     let server = server().await;
     server.set("/slow", Behavior::HoldUntilReleased);
     let tool = client().tool(Spec::new("POST", format!("{}/slow", server.url())));
     let outcome = tool
-        .call(Call::new(json!({}), "held:1", Duration::from_millis(300)))
+        .call(Call::new(json!({}), "held:1", Duration::from_millis(1000)))
         .await;
     assert_kind(&outcome, ErrorKind::Unknown, "timed out");
     assert_eq!(outcome.requests_sent, 1);

@@ -11,3 +11,5 @@ mod mcp_http;
 #[cfg(feature = "testkit")]
 mod mcp_stdio;
 mod support;
+#[cfg(feature = "testkit")]
+mod testkit;

@@ -171,6 +171,39 @@ async fn a_forgotten_session_is_transient_then_replaced() {
 }
 
 #[tokio::test]
+async fn a_stopped_server_is_not_sent_and_a_restarted_one_gets_a_new_session() {
+    let server = start().await;
+    let addr = server.addr();
+    let url = server.url();
+    let pool = pool();
+    let tool = pool.tool(spec(&url, "count"));
+    assert_eq!(
+        ok(&tool.call(call(json!({"key": "k"}))).await)["count"],
+        json!(1)
+    );
+    server.shutdown().await;
+
+    let outcome = tool.call(call(json!({"key": "k"}))).await;
+    assert_kind(&outcome, ErrorKind::NotSent, "could not");
+    assert_eq!(outcome.requests_sent, 0);
+
+    let again = HttpServer::start_on(addr, None, None)
+        .await
+        .unwrap_or_else(|e| panic!("restarting on {addr}: {e}"));
+    let outcome = tool.call(call(json!({"key": "k"}))).await;
+    assert_eq!(
+        ok(&outcome)["count"],
+        json!(1),
+        "a new server process counts from 1"
+    );
+    assert_eq!(
+        again.stats().initializes(),
+        1,
+        "the pool started a new session"
+    );
+}
+
+#[tokio::test]
 async fn connect_refused_is_not_sent() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
     let port = listener

@@ -128,7 +128,7 @@ pub struct HttpServer {
     addr: SocketAddr,
     stats: Arc<Stats>,
     gate: Arc<Gate>,
-    task: tokio::task::JoinHandle<()>,
+    running: crate::testkit::Running,
 }
 
 impl HttpServer {
@@ -145,12 +145,10 @@ impl HttpServer {
     ) -> std::io::Result<HttpServer> {
         let server = TestServer::new(count_file);
         let stats = server.stats();
+        let config = StreamableHttpServerConfig::default().with_sse_keep_alive(None);
+        let sessions = config.cancellation_token.clone();
         let service: StreamableHttpService<TestServer, LocalSessionManager> =
-            StreamableHttpService::new(
-                move || Ok(server.clone()),
-                Default::default(),
-                StreamableHttpServerConfig::default().with_sse_keep_alive(None),
-            );
+            StreamableHttpService::new(move || Ok(server.clone()), Default::default(), config);
         let gate = Arc::new(Gate {
             auth,
             stats: HttpStats::default(),
@@ -166,16 +164,13 @@ impl HttpServer {
             .with_state(gate.clone());
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
-        let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, router).await {
-                tracing::warn!("MCP test server stopped: {e}");
-            }
-        });
+        let end_sessions: Box<dyn FnOnce() + Send + Sync> = Box::new(move || sessions.cancel());
+        let running = crate::testkit::Running::serve(listener, router, Some(end_sessions));
         Ok(HttpServer {
             addr,
             stats,
             gate,
-            task,
+            running,
         })
     }
 
@@ -228,9 +223,11 @@ impl HttpServer {
     }
 }
 
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        self.task.abort();
+impl HttpServer {
+    /// Ends every session and stops listening, as a stopped server process would, and
+    /// waits for it. Dropping the server does the same without waiting.
+    pub async fn shutdown(self) {
+        self.running.shutdown().await;
     }
 }
 
