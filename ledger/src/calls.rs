@@ -321,6 +321,11 @@ impl Ledger {
             let row = read_call(&mut c, self, &run.run_id, &req.tool_call_id).await?;
             let Some(row) = row else {
                 if let Some(other) = read_call_by_key(&mut c, self, &req.idempotency_key).await? {
+                    if other.run_id == run.run_id && other.tool_call_id == req.tool_call_id {
+                        // Our own row, committed by a racing claimer between the two
+                        // reads (PostgreSQL, READ COMMITTED): decide on it by id.
+                        continue;
+                    }
                     check_foreign(&other, &run.run_id, &req.tool, &req.request_hash)?;
                     let outcome = match decide_foreign_claim(&other.facts()?, now) {
                         ClaimDecision::Replay => {

@@ -87,7 +87,7 @@ impl Ledger {
     pub async fn open(url: &str, opts: OpenOptions) -> Result<Ledger, Error> {
         let url_redacted = redact_url(url);
         let pool = if let Some(path) = sqlite::path_of(url) {
-            Pool::Sqlite(sqlite::connect(path, &url_redacted, &opts).await?)
+            Pool::sqlite(sqlite::connect(path, &url_redacted, &opts).await?)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Pool::Postgres(postgres::connect(url, &url_redacted, &opts).await?)
         } else {
@@ -111,7 +111,7 @@ impl Ledger {
     /// Safe to call concurrently: PostgreSQL takes an advisory lock, SQLite a write lock.
     pub async fn migrate(&self) -> Result<(), Error> {
         match &self.inner.pool {
-            Pool::Sqlite(p) => sqlite::MIGRATOR.run(p).await?,
+            Pool::Sqlite(p, _) => sqlite::MIGRATOR.run(p).await?,
             Pool::Postgres(p) => postgres::MIGRATOR.run(p).await?,
         }
         Ok(())
@@ -120,7 +120,7 @@ impl Ledger {
     /// `sqlite` or `postgres`.
     pub fn backend_name(&self) -> &'static str {
         match &self.inner.pool {
-            Pool::Sqlite(_) => "sqlite",
+            Pool::Sqlite(..) => "sqlite",
             Pool::Postgres(_) => "postgres",
         }
     }

@@ -49,7 +49,7 @@ impl Ledger {
     /// with `LeaseLost` unless this worker still holds both the call lease and the run
     /// lease, unexpired, checked in the same statement.
     pub async fn mark_outbound(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
-        let mut pc = self.pool().acquire().await?;
+        let mut pc = self.pool().acquire_write().await?;
         let mut c = pc.conn();
         let mut a = fence_args(self, lease);
         a.push(now.into());
@@ -86,7 +86,7 @@ impl Ledger {
         now: Timestamp,
     ) -> Result<Timestamp, Error> {
         let expires_at = now.plus(duration);
-        let mut pc = self.pool().acquire().await?;
+        let mut pc = self.pool().acquire_write().await?;
         let mut a = fence_args(self, lease);
         a.push(expires_at.into());
         a.push(now.into());
@@ -265,7 +265,7 @@ impl Ledger {
     /// the next claim of this call takes it over and sends the same key.
     pub async fn release_call(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
         let s = self.scope();
-        let mut pc = self.pool().acquire().await?;
+        let mut pc = self.pool().acquire_write().await?;
         let n = pc
             .conn()
             .execute(

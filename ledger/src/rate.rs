@@ -27,7 +27,7 @@ impl Ledger {
             return Ok(RateDecision::Limited { retry_at });
         }
         let s = self.scope();
-        let mut pc = self.pool().acquire().await?;
+        let mut pc = self.pool().acquire_write().await?;
         let row = pc
             .conn()
             .optional::<IntRow>(
@@ -65,7 +65,7 @@ impl Ledger {
         now: Timestamp,
     ) -> Result<u32, Error> {
         let s = self.scope();
-        let mut pc = self.pool().acquire().await?;
+        let mut pc = self.pool().acquire_write().await?;
         let row = pc
             .conn()
             .optional::<IntRow>(

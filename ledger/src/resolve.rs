@@ -208,6 +208,15 @@ impl Ledger {
                 }
             }
             None => match read_call_by_key(&mut c, self, &req.idempotency_key).await? {
+                Some(other)
+                    if other.run_id == run.run_id && other.tool_call_id == req.tool_call_id =>
+                {
+                    // A racing writer committed our own row between the reads.
+                    return Err(Error::Busy {
+                        holder: other.lease_holder.unwrap_or_default(),
+                        until: Timestamp(other.lease_expires_at.unwrap_or(now.0)),
+                    });
+                }
                 Some(other) => {
                     check_foreign(&other, &run.run_id, &req.tool, &req.request_hash)?;
                     match decide_foreign_claim(&other.facts()?, now) {

@@ -297,7 +297,7 @@ impl Ledger {
     ) -> Result<HeartbeatAck, Error> {
         let scope = self.scope();
         let expires_at = now.plus(duration);
-        let mut pc = self.pool().acquire().await?;
+        let mut pc = self.pool().acquire_write().await?;
         let mut c = pc.conn();
         #[derive(sqlx::FromRow)]
         struct Ack {
@@ -331,7 +331,7 @@ impl Ledger {
     /// The token stays, so the next claim's token is still strictly greater.
     pub async fn release_run(&self, lease: &RunLease, now: Timestamp) -> Result<(), Error> {
         let scope = self.scope();
-        let mut pc = self.pool().acquire().await?;
+        let mut pc = self.pool().acquire_write().await?;
         let n = pc
             .conn()
             .execute(
