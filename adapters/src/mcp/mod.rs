@@ -38,8 +38,13 @@
 //! on the same session; both requests count in `requests_sent` (2). A second challenge,
 //! or a challenge without client credentials, is `Permanent`.
 //!
-//! rmcp logs an `ERROR` when a request is answered 401; the engine's log filter should
-//! quiet the target `rmcp::transport::worker` (see the crate report).
+//! rmcp logs at `ERROR` for conditions flow classifies and reports itself: a 401 while
+//! initializing ("worker quit with fatal … AuthRequired", target
+//! `rmcp::transport::worker`) and a session that could not be deleted because the
+//! server is gone (target `rmcp::transport::streamable_http_client`). An embedder's log
+//! filter should turn those two targets off
+//! (`rmcp::transport::worker=off,rmcp::transport::streamable_http_client=off`), since no
+//! level short of `off` hides an `ERROR`.
 //!
 //! # Side effect class
 //! `read_only_override` when set; else `ReadOnly` when the tool's annotations say

@@ -131,7 +131,8 @@ impl Pool {
                         }
                         Err(failure.error)
                     }
-                    Err(_) => Err(Error::unknown(format!("{what}: timed out"))),
+                    // Listing has no side effect: a timeout is just "try later".
+                    Err(_) => Err(Error::transient(format!("{what}: timed out"), None)),
                 }
             })
             .await?;

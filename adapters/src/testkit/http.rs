@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -621,9 +621,4 @@ pub fn read_log_file(path: &Path) -> std::io::Result<Vec<Value>> {
         .lines()
         .filter_map(|line| serde_json::from_str(line).ok())
         .collect())
-}
-
-/// Convenience for tests: a fresh log-file path inside `dir`.
-pub fn log_file_in(dir: &Path) -> PathBuf {
-    dir.join("counting-server.jsonl")
 }

@@ -343,3 +343,53 @@ async fn declared_env_reaches_the_server_and_nothing_else_does() {
         "the test's environment leaked: {env}"
     );
 }
+
+/// Whether process `pid` is gone (or a zombie awaiting its reaper).
+fn is_gone(pid: u64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+async fn wait_gone(pid: u64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !is_gone(pid) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    is_gone(pid)
+}
+
+#[tokio::test]
+async fn closing_or_dropping_the_pool_ends_the_server() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let first = dir.path().join("first.jsonl");
+    let pool = pool();
+    ok(&pool
+        .tool(spec(&server(&first), "echo"))
+        .call(call(json!({})))
+        .await);
+    let (_, _, pids) = tally(&first);
+    pool.close().await;
+    assert!(
+        wait_gone(pids[0]).await,
+        "close() left server {} running",
+        pids[0]
+    );
+
+    let second = dir.path().join("second.jsonl");
+    let pool = self::pool();
+    ok(&pool
+        .tool(spec(&server(&second), "echo"))
+        .call(call(json!({})))
+        .await);
+    let (_, _, pids) = tally(&second);
+    drop(pool);
+    assert!(
+        wait_gone(pids[0]).await,
+        "dropping the pool left server {} running",
+        pids[0]
+    );
+}
