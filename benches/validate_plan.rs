@@ -21,7 +21,9 @@ fn generate(nodes: usize, width: usize) -> String {
                 "  n{i}: {{ tool: e, needs: [n{a}, n{b}], with: {{ x: \"${{{{ nodes.n{a}.output }}}}\" }} }}\n"
             ));
         } else {
-            text.push_str(&format!("  n{i}: {{ tool: e, with: {{ s: \"${{{{ inputs.seed }}}}\" }} }}\n"));
+            text.push_str(&format!(
+                "  n{i}: {{ tool: e, with: {{ s: \"${{{{ inputs.seed }}}}\" }} }}\n"
+            ));
         }
     }
     text

@@ -4,12 +4,26 @@
 //!
 //! - [`workflow`]: workflow files: safe reading, the model, validation with positions.
 //! - [`plan`]: the DAG (petgraph), topological order and the ready set.
+//! - [`executor`]: running a run: decisions (pure) and the loop that performs them.
 //! - [`render`]: drawing a workflow as Mermaid or Graphviz.
 //! - [`schema`]: the JSON Schema of workflow files, for editors.
+//! - [`inputs`]: run inputs from `--input` and `--inputs-file`, typed by declaration.
+//! - [`secrets`]: secret values (environment, dotenv file), redaction and scrubbing.
+//! - [`config`]: `flow.toml` (egress allow-list).
+//! - [`gateway`]: the at-most-once boundary of one tool call (DESIGN §8).
+//! - [`retry`]: retry delays (pure, injected RNG).
+//! - [`fault`]: `FLOW_FAULT` crash points for tests.
 //! - [`cli`]: the command line, callable from tests as [`cli::run`].
 
 pub mod cli;
+pub mod config;
+pub mod executor;
+pub mod fault;
+pub mod gateway;
+pub mod inputs;
 pub mod plan;
 pub mod render;
+pub mod retry;
 pub mod schema;
+pub mod secrets;
 pub mod workflow;

@@ -38,12 +38,12 @@ impl Plan {
         let mut children = vec![Vec::new(); n];
         for (i, node) in wf.nodes.iter().enumerate() {
             for need in &node.needs {
-                if let Some(&p) = index.get(need.as_str()) {
-                    if !parents[i].contains(&p) {
-                        graph.add_edge(ids[p], ids[i], ());
-                        parents[i].push(p);
-                        children[p].push(i);
-                    }
+                if let Some(&p) = index.get(need.as_str())
+                    && !parents[i].contains(&p)
+                {
+                    graph.add_edge(ids[p], ids[i], ());
+                    parents[i].push(p);
+                    children[p].push(i);
                 }
             }
         }

@@ -112,7 +112,8 @@ impl Cx {
 
     /// Reports repeated keys of one mapping, naming them for what they are.
     fn check_duplicates(&mut self, entries: &[(Key, Node)], what: &str) {
-        let mut first: std::collections::HashMap<&str, Pos> = std::collections::HashMap::with_capacity(entries.len());
+        let mut first: std::collections::HashMap<&str, Pos> =
+            std::collections::HashMap::with_capacity(entries.len());
         for (key, _) in entries {
             let Some(first_pos) = first.get(key.name.as_str()).copied() else {
                 first.insert(&key.name, key.pos);
@@ -123,7 +124,11 @@ impl Cx {
                 "`tools`" => format!("duplicate tool `{}`", key.name),
                 _ => format!("duplicate key `{}` in {what}", key.name),
             };
-            self.error_help(key.pos, message, format!("`{}` is first defined at line {}", key.name, first_pos.line));
+            self.error_help(
+                key.pos,
+                message,
+                format!("`{}` is first defined at line {}", key.name, first_pos.line),
+            );
         }
     }
 
@@ -397,10 +402,10 @@ pub(crate) fn workflow(cx: &mut Cx, root: &Node, stem: &str) -> Workflow {
         return wf;
     };
     cx.check_keys(entries, &[TOP_KEYS], "the workflow");
-    if let Some(n) = get(entries, "name") {
-        if let Some(name) = cx.string(n, "`name`") {
-            wf.name = name;
-        }
+    if let Some(n) = get(entries, "name")
+        && let Some(name) = cx.string(n, "`name`")
+    {
+        wf.name = name;
     }
     wf.description = get(entries, "description").and_then(|n| cx.string(n, "`description`"));
     if let Some(n) = get(entries, "inputs") {
@@ -409,18 +414,18 @@ pub(crate) fn workflow(cx: &mut Cx, root: &Node, stem: &str) -> Workflow {
     if let Some(n) = get(entries, "defaults") {
         wf.defaults = defaults(cx, n);
     }
-    if let Some(n) = get(entries, "max_parallel") {
-        if let Some(v) = cx.count(n, "`max_parallel`", 1, u64::from(MAX_PARALLEL)) {
-            wf.max_parallel = v as u32;
-        }
+    if let Some(n) = get(entries, "max_parallel")
+        && let Some(v) = cx.count(n, "`max_parallel`", 1, u64::from(MAX_PARALLEL))
+    {
+        wf.max_parallel = v as u32;
     }
-    if let Some(n) = get(entries, "tools") {
-        if let Some(tools) = cx.map(n, "`tools`") {
-            for (key, spec) in tools {
-                cx.declared_tools.push(key.name.clone());
-                if let Some(tool) = tool(cx, key, spec) {
-                    wf.tools.insert(key.name.clone(), tool);
-                }
+    if let Some(n) = get(entries, "tools")
+        && let Some(tools) = cx.map(n, "`tools`")
+    {
+        for (key, spec) in tools {
+            cx.declared_tools.push(key.name.clone());
+            if let Some(tool) = tool(cx, key, spec) {
+                wf.tools.insert(key.name.clone(), tool);
             }
         }
     }
@@ -493,13 +498,13 @@ fn inputs(cx: &mut Cx, node: &Node) -> Vec<InputDecl> {
             cx.check_duplicates_deep(d, "`default`");
             (d.pos, d.to_json())
         });
-        if let (Some(ty), Some((pos, value))) = (ty, &default) {
-            if !ty.accepts(value) {
-                cx.error(
-                    *pos,
-                    format!("the default of {what} is not of type {}", ty.name()),
-                );
-            }
+        if let (Some(ty), Some((pos, value))) = (ty, &default)
+            && !ty.accepts(value)
+        {
+            cx.error(
+                *pos,
+                format!("the default of {what} is not of type {}", ty.name()),
+            );
         }
         let description = get(fields, "description").and_then(|n| cx.string(n, "`description`"));
         if let Some(ty) = ty {
@@ -539,9 +544,7 @@ fn retry_policy(cx: &mut Cx, node: &Node) -> Option<RetryPolicy> {
         }
     }
     if let Some(b) = get(entries, "backoff") {
-        let Some(fields) = cx.map(b, "`backoff`") else {
-            return None;
-        };
+        let fields = cx.map(b, "`backoff`")?;
         cx.check_keys(fields, &[BACKOFF_KEYS], "`backoff`");
         let mut set = |cx: &mut Cx, name: &str, target: &mut Duration| {
             if let Some(n) = get(fields, name) {
@@ -739,14 +742,14 @@ fn http_tool(cx: &mut Cx, fields: &[(Key, Node)], url: &Node) -> Option<HttpTool
             }),
     };
     let url = cx.template(url, "`url`");
-    if let Some(lit) = url.as_ref().and_then(Template::as_literal) {
-        if !(lit.starts_with("http://") || lit.starts_with("https://")) {
-            cx.error_help(
-                url.as_ref().map_or_else(Pos::default, |u| u.pos),
-                format!("`url` must start with http:// or https://, found `{lit}`"),
-                "only HTTP(S) endpoints are supported",
-            );
-        }
+    if let Some(lit) = url.as_ref().and_then(Template::as_literal)
+        && !(lit.starts_with("http://") || lit.starts_with("https://"))
+    {
+        cx.error_help(
+            url.as_ref().map_or_else(Pos::default, |u| u.pos),
+            format!("`url` must start with http:// or https://, found `{lit}`"),
+            "only HTTP(S) endpoints are supported",
+        );
     }
     let max_response_bytes = get(fields, "max_response_bytes")
         .and_then(|n| cx.count(n, "`max_response_bytes`", 1, 1 << 30));

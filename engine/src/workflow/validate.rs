@@ -71,18 +71,17 @@ pub(crate) fn check(
 
     if let Some(functions) = &opts.functions {
         for tool in wf.tools.values() {
-            if let ToolKind::Function { function } = &tool.kind {
-                if !functions.contains(function) {
-                    let mut d = Diagnostic::new(
-                        tool.pos,
-                        format!("tool `{}` names unknown function `{function}`", tool.name),
-                    );
-                    if let Some(near) = did_you_mean(function, functions.iter().map(String::as_str))
-                    {
-                        d = d.with_help(format!("did you mean `{near}`?"));
-                    }
-                    diags.push(d);
+            if let ToolKind::Function { function } = &tool.kind
+                && !functions.contains(function)
+            {
+                let mut d = Diagnostic::new(
+                    tool.pos,
+                    format!("tool `{}` names unknown function `{function}`", tool.name),
+                );
+                if let Some(near) = did_you_mean(function, functions.iter().map(String::as_str)) {
+                    d = d.with_help(format!("did you mean `{near}`?"));
                 }
+                diags.push(d);
             }
         }
     }
@@ -144,7 +143,7 @@ pub(crate) fn check(
 }
 
 /// Every template in a tool spec.
-fn tool_templates(kind: &ToolKind) -> Vec<&Template> {
+pub(crate) fn tool_templates(kind: &ToolKind) -> Vec<&Template> {
     let mut out = Vec::new();
     match kind {
         ToolKind::Function { .. } => {}
@@ -290,15 +289,15 @@ impl RefChecker<'_> {
                     );
                     return;
                 }
-                if let Some(ancestors) = self.ancestors {
-                    if !ancestors[node].contains(t) {
-                        let me = &self.wf.nodes[node].id;
-                        self.error(
+                if let Some(ancestors) = self.ancestors
+                    && !ancestors[node].contains(t)
+                {
+                    let me = &self.wf.nodes[node].id;
+                    self.error(
                             pos,
                             format!("`{src}` in {where_} reads node `{target}`, which is not an ancestor of `{me}`"),
                             Some(format!("add `{target}` to `needs` of `{me}` (directly or through another node)")),
                         );
-                    }
                 }
             }
             "secrets" => {

@@ -1,7 +1,11 @@
 //! The command line: argument parsing and the commands, callable from tests.
 //!
 //! `main.rs` only calls [`main`]; tests call [`run`] with their own argument list and
-//! buffers. Data goes to `stdout`, diagnostics and progress to `stderr`.
+//! buffers. Data goes to `stdout`; diagnostics, progress and logs to `stderr`.
+
+mod logging;
+mod run;
+mod show;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -34,7 +38,7 @@ pub mod exit {
 #[derive(Debug, Parser)]
 #[command(name = "flow", version, about, long_about = None, propagate_version = true)]
 #[command(
-    after_help = "Examples:\n  flow validate workflows/*.yaml\n  flow graph workflows/fan_out_fan_in.yaml --format mermaid"
+    after_help = "Examples:\n  flow run workflows/hello.yaml --input name=Ada\n  flow runs --status paused\n  flow show run_01J... \n  flow resume run_01J... --resolve charge=succeeded --output '{\"id\": \"re_1\"}'"
 )]
 pub struct Cli {
     /// Ledger database URL (sqlite://PATH or postgres://…).
@@ -51,9 +55,15 @@ pub struct Cli {
     /// Workspace within the tenant.
     #[arg(long, global = true, env = "FLOW_WORKSPACE", default_value = "default")]
     pub workspace: String,
-    /// Log line format on stderr.
+    /// Log line format on stderr (`RUST_LOG` sets the level).
     #[arg(long, global = true, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Configuration file (egress allow-list); default ./flow.toml if present.
+    #[arg(long, global = true, env = "FLOW_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Dotenv file with secret values (`NAME=value`); `FLOW_SECRET_<NAME>` variables win.
+    #[arg(long, global = true, env = "FLOW_SECRETS_FILE")]
+    pub secrets_file: Option<PathBuf>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -92,6 +102,28 @@ pub enum Command {
     /// Print the JSON Schema of workflow files (for editor completion).
     #[command(after_help = "Example:\n  flow schema > workflow.schema.json")]
     Schema,
+    /// Run a workflow now, in this process; print its output JSON on stdout.
+    #[command(
+        after_help = "Exit codes: 0 succeeded, 1 failed, 2 invalid input, 3 paused (in doubt), 4 cancelled, 5 could not run.\n\nExamples:\n  flow run workflows/hello.yaml --input name=Ada\n  flow run workflows/http.yaml --inputs-file order.yaml --run-id refund-42\n  flow run workflows/hello.yaml --json | jq .steps"
+    )]
+    Run(run::RunArgs),
+    /// Continue a paused or interrupted run here, optionally resolving an in-doubt call.
+    #[command(
+        after_help = "Examples:\n  flow resume run_01J...\n  flow resume run_01J... --resolve charge=succeeded --output '{\"id\": \"re_1\"}'\n  flow resume run_01J... --resolve charge=failed --error 'declined upstream'\n  flow resume run_01J... --resolve charge=retry    # re-send with the same idempotency key"
+    )]
+    Resume(run::ResumeArgs),
+    /// Show one run: its nodes, steps, tool calls, and how to resolve what is in doubt.
+    #[command(after_help = "Example:\n  flow show run_01J...\n  flow show run_01J... --json")]
+    Show(show::ShowArgs),
+    /// List runs, newest first.
+    #[command(after_help = "Examples:\n  flow runs\n  flow runs --status paused --json")]
+    Runs(show::RunsArgs),
+    /// Ask a run to stop: no new steps start; in-flight calls finish; the run ends cancelled.
+    #[command(after_help = "Example:\n  flow cancel run_01J...")]
+    Cancel(show::CancelArgs),
+    /// Create or upgrade the ledger's tables (also done automatically on first use).
+    #[command(after_help = "Example:\n  flow --db postgres://flow@db.internal/flow migrate")]
+    Migrate,
 }
 
 /// Entry point of the binary.
@@ -124,19 +156,88 @@ pub fn run(args: Vec<OsString>, stdout: &mut dyn Write, stderr: &mut dyn Write) 
 }
 
 fn dispatch(cli: Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
-    match cli.command {
-        Command::Validate { files } => validate(&files, stdout, stderr),
-        Command::Graph { file, format } => graph(&file, format, stdout, stderr),
+    match &cli.command {
+        Command::Validate { files } => validate(files, stdout, stderr),
+        Command::Graph { file, format } => graph(file, *format, stdout, stderr),
         Command::Schema => {
             let _ = stdout.write_all(crate::schema::workflow_schema_text().as_bytes());
             exit::OK
+        }
+        _ => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = writeln!(stderr, "error: cannot start the async runtime: {e}");
+                    return exit::UNAVAILABLE;
+                }
+            };
+            runtime.block_on(async_command(&cli, stdout, stderr))
+        }
+    }
+}
+
+async fn async_command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
+    match &cli.command {
+        Command::Run(args) => run::run(cli, args, stdout, stderr).await,
+        Command::Resume(args) => run::resume(cli, args, stdout, stderr).await,
+        Command::Show(args) => show::show(cli, args, stdout, stderr).await,
+        Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
+        Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,
+        Command::Migrate => match open_ledger(cli, stderr).await {
+            Ok(ledger) => match ledger.migrate().await {
+                Ok(()) => {
+                    let _ = writeln!(stdout, "{}: migrations applied", ledger.url_redacted());
+                    exit::OK
+                }
+                Err(e) => {
+                    let _ = writeln!(stderr, "error: migrating {}: {e}", ledger.url_redacted());
+                    exit::UNAVAILABLE
+                }
+            },
+            Err(code) => code,
+        },
+        Command::Validate { .. } | Command::Graph { .. } | Command::Schema => exit::OK,
+    }
+}
+
+/// Opens the ledger named by `--db`, or reports why not (exit 5).
+pub(crate) async fn open_ledger(
+    cli: &Cli,
+    stderr: &mut dyn Write,
+) -> Result<flow_ledger::Ledger, u8> {
+    let opts = flow_ledger::OpenOptions {
+        scope: flow_ledger::Scope {
+            tenant: cli.tenant.clone(),
+            workspace: cli.workspace.clone(),
+        },
+        ..flow_ledger::OpenOptions::default()
+    };
+    match flow_ledger::Ledger::open(&cli.db, opts).await {
+        Ok(ledger) => Ok(ledger),
+        Err(e) => {
+            let _ = writeln!(
+                stderr,
+                "error: cannot open the ledger at {}: {e}",
+                flow_ledger::redact_url(&cli.db)
+            );
+            Err(exit::UNAVAILABLE)
         }
     }
 }
 
 /// The validation options of this binary: function names are the built-in registry's.
 pub fn validate_options() -> ValidateOptions {
-    ValidateOptions::default()
+    ValidateOptions {
+        functions: Some(
+            flow_adapters::function::Registry::with_builtins()
+                .names()
+                .into_iter()
+                .collect(),
+        ),
+    }
 }
 
 fn validate(files: &[PathBuf], stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
@@ -163,7 +264,7 @@ fn validate(files: &[PathBuf], stdout: &mut dyn Write, stderr: &mut dyn Write) -
 }
 
 fn graph(
-    file: &PathBuf,
+    file: &std::path::Path,
     format: GraphFormat,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,

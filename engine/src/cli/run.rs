@@ -1,0 +1,545 @@
+//! `flow run` and `flow resume`: start or continue a run and execute it here.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use flow_ledger::{
+    Clock, Ledger, NewRun, Resolution, Resolve, Run, RunLease, RunStatus, SystemClock, WorkerId,
+};
+use rand::SeedableRng;
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+
+use super::{Cli, exit, logging, open_ledger, validate_options};
+use crate::config::Config;
+use crate::executor::{Executor, RUN_LEASE, RunOutcome, progress};
+use crate::fault::Faults;
+use crate::gateway::{Gateway, Tools};
+use crate::secrets::Secrets;
+use crate::workflow::{Workflow, load_file, parse_with};
+
+/// Arguments of `flow run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Workflow file.
+    pub file: PathBuf,
+    /// An input, `NAME=VALUE`, typed by the workflow's declaration (`n=42` is an integer
+    /// when `n` is declared `integer`). Repeatable.
+    #[arg(long = "input", value_name = "NAME=VALUE")]
+    pub inputs: Vec<String>,
+    /// A JSON or YAML file holding a mapping of inputs (`--input` wins).
+    #[arg(long)]
+    pub inputs_file: Option<PathBuf>,
+    /// Run id, making the start idempotent: the same file and inputs attach to that run.
+    #[arg(long)]
+    pub run_id: Option<String>,
+    /// Print the `flow show --json` object instead of the run's output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `flow resume`.
+#[derive(Debug, Args)]
+pub struct ResumeArgs {
+    /// The run id.
+    pub run: String,
+    /// Settle an in-doubt call first: `NODE=succeeded` (with --output), `NODE=failed`
+    /// (with optional --error) or `NODE=retry` (re-send with the same idempotency key).
+    #[arg(long, value_name = "NODE=succeeded|failed|retry")]
+    pub resolve: Option<String>,
+    /// The call's output when resolving as succeeded (JSON).
+    #[arg(long, value_name = "JSON")]
+    pub output: Option<String>,
+    /// The error message when resolving as failed.
+    #[arg(long, value_name = "MSG")]
+    pub error: Option<String>,
+    /// Re-queue the run for `flow daemon` workers instead of executing it here.
+    #[arg(long)]
+    pub detach: bool,
+    /// Print the `flow show --json` object instead of the run's output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The pieces every executing command needs.
+pub(crate) struct Session {
+    pub ledger: Ledger,
+    pub executor: Executor,
+    pub worker: WorkerId,
+}
+
+impl Session {
+    /// Loads secrets and config, opens the ledger, builds the executor.
+    pub(crate) async fn open(cli: &Cli, stderr: &mut dyn Write, live: bool) -> Result<Self, u8> {
+        let secrets = match Secrets::load(cli.secrets_file.as_deref()) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = writeln!(stderr, "error: {e}");
+                return Err(exit::UNAVAILABLE);
+            }
+        };
+        logging::init(cli.log_format, &secrets);
+        let config = match Config::load(cli.config.as_deref()) {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = writeln!(stderr, "error: {e}");
+                return Err(exit::UNAVAILABLE);
+            }
+        };
+        let ledger = open_ledger(cli, stderr).await?;
+        let tools = match Tools::new() {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = writeln!(stderr, "error: cannot set up tool clients: {e}");
+                return Err(exit::UNAVAILABLE);
+            }
+        };
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let gateway = Gateway::new(
+            ledger.clone(),
+            clock,
+            tools,
+            secrets,
+            config.egress,
+            Faults::from_env(),
+        );
+        let progress: Arc<dyn progress::Progress> = if live {
+            Arc::from(progress::for_stderr())
+        } else {
+            Arc::new(progress::Silent)
+        };
+        let executor = Executor::new(gateway, progress, rand::rngs::StdRng::from_os_rng());
+        Ok(Self {
+            ledger,
+            executor,
+            worker: WorkerId::current(),
+        })
+    }
+
+    fn now(&self) -> flow_ledger::Timestamp {
+        self.executor.gateway().now()
+    }
+
+    /// Claims `run_id`, waiting while another live worker holds it.
+    async fn claim(&self, run_id: &str, stderr: &mut dyn Write) -> Result<Option<RunLease>, u8> {
+        let mut said = false;
+        loop {
+            match self
+                .ledger
+                .claim_run(run_id, &self.worker, RUN_LEASE, self.now())
+                .await
+            {
+                Ok(lease) => return Ok(Some(lease)),
+                Err(flow_ledger::Error::Busy { holder, until }) => {
+                    if !said {
+                        let _ = writeln!(
+                            stderr,
+                            "run {run_id} is held by {holder} until {}; waiting for the lease",
+                            until.to_rfc3339()
+                        );
+                        said = true;
+                    }
+                    let wait = (until.0 - self.now().0).clamp(200, 2_000);
+                    tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(1_000)))
+                        .await;
+                }
+                Err(flow_ledger::Error::Terminal { .. }) => return Ok(None),
+                Err(e) => {
+                    let _ = writeln!(stderr, "error: cannot claim run {run_id}: {e}");
+                    return Err(exit::UNAVAILABLE);
+                }
+            }
+        }
+    }
+
+    /// Claims and executes a run here, then prints the result.
+    async fn execute(
+        &self,
+        run_id: &str,
+        json: bool,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> u8 {
+        if let Err(e) = self.ledger.expire_dead_local_workers(self.now()).await {
+            tracing::warn!(error = %e, "could not expire leases of dead local workers");
+        }
+        let lease = match self.claim(run_id, stderr).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => return self.print_finished(run_id, json, stdout, stderr).await,
+            Err(code) => return code,
+        };
+        let run = match self.ledger.get_run(run_id).await {
+            Ok(run) => run,
+            Err(e) => {
+                let _ = writeln!(stderr, "error: {e}");
+                return exit::UNAVAILABLE;
+            }
+        };
+        let wf = match snapshot(&run) {
+            Ok(wf) => wf,
+            Err(message) => {
+                let _ = writeln!(stderr, "error: {message}");
+                let _ = self.ledger.release_run(&lease, self.now()).await;
+                return exit::INVALID;
+            }
+        };
+        match self.executor.execute(lease, &wf, &run.inputs).await {
+            Ok(outcome) => {
+                self.print_outcome(run_id, &outcome, json, stdout, stderr)
+                    .await
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    stderr,
+                    "error: run {run_id} stopped: {e}; `flow resume {run_id}` continues it"
+                );
+                exit::UNAVAILABLE
+            }
+        }
+    }
+
+    async fn print_outcome(
+        &self,
+        run_id: &str,
+        outcome: &RunOutcome,
+        json: bool,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> u8 {
+        if json {
+            super::show::print_json(&self.ledger, run_id, stdout, stderr).await;
+        } else if let Some(output) = &outcome.output {
+            let _ = writeln!(
+                stdout,
+                "{}",
+                serde_json::to_string_pretty(output).unwrap_or_default()
+            );
+        }
+        match outcome.status {
+            RunStatus::Succeeded => {
+                let _ = writeln!(stderr, "run {run_id} succeeded");
+                exit::OK
+            }
+            RunStatus::Paused => {
+                let _ = writeln!(
+                    stderr,
+                    "run {run_id} paused: {}",
+                    outcome.error.as_deref().unwrap_or("in doubt")
+                );
+                let _ = writeln!(
+                    stderr,
+                    "  see `flow show {run_id}` for the calls in doubt and how to resolve them"
+                );
+                exit::PAUSED
+            }
+            RunStatus::Cancelled => {
+                let _ = writeln!(stderr, "run {run_id} cancelled");
+                exit::CANCELLED
+            }
+            _ => {
+                let _ = writeln!(
+                    stderr,
+                    "run {run_id} failed: {}",
+                    outcome.error.as_deref().unwrap_or("failed")
+                );
+                exit::FAILED
+            }
+        }
+    }
+
+    async fn print_finished(
+        &self,
+        run_id: &str,
+        json: bool,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> u8 {
+        match self.ledger.get_run(run_id).await {
+            Ok(run) => {
+                let outcome = RunOutcome {
+                    status: run.status,
+                    output: run.output.clone(),
+                    error: run.error.clone(),
+                };
+                let _ = writeln!(stderr, "run {run_id} already finished ({})", run.status);
+                self.print_outcome(run_id, &outcome, json, stdout, stderr)
+                    .await
+            }
+            Err(e) => {
+                let _ = writeln!(stderr, "error: {e}");
+                exit::UNAVAILABLE
+            }
+        }
+    }
+}
+
+/// The workflow a run started with (its stored snapshot), re-validated.
+pub(crate) fn snapshot(run: &Run) -> Result<Workflow, String> {
+    parse_with(
+        &run.workflow_text,
+        &format!("<run {} snapshot>", run.id),
+        &validate_options(),
+    )
+    .map_err(|d| {
+        format!(
+            "the stored workflow of run {} no longer validates:\n{d}",
+            run.id
+        )
+    })
+}
+
+/// sha256 of the workflow text: a run's identity together with its inputs.
+pub fn workflow_hash(text: &str) -> String {
+    format!("{:x}", Sha256::digest(text.as_bytes()))
+}
+
+fn valid_run_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// `flow run`.
+pub(crate) async fn run(
+    cli: &Cli,
+    args: &RunArgs,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> u8 {
+    let (wf, source) = match load_file(&args.file, &validate_options()) {
+        Ok(loaded) => loaded,
+        Err(diags) => {
+            let _ = write!(stderr, "{diags}");
+            return exit::INVALID;
+        }
+    };
+    let inputs = match crate::inputs::resolve(&wf, &args.inputs, args.inputs_file.as_deref()) {
+        Ok(inputs) => inputs,
+        Err(e) => {
+            let _ = writeln!(stderr, "error: {e}");
+            return exit::INVALID;
+        }
+    };
+    let run_id = match &args.run_id {
+        Some(id) if valid_run_id(id) => id.clone(),
+        Some(id) => {
+            let _ = writeln!(
+                stderr,
+                "error: invalid --run-id `{id}`: use up to 128 letters, digits, `_`, `-` and `.`"
+            );
+            return exit::INVALID;
+        }
+        None => format!("run_{}", ulid::Ulid::generate()),
+    };
+    let session = match Session::open(cli, stderr, true).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let new = NewRun {
+        id: run_id.clone(),
+        workflow_name: wf.name.clone(),
+        workflow_hash: workflow_hash(&source.text),
+        workflow_text: source.text,
+        inputs,
+        priority: 0,
+        not_before: None,
+    };
+    match session.ledger.enqueue(new, session.now()).await {
+        Ok(enq) => {
+            if enq.created {
+                let _ = writeln!(stderr, "run {run_id} started ({})", wf.name);
+            } else {
+                let _ = writeln!(
+                    stderr,
+                    "run {run_id} exists with the same workflow and inputs ({}); attaching",
+                    enq.run.status
+                );
+            }
+        }
+        Err(flow_ledger::Error::Conflict { reason, .. }) => {
+            let _ = writeln!(
+                stderr,
+                "error: run {run_id} already exists with a different workflow or inputs: {reason}"
+            );
+            return exit::INVALID;
+        }
+        Err(e) => {
+            let _ = writeln!(stderr, "error: cannot start run {run_id}: {e}");
+            return exit::UNAVAILABLE;
+        }
+    }
+    session.execute(&run_id, args.json, stdout, stderr).await
+}
+
+/// A parsed `--resolve`.
+fn parse_resolution(
+    args: &ResumeArgs,
+    wf: &Workflow,
+) -> Result<Option<(String, Resolution)>, String> {
+    let Some(spec) = &args.resolve else {
+        if args.output.is_some() || args.error.is_some() {
+            return Err("--output and --error only go with --resolve".into());
+        }
+        return Ok(None);
+    };
+    let (node, how) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("--resolve `{spec}`: expected NODE=succeeded|failed|retry"))?;
+    if wf.node(node).is_none() {
+        let ids: Vec<&str> = wf.nodes.iter().map(|n| n.id.as_str()).collect();
+        return Err(format!(
+            "--resolve: the run's workflow has no node `{node}` (nodes: {})",
+            ids.join(", ")
+        ));
+    }
+    let resolution = match how {
+        "succeeded" => {
+            let text = args
+                .output
+                .as_deref()
+                .ok_or("--resolve NODE=succeeded needs --output JSON (the call's output)")?;
+            if args.error.is_some() {
+                return Err("--error goes with NODE=failed, not NODE=succeeded".into());
+            }
+            let value: Json = serde_json::from_str(text)
+                .map_err(|e| format!("--output is not valid JSON: {e}"))?;
+            Resolution::Succeeded(value)
+        }
+        "failed" => {
+            if args.output.is_some() {
+                return Err("--output goes with NODE=succeeded, not NODE=failed".into());
+            }
+            Resolution::Failed(
+                args.error
+                    .clone()
+                    .unwrap_or_else(|| "resolved as failed by an operator".into()),
+            )
+        }
+        "retry" => {
+            if args.output.is_some() || args.error.is_some() {
+                return Err("NODE=retry takes neither --output nor --error".into());
+            }
+            Resolution::Retry
+        }
+        other => {
+            return Err(format!(
+                "--resolve: unknown resolution `{other}`; use succeeded, failed or retry"
+            ));
+        }
+    };
+    Ok(Some((node.to_string(), resolution)))
+}
+
+/// Who resolved a call: the OS user and host.
+fn operator() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .unwrap_or_else(|_| "unknown".into());
+    format!(
+        "{user}@{}",
+        WorkerId::current()
+            .as_str()
+            .split(':')
+            .next()
+            .unwrap_or("localhost")
+    )
+}
+
+/// `flow resume`.
+pub(crate) async fn resume(
+    cli: &Cli,
+    args: &ResumeArgs,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> u8 {
+    let session = match Session::open(cli, stderr, !args.detach).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let run = match session.ledger.get_run(&args.run).await {
+        Ok(run) => run,
+        Err(flow_ledger::Error::NotFound { .. }) => {
+            let _ = writeln!(
+                stderr,
+                "error: no run `{}` in {}",
+                args.run,
+                session.ledger.url_redacted()
+            );
+            return exit::INVALID;
+        }
+        Err(e) => {
+            let _ = writeln!(stderr, "error: {e}");
+            return exit::UNAVAILABLE;
+        }
+    };
+    let wf = match snapshot(&run) {
+        Ok(wf) => wf,
+        Err(message) => {
+            let _ = writeln!(stderr, "error: {message}");
+            return exit::INVALID;
+        }
+    };
+    match parse_resolution(args, &wf) {
+        Err(message) => {
+            let _ = writeln!(stderr, "error: {message}");
+            return exit::INVALID;
+        }
+        Ok(Some((node, resolution))) => {
+            let how = resolution.as_str();
+            let req = Resolve {
+                run_id: run.id.clone(),
+                tool_call_id: node.clone(),
+                resolution,
+                by: operator(),
+                note: None,
+            };
+            match session.ledger.resolve_call(req, session.now()).await {
+                Ok(_) => {
+                    let _ = writeln!(stderr, "resolved {node} as {how}");
+                }
+                Err(flow_ledger::Error::NotFound { .. }) => {
+                    let _ = writeln!(
+                        stderr,
+                        "error: node `{node}` has no tool call in run {}",
+                        run.id
+                    );
+                    return exit::INVALID;
+                }
+                Err(
+                    e @ (flow_ledger::Error::InvalidTransition { .. }
+                    | flow_ledger::Error::Terminal { .. }),
+                ) => {
+                    let _ = writeln!(
+                        stderr,
+                        "error: cannot resolve `{node}`: {e} (only calls in doubt can be resolved)"
+                    );
+                    return exit::INVALID;
+                }
+                Err(e) => {
+                    let _ = writeln!(stderr, "error: cannot resolve `{node}`: {e}");
+                    return exit::UNAVAILABLE;
+                }
+            }
+        }
+        Ok(None) => {}
+    }
+    if args.detach {
+        return match session.ledger.requeue_run(&run.id, session.now()).await {
+            Ok(_) => {
+                let _ = writeln!(stdout, "{}", run.id);
+                let _ = writeln!(stderr, "run {} queued for the daemons", run.id);
+                exit::OK
+            }
+            Err(e) => {
+                let _ = writeln!(stderr, "error: cannot re-queue run {}: {e}", run.id);
+                exit::UNAVAILABLE
+            }
+        };
+    }
+    session.execute(&run.id, args.json, stdout, stderr).await
+}

@@ -1,0 +1,190 @@
+//! Progress on stderr: one line per node step with status, attempt and duration.
+//!
+//! On a terminal a spinner shows the nodes running now (indicatif) and finished steps
+//! scroll above it; otherwise (CI, pipes, tests) plain lines. The run's output goes to
+//! stdout, never mixed with these lines.
+
+use std::collections::BTreeSet;
+use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::gateway::StepResult;
+
+/// Something that happened to a step.
+#[derive(Debug)]
+pub enum StepEvent<'a> {
+    /// A step started (or resumed).
+    Started {
+        /// Node id.
+        node: &'a str,
+        /// Step id.
+        step_id: &'a str,
+        /// Retry number.
+        retry: u32,
+    },
+    /// A step finished (or paused, or was deferred).
+    Finished {
+        /// Node id.
+        node: &'a str,
+        /// Step id.
+        step_id: &'a str,
+        /// Retry number.
+        retry: u32,
+        /// How long it took here.
+        took: Duration,
+        /// What became of it.
+        result: &'a StepResult,
+    },
+    /// A node was skipped.
+    Skipped {
+        /// Node id.
+        node: &'a str,
+        /// Why.
+        why: &'a str,
+    },
+}
+
+/// Receives step events.
+pub trait Progress: Send + Sync {
+    /// Reports one event.
+    fn step(&self, event: StepEvent<'_>);
+}
+
+/// Reports nothing (daemon workers log instead).
+pub struct Silent;
+
+impl Progress for Silent {
+    fn step(&self, _event: StepEvent<'_>) {}
+}
+
+/// The line for a finished step, e.g. `✓ charge (attempt 2, charge_retry1) 31ms`.
+pub fn line(event: &StepEvent<'_>) -> Option<String> {
+    match event {
+        StepEvent::Started { .. } => None,
+        StepEvent::Skipped { node, why } => Some(format!("- {node} skipped ({why})")),
+        StepEvent::Finished {
+            node,
+            step_id,
+            retry,
+            took,
+            result,
+        } => {
+            let attempt = if *retry == 0 {
+                "attempt 1".to_string()
+            } else {
+                format!("attempt {}, {step_id}", retry + 1)
+            };
+            let took = humantime::format_duration(Duration::from_millis(
+                u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
+            ));
+            Some(match result {
+                StepResult::Succeeded { .. } => format!("✓ {node} ({attempt}) {took}"),
+                StepResult::Failed {
+                    kind,
+                    message,
+                    retry: Some((next, _, at)),
+                } => {
+                    format!(
+                        "✗ {node} ({attempt}) {took}: {kind} error: {message}; retry {next} at {}",
+                        at.to_rfc3339()
+                    )
+                }
+                StepResult::Failed {
+                    kind,
+                    message,
+                    retry: None,
+                } => format!("✗ {node} ({attempt}) {took}: {kind} error: {message}"),
+                StepResult::InDoubt => format!(
+                    "? {node} ({attempt}) {took}: in doubt: the request may have been processed"
+                ),
+                StepResult::Deferred { until } => format!(
+                    "… {node} ({attempt}): rate limited; waiting until {}",
+                    until.to_rfc3339()
+                ),
+            })
+        }
+    }
+}
+
+/// Plain lines on stderr.
+pub struct Lines;
+
+impl Progress for Lines {
+    fn step(&self, event: StepEvent<'_>) {
+        if let Some(l) = line(&event) {
+            let _ = writeln!(std::io::stderr().lock(), "{l}");
+        }
+    }
+}
+
+/// A spinner naming the running nodes, with finished steps printed above it.
+pub struct Live {
+    bar: ProgressBar,
+    running: Mutex<BTreeSet<String>>,
+}
+
+impl Live {
+    fn new() -> Self {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+        );
+        bar.enable_steady_tick(Duration::from_millis(100));
+        Self {
+            bar,
+            running: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    fn update(&self) {
+        let running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let names: Vec<&str> = running.iter().map(String::as_str).collect();
+        self.bar.set_message(if names.is_empty() {
+            String::new()
+        } else {
+            format!("running: {}", names.join(", "))
+        });
+    }
+}
+
+impl Progress for Live {
+    fn step(&self, event: StepEvent<'_>) {
+        match &event {
+            StepEvent::Started { node, .. } => {
+                self.running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert((*node).to_string());
+            }
+            StepEvent::Finished { node, .. } | StepEvent::Skipped { node, .. } => {
+                self.running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(*node);
+            }
+        }
+        if let Some(l) = line(&event) {
+            self.bar.println(l);
+        }
+        self.update();
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+/// Live progress on a terminal, plain lines otherwise.
+pub fn for_stderr() -> Box<dyn Progress> {
+    if std::io::stderr().is_terminal() {
+        Box::new(Live::new())
+    } else {
+        Box::new(Lines)
+    }
+}

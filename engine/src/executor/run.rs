@@ -1,0 +1,730 @@
+//! The loop that performs [`super::decide`]'s actions for one run this worker holds.
+//!
+//! State is loaded from the ledger once, then kept in memory from the results of this
+//! process's own actions (each already committed), so a node costs no extra reads. A
+//! heartbeat task renews the run lease and reports cancellation requests.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use flow_ledger::{
+    ErrorKind, NewStep, RunFinish, RunLease, RunStatus, Step, StepError, StepFinish, StepStatus,
+    Timestamp,
+};
+use futures::stream::{FuturesUnordered, StreamExt};
+use serde_json::{Map, Value as Json, json};
+use tokio::sync::watch;
+
+use super::decide::{Action, Finish, NodeState, Situation, decide};
+use super::progress::{Progress, StepEvent};
+use crate::gateway::{self, Gateway, NextRetry, StepCall, StepOrigin, StepResult};
+use crate::plan::Plan;
+use crate::retry;
+use crate::workflow::{Workflow, expr};
+
+/// How long a run lease lasts; the heartbeat renews it every third of this.
+pub const RUN_LEASE: Duration = Duration::from_secs(30);
+
+/// How a run execution ended in this process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    /// Final (or paused) status.
+    pub status: RunStatus,
+    /// The outputs of the sink nodes, keyed by node id (succeeded runs).
+    pub output: Option<Json>,
+    /// Why the run failed or paused.
+    pub error: Option<String>,
+}
+
+/// Runs runs: shared by `flow run`, `flow resume` and the daemon.
+#[derive(Clone)]
+pub struct Executor {
+    gateway: Gateway,
+    progress: Arc<dyn Progress>,
+    rng: Arc<std::sync::Mutex<rand::rngs::StdRng>>,
+}
+
+/// Per-workflow facts computed once per execution.
+struct Prepared {
+    /// For each node, the nodes whose outputs its expressions read.
+    reads: Vec<Vec<usize>>,
+}
+
+impl Prepared {
+    fn new(wf: &Workflow) -> Self {
+        let index: HashMap<&str, usize> = wf
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id.as_str(), i))
+            .collect();
+        let reads = wf
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut templates = n.with.templates();
+                templates.extend(n.condition.iter());
+                templates.extend(n.idempotency_key.iter());
+                let mut reads: Vec<usize> = templates
+                    .iter()
+                    .flat_map(|t| t.exprs().flat_map(expr::references).collect::<Vec<_>>())
+                    .filter_map(|r| {
+                        r.strip_prefix("nodes.")
+                            .and_then(|rest| rest.split('.').next())
+                            .and_then(|id| index.get(id).copied())
+                    })
+                    .collect();
+                reads.sort_unstable();
+                reads.dedup();
+                reads
+            })
+            .collect();
+        Self { reads }
+    }
+}
+
+impl Executor {
+    /// An executor over `gateway`, reporting to `progress`, drawing backoff jitter from
+    /// `rng` (seeded in tests).
+    pub fn new(gateway: Gateway, progress: Arc<dyn Progress>, rng: rand::rngs::StdRng) -> Self {
+        Self {
+            gateway,
+            progress,
+            rng: Arc::new(std::sync::Mutex::new(rng)),
+        }
+    }
+
+    /// The gateway (ledger, tools, secrets).
+    pub fn gateway(&self) -> &Gateway {
+        &self.gateway
+    }
+
+    /// Executes the run held by `lease` until it finishes, pauses or is cancelled.
+    /// Errors mean this process must stop touching the run (lease lost, ledger down);
+    /// the run itself is left for a later resume.
+    pub async fn execute(
+        &self,
+        lease: RunLease,
+        wf: &Workflow,
+        inputs: &Json,
+    ) -> Result<RunOutcome, gateway::Error> {
+        let ledger = self.gateway.ledger().clone();
+        let run_id = lease.run_id.clone();
+        let plan = Plan::new(wf).map_err(|_| {
+            gateway::Error::Ledger(flow_ledger::Error::NotFound {
+                what: "an acyclic workflow".into(),
+            })
+        })?;
+        let prepared = Prepared::new(wf);
+        let steps = ledger
+            .list_steps(&run_id)
+            .await
+            .map_err(gateway::Error::Ledger)?;
+        let run = ledger
+            .get_run(&run_id)
+            .await
+            .map_err(gateway::Error::Ledger)?;
+        let mut st = RunState::load(wf, &steps);
+
+        let cancel = Arc::new(AtomicBool::new(run.cancel_requested));
+        let (lost_tx, mut lost_rx) = watch::channel(false);
+        let heartbeat = tokio::spawn(heartbeat(
+            ledger.clone(),
+            lease.clone(),
+            self.gateway.clone(),
+            cancel.clone(),
+            lost_tx,
+        ));
+        let outcome = self
+            .drive(
+                &lease,
+                wf,
+                &plan,
+                &prepared,
+                inputs,
+                &mut st,
+                &cancel,
+                &mut lost_rx,
+            )
+            .await;
+        heartbeat.abort();
+        outcome
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn drive(
+        &self,
+        lease: &RunLease,
+        wf: &Workflow,
+        plan: &Plan,
+        prepared: &Prepared,
+        inputs: &Json,
+        st: &mut RunState,
+        cancel: &AtomicBool,
+        lost: &mut watch::Receiver<bool>,
+    ) -> Result<RunOutcome, gateway::Error> {
+        let ledger = self.gateway.ledger();
+        let mut in_flight = FuturesUnordered::new();
+        loop {
+            if *lost.borrow() {
+                return Err(gateway::Error::LeaseLost {
+                    run_id: lease.run_id.clone(),
+                });
+            }
+            let now = self.gateway.now();
+            let situation = Situation {
+                now,
+                in_flight: in_flight.len(),
+                cancel_requested: cancel.load(Ordering::Relaxed),
+            };
+            let actions = decide(wf, plan, &st.nodes, situation);
+            let mut wait_until = None;
+            let mut progressed = false;
+            for action in actions {
+                match action {
+                    Action::Start {
+                        node,
+                        step_id,
+                        retry,
+                        existing,
+                    } => {
+                        progressed = true;
+                        let origin = if !existing {
+                            StepOrigin::New
+                        } else if matches!(st.nodes[node], NodeState::Pending { .. })
+                            && !st.deferred.contains(&node)
+                        {
+                            StepOrigin::Pending
+                        } else {
+                            StepOrigin::Running
+                        };
+                        st.deferred.remove(&node);
+                        if let Some(call) = self
+                            .prepare_start(
+                                lease, wf, prepared, inputs, st, node, &step_id, retry, origin,
+                            )
+                            .await?
+                        {
+                            st.nodes[node] = NodeState::Running {
+                                step_id: step_id.clone(),
+                                retry,
+                            };
+                            st.first_started.entry(node).or_insert(now);
+                            self.progress.step(StepEvent::Started {
+                                node: &wf.nodes[node].id,
+                                step_id: &step_id,
+                                retry,
+                            });
+                            let gateway = self.gateway.clone();
+                            let started = Instant::now();
+                            in_flight.push(async move {
+                                let result = gateway.run_step(call).await;
+                                (
+                                    Finished {
+                                        node,
+                                        step_id,
+                                        retry,
+                                        took: started.elapsed(),
+                                    },
+                                    result,
+                                )
+                            });
+                        }
+                    }
+                    Action::SkipUpstream { node } => {
+                        progressed = true;
+                        self.skip(lease, wf, st, node, "an upstream node was skipped")
+                            .await?;
+                    }
+                    Action::Wait { until } => wait_until = until,
+                    Action::Pause { in_doubt } => {
+                        let names: Vec<&str> =
+                            in_doubt.iter().map(|&i| wf.nodes[i].id.as_str()).collect();
+                        let reason = format!("tool call in doubt: {}", names.join(", "));
+                        ledger
+                            .pause_run(lease, &reason, self.gateway.now())
+                            .await
+                            .map_err(|e| lease_err(e, lease))?;
+                        return Ok(RunOutcome {
+                            status: RunStatus::Paused,
+                            output: None,
+                            error: Some(reason),
+                        });
+                    }
+                    Action::Finish { outcome } => {
+                        return self.finish(lease, wf, plan, st, outcome).await;
+                    }
+                }
+            }
+            if progressed && in_flight.is_empty() {
+                continue;
+            }
+            // Wait for a step to finish, a retry to come due, or the heartbeat.
+            let sleep = wait_until.map(|t| {
+                Duration::from_millis(
+                    u64::try_from((t.0 - self.gateway.now().0).max(0)).unwrap_or(0),
+                )
+            });
+            tokio::select! {
+                Some((finished, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.settle(wf, st, finished, result?);
+                }
+                () = async { tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))).await }, if sleep.is_some() => {}
+                _ = lost.changed() => {}
+                () = tokio::time::sleep(Duration::from_millis(500)), if in_flight.is_empty() && sleep.is_none() && !progressed => {}
+            }
+        }
+    }
+
+    /// Checks the condition and the deadline, then builds the gateway request; `None`
+    /// when the node was settled without a call (skipped or past its deadline).
+    #[allow(clippy::too_many_arguments)]
+    async fn prepare_start<'a>(
+        &self,
+        lease: &'a RunLease,
+        wf: &'a Workflow,
+        prepared: &Prepared,
+        inputs: &Json,
+        st: &mut RunState,
+        node: usize,
+        step_id: &str,
+        retry: u32,
+        origin: StepOrigin,
+    ) -> Result<Option<StepCall<'a>>, gateway::Error> {
+        let decl = &wf.nodes[node];
+        let now = self.gateway.now();
+        let ctx = context(wf, prepared, st, node, inputs, &lease.run_id);
+        if retry == 0
+            && origin == StepOrigin::New
+            && let Some(cond) = &decl.condition
+        {
+            match cond.render(&ctx) {
+                Ok(v) if !expr::is_truthy(&v) => {
+                    self.skip(lease, wf, st, node, "its `if` condition is false")
+                        .await?;
+                    return Ok(None);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    let message = format!("`if` of node `{}`: {e}", decl.id);
+                    self.fail_now(
+                        lease,
+                        wf,
+                        st,
+                        node,
+                        step_id,
+                        retry,
+                        origin,
+                        ErrorKind::Permanent,
+                        message,
+                    )
+                    .await?;
+                    return Ok(None);
+                }
+            }
+        }
+        let first = st.first_started.get(&node).copied().unwrap_or(now);
+        let deadline = wf.deadline(decl).map(|d| first.plus(d));
+        if let Some(d) = deadline
+            && now >= d
+        {
+            let message = format!(
+                "node `{}` passed its deadline of {}",
+                decl.id,
+                humantime::format_duration(wf.deadline(decl).unwrap_or_default())
+            );
+            self.fail_now(
+                lease,
+                wf,
+                st,
+                node,
+                step_id,
+                retry,
+                origin,
+                ErrorKind::Timeout,
+                message,
+            )
+            .await?;
+            return Ok(None);
+        }
+        let mut timeout = wf.timeout(decl);
+        if let Some(d) = deadline {
+            timeout = timeout.min(Duration::from_millis(
+                u64::try_from(d.0 - now.0).unwrap_or(0),
+            ));
+        }
+        let policy = wf.retry_policy(decl);
+        let next = retry + 1;
+        let next_retry = retry::allows(&policy, next).then(|| {
+            let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+            NextRetry {
+                step_id: format!("{}_retry{next}", decl.id),
+                retry: next,
+                delay: retry::next_delay(&policy, next, &mut *rng),
+                deadline,
+            }
+        });
+        let Some(tool) = wf.tools.get(&decl.tool) else {
+            let message = format!("node `{}` uses unknown tool `{}`", decl.id, decl.tool);
+            self.fail_now(
+                lease,
+                wf,
+                st,
+                node,
+                step_id,
+                retry,
+                origin,
+                ErrorKind::Permanent,
+                message,
+            )
+            .await?;
+            return Ok(None);
+        };
+        Ok(Some(StepCall {
+            run: lease,
+            workflow: wf,
+            node: decl,
+            tool,
+            step_id: step_id.to_string(),
+            retry,
+            origin,
+            ctx,
+            timeout,
+            next_retry,
+            resend_budget: policy.max_retries,
+        }))
+    }
+
+    async fn skip(
+        &self,
+        lease: &RunLease,
+        wf: &Workflow,
+        st: &mut RunState,
+        node: usize,
+        why: &str,
+    ) -> Result<(), gateway::Error> {
+        let decl = &wf.nodes[node];
+        let step = NewStep {
+            step_id: decl.id.clone(),
+            node_id: decl.id.clone(),
+            retry: 0,
+            not_before: None,
+            status: StepStatus::Skipped,
+        };
+        self.gateway
+            .ledger()
+            .create_step(lease, step, self.gateway.now())
+            .await
+            .map_err(|e| lease_err(e, lease))?;
+        st.nodes[node] = NodeState::Skipped;
+        self.progress.step(StepEvent::Skipped {
+            node: &decl.id,
+            why,
+        });
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn fail_now(
+        &self,
+        lease: &RunLease,
+        wf: &Workflow,
+        st: &mut RunState,
+        node: usize,
+        step_id: &str,
+        retry: u32,
+        origin: StepOrigin,
+        kind: ErrorKind,
+        message: String,
+    ) -> Result<(), gateway::Error> {
+        let ledger = self.gateway.ledger();
+        let now = self.gateway.now();
+        let decl = &wf.nodes[node];
+        let wrap = |e| lease_err(e, lease);
+        match origin {
+            StepOrigin::New => {
+                let step = NewStep {
+                    step_id: step_id.to_string(),
+                    node_id: decl.id.clone(),
+                    retry,
+                    not_before: None,
+                    status: StepStatus::Running,
+                };
+                ledger.create_step(lease, step, now).await.map_err(wrap)?;
+            }
+            StepOrigin::Pending => {
+                ledger.start_step(lease, step_id, now).await.map_err(wrap)?;
+            }
+            StepOrigin::Running => {}
+        }
+        let finish = StepFinish {
+            step_id: step_id.to_string(),
+            status: StepStatus::Failed,
+            output: None,
+            error: Some(StepError {
+                kind,
+                message: message.clone(),
+            }),
+        };
+        ledger.finish_step(lease, finish, now).await.map_err(wrap)?;
+        self.progress.step(StepEvent::Finished {
+            node: &decl.id,
+            step_id,
+            retry,
+            took: Duration::ZERO,
+            result: &StepResult::Failed {
+                kind,
+                message: message.clone(),
+                retry: None,
+            },
+        });
+        st.nodes[node] = NodeState::Failed { kind, message };
+        Ok(())
+    }
+
+    fn settle(&self, wf: &Workflow, st: &mut RunState, f: Finished, result: StepResult) {
+        let Finished {
+            node,
+            step_id,
+            retry,
+            took,
+        } = f;
+        let step_id = step_id.as_str();
+        self.progress.step(StepEvent::Finished {
+            node: &wf.nodes[node].id,
+            step_id,
+            retry,
+            took,
+            result: &result,
+        });
+        st.nodes[node] = match result {
+            StepResult::Succeeded { output } => NodeState::Succeeded { output },
+            StepResult::Failed {
+                retry: Some((step_id, retry, not_before)),
+                ..
+            } => NodeState::Pending {
+                step_id,
+                retry,
+                not_before,
+            },
+            StepResult::Failed {
+                kind,
+                message,
+                retry: None,
+            } => NodeState::Failed { kind, message },
+            StepResult::InDoubt => NodeState::InDoubt {
+                step_id: step_id.to_string(),
+            },
+            StepResult::Deferred { until } => {
+                st.deferred.insert(node);
+                NodeState::Pending {
+                    step_id: step_id.to_string(),
+                    retry,
+                    not_before: until,
+                }
+            }
+        };
+    }
+
+    async fn finish(
+        &self,
+        lease: &RunLease,
+        wf: &Workflow,
+        plan: &Plan,
+        st: &RunState,
+        outcome: Finish,
+    ) -> Result<RunOutcome, gateway::Error> {
+        let (status, output, error) = match outcome {
+            Finish::Succeeded => {
+                let mut out = Map::new();
+                for i in plan.sinks() {
+                    let v = match &st.nodes[i] {
+                        NodeState::Succeeded { output } => output.clone(),
+                        _ => Json::Null,
+                    };
+                    out.insert(wf.nodes[i].id.clone(), v);
+                }
+                (RunStatus::Succeeded, Some(Json::Object(out)), None)
+            }
+            Finish::Failed => {
+                let failed: Vec<String> = st
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, n)| match n {
+                        NodeState::Failed { message, .. } if !wf.nodes[i].continue_on_error => {
+                            Some(format!("node `{}` failed: {message}", wf.nodes[i].id))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                (RunStatus::Failed, None, Some(failed.join("; ")))
+            }
+            Finish::Cancelled => (
+                RunStatus::Cancelled,
+                None,
+                Some("cancelled on request".to_string()),
+            ),
+        };
+        let finish = RunFinish {
+            status,
+            output: output.clone(),
+            error: error.clone(),
+        };
+        self.gateway
+            .ledger()
+            .finish_run(lease, finish, self.gateway.now())
+            .await
+            .map_err(|e| lease_err(e, lease))?;
+        Ok(RunOutcome {
+            status,
+            output,
+            error,
+        })
+    }
+}
+
+fn lease_err(e: flow_ledger::Error, lease: &RunLease) -> gateway::Error {
+    match e {
+        flow_ledger::Error::LeaseLost => gateway::Error::LeaseLost {
+            run_id: lease.run_id.clone(),
+        },
+        other => gateway::Error::Ledger(other),
+    }
+}
+
+/// A step that came back from the gateway.
+struct Finished {
+    node: usize,
+    step_id: String,
+    retry: u32,
+    took: Duration,
+}
+
+/// The run's node states as recorded, plus bookkeeping of this execution.
+struct RunState {
+    nodes: Vec<NodeState>,
+    first_started: HashMap<usize, Timestamp>,
+    deferred: HashSet<usize>,
+}
+
+impl RunState {
+    fn load(wf: &Workflow, steps: &[Step]) -> Self {
+        let index: HashMap<&str, usize> = wf
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id.as_str(), i))
+            .collect();
+        let mut latest: Vec<Option<&Step>> = vec![None; wf.nodes.len()];
+        let mut first_started = HashMap::new();
+        for s in steps {
+            let Some(&i) = index.get(s.node_id.as_str()) else {
+                continue;
+            };
+            if latest[i].is_none_or(|l| s.retry >= l.retry) {
+                latest[i] = Some(s);
+            }
+            if let Some(t) = s.started_at {
+                let e = first_started.entry(i).or_insert(t);
+                if t < *e {
+                    *e = t;
+                }
+            }
+        }
+        let nodes = latest
+            .iter()
+            .map(|s| match s {
+                None => NodeState::NotStarted,
+                Some(s) => match s.status {
+                    StepStatus::Pending => NodeState::Pending {
+                        step_id: s.step_id.clone(),
+                        retry: s.retry,
+                        not_before: s.not_before.unwrap_or(Timestamp(0)),
+                    },
+                    StepStatus::Running => NodeState::Interrupted {
+                        step_id: s.step_id.clone(),
+                        retry: s.retry,
+                    },
+                    StepStatus::Succeeded => NodeState::Succeeded {
+                        output: s.output.clone().unwrap_or(Json::Null),
+                    },
+                    StepStatus::Failed => NodeState::Failed {
+                        kind: s.error_kind.unwrap_or(ErrorKind::Permanent),
+                        message: s.error_message.clone().unwrap_or_default(),
+                    },
+                    StepStatus::Skipped => NodeState::Skipped,
+                    StepStatus::Paused => NodeState::InDoubt {
+                        step_id: s.step_id.clone(),
+                    },
+                    StepStatus::Cancelled => NodeState::Cancelled,
+                },
+            })
+            .collect();
+        Self {
+            nodes,
+            first_started,
+            deferred: HashSet::new(),
+        }
+    }
+}
+
+/// The expression context of a node: inputs, the run id, and the outputs it reads.
+fn context(
+    wf: &Workflow,
+    prepared: &Prepared,
+    st: &RunState,
+    node: usize,
+    inputs: &Json,
+    run_id: &str,
+) -> Json {
+    let mut nodes = Map::new();
+    for &i in &prepared.reads[node] {
+        let output = match &st.nodes[i] {
+            NodeState::Succeeded { output } => output.clone(),
+            _ => Json::Null,
+        };
+        nodes.insert(wf.nodes[i].id.clone(), json!({ "output": output }));
+    }
+    json!({ "inputs": inputs, "nodes": nodes, "run": { "id": run_id } })
+}
+
+/// Renews the run lease; reports cancellation requests and a lost lease.
+async fn heartbeat(
+    ledger: flow_ledger::Ledger,
+    lease: RunLease,
+    gateway: Gateway,
+    cancel: Arc<AtomicBool>,
+    lost: watch::Sender<bool>,
+) {
+    let mut tick = tokio::time::interval(RUN_LEASE / 3);
+    tick.tick().await;
+    let mut failures = 0u32;
+    loop {
+        tick.tick().await;
+        match ledger.heartbeat(&lease, RUN_LEASE, gateway.now()).await {
+            Ok(ack) => {
+                failures = 0;
+                if ack.cancel_requested {
+                    cancel.store(true, Ordering::Relaxed);
+                }
+            }
+            Err(flow_ledger::Error::LeaseLost) => {
+                tracing::error!(
+                    run = lease.run_id,
+                    "run lease lost: another worker took the run over; stopping here"
+                );
+                let _ = lost.send(true);
+                return;
+            }
+            Err(e) => {
+                failures += 1;
+                if failures == 1 {
+                    tracing::warn!(run = lease.run_id, error = %e, "heartbeat failed; retrying");
+                }
+            }
+        }
+    }
+}

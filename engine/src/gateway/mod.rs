@@ -1,0 +1,894 @@
+//! The gateway: the at-most-once boundary every tool call crosses (DESIGN §8).
+//!
+//! Order of one call: render `with` and the tool spec, resolve secrets (missing → a
+//! permanent failure, no claim) → egress allow-list (denied → permanent, no claim) →
+//! ledger claim (replay / in doubt / busy / conflict end here) → rate limit and daily
+//! quota, counted in the ledger (limited → release the claim and defer; not an attempt)
+//! → fenced `mark_outbound` (committed before any byte leaves) → the adapter under the
+//! per-attempt timeout, renewing the call lease while waiting → outcome, attempt row,
+//! usage rows, step finish and the next retry step in one transaction.
+//!
+//! Pure in-process functions skip the claim and the outbound mark: nothing leaves the
+//! process, so they are recorded in one commit (step, call and outcome together).
+
+mod render;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use flow_adapters::{
+    Call, ErrorKind as AdapterKind, Outcome, SideEffect, Tool, function, http, mcp,
+};
+use flow_ledger::{
+    CallClaim, CallLease, CallOutcome, ClaimCall, Clock, CompleteCall, ErrorKind, InDoubtReport,
+    Ledger, NewStep, PureCall, PureRecorded, RateAcquire, RateDecision, Replayed, Resolution,
+    Resolve, RunLease, StepError, StepFinish, StepStatus, Timestamp, Window, canonical_hash,
+};
+use serde_json::Value as Json;
+
+pub use render::Target;
+
+use crate::config::Egress;
+use crate::fault::{Faults, Point};
+use crate::secrets::Secrets;
+use crate::workflow::{NodeDecl, ToolDecl, Workflow};
+
+/// How long a call lease lasts between renewals; the gateway renews it every third of
+/// this while the adapter works.
+pub const CALL_LEASE: Duration = Duration::from_secs(30);
+
+/// Problems that stop the whole run's execution here (not a node failure).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Another worker holds the run now; this process must stop touching it.
+    #[error("lost the lease on run {run_id}")]
+    LeaseLost {
+        /// The run.
+        run_id: String,
+    },
+    /// The ledger failed (database unreachable, …).
+    #[error(transparent)]
+    Ledger(flow_ledger::Error),
+}
+
+impl Error {
+    fn from_ledger(e: flow_ledger::Error, run_id: &str) -> Self {
+        match e {
+            flow_ledger::Error::LeaseLost => Self::LeaseLost {
+                run_id: run_id.to_string(),
+            },
+            other => Self::Ledger(other),
+        }
+    }
+}
+
+/// The tools' shared state: one HTTP connection pool, one MCP session per server, the
+/// function registry.
+#[derive(Clone)]
+pub struct Tools {
+    /// In-process functions.
+    pub functions: function::Registry,
+    /// The HTTP client (one connection pool).
+    pub http: http::Client,
+    /// MCP sessions, one per server.
+    pub mcp: mcp::Pool,
+}
+
+impl Tools {
+    /// Built-in functions and fresh pools.
+    pub fn new() -> Result<Self, flow_adapters::Error> {
+        Ok(Self {
+            functions: function::Registry::with_builtins(),
+            http: http::Client::new()?,
+            mcp: mcp::Pool::new()?,
+        })
+    }
+}
+
+/// Everything the gateway needs; cheap to clone.
+#[derive(Clone)]
+pub struct Gateway {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ledger: Ledger,
+    clock: Arc<dyn Clock>,
+    tools: Tools,
+    secrets: Secrets,
+    egress: Egress,
+    faults: Faults,
+}
+
+/// Where the step row of a call stands before the gateway runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StepOrigin {
+    /// No row yet: create it running.
+    New,
+    /// A pending retry step whose `not_before` passed: start it.
+    Pending,
+    /// A running step (interrupted, deferred or resolved for re-send): keep it.
+    Running,
+}
+
+/// The retry step to create if this attempt fails with a retryable error.
+#[derive(Debug, Clone)]
+pub struct NextRetry {
+    /// `node_retry<n>`.
+    pub step_id: String,
+    /// n.
+    pub retry: u32,
+    /// Backoff before it may start.
+    pub delay: Duration,
+    /// The node's deadline: no retry may start after it.
+    pub deadline: Option<Timestamp>,
+}
+
+/// One step of one node, ready to go through the gateway.
+#[derive(Debug, Clone)]
+pub struct StepCall<'a> {
+    /// The run lease (fencing).
+    pub run: &'a RunLease,
+    /// The workflow (for its name: rate-limit keys).
+    pub workflow: &'a Workflow,
+    /// The node.
+    pub node: &'a NodeDecl,
+    /// The node's tool.
+    pub tool: &'a ToolDecl,
+    /// The step id.
+    pub step_id: String,
+    /// The step's retry number.
+    pub retry: u32,
+    /// Whether the step row exists.
+    pub origin: StepOrigin,
+    /// Expression context: `inputs`, `nodes` (ancestors' outputs), `run`.
+    pub ctx: Json,
+    /// Per-attempt timeout (already capped by the deadline).
+    pub timeout: Duration,
+    /// Retry to schedule on a retryable failure, if the budget allows one.
+    pub next_retry: Option<NextRetry>,
+    /// Most re-sends with the same key for a self-resolving tool (read-only or
+    /// `idempotency: header`) whose outcome is unknown: the node's retry budget.
+    pub resend_budget: u32,
+}
+
+/// What became of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepResult {
+    /// The call succeeded (or was replayed as succeeded).
+    Succeeded {
+        /// The output (secrets scrubbed).
+        output: Json,
+    },
+    /// The call failed; `retry` is the retry step created with it, if any.
+    Failed {
+        /// Error kind.
+        kind: ErrorKind,
+        /// Error message (secrets scrubbed).
+        message: String,
+        /// The retry step scheduled in the same transaction.
+        retry: Option<(String, u32, Timestamp)>,
+    },
+    /// The call is in doubt; the step is paused.
+    InDoubt,
+    /// Rate limited or quota exhausted: nothing was sent; try again at `until`.
+    Deferred {
+        /// When to try again.
+        until: Timestamp,
+    },
+}
+
+/// The ledger's name for an adapter error kind.
+pub fn ledger_kind(kind: &AdapterKind) -> ErrorKind {
+    match kind {
+        AdapterKind::Permanent => ErrorKind::Permanent,
+        AdapterKind::Transient { .. } => ErrorKind::Transient,
+        AdapterKind::Unknown => ErrorKind::Unknown,
+        AdapterKind::NotSent => ErrorKind::NotSent,
+    }
+}
+
+/// Secret names read by a set of templates.
+fn secret_names<'a>(
+    templates: impl IntoIterator<Item = &'a crate::workflow::expr::Template>,
+) -> Vec<String> {
+    let mut names: Vec<String> = templates
+        .into_iter()
+        .flat_map(|t| {
+            t.exprs()
+                .flat_map(crate::workflow::expr::references)
+                .collect::<Vec<_>>()
+        })
+        .filter_map(|r| {
+            r.strip_prefix("secrets.")
+                .map(|n| n.split('.').next().unwrap_or(n).to_string())
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+impl Gateway {
+    /// A gateway over `ledger` with the given tools, secrets and egress policy.
+    pub fn new(
+        ledger: Ledger,
+        clock: Arc<dyn Clock>,
+        tools: Tools,
+        secrets: Secrets,
+        egress: Egress,
+        faults: Faults,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                ledger,
+                clock,
+                tools,
+                secrets,
+                egress,
+                faults,
+            }),
+        }
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &Ledger {
+        &self.inner.ledger
+    }
+
+    /// The clock.
+    pub fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    /// The secrets (for scrubbing logs).
+    pub fn secrets(&self) -> &Secrets {
+        &self.inner.secrets
+    }
+
+    /// The tools (for validation of function names).
+    pub fn tools(&self) -> &Tools {
+        &self.inner.tools
+    }
+
+    /// Runs one step through the boundary.
+    pub async fn run_step(&self, c: StepCall<'_>) -> Result<StepResult, Error> {
+        let run_id = c.run.run_id.clone();
+        self.run_step_inner(c)
+            .await
+            .map_err(|e| Error::from_ledger(e, &run_id))
+    }
+
+    async fn run_step_inner(&self, c: StepCall<'_>) -> Result<StepResult, flow_ledger::Error> {
+        let secrets = &self.inner.secrets;
+        let node_id = c.node.id.as_str();
+
+        // 1. Secrets, `with`, the idempotency key and the tool spec.
+        let mut needed = secret_names(c.node.with.templates());
+        needed.extend(secret_names(tool_templates(c.tool)));
+        if let Some(name) = secrets.missing(needed.iter().map(String::as_str)) {
+            let message = format!(
+                "secret `{name}` is not set: provide FLOW_SECRET_{name} in the environment or a line `{name}=…` in --secrets-file"
+            );
+            return self
+                .fail_without_claim(&c, ErrorKind::Permanent, message)
+                .await;
+        }
+        let mut ctx = c.ctx.clone();
+        if let Json::Object(map) = &mut ctx {
+            map.insert(
+                "secrets".into(),
+                secrets.context(needed.iter().map(String::as_str), false),
+            );
+        }
+        let args = match c.node.with.render(&ctx) {
+            Ok(args) => args,
+            Err(e) => {
+                let message = format!(
+                    "`with` of node `{node_id}`: {}",
+                    render::describe(&e, secrets)
+                );
+                return self
+                    .fail_without_claim(&c, ErrorKind::Permanent, message)
+                    .await;
+            }
+        };
+        let base_key = match &c.node.idempotency_key {
+            Some(t) => match t.render_string(&c.ctx) {
+                Ok(k) if !k.is_empty() => k,
+                Ok(_) => {
+                    return self
+                        .fail_without_claim(
+                            &c,
+                            ErrorKind::Permanent,
+                            format!("`idempotency_key` of node `{node_id}` rendered empty"),
+                        )
+                        .await;
+                }
+                Err(e) => {
+                    let message = format!(
+                        "`idempotency_key` of node `{node_id}`: {}",
+                        render::describe(&e, secrets)
+                    );
+                    return self
+                        .fail_without_claim(&c, ErrorKind::Permanent, message)
+                        .await;
+                }
+            },
+            None => format!("{}:{node_id}", c.run.run_id),
+        };
+        let (target, request) = match render::render(c.tool, &args, &ctx, secrets) {
+            Ok(r) => r,
+            Err(message) => {
+                let message = format!("tool `{}`: {message}", c.tool.name);
+                return self
+                    .fail_without_claim(&c, ErrorKind::Permanent, message)
+                    .await;
+            }
+        };
+
+        // 2. Egress.
+        for host in target.hosts() {
+            if !self.inner.egress.allows(&host) {
+                let message = format!(
+                    "egress to `{host}` is not allowed by `egress.allow` in flow.toml (tool `{}`)",
+                    c.tool.name
+                );
+                return self
+                    .fail_without_claim(&c, ErrorKind::Permanent, message)
+                    .await;
+            }
+        }
+        let request_hash = canonical_hash(&request);
+
+        // Pure functions: no claim, no outbound mark, one commit.
+        if let Target::Function { name } = &target
+            && let Some(f) = self.inner.tools.functions.get(name)
+            && f.is_pure()
+        {
+            let out = f
+                .call(Call::new(
+                    args,
+                    format!("{base_key}:{}", c.retry + 1),
+                    c.timeout,
+                ))
+                .await;
+            return self
+                .record_pure(&c, base_key, request, request_hash, out)
+                .await;
+        }
+        let (tool, class): (Box<dyn Tool>, SideEffect) =
+            match self.tool_for(&target, c.timeout).await {
+                Ok(t) => t,
+                Err(message) => {
+                    return self
+                        .fail_without_claim(&c, ErrorKind::Permanent, message)
+                        .await;
+                }
+            };
+
+        // 3. The claim.
+        self.open_step(&c).await?;
+        let mut reclaimed = false;
+        let lease = loop {
+            let claim = self
+                .inner
+                .ledger
+                .claim_call(
+                    ClaimCall {
+                        run: c.run,
+                        step_id: c.step_id.clone(),
+                        tool_call_id: node_id.to_string(),
+                        tool: c.tool.name.clone(),
+                        idempotency_key: base_key.clone(),
+                        request: request.clone(),
+                        request_hash: request_hash.clone(),
+                        retry_failed: c.retry > 0,
+                        lease: CALL_LEASE,
+                    },
+                    self.now(),
+                )
+                .await;
+            match claim {
+                Ok(CallClaim::Claimed(lease)) => break lease,
+                Ok(CallClaim::Replay(r)) => return self.finish_replay(&c, r).await,
+                Ok(CallClaim::InDoubt { .. }) => {
+                    if !reclaimed
+                        && class != SideEffect::None
+                        && self.auto_resolve(&c, node_id).await?
+                    {
+                        reclaimed = true;
+                        continue;
+                    }
+                    return Ok(StepResult::InDoubt);
+                }
+                Err(flow_ledger::Error::Busy { holder, until }) => {
+                    tracing::info!(node = node_id, %holder, until = %until.to_rfc3339(), "call is leased by another worker; waiting");
+                    let wait = (until.0 - self.now().0).clamp(100, 5_000);
+                    tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(1_000)))
+                        .await;
+                }
+                Err(flow_ledger::Error::Conflict {
+                    other_run,
+                    other_node,
+                    reason,
+                }) => {
+                    let message = format!(
+                        "idempotency key conflict with run {other_run} node {other_node}: {reason}"
+                    );
+                    return self
+                        .fail_claimed_step(&c, ErrorKind::Conflict, message)
+                        .await;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        self.inner.faults.hit(Point::AfterClaim, node_id);
+
+        // 4. Rate limit and quota, counted across workers.
+        if let Some(until) = self.rate_limited(&c).await? {
+            self.inner.ledger.release_call(&lease, self.now()).await?;
+            return Ok(StepResult::Deferred { until });
+        }
+
+        // 5–7. Outbound, the adapter, the outcome.
+        self.inner.ledger.mark_outbound(&lease, self.now()).await?;
+        self.inner.faults.hit(Point::AfterOutbound, node_id);
+        let mut sent = 0u32;
+        let mut resends = 0u32;
+        let outcome = loop {
+            let out = self
+                .call_renewing(
+                    &lease,
+                    tool.as_ref(),
+                    Call::new(args.clone(), lease.key.clone(), c.timeout),
+                )
+                .await;
+            sent += out.requests_sent;
+            let unknown = matches!(&out.result, Err(e) if e.kind == AdapterKind::Unknown);
+            if unknown && class == SideEffect::IdempotentHeader && resends < c.resend_budget {
+                // Same key, same effect attempt: the downstream dedupes.
+                resends += 1;
+                let delay = c
+                    .next_retry
+                    .as_ref()
+                    .map_or(Duration::from_millis(500), |r| r.delay);
+                tracing::info!(
+                    node = node_id,
+                    resend = resends,
+                    "outcome unknown; re-sending with the same idempotency key"
+                );
+                tokio::time::sleep(delay).await;
+                continue;
+            }
+            break out;
+        };
+        self.inner.faults.hit(Point::AfterResponse, node_id);
+        if sent > 1 {
+            self.count_extra_requests(&c, sent - 1).await?;
+        }
+        let result = self
+            .complete(&c, &lease, class, outcome.result, sent)
+            .await?;
+        self.inner.faults.hit(Point::AfterComplete, node_id);
+        Ok(result)
+    }
+
+    /// Builds the adapter and its side-effect class (workflow overrides first).
+    async fn tool_for(
+        &self,
+        target: &Target,
+        timeout: Duration,
+    ) -> Result<(Box<dyn Tool>, SideEffect), String> {
+        let tools = &self.inner.tools;
+        Ok(match target {
+            Target::Function { name } => {
+                let f = tools
+                    .functions
+                    .get(name)
+                    .ok_or_else(|| format!("unknown function `{name}`"))?;
+                let class = f.side_effect();
+                (Box::new(f), class)
+            }
+            Target::Command(spec) => {
+                let t = flow_adapters::command::CommandTool::new(spec.clone());
+                let class = t.side_effect();
+                (Box::new(t), class)
+            }
+            Target::Http(spec) => {
+                let t = tools.http.tool(spec.clone());
+                let class = t.side_effect();
+                (Box::new(t), class)
+            }
+            Target::Mcp(spec) => {
+                let annotations = if spec.read_only_override.is_none() {
+                    match tools.mcp.annotations(spec, timeout).await {
+                        Ok(a) => a,
+                        Err(e) => {
+                            tracing::warn!(tool = spec.tool, error = %self.inner.secrets.scrub(&e.message), "cannot list MCP tool annotations; treating the tool as side-effecting");
+                            None
+                        }
+                    }
+                } else {
+                    None
+                };
+                let t = tools.mcp.tool(spec.clone()).with_annotations(annotations);
+                let class = t.side_effect();
+                (Box::new(t), class)
+            }
+        })
+    }
+
+    /// Creates or starts the step row before a claim.
+    async fn open_step(&self, c: &StepCall<'_>) -> Result<(), flow_ledger::Error> {
+        let ledger = &self.inner.ledger;
+        match c.origin {
+            StepOrigin::New => {
+                ledger
+                    .create_step(c.run, self.new_step(c, StepStatus::Running), self.now())
+                    .await?;
+            }
+            StepOrigin::Pending => {
+                ledger.start_step(c.run, &c.step_id, self.now()).await?;
+            }
+            StepOrigin::Running => {}
+        }
+        Ok(())
+    }
+
+    fn new_step(&self, c: &StepCall<'_>, status: StepStatus) -> NewStep {
+        NewStep {
+            step_id: c.step_id.clone(),
+            node_id: c.node.id.clone(),
+            retry: c.retry,
+            not_before: None,
+            status,
+        }
+    }
+
+    /// A failure found before any claim (render, secret, egress): the step fails, no call
+    /// row exists, nothing was sent.
+    async fn fail_without_claim(
+        &self,
+        c: &StepCall<'_>,
+        kind: ErrorKind,
+        message: String,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        self.open_step(c).await?;
+        self.fail_claimed_step(c, kind, message).await
+    }
+
+    async fn fail_claimed_step(
+        &self,
+        c: &StepCall<'_>,
+        kind: ErrorKind,
+        message: String,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let message = self.inner.secrets.scrub(&message);
+        let finish = StepFinish {
+            step_id: c.step_id.clone(),
+            status: StepStatus::Failed,
+            output: None,
+            error: Some(StepError {
+                kind,
+                message: message.clone(),
+            }),
+        };
+        self.inner
+            .ledger
+            .finish_step(c.run, finish, self.now())
+            .await?;
+        Ok(StepResult::Failed {
+            kind,
+            message,
+            retry: None,
+        })
+    }
+
+    async fn record_pure(
+        &self,
+        c: &StepCall<'_>,
+        base_key: String,
+        request: Json,
+        request_hash: String,
+        out: Outcome,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let now = self.now();
+        let (outcome, next) = self.outcome_of(c, out.result, SideEffect::ReadOnly, now);
+        let step = self.new_step(c, StepStatus::Running);
+        let recorded = self
+            .inner
+            .ledger
+            .record_pure_call(
+                PureCall {
+                    run: c.run,
+                    step,
+                    tool_call_id: c.node.id.clone(),
+                    tool: c.tool.name.clone(),
+                    idempotency_key: base_key,
+                    request,
+                    request_hash,
+                    outcome: outcome.clone(),
+                    retry_failed: c.retry > 0,
+                    next_step: next.clone(),
+                },
+                now,
+            )
+            .await?;
+        match recorded {
+            PureRecorded::Recorded => Ok(result_of(outcome, next)),
+            PureRecorded::Replayed(r) => Ok(replayed_result(r)),
+        }
+    }
+
+    /// The ledger outcome of an adapter result, and the retry step to create with it.
+    fn outcome_of(
+        &self,
+        c: &StepCall<'_>,
+        result: Result<Json, flow_adapters::Error>,
+        class: SideEffect,
+        now: Timestamp,
+    ) -> (CallOutcome, Option<NewStep>) {
+        let secrets = &self.inner.secrets;
+        match result {
+            Ok(output) => {
+                let output = secrets.scrub_json(&output);
+                let size = output.to_string().len();
+                let limit = self.inner.ledger.output_limit_bytes();
+                if size > limit {
+                    let message = format!(
+                        "output is {size} bytes, over the limit of {limit} bytes (outputs are never truncated)"
+                    );
+                    return (
+                        CallOutcome::Failed(StepError {
+                            kind: ErrorKind::Permanent,
+                            message,
+                        }),
+                        None,
+                    );
+                }
+                (CallOutcome::Succeeded(output), None)
+            }
+            Err(e) => {
+                let kind = ledger_kind(&e.kind);
+                let retryable = match &e.kind {
+                    AdapterKind::Transient { .. } | AdapterKind::NotSent => true,
+                    AdapterKind::Unknown => class == SideEffect::ReadOnly,
+                    AdapterKind::Permanent => false,
+                };
+                let retry_after = match &e.kind {
+                    AdapterKind::Transient { retry_after } => *retry_after,
+                    _ => None,
+                };
+                let message = secrets.scrub(&e.message);
+                let next = c.next_retry.as_ref().filter(|_| retryable).and_then(|r| {
+                    let delay = r.delay.max(retry_after.unwrap_or_default());
+                    let not_before = now.plus(delay);
+                    if r.deadline.is_some_and(|d| not_before > d) {
+                        return None;
+                    }
+                    Some(NewStep {
+                        step_id: r.step_id.clone(),
+                        node_id: c.node.id.clone(),
+                        retry: r.retry,
+                        not_before: Some(not_before),
+                        status: StepStatus::Pending,
+                    })
+                });
+                (CallOutcome::Failed(StepError { kind, message }), next)
+            }
+        }
+    }
+
+    async fn complete(
+        &self,
+        c: &StepCall<'_>,
+        lease: &CallLease,
+        class: SideEffect,
+        result: Result<Json, flow_adapters::Error>,
+        sent: u32,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let now = self.now();
+        if let Err(e) = &result
+            && e.kind == AdapterKind::Unknown
+            && class != SideEffect::ReadOnly
+        {
+            let report = InDoubtReport {
+                requests_sent: sent,
+                message: self.inner.secrets.scrub(&e.message),
+            };
+            self.inner.ledger.mark_in_doubt(lease, report, now).await?;
+            return Ok(StepResult::InDoubt);
+        }
+        let (outcome, next) = self.outcome_of(c, result, class, now);
+        let step = match &outcome {
+            CallOutcome::Succeeded(output) => StepFinish {
+                step_id: c.step_id.clone(),
+                status: StepStatus::Succeeded,
+                output: Some(output.clone()),
+                error: None,
+            },
+            CallOutcome::Failed(error) => StepFinish {
+                step_id: c.step_id.clone(),
+                status: StepStatus::Failed,
+                output: None,
+                error: Some(error.clone()),
+            },
+        };
+        self.inner
+            .ledger
+            .complete_call(
+                CompleteCall {
+                    lease,
+                    outcome: outcome.clone(),
+                    requests_sent: sent,
+                    step: Some(step),
+                    next_step: next.clone(),
+                },
+                now,
+            )
+            .await?;
+        Ok(result_of(outcome, next))
+    }
+
+    /// A replayed terminal call: the step takes its stored outcome; a replayed failure is
+    /// a recorded fact, not retried here.
+    async fn finish_replay(
+        &self,
+        c: &StepCall<'_>,
+        r: Replayed,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let result = replayed_result(r);
+        let finish = match &result {
+            StepResult::Succeeded { output } => StepFinish {
+                step_id: c.step_id.clone(),
+                status: StepStatus::Succeeded,
+                output: Some(output.clone()),
+                error: None,
+            },
+            StepResult::Failed { kind, message, .. } => StepFinish {
+                step_id: c.step_id.clone(),
+                status: StepStatus::Failed,
+                output: None,
+                error: Some(StepError {
+                    kind: *kind,
+                    message: message.clone(),
+                }),
+            },
+            StepResult::InDoubt | StepResult::Deferred { .. } => return Ok(result),
+        };
+        self.inner
+            .ledger
+            .finish_step(c.run, finish, self.now())
+            .await?;
+        Ok(result)
+    }
+
+    /// A self-resolving tool (read-only or `idempotency: header`) found in doubt after a
+    /// crash: re-send with the same key, as declared, while the retry budget lasts.
+    async fn auto_resolve(
+        &self,
+        c: &StepCall<'_>,
+        node_id: &str,
+    ) -> Result<bool, flow_ledger::Error> {
+        let call = self.inner.ledger.get_call(&c.run.run_id, node_id).await?;
+        if call.outbound_requests > c.resend_budget {
+            return Ok(false);
+        }
+        let resolve = Resolve {
+            run_id: c.run.run_id.clone(),
+            tool_call_id: node_id.to_string(),
+            resolution: Resolution::Retry,
+            by: format!("flow ({})", c.run.worker),
+            note: Some("declared safe to re-send (read-only or idempotency: header)".into()),
+        };
+        self.inner.ledger.resolve_call(resolve, self.now()).await?;
+        Ok(true)
+    }
+
+    /// `Some(when)` if the tool's rate limit or daily quota has no room now.
+    async fn rate_limited(
+        &self,
+        c: &StepCall<'_>,
+    ) -> Result<Option<Timestamp>, flow_ledger::Error> {
+        let key = format!("{}/{}", c.workflow.name, c.tool.name);
+        let limits = [
+            (c.tool.quota_per_day, Window::Day),
+            (c.tool.rate_limit_per_minute, Window::Minute),
+        ];
+        // The day quota is checked first: when it is exhausted the minute window is not
+        // touched. (When the minute window then refuses, the day slot taken stays used:
+        // a known over-count of one per refusal, on the safe side of the quota.)
+        for (limit, window) in limits {
+            let Some(limit) = limit else { continue };
+            if let RateDecision::Limited { retry_at } = self
+                .inner
+                .ledger
+                .rate_acquire(
+                    RateAcquire {
+                        key: key.clone(),
+                        window,
+                        limit,
+                    },
+                    self.now(),
+                )
+                .await?
+            {
+                return Ok(Some(retry_at));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Requests beyond the first (MCP re-auth, same-key re-sends) count against limits too.
+    async fn count_extra_requests(
+        &self,
+        c: &StepCall<'_>,
+        extra: u32,
+    ) -> Result<(), flow_ledger::Error> {
+        let key = format!("{}/{}", c.workflow.name, c.tool.name);
+        let n = extra;
+        if c.tool.quota_per_day.is_some() {
+            self.inner
+                .ledger
+                .rate_add(&key, Window::Day, n, self.now())
+                .await?;
+        }
+        if c.tool.rate_limit_per_minute.is_some() {
+            self.inner
+                .ledger
+                .rate_add(&key, Window::Minute, n, self.now())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Calls the adapter, renewing the call lease every third of its length meanwhile.
+    async fn call_renewing(&self, lease: &CallLease, tool: &dyn Tool, call: Call) -> Outcome {
+        let hard_limit = call.timeout + Duration::from_secs(5);
+        let fut = tokio::time::timeout(hard_limit, tool.call(call));
+        tokio::pin!(fut);
+        let mut tick = tokio::time::interval(CALL_LEASE / 3);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                out = &mut fut => {
+                    return out.unwrap_or_else(|_| Outcome::err(flow_adapters::Error::unknown("the tool did not return within its timeout"), 1));
+                }
+                _ = tick.tick() => {
+                    if let Err(e) = self.inner.ledger.renew_call_lease(lease, CALL_LEASE, self.now()).await {
+                        tracing::warn!(call = lease.tool_call_id, error = %e, "could not renew the call lease; the outcome may be refused");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn tool_templates(tool: &ToolDecl) -> Vec<&crate::workflow::expr::Template> {
+    crate::workflow::validate::tool_templates(&tool.kind)
+}
+
+fn result_of(outcome: CallOutcome, next: Option<NewStep>) -> StepResult {
+    match outcome {
+        CallOutcome::Succeeded(output) => StepResult::Succeeded { output },
+        CallOutcome::Failed(e) => StepResult::Failed {
+            kind: e.kind,
+            message: e.message,
+            retry: next.map(|s| (s.step_id, s.retry, s.not_before.unwrap_or(Timestamp(0)))),
+        },
+    }
+}
+
+fn replayed_result(r: Replayed) -> StepResult {
+    match (r.output, r.error) {
+        (_, Some(e)) => StepResult::Failed {
+            kind: e.kind,
+            message: e.message,
+            retry: None,
+        },
+        (output, None) => StepResult::Succeeded {
+            output: output.unwrap_or(Json::Null),
+        },
+    }
+}
