@@ -15,14 +15,52 @@ use serde_json::json;
 
 use crate::common::*;
 
-const OPS: usize = 300;
+const OPS: usize = 400;
 const NODES: [&str; 3] = ["a", "b", "c"];
 
 #[derive(Default)]
 struct Model {
     runs: Vec<String>,
     run_leases: BTreeMap<String, RunLease>,
-    call_leases: Vec<CallLease>,
+    /// Leases of claimed calls, of outbound calls, and spent or lost ones (which still
+    /// get used now and then: fencing must refuse them identically on both backends).
+    claimed: Vec<CallLease>,
+    outbound: Vec<CallLease>,
+    stale: Vec<CallLease>,
+}
+
+impl Model {
+    fn all_calls(&self) -> Vec<CallLease> {
+        self.claimed
+            .iter()
+            .chain(&self.outbound)
+            .chain(&self.stale)
+            .cloned()
+            .collect()
+    }
+
+    /// Moves `lease` after an operation answered `ok` (or not).
+    fn track(&mut self, op: &Op, ok: bool) {
+        let take = |v: &mut Vec<CallLease>, l: &CallLease| v.retain(|x| x != l);
+        match op {
+            Op::Outbound(l) => {
+                take(&mut self.claimed, l);
+                if ok {
+                    self.outbound.push(l.clone())
+                } else if !self.stale.contains(l) {
+                    self.stale.push(l.clone())
+                }
+            }
+            Op::Complete(l, ..) | Op::InDoubt(l) | Op::Release(l) => {
+                take(&mut self.claimed, l);
+                take(&mut self.outbound, l);
+                if !self.stale.contains(l) {
+                    self.stale.push(l.clone());
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 fn pick<'a, T>(rng: &mut StdRng, v: &'a [T]) -> Option<&'a T> {
@@ -66,13 +104,17 @@ async fn apply(l: &Ledger, op: &Op, now: Timestamp) -> (String, Option<CallLease
             format!("{:?}", l.create_step(lease, step.clone(), now).await)
         }
         Op::Claim(lease, node, key, req, retry_failed) => {
+            let created = l
+                .create_step(lease, step(node, node, 0), now)
+                .await
+                .map(|s| s.status);
             let mut c = claim(lease, node, node, key, json!({ "v": req }));
             c.retry_failed = *retry_failed;
             let r = l.claim_call(c, now).await;
             if let Ok(flow_ledger::CallClaim::Claimed(lease)) = &r {
                 lease_out = Some(lease.clone());
             }
-            format!("{r:?}")
+            format!("{created:?} {r:?}")
         }
         Op::Outbound(c) => format!("{:?}", l.mark_outbound(c, now).await),
         Op::Complete(c, ok, n) => {
@@ -98,7 +140,7 @@ async fn apply(l: &Ledger, op: &Op, now: Timestamp) -> (String, Option<CallLease
                 lease: c,
                 outcome,
                 requests_sent: *n,
-                step: Some(step),
+                step: (*n != 1).then_some(step),
                 next_step: None,
             };
             format!("{:?}", l.complete_call(req, now).await)
@@ -197,6 +239,16 @@ enum Op {
     Expire,
 }
 
+/// Usually a lease from `live` (the latest first), sometimes a stale one.
+fn lease_from(rng: &mut StdRng, live: &[CallLease], stale: &[CallLease]) -> Option<CallLease> {
+    if !live.is_empty() && (stale.is_empty() || rng.random_bool(0.85)) {
+        let n = live.len();
+        let i = n - 1 - rng.random_range(0..n.min(2));
+        return Some(live[i].clone());
+    }
+    pick(rng, stale).cloned()
+}
+
 fn gen_op(rng: &mut StdRng, m: &Model, next_run: &mut usize) -> Option<Op> {
     let leases: Vec<RunLease> = m.run_leases.values().cloned().collect();
     let w = ["w1", "w2", "w3"][rng.random_range(0..3)].to_owned();
@@ -250,15 +302,22 @@ fn gen_op(rng: &mut StdRng, m: &Model, next_run: &mut usize) -> Option<Op> {
                 rng.random_bool(0.3),
             )
         }
-        8 | 9 => Op::Outbound(pick(rng, &m.call_leases)?.clone()),
+        8 | 9 => Op::Outbound(lease_from(rng, &m.claimed, &m.stale)?),
         10 | 11 => Op::Complete(
-            pick(rng, &m.call_leases)?.clone(),
+            lease_from(rng, &m.outbound, &m.stale)?,
             rng.random_bool(0.6),
             rng.random_range(0..3),
         ),
-        12 => Op::InDoubt(pick(rng, &m.call_leases)?.clone()),
-        13 => Op::Release(pick(rng, &m.call_leases)?.clone()),
-        14 => Op::Resolve(pick(rng, &m.runs)?.clone(), node, rng.random_range(0..3)),
+        12 => Op::InDoubt(lease_from(rng, &m.outbound, &m.stale)?),
+        13 => Op::Release(lease_from(rng, &m.claimed, &m.stale)?),
+        14 => match pick(rng, &m.all_calls()) {
+            Some(c) if rng.random_bool(0.7) => Op::Resolve(
+                c.run_id.clone(),
+                c.tool_call_id.clone(),
+                rng.random_range(0..3),
+            ),
+            _ => Op::Resolve(pick(rng, &m.runs)?.clone(), node, rng.random_range(0..3)),
+        },
         15 => {
             let st = [
                 RunStatus::Succeeded,
@@ -373,9 +432,16 @@ async fn sqlite_and_postgres_agree_on_random_operations() {
     let mut model = Model::default();
     let mut next_run = 0usize;
     let mut now = T0;
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
     for i in 0..OPS {
         if rng.random_range(0..8) == 0 {
-            now = now.plus(Duration::from_millis(rng.random_range(0..40_000)));
+            // Mostly small steps; sometimes past every lease (30 s), to force takeovers.
+            let ms = if rng.random_bool(0.8) {
+                rng.random_range(0..5_000)
+            } else {
+                rng.random_range(31_000..40_000)
+            };
+            now = now.plus(Duration::from_millis(ms));
         }
         let Some(op) = gen_op(&mut rng, &model, &mut next_run) else {
             continue;
@@ -383,9 +449,18 @@ async fn sqlite_and_postgres_agree_on_random_operations() {
         let (a, lease) = apply(&lite.ledger, &op, now).await;
         let (b, _) = apply(&pg.ledger, &op, now).await;
         assert_eq!(a, b, "seed {seed}: op {i} {op:?} answered differently");
+        let op_name = format!("{op:?}");
+        let op_name = op_name.split('(').next().unwrap_or("");
+        let outcome = if a.starts_with("Err(") {
+            a.split(['(', ' ', '{']).nth(1).unwrap_or("")
+        } else {
+            "Ok"
+        };
+        *kinds.entry(format!("{op_name}:{outcome}")).or_default() += 1;
         if let Some(lease) = lease {
-            model.call_leases.push(lease);
+            model.claimed.push(lease);
         }
+        model.track(&op, a.starts_with("Ok"));
         learn(&mut model, &lite.ledger, &op).await;
     }
     let (a, b) = (
@@ -396,10 +471,11 @@ async fn sqlite_and_postgres_agree_on_random_operations() {
         a == b,
         "seed {seed}: final states differ\n--- sqlite\n{a}\n--- postgres\n{b}"
     );
+    eprintln!("differential outcomes: {kinds:?}");
     eprintln!(
         "differential: {} runs, {} call leases, {} bytes of state compared",
         model.runs.len(),
-        model.call_leases.len(),
+        model.all_calls().len(),
         a.len()
     );
 }

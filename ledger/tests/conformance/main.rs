@@ -5,6 +5,8 @@ mod common;
 
 mod calls;
 mod differential;
+mod events;
+mod open;
 mod races;
 mod rate;
 mod resolve;

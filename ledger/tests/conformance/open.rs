@@ -1,0 +1,152 @@
+//! Opening: URLs, errors, scopes, migrations.
+
+use std::time::Duration;
+
+use flow_ledger::{ClaimRuns, Error, Ledger, OpenOptions, RunFilter, Scope};
+
+use crate::common::*;
+
+crate::conformance!(scopes_never_see_each_other, migrate_is_idempotent);
+
+async fn scopes_never_see_each_other(db: TestDb) {
+    let other = Ledger::open(
+        &db.url,
+        OpenOptions {
+            scope: Scope {
+                tenant: "acme".into(),
+                workspace: "prod".into(),
+            },
+            ..OpenOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(other.scope().tenant, "acme");
+    // The same run id in two scopes: two runs, no conflict.
+    db.ledger.enqueue(new_run("run_a"), db.now()).await.unwrap();
+    let mut diff = new_run("run_a");
+    diff.inputs = serde_json::json!({"other": true});
+    assert!(other.enqueue(diff, db.now()).await.unwrap().created);
+    let w = worker("1");
+    let got = other
+        .claim_next(
+            ClaimRuns {
+                worker: &w,
+                lease: LEASE,
+                limit: 10,
+            },
+            db.now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 1);
+    // The default scope's run is untouched and its events are its own.
+    assert_eq!(
+        db.ledger.get_run("run_a").await.unwrap().status,
+        flow_ledger::RunStatus::Queued
+    );
+    assert_eq!(
+        db.ledger
+            .list_runs(RunFilter::default())
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(event_types(&db, "run_a").await, vec!["run.queued"]);
+    // Same key in two scopes: independent calls.
+    let la = running(&db, "run_b", &w).await;
+    claimed(
+        db.ledger
+            .claim_call(
+                claim(&la, "pay", "pay", "shared", serde_json::json!({})),
+                db.now(),
+            )
+            .await
+            .unwrap(),
+    );
+    let lb = &got[0];
+    claimed(
+        other
+            .claim_call(
+                claim(lb, "pay", "pay", "shared", serde_json::json!({"x": 1})),
+                db.now(),
+            )
+            .await
+            .unwrap(),
+    );
+}
+
+async fn migrate_is_idempotent(db: TestDb) {
+    db.ledger.migrate().await.unwrap();
+    let again = Ledger::open(
+        &db.url,
+        OpenOptions {
+            migrate: false,
+            ..OpenOptions::default()
+        },
+    )
+    .await
+    .unwrap();
+    again.migrate().await.unwrap();
+    again.enqueue(new_run("run_a"), db.now()).await.unwrap();
+    assert!(!again.url_redacted().is_empty());
+}
+
+#[tokio::test]
+async fn unknown_scheme_is_a_typed_error() {
+    match Ledger::open("mysql://u:pw@h/db", OpenOptions::default()).await {
+        Err(Error::UnsupportedUrl { url }) => assert_eq!(url, "mysql://u:***@h/db"),
+        other => panic!("expected UnsupportedUrl, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[tokio::test]
+async fn unreachable_postgres_is_unavailable_with_the_password_hidden() {
+    let opts = OpenOptions {
+        connect_timeout: Duration::from_secs(2),
+        ..OpenOptions::default()
+    };
+    // Port 1 on loopback: nothing listens there.
+    match Ledger::open("postgres://flow:hunter2@127.0.0.1:1/flow", opts).await {
+        Err(e @ Error::Unavailable { .. }) => {
+            let text = e.to_string();
+            assert!(
+                text.contains("postgres://flow:***@127.0.0.1:1/flow"),
+                "{text}"
+            );
+            assert!(!text.contains("hunter2"), "{text}");
+        }
+        other => panic!("expected Unavailable, got {:?}", other.map(|_| ())),
+    }
+}
+
+#[tokio::test]
+async fn sqlite_creates_its_directory_and_accepts_both_url_forms() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("a/b/flow.db");
+    let l = Ledger::open(
+        &format!("sqlite:{}", deep.display()),
+        OpenOptions::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(l.backend_name(), "sqlite");
+    assert!(deep.exists());
+    l.close().await;
+    let l = Ledger::open(
+        &format!("sqlite://{}?mode=rwc", deep.display()),
+        OpenOptions::default(),
+    )
+    .await
+    .unwrap();
+    l.enqueue(new_run("run_a"), T0).await.unwrap();
+    // A path that cannot be created: Unavailable, not a panic.
+    let blocked = dir.path().join("file");
+    std::fs::write(&blocked, b"x").unwrap();
+    let url = format!("sqlite://{}/sub/flow.db", blocked.display());
+    assert!(matches!(
+        Ledger::open(&url, OpenOptions::default()).await,
+        Err(Error::Unavailable { .. })
+    ));
+}
