@@ -156,9 +156,15 @@ pub(crate) async fn emit(
     ev: NewEvent<'_>,
 ) -> Result<(), Error> {
     let id = format!("evt_{}", ulid::Ulid::generate());
-    conn.execute(
+    let sql = conn.pick(
         "INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id, payload)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+        // The transaction id orders events for consumers (see migration 0002).
+        "INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id, payload, txid)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, pg_current_xact_id()::text::bigint)",
+    );
+    conn.execute(
+        sql,
         args![
             &scope.tenant,
             &scope.workspace,

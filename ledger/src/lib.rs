@@ -13,7 +13,8 @@
 //! - [`state`]: [`RunStatus`], [`StepStatus`], [`CallStatus`], [`ErrorKind`], the claim
 //!   decision table (pure, unit tested).
 //! - [`model`]: requests and rows.
-//! - [`events`]: outbox [`Event`]s, written in the transaction of their state change.
+//! - [`events`]: outbox [`Event`]s, written in the transaction of their state change;
+//!   `deliveries.rs`: per-consumer delivery queues and checkpoints for the dispatcher.
 //! - [`Error`]: one enum; sqlx errors are mapped at the boundary.
 //! - the operations, each one transaction: `runs.rs` (queue), `steps.rs`, `calls.rs`
 //!   (claim), `outbound.rs` (mark_outbound, complete, in doubt, release), `resolve.rs`
@@ -60,6 +61,7 @@ pub mod worker;
 mod calls;
 mod canonical;
 mod db;
+mod deliveries;
 mod error;
 mod ledger;
 mod outbound;
@@ -74,6 +76,10 @@ mod steps;
 
 pub use canonical::{canonical_hash, canonical_json};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use deliveries::{
+    Delivery, DeliveryFilter, DeliveryOutcome, DeliveryStatus, FinishDelivery, LeaseDeliveries,
+    ScheduleDeliveries, StartAt,
+};
 pub use error::Error;
 pub use events::{Event, EventFilter, EventType};
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};

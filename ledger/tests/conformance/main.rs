@@ -4,6 +4,7 @@
 mod common;
 
 mod calls;
+mod deliveries;
 mod differential;
 mod events;
 mod open;

@@ -1,0 +1,506 @@
+//! Per-consumer delivery of outbox events (issue 7): the storage half of the dispatcher.
+//!
+//! The dispatcher (in the engine) decides backoff and the attempt cap; the ledger keeps
+//! the facts so that they hold across processes and crashes:
+//! 1. [`Ledger::schedule_deliveries`] copies new events into a consumer's delivery queue
+//!    and advances its checkpoint, in (txid, seq) order so that no event committed late
+//!    on PostgreSQL is skipped (see migration 0002);
+//! 2. [`Ledger::lease_deliveries`] leases due deliveries (`attempts + 1` at lease time, so
+//!    a dispatcher killed mid-delivery still counts the attempt and the event comes back
+//!    when the lease ends: at least once);
+//! 3. [`Ledger::finish_delivery`] records delivered / retry at T / dead (fenced by the
+//!    lease holder); [`Ledger::redeliver`] re-queues one by hand.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::clock::Timestamp;
+use crate::db::args;
+use crate::error::Error;
+use crate::events::{Event, EventType};
+use crate::ledger::Ledger;
+use crate::rows::{EventRow, IntRow};
+use crate::worker::WorkerId;
+
+/// Where a new consumer starts reading the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartAt {
+    /// Every event still in the outbox.
+    Beginning,
+    /// Only events written after the consumer first schedules.
+    Latest,
+}
+
+/// A request to fan new outbox events out to one consumer.
+#[derive(Debug, Clone)]
+pub struct ScheduleDeliveries {
+    /// Consumer name (from the config file).
+    pub consumer: String,
+    /// Only these types (empty = all).
+    pub types: Vec<EventType>,
+    /// Where a consumer without a checkpoint starts.
+    pub start: StartAt,
+    /// At most this many events scanned per call (0 = 1000).
+    pub limit: u32,
+}
+
+/// A request to lease due deliveries.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseDeliveries<'a> {
+    /// Consumer name.
+    pub consumer: &'a str,
+    /// The dispatcher process.
+    pub worker: &'a WorkerId,
+    /// How long the delivery may take before another dispatcher retries it.
+    pub lease: Duration,
+    /// At most this many.
+    pub limit: u32,
+}
+
+/// What happened to a leased delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    /// The consumer accepted it.
+    Delivered,
+    /// It failed; try again at `at`.
+    Retry {
+        /// Next attempt time (the dispatcher's backoff).
+        at: Timestamp,
+        /// Why it failed (no secret values).
+        error: String,
+    },
+    /// It failed for the last time (attempt cap): dead-letter it.
+    Dead {
+        /// Why it failed.
+        error: String,
+    },
+}
+
+/// Recording the outcome of a leased delivery.
+#[derive(Debug, Clone)]
+pub struct FinishDelivery<'a> {
+    /// Consumer name.
+    pub consumer: &'a str,
+    /// Event id.
+    pub event_id: &'a str,
+    /// The dispatcher that holds the lease.
+    pub worker: &'a WorkerId,
+    /// What happened.
+    pub outcome: DeliveryOutcome,
+}
+
+/// The state of one consumer's delivery of one event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    /// Waiting for (another) attempt.
+    Pending,
+    /// Accepted by the consumer.
+    Delivered,
+    /// Given up on (dead letter); `redeliver` re-queues it.
+    Dead,
+}
+
+impl DeliveryStatus {
+    /// Stored text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Delivered => "delivered",
+            Self::Dead => "dead",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, Error> {
+        match s {
+            "pending" => Ok(Self::Pending),
+            "delivered" => Ok(Self::Delivered),
+            "dead" => Ok(Self::Dead),
+            other => Err(Error::Corrupt {
+                what: format!("unknown delivery status {other:?}"),
+            }),
+        }
+    }
+}
+
+/// One consumer's delivery of one event, with the event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    /// Consumer name.
+    pub consumer: String,
+    /// The event.
+    pub event: Event,
+    /// State.
+    pub status: DeliveryStatus,
+    /// Attempts started (counted when leased).
+    pub attempts: u32,
+    /// Not before this time.
+    pub next_attempt_at: Timestamp,
+    /// Last failure.
+    pub last_error: Option<String>,
+    /// Current lease holder.
+    pub leased_by: Option<String>,
+    /// Lease end.
+    pub leased_until: Option<Timestamp>,
+}
+
+/// Which deliveries [`Ledger::list_deliveries`] returns.
+#[derive(Debug, Clone, Default)]
+pub struct DeliveryFilter {
+    /// Only this consumer.
+    pub consumer: Option<String>,
+    /// Only this status (e.g. `Dead` for `flow events --failed`).
+    pub status: Option<DeliveryStatus>,
+    /// At most this many (0 = 100).
+    pub limit: u32,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct DeliveryRow {
+    consumer: String,
+    status: String,
+    attempts: i64,
+    next_attempt_at: i64,
+    last_error: Option<String>,
+    leased_by: Option<String>,
+    leased_until: Option<i64>,
+    seq: i64,
+    id: String,
+    #[sqlx(rename = "type")]
+    event_type: String,
+    time: i64,
+    run_id: Option<String>,
+    step_id: Option<String>,
+    tool_call_id: Option<String>,
+    payload: String,
+}
+
+impl DeliveryRow {
+    fn into_delivery(self) -> Result<Delivery, Error> {
+        let event = EventRow {
+            seq: self.seq,
+            id: self.id,
+            event_type: self.event_type,
+            time: self.time,
+            run_id: self.run_id,
+            step_id: self.step_id,
+            tool_call_id: self.tool_call_id,
+            payload: self.payload,
+        }
+        .into_event()?;
+        Ok(Delivery {
+            consumer: self.consumer,
+            event,
+            status: DeliveryStatus::parse(&self.status)?,
+            attempts: u32::try_from(self.attempts).unwrap_or(u32::MAX),
+            next_attempt_at: Timestamp(self.next_attempt_at),
+            last_error: self.last_error,
+            leased_by: self.leased_by,
+            leased_until: self.leased_until.map(Timestamp),
+        })
+    }
+}
+
+macro_rules! delivery_select {
+    () => {
+        "SELECT d.consumer, d.status, d.attempts, d.next_attempt_at, d.last_error, d.leased_by,
+            d.leased_until, o.seq, o.id, o.type, o.time, o.run_id, o.step_id, o.tool_call_id,
+            o.payload
+         FROM event_deliveries d JOIN outbox o
+           ON o.tenant = d.tenant AND o.workspace = d.workspace AND o.id = d.event_id"
+    };
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct Checkpoint {
+    last_txid: i64,
+    last_seq: i64,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct Scanned {
+    txid: i64,
+    seq: i64,
+    id: String,
+    #[sqlx(rename = "type")]
+    event_type: String,
+}
+
+impl Ledger {
+    /// Copies the events after the consumer's checkpoint (matching `types`) into its
+    /// delivery queue and advances the checkpoint; returns how many deliveries were
+    /// added. Call it in the dispatcher loop before `lease_deliveries`.
+    pub async fn schedule_deliveries(
+        &self,
+        req: ScheduleDeliveries,
+        now: Timestamp,
+    ) -> Result<u32, Error> {
+        let s = self.scope();
+        let limit = if req.limit == 0 { 1000 } else { req.limit };
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        // Events of transactions that may still commit sort at or after this txid.
+        let horizon = if c.is_postgres() {
+            c.optional::<IntRow>(
+                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS n",
+                vec![],
+            )
+            .await?
+            .map_or(0, |r| r.n)
+        } else {
+            i64::MAX
+        };
+        let sql = c.pick(
+            "SELECT last_txid, last_seq FROM event_consumers
+             WHERE tenant = $1 AND workspace = $2 AND consumer = $3",
+            "SELECT last_txid, last_seq FROM event_consumers
+             WHERE tenant = $1 AND workspace = $2 AND consumer = $3 FOR UPDATE",
+        );
+        let cp = c
+            .optional::<Checkpoint>(sql, args![&s.tenant, &s.workspace, &req.consumer])
+            .await?;
+        let cp = match (cp, req.start) {
+            (Some(cp), _) => cp,
+            (None, StartAt::Beginning) => Checkpoint {
+                last_txid: -1,
+                last_seq: -1,
+            },
+            (None, StartAt::Latest) => {
+                // Past everything already final; later events sort after it.
+                let last = c
+                    .optional::<Checkpoint>(
+                        "SELECT txid AS last_txid, seq AS last_seq FROM outbox
+                         WHERE tenant = $1 AND workspace = $2 AND txid < $3
+                         ORDER BY txid DESC, seq DESC LIMIT 1",
+                        args![&s.tenant, &s.workspace, horizon],
+                    )
+                    .await?;
+                last.unwrap_or(Checkpoint {
+                    last_txid: -1,
+                    last_seq: -1,
+                })
+            }
+        };
+        let events = c
+            .all::<Scanned>(
+                "SELECT txid, seq, id, type FROM outbox
+                 WHERE tenant = $1 AND workspace = $2
+                   AND (txid > $3 OR (txid = $3 AND seq > $4)) AND txid < $5
+                 ORDER BY txid, seq LIMIT $6",
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    cp.last_txid,
+                    cp.last_seq,
+                    horizon,
+                    i64::from(limit),
+                ],
+            )
+            .await?;
+        let mut added = 0u64;
+        for e in &events {
+            let wanted = req.types.is_empty()
+                || EventType::parse(&e.event_type).is_some_and(|t| req.types.contains(&t));
+            if !wanted {
+                continue;
+            }
+            added += c
+                .execute(
+                    "INSERT INTO event_deliveries (tenant, workspace, consumer, event_id, status,
+                        attempts, next_attempt_at, created_at, updated_at)
+                     VALUES ($1, $2, $3, $4, 'pending', 0, $5, $5, $5)
+                     ON CONFLICT DO NOTHING",
+                    args![&s.tenant, &s.workspace, &req.consumer, &e.id, now],
+                )
+                .await?;
+        }
+        let (last_txid, last_seq) = events
+            .last()
+            .map_or((cp.last_txid, cp.last_seq), |e| (e.txid, e.seq));
+        c.execute(
+            "INSERT INTO event_consumers (tenant, workspace, consumer, last_txid, last_seq, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (tenant, workspace, consumer)
+             DO UPDATE SET last_txid = $4, last_seq = $5, updated_at = $6",
+            args![
+                &s.tenant,
+                &s.workspace,
+                &req.consumer,
+                last_txid,
+                last_seq,
+                now
+            ],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(u32::try_from(added).unwrap_or(u32::MAX))
+    }
+
+    /// Leases up to `limit` pending deliveries that are due and not leased by a live
+    /// dispatcher (PostgreSQL: `SKIP LOCKED`), counting the attempt now.
+    pub async fn lease_deliveries(
+        &self,
+        req: LeaseDeliveries<'_>,
+        now: Timestamp,
+    ) -> Result<Vec<Delivery>, Error> {
+        let s = self.scope();
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        let sql = c.pick(
+            "UPDATE event_deliveries SET leased_by = $4, leased_until = $5,
+                attempts = attempts + 1, updated_at = $6
+             WHERE tenant = $1 AND workspace = $2 AND consumer = $3 AND event_id IN (
+                SELECT event_id FROM event_deliveries
+                WHERE tenant = $1 AND workspace = $2 AND consumer = $3
+                  AND status = 'pending' AND next_attempt_at <= $6
+                  AND (leased_until IS NULL OR leased_until <= $6)
+                ORDER BY next_attempt_at, event_id LIMIT $7)
+             RETURNING event_id",
+            "WITH due AS (
+                SELECT event_id FROM event_deliveries
+                WHERE tenant = $1 AND workspace = $2 AND consumer = $3
+                  AND status = 'pending' AND next_attempt_at <= $6
+                  AND (leased_until IS NULL OR leased_until <= $6)
+                ORDER BY next_attempt_at, event_id LIMIT $7
+                FOR UPDATE SKIP LOCKED)
+             UPDATE event_deliveries SET leased_by = $4, leased_until = $5,
+                attempts = attempts + 1, updated_at = $6
+             WHERE tenant = $1 AND workspace = $2 AND consumer = $3
+               AND event_id IN (SELECT event_id FROM due)
+             RETURNING event_id",
+        );
+        #[derive(sqlx::FromRow)]
+        struct Id {
+            event_id: String,
+        }
+        let ids = c
+            .all::<Id>(
+                sql,
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    req.consumer,
+                    req.worker.as_str(),
+                    now.plus(req.lease),
+                    now,
+                    i64::from(req.limit),
+                ],
+            )
+            .await?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let row = c
+                .optional::<DeliveryRow>(
+                    concat!(
+                        delivery_select!(),
+                        " WHERE d.tenant = $1 AND d.workspace = $2 AND d.consumer = $3
+                           AND d.event_id = $4"
+                    ),
+                    args![&s.tenant, &s.workspace, req.consumer, &id.event_id],
+                )
+                .await?;
+            if let Some(row) = row {
+                out.push(row.into_delivery()?);
+            }
+        }
+        tx.commit().await?;
+        out.sort_by_key(|d| d.event.seq);
+        Ok(out)
+    }
+
+    /// Records the outcome of a leased delivery. Fenced: only the dispatcher holding the
+    /// lease may record it (`LeaseLost` otherwise, e.g. after its lease ran out and
+    /// another dispatcher took the delivery).
+    pub async fn finish_delivery(
+        &self,
+        req: FinishDelivery<'_>,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let s = self.scope();
+        let (status, next, error) = match &req.outcome {
+            DeliveryOutcome::Delivered => ("delivered", now, None),
+            DeliveryOutcome::Retry { at, error } => ("pending", *at, Some(error.clone())),
+            DeliveryOutcome::Dead { error } => ("dead", now, Some(error.clone())),
+        };
+        let mut pc = self.pool().acquire_write().await?;
+        let n = pc
+            .conn()
+            .execute(
+                "UPDATE event_deliveries SET status = $6, next_attempt_at = $7,
+                    last_error = COALESCE($8, last_error), leased_by = NULL,
+                    leased_until = NULL, updated_at = $9
+                 WHERE tenant = $1 AND workspace = $2 AND consumer = $3 AND event_id = $4
+                   AND leased_by = $5 AND status = 'pending'",
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    req.consumer,
+                    req.event_id,
+                    req.worker.as_str(),
+                    status,
+                    next,
+                    error,
+                    now,
+                ],
+            )
+            .await?;
+        if n == 0 {
+            return Err(Error::LeaseLost);
+        }
+        Ok(())
+    }
+
+    /// Re-queues a delivery by hand (`flow events redeliver`): pending, due now, attempts
+    /// reset so the cap applies anew.
+    pub async fn redeliver(
+        &self,
+        consumer: &str,
+        event_id: &str,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire_write().await?;
+        let n = pc
+            .conn()
+            .execute(
+                "UPDATE event_deliveries SET status = 'pending', attempts = 0,
+                    next_attempt_at = $5, leased_by = NULL, leased_until = NULL, updated_at = $5
+                 WHERE tenant = $1 AND workspace = $2 AND consumer = $3 AND event_id = $4",
+                args![&s.tenant, &s.workspace, consumer, event_id, now],
+            )
+            .await?;
+        if n == 0 {
+            return Err(Error::NotFound {
+                what: format!("delivery of {event_id} to {consumer}"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Deliveries, oldest event first.
+    pub async fn list_deliveries(&self, filter: DeliveryFilter) -> Result<Vec<Delivery>, Error> {
+        let s = self.scope();
+        let limit = if filter.limit == 0 { 100 } else { filter.limit };
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<DeliveryRow>(
+                concat!(
+                    delivery_select!(),
+                    " WHERE d.tenant = $1 AND d.workspace = $2
+                       AND ($3 IS NULL OR d.consumer = $3) AND ($4 IS NULL OR d.status = $4)
+                     ORDER BY o.seq, d.consumer LIMIT $5"
+                ),
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    filter.consumer,
+                    filter.status.map(DeliveryStatus::as_str),
+                    i64::from(limit),
+                ],
+            )
+            .await?;
+        rows.into_iter().map(DeliveryRow::into_delivery).collect()
+    }
+}
