@@ -159,3 +159,24 @@ impl From<sqlx::migrate::MigrateError> for Error {
         Error::Migrate(e.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+
+    #[test]
+    fn transient_backend_errors_are_retryable() {
+        assert!(Error::from(sqlx::Error::PoolTimedOut).is_retryable());
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(Error::from(sqlx::Error::Io(io)).is_retryable());
+        assert!(!Error::from(sqlx::Error::RowNotFound).is_retryable());
+        assert!(!Error::LeaseLost.is_retryable());
+        assert!(
+            !Error::Busy {
+                holder: "w".into(),
+                until: crate::Timestamp(0)
+            }
+            .is_retryable()
+        );
+    }
+}

@@ -13,3 +13,4 @@ mod rate;
 mod resolve;
 mod runs;
 mod steps;
+mod takeover;
