@@ -111,7 +111,24 @@ impl Ledger {
     /// Safe to call concurrently: PostgreSQL takes an advisory lock, SQLite a write lock.
     pub async fn migrate(&self) -> Result<(), Error> {
         match &self.inner.pool {
-            Pool::Sqlite(p, _) => sqlite::MIGRATOR.run(p).await?,
+            Pool::Sqlite(p, _) => {
+                // sqlx takes no lock across processes on SQLite: two processes opening a
+                // fresh file at once can both decide to apply migration 1, and the loser
+                // fails with "table already exists" once the winner commits. Each
+                // migration is one transaction, so re-reading the applied set and trying
+                // again converges.
+                let mut tries = 0;
+                loop {
+                    match sqlite::MIGRATOR.run(p).await {
+                        Ok(()) => break,
+                        Err(_) if tries < 5 => {
+                            tries += 1;
+                            tokio::time::sleep(std::time::Duration::from_millis(50 * tries)).await;
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
             Pool::Postgres(p) => postgres::MIGRATOR.run(p).await?,
         }
         Ok(())

@@ -1,5 +1,9 @@
 //! End-to-end tests of the `flow` binary: one integration test binary, one module per
 //! area (ripgrep's layout), real files and real processes.
 
+mod chaos;
+mod crash;
+mod retries;
+mod secrets;
 mod support;
 mod validate;

@@ -49,3 +49,173 @@ pub fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
     files.sort();
     files
 }
+
+/// The two ledger backends every behaviour is tested on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file in a temp dir.
+    Sqlite,
+    /// A fresh database on the local PostgreSQL server.
+    Postgres,
+}
+
+/// The PostgreSQL server's admin URL (database `test`).
+pub fn postgres_admin() -> (String, String) {
+    let host = std::env::var("FLOW_TEST_PG_HOST").unwrap_or_else(|_| "127.0.0.1".into());
+    let port = std::env::var("FLOW_TEST_PG_PORT").unwrap_or_else(|_| "5432".into());
+    (host, port)
+}
+
+fn psql(sql: &str) -> Result<(), String> {
+    let (host, port) = postgres_admin();
+    let out = Command::new("psql")
+        .args([
+            "-h",
+            &host,
+            "-p",
+            &port,
+            "-U",
+            "postgres",
+            "-d",
+            "test",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-q",
+            "-c",
+            sql,
+        ])
+        .output()
+        .map_err(|e| format!("cannot run psql: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// Whether PostgreSQL answers. Without it a local run skips the PostgreSQL half loudly;
+/// under `CI=true` that is a failure.
+pub fn postgres_available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| match psql("SELECT 1") {
+        Ok(()) => true,
+        Err(e) => {
+            assert!(std::env::var("CI").is_err(), "CI=true but PostgreSQL is not reachable: {e}");
+            eprintln!("\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n!! PostgreSQL is not reachable ({e}).\n!! SKIPPING the PostgreSQL half of the end-to-end tests. CI always runs it.\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n");
+            false
+        }
+    })
+}
+
+/// The backends to run a test on: SQLite always, PostgreSQL when it answers.
+pub fn backends() -> Vec<Backend> {
+    let mut b = vec![Backend::Sqlite];
+    if postgres_available() {
+        b.push(Backend::Postgres);
+    }
+    b
+}
+
+/// A ledger for one test: a temp dir (also the working directory of `flow`) and a
+/// database URL. A PostgreSQL database is dropped when this goes away.
+pub struct TestDb {
+    /// Working directory for the `flow` processes of this test.
+    pub dir: tempfile::TempDir,
+    /// `--db` URL.
+    pub url: String,
+    pg_name: Option<String>,
+}
+
+impl TestDb {
+    /// A fresh ledger on `backend`.
+    pub fn new(backend: Backend) -> Self {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        match backend {
+            Backend::Sqlite => {
+                let url = format!("sqlite://{}", dir.path().join("flow.db").display());
+                Self {
+                    dir,
+                    url,
+                    pg_name: None,
+                }
+            }
+            Backend::Postgres => {
+                let name = format!(
+                    "flow_it_{}",
+                    ulid::Ulid::generate().to_string().to_lowercase()
+                );
+                psql(&format!("CREATE DATABASE {name}"))
+                    .unwrap_or_else(|e| panic!("create database: {e}"));
+                let (host, port) = postgres_admin();
+                let url = format!("postgres://postgres@{host}:{port}/{name}");
+                Self {
+                    dir,
+                    url,
+                    pg_name: Some(name),
+                }
+            }
+        }
+    }
+
+    /// `flow --db <url>` run in this test's directory.
+    pub fn flow(&self) -> Command {
+        let mut cmd = flow();
+        cmd.current_dir(self.dir.path())
+            .env("FLOW_DATABASE_URL", &self.url);
+        cmd
+    }
+
+    /// Writes a file into the test directory and returns its path.
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.dir.path().join(name);
+        std::fs::write(&path, text).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        path
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if let Some(name) = &self.pg_name {
+            let _ = psql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+        }
+    }
+}
+
+/// A multi-thread tokio runtime for test servers that must keep serving while the test
+/// thread waits on child processes.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"))
+}
+
+/// The run id printed on stderr as `run <id> started`.
+pub fn run_id(out: &Output) -> String {
+    let err = stderr(out);
+    err.lines()
+        .find_map(|l| {
+            l.strip_prefix("run ")
+                .and_then(|r| r.split_whitespace().next())
+                .filter(|id| id.starts_with("run_"))
+        })
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no run id in stderr:\n{err}"))
+}
+
+/// `flow show RUN --json` as a value.
+pub fn show(db: &TestDb, run: &str) -> serde_json::Value {
+    let out = output(db.flow().args(["show", run, "--json"]));
+    assert_eq!(out.status.code(), Some(0), "show failed: {}", stderr(&out));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("show --json is not JSON ({e}): {}", stdout(&out)))
+}
+
+/// The tool call of `node` in a `show --json` object.
+pub fn call<'a>(show: &'a serde_json::Value, node: &str) -> &'a serde_json::Value {
+    show["tool_calls"]
+        .as_array()
+        .and_then(|calls| calls.iter().find(|c| c["tool_call_id"] == node))
+        .unwrap_or_else(|| panic!("no call for {node} in {show:#}"))
+}

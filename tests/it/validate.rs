@@ -9,7 +9,10 @@ use crate::support::{files, flow, output, repo, stderr, stdout};
 #[test]
 fn every_example_workflow_validates() {
     let examples = files(&repo().join("workflows"), "yaml");
-    assert!(examples.len() >= 6, "expected the six examples, found {examples:?}");
+    assert!(
+        examples.len() >= 6,
+        "expected the six examples, found {examples:?}"
+    );
     let mut cmd = flow();
     cmd.arg("validate");
     for f in &examples {
@@ -32,18 +35,27 @@ fn every_invalid_workflow_gives_exactly_its_golden_diagnostics() {
         let golden = file.with_extension("expected");
         let got = stderr(&out);
         if out.status.code() != Some(2) {
-            failures.push(format!("{}: exit {:?}, want 2", rel.display(), out.status.code()));
+            failures.push(format!(
+                "{}: exit {:?}, want 2",
+                rel.display(),
+                out.status.code()
+            ));
         }
         if !stdout(&out).is_empty() {
             failures.push(format!("{}: stdout should be empty", rel.display()));
         }
         if bless {
-            std::fs::write(&golden, &got).unwrap_or_else(|e| panic!("write {}: {e}", golden.display()));
+            std::fs::write(&golden, &got)
+                .unwrap_or_else(|e| panic!("write {}: {e}", golden.display()));
             continue;
         }
-        let want = std::fs::read_to_string(&golden).unwrap_or_else(|e| panic!("{}: {e} (run with FLOW_BLESS=1)", golden.display()));
+        let want = std::fs::read_to_string(&golden)
+            .unwrap_or_else(|e| panic!("{}: {e} (run with FLOW_BLESS=1)", golden.display()));
         if got != want {
-            failures.push(format!("{}:\n--- want\n{want}--- got\n{got}", rel.display()));
+            failures.push(format!(
+                "{}:\n--- want\n{want}--- got\n{got}",
+                rel.display()
+            ));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
@@ -60,7 +72,10 @@ fn several_files_report_all_problems_and_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(err.contains("workflows/invalid/cycle.yaml:5:3: error: dependency cycle: alpha -> beta -> gamma -> alpha"), "{err}");
-    assert!(err.contains("workflows/invalid/unknown_keys.yaml:7:5: error: unknown key `retry_polcy`"), "{err}");
+    assert!(
+        err.contains("workflows/invalid/unknown_keys.yaml:7:5: error: unknown key `retry_polcy`"),
+        "{err}"
+    );
     assert!(stdout(&out).contains("workflows/hello.yaml: ok"));
 }
 
@@ -73,11 +88,23 @@ fn missing_and_oversized_files_are_refused_cleanly() {
         text.push_str("  # padding padding padding padding padding padding padding padding\n");
     }
     std::fs::write(&big, text).expect("write");
-    let out = output(flow().arg("validate").arg(&big).arg(dir.path().join("nope.yaml")));
+    let out = output(
+        flow()
+            .arg("validate")
+            .arg(&big)
+            .arg(dir.path().join("nope.yaml")),
+    );
     assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
-    assert!(err.contains("big.yaml:1:1: error: the file is") && err.contains("limited to 1048576 bytes"), "{err}");
-    assert!(err.contains("nope.yaml:1:1: error: cannot read the file"), "{err}");
+    assert!(
+        err.contains("big.yaml:1:1: error: the file is")
+            && err.contains("limited to 1048576 bytes"),
+        "{err}"
+    );
+    assert!(
+        err.contains("nope.yaml:1:1: error: cannot read the file"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
 
@@ -93,7 +120,11 @@ fn graph_draws_mermaid_and_dot() {
     }
     let out = output(flow().args(["graph", "workflows/hello.yaml", "--format", "dot"]));
     assert_eq!(out.status.code(), Some(0));
-    assert!(stdout(&out).contains("\"greet\" -> \"summary\";"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("\"greet\" -> \"summary\";"),
+        "{}",
+        stdout(&out)
+    );
     let out = output(flow().args(["graph", "workflows/invalid/cycle.yaml"]));
     assert_eq!(out.status.code(), Some(2));
     assert!(stdout(&out).is_empty());
@@ -103,7 +134,8 @@ fn graph_draws_mermaid_and_dot() {
 fn the_committed_schema_is_current() {
     let out = output(flow().arg("schema"));
     assert_eq!(out.status.code(), Some(0));
-    let committed = std::fs::read_to_string(repo().join("workflows/schema.json")).expect("workflows/schema.json");
+    let committed = std::fs::read_to_string(repo().join("workflows/schema.json"))
+        .expect("workflows/schema.json");
     assert!(
         stdout(&out) == committed,
         "workflows/schema.json is stale: run `cargo run -- schema > workflows/schema.json`"
@@ -112,17 +144,25 @@ fn the_committed_schema_is_current() {
 
 #[test]
 fn examples_conform_to_the_schema_and_unknown_keys_do_not() {
-    let schema: serde_json::Value = serde_json::from_str(&flow::schema::workflow_schema_text()).expect("schema is JSON");
+    let schema: serde_json::Value =
+        serde_json::from_str(&flow::schema::workflow_schema_text()).expect("schema is JSON");
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
     for file in files(&repo().join("workflows"), "yaml") {
         let text = std::fs::read_to_string(&file).expect("read");
         let value: serde_json::Value = yaml_serde::from_str(&text).expect("yaml");
-        let errors: Vec<String> = validator.iter_errors(&value).map(|e| e.to_string()).collect();
+        let errors: Vec<String> = validator
+            .iter_errors(&value)
+            .map(|e| e.to_string())
+            .collect();
         assert!(errors.is_empty(), "{}: {errors:?}", file.display());
     }
-    let text = std::fs::read_to_string(repo().join("workflows/invalid/unknown_keys.yaml")).expect("read");
+    let text =
+        std::fs::read_to_string(repo().join("workflows/invalid/unknown_keys.yaml")).expect("read");
     let value: serde_json::Value = yaml_serde::from_str(&text).expect("yaml");
-    assert!(!validator.is_valid(&value), "the schema must reject unknown keys");
+    assert!(
+        !validator.is_valid(&value),
+        "the schema must reject unknown keys"
+    );
 }
 
 #[test]
@@ -130,7 +170,11 @@ fn help_has_an_example_for_every_command() {
     for cmd in ["validate", "graph", "schema"] {
         let out = output(flow().args([cmd, "--help"]));
         assert_eq!(out.status.code(), Some(0));
-        assert!(stdout(&out).contains("Example"), "{cmd} --help:\n{}", stdout(&out));
+        assert!(
+            stdout(&out).contains("Example"),
+            "{cmd} --help:\n{}",
+            stdout(&out)
+        );
     }
     let out = output(flow().arg("--bogus"));
     assert_eq!(out.status.code(), Some(2));

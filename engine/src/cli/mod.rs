@@ -128,8 +128,9 @@ pub enum Command {
 
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
-    let mut stdout = std::io::stdout().lock();
-    let mut stderr = std::io::stderr().lock();
+    // Not locked for the whole run: log lines and progress come from other threads.
+    let mut stdout = std::io::stdout();
+    let mut stderr = std::io::stderr();
     run(std::env::args_os().collect(), &mut stdout, &mut stderr)
 }
 

@@ -1,0 +1,183 @@
+//! Seeded random SIGKILLs on a 5-node diamond whose every node posts to a holding
+//! downstream. After each kill, in-doubt calls are resolved from the downstream's own
+//! log (arrived → succeeded, not arrived → retry with the same key) and the run resumed
+//! until it succeeds. Then every node's effect must have landed exactly once.
+//!
+//! `FLOW_TEST_SEED` replays a failing sequence; `FLOW_CHAOS_ITERATIONS` runs longer
+//! (default 25 per backend, 50 in all).
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use flow_adapters::testkit::http::{Behavior, CountingServer};
+use rand::{Rng, SeedableRng};
+
+use crate::support::{TestDb, backends, output, show, stderr};
+
+const NODES: [&str; 5] = ["a", "b", "c", "d", "e"];
+
+fn workflow(url: &str) -> String {
+    format!(
+        r#"name: diamond
+max_parallel: 4
+tools:
+  effect: {{ kind: http, method: POST, url: "{url}/effect/${{{{ with.node }}}}", timeout: 10s }}
+nodes:
+  a: {{ tool: effect, with: {{ node: a }} }}
+  b: {{ tool: effect, needs: [a], with: {{ node: b }} }}
+  c: {{ tool: effect, needs: [a], with: {{ node: c }} }}
+  d: {{ tool: effect, needs: [b, c], with: {{ node: d }} }}
+  e: {{ tool: effect, needs: [d], with: {{ node: e }} }}
+"#
+    )
+}
+
+fn iterations() -> usize {
+    std::env::var("FLOW_CHAOS_ITERATIONS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(25)
+}
+
+/// Starts `flow` with `args`, kills it with SIGKILL after `after`, returns whether it was
+/// still running (and so was killed).
+fn kill_after(db: &TestDb, args: &[&str], after: Duration) -> (bool, Option<i32>) {
+    let mut child = db
+        .flow()
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn flow");
+    std::thread::sleep(after);
+    let killed = matches!(child.try_wait(), Ok(None));
+    if killed {
+        let _ = child.kill();
+    }
+    let status = child.wait().expect("wait");
+    (killed, status.code())
+}
+
+/// What the kills produced, to show the test exercised the in-doubt paths.
+#[derive(Debug, Default)]
+struct Stats {
+    kills: u32,
+    resolved_arrived: u32,
+    resolved_retry: u32,
+}
+
+fn one_run(
+    db: &TestDb,
+    server: &CountingServer,
+    file: &str,
+    rng: &mut rand::rngs::StdRng,
+    ctx: &str,
+    stats: &mut Stats,
+) {
+    let run_id = format!("chaos-{}", rng.random::<u64>());
+    let kill_at = Duration::from_millis(rng.random_range(20..400));
+    stats.kills += u32::from(kill_after(db, &["run", file, "--run-id", &run_id], kill_at).0);
+    let mut rounds = 0;
+    loop {
+        rounds += 1;
+        assert!(rounds < 20, "{ctx}: run {run_id} did not converge");
+        // Sometimes crash the resume too.
+        // `flow run --run-id` is an idempotent start: it attaches to the run if the killed
+        // process had created it, and resumes it. Sometimes it is killed too.
+        let args = ["run", file, "--run-id", &run_id];
+        if rng.random_bool(0.3) {
+            let at = Duration::from_millis(rng.random_range(10..200));
+            stats.kills += u32::from(kill_after(db, &args, at).0);
+            continue;
+        }
+        let out = output(db.flow().args(args));
+        match out.status.code() {
+            Some(0) => break,
+            Some(3) => {
+                let s = show(db, &run_id);
+                for c in s["tool_calls"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter(|c| c["status"] == "in_doubt")
+                {
+                    let node = c["tool_call_id"].as_str().unwrap_or_default();
+                    let key = c["current_key"].as_str().unwrap_or_default();
+                    let arrived = server.count(key) > 0;
+                    let mut cmd = db.flow();
+                    cmd.args(["resume", &run_id, "--detach", "--resolve"]);
+                    if arrived {
+                        stats.resolved_arrived += 1;
+                        cmd.arg(format!("{node}=succeeded"))
+                            .args(["--output", r#"{"resolved": "arrived"}"#]);
+                    } else {
+                        stats.resolved_retry += 1;
+                        cmd.arg(format!("{node}=retry"));
+                    }
+                    let r = output(&mut cmd);
+                    assert_eq!(
+                        r.status.code(),
+                        Some(0),
+                        "{ctx}: resolving {node}: {}",
+                        stderr(&r)
+                    );
+                }
+            }
+            other => panic!(
+                "{ctx}: resume of {run_id} exited {other:?}:\n{}",
+                stderr(&out)
+            ),
+        }
+    }
+    let s = show(db, &run_id);
+    assert_eq!(s["run"]["status"], "succeeded", "{ctx}: {s:#}");
+    for node in NODES {
+        let arrivals = server
+            .log()
+            .iter()
+            .filter(|r| {
+                r.path == format!("/effect/{node}")
+                    && r.key
+                        .as_deref()
+                        .is_some_and(|k| k.starts_with(&format!("{run_id}:")))
+            })
+            .count();
+        assert_eq!(
+            arrivals, 1,
+            "{ctx}: node {node} of {run_id} landed {arrivals} times"
+        );
+    }
+}
+
+#[test]
+fn random_kills_never_duplicate_or_lose_an_effect() {
+    let seed: u64 = std::env::var("FLOW_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("chaos seed: {seed} (replay with FLOW_TEST_SEED={seed})");
+    let rt = crate::support::runtime();
+    for backend in backends() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (backend as u64));
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        for node in NODES {
+            server.set(
+                &format!("/effect/{node}"),
+                Behavior::hold(Duration::from_millis(40)),
+            );
+        }
+        let db = TestDb::new(backend);
+        let file = db.write("diamond.yaml", &workflow(&server.url()));
+        let file = file.display().to_string();
+        let mut stats = Stats::default();
+        for i in 0..iterations() {
+            let ctx = format!("seed {seed} {backend:?} iteration {i}");
+            one_run(&db, &server, &file, &mut rng, &ctx, &mut stats);
+        }
+        eprintln!("{backend:?}: {stats:?}");
+        assert!(
+            stats.kills > 0 && stats.resolved_arrived + stats.resolved_retry > 0,
+            "seed {seed}: the kills never left a call in doubt: {stats:?}"
+        );
+    }
+}
