@@ -1,5 +1,6 @@
-//! claim → mark_outbound → complete cycles per second, on SQLite (FULL and NORMAL) and
-//! PostgreSQL, with 1 and 8 concurrent tasks, printed beside this machine's fsync floor.
+//! claim → mark_outbound → complete cycles per second, and one-node pure-function runs
+//! per second, on SQLite (FULL and NORMAL) and PostgreSQL, with 1 and 8 concurrent
+//! tasks, printed beside this machine's fsync floor.
 //!
 //! Run: `cargo bench -p flow-ledger` (about a minute). A durable tool call costs at least
 //! two durable commits (the outbound mark and the outcome) plus the claim, so on SQLite
@@ -14,8 +15,9 @@ use std::io::{Seek, SeekFrom, Write};
 use std::time::{Duration, Instant};
 
 use flow_ledger::{
-    CallClaim, CallOutcome, ClaimCall, Clock, CompleteCall, Ledger, NewRun, OpenOptions,
-    SqliteSynchronous, SystemClock, WorkerId, canonical_hash,
+    CallClaim, CallOutcome, ClaimCall, Clock, CompleteCall, Ledger, NewRun, NewStep, OpenOptions,
+    PureCall, RunFinish, RunStatus, SqliteSynchronous, StepStatus, SystemClock, WorkerId,
+    canonical_hash,
 };
 use serde_json::json;
 use sqlx::Connection;
@@ -143,25 +145,103 @@ async fn task_cycles(ledger: Ledger, task: usize, round: usize, deadline: Instan
     }
 }
 
+/// One task running one-node runs with a pure function: enqueue, claim, record the pure
+/// call (step + call + attempt in one commit), finish: 4 commits per run.
+async fn task_pure_runs(ledger: Ledger, task: usize, round: usize, deadline: Instant) -> Round {
+    let clock = SystemClock;
+    let worker = WorkerId::current();
+    let request = json!({"text": "hi"});
+    let hash = canonical_hash(&request);
+    let start = Instant::now();
+    let mut latencies_ms = Vec::new();
+    let mut i = 0u64;
+    while Instant::now() < deadline {
+        let t = Instant::now();
+        let run_id = format!("run_pure_{round}_{task}_{i}");
+        ledger
+            .enqueue(
+                NewRun {
+                    id: run_id.clone(),
+                    workflow_name: "bench".into(),
+                    workflow_text: "name: bench".into(),
+                    workflow_hash: "sha256:bench".into(),
+                    inputs: json!({}),
+                    priority: 0,
+                    not_before: None,
+                },
+                clock.now(),
+            )
+            .await
+            .expect("enqueue");
+        let run = ledger
+            .claim_run(&run_id, &worker, LEASE, clock.now())
+            .await
+            .expect("claim run");
+        let pure = PureCall {
+            run: &run,
+            step: NewStep {
+                step_id: "shape".into(),
+                node_id: "shape".into(),
+                retry: 0,
+                not_before: None,
+                status: StepStatus::Running,
+            },
+            tool_call_id: "shape".into(),
+            tool: "core.echo".into(),
+            idempotency_key: format!("{run_id}:shape"),
+            request: request.clone(),
+            request_hash: hash.clone(),
+            outcome: CallOutcome::Succeeded(json!("hi")),
+            retry_failed: false,
+            next_step: None,
+        };
+        ledger
+            .record_pure_call(pure, clock.now())
+            .await
+            .expect("pure");
+        let fin = RunFinish {
+            status: RunStatus::Succeeded,
+            output: Some(json!("hi")),
+            error: None,
+        };
+        ledger
+            .finish_run(&run, fin, clock.now())
+            .await
+            .expect("finish");
+        latencies_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        i += 1;
+    }
+    Round {
+        cycles: i,
+        secs: start.elapsed().as_secs_f64(),
+        latencies_ms,
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Work {
+    CallCycles,
+    PureRuns,
+}
+
 struct Figures {
     per_sec_median: f64,
     p50_ms: f64,
     p99_ms: f64,
 }
 
-async fn measure(ledger: &Ledger, tasks: usize, rounds: usize, secs: f64) -> Figures {
+async fn measure(ledger: &Ledger, work: Work, tasks: usize, rounds: usize, secs: f64) -> Figures {
     let mut rates = Vec::new();
     let mut lat = Vec::new();
     for round in 0..rounds {
         let deadline = Instant::now() + Duration::from_secs_f64(secs);
         let handles: Vec<_> = (0..tasks)
             .map(|t| {
-                tokio::spawn(task_cycles(
-                    ledger.clone(),
-                    t + 100 * tasks,
-                    round,
-                    deadline,
-                ))
+                let (l, task) = (ledger.clone(), t + 100 * tasks);
+                match work {
+                    Work::CallCycles => tokio::spawn(task_cycles(l, task, round, deadline)),
+                    Work::PureRuns => tokio::spawn(task_pure_runs(l, task, round, deadline)),
+                }
             })
             .collect();
         let mut cycles = 0;
@@ -227,55 +307,73 @@ async fn main() {
     let secs: f64 = std::env::var("FLOW_BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1.5);
+        .unwrap_or(1.0);
     let rounds: usize = std::env::var("FLOW_BENCH_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
     let dir = tempfile::tempdir().expect("tempdir");
     let (fdatasync_ms, fsync_ms) = fsync_floor(dir.path(), 200).expect("fsync probe");
-    println!("flow-ledger cycles: claim_call -> mark_outbound -> complete_call (3 transactions)");
     println!(
         "fsync floor ({}): fdatasync median {fdatasync_ms:.3} ms, fsync median {fsync_ms:.3} ms (200 calls each)",
         dir.path().display()
     );
-    println!("rounds: {rounds} x {secs} s; cycles/s is the median of the rounds");
-    println!(
-        "{:<16} {:>5} {:>14} {:>12} {:>10} {:>20}",
-        "backend", "tasks", "cycles/s", "p50 ms", "p99 ms", "cycle/fdatasync"
-    );
-    for (name, sync) in [
-        ("sqlite FULL", SqliteSynchronous::Full),
-        ("sqlite NORMAL", SqliteSynchronous::Normal),
+    println!("rounds: {rounds} x {secs} s; per second = median over rounds; latencies over all");
+    for (work, title) in [
+        (
+            Work::CallCycles,
+            "claim_call -> mark_outbound -> complete_call (3 commits)",
+        ),
+        (
+            Work::PureRuns,
+            "one-node runs: enqueue -> claim_run -> record_pure_call -> finish_run (4 commits)",
+        ),
     ] {
-        for tasks in [1, 8] {
-            let url = format!(
-                "sqlite://{}/{}-{tasks}.db",
-                dir.path().display(),
-                name.replace(' ', "-")
-            );
-            let opts = OpenOptions {
-                sqlite_synchronous: sync,
-                ..OpenOptions::default()
-            };
-            let ledger = Ledger::open(&url, opts).await.expect("open sqlite");
-            let f = measure(&ledger, tasks, rounds, secs).await;
-            print_row(name, tasks, &f, fdatasync_ms);
-            ledger.close().await;
-        }
-    }
-    match fresh_pg().await {
-        None => println!("postgres: SKIPPED (unreachable; set FLOW_TEST_POSTGRES_URL)"),
-        Some((url, admin, db)) => {
-            let ledger = Ledger::open(&url, OpenOptions::default())
-                .await
-                .expect("open postgres");
+        println!();
+        println!("{title}");
+        println!(
+            "{:<16} {:>5} {:>14} {:>12} {:>10} {:>20}",
+            "backend", "tasks", "per second", "p50 ms", "p99 ms", "mean/fdatasync"
+        );
+        for (name, sync) in [
+            ("sqlite FULL", SqliteSynchronous::Full),
+            ("sqlite NORMAL", SqliteSynchronous::Normal),
+        ] {
             for tasks in [1, 8] {
-                let f = measure(&ledger, tasks, rounds, secs).await;
-                print_row("postgres", tasks, &f, fdatasync_ms);
+                let url = format!(
+                    "sqlite://{}/{}-{tasks}.db",
+                    dir.path().display(),
+                    name.replace(' ', "-")
+                );
+                let opts = OpenOptions {
+                    sqlite_synchronous: sync,
+                    ..OpenOptions::default()
+                };
+                let ledger = Ledger::open(&url, opts).await.expect("open sqlite");
+                let f = measure(&ledger, work, tasks, rounds, secs).await;
+                print_row(name, tasks, &f, fdatasync_ms);
+                ledger.close().await;
             }
-            ledger.close().await;
-            drop_pg(&admin, &db).await;
+        }
+        match fresh_pg().await {
+            None => println!("postgres: SKIPPED (unreachable; set FLOW_TEST_POSTGRES_URL)"),
+            Some((url, admin, db)) => {
+                let ledger = Ledger::open(&url, OpenOptions::default())
+                    .await
+                    .expect("open postgres");
+                for tasks in [1, 8] {
+                    let f = measure(&ledger, work, tasks, rounds, secs).await;
+                    print_row("postgres", tasks, &f, fdatasync_ms);
+                }
+                ledger.close().await;
+                drop_pg(&admin, &db).await;
+            }
         }
     }
+    // The floor moves with whatever else the machine does: measure it again.
+    let (fdatasync_end, fsync_end) = fsync_floor(dir.path(), 200).expect("fsync probe");
+    println!();
+    println!(
+        "fsync floor again at the end: fdatasync median {fdatasync_end:.3} ms, fsync median {fsync_end:.3} ms"
+    );
 }

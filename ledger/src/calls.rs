@@ -45,6 +45,21 @@ const SELECT_CALL_BY_KEY: (&str, &str) = (
     ),
 );
 
+const SELECT_CALL_OR_KEY: (&str, &str) = (
+    concat!(
+        "SELECT ",
+        call_cols!(),
+        " FROM tool_calls WHERE tenant = $1 AND workspace = $2
+           AND ((run_id = $3 AND tool_call_id = $4) OR idempotency_key = $5)"
+    ),
+    concat!(
+        "SELECT ",
+        call_cols!(),
+        " FROM tool_calls WHERE tenant = $1 AND workspace = $2
+           AND ((run_id = $3 AND tool_call_id = $4) OR idempotency_key = $5) FOR UPDATE"
+    ),
+);
+
 /// How many times a claim re-reads after losing an insert race before giving up with a
 /// retryable error (one re-read always suffices; the bound only guards against a bug).
 const CLAIM_ROUNDS: usize = 4;
@@ -60,6 +75,30 @@ pub(crate) async fn read_call(
     let sql = c.pick(sqlite, pg);
     c.optional::<CallRow>(sql, args![&s.tenant, &s.workspace, run_id, tool_call_id])
         .await
+}
+
+/// Reads a call by id and any call using its key, in one statement (one round trip and
+/// one snapshot): `(own row, another call with the key)`.
+pub(crate) async fn read_call_and_key(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    run_id: &str,
+    tool_call_id: &str,
+    key: &str,
+) -> Result<(Option<CallRow>, Option<CallRow>), Error> {
+    let s = ledger.scope();
+    let (sqlite, pg) = SELECT_CALL_OR_KEY;
+    let sql = c.pick(sqlite, pg);
+    let rows = c
+        .all::<CallRow>(
+            sql,
+            args![&s.tenant, &s.workspace, run_id, tool_call_id, key],
+        )
+        .await?;
+    let (own, other): (Vec<_>, Vec<_>) = rows
+        .into_iter()
+        .partition(|r| r.run_id == run_id && r.tool_call_id == tool_call_id);
+    Ok((own.into_iter().next(), other.into_iter().next()))
 }
 
 pub(crate) async fn read_call_by_key(
@@ -318,9 +357,16 @@ impl Ledger {
         check_run_lease(&mut c, s, run, Some(now)).await?;
         let expires_at = now.plus(req.lease);
         for _ in 0..CLAIM_ROUNDS {
-            let row = read_call(&mut c, self, &run.run_id, &req.tool_call_id).await?;
+            let (row, other) = read_call_and_key(
+                &mut c,
+                self,
+                &run.run_id,
+                &req.tool_call_id,
+                &req.idempotency_key,
+            )
+            .await?;
             let Some(row) = row else {
-                if let Some(other) = read_call_by_key(&mut c, self, &req.idempotency_key).await? {
+                if let Some(other) = other {
                     if other.run_id == run.run_id && other.tool_call_id == req.tool_call_id {
                         // Our own row, committed by a racing claimer between the two
                         // reads (PostgreSQL, READ COMMITTED): decide on it by id.
