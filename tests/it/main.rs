@@ -3,6 +3,7 @@
 
 mod chaos;
 mod crash;
+mod gateway;
 mod retries;
 mod secrets;
 mod support;
