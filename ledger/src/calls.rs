@@ -541,7 +541,9 @@ impl Ledger {
         })
     }
 
-    /// Records on the claiming step which call it made (for `flow show` and resolve).
+    /// Records on the claiming step which call it made (for `flow show` and resolve), and
+    /// marks it running: a step that holds a claim is executing, even if it was pending
+    /// or paused before (e.g. re-claiming after an operator's `retry` resolution).
     async fn tie_step(
         &self,
         c: &mut Conn<'_>,
@@ -550,7 +552,9 @@ impl Ledger {
     ) -> Result<(), Error> {
         let s = self.scope();
         c.execute(
-            "UPDATE steps SET tool_call_id = $5, updated_at = $6
+            "UPDATE steps SET tool_call_id = $5, updated_at = $6,
+                status = CASE WHEN status IN ('pending', 'paused') THEN 'running' ELSE status END,
+                started_at = COALESCE(started_at, $6)
              WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4",
             args![
                 &s.tenant,

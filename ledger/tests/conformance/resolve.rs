@@ -160,7 +160,6 @@ async fn resolve_retry_resends_the_same_key(db: TestDb) {
         .claim_run("run_a", &worker("2"), LEASE, db.now())
         .await
         .unwrap();
-    db.ledger.start_step(&run, "pay", db.now()).await.unwrap();
     let lease = claimed(
         db.ledger
             .claim_call(claim(&run, "pay", "pay", "k", json!({})), db.now())
@@ -168,6 +167,11 @@ async fn resolve_retry_resends_the_same_key(db: TestDb) {
             .unwrap(),
     );
     assert_eq!((lease.attempt, lease.key.as_str()), (1, "k:1"));
+    // Holding the claim, the step runs again (no separate start needed).
+    assert_eq!(
+        db.ledger.list_steps("run_a").await.unwrap()[0].status,
+        StepStatus::Running
+    );
     db.ledger.mark_outbound(&lease, db.now()).await.unwrap();
     db.ledger
         .complete_call(complete_ok(&lease, json!("ok")), db.now())
