@@ -47,7 +47,9 @@ fn fence_args(ledger: &Ledger, lease: &CallLease) -> Vec<Arg> {
 impl Ledger {
     /// claimed → outbound, durably, before any byte of the request is written. Refused
     /// with `LeaseLost` unless this worker still holds both the call lease and the run
-    /// lease, unexpired, checked in the same statement.
+    /// lease, unexpired, checked in the same statement. (On PostgreSQL a run takeover
+    /// that commits while this statement runs is still safe: the new holder's claim locks
+    /// the call row, sees `outbound` under an older run token and makes it `in_doubt`.)
     pub async fn mark_outbound(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
         let mut pc = self.pool().acquire_write().await?;
         let mut c = pc.conn();
@@ -55,14 +57,14 @@ impl Ledger {
         a.push(now.into());
         let n = c
             .execute(
-                concat!(
-                    "UPDATE tool_calls SET status = 'outbound', outbound_started_at = $8,
-                        updated_at = $8",
-                    fenced!(),
-                    " AND status = 'claimed' AND lease_expires_at > $8
-                      AND EXISTS (SELECT 1 FROM runs r2 WHERE r2.tenant = $1
-                        AND r2.workspace = $2 AND r2.id = $3 AND r2.lease_expires_at > $8)"
-                ),
+                "UPDATE tool_calls SET status = 'outbound', outbound_started_at = $8,
+                    updated_at = $8
+                 WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+                   AND status = 'claimed' AND lease_token = $5 AND lease_holder = $6
+                   AND lease_expires_at > $8
+                   AND EXISTS (SELECT 1 FROM runs r WHERE r.tenant = $1 AND r.workspace = $2
+                       AND r.id = $3 AND r.status = 'running' AND r.worker = $6
+                       AND r.lease_token = $7 AND r.lease_expires_at > $8)",
                 a,
             )
             .await?;
