@@ -62,11 +62,15 @@ pub(crate) async fn create_step_in(
     let running = step.status == StepStatus::Running;
     let skipped = step.status == StepStatus::Skipped;
     let inserted = c
-        .execute(
-            "INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status,
-                not_before, created_at, updated_at, started_at, finished_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11)
-             ON CONFLICT DO NOTHING",
+        .optional::<StepRow>(
+            concat!(
+                "INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status,
+                    not_before, created_at, updated_at, started_at, finished_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $9, $10, $11)
+                 ON CONFLICT DO NOTHING
+                 RETURNING ",
+                step_cols!()
+            ),
             args![
                 &s.tenant,
                 &s.workspace,
@@ -82,12 +86,12 @@ pub(crate) async fn create_step_in(
             ],
         )
         .await?;
-    let row = read_step(c, ledger, run_id, &step.step_id)
-        .await?
-        .ok_or_else(|| Error::NotFound {
-            what: format!("step {run_id}/{}", step.step_id),
-        })?;
-    if inserted == 0 {
+    let Some(row) = inserted else {
+        let row = read_step(c, ledger, run_id, &step.step_id)
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: format!("step {run_id}/{}", step.step_id),
+            })?;
         if row.node_id != step.node_id || row.retry != i64::from(step.retry) {
             return Err(Error::Conflict {
                 other_run: run_id.to_owned(),
@@ -99,7 +103,7 @@ pub(crate) async fn create_step_in(
             });
         }
         return Ok(row);
-    }
+    };
     let event = match step.status {
         StepStatus::Running => Some(EventType::StepStarted),
         StepStatus::Pending if step.retry > 0 => Some(EventType::StepRetryScheduled),
