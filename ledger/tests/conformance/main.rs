@@ -14,3 +14,4 @@ mod resolve;
 mod runs;
 mod steps;
 mod takeover;
+mod tidy;
