@@ -70,16 +70,22 @@ impl WorkerId {
         if host != this_host() {
             return false;
         }
-        // Only ids written by `current()` on Linux can be checked.
-        if !start.starts_with('b') {
+        // Only ids written by `current()` on Linux can be checked, and only from the same
+        // PID namespace (containers sharing a hostname see different pids), and only where
+        // /proc shows every process (`hidepid` would make a live one look gone).
+        let Some(ns) = start.rsplit_once(".n").map(|(_, ns)| ns) else {
+            return false;
+        };
+        if !start.starts_with('b') || Some(ns) != pid_namespace().as_deref() || proc_hides_pids() {
             return false;
         }
-        if !std::path::Path::new("/proc/self/stat").exists() {
-            return false;
+        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            return true;
         }
         match process_start(pid) {
-            None => true,
             Some(actual) => actual != start,
+            // It exists but cannot be read: no proof.
+            None => false,
         }
     }
 }
@@ -103,15 +109,48 @@ fn this_host() -> String {
     .clone()
 }
 
-/// `b<boot time>.<start ticks>`: field 22 of `/proc/<pid>/stat` (clock ticks since boot)
-/// qualified by the boot time, so it is unique across reboots without needing `sysconf`.
+/// `b<boot time>.<start ticks>.n<pid namespace>`: field 22 of `/proc/<pid>/stat` (clock
+/// ticks since boot) qualified by the boot time, so it is unique across reboots without
+/// needing `sysconf`, and by the PID namespace the pid belongs to.
 fn process_start(pid: u32) -> Option<String> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Field 2 (comm) is in parentheses and may contain spaces: split after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
     // `rest` starts at field 3; field 22 is the 20th from there.
     let ticks = rest.split_whitespace().nth(19)?;
-    Some(format!("b{}.{ticks}", boot_time()?))
+    Some(format!("b{}.{ticks}.n{}", boot_time()?, pid_namespace()?))
+}
+
+/// The inode of this process's PID namespace (`pid:[4026531836]` → `4026531836`).
+fn pid_namespace() -> Option<String> {
+    static NS: OnceLock<Option<String>> = OnceLock::new();
+    NS.get_or_init(|| {
+        let link = std::fs::read_link("/proc/self/ns/pid").ok()?;
+        let text = link.to_string_lossy();
+        let digits: String = text.chars().filter(char::is_ascii_digit).collect();
+        (!digits.is_empty()).then_some(digits)
+    })
+    .clone()
+}
+
+/// Whether /proc is mounted with `hidepid` (other users' processes invisible).
+fn proc_hides_pids() -> bool {
+    static HIDES: OnceLock<bool> = OnceLock::new();
+    *HIDES.get_or_init(|| {
+        let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+            return true;
+        };
+        mounts.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 3
+                && f[1] == "/proc"
+                && f[2] == "proc"
+                && f[3].split(',').any(|o| {
+                    o.strip_prefix("hidepid=")
+                        .is_some_and(|v| !matches!(v, "0" | "off"))
+                })
+        })
+    })
 }
 
 fn boot_time() -> Option<u64> {
@@ -142,10 +181,16 @@ mod tests {
         let me = WorkerId::current();
         let (host, pid, start) = me.parts().expect("shape");
         if start.starts_with('b') {
+            let ns = pid_namespace().expect("pid namespace");
             // Same pid, other start time: the pid was reused, the holder is gone.
-            assert!(WorkerId::new(host, pid, "b1.1").is_provably_dead());
+            let reused = format!("b1.1.n{ns}");
+            assert!(WorkerId::new(host, pid, &reused).is_provably_dead());
             // A pid that cannot exist on Linux (above pid_max).
-            assert!(WorkerId::new(host, 4_294_000_000, "b1.1").is_provably_dead());
+            assert!(WorkerId::new(host, 4_294_000_000, &reused).is_provably_dead());
+            // Another PID namespace (a container with the same hostname): no proof.
+            assert!(!WorkerId::new(host, 4_294_000_000, "b1.1.n1").is_provably_dead());
+            // An id without a namespace: no proof.
+            assert!(!WorkerId::new(host, 4_294_000_000, "b1.1").is_provably_dead());
         }
         // Other hosts are never provably dead.
         assert!(!WorkerId::new("elsewhere", 4_294_000_000, "b1.1").is_provably_dead());

@@ -259,7 +259,11 @@ async fn claim_run_takes_over_a_provably_dead_local_worker(db: TestDb) {
         return;
     }
     // Same pid, another start time: that process is gone.
-    let dead = WorkerId::new(host, pid, "b1.1");
+    let ns = start
+        .rsplit_once(".n")
+        .map(|(_, ns)| ns)
+        .expect("namespace");
+    let dead = WorkerId::new(host, pid, &format!("b1.1.n{ns}"));
     assert!(dead.is_provably_dead());
     db.ledger.enqueue(new_run("run_a"), db.now()).await.unwrap();
     db.ledger
@@ -520,7 +524,11 @@ async fn expire_dead_local_workers_frees_runs_and_calls(db: TestDb) {
     if !start.starts_with('b') {
         return;
     }
-    let dead = WorkerId::new(host, pid, "b1.1");
+    let ns = start
+        .rsplit_once(".n")
+        .map(|(_, ns)| ns)
+        .expect("namespace");
+    let dead = WorkerId::new(host, pid, &format!("b1.1.n{ns}"));
     let l = running(&db, "run_a", &dead).await;
     db.ledger
         .create_step(&l, step("pay", "pay", 0), db.now())
