@@ -4,6 +4,7 @@
 mod common;
 
 mod calls;
+mod cross_run;
 mod deliveries;
 mod differential;
 mod events;
