@@ -32,6 +32,25 @@ pub(crate) async fn connect(
     } else {
         opts.max_connections
     };
+    // One direct connection first: a pool only reports "timed out", while the operator
+    // needs the reason (connection refused, unknown database, authentication failed).
+    match tokio::time::timeout(
+        opts.connect_timeout,
+        <sqlx::PgConnection as sqlx::Connection>::connect_with(&connect),
+    )
+    .await
+    {
+        Ok(Ok(conn)) => {
+            let _ = sqlx::Connection::close(conn).await;
+        }
+        Ok(Err(e)) => return Err(unavailable(e.to_string())),
+        Err(_) => {
+            return Err(unavailable(format!(
+                "no answer within {} ms",
+                opts.connect_timeout.as_millis()
+            )));
+        }
+    }
     PgPoolOptions::new()
         .max_connections(max)
         .acquire_timeout(opts.connect_timeout)
