@@ -8,8 +8,11 @@
 //! 2. [`Ledger::lease_deliveries`] leases due deliveries (`attempts + 1` at lease time, so
 //!    a dispatcher killed mid-delivery still counts the attempt and the event comes back
 //!    when the lease ends: at least once);
-//! 3. [`Ledger::finish_delivery`] records delivered / retry at T / dead (fenced by the
-//!    lease holder); [`Ledger::redeliver`] re-queues one by hand.
+//! 3. [`Ledger::finish_delivery`] (or [`Ledger::finish_deliveries`] for a batch, one
+//!    commit) records delivered / retry at T / dead, fenced by the lease holder;
+//!    [`Ledger::redeliver`] re-queues one by hand;
+//! 4. [`Ledger::expire_dead_delivery_leases`] ends the leases of dispatchers that died
+//!    on this host, so a restarted dispatcher re-sends their deliveries at once.
 
 use std::time::Duration;
 
@@ -152,7 +155,11 @@ pub struct DeliveryFilter {
     pub consumer: Option<String>,
     /// Only this status (e.g. `Dead` for `flow events --failed`).
     pub status: Option<DeliveryStatus>,
-    /// At most this many (0 = 100).
+    /// Only deliveries of this event (`flow events redeliver ID`).
+    pub event_id: Option<String>,
+    /// Only deliveries of this run's events.
+    pub run_id: Option<String>,
+    /// At most this many, the newest events' (0 = 100).
     pub limit: u32,
 }
 
@@ -417,38 +424,64 @@ impl Ledger {
         req: FinishDelivery<'_>,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let s = self.scope();
-        let (status, next, error) = match &req.outcome {
-            DeliveryOutcome::Delivered => ("delivered", now, None),
-            DeliveryOutcome::Retry { at, error } => ("pending", *at, Some(error.clone())),
-            DeliveryOutcome::Dead { error } => ("dead", now, Some(error.clone())),
-        };
-        let mut pc = self.pool().acquire_write().await?;
-        let n = pc
-            .conn()
-            .execute(
-                "UPDATE event_deliveries SET status = $6, next_attempt_at = $7,
-                    last_error = COALESCE($8, last_error), leased_by = NULL,
-                    leased_until = NULL, updated_at = $9
-                 WHERE tenant = $1 AND workspace = $2 AND consumer = $3 AND event_id = $4
-                   AND leased_by = $5 AND status = 'pending'",
-                args![
-                    &s.tenant,
-                    &s.workspace,
-                    req.consumer,
-                    req.event_id,
-                    req.worker.as_str(),
-                    status,
-                    next,
-                    error,
-                    now,
-                ],
-            )
+        let lost = self
+            .finish_deliveries(std::slice::from_ref(&req), now)
             .await?;
-        if n == 0 {
-            return Err(Error::LeaseLost);
+        if lost.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost)
         }
-        Ok(())
+    }
+
+    /// Records the outcomes of many leased deliveries in one transaction — one durable
+    /// commit for a whole batch, which is what bounds a dispatcher's throughput. Each
+    /// is fenced like [`Ledger::finish_delivery`]; returns the event ids whose lease was
+    /// lost (their outcome was not recorded; whoever holds them now will send again).
+    pub async fn finish_deliveries(
+        &self,
+        reqs: &[FinishDelivery<'_>],
+        now: Timestamp,
+    ) -> Result<Vec<String>, Error> {
+        let s = self.scope();
+        let mut lost = Vec::new();
+        if reqs.is_empty() {
+            return Ok(lost);
+        }
+        let mut tx = self.pool().begin().await?;
+        let mut c = tx.conn();
+        for req in reqs {
+            let (status, next, error) = match &req.outcome {
+                DeliveryOutcome::Delivered => ("delivered", now, None),
+                DeliveryOutcome::Retry { at, error } => ("pending", *at, Some(error.clone())),
+                DeliveryOutcome::Dead { error } => ("dead", now, Some(error.clone())),
+            };
+            let n = c
+                .execute(
+                    "UPDATE event_deliveries SET status = $6, next_attempt_at = $7,
+                        last_error = COALESCE($8, last_error), leased_by = NULL,
+                        leased_until = NULL, updated_at = $9
+                     WHERE tenant = $1 AND workspace = $2 AND consumer = $3 AND event_id = $4
+                       AND leased_by = $5 AND status = 'pending'",
+                    args![
+                        &s.tenant,
+                        &s.workspace,
+                        req.consumer,
+                        req.event_id,
+                        req.worker.as_str(),
+                        status,
+                        next,
+                        error,
+                        now,
+                    ],
+                )
+                .await?;
+            if n == 0 {
+                lost.push(req.event_id.to_owned());
+            }
+        }
+        tx.commit().await?;
+        Ok(lost)
     }
 
     /// Re-queues a delivery by hand (`flow events redeliver`): pending, due now, attempts
@@ -478,7 +511,8 @@ impl Ledger {
         Ok(())
     }
 
-    /// Deliveries, oldest event first.
+    /// The newest `limit` deliveries matching `filter`, oldest event first (an operator
+    /// looking at dead letters wants the recent ones, read top to bottom).
     pub async fn list_deliveries(&self, filter: DeliveryFilter) -> Result<Vec<Delivery>, Error> {
         let s = self.scope();
         let limit = if filter.limit == 0 { 100 } else { filter.limit };
@@ -490,17 +524,81 @@ impl Ledger {
                     delivery_select!(),
                     " WHERE d.tenant = $1 AND d.workspace = $2
                        AND ($3 IS NULL OR d.consumer = $3) AND ($4 IS NULL OR d.status = $4)
-                     ORDER BY o.seq, d.consumer LIMIT $5"
+                       AND ($5 IS NULL OR d.event_id = $5) AND ($6 IS NULL OR o.run_id = $6)
+                     ORDER BY o.seq DESC, d.consumer DESC LIMIT $7"
                 ),
                 args![
                     &s.tenant,
                     &s.workspace,
                     filter.consumer,
                     filter.status.map(DeliveryStatus::as_str),
+                    filter.event_id,
+                    filter.run_id,
                     i64::from(limit),
                 ],
             )
             .await?;
-        rows.into_iter().map(DeliveryRow::into_delivery).collect()
+        let mut out = rows
+            .into_iter()
+            .map(DeliveryRow::into_delivery)
+            .collect::<Result<Vec<_>, _>>()?;
+        out.reverse();
+        Ok(out)
+    }
+
+    /// Ends the delivery leases held by dispatchers that provably died on this host
+    /// (see [`WorkerId::is_provably_dead`]), so that a dispatcher restarted after a
+    /// crash re-sends their deliveries at once instead of after the lease. Returns how
+    /// many leases ended. Leases of live or remote dispatchers are left to expire.
+    pub async fn expire_dead_delivery_leases(&self, now: Timestamp) -> Result<u32, Error> {
+        let s = self.scope();
+        #[derive(sqlx::FromRow)]
+        struct Holder {
+            leased_by: String,
+        }
+        let holders = {
+            let mut pc = self.pool().acquire().await?;
+            pc.conn()
+                .all::<Holder>(
+                    "SELECT DISTINCT leased_by FROM event_deliveries
+                     WHERE tenant = $1 AND workspace = $2 AND status = 'pending'
+                       AND leased_by IS NOT NULL AND leased_until > $3",
+                    args![&s.tenant, &s.workspace, now],
+                )
+                .await?
+        };
+        let mut ended = 0u64;
+        for h in holders {
+            if !WorkerId::from_string(h.leased_by.clone()).is_provably_dead() {
+                continue;
+            }
+            let mut pc = self.pool().acquire_write().await?;
+            ended += pc
+                .conn()
+                .execute(
+                    "UPDATE event_deliveries SET leased_until = $4, updated_at = $4
+                     WHERE tenant = $1 AND workspace = $2 AND leased_by = $3
+                       AND status = 'pending' AND leased_until > $4",
+                    args![&s.tenant, &s.workspace, h.leased_by, now],
+                )
+                .await?;
+        }
+        Ok(u32::try_from(ended).unwrap_or(u32::MAX))
+    }
+
+    /// The highest outbox `seq` of this scope (`None` when empty): where `flow events
+    /// tail` starts following.
+    pub async fn last_event_seq(&self) -> Result<Option<i64>, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let row = pc
+            .conn()
+            .optional::<IntRow>(
+                "SELECT MAX(seq) AS n FROM outbox WHERE tenant = $1 AND workspace = $2
+                 HAVING MAX(seq) IS NOT NULL",
+                args![&s.tenant, &s.workspace],
+            )
+            .await?;
+        Ok(row.map(|r| r.n))
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use flow_ledger::{
     DeliveryFilter, DeliveryOutcome, DeliveryStatus, Error, EventType, FinishDelivery,
-    LeaseDeliveries, ScheduleDeliveries, StartAt,
+    LeaseDeliveries, ScheduleDeliveries, StartAt, WorkerId,
 };
 
 use crate::common::*;
@@ -13,6 +13,9 @@ crate::conformance!(
     deliveries_are_at_least_once_and_fenced,
     consumers_filter_types_and_start_points,
     dead_letters_and_redelivery,
+    batch_finish_is_fenced_per_delivery,
+    listing_filters_and_keeps_the_newest,
+    dead_dispatchers_leases_end_at_once,
 );
 
 fn schedule(consumer: &str, types: Vec<EventType>, start: StartAt) -> ScheduleDeliveries {
@@ -249,4 +252,199 @@ async fn dead_letters_and_redelivery(db: TestDb) {
         db.ledger.redeliver("hook", "evt_nope", db.now()).await,
         Err(Error::NotFound { .. })
     ));
+}
+
+async fn batch_finish_is_fenced_per_delivery(db: TestDb) {
+    for i in 0..3 {
+        db.ledger
+            .enqueue(new_run(&format!("run_{i}")), db.now())
+            .await
+            .unwrap();
+    }
+    schedule_n(&db, schedule("hook", vec![], StartAt::Beginning), 3).await;
+    let (d1, d2) = (worker("d1"), worker("d2"));
+    let lease = |w, secs| LeaseDeliveries {
+        consumer: "hook",
+        worker: w,
+        lease: Duration::from_secs(secs),
+        limit: 3,
+    };
+    let got = db
+        .ledger
+        .lease_deliveries(lease(&d1, 5), db.now())
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 3);
+    // d1's lease ends; d2 takes all three and finishes the first before d1 answers.
+    db.advance(Duration::from_secs(5));
+    let taken = db
+        .ledger
+        .lease_deliveries(lease(&d2, 30), db.now())
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 3);
+    db.ledger
+        .finish_delivery(
+            FinishDelivery {
+                consumer: "hook",
+                event_id: &taken[0].event.id,
+                worker: &d2,
+                outcome: DeliveryOutcome::Delivered,
+            },
+            db.now(),
+        )
+        .await
+        .unwrap();
+    let late: Vec<FinishDelivery> = got
+        .iter()
+        .map(|d| FinishDelivery {
+            consumer: "hook",
+            event_id: &d.event.id,
+            worker: &d1,
+            outcome: DeliveryOutcome::Delivered,
+        })
+        .collect();
+    let lost = db.ledger.finish_deliveries(&late, db.now()).await.unwrap();
+    assert_eq!(
+        lost.len(),
+        3,
+        "a stale dispatcher records nothing: {lost:?}"
+    );
+    let mine: Vec<FinishDelivery> = taken[1..]
+        .iter()
+        .map(|d| FinishDelivery {
+            consumer: "hook",
+            event_id: &d.event.id,
+            worker: &d2,
+            outcome: DeliveryOutcome::Dead {
+                error: "HTTP 500".into(),
+            },
+        })
+        .collect();
+    assert!(
+        db.ledger
+            .finish_deliveries(&mine, db.now())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let all = db
+        .ledger
+        .list_deliveries(DeliveryFilter::default())
+        .await
+        .unwrap();
+    let statuses: Vec<_> = all.iter().map(|d| d.status).collect();
+    assert_eq!(
+        statuses,
+        [
+            DeliveryStatus::Delivered,
+            DeliveryStatus::Dead,
+            DeliveryStatus::Dead
+        ]
+    );
+}
+
+async fn listing_filters_and_keeps_the_newest(db: TestDb) {
+    for i in 0..4 {
+        db.ledger
+            .enqueue(new_run(&format!("run_{i}")), db.now())
+            .await
+            .unwrap();
+    }
+    schedule_n(&db, schedule("a", vec![], StartAt::Beginning), 4).await;
+    schedule_n(&db, schedule("b", vec![], StartAt::Beginning), 4).await;
+    let newest = db
+        .ledger
+        .list_deliveries(DeliveryFilter {
+            consumer: Some("a".into()),
+            limit: 2,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let runs: Vec<_> = newest
+        .iter()
+        .map(|d| d.event.run_id.clone().unwrap())
+        .collect();
+    assert_eq!(runs, ["run_2", "run_3"], "the newest two, oldest first");
+    let of_run = db
+        .ledger
+        .list_deliveries(DeliveryFilter {
+            run_id: Some("run_1".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(of_run.len(), 2);
+    let consumers: Vec<_> = of_run.iter().map(|d| d.consumer.as_str()).collect();
+    assert_eq!(consumers, ["a", "b"]);
+    let of_event = db
+        .ledger
+        .list_deliveries(DeliveryFilter {
+            event_id: Some(of_run[0].event.id.clone()),
+            consumer: Some("b".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(of_event.len(), 1);
+    assert_eq!(of_event[0].consumer, "b");
+    let last = db.ledger.last_event_seq().await.unwrap();
+    assert_eq!(last, Some(newest[1].event.seq));
+}
+
+async fn dead_dispatchers_leases_end_at_once(db: TestDb) {
+    assert_eq!(db.ledger.last_event_seq().await.unwrap(), None);
+    let me = WorkerId::current();
+    let (host, pid, start) = me.parts().unwrap();
+    if !start.starts_with('b') {
+        eprintln!("not Linux: provable death is not testable here");
+        return;
+    }
+    let ns = start
+        .rsplit_once(".n")
+        .map(|(_, ns)| ns)
+        .expect("namespace");
+    let dead = WorkerId::new(host, pid, &format!("b1.1.n{ns}"));
+    let remote = worker("remote");
+    for i in 0..2 {
+        db.ledger
+            .enqueue(new_run(&format!("run_{i}")), db.now())
+            .await
+            .unwrap();
+    }
+    schedule_n(&db, schedule("hook", vec![], StartAt::Beginning), 2).await;
+    let lease = |w, limit| LeaseDeliveries {
+        consumer: "hook",
+        worker: w,
+        lease: Duration::from_secs(60),
+        limit,
+    };
+    let by_dead = db
+        .ledger
+        .lease_deliveries(lease(&dead, 1), db.now())
+        .await
+        .unwrap();
+    let by_remote = db
+        .ledger
+        .lease_deliveries(lease(&remote, 1), db.now())
+        .await
+        .unwrap();
+    assert_eq!((by_dead.len(), by_remote.len()), (1, 1));
+    assert_eq!(
+        db.ledger
+            .expire_dead_delivery_leases(db.now())
+            .await
+            .unwrap(),
+        1
+    );
+    // The dead dispatcher's delivery comes back now, the live remote one's does not.
+    let again = db
+        .ledger
+        .lease_deliveries(lease(&me, 5), db.now())
+        .await
+        .unwrap();
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].event.id, by_dead[0].event.id);
+    assert_eq!(again[0].attempts, 2);
 }
