@@ -33,6 +33,28 @@ impl Ledger {
             .into_run()
     }
 
+    /// Whether an operator asked to cancel the run: one indexed read, cheap enough for
+    /// an executor to poll every second (a heartbeat writes, so it runs less often).
+    pub async fn cancel_requested(&self, run_id: &str) -> Result<bool, Error> {
+        #[derive(sqlx::FromRow)]
+        struct Flag {
+            cancel_requested: bool,
+        }
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let flag = pc
+            .conn()
+            .optional::<Flag>(
+                "SELECT cancel_requested FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3",
+                args![&s.tenant, &s.workspace, run_id],
+            )
+            .await?
+            .ok_or_else(|| Error::NotFound {
+                what: format!("run {run_id}"),
+            })?;
+        Ok(flag.cancel_requested)
+    }
+
     /// Runs, newest first.
     pub async fn list_runs(&self, filter: RunFilter) -> Result<Vec<Run>, Error> {
         let s = self.scope();

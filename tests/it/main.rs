@@ -5,6 +5,7 @@ mod chaos;
 mod crash;
 mod gateway;
 mod retries;
+mod runs;
 mod secrets;
 mod support;
 mod validate;

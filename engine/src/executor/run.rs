@@ -691,7 +691,8 @@ fn context(
     json!({ "inputs": inputs, "nodes": nodes, "run": { "id": run_id } })
 }
 
-/// Renews the run lease; reports cancellation requests and a lost lease.
+/// Renews the run lease every third of its length and polls for a cancellation request
+/// every second (a read; the renewal is a write, so it runs less often).
 async fn heartbeat(
     ledger: flow_ledger::Ledger,
     lease: RunLease,
@@ -699,32 +700,39 @@ async fn heartbeat(
     cancel: Arc<AtomicBool>,
     lost: watch::Sender<bool>,
 ) {
-    let mut tick = tokio::time::interval(RUN_LEASE / 3);
+    const CANCEL_POLL: Duration = Duration::from_secs(1);
+    let mut tick = tokio::time::interval(CANCEL_POLL);
     tick.tick().await;
+    let mut last_renewal = Instant::now();
     let mut failures = 0u32;
     loop {
         tick.tick().await;
-        match ledger.heartbeat(&lease, RUN_LEASE, gateway.now()).await {
-            Ok(ack) => {
-                failures = 0;
-                if ack.cancel_requested {
-                    cancel.store(true, Ordering::Relaxed);
+        if last_renewal.elapsed() >= RUN_LEASE / 3 {
+            match ledger.heartbeat(&lease, RUN_LEASE, gateway.now()).await {
+                Ok(ack) => {
+                    failures = 0;
+                    last_renewal = Instant::now();
+                    if ack.cancel_requested {
+                        cancel.store(true, Ordering::Relaxed);
+                    }
+                }
+                Err(flow_ledger::Error::LeaseLost) => {
+                    tracing::error!(
+                        run = lease.run_id,
+                        "run lease lost: another worker took the run over; stopping here"
+                    );
+                    let _ = lost.send(true);
+                    return;
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures == 1 {
+                        tracing::warn!(run = lease.run_id, error = %e, "heartbeat failed; retrying");
+                    }
                 }
             }
-            Err(flow_ledger::Error::LeaseLost) => {
-                tracing::error!(
-                    run = lease.run_id,
-                    "run lease lost: another worker took the run over; stopping here"
-                );
-                let _ = lost.send(true);
-                return;
-            }
-            Err(e) => {
-                failures += 1;
-                if failures == 1 {
-                    tracing::warn!(run = lease.run_id, error = %e, "heartbeat failed; retrying");
-                }
-            }
+        } else if let Ok(true) = ledger.cancel_requested(&lease.run_id).await {
+            cancel.store(true, Ordering::Relaxed);
         }
     }
 }

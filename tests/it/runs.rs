@@ -1,0 +1,301 @@
+//! Running workflows through the binary: outputs, conditions, failure policy, deadlines,
+//! cancellation, idempotent starts, and the JSON shapes of `show` and `runs`.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::support::{Backend, TestDb, backends, output, repo, run_id, show, stderr, stdout};
+
+#[test]
+fn hello_runs_on_both_backends_and_prints_its_sink_outputs() {
+    for backend in backends() {
+        let db = TestDb::new(backend);
+        let out = output(
+            db.flow()
+                .arg("run")
+                .arg(repo().join("workflows/hello.yaml"))
+                .args(["--input", "name=Ada"]),
+        );
+        assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
+        let v: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("stdout is the output JSON");
+        assert_eq!(v["summary"]["greeting"], "Hello, Ada!");
+        assert_eq!(v["summary"]["letters"], 3);
+        let err = stderr(&out);
+        for node in ["greet", "count", "summary"] {
+            assert!(err.contains(&format!("✓ {node} (attempt 1)")), "{err}");
+        }
+    }
+}
+
+#[test]
+fn conditions_skip_nodes_and_their_dependents() {
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write(
+        "w.yaml",
+        "name: cond\ninputs:\n  go: { type: boolean, default: false }\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  a: { tool: e, with: { v: 1 } }\n  b: { tool: e, needs: [a], if: \"${{ inputs.go }}\" }\n  c: { tool: e, needs: [b] }\n  d: { tool: e, needs: [a], if: \"${{ nodes.a.output.v == 1 }}\" }\n",
+    );
+    let out = output(db.flow().arg("run").arg(&file));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let s = show(&db, &run_id(&out));
+    let status = |n: &str| {
+        s["steps"]
+            .as_array()
+            .and_then(|st| st.iter().find(|x| x["node_id"] == n))
+            .map(|x| x["status"].clone())
+    };
+    assert_eq!(status("b"), Some("skipped".into()));
+    assert_eq!(
+        status("c"),
+        Some("skipped".into()),
+        "a skipped node skips its dependents"
+    );
+    assert_eq!(status("d"), Some("succeeded".into()));
+    let out = output(db.flow().arg("run").arg(&file).args(["--input", "go=true"]));
+    let s = show(&db, &run_id(&out));
+    assert!(
+        s["steps"]
+            .as_array()
+            .is_some_and(|st| st.iter().all(|x| x["status"] == "succeeded")),
+        "{s:#}"
+    );
+}
+
+#[test]
+fn a_failure_stops_new_nodes_unless_continue_on_error() {
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write(
+        "w.yaml",
+        "name: fail\ntools:\n  e: { kind: function, function: core.echo }\n  f: { kind: function, function: core.fail }\nnodes:\n  a: { tool: f, with: { message: boom } }\n  b: { tool: e, needs: [a] }\n",
+    );
+    let out = output(db.flow().arg("run").arg(&file));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("node `a` failed: boom"),
+        "{}",
+        stderr(&out)
+    );
+    let s = show(&db, &run_id(&out));
+    assert_eq!(
+        s["steps"].as_array().map(Vec::len),
+        Some(1),
+        "b never started: {s:#}"
+    );
+    assert_eq!(s["run"]["status"], "failed");
+    let ok = file.with_file_name("w2.yaml");
+    std::fs::write(
+        &ok,
+        std::fs::read_to_string(&file).expect("read").replace(
+            "message: boom }",
+            "message: boom }, continue_on_error: true",
+        ),
+    )
+    .expect("write");
+    let out = output(db.flow().arg("run").arg(&ok));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
+
+#[test]
+fn a_deadline_bounds_the_whole_node_including_retries() {
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write(
+        "w.yaml",
+        "name: deadline\ntools:\n  f: { kind: function, function: core.fail }\nnodes:\n  a:\n    tool: f\n    with: { kind: transient }\n    deadline: 1s\n    retry_policy: { max_retries: 50, backoff: { initial: 300ms, max: 300ms, jitter: 0 } }\n",
+    );
+    let started = Instant::now();
+    let out = output(db.flow().arg("run").arg(&file));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let s = show(&db, &run_id(&out));
+    let steps = s["steps"].as_array().map_or(0, Vec::len);
+    assert!(
+        (2..=6).contains(&steps),
+        "retries stop at the deadline, got {steps} steps: {s:#}"
+    );
+}
+
+#[test]
+fn cancel_lets_the_running_step_finish_then_stops() {
+    for backend in backends() {
+        let db = TestDb::new(backend);
+        let file = db.write(
+            "w.yaml",
+            "name: slow\ntools:\n  s: { kind: function, function: core.sleep }\n  e: { kind: function, function: core.echo }\nnodes:\n  a: { tool: s, with: { duration: 2s } }\n  b: { tool: e, needs: [a] }\n",
+        );
+        let child = db
+            .flow()
+            .arg("run")
+            .arg(&file)
+            .args(["--run-id", "slow-1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let started = Instant::now();
+        while output(db.flow().args(["show", "slow-1", "--json"]))
+            .status
+            .code()
+            != Some(0)
+        {
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "run never appeared"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let c = output(db.flow().args(["cancel", "slow-1"]));
+        assert_eq!(c.status.code(), Some(0), "{}", stderr(&c));
+        let out = child.wait_with_output().expect("wait");
+        assert_eq!(out.status.code(), Some(4), "{backend:?}: {}", stderr(&out));
+        let s = show(&db, "slow-1");
+        assert_eq!(s["run"]["status"], "cancelled");
+        let a = s["steps"]
+            .as_array()
+            .and_then(|st| st.iter().find(|x| x["node_id"] == "a"))
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(
+            a["status"], "succeeded",
+            "the in-flight step finished: {s:#}"
+        );
+        assert!(
+            s["steps"]
+                .as_array()
+                .is_some_and(|st| st.iter().all(|x| x["node_id"] != "b")),
+            "b never started"
+        );
+        let again = output(db.flow().args(["cancel", "slow-1"]));
+        assert_eq!(
+            again.status.code(),
+            Some(0),
+            "cancelling twice is idempotent: {}",
+            stderr(&again)
+        );
+        let done = output(
+            db.flow()
+                .arg("run")
+                .arg(repo().join("workflows/hello.yaml")),
+        );
+        let refused = output(db.flow().args(["cancel", &run_id(&done)]));
+        assert_eq!(
+            refused.status.code(),
+            Some(2),
+            "cancelling a succeeded run is refused"
+        );
+        assert!(
+            stderr(&refused).contains("already finished"),
+            "{}",
+            stderr(&refused)
+        );
+    }
+}
+
+#[test]
+fn run_id_makes_starting_idempotent() {
+    let db = TestDb::new(Backend::Sqlite);
+    let hello = repo().join("workflows/hello.yaml");
+    let first = output(
+        db.flow()
+            .arg("run")
+            .arg(&hello)
+            .args(["--run-id", "hello-1", "--input", "name=A"]),
+    );
+    assert_eq!(first.status.code(), Some(0));
+    let again = output(
+        db.flow()
+            .arg("run")
+            .arg(&hello)
+            .args(["--run-id", "hello-1", "--input", "name=A"]),
+    );
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(
+        stdout(&again),
+        stdout(&first),
+        "attaching prints the same output"
+    );
+    assert!(
+        stderr(&again).contains("already finished"),
+        "{}",
+        stderr(&again)
+    );
+    let other = output(
+        db.flow()
+            .arg("run")
+            .arg(&hello)
+            .args(["--run-id", "hello-1", "--input", "name=B"]),
+    );
+    assert_eq!(
+        other.status.code(),
+        Some(2),
+        "different inputs under the same id are refused"
+    );
+    assert!(
+        stderr(&other).contains("different workflow or inputs"),
+        "{}",
+        stderr(&other)
+    );
+    let bad = output(db.flow().arg("run").arg(&hello).args(["--run-id", "a b"]));
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn show_and_runs_print_the_documented_json() {
+    let db = TestDb::new(Backend::Sqlite);
+    let out = output(
+        db.flow()
+            .arg("run")
+            .arg(repo().join("workflows/hello.yaml"))
+            .arg("--json"),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("--json prints the show object");
+    for key in [
+        "id",
+        "status",
+        "workflow",
+        "created_at",
+        "finished_at",
+        "error",
+    ] {
+        assert!(v["run"].get(key).is_some(), "run.{key} missing: {v:#}");
+    }
+    for key in [
+        "step_id",
+        "node_id",
+        "retry",
+        "status",
+        "started_at",
+        "finished_at",
+        "error",
+    ] {
+        assert!(v["steps"][0].get(key).is_some(), "steps[].{key} missing");
+    }
+    for key in [
+        "tool_call_id",
+        "tool",
+        "status",
+        "attempt_count",
+        "outbound_requests",
+        "idempotency_key",
+        "outbound_started_at",
+        "error",
+    ] {
+        assert!(
+            v["tool_calls"][0].get(key).is_some(),
+            "tool_calls[].{key} missing"
+        );
+    }
+    let runs = output(db.flow().args(["runs", "--json", "--status", "succeeded"]));
+    let list: serde_json::Value = serde_json::from_slice(&runs.stdout).expect("runs --json");
+    assert_eq!(list.as_array().map(Vec::len), Some(1));
+    for key in ["id", "status", "workflow", "created_at", "finished_at"] {
+        assert!(list[0].get(key).is_some(), "runs[].{key} missing");
+    }
+    assert_eq!(
+        output(db.flow().args(["runs", "--status", "bogus"]))
+            .status
+            .code(),
+        Some(2)
+    );
+}
