@@ -22,6 +22,8 @@
 //! - backend specifics: `sqlite.rs`, `postgres.rs` (connecting, migrations) and the
 //!   `FOR UPDATE` / `SKIP LOCKED` variants picked in place; `db.rs` runs shared SQL on
 //!   either driver.
+//! - [`notify`]: PostgreSQL `LISTEN/NOTIFY` wake-ups for daemons ([`Ledger::listen_queue`]);
+//!   `health.rs`: the probe and counts a daemon's `/healthz` and `/metrics` read.
 //!
 //! # The at-most-once protocol (DESIGN §7)
 //! 1. [`Ledger::claim_call`] → `Claimed(lease)`, `Replay`, `InDoubt`, or `Busy` /
@@ -61,6 +63,7 @@
 pub mod clock;
 pub mod events;
 pub mod model;
+pub mod notify;
 pub mod state;
 pub mod worker;
 
@@ -69,6 +72,7 @@ mod canonical;
 mod db;
 mod deliveries;
 mod error;
+mod health;
 mod ledger;
 mod outbound;
 mod postgres;

@@ -168,6 +168,7 @@ impl Ledger {
             NewEvent::run(EventType::RunQueued, &run.id, payload),
         )
         .await?;
+        crate::notify::notify_queued(&mut c, scope).await?;
         tx.commit().await?;
         Ok(Enqueued {
             run: row.into_run()?,
@@ -533,6 +534,7 @@ impl Ledger {
             NewEvent::run(EventType::RunQueued, run_id, json!({ "requeued": true })),
         )
         .await?;
+        crate::notify::notify_queued(&mut c, scope).await?;
         tx.commit().await?;
         row.into_run()
     }

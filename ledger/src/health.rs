@@ -1,0 +1,35 @@
+//! What a daemon's `/healthz` and `/metrics` read: a liveness probe and the in-doubt
+//! count. Each is one cheap statement on a pooled read connection.
+
+use crate::db::args;
+use crate::error::Error;
+use crate::ledger::Ledger;
+use crate::rows::IntRow;
+
+impl Ledger {
+    /// Whether the database answers a trivial statement: health checks need a round
+    /// trip, not just a pool that once connected.
+    pub async fn ping(&self) -> Result<(), Error> {
+        let mut pc = self.pool().acquire().await?;
+        pc.conn()
+            .optional::<IntRow>("SELECT CAST(1 AS BIGINT) AS n", args![])
+            .await?;
+        Ok(())
+    }
+
+    /// How many tool calls of this scope are `in_doubt` (each waits for a resolution):
+    /// the number an operator should watch.
+    pub async fn count_calls_in_doubt(&self) -> Result<i64, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let row = pc
+            .conn()
+            .optional::<IntRow>(
+                "SELECT COUNT(*) AS n FROM tool_calls
+                 WHERE tenant = $1 AND workspace = $2 AND status = 'in_doubt'",
+                args![&s.tenant, &s.workspace],
+            )
+            .await?;
+        Ok(row.map_or(0, |r| r.n))
+    }
+}
