@@ -299,3 +299,49 @@ fn show_and_runs_print_the_documented_json() {
         Some(2)
     );
 }
+
+#[test]
+fn resume_waits_for_a_live_holder_and_says_who_it_is() {
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write(
+        "w.yaml",
+        "name: slow\ntools:\n  s: { kind: function, function: core.sleep }\nnodes:\n  a: { tool: s, with: { duration: 2s } }\n",
+    );
+    let child = db
+        .flow()
+        .arg("run")
+        .arg(&file)
+        .args(["--run-id", "held-1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let started = Instant::now();
+    while output(db.flow().args(["show", "held-1", "--json"]))
+        .status
+        .code()
+        != Some(0)
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "run never appeared"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let resumed = output(db.flow().args(["resume", "held-1"]));
+    let out = child.wait_with_output().expect("wait");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+    let err = stderr(&resumed);
+    assert!(
+        err.contains("run held-1 is held by") && err.contains("waiting for the lease"),
+        "{err}"
+    );
+    assert!(err.contains("already finished"), "{err}");
+    let s = show(&db, "held-1");
+    assert_eq!(
+        s["steps"].as_array().map(Vec::len),
+        Some(1),
+        "the step ran once: {s:#}"
+    );
+}

@@ -124,6 +124,9 @@ impl Progress for Lines {
 pub struct Live {
     bar: ProgressBar,
     running: Mutex<BTreeSet<String>>,
+    /// The spinner starts with the first step, so lines printed before it (the run id)
+    /// are not drawn over.
+    ticking: std::sync::Once,
 }
 
 impl Live {
@@ -133,9 +136,9 @@ impl Live {
             ProgressStyle::with_template("{spinner} {msg}")
                 .unwrap_or_else(|_| ProgressStyle::default_spinner()),
         );
-        bar.enable_steady_tick(Duration::from_millis(100));
         Self {
             bar,
+            ticking: std::sync::Once::new(),
             running: Mutex::new(BTreeSet::new()),
         }
     }
@@ -153,6 +156,8 @@ impl Live {
 
 impl Progress for Live {
     fn step(&self, event: StepEvent<'_>) {
+        self.ticking
+            .call_once(|| self.bar.enable_steady_tick(Duration::from_millis(100)));
         match &event {
             StepEvent::Started { node, .. } => {
                 self.running
