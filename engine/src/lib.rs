@@ -11,12 +11,14 @@
 //! - [`secrets`]: secret values (environment, dotenv file), redaction and scrubbing.
 //! - [`config`]: `flow.toml` (egress allow-list).
 //! - [`gateway`]: the at-most-once boundary of one tool call (DESIGN §8).
+//! - [`daemon`]: `flow daemon`, workers draining the shared run queue; metrics, health.
 //! - [`retry`]: retry delays (pure, injected RNG).
 //! - [`fault`]: `FLOW_FAULT` crash points for tests.
 //! - [`cli`]: the command line, callable from tests as [`cli::run`].
 
 pub mod cli;
 pub mod config;
+pub mod daemon;
 pub mod executor;
 pub mod fault;
 pub mod gateway;

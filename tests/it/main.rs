@@ -3,6 +3,7 @@
 
 mod chaos;
 mod crash;
+mod daemon;
 mod gateway;
 mod retries;
 mod runs;

@@ -3,9 +3,11 @@
 //! `main.rs` only calls [`main`]; tests call [`run`] with their own argument list and
 //! buffers. Data goes to `stdout`; diagnostics, progress and logs to `stderr`.
 
+mod daemon;
 mod logging;
 mod run;
 mod show;
+mod submit;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -13,6 +15,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+
+pub(crate) use run::snapshot;
 
 use crate::plan::Plan;
 use crate::render::{GraphFormat, render};
@@ -107,6 +111,16 @@ pub enum Command {
         after_help = "Exit codes: 0 succeeded, 1 failed, 2 invalid input, 3 paused (in doubt), 4 cancelled, 5 could not run.\n\nExamples:\n  flow run workflows/hello.yaml --input name=Ada\n  flow run workflows/http.yaml --inputs-file order.yaml --run-id refund-42\n  flow run workflows/hello.yaml --json | jq .steps"
     )]
     Run(run::RunArgs),
+    /// Put a run on the queue for `flow daemon` workers; print its id on stdout.
+    #[command(
+        after_help = "Exit codes: 0 queued (or already there with the same file and inputs), 2 invalid input or a --run-id used with other inputs, 5 could not reach the database.\n\nExamples:\n  flow submit workflows/hello.yaml --input name=Ada\n  flow submit workflows/http.yaml --inputs-file order.yaml --run-id refund-42"
+    )]
+    Submit(submit::SubmitArgs),
+    /// Execute queued runs: up to --concurrency at once, until stopped (SIGTERM/SIGINT).
+    #[command(
+        after_help = "A first SIGTERM/SIGINT stops claiming, lets calls in flight finish within --grace and releases the runs (exit 0); a second one exits at once.\n\nExamples:\n  flow --db postgres://flow@db.internal/flow daemon --concurrency 16 --metrics-addr 0.0.0.0:9464\n  flow daemon --exit-when-idle          # drain the queue, then exit 0"
+    )]
+    Daemon(daemon::DaemonArgs),
     /// Continue a paused or interrupted run here, optionally resolving an in-doubt call.
     #[command(
         after_help = "Examples:\n  flow resume run_01J...\n  flow resume run_01J... --resolve charge=succeeded --output '{\"id\": \"re_1\"}'\n  flow resume run_01J... --resolve charge=failed --error 'declined upstream'\n  flow resume run_01J... --resolve charge=retry    # re-send with the same idempotency key"
@@ -184,6 +198,8 @@ async fn async_command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write
     match &cli.command {
         Command::Run(args) => run::run(cli, args, stdout, stderr).await,
         Command::Resume(args) => run::resume(cli, args, stdout, stderr).await,
+        Command::Submit(args) => submit::submit(cli, args, stdout, stderr).await,
+        Command::Daemon(args) => daemon::daemon(cli, args, stdout, stderr).await,
         Command::Show(args) => show::show(cli, args, stdout, stderr).await,
         Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
         Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,

@@ -2,7 +2,9 @@
 //!
 //! State is loaded from the ledger once, then kept in memory from the results of this
 //! process's own actions (each already committed), so a node costs no extra reads. A
-//! heartbeat task renews the run lease and reports cancellation requests.
+//! heartbeat task renews the run lease and reports cancellation requests. A caller that
+//! must stop (a daemon shutting down) fires a stop token: no new step starts, steps in
+//! flight finish and are recorded, and the run goes back to the queue.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -10,12 +12,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use flow_ledger::{
-    ErrorKind, NewStep, RunFinish, RunLease, RunStatus, Step, StepError, StepFinish, StepStatus,
-    Timestamp,
+    ErrorKind, NewStep, Run, RunFinish, RunLease, RunStatus, Step, StepError, StepFinish,
+    StepStatus, Timestamp,
 };
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{Map, Value as Json, json};
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::decide::{Action, Finish, NodeState, Situation, decide};
 use super::progress::{Progress, StepEvent};
@@ -110,25 +114,88 @@ impl Executor {
         wf: &Workflow,
         inputs: &Json,
     ) -> Result<RunOutcome, gateway::Error> {
+        let ledger = self.gateway.ledger();
+        let steps = ledger
+            .list_steps(&lease.run_id)
+            .await
+            .map_err(gateway::Error::Ledger)?;
+        let run = ledger
+            .get_run(&lease.run_id)
+            .await
+            .map_err(gateway::Error::Ledger)?;
+        let known = Known {
+            inputs,
+            steps: &steps,
+            cancel_requested: run.cancel_requested,
+        };
+        self.execute_known(lease, wf, known, &CancellationToken::new())
+            .await
+    }
+
+    /// Executes a run the caller has just claimed and read (the daemon), until it
+    /// finishes, pauses, is cancelled — or `stop` fires: then no new step starts, the
+    /// steps in flight finish and are recorded, and the run is released to the queue
+    /// (the outcome's status is `Queued`) unless it could end at once.
+    ///
+    /// `run` is the row read after the claim, so it is not read again; and a first claim
+    /// (fencing token 1) reads no steps, because no step can exist before a run's first
+    /// claim (every claim and requeue increments the token; steps are written only under
+    /// a lease).
+    pub async fn execute_claimed(
+        &self,
+        lease: RunLease,
+        wf: &Workflow,
+        run: &Run,
+        stop: &CancellationToken,
+    ) -> Result<RunOutcome, gateway::Error> {
+        let steps = if lease.token == 1 {
+            Vec::new()
+        } else {
+            self.gateway
+                .ledger()
+                .list_steps(&lease.run_id)
+                .await
+                .map_err(gateway::Error::Ledger)?
+        };
+        let known = Known {
+            inputs: &run.inputs,
+            steps: &steps,
+            cancel_requested: run.cancel_requested,
+        };
+        self.execute_known(lease, wf, known, stop).await
+    }
+
+    async fn execute_known(
+        &self,
+        lease: RunLease,
+        wf: &Workflow,
+        known: Known<'_>,
+        stop: &CancellationToken,
+    ) -> Result<RunOutcome, gateway::Error> {
+        let span = tracing::info_span!("run", run = %lease.run_id);
+        self.execute_inner(lease, wf, known, stop)
+            .instrument(span)
+            .await
+    }
+
+    async fn execute_inner(
+        &self,
+        lease: RunLease,
+        wf: &Workflow,
+        known: Known<'_>,
+        stop: &CancellationToken,
+    ) -> Result<RunOutcome, gateway::Error> {
         let ledger = self.gateway.ledger().clone();
-        let run_id = lease.run_id.clone();
         let plan = Plan::new(wf).map_err(|_| {
             gateway::Error::Ledger(flow_ledger::Error::NotFound {
                 what: "an acyclic workflow".into(),
             })
         })?;
         let prepared = Prepared::new(wf);
-        let steps = ledger
-            .list_steps(&run_id)
-            .await
-            .map_err(gateway::Error::Ledger)?;
-        let run = ledger
-            .get_run(&run_id)
-            .await
-            .map_err(gateway::Error::Ledger)?;
-        let mut st = RunState::load(wf, &steps);
+        let inputs = known.inputs;
+        let mut st = RunState::load(wf, known.steps);
 
-        let cancel = Arc::new(AtomicBool::new(run.cancel_requested));
+        let cancel = Arc::new(AtomicBool::new(known.cancel_requested));
         let (lost_tx, mut lost_rx) = watch::channel(false);
         let heartbeat = tokio::spawn(heartbeat(
             ledger.clone(),
@@ -147,6 +214,7 @@ impl Executor {
                 &mut st,
                 &cancel,
                 &mut lost_rx,
+                stop,
             )
             .await;
         heartbeat.abort();
@@ -164,6 +232,7 @@ impl Executor {
         st: &mut RunState,
         cancel: &AtomicBool,
         lost: &mut watch::Receiver<bool>,
+        stop: &CancellationToken,
     ) -> Result<RunOutcome, gateway::Error> {
         let ledger = self.gateway.ledger();
         let mut in_flight = FuturesUnordered::new();
@@ -179,7 +248,18 @@ impl Executor {
                 in_flight: in_flight.len(),
                 cancel_requested: cancel.load(Ordering::Relaxed),
             };
-            let actions = decide(wf, plan, &st.nodes, situation);
+            let mut actions = decide(wf, plan, &st.nodes, situation);
+            if stop.is_cancelled() {
+                // Cooperative stop: start nothing; a run that can end now ends, else it
+                // goes back to the queue once the steps in flight are recorded.
+                actions.retain(|a| matches!(a, Action::Pause { .. } | Action::Finish { .. }));
+                if actions.is_empty() {
+                    if in_flight.is_empty() {
+                        return self.release(lease).await;
+                    }
+                    actions.push(Action::Wait { until: None });
+                }
+            }
             let mut wait_until = None;
             let mut progressed = false;
             for action in actions {
@@ -219,7 +299,12 @@ impl Executor {
                             });
                             let gateway = self.gateway.clone();
                             let started = Instant::now();
-                            in_flight.push(async move {
+                            let span = tracing::info_span!(
+                                "step",
+                                step = %step_id,
+                                call = %wf.nodes[node].id
+                            );
+                            let step = async move {
                                 let result = gateway.run_step(call).await;
                                 (
                                     Finished {
@@ -230,7 +315,8 @@ impl Executor {
                                     },
                                     result,
                                 )
-                            });
+                            };
+                            in_flight.push(step.instrument(span));
                         }
                     }
                     Action::SkipUpstream { node } => {
@@ -273,6 +359,7 @@ impl Executor {
                 }
                 () = async { tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))).await }, if sleep.is_some() => {}
                 _ = lost.changed() => {}
+                () = stop.cancelled(), if !stop.is_cancelled() => {}
                 () = tokio::time::sleep(Duration::from_millis(500)), if in_flight.is_empty() && sleep.is_none() && !progressed => {}
             }
         }
@@ -528,6 +615,20 @@ impl Executor {
         };
     }
 
+    /// Gives the run back to the queue after a cooperative stop.
+    async fn release(&self, lease: &RunLease) -> Result<RunOutcome, gateway::Error> {
+        self.gateway
+            .ledger()
+            .release_run(lease, self.gateway.now())
+            .await
+            .map_err(|e| lease_err(e, lease))?;
+        Ok(RunOutcome {
+            status: RunStatus::Queued,
+            output: None,
+            error: Some("released to the queue: this worker is stopping".to_string()),
+        })
+    }
+
     async fn finish(
         &self,
         lease: &RunLease,
@@ -593,6 +694,13 @@ fn lease_err(e: flow_ledger::Error, lease: &RunLease) -> gateway::Error {
         },
         other => gateway::Error::Ledger(other),
     }
+}
+
+/// What the caller already read about a run, so the executor need not read it again.
+struct Known<'a> {
+    inputs: &'a Json,
+    steps: &'a [Step],
+    cancel_requested: bool,
 }
 
 /// A step that came back from the gateway.

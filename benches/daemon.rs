@@ -1,0 +1,264 @@
+//! Benchmark: draining the run queue with real `flow daemon` processes, and how long a
+//! submitted run waits before a daemon starts it.
+//!
+//! `cargo bench --bench daemon`. Prints, beside this machine's fsync floor:
+//! 1. 10,000 one-node runs (a pure `core.echo` node) drained by 1 daemon on SQLite
+//!    (`synchronous=FULL`) — target ≥ 1,000 runs/s;
+//! 2. the same drained by 4 daemons on PostgreSQL (a fresh database on the local
+//!    server) — target ≥ 1,500 runs/s;
+//! 3. submit-to-start latency p50/p99 on PostgreSQL with LISTEN/NOTIFY and polling only
+//!    (`--no-listen`, the default 1 s poll).
+//!
+//! The runs are enqueued through the library before the daemons start (enqueueing is
+//! not what is measured); the daemons are the release `flow` binary, each its own
+//! process, as in production. `FLOW_BENCH_RUNS` changes the run count,
+//! `FLOW_BENCH_CONCURRENCY` the daemons' `--concurrency` (default 32),
+//! `FLOW_TEST_PG_HOST`/`FLOW_TEST_PG_PORT` the PostgreSQL server (user `postgres`).
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flow_ledger::{
+    Clock, Ledger, NewRun, OpenOptions, RunFilter, RunStatus, SqliteSynchronous, SystemClock,
+};
+use futures::stream::{self, StreamExt};
+use rand::{Rng, SeedableRng};
+
+const ONE_NODE: &str = "name: one\ninputs:\n  i: { type: integer, required: true }\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  echo: { tool: e, with: { i: \"${{ inputs.i }}\" } }\n";
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Median of one `write + fsync` of 512 bytes, 200 samples, in `dir`: the least one
+/// durable commit can cost here.
+fn fsync_floor(dir: &Path) -> Duration {
+    let path = dir.join("fsync-probe");
+    let mut f = std::fs::File::create(&path).expect("probe file");
+    let mut samples: Vec<Duration> = (0..200)
+        .map(|_| {
+            let t = Instant::now();
+            f.write_all(&[0u8; 512]).expect("write");
+            f.sync_all().expect("fsync");
+            t.elapsed()
+        })
+        .collect();
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn new_run(i: usize) -> NewRun {
+    NewRun {
+        id: format!("bench-{i:06}"),
+        workflow_name: "one".into(),
+        workflow_text: ONE_NODE.into(),
+        workflow_hash: "bench-daemon".into(),
+        inputs: serde_json::json!({ "i": i }),
+        priority: 0,
+        not_before: None,
+    }
+}
+
+/// Enqueues `n` runs, 16 at a time.
+async fn fill(ledger: &Ledger, n: usize) {
+    stream::iter(0..n)
+        .for_each_concurrent(16, |i| async move {
+            ledger
+                .enqueue(new_run(i), SystemClock.now())
+                .await
+                .expect("enqueue");
+        })
+        .await;
+}
+
+fn daemon(url: &str, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_flow"))
+        .env("FLOW_DATABASE_URL", url)
+        .env_remove("RUST_LOG")
+        .arg("daemon")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn flow daemon")
+}
+
+/// What one drain measured.
+struct Drain {
+    wall: Duration,
+    /// First run start to last run finish, from the ledger's own timestamps.
+    span_ms: i64,
+}
+
+/// Starts `daemons` daemons with `--exit-when-idle` on a queue of `runs` runs and waits
+/// for all of them to exit; checks that every run succeeded.
+async fn drain(url: &str, ledger: &Ledger, daemons: usize, runs: usize) -> Drain {
+    let concurrency = env_usize("FLOW_BENCH_CONCURRENCY", 32).to_string();
+    let started = Instant::now();
+    let mut children: Vec<Child> = (0..daemons)
+        .map(|_| daemon(url, &["--exit-when-idle", "--concurrency", &concurrency]))
+        .collect();
+    for c in &mut children {
+        let status = c.wait().expect("wait for daemon");
+        assert!(status.success(), "a daemon failed: {status}");
+    }
+    let wall = started.elapsed();
+    let all = ledger
+        .list_runs(RunFilter {
+            status: None,
+            limit: u32::try_from(runs + 1).unwrap_or(u32::MAX),
+        })
+        .await
+        .expect("list runs");
+    let ok = all
+        .iter()
+        .filter(|r| r.status == RunStatus::Succeeded)
+        .count();
+    assert_eq!(ok, runs, "every run must succeed");
+    let first = all.iter().filter_map(|r| r.started_at).min();
+    let last = all.iter().filter_map(|r| r.finished_at).max();
+    let span_ms = match (first, last) {
+        (Some(a), Some(b)) => b.0 - a.0,
+        _ => 0,
+    };
+    Drain { wall, span_ms }
+}
+
+fn report(what: &str, runs: usize, d: &Drain, target: f64) {
+    let per_s = runs as f64 / d.wall.as_secs_f64();
+    let span_per_s = if d.span_ms > 0 {
+        runs as f64 * 1000.0 / d.span_ms as f64
+    } else {
+        f64::NAN
+    };
+    println!(
+        "{what}: {runs} one-node runs in {:.2?} = {per_s:.0} runs/s (first start to last finish: {span_per_s:.0} runs/s; target >= {target:.0})",
+        d.wall
+    );
+}
+
+fn psql(sql: &str) -> bool {
+    let host = std::env::var("FLOW_TEST_PG_HOST").unwrap_or_else(|_| "127.0.0.1".into());
+    let port = std::env::var("FLOW_TEST_PG_PORT").unwrap_or_else(|_| "5432".into());
+    Command::new("psql")
+        .args([
+            "-h", &host, "-p", &port, "-U", "postgres", "-d", "test", "-qc", sql,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn pg_url(name: &str) -> String {
+    let host = std::env::var("FLOW_TEST_PG_HOST").unwrap_or_else(|_| "127.0.0.1".into());
+    let port = std::env::var("FLOW_TEST_PG_PORT").unwrap_or_else(|_| "5432".into());
+    format!("postgres://postgres@{host}:{port}/{name}")
+}
+
+/// Submit-to-start latency: `samples` runs enqueued one by one, 0–40 ms apart, into the
+/// queue of one idle daemon started with `args`; p50 and p99 of `started_at − submit`.
+async fn latency(url: &str, ledger: &Ledger, args: &[&str], samples: usize) -> (i64, i64) {
+    let mut child = daemon(url, args);
+    // Let it connect, LISTEN and reach its first poll.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut submitted = Vec::with_capacity(samples);
+    for i in 0..samples {
+        let mut run = new_run(i);
+        run.id = format!("lat-{}-{i}", ulid::Ulid::generate());
+        let t = SystemClock.now();
+        ledger.enqueue(run.clone(), t).await.expect("enqueue");
+        submitted.push((run.id, t));
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..40))).await;
+    }
+    let mut waits = Vec::with_capacity(samples);
+    for (id, t) in &submitted {
+        let started = loop {
+            let r = ledger.get_run(id).await.expect("get run");
+            if let Some(s) = r.started_at {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        waits.push(started.0 - t.0);
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    waits.sort_unstable();
+    let pick = |q: f64| waits[((waits.len() - 1) as f64 * q).round() as usize];
+    (pick(0.5), pick(0.99))
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let runs = env_usize("FLOW_BENCH_RUNS", 10_000);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let floor = fsync_floor(dir.path());
+    println!(
+        "machine: fsync floor {floor:?} per durable commit (median of 200 write+fsync, same directory); {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!(
+        "  a one-node pure run costs 2 durable commits (its step+call+outcome, then the run's finish) plus its share of a batch claim: SQLite ceiling ~{:.0} runs/s at one writer",
+        1.0 / (2.0 * floor.as_secs_f64())
+    );
+
+    // 1. SQLite, one daemon.
+    let path = dir.path().join("queue.db");
+    let url = format!("sqlite://{}", path.display());
+    rt.block_on(async {
+        // Filling is not measured: no fsync per enqueue (the daemon opens with FULL).
+        let filler = Ledger::open(
+            &url,
+            OpenOptions {
+                sqlite_synchronous: SqliteSynchronous::Normal,
+                ..OpenOptions::default()
+            },
+        )
+        .await
+        .expect("open sqlite");
+        fill(&filler, runs).await;
+        let d = drain(&url, &filler, 1, runs).await;
+        report("sqlite FULL, 1 daemon", runs, &d, 1000.0);
+        filler.close().await;
+    });
+
+    // 2 and 3. PostgreSQL.
+    let name = format!(
+        "flow_bench_{}",
+        ulid::Ulid::generate().to_string().to_lowercase()
+    );
+    if !psql(&format!("CREATE DATABASE {name}")) {
+        println!("postgres: not reachable (psql -h 127.0.0.1 -U postgres); skipped");
+        return;
+    }
+    let url = pg_url(&name);
+    rt.block_on(async {
+        let ledger = Ledger::open(&url, OpenOptions::default())
+            .await
+            .expect("open postgres");
+        fill(&ledger, runs).await;
+        let d = drain(&url, &ledger, 4, runs).await;
+        report("postgres, 4 daemons", runs, &d, 1500.0);
+        let samples = env_usize("FLOW_BENCH_LATENCY_SAMPLES", 200);
+        let (p50, p99) = latency(&url, &ledger, &[], samples).await;
+        println!(
+            "postgres: submit-to-start latency with LISTEN/NOTIFY: p50 {p50} ms, p99 {p99} ms ({samples} runs)"
+        );
+        let (p50, p99) = latency(&url, &ledger, &["--no-listen"], samples).await;
+        println!(
+            "postgres: submit-to-start latency polling only (--no-listen, 1 s poll): p50 {p50} ms, p99 {p99} ms ({samples} runs)"
+        );
+        ledger.close().await;
+    });
+    psql(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+}

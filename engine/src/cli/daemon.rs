@@ -1,0 +1,217 @@
+//! `flow daemon`: build a [`crate::daemon::Service`] from the command line, serve its
+//! metrics, feed it the signals, and turn how it stopped into an exit code.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+use flow_ledger::{Clock, SystemClock, WorkerId};
+use rand::SeedableRng;
+use tokio_util::sync::CancellationToken;
+
+use super::{Cli, exit, logging};
+use crate::config::Config as FileConfig;
+use crate::daemon::metrics::{self, Metrics, Observer};
+use crate::daemon::{Config, Service, Stopped, shutdown};
+use crate::executor::Executor;
+use crate::fault::Faults;
+use crate::gateway::{Gateway, Tools};
+use crate::secrets::Secrets;
+
+/// Arguments of `flow daemon`.
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// Most runs executed at once by this process.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub concurrency: u32,
+    /// How often to look at the queue when no notification arrives (e.g. 250ms, 1s).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub poll_interval: Duration,
+    /// Exit 0 once nothing is queued and nothing is in flight (batch jobs, tests).
+    #[arg(long)]
+    pub exit_when_idle: bool,
+    /// Serve Prometheus metrics at /metrics and a health check at /healthz (e.g.
+    /// 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<SocketAddr>,
+    /// After SIGTERM/SIGINT, how long calls in flight may take before their runs are
+    /// abandoned (those calls are then found in doubt, as after a crash).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// Poll only; do not LISTEN for PostgreSQL queue notifications (e.g. behind a
+    /// transaction-pooling PgBouncer, which cannot LISTEN).
+    #[arg(long)]
+    pub no_listen: bool,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| format!("`{s}`: {e} (e.g. 500ms, 2s, 1m)"))?;
+    if d.is_zero() {
+        return Err(format!("`{s}`: must be more than zero"));
+    }
+    Ok(d)
+}
+
+/// Opens what the daemon needs; `Err` is the exit code (5), already explained on stderr.
+async fn open(
+    cli: &Cli,
+    args: &DaemonArgs,
+    metrics: Arc<Metrics>,
+    stderr: &mut dyn Write,
+) -> Result<Executor, u8> {
+    let secrets = Secrets::load(cli.secrets_file.as_deref()).map_err(|e| {
+        let _ = writeln!(stderr, "error: {e}");
+        exit::UNAVAILABLE
+    })?;
+    logging::init(cli.log_format, &secrets);
+    let config = FileConfig::load(cli.config.as_deref()).map_err(|e| {
+        let _ = writeln!(stderr, "error: {e}");
+        exit::UNAVAILABLE
+    })?;
+    // Each run in flight may hold a connection for a statement, besides the claim loop,
+    // heartbeats and scrapes. SQLite keeps its default: it has one writer anyway.
+    let is_sqlite = cli.db.starts_with("sqlite:");
+    let opts = flow_ledger::OpenOptions {
+        scope: flow_ledger::Scope {
+            tenant: cli.tenant.clone(),
+            workspace: cli.workspace.clone(),
+        },
+        max_connections: if is_sqlite {
+            0
+        } else {
+            (args.concurrency + 4).clamp(10, 64)
+        },
+        ..flow_ledger::OpenOptions::default()
+    };
+    let ledger = match flow_ledger::Ledger::open(&cli.db, opts).await {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = writeln!(
+                stderr,
+                "error: cannot open the ledger at {}: {e}",
+                flow_ledger::redact_url(&cli.db)
+            );
+            return Err(exit::UNAVAILABLE);
+        }
+    };
+    let tools = Tools::new().map_err(|e| {
+        let _ = writeln!(stderr, "error: cannot set up tool clients: {e}");
+        exit::UNAVAILABLE
+    })?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let gateway = Gateway::new(
+        ledger,
+        clock,
+        tools,
+        secrets,
+        config.egress,
+        Faults::from_env(),
+    );
+    Ok(Executor::new(
+        gateway,
+        Arc::new(Observer::new(metrics)),
+        rand::rngs::StdRng::from_os_rng(),
+    ))
+}
+
+/// `flow daemon`.
+pub(crate) async fn daemon(
+    cli: &Cli,
+    args: &DaemonArgs,
+    _stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> u8 {
+    let metrics = Arc::new(Metrics::new());
+    let executor = match open(cli, args, metrics.clone(), stderr).await {
+        Ok(e) => e,
+        Err(code) => return code,
+    };
+    let ledger = executor.gateway().ledger().clone();
+    let config = Config {
+        concurrency: usize::try_from(args.concurrency).unwrap_or(1),
+        poll_interval: args.poll_interval,
+        exit_when_idle: args.exit_when_idle,
+        grace: args.grace,
+        listen: !args.no_listen,
+        worker: WorkerId::current(),
+    };
+    let stop_serving = CancellationToken::new();
+    let served = match args.metrics_addr {
+        Some(addr) => {
+            match metrics::serve(addr, metrics.clone(), ledger.clone(), stop_serving.clone()).await
+            {
+                Ok(bound) => Some(bound),
+                Err(e) => {
+                    let _ = writeln!(stderr, "error: cannot serve metrics on {addr}: {e}");
+                    return exit::UNAVAILABLE;
+                }
+            }
+        }
+        None => None,
+    };
+    let wake = if config.listen && ledger.backend_name() == "postgres" {
+        format!(
+            "LISTEN/NOTIFY, polling every {}",
+            humantime::format_duration(config.poll_interval)
+        )
+    } else {
+        format!(
+            "polling every {}",
+            humantime::format_duration(config.poll_interval)
+        )
+    };
+    let _ = writeln!(
+        stderr,
+        "flow daemon {} on {}: up to {} runs at once, {wake}{}",
+        config.worker.as_str(),
+        ledger.url_redacted(),
+        config.concurrency,
+        served
+            .map(|a| format!(", metrics on http://{a}/metrics"))
+            .unwrap_or_default()
+    );
+    let service = Service::new(executor, config, metrics);
+    let signals = tokio::spawn(shutdown::on_signals(service.handle()));
+    let stopped = service.run().await;
+    stop_serving.cancel();
+    match stopped {
+        Stopped::Idle => {
+            let _ = writeln!(stderr, "flow daemon: queue empty; exiting");
+            signals.abort();
+            ledger.close().await;
+            exit::OK
+        }
+        Stopped::Graceful { abandoned } => {
+            if abandoned == 0 {
+                let _ = writeln!(
+                    stderr,
+                    "flow daemon: stopped; runs in flight were finished or released"
+                );
+            } else {
+                let _ = writeln!(
+                    stderr,
+                    "flow daemon: stopped; {abandoned} run(s) had calls in flight past the grace period and were released (`flow runs --status paused` after they resume)"
+                );
+            }
+            signals.abort();
+            ledger.close().await;
+            exit::OK
+        }
+        Stopped::Immediate => {
+            let code = match signals.await {
+                Ok(Some(signal)) => signal.exit_code(),
+                _ => 130,
+            };
+            let _ = writeln!(
+                stderr,
+                "flow daemon: stopped at once; leases left to expire"
+            );
+            let _ = stderr.flush();
+            // At once means at once: do not wait for the runtime to wind down tasks,
+            // connections or child processes.
+            std::process::exit(i32::from(code));
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! What a daemon tells its operators: Prometheus text at `/metrics`, `/healthz`, and one
+//! structured log line per finished step.
+//!
+//! Two kinds of figures. Counters and histograms describe *this process* (runs claimed
+//! and finished here, tool calls by outcome, claim latency, call duration). Gauges that
+//! describe the *shared queue* (runs by status, queue depth, calls in doubt) are read
+//! from the database at scrape time, so every daemon reports the same numbers and a
+//! crashed daemon's runs are still counted.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use flow_ledger::{Ledger, RunStatus};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::executor::progress::{Progress, StepEvent};
+use crate::gateway::StepResult;
+
+type Label = [(&'static str, &'static str); 1];
+
+/// How long a scrape waits for the database before reporting it down.
+const DB_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The daemon's metrics. Shared (`Arc`) by the claim loop, the step observer and the
+/// HTTP endpoint.
+pub struct Metrics {
+    registry: Registry,
+    runs: Family<Label, Gauge>,
+    queue_depth: Gauge,
+    in_doubt: Gauge,
+    database_up: Gauge,
+    runs_claimed: Counter,
+    runs_finished: Family<Label, Counter>,
+    runs_in_flight: Gauge,
+    tool_calls: Family<Label, Counter>,
+    claim_seconds: Histogram,
+    call_seconds: Histogram,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Registers every metric under the `flow_` prefix.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("flow");
+        let runs = Family::<Label, Gauge>::default();
+        let queue_depth = Gauge::default();
+        let in_doubt = Gauge::default();
+        let database_up = Gauge::default();
+        let runs_claimed = Counter::default();
+        let runs_finished = Family::<Label, Counter>::default();
+        let runs_in_flight = Gauge::default();
+        let tool_calls = Family::<Label, Counter>::default();
+        let claim_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        let call_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        registry.register(
+            "runs",
+            "Runs in the ledger by status (this tenant and workspace; read at scrape time)",
+            runs.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Queued runs waiting for a worker (read at scrape time)",
+            queue_depth.clone(),
+        );
+        registry.register(
+            "tool_calls_in_doubt",
+            "Tool calls in doubt, each waiting for a resolution (read at scrape time)",
+            in_doubt.clone(),
+        );
+        registry.register(
+            "database_up",
+            "1 if the ledger database answered the last scrape, else 0",
+            database_up.clone(),
+        );
+        registry.register(
+            "daemon_runs_claimed",
+            "Runs this daemon claimed from the queue",
+            runs_claimed.clone(),
+        );
+        registry.register(
+            "daemon_runs_finished",
+            "Executions of runs in this daemon by how they ended (queued = released)",
+            runs_finished.clone(),
+        );
+        registry.register(
+            "daemon_runs_in_flight",
+            "Runs this daemon is executing now",
+            runs_in_flight.clone(),
+        );
+        registry.register(
+            "tool_calls",
+            "Tool-call steps finished in this daemon by outcome",
+            tool_calls.clone(),
+        );
+        registry.register(
+            "claim_duration_seconds",
+            "Latency of one batch claim from the run queue",
+            claim_seconds.clone(),
+        );
+        registry.register(
+            "tool_call_duration_seconds",
+            "Duration of one tool-call step, ledger writes included",
+            call_seconds.clone(),
+        );
+        Self {
+            registry,
+            runs,
+            queue_depth,
+            in_doubt,
+            database_up,
+            runs_claimed,
+            runs_finished,
+            runs_in_flight,
+            tool_calls,
+            claim_seconds,
+            call_seconds,
+        }
+    }
+
+    /// Records one batch claim.
+    pub fn claimed(&self, runs: usize, took: Duration) {
+        self.runs_claimed
+            .inc_by(u64::try_from(runs).unwrap_or(u64::MAX));
+        self.claim_seconds.observe(took.as_secs_f64());
+    }
+
+    /// Sets how many runs are executing here.
+    pub fn set_in_flight(&self, n: usize) {
+        self.runs_in_flight
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Records how one execution ended (`queued` when the run was released).
+    pub fn finished(&self, status: &'static str) {
+        self.runs_finished
+            .get_or_create(&[("status", status)])
+            .inc();
+    }
+
+    /// Reads the shared gauges from the database; returns whether it answered.
+    pub async fn refresh(&self, ledger: &Ledger) -> bool {
+        let read = async {
+            let by_status = ledger.count_runs_by_status().await?;
+            let in_doubt = ledger.count_calls_in_doubt().await?;
+            Ok::<_, flow_ledger::Error>((by_status, in_doubt))
+        };
+        match tokio::time::timeout(DB_TIMEOUT, read).await {
+            Ok(Ok((by_status, in_doubt))) => {
+                for (status, n) in by_status {
+                    self.runs
+                        .get_or_create(&[("status", status.as_str())])
+                        .set(n);
+                    if status == RunStatus::Queued {
+                        self.queue_depth.set(n);
+                    }
+                }
+                self.in_doubt.set(in_doubt);
+                self.database_up.set(1);
+                true
+            }
+            _ => {
+                self.database_up.set(0);
+                false
+            }
+        }
+    }
+
+    /// The OpenMetrics text of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// The step observer of daemon executions: instead of progress lines, a counter and a
+/// duration per finished step, and one structured log line (run id from the enclosing
+/// span; step and call ids as fields).
+pub struct Observer {
+    metrics: Arc<Metrics>,
+}
+
+impl Observer {
+    /// Observes into `metrics`.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        Self { metrics }
+    }
+}
+
+impl Progress for Observer {
+    fn step(&self, event: StepEvent<'_>) {
+        match event {
+            StepEvent::Started {
+                node,
+                step_id,
+                retry,
+            } => {
+                tracing::debug!(step = step_id, call = node, retry, "step started");
+            }
+            StepEvent::Skipped { node, why } => {
+                tracing::info!(step = node, why, "step skipped");
+            }
+            StepEvent::Finished {
+                node,
+                step_id,
+                retry,
+                took,
+                result,
+            } => {
+                let outcome = match result {
+                    StepResult::Succeeded { .. } => "succeeded",
+                    StepResult::Failed { .. } => "failed",
+                    StepResult::InDoubt => "in_doubt",
+                    StepResult::Deferred { .. } => "deferred",
+                };
+                self.metrics
+                    .tool_calls
+                    .get_or_create(&[("outcome", outcome)])
+                    .inc();
+                self.metrics.call_seconds.observe(took.as_secs_f64());
+                let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
+                match result {
+                    StepResult::InDoubt => tracing::warn!(
+                        step = step_id,
+                        call = node,
+                        retry,
+                        took_ms = ms,
+                        "call in doubt: the run will pause until it is resolved"
+                    ),
+                    StepResult::Failed { kind, message, .. } => tracing::info!(
+                        step = step_id,
+                        call = node,
+                        retry,
+                        took_ms = ms,
+                        kind = %kind,
+                        error = %message,
+                        "step failed"
+                    ),
+                    _ => tracing::info!(
+                        step = step_id,
+                        call = node,
+                        retry,
+                        took_ms = ms,
+                        outcome,
+                        "step finished"
+                    ),
+                }
+            }
+        }
+    }
+}
+
+struct Served {
+    metrics: Arc<Metrics>,
+    ledger: Ledger,
+}
+
+async fn metrics_page(State(s): State<Arc<Served>>) -> Response {
+    s.metrics.refresh(&s.ledger).await;
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn healthz(State(s): State<Arc<Served>>) -> Response {
+    match tokio::time::timeout(DB_TIMEOUT, s.ledger.ping()).await {
+        Ok(Ok(())) => (StatusCode::OK, "ok\n").into_response(),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("database {} unreachable: {e}\n", s.ledger.url_redacted()),
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "database {} did not answer within {} ms\n",
+                s.ledger.url_redacted(),
+                DB_TIMEOUT.as_millis()
+            ),
+        )
+            .into_response(),
+    }
+}
+
+/// Binds `addr` and serves `/metrics` and `/healthz` until `stop` fires. Returns the
+/// bound address (port 0 picks a free one).
+pub async fn serve(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    ledger: Ledger,
+    stop: CancellationToken,
+) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let router = Router::new()
+        .route("/metrics", get(metrics_page))
+        .route("/healthz", get(healthz))
+        .with_state(Arc::new(Served { metrics, ledger }));
+    tokio::spawn(async move {
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the metrics endpoint stopped");
+        }
+    });
+    Ok(bound)
+}

@@ -1,0 +1,337 @@
+//! The claim loop: keep up to `concurrency` runs executing, claim in batches, wake on
+//! notifications or the poll interval, reclaim dead local workers' runs, ride out
+//! database outages, and on a stop request drain within the grace period.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
+use flow_ledger::notify::{QueueListener, Wake};
+use flow_ledger::{ClaimRuns, Ledger, RunLease, RunStatus};
+use tokio::task::JoinSet;
+
+use super::metrics::Metrics;
+use super::worker::{self, Ended, Shared};
+use super::{Config, Handle};
+use crate::executor::{Executor, RUN_LEASE};
+
+/// How often leases of provably dead workers on this host are expired, so their runs
+/// are reclaimed at once instead of after the lease length.
+const EXPIRE_EVERY: Duration = Duration::from_secs(2);
+
+/// How long to wait before trying to listen again after the listener failed.
+const RELISTEN_AFTER: Duration = Duration::from_secs(5);
+
+/// Why [`Service::run`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// `exit_when_idle`: nothing queued, nothing in flight.
+    Idle,
+    /// A graceful stop: every run in flight finished or was released (`abandoned` of
+    /// them were still running a call when the grace period ended).
+    Graceful {
+        /// Runs whose calls were still in flight at the end of the grace period.
+        abandoned: usize,
+    },
+    /// An immediate stop: runs in flight were left to their leases.
+    Immediate,
+}
+
+/// A daemon: the claim loop and the runs it executes.
+pub struct Service {
+    config: Config,
+    shared: Arc<Shared>,
+    handle: Handle,
+}
+
+/// Whether the database answers, with the backoff used while it does not; state changes
+/// are logged once, not once per retry.
+enum Database {
+    Up,
+    Down {
+        since: Instant,
+        delays: ExponentialBackoff,
+    },
+}
+
+impl Database {
+    fn ok(&mut self) {
+        if let Database::Down { since, .. } = self {
+            tracing::warn!(
+                down_for_ms = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "database reachable again; claiming runs"
+            );
+            *self = Database::Up;
+        }
+    }
+
+    /// Records a failure; returns how long to wait before the next try.
+    fn failed(&mut self, url: &str, e: &flow_ledger::Error) -> Duration {
+        if let Database::Up = self {
+            tracing::warn!(
+                db = url,
+                error = %e,
+                "database unreachable: not claiming; runs in flight stop at their next write and go back to the queue; retrying with backoff"
+            );
+            *self = Database::Down {
+                since: Instant::now(),
+                delays: ExponentialBuilder::default()
+                    .with_min_delay(Duration::from_millis(100))
+                    .with_max_delay(Duration::from_secs(5))
+                    .with_jitter()
+                    .without_max_times()
+                    .build(),
+            };
+        }
+        match self {
+            Database::Down { delays, .. } => delays.next().unwrap_or(Duration::from_secs(5)),
+            Database::Up => Duration::from_millis(100),
+        }
+    }
+}
+
+impl Service {
+    /// A daemon executing runs with `executor` (whose step observer should be a
+    /// [`super::metrics::Observer`] over the same `metrics`).
+    pub fn new(executor: Executor, config: Config, metrics: Arc<Metrics>) -> Self {
+        let handle = Handle::new();
+        let shared = Shared::new(executor, metrics, handle.graceful().clone());
+        Self {
+            config,
+            shared,
+            handle,
+        }
+    }
+
+    /// The handle that stops this service.
+    pub fn handle(&self) -> Handle {
+        self.handle.clone()
+    }
+
+    fn ledger(&self) -> &Ledger {
+        &self.shared.ledger
+    }
+
+    fn now(&self) -> flow_ledger::Timestamp {
+        self.shared.executor.gateway().now()
+    }
+
+    /// Runs until idle (with `exit_when_idle`) or stopped through the handle.
+    pub async fn run(self) -> Stopped {
+        let mut tasks: JoinSet<Ended> = JoinSet::new();
+        let mut leases: HashMap<String, RunLease> = HashMap::new();
+        let mut db = Database::Up;
+        let mut relisten_at: Option<Instant> = None;
+        let mut listener = match self.listen().await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for queue notifications; polling until it works");
+                relisten_at = Some(Instant::now() + RELISTEN_AFTER);
+                None
+            }
+        };
+        let mut last_expire: Option<Instant> = None;
+        let graceful = self.handle.graceful().clone();
+        let immediate = self.handle.immediate().clone();
+        loop {
+            while let Some(joined) = tasks.try_join_next() {
+                self.reap(joined, &mut leases);
+            }
+            self.shared.metrics.set_in_flight(tasks.len());
+            if graceful.is_cancelled() {
+                break;
+            }
+            if relisten_at.is_some_and(|t| Instant::now() >= t) {
+                match self.listen().await {
+                    Ok(l) => {
+                        tracing::info!("listening for queue notifications again");
+                        relisten_at = None;
+                        listener = l;
+                    }
+                    Err(e) => {
+                        tracing::debug!(error = %e, "still cannot listen for queue notifications");
+                        relisten_at = Some(Instant::now() + RELISTEN_AFTER);
+                    }
+                }
+            }
+            let mut wait = self.config.poll_interval;
+            let free = self.config.concurrency.saturating_sub(tasks.len());
+            if free > 0 {
+                if last_expire.is_none_or(|t| t.elapsed() >= EXPIRE_EVERY) {
+                    last_expire = Some(Instant::now());
+                    if let Err(e) = self.ledger().expire_dead_local_workers(self.now()).await {
+                        wait = db.failed(self.ledger().url_redacted(), &e);
+                        self.pause(wait, &mut tasks, &mut leases).await;
+                        continue;
+                    }
+                }
+                match self.claim(free).await {
+                    Ok(claimed) => {
+                        db.ok();
+                        let got = claimed.len();
+                        for lease in claimed {
+                            leases.insert(lease.run_id.clone(), lease.clone());
+                            tasks.spawn(worker::execute(self.shared.clone(), lease));
+                        }
+                        self.shared.metrics.set_in_flight(tasks.len());
+                        if got == free {
+                            // Every slot filled: the queue may hold more; claim again as
+                            // soon as a run ends.
+                            wait = RUN_LEASE;
+                        } else if got == 0 && tasks.is_empty() && self.config.exit_when_idle {
+                            match self.idle().await {
+                                Ok(true) => return Stopped::Idle,
+                                Ok(false) => {}
+                                Err(e) => wait = db.failed(self.ledger().url_redacted(), &e),
+                            }
+                        }
+                    }
+                    Err(e) => wait = db.failed(self.ledger().url_redacted(), &e),
+                }
+            }
+            let can_claim = tasks.len() < self.config.concurrency && matches!(db, Database::Up);
+            tokio::select! {
+                Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
+                    self.reap(joined, &mut leases);
+                }
+                woke = wait_for(&mut listener), if can_claim && listener.is_some() => {
+                    if let Err(e) = woke {
+                        tracing::warn!(error = %e, "lost the queue notification channel; polling until it is back");
+                        listener = None;
+                        relisten_at = Some(Instant::now() + RELISTEN_AFTER);
+                    }
+                }
+                () = tokio::time::sleep(wait) => {}
+                () = graceful.cancelled() => {}
+            }
+        }
+        if immediate.is_cancelled() {
+            return Stopped::Immediate;
+        }
+        self.drain(tasks, leases).await
+    }
+
+    /// Waits `wait` (database down), still reaping runs that end meanwhile.
+    async fn pause(
+        &self,
+        wait: Duration,
+        tasks: &mut JoinSet<Ended>,
+        leases: &mut HashMap<String, RunLease>,
+    ) {
+        let sleep = tokio::time::sleep(wait);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                Some(joined) = tasks.join_next(), if !tasks.is_empty() => self.reap(joined, leases),
+                () = &mut sleep => return,
+                () = self.handle.graceful().cancelled() => return,
+            }
+        }
+    }
+
+    /// The queue listener: `Ok(None)` when there is none to have (SQLite, `--no-listen`).
+    async fn listen(&self) -> Result<Option<QueueListener>, flow_ledger::Error> {
+        if !self.config.listen {
+            return Ok(None);
+        }
+        self.ledger().listen_queue().await
+    }
+
+    async fn claim(&self, free: usize) -> Result<Vec<RunLease>, flow_ledger::Error> {
+        let started = Instant::now();
+        let req = ClaimRuns {
+            worker: &self.config.worker,
+            lease: RUN_LEASE,
+            limit: u32::try_from(free).unwrap_or(u32::MAX),
+        };
+        let claimed = self.ledger().claim_next(req, self.now()).await?;
+        self.shared
+            .metrics
+            .claimed(claimed.len(), started.elapsed());
+        Ok(claimed)
+    }
+
+    /// Nothing claimable now: idle unless runs are still queued (e.g. not due yet) or
+    /// held by provably dead local workers (expired here, so claimable next turn).
+    async fn idle(&self) -> Result<bool, flow_ledger::Error> {
+        if self.ledger().expire_dead_local_workers(self.now()).await? > 0 {
+            return Ok(false);
+        }
+        let counts = self.ledger().count_runs_by_status().await?;
+        Ok(counts
+            .iter()
+            .all(|(status, n)| *status != RunStatus::Queued || *n == 0))
+    }
+
+    fn reap(
+        &self,
+        joined: Result<Ended, tokio::task::JoinError>,
+        leases: &mut HashMap<String, RunLease>,
+    ) {
+        match joined {
+            Ok(ended) => {
+                leases.remove(&ended.run_id);
+            }
+            Err(e) => {
+                // A panic inside an execution: its run stays leased to this process until
+                // the lease expires (or this process exits), then another worker resumes it.
+                tracing::error!(error = %e, "a run's task failed");
+            }
+        }
+    }
+
+    /// The graceful end: wait for the runs in flight (they start nothing new and release
+    /// themselves) up to the grace period, then abandon the rest and release their runs.
+    async fn drain(
+        &self,
+        mut tasks: JoinSet<Ended>,
+        mut leases: HashMap<String, RunLease>,
+    ) -> Stopped {
+        let in_flight = tasks.len();
+        if in_flight > 0 {
+            tracing::warn!(
+                runs = in_flight,
+                grace_ms = u64::try_from(self.config.grace.as_millis()).unwrap_or(u64::MAX),
+                "waiting for the calls in flight"
+            );
+        }
+        let deadline = tokio::time::sleep(self.config.grace);
+        tokio::pin!(deadline);
+        let immediate = self.handle.immediate().clone();
+        while !tasks.is_empty() {
+            tokio::select! {
+                Some(joined) = tasks.join_next() => self.reap(joined, &mut leases),
+                () = &mut deadline => break,
+                () = immediate.cancelled() => return Stopped::Immediate,
+            }
+        }
+        let abandoned = tasks.len();
+        if abandoned > 0 {
+            tracing::warn!(
+                runs = abandoned,
+                "grace period over: abandoning the calls still in flight (they will be found in doubt) and releasing their runs"
+            );
+            tasks.abort_all();
+            while let Some(joined) = tasks.join_next().await {
+                if let Ok(ended) = joined {
+                    leases.remove(&ended.run_id);
+                }
+            }
+            for lease in leases.values() {
+                if let Err(e) = self.ledger().release_run(lease, self.now()).await {
+                    tracing::warn!(run = %lease.run_id, error = %e, "could not release the run; its lease will expire");
+                }
+            }
+        }
+        self.shared.metrics.set_in_flight(0);
+        Stopped::Graceful { abandoned }
+    }
+}
+
+async fn wait_for(listener: &mut Option<QueueListener>) -> Result<Wake, flow_ledger::Error> {
+    match listener {
+        Some(l) => l.wait().await,
+        None => std::future::pending().await,
+    }
+}

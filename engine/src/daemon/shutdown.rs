@@ -1,0 +1,132 @@
+//! Stopping a daemon: the [`Handle`] and the signals that drive it.
+//!
+//! Two levels, as operators expect from a service manager: the first SIGTERM or SIGINT
+//! is a graceful stop (no new claims, calls in flight finish within the grace period,
+//! leases released); a second one is an immediate stop (leases then expire on their own,
+//! or at once for workers on the same host, which can prove this process is gone).
+
+use tokio_util::sync::CancellationToken;
+
+/// Asks a running [`super::Service`] to stop. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct Handle {
+    graceful: CancellationToken,
+    immediate: CancellationToken,
+}
+
+impl Handle {
+    /// A handle that has not been triggered.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Stops claiming; lets the calls in flight finish (within the grace period), then
+    /// releases the runs to the queue and ends the service.
+    pub fn shutdown(&self) {
+        self.graceful.cancel();
+    }
+
+    /// Ends the service at once, without waiting or releasing.
+    pub fn abort(&self) {
+        self.graceful.cancel();
+        self.immediate.cancel();
+    }
+
+    /// Whether a stop (of either kind) was asked for.
+    pub fn is_stopping(&self) -> bool {
+        self.graceful.is_cancelled()
+    }
+
+    /// Fires on the first stop request: what executions watch to start nothing new.
+    pub fn graceful(&self) -> &CancellationToken {
+        &self.graceful
+    }
+
+    /// Fires on an immediate stop request.
+    pub fn immediate(&self) -> &CancellationToken {
+        &self.immediate
+    }
+}
+
+/// The signal that stopped the daemon at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// SIGINT (Ctrl-C).
+    Interrupt,
+    /// SIGTERM (service managers, `kill`).
+    Terminate,
+}
+
+impl Signal {
+    /// The exit status a shell reports for a process ended by this signal (128 + n).
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Signal::Interrupt => 130,
+            Signal::Terminate => 143,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Signal::Interrupt => "SIGINT",
+            Signal::Terminate => "SIGTERM",
+        }
+    }
+}
+
+/// Waits for SIGTERM or SIGINT.
+#[cfg(unix)]
+async fn next_signal(
+    term: &mut tokio::signal::unix::Signal,
+    int: &mut tokio::signal::unix::Signal,
+) -> Signal {
+    tokio::select! {
+        _ = term.recv() => Signal::Terminate,
+        _ = int.recv() => Signal::Interrupt,
+    }
+}
+
+/// Feeds SIGTERM/SIGINT into `handle`: the first asks for a graceful stop, the second
+/// for an immediate one, which this returns. Returns `None` if the signal handlers
+/// cannot be installed (the daemon then runs until it is killed or idle).
+pub async fn on_signals(handle: Handle) -> Option<Signal> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let (mut term, mut int) = match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(t), Ok(i)) => (t, i),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::error!(error = %e, "cannot install signal handlers");
+                return None;
+            }
+        };
+        let first = next_signal(&mut term, &mut int).await;
+        tracing::warn!(
+            signal = first.name(),
+            "stopping: no new runs; calls in flight finish within the grace period (signal again to stop at once)"
+        );
+        handle.shutdown();
+        let second = next_signal(&mut term, &mut int).await;
+        tracing::warn!(
+            signal = second.name(),
+            "stopping at once: leases are left to expire"
+        );
+        handle.abort();
+        Some(second)
+    }
+    #[cfg(not(unix))]
+    {
+        if tokio::signal::ctrl_c().await.is_err() {
+            return None;
+        }
+        handle.shutdown();
+        if tokio::signal::ctrl_c().await.is_err() {
+            return None;
+        }
+        handle.abort();
+        Some(Signal::Interrupt)
+    }
+}

@@ -1,0 +1,177 @@
+//! One claimed run, executed in its own task: read the run, parse its workflow snapshot
+//! (cached: a queue usually holds many runs of few workflows), execute it with the shared
+//! [`Executor`], and give the run back to the queue when this process cannot go on.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use flow_ledger::{Ledger, Run, RunFinish, RunLease, RunStatus};
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::Metrics;
+use crate::executor::{Executor, RUN_LEASE};
+use crate::gateway;
+use crate::workflow::Workflow;
+
+/// Most workflow snapshots kept parsed; the cache is emptied when it fills up.
+const CACHE_LIMIT: usize = 256;
+
+/// What every run task shares.
+pub(crate) struct Shared {
+    pub executor: Executor,
+    pub ledger: Ledger,
+    pub metrics: Arc<Metrics>,
+    /// Fires on a graceful stop: executions start nothing new and release their runs.
+    pub stop: CancellationToken,
+    workflows: Mutex<HashMap<String, Arc<Workflow>>>,
+}
+
+impl Shared {
+    pub fn new(executor: Executor, metrics: Arc<Metrics>, stop: CancellationToken) -> Arc<Self> {
+        Arc::new(Self {
+            ledger: executor.gateway().ledger().clone(),
+            executor,
+            metrics,
+            stop,
+            workflows: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The run's workflow, parsed and validated once per distinct snapshot text.
+    fn workflow(&self, run: &Run) -> Result<Arc<Workflow>, String> {
+        let cached = self
+            .workflows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&run.workflow_text)
+            .cloned();
+        if let Some(wf) = cached {
+            return Ok(wf);
+        }
+        let wf = Arc::new(crate::cli::snapshot(run)?);
+        let mut cache = self.workflows.lock().unwrap_or_else(|e| e.into_inner());
+        if cache.len() >= CACHE_LIMIT {
+            cache.clear();
+        }
+        cache.insert(run.workflow_text.clone(), wf.clone());
+        Ok(wf)
+    }
+
+    fn now(&self) -> flow_ledger::Timestamp {
+        self.executor.gateway().now()
+    }
+}
+
+/// A run whose execution ended here (its lease is no longer this process's concern).
+pub(crate) struct Ended {
+    pub run_id: String,
+}
+
+/// Executes the run held by `lease` until it ends here. The metrics record how: the
+/// run's status, `queued` (released), or `lost` (another worker holds it now, or the
+/// database did not come back before the lease ran out).
+pub(crate) async fn execute(shared: Arc<Shared>, lease: RunLease) -> Ended {
+    let run_id = lease.run_id.clone();
+    let status = execute_inner(&shared, lease).await;
+    shared.metrics.finished(status);
+    Ended { run_id }
+}
+
+async fn execute_inner(shared: &Shared, lease: RunLease) -> &'static str {
+    let run = match shared.ledger.get_run(&lease.run_id).await {
+        Ok(run) => run,
+        Err(e) => {
+            tracing::warn!(run = %lease.run_id, error = %e, "cannot read a claimed run");
+            return give_back(shared, &lease).await;
+        }
+    };
+    let wf = match shared.workflow(&run) {
+        Ok(wf) => wf,
+        Err(message) => return fail_unrunnable(shared, &lease, message).await,
+    };
+    tracing::debug!(run = %run.id, workflow = %run.workflow_name, token = lease.token, "run claimed");
+    match shared
+        .executor
+        .execute_claimed(lease.clone(), &wf, &run, &shared.stop)
+        .await
+    {
+        Ok(outcome) => {
+            let status = outcome.status.as_str();
+            match outcome.status {
+                RunStatus::Paused => tracing::warn!(
+                    run = %run.id,
+                    workflow = %run.workflow_name,
+                    reason = outcome.error.as_deref().unwrap_or("in doubt"),
+                    "run paused: see `flow show {}`", run.id
+                ),
+                RunStatus::Queued => tracing::info!(
+                    run = %run.id,
+                    workflow = %run.workflow_name,
+                    "run released to the queue: stopping"
+                ),
+                _ => tracing::info!(
+                    run = %run.id,
+                    workflow = %run.workflow_name,
+                    status,
+                    error = outcome.error.as_deref(),
+                    "run finished"
+                ),
+            }
+            status
+        }
+        Err(gateway::Error::LeaseLost { .. }) => {
+            tracing::warn!(run = %run.id, "lost the run's lease: another worker has it now");
+            "lost"
+        }
+        Err(gateway::Error::Ledger(e)) => {
+            tracing::warn!(run = %run.id, error = %e, "the ledger failed during the run; giving it back to the queue");
+            give_back(shared, &lease).await
+        }
+    }
+}
+
+/// A run whose stored workflow this binary cannot run (it no longer validates) fails
+/// with the reason: releasing it would only hand it to the next worker, forever.
+async fn fail_unrunnable(shared: &Shared, lease: &RunLease, message: String) -> &'static str {
+    tracing::error!(run = %lease.run_id, error = %message, "cannot run this run's workflow");
+    let finish = RunFinish {
+        status: RunStatus::Failed,
+        output: None,
+        error: Some(message),
+    };
+    match shared.ledger.finish_run(lease, finish, shared.now()).await {
+        Ok(_) => "failed",
+        Err(flow_ledger::Error::LeaseLost) => "lost",
+        Err(_) => give_back(shared, lease).await,
+    }
+}
+
+/// Puts a run this process cannot go on with back on the queue, retrying with backoff
+/// while the database is unreachable. Gives up after two lease lengths: by then the
+/// lease has expired and any worker may reclaim the run (its calls' fate is then decided
+/// by the ledger: `claimed` ones are taken over, `outbound` ones go in doubt).
+async fn give_back(shared: &Shared, lease: &RunLease) -> &'static str {
+    let started = Instant::now();
+    let mut delays = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times()
+        .build();
+    loop {
+        match shared.ledger.release_run(lease, shared.now()).await {
+            Ok(()) => return "queued",
+            Err(flow_ledger::Error::LeaseLost) => return "lost",
+            Err(e) if started.elapsed() >= RUN_LEASE * 2 => {
+                tracing::warn!(run = %lease.run_id, error = %e, "could not release the run; its lease will expire");
+                return "lost";
+            }
+            Err(_) => {
+                let delay = delays.next().unwrap_or(Duration::from_secs(5));
+                tokio::time::sleep(delay).await;
+            }
+        }
+    }
+}

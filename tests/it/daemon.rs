@@ -1,0 +1,671 @@
+//! `flow submit` and `flow daemon` through the real binary: several daemon processes
+//! draining one queue while one is SIGKILLed, graceful and immediate shutdown, the
+//! database going away under a running daemon, LISTEN/NOTIFY wake-ups, metrics, JSON
+//! logs, and the bad conditions (database unreachable at start, bad submits).
+//!
+//! The downstream is a `CountingServer` that records every request's Idempotency-Key on
+//! arrival; the guarantees are checked there, not in the ledger.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use flow_adapters::testkit::http::{Behavior, CountingServer};
+use flow_ledger::{
+    CallStatus, EventFilter, EventType, Ledger, NewRun, OpenOptions, RunFilter, RunStatus,
+};
+
+use crate::support::{
+    Backend, TestDb, backends, output, postgres_available, runtime, show, stderr, stdout,
+};
+
+/// A chain of three side-effecting POSTs (no idempotency: unknown outcomes go in doubt).
+fn chain(url: &str) -> String {
+    format!(
+        r#"name: chain3
+inputs:
+  i: {{ type: integer, required: true }}
+tools:
+  effect: {{ kind: http, method: POST, url: "{url}/effect/${{{{ with.node }}}}", timeout: 10s }}
+nodes:
+  a: {{ tool: effect, with: {{ node: a, i: "${{{{ inputs.i }}}}" }} }}
+  b: {{ tool: effect, needs: [a], with: {{ node: b }} }}
+  c: {{ tool: effect, needs: [b], with: {{ node: c }} }}
+"#
+    )
+}
+
+/// `slow` then `next`: a stop during `slow` must not start `next`.
+fn slow_then_next(url: &str) -> String {
+    format!(
+        r#"name: slow
+tools:
+  post: {{ kind: http, method: POST, url: "{url}/${{{{ with.path }}}}", timeout: 20s }}
+nodes:
+  slow: {{ tool: post, with: {{ path: slow }} }}
+  next: {{ tool: post, needs: [slow], with: {{ path: next }} }}
+"#
+    )
+}
+
+/// A `flow daemon` child whose stderr goes to a file in the test directory.
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn start(db: &TestDb, name: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+        let log = db.dir.path().join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("daemon log file");
+        let mut cmd = db.flow();
+        cmd.arg("daemon")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(file);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("spawn flow daemon");
+        Daemon { child, log }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn signal(&self, sig: &str) {
+        let status = std::process::Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill {sig} failed");
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for the exit, failing the test after `limit`.
+    fn wait(&mut self, limit: Duration) -> ExitStatus {
+        let start = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            if start.elapsed() > limit {
+                let _ = self.child.kill();
+                panic!("daemon did not exit within {limit:?}; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn open_ledger(rt: &tokio::runtime::Runtime, db: &TestDb) -> Ledger {
+    rt.block_on(Ledger::open(&db.url, OpenOptions::default()))
+        .expect("open ledger")
+}
+
+fn statuses(rt: &tokio::runtime::Runtime, ledger: &Ledger) -> HashMap<String, RunStatus> {
+    let filter = RunFilter {
+        status: None,
+        limit: 10_000,
+    };
+    rt.block_on(ledger.list_runs(filter))
+        .expect("list runs")
+        .into_iter()
+        .map(|r| (r.id, r.status))
+        .collect()
+}
+
+/// Polls until `done` holds, failing after `limit` with `what`.
+fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out after {limit:?}: {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn free_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    l.local_addr().expect("addr")
+}
+
+/// A plain HTTP/1.0 GET: status code and body (`None` if nothing listens yet).
+fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+/// Enqueues through the library (the bulk of a big test; `flow submit` is exercised
+/// beside it and by its own tests).
+fn enqueue(rt: &tokio::runtime::Runtime, ledger: &Ledger, text: &str, id: &str, i: usize) {
+    let run = NewRun {
+        id: id.to_string(),
+        workflow_name: "chain3".into(),
+        workflow_text: text.to_string(),
+        workflow_hash: "tests-it-daemon".into(),
+        inputs: serde_json::json!({ "i": i }),
+        priority: 0,
+        not_before: None,
+    };
+    rt.block_on(ledger.enqueue(run, flow_ledger::Clock::now(&flow_ledger::SystemClock)))
+        .expect("enqueue");
+}
+
+/// Resolves every in-doubt call of the paused runs from the server's own record (arrived
+/// → succeeded, never arrived → re-send with the same key) and re-queues the runs; checks
+/// that each such call really was ambiguous: held by the killed daemon, sent at most once.
+fn resolve_in_doubt(
+    rt: &tokio::runtime::Runtime,
+    db: &TestDb,
+    ledger: &Ledger,
+    server: &CountingServer,
+    killed_pid: u32,
+) -> (u32, u32) {
+    let (mut arrived, mut retried) = (0, 0);
+    for (run_id, status) in statuses(rt, ledger) {
+        if status != RunStatus::Paused {
+            continue;
+        }
+        let calls = rt.block_on(ledger.list_calls(&run_id)).expect("calls");
+        let events = rt
+            .block_on(ledger.list_events(EventFilter {
+                run_id: Some(run_id.clone()),
+                after_seq: None,
+                limit: 0,
+            }))
+            .expect("events");
+        for c in calls.iter().filter(|c| c.status == CallStatus::InDoubt) {
+            // The event names the lease holder whose request may have left.
+            let reason = events
+                .iter()
+                .find(|e| {
+                    e.event_type == EventType::ToolCallInDoubt
+                        && e.tool_call_id.as_deref() == Some(&c.tool_call_id)
+                })
+                .and_then(|e| e.payload["reason"].as_str())
+                .unwrap_or_default()
+                .to_string();
+            assert!(
+                reason.contains(&format!(":{killed_pid}:")),
+                "{run_id}/{}: only the killed daemon's calls may be in doubt: {reason}",
+                c.tool_call_id
+            );
+            let n = server.count(&c.current_key);
+            assert!(n <= 1, "{}: sent {n} times", c.current_key);
+            let mut cmd = db.flow();
+            cmd.args(["resume", &run_id, "--detach", "--resolve"]);
+            if n == 1 {
+                arrived += 1;
+                cmd.arg(format!("{}=succeeded", c.tool_call_id))
+                    .args(["--output", r#"{"resolved": "arrived"}"#]);
+            } else {
+                retried += 1;
+                cmd.arg(format!("{}=retry", c.tool_call_id));
+            }
+            let out = output(&mut cmd);
+            assert_eq!(out.status.code(), Some(0), "resolve: {}", stderr(&out));
+        }
+    }
+    (arrived, retried)
+}
+
+/// `daemons` daemon processes drain `runs` runs of the three-node chain while one of
+/// them is SIGKILLed a third of the way through and replaced.
+fn many_daemons_one_killed(backend: Backend, daemons: usize, runs: usize) {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    server.set("*", Behavior::hold(Duration::from_millis(15)));
+    let db = TestDb::new(backend);
+    let text = chain(&server.url());
+    let file = db.write("chain3.yaml", &text);
+    let ledger = open_ledger(&rt, &db);
+    let by_cli = runs / 10;
+    for i in 0..runs - by_cli {
+        enqueue(&rt, &ledger, &text, &format!("lib-{i}"), i);
+    }
+    let args = ["--concurrency", "8", "--poll-interval", "250ms"];
+    let mut procs: Vec<Daemon> = (0..daemons)
+        .map(|n| Daemon::start(&db, &format!("d{n}"), &args, &[]))
+        .collect();
+    // Runs submitted while the daemons work, through the CLI (NOTIFY wakes them on PG).
+    let submitter = {
+        let file = file.clone();
+        let dir = db.dir.path().to_path_buf();
+        let url = db.url.clone();
+        std::thread::spawn(move || {
+            for i in 0..by_cli {
+                let out = output(
+                    crate::support::flow()
+                        .current_dir(&dir)
+                        .env("FLOW_DATABASE_URL", &url)
+                        .arg("submit")
+                        .arg(&file)
+                        .args(["--input", &format!("i={}", 10_000 + i)]),
+                );
+                assert_eq!(out.status.code(), Some(0), "submit: {}", stderr(&out));
+                assert!(stdout(&out).trim().starts_with("run_"));
+            }
+        })
+    };
+    let started = Instant::now();
+    let third = u32::try_from(runs).unwrap_or(u32::MAX);
+    wait_until(Duration::from_secs(40), "a third of the requests", || {
+        server.total() >= third
+    });
+    let killed_pid = procs[0].pid();
+    let _ = procs[0].child.kill();
+    let _ = procs[0].child.wait();
+    procs.push(Daemon::start(&db, "replacement", &args, &[]));
+    submitter.join().expect("submitter");
+    let ctx = format!("{backend:?}");
+    wait_until(Duration::from_secs(60), "every run to end", || {
+        let s = statuses(&rt, &ledger);
+        s.len() == runs
+            && s.values()
+                .all(|st| matches!(st, RunStatus::Succeeded | RunStatus::Paused))
+    });
+    let paused = statuses(&rt, &ledger)
+        .values()
+        .filter(|s| **s == RunStatus::Paused)
+        .count();
+    let (arrived, retried) = resolve_in_doubt(&rt, &db, &ledger, &server, killed_pid);
+    wait_until(Duration::from_secs(30), "resolved runs to succeed", || {
+        statuses(&rt, &ledger)
+            .values()
+            .all(|st| *st == RunStatus::Succeeded)
+    });
+    for d in procs.iter_mut().skip(1) {
+        d.signal("-TERM");
+        let status = d.wait(Duration::from_secs(20));
+        assert_eq!(status.code(), Some(0), "{ctx}: daemon log:\n{}", d.log());
+    }
+    // Every effect landed exactly once; no key was ever sent twice.
+    let log = server.log();
+    let mut per_key: HashMap<String, u32> = HashMap::new();
+    for r in &log {
+        *per_key
+            .entry(r.key.clone().unwrap_or_default())
+            .or_default() += 1;
+    }
+    let twice: Vec<_> = per_key.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "{ctx}: keys sent twice: {twice:?}");
+    for (run_id, _) in statuses(&rt, &ledger) {
+        for node in ["a", "b", "c"] {
+            let landed = log
+                .iter()
+                .filter(|r| {
+                    r.path == format!("/effect/{node}")
+                        && r.key
+                            .as_deref()
+                            .is_some_and(|k| k.starts_with(&format!("{run_id}:")))
+                })
+                .count();
+            assert_eq!(
+                landed, 1,
+                "{ctx}: {run_id} node {node} landed {landed} times"
+            );
+        }
+    }
+    eprintln!(
+        "{ctx}: {runs} runs by {daemons} daemons (+1 replacement) in {:?}; {paused} paused after the kill ({arrived} calls had arrived, {retried} had not)",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn three_daemons_on_postgres_survive_a_sigkill() {
+    if postgres_available() {
+        many_daemons_one_killed(Backend::Postgres, 3, 300);
+    }
+}
+
+#[test]
+fn two_daemons_on_one_sqlite_file_survive_a_sigkill() {
+    many_daemons_one_killed(Backend::Sqlite, 2, 300);
+}
+
+fn submit(db: &TestDb, file: &PathBuf) -> String {
+    let out = output(db.flow().arg("submit").arg(file));
+    assert_eq!(out.status.code(), Some(0), "submit: {}", stderr(&out));
+    stdout(&out).trim().to_string()
+}
+
+#[test]
+fn sigterm_lets_the_call_in_flight_finish_and_releases_the_run() {
+    for backend in backends() {
+        let rt = runtime();
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        server.set("/slow", Behavior::hold(Duration::from_millis(1500)));
+        let db = TestDb::new(backend);
+        let file = db.write("slow.yaml", &slow_then_next(&server.url()));
+        let run = submit(&db, &file);
+        let mut d = Daemon::start(&db, "d", &["--poll-interval", "100ms"], &[]);
+        wait_until(Duration::from_secs(20), "the slow call to arrive", || {
+            server.total() >= 1
+        });
+        let asked = Instant::now();
+        d.signal("-TERM");
+        let status = d.wait(Duration::from_secs(20));
+        let ctx = format!("{backend:?}: daemon log:\n{}", d.log());
+        assert_eq!(status.code(), Some(0), "{ctx}");
+        assert!(
+            asked.elapsed() >= Duration::from_millis(800),
+            "the daemon must wait for the slow call: {ctx}"
+        );
+        let s = show(&db, &run);
+        assert_eq!(s["run"]["status"], "queued", "{ctx}\n{s:#}");
+        let calls = s["tool_calls"].as_array().expect("calls");
+        assert_eq!(calls.len(), 1, "`next` must not start: {s:#}");
+        assert_eq!(calls[0]["status"], "succeeded", "{s:#}");
+        assert_eq!(server.total(), 1);
+
+        let mut later = Daemon::start(&db, "later", &["--exit-when-idle"], &[]);
+        assert_eq!(later.wait(Duration::from_secs(20)).code(), Some(0));
+        let s = show(&db, &run);
+        assert_eq!(s["run"]["status"], "succeeded", "{s:#}");
+        for c in s["tool_calls"].as_array().expect("calls") {
+            let key = c["current_key"].as_str().expect("key");
+            assert_eq!(server.count(key), 1, "{key}: {s:#}");
+        }
+    }
+}
+
+#[test]
+fn a_second_signal_stops_at_once_and_the_call_is_found_in_doubt() {
+    for backend in backends() {
+        let rt = runtime();
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        server.set("/slow", Behavior::HoldUntilReleased);
+        let db = TestDb::new(backend);
+        let file = db.write("slow.yaml", &slow_then_next(&server.url()));
+        let run = submit(&db, &file);
+        let mut d = Daemon::start(&db, "d", &["--poll-interval", "100ms"], &[]);
+        wait_until(Duration::from_secs(20), "the slow call to arrive", || {
+            server.total() >= 1
+        });
+        d.signal("-TERM");
+        std::thread::sleep(Duration::from_millis(300));
+        let asked = Instant::now();
+        d.signal("-TERM");
+        let status = d.wait(Duration::from_secs(5));
+        assert_eq!(status.code(), Some(143), "{backend:?}: {}", d.log());
+        assert!(asked.elapsed() < Duration::from_secs(3));
+        server.release();
+        // The holder is provably dead on this host: the next daemon finds the call in
+        // doubt at once and pauses the run instead of sending again.
+        let mut later = Daemon::start(&db, "later", &["--exit-when-idle"], &[]);
+        assert_eq!(later.wait(Duration::from_secs(20)).code(), Some(0));
+        let s = show(&db, &run);
+        assert_eq!(s["run"]["status"], "paused", "{backend:?}: {s:#}");
+        assert_eq!(crate::support::call(&s, "slow")["status"], "in_doubt");
+        assert_eq!(server.total(), 1, "never sent twice");
+    }
+}
+
+#[test]
+fn a_queued_run_wakes_a_listening_daemon_without_waiting_for_the_poll() {
+    if !postgres_available() {
+        return;
+    }
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let db = TestDb::new(Backend::Postgres);
+    let file = db.write("slow.yaml", &slow_then_next(&server.url()));
+    let addr = free_port();
+    let addr_arg = addr.to_string();
+    let mut d = Daemon::start(
+        &db,
+        "d",
+        &["--poll-interval", "1h", "--metrics-addr", &addr_arg],
+        &[],
+    );
+    // The first claim happens after LISTEN: from then on a submit wakes the daemon.
+    wait_until(Duration::from_secs(20), "the daemon's first claim", || {
+        http_get(addr, "/metrics").is_some_and(|(_, body)| {
+            !body.contains("flow_claim_duration_seconds_count 0")
+                && body.contains("flow_claim_duration_seconds_count")
+        })
+    });
+    let submitted = Instant::now();
+    let run = submit(&db, &file);
+    wait_until(Duration::from_secs(10), "the run to succeed", || {
+        show(&db, &run)["run"]["status"] == "succeeded"
+    });
+    assert!(
+        submitted.elapsed() < Duration::from_secs(10),
+        "woken by NOTIFY, not by the hourly poll"
+    );
+    d.signal("-TERM");
+    assert_eq!(
+        d.wait(Duration::from_secs(10)).code(),
+        Some(0),
+        "{}",
+        d.log()
+    );
+}
+
+#[test]
+fn metrics_healthz_and_json_logs_carry_the_ids() {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write("slow.yaml", &slow_then_next(&server.url()));
+    let runs: Vec<String> = (0..3).map(|_| submit(&db, &file)).collect();
+    let addr = free_port();
+    let addr_arg = addr.to_string();
+    let mut d = Daemon::start(
+        &db,
+        "d",
+        &["--poll-interval", "100ms", "--metrics-addr", &addr_arg],
+        &[("RUST_LOG", "info")],
+    );
+    wait_until(Duration::from_secs(20), "three runs to succeed", || {
+        runs.iter()
+            .all(|r| show(&db, r)["run"]["status"] == "succeeded")
+    });
+    let (code, body) = http_get(addr, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    for line in [
+        "flow_runs{status=\"succeeded\"} 3",
+        "flow_queue_depth 0",
+        "flow_tool_calls_in_doubt 0",
+        "flow_database_up 1",
+        "flow_tool_calls_total{outcome=\"succeeded\"} 6",
+        "flow_daemon_runs_finished_total{status=\"succeeded\"} 3",
+        "flow_daemon_runs_in_flight 0",
+    ] {
+        assert!(body.lines().any(|l| l == line), "no `{line}` in:\n{body}");
+    }
+    for family in [
+        "flow_claim_duration_seconds",
+        "flow_tool_call_duration_seconds",
+    ] {
+        assert!(
+            body.contains(&format!("{family}_bucket{{le=")),
+            "no {family} histogram in:\n{body}"
+        );
+    }
+    assert_eq!(http_get(addr, "/healthz").map(|r| r.0), Some(200));
+    d.signal("-TERM");
+    assert_eq!(d.wait(Duration::from_secs(10)).code(), Some(0));
+
+    // JSON logs: a step line carries the run (its span), the step and the call.
+    let db2 = TestDb::new(Backend::Sqlite);
+    let file = db2.write("slow.yaml", &slow_then_next(&server.url()));
+    let run = submit(&db2, &file);
+    let log = db2.dir.path().join("json.log");
+    let out = output(
+        db2.flow()
+            .env("RUST_LOG", "info")
+            .args(["--log-format", "json", "daemon", "--exit-when-idle"])
+            .stderr(std::fs::File::create(&log).expect("log file")),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let text = std::fs::read_to_string(&log).expect("log");
+    let step_line = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["message"] == "step finished" && v["step"] == "next")
+        .unwrap_or_else(|| panic!("no JSON `step finished` line for `next` in:\n{text}"));
+    assert_eq!(step_line["call"], "next", "{step_line}");
+    assert_eq!(step_line["span"]["run"], run.as_str(), "{step_line}");
+}
+
+#[test]
+fn losing_the_database_is_ridden_out_and_logged_once_per_change() {
+    if !postgres_available() {
+        return;
+    }
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let db = TestDb::new(Backend::Postgres);
+    let file = db.write("slow.yaml", &slow_then_next(&server.url()));
+    let addr = free_port();
+    let addr_arg = addr.to_string();
+    let mut d = Daemon::start(
+        &db,
+        "d",
+        &["--poll-interval", "100ms", "--metrics-addr", &addr_arg],
+        &[],
+    );
+    let first = submit(&db, &file);
+    wait_until(Duration::from_secs(20), "the first run", || {
+        show(&db, &first)["run"]["status"] == "succeeded"
+    });
+    let name = db.url.rsplit('/').next().expect("db name").to_string();
+    let psql = |sql: &str| {
+        let (host, port) = crate::support::postgres_admin();
+        let out = output(std::process::Command::new("psql").args([
+            "-h", &host, "-p", &port, "-U", "postgres", "-d", "test", "-qc", sql,
+        ]));
+        assert!(out.status.success(), "{sql}: {}", stderr(&out));
+    };
+    psql(&format!("DROP DATABASE {name} WITH (FORCE)"));
+    wait_until(
+        Duration::from_secs(10),
+        "/healthz to report the loss",
+        || http_get(addr, "/healthz").is_some_and(|(code, _)| code == 503),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+    psql(&format!("CREATE DATABASE {name}"));
+    let out = output(db.flow().arg("migrate"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let second = submit(&db, &file);
+    wait_until(
+        Duration::from_secs(20),
+        "a run after the database came back",
+        || show(&db, &second)["run"]["status"] == "succeeded",
+    );
+    assert_eq!(http_get(addr, "/healthz").map(|r| r.0), Some(200));
+    d.signal("-TERM");
+    assert_eq!(
+        d.wait(Duration::from_secs(10)).code(),
+        Some(0),
+        "{}",
+        d.log()
+    );
+    let log = d.log();
+    assert_eq!(
+        log.matches("database unreachable").count(),
+        1,
+        "one line per state change, not per retry:\n{log}"
+    );
+    assert_eq!(log.matches("database reachable again").count(), 1, "{log}");
+}
+
+#[test]
+fn an_unreachable_database_at_start_exits_5_with_the_url_redacted() {
+    let db = TestDb::new(Backend::Sqlite);
+    let out = output(
+        db.flow()
+            .args(["--db", "postgres://flow:s3cret@127.0.0.1:1/flow", "daemon"]),
+    );
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(5), "{err}");
+    assert!(
+        err.contains("postgres://flow:***@127.0.0.1:1/flow"),
+        "{err}"
+    );
+    assert!(!err.contains("s3cret"), "{err}");
+    assert!(err.to_lowercase().contains("refused"), "the reason: {err}");
+}
+
+#[test]
+fn bad_submits_exit_2_and_enqueue_nothing() {
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write("chain3.yaml", &chain("http://127.0.0.1:9"));
+    let broken = db.write("broken.yaml", "name: x\nnodes:\n  a: { tool: nope }\n");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec![broken.display().to_string()], "error:"),
+        (vec![file.display().to_string()], "i"),
+        (
+            vec![
+                file.display().to_string(),
+                "--input".into(),
+                "i=many".into(),
+            ],
+            "integer",
+        ),
+        (
+            vec![
+                file.display().to_string(),
+                "--input".into(),
+                "i=1".into(),
+                "--run-id".into(),
+                "no spaces".into(),
+            ],
+            "--run-id",
+        ),
+    ];
+    for (args, says) in &cases {
+        let out = output(db.flow().arg("submit").args(args));
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+        assert!(stdout(&out).is_empty(), "{args:?}: printed a run id");
+    }
+    let out = output(db.flow().args(["runs", "--json"]));
+    assert_eq!(
+        stdout(&out).trim(),
+        "[]",
+        "nothing enqueued: {}",
+        stderr(&out)
+    );
+
+    // Idempotent with --run-id; the same id with other inputs is refused.
+    let with = |i: &str| {
+        output(db.flow().arg("submit").arg(&file).args([
+            "--input",
+            &format!("i={i}"),
+            "--run-id",
+            "order-42",
+        ]))
+    };
+    for _ in 0..2 {
+        let out = with("1");
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(stdout(&out).trim(), "order-42");
+    }
+    let out = with("2");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("different"), "{}", stderr(&out));
+}
