@@ -6,6 +6,20 @@
 //! ```toml
 //! [egress]
 //! allow = ["127.0.0.1", "*.example.com"]   # hosts http and mcp-url tools may reach
+//!
+//! [[consumers]]                             # event consumers (see `crate::events`)
+//! name = "ops-webhook"
+//! kind = "webhook"
+//! url = "https://ops.example.com/flow-events"
+//! secret_name = "WEBHOOK"                   # FLOW_SECRET_WEBHOOK or --secrets-file
+//! events = ["run.paused", "tool_call.in_doubt"]
+//! timeout = "5s"
+//! max_attempts = 64
+//!
+//! [[consumers]]
+//! name = "audit"
+//! kind = "file"
+//! path = "/var/log/flow/events.jsonl"
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -40,6 +54,10 @@ pub struct Config {
     /// Outbound network policy.
     #[serde(default)]
     pub egress: Egress,
+    /// Event consumers (`[[consumers]]`), checked by [`ConsumerConfig::check`] when
+    /// the file is loaded.
+    #[serde(default)]
+    pub consumers: Vec<ConsumerConfig>,
     /// Where the file came from (`None` = defaults).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -75,8 +93,190 @@ impl Config {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
+        let mut seen = std::collections::BTreeSet::new();
+        for c in &config.consumers {
+            let problem = c.check().err().or_else(|| {
+                (!seen.insert(c.name.as_str())).then(|| "the name is used twice".to_string())
+            });
+            if let Some(reason) = problem {
+                return Err(Error::Parse {
+                    path: path.display().to_string(),
+                    reason: format!("consumer `{}`: {reason}", c.name),
+                });
+            }
+        }
         config.path = Some(path);
         Ok(config)
+    }
+}
+
+/// Default of [`ConsumerConfig::max_attempts`]: at least once, then a dead letter after
+/// 64 attempts (about five hours of backoff), as in the runtime flow grew from.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 64;
+
+/// Default of [`ConsumerConfig::timeout`] for webhooks.
+pub const DEFAULT_WEBHOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What a consumer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConsumerKind {
+    /// POST each event as JSON, signed with HMAC-SHA256.
+    Webhook,
+    /// Append each event as one JSON line, fsynced.
+    File,
+}
+
+/// Where a consumer that has never run starts reading the outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ConsumerStart {
+    /// Every event still in the outbox (nothing is missed; the default).
+    #[default]
+    Beginning,
+    /// Only events written after the consumer's first dispatch.
+    Latest,
+}
+
+/// One `[[consumers]]` entry. A flat table rather than a tagged enum so that unknown
+/// keys keep their line and column in the error; [`ConsumerConfig::check`] enforces
+/// which keys go with which kind.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsumerConfig {
+    /// Unique name: the consumer checkpoint is kept under it, so renaming a consumer
+    /// starts it afresh.
+    pub name: String,
+    /// `webhook` or `file`.
+    pub kind: ConsumerKind,
+    /// Webhook: the `http`/`https` URL events are POSTed to.
+    pub url: Option<String>,
+    /// Webhook: the name of the flow secret that signs the body (`FLOW_SECRET_<NAME>`
+    /// or `--secrets-file`). A name, never the value: flow.toml is often committed.
+    pub secret_name: Option<String>,
+    /// File: the JSON-lines file to append to (created if missing).
+    pub path: Option<PathBuf>,
+    /// Event types to deliver (`run.paused`, or a family such as `run.*`); absent = all.
+    pub events: Option<Vec<String>>,
+    /// Webhook: bound on one delivery (connect, send, response), e.g. `5s`.
+    pub timeout: Option<String>,
+    /// Attempts before a delivery becomes a dead letter (`flow events --failed`).
+    pub max_attempts: Option<u32>,
+    /// Where a new consumer starts: `beginning` (default) or `latest`.
+    #[serde(default)]
+    pub start: ConsumerStart,
+}
+
+impl ConsumerConfig {
+    /// Checks what serde cannot: names, the keys of each kind, event types, durations.
+    pub fn check(&self) -> Result<(), String> {
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 64
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+        if !name_ok {
+            return Err("name: use 1 to 64 letters, digits, `_`, `-` and `.`".into());
+        }
+        match self.kind {
+            ConsumerKind::Webhook => {
+                let url = self.url.as_deref().ok_or("a webhook needs `url`")?;
+                let parsed =
+                    url::Url::parse(url).map_err(|e| format!("url: not a valid URL ({e})"))?;
+                if !matches!(parsed.scheme(), "http" | "https") {
+                    return Err(format!("url: use http or https, not `{}`", parsed.scheme()));
+                }
+                let secret = self
+                    .secret_name
+                    .as_deref()
+                    .ok_or("a webhook needs `secret_name` (the flow secret that signs it)")?;
+                if secret.is_empty()
+                    || !secret
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                {
+                    return Err(
+                        "secret_name: a secret's name (letters, digits, `_`), not its value".into(),
+                    );
+                }
+                if self.path.is_some() {
+                    return Err("`path` goes with kind = \"file\"".into());
+                }
+            }
+            ConsumerKind::File => {
+                if self.path.is_none() {
+                    return Err("a file consumer needs `path`".into());
+                }
+                for (key, set) in [
+                    ("url", self.url.is_some()),
+                    ("secret_name", self.secret_name.is_some()),
+                    ("timeout", self.timeout.is_some()),
+                ] {
+                    if set {
+                        return Err(format!("`{key}` goes with kind = \"webhook\""));
+                    }
+                }
+            }
+        }
+        self.types()?;
+        self.timeout()?;
+        if self.max_attempts == Some(0) {
+            return Err("max_attempts: at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The event types to deliver (empty = all), families (`run.*`) expanded.
+    pub fn types(&self) -> Result<Vec<flow_ledger::EventType>, String> {
+        let Some(patterns) = &self.events else {
+            return Ok(Vec::new());
+        };
+        if patterns.is_empty() {
+            return Err("events: an empty list delivers nothing; leave it out for all".into());
+        }
+        let all = flow_ledger::EventType::ALL;
+        let mut out = Vec::new();
+        for p in patterns {
+            let matched: Vec<_> = match p.strip_suffix(".*") {
+                Some(family) => all
+                    .iter()
+                    .copied()
+                    .filter(|t| t.as_str().split('.').next() == Some(family))
+                    .collect(),
+                None => all.iter().copied().filter(|t| t.as_str() == p).collect(),
+            };
+            if matched.is_empty() {
+                let names: Vec<&str> = all.iter().map(|t| t.as_str()).collect();
+                return Err(format!(
+                    "events: unknown event type `{p}` (known: {})",
+                    names.join(", ")
+                ));
+            }
+            for t in matched {
+                if !out.contains(&t) {
+                    out.push(t);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The per-delivery timeout (webhooks; default 10 s).
+    pub fn timeout(&self) -> Result<std::time::Duration, String> {
+        match &self.timeout {
+            None => Ok(DEFAULT_WEBHOOK_TIMEOUT),
+            Some(text) => match humantime::parse_duration(text) {
+                Ok(d) if !d.is_zero() => Ok(d),
+                Ok(_) => Err("timeout: must be positive".into()),
+                Err(e) => Err(format!("timeout: `{text}` is not a duration ({e})")),
+            },
+        }
+    }
+
+    /// Attempts before a dead letter.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS)
     }
 }
 
@@ -119,6 +319,92 @@ mod tests {
             }
             .allows("127.0.0.1")
         );
+    }
+
+    fn load(text: &str) -> Result<Config, String> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("flow.toml");
+        std::fs::write(&p, text).expect("write");
+        Config::load(Some(&p)).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn consumers_are_checked() {
+        let ok = load(
+            r#"
+[[consumers]]
+name = "ops-webhook"
+kind = "webhook"
+url = "https://ops.example.com/hook"
+secret_name = "WEBHOOK"
+events = ["run.paused", "tool_call.*"]
+timeout = "5s"
+max_attempts = 10
+[[consumers]]
+name = "audit"
+kind = "file"
+path = "/tmp/events.jsonl"
+start = "latest"
+"#,
+        )
+        .expect("valid");
+        let hook = &ok.consumers[0];
+        assert_eq!(
+            hook.types().expect("types"),
+            [
+                flow_ledger::EventType::RunPaused,
+                flow_ledger::EventType::ToolCallInDoubt,
+                flow_ledger::EventType::ToolCallResolved
+            ]
+        );
+        assert_eq!(hook.timeout(), Ok(std::time::Duration::from_secs(5)));
+        assert_eq!(hook.max_attempts(), 10);
+        assert_eq!(ok.consumers[1].max_attempts(), DEFAULT_MAX_ATTEMPTS);
+        assert_eq!(ok.consumers[1].start, ConsumerStart::Latest);
+        assert!(ok.consumers[1].types().expect("types").is_empty());
+        let hook = "[[consumers]]\nname = \"h\"\nkind = \"webhook\"\nurl = \"http://x\"\nsecret_name = \"S\"\n";
+        for (extra, expect) in [
+            (
+                "events = [\"run.pasued\"]\n",
+                "unknown event type `run.pasued`",
+            ),
+            ("events = []\n", "empty list"),
+            ("timeout = \"soon\"\n", "not a duration"),
+            ("max_attempts = 0\n", "at least 1"),
+            ("path = \"/x\"\n", "`path` goes with"),
+            ("retries = 3\n", "retries"),
+            (
+                "[[consumers]]\nname = \"h\"\nkind = \"file\"\npath = \"/x\"\n",
+                "used twice",
+            ),
+        ] {
+            let err = load(&format!("{hook}{extra}")).expect_err(extra);
+            assert!(err.contains(expect), "{extra}: {err}");
+        }
+        for (text, expect) in [
+            (
+                "name = \"h\"\nkind = \"webhook\"\nurl = \"http://x\"\n",
+                "secret_name",
+            ),
+            (
+                "name = \"h\"\nkind = \"webhook\"\nurl = \"ftp://x\"\nsecret_name = \"S\"\n",
+                "http or https",
+            ),
+            (
+                "name = \"h\"\nkind = \"webhook\"\nurl = \"http://x\"\nsecret_name = \"s3cr3t value!\"\n",
+                "not its value",
+            ),
+            ("name = \"a b\"\nkind = \"file\"\npath = \"/x\"\n", "name:"),
+            ("name = \"f\"\nkind = \"file\"\n", "needs `path`"),
+            (
+                "name = \"f\"\nkind = \"file\"\npath = \"/x\"\ntimeout = \"1s\"\n",
+                "`timeout` goes with",
+            ),
+            ("name = \"f\"\nkind = \"queue\"\n", "queue"),
+        ] {
+            let err = load(&format!("[[consumers]]\n{text}")).expect_err(text);
+            assert!(err.contains(expect), "{text}: {err}");
+        }
     }
 
     #[test]

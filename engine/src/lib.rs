@@ -9,7 +9,8 @@
 //! - [`schema`]: the JSON Schema of workflow files, for editors.
 //! - [`inputs`]: run inputs from `--input` and `--inputs-file`, typed by declaration.
 //! - [`secrets`]: secret values (environment, dotenv file), redaction and scrubbing.
-//! - [`config`]: `flow.toml` (egress allow-list).
+//! - [`config`]: `flow.toml` (egress allow-list, event consumers).
+//! - [`events`]: delivering outbox events to consumers, at least once.
 //! - [`gateway`]: the at-most-once boundary of one tool call (DESIGN §8).
 //! - [`daemon`]: `flow daemon`, workers draining the shared run queue; metrics, health.
 //! - [`retry`]: retry delays (pure, injected RNG).
@@ -19,6 +20,7 @@
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod events;
 pub mod executor;
 pub mod fault;
 pub mod gateway;

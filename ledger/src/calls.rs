@@ -350,177 +350,189 @@ impl Ledger {
     /// The same key in another run: same request → that call's outcome (`from_run` set)
     /// or `Busy`/`InDoubt` while it is open; different request → `Conflict`.
     pub async fn claim_call(&self, req: ClaimCall<'_>, now: Timestamp) -> Result<CallClaim, Error> {
-        let s = self.scope();
-        let run = req.run;
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        check_run_lease(&mut c, s, run, Some(now)).await?;
-        let expires_at = now.plus(req.lease);
-        for _ in 0..CLAIM_ROUNDS {
-            let (row, other) = read_call_and_key(
-                &mut c,
-                self,
-                &run.run_id,
-                &req.tool_call_id,
-                &req.idempotency_key,
-            )
-            .await?;
-            let Some(row) = row else {
-                if let Some(other) = other {
-                    if other.run_id == run.run_id && other.tool_call_id == req.tool_call_id {
-                        // Our own row, committed by a racing claimer between the two
-                        // reads (PostgreSQL, READ COMMITTED): decide on it by id.
-                        continue;
-                    }
-                    check_foreign(&other, &run.run_id, &req.tool, &req.request_hash)?;
-                    let outcome = match decide_foreign_claim(&other.facts()?, now) {
+        let ledger = self.clone();
+        let ClaimCall {
+            run,
+            step_id,
+            tool_call_id,
+            tool,
+            idempotency_key,
+            request,
+            request_hash,
+            retry_failed,
+            lease,
+        } = req;
+        let run = run.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let req = ClaimCall { run: &run, step_id, tool_call_id, tool, idempotency_key, request, request_hash, retry_failed, lease };
+                let run = req.run;
+                check_run_lease(c, s, run, Some(now)).await?;
+                let expires_at = now.plus(req.lease);
+                for _ in 0..CLAIM_ROUNDS {
+                    let (row, other) = read_call_and_key(
+                        c,
+                        &ledger,
+                        &run.run_id,
+                        &req.tool_call_id,
+                        &req.idempotency_key,
+                    )
+                    .await?;
+                    let Some(row) = row else {
+                        if let Some(other) = other {
+                            if other.run_id == run.run_id && other.tool_call_id == req.tool_call_id {
+                                // Our own row, committed by a racing claimer between the two
+                                // reads (PostgreSQL, READ COMMITTED): decide on it by id.
+                                continue;
+                            }
+                            check_foreign(&other, &run.run_id, &req.tool, &req.request_hash)?;
+                            let outcome = match decide_foreign_claim(&other.facts()?, now) {
+                                ClaimDecision::Replay => {
+                                    CallClaim::Replay(other.replayed(Some(other.run_id.clone()))?)
+                                }
+                                ClaimDecision::Busy { holder, until } => {
+                                    return Err(Error::Busy { holder, until });
+                                }
+                                _ => {
+                                    // In doubt in the other run: this step waits on it too.
+                                    pause_steps_in(
+                                        c,
+                                        &ledger,
+                                        &run.run_id,
+                                        [&req.step_id, &req.step_id],
+                                        &req.tool_call_id,
+                                        now,
+                                    )
+                                    .await?;
+                                    CallClaim::InDoubt {
+                                        since: Timestamp(other.in_doubt_at.unwrap_or(now.0)),
+                                    }
+                                }
+                            };
+                            return Ok(outcome);
+                        }
+                        let inserted = c
+                            .optional::<CallRow>(
+                                concat!(
+                                    "INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id,
+                                        step_id, tool, idempotency_key, request, request_hash, status,
+                                        attempt_count, outbound_requests, lease_holder, lease_token,
+                                        run_token, lease_expires_at, created_at, updated_at)
+                                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'claimed', 1, 0,
+                                        $10, 1, $11, $12, $13, $13)
+                                     ON CONFLICT DO NOTHING
+                                     RETURNING ",
+                                    call_cols!()
+                                ),
+                                args![
+                                    &s.tenant,
+                                    &s.workspace,
+                                    &run.run_id,
+                                    &req.tool_call_id,
+                                    &req.step_id,
+                                    &req.tool,
+                                    &req.idempotency_key,
+                                    req.request.to_string(),
+                                    &req.request_hash,
+                                    run.worker.as_str(),
+                                    run.token,
+                                    expires_at,
+                                    now,
+                                ],
+                            )
+                            .await?;
+                        match inserted {
+                            Some(row) => {
+                                let lease = ledger.lease_from(&row, &run.worker)?;
+                                ledger.tie_step(c, &req, now).await?;
+                                return Ok(CallClaim::Claimed(lease));
+                            }
+                            // Lost an insert race (PostgreSQL): the winner has committed; re-read.
+                            None => continue,
+                        }
+                    };
+                    check_identity(&row, &req.tool, &req.idempotency_key, &req.request_hash)?;
+                    let facts = row.facts()?;
+                    let decision =
+                        decide_claim(&facts, req.retry_failed, run.token, row.holder_dead(), now);
+                    let sql = match decision {
                         ClaimDecision::Replay => {
-                            CallClaim::Replay(other.replayed(Some(other.run_id.clone()))?)
+                            return Ok(CallClaim::Replay(row.replayed(None)?));
                         }
                         ClaimDecision::Busy { holder, until } => {
                             return Err(Error::Busy { holder, until });
                         }
-                        _ => {
-                            // In doubt in the other run: this step waits on it too.
+                        ClaimDecision::InDoubt(since) => {
                             pause_steps_in(
-                                &mut c,
-                                self,
+                                c,
+                                &ledger,
                                 &run.run_id,
                                 [&req.step_id, &req.step_id],
                                 &req.tool_call_id,
                                 now,
                             )
                             .await?;
-                            CallClaim::InDoubt {
-                                since: Timestamp(other.in_doubt_at.unwrap_or(now.0)),
-                            }
+                            return Ok(CallClaim::InDoubt {
+                                since: since.unwrap_or(now),
+                            });
                         }
-                    };
-                    tx.commit().await?;
-                    return Ok(outcome);
-                }
-                let inserted = c
-                    .optional::<CallRow>(
-                        concat!(
-                            "INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id,
-                                step_id, tool, idempotency_key, request, request_hash, status,
-                                attempt_count, outbound_requests, lease_holder, lease_token,
-                                run_token, lease_expires_at, created_at, updated_at)
-                             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'claimed', 1, 0,
-                                $10, 1, $11, $12, $13, $13)
-                             ON CONFLICT DO NOTHING
+                        ClaimDecision::ToInDoubt => {
+                            take_over_to_in_doubt(c, &ledger, &row, &req.step_id, now).await?;
+                            return Ok(CallClaim::InDoubt { since: now });
+                        }
+                        ClaimDecision::NewAttempt => concat!(
+                            "UPDATE tool_calls SET status = 'claimed', attempt_count = attempt_count + 1,
+                                lease_holder = $5, lease_token = lease_token + 1, run_token = $6,
+                                lease_expires_at = $7, step_id = $8, output = NULL, error_kind = NULL,
+                                error_message = NULL, finished_at = NULL, updated_at = $9
+                             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+                               AND status = 'failed' AND lease_token = $10
                              RETURNING ",
                             call_cols!()
                         ),
-                        args![
-                            &s.tenant,
-                            &s.workspace,
-                            &run.run_id,
-                            &req.tool_call_id,
-                            &req.step_id,
-                            &req.tool,
-                            &req.idempotency_key,
-                            req.request.to_string(),
-                            &req.request_hash,
-                            run.worker.as_str(),
-                            run.token,
-                            expires_at,
-                            now,
-                        ],
-                    )
-                    .await?;
-                match inserted {
-                    Some(row) => {
-                        let lease = self.lease_from(&row, &run.worker)?;
-                        self.tie_step(&mut c, &req, now).await?;
-                        tx.commit().await?;
+                        ClaimDecision::Takeover => concat!(
+                            "UPDATE tool_calls SET lease_holder = $5, lease_token = lease_token + 1,
+                                run_token = $6, lease_expires_at = $7, step_id = $8, updated_at = $9
+                             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+                               AND status = 'claimed' AND lease_token = $10
+                             RETURNING ",
+                            call_cols!()
+                        ),
+                    };
+                    let updated = c
+                        .optional::<CallRow>(
+                            sql,
+                            args![
+                                &s.tenant,
+                                &s.workspace,
+                                &run.run_id,
+                                &req.tool_call_id,
+                                run.worker.as_str(),
+                                run.token,
+                                expires_at,
+                                &req.step_id,
+                                now,
+                                row.lease_token,
+                            ],
+                        )
+                        .await?;
+                    if let Some(updated) = updated {
+                        let lease = ledger.lease_from(&updated, &run.worker)?;
+                        ledger.tie_step(c, &req, now).await?;
                         return Ok(CallClaim::Claimed(lease));
                     }
-                    // Lost an insert race (PostgreSQL): the winner has committed; re-read.
-                    None => continue,
                 }
-            };
-            check_identity(&row, &req.tool, &req.idempotency_key, &req.request_hash)?;
-            let facts = row.facts()?;
-            let decision =
-                decide_claim(&facts, req.retry_failed, run.token, row.holder_dead(), now);
-            let sql = match decision {
-                ClaimDecision::Replay => {
-                    return Ok(CallClaim::Replay(row.replayed(None)?));
-                }
-                ClaimDecision::Busy { holder, until } => {
-                    return Err(Error::Busy { holder, until });
-                }
-                ClaimDecision::InDoubt(since) => {
-                    pause_steps_in(
-                        &mut c,
-                        self,
-                        &run.run_id,
-                        [&req.step_id, &req.step_id],
-                        &req.tool_call_id,
-                        now,
-                    )
-                    .await?;
-                    tx.commit().await?;
-                    return Ok(CallClaim::InDoubt {
-                        since: since.unwrap_or(now),
-                    });
-                }
-                ClaimDecision::ToInDoubt => {
-                    take_over_to_in_doubt(&mut c, self, &row, &req.step_id, now).await?;
-                    tx.commit().await?;
-                    return Ok(CallClaim::InDoubt { since: now });
-                }
-                ClaimDecision::NewAttempt => concat!(
-                    "UPDATE tool_calls SET status = 'claimed', attempt_count = attempt_count + 1,
-                        lease_holder = $5, lease_token = lease_token + 1, run_token = $6,
-                        lease_expires_at = $7, step_id = $8, output = NULL, error_kind = NULL,
-                        error_message = NULL, finished_at = NULL, updated_at = $9
-                     WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-                       AND status = 'failed' AND lease_token = $10
-                     RETURNING ",
-                    call_cols!()
-                ),
-                ClaimDecision::Takeover => concat!(
-                    "UPDATE tool_calls SET lease_holder = $5, lease_token = lease_token + 1,
-                        run_token = $6, lease_expires_at = $7, step_id = $8, updated_at = $9
-                     WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-                       AND status = 'claimed' AND lease_token = $10
-                     RETURNING ",
-                    call_cols!()
-                ),
-            };
-            let updated = c
-                .optional::<CallRow>(
-                    sql,
-                    args![
-                        &s.tenant,
-                        &s.workspace,
-                        &run.run_id,
-                        &req.tool_call_id,
-                        run.worker.as_str(),
-                        run.token,
-                        expires_at,
-                        &req.step_id,
-                        now,
-                        row.lease_token,
-                    ],
-                )
-                .await?;
-            if let Some(updated) = updated {
-                let lease = self.lease_from(&updated, &run.worker)?;
-                self.tie_step(&mut c, &req, now).await?;
-                tx.commit().await?;
-                return Ok(CallClaim::Claimed(lease));
-            }
-        }
-        Err(Error::Backend {
-            message: format!(
-                "claim of tool call {} did not settle after {CLAIM_ROUNDS} rounds",
-                req.tool_call_id
-            ),
-            retryable: true,
+                Err(Error::Backend {
+                    message: format!(
+                        "claim of tool call {} did not settle after {CLAIM_ROUNDS} rounds",
+                        req.tool_call_id
+                    ),
+                    retryable: true,
+                })
+            })
         })
+        .await
     }
 
     fn lease_from(&self, row: &CallRow, worker: &WorkerId) -> Result<CallLease, Error> {

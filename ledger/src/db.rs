@@ -17,6 +17,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 
 use crate::clock::Timestamp;
 use crate::error::Error;
+use crate::writer::{Op, Writer};
 
 /// A value bound to a placeholder.
 #[derive(Debug, Clone)]
@@ -105,19 +106,52 @@ impl<T> AnyRow for T where
 {
 }
 
-/// The pool of one backend. SQLite's carries a write gate: SQLite has one writer at a
-/// time anyway, and waiting for it on an async mutex is fair and prompt, whereas waiting
-/// in SQLite's busy handler sleeps in growing steps (a p99 of hundreds of milliseconds
-/// with 8 writers). Other processes are still held off by `busy_timeout`.
+/// The pool of one backend. SQLite's carries a write gate and the group-commit
+/// [`Writer`]: SQLite has one writer at a time anyway, and waiting for it on an async
+/// mutex is fair and prompt, whereas waiting in SQLite's busy handler sleeps in growing
+/// steps (a p99 of hundreds of milliseconds with 8 writers). Other processes are still
+/// held off by `busy_timeout`.
 #[derive(Debug, Clone)]
 pub(crate) enum Pool {
-    Sqlite(SqlitePool, Arc<Mutex<()>>),
+    Sqlite(SqlitePool, Arc<Mutex<()>>, Writer),
     Postgres(PgPool),
 }
 
 impl Pool {
-    pub(crate) fn sqlite(pool: SqlitePool) -> Pool {
-        Pool::Sqlite(pool, Arc::new(Mutex::new(())))
+    /// A SQLite pool for reads (and the few writers that still open their own
+    /// transactions) and a writer task on `write_conn` for the operations.
+    pub(crate) fn sqlite(pool: SqlitePool, write_conn: SqliteConnection) -> Pool {
+        let gate = Arc::new(Mutex::new(()));
+        let writer = Writer::spawn(write_conn, gate.clone());
+        Pool::Sqlite(pool, gate, writer)
+    }
+
+    /// Runs a write operation as one transaction. On SQLite it joins the writer's next
+    /// group commit (its own savepoint, answered after the batch's `COMMIT`); on
+    /// PostgreSQL it is its own transaction on a pooled connection (the server merges
+    /// concurrent commits' WAL flushes by itself).
+    pub(crate) async fn write<T: Send + 'static>(&self, op: Op<T>) -> Result<T, Error> {
+        match self {
+            Pool::Sqlite(_, _, writer) => writer.submit(op).await,
+            Pool::Postgres(p) => {
+                let mut tx = p.begin().await?;
+                let v = op(&mut Conn::Postgres(&mut tx)).await?;
+                tx.commit().await?;
+                Ok(v)
+            }
+        }
+    }
+
+    /// Runs a write operation of ONE statement: like [`Pool::write`] on SQLite, and
+    /// without `BEGIN`/`COMMIT` round trips on PostgreSQL (a lone statement is atomic).
+    pub(crate) async fn write_statement<T: Send + 'static>(&self, op: Op<T>) -> Result<T, Error> {
+        match self {
+            Pool::Sqlite(_, _, writer) => writer.submit(op).await,
+            Pool::Postgres(p) => {
+                let mut c = p.acquire().await?;
+                op(&mut Conn::Postgres(&mut c)).await
+            }
+        }
     }
 
     /// Starts a write transaction. SQLite uses `BEGIN IMMEDIATE`: every ledger write
@@ -126,7 +160,7 @@ impl Pool {
     /// increments lost). PostgreSQL uses row locks (`FOR UPDATE`) where it reads to decide.
     pub(crate) async fn begin(&self) -> Result<Tx, Error> {
         Ok(match self {
-            Pool::Sqlite(p, gate) => {
+            Pool::Sqlite(p, gate, _) => {
                 let guard = gate.clone().lock_owned().await;
                 Tx::Sqlite(p.begin_with("BEGIN IMMEDIATE").await?, guard)
             }
@@ -137,7 +171,7 @@ impl Pool {
     /// A pooled connection for reads.
     pub(crate) async fn acquire(&self) -> Result<PoolConn, Error> {
         Ok(match self {
-            Pool::Sqlite(p, _) => PoolConn::Sqlite {
+            Pool::Sqlite(p, _, _) => PoolConn::Sqlite {
                 conn: p.acquire().await?,
                 _gate: None,
             },
@@ -149,7 +183,7 @@ impl Pool {
     /// SQLite a lone `UPDATE` takes the write lock before it reads), behind the gate.
     pub(crate) async fn acquire_write(&self) -> Result<PoolConn, Error> {
         Ok(match self {
-            Pool::Sqlite(p, gate) => {
+            Pool::Sqlite(p, gate, _) => {
                 let guard = gate.clone().lock_owned().await;
                 PoolConn::Sqlite {
                     conn: p.acquire().await?,
@@ -162,7 +196,10 @@ impl Pool {
 
     pub(crate) async fn close(&self) {
         match self {
-            Pool::Sqlite(p, _) => p.close().await,
+            Pool::Sqlite(p, _, writer) => {
+                writer.close().await;
+                p.close().await;
+            }
             Pool::Postgres(p) => p.close().await,
         }
     }

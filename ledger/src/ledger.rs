@@ -15,6 +15,7 @@ use crate::error::Error;
 use crate::model::{RunLease, Scope};
 use crate::rows::{RunRow, run_cols};
 use crate::state::RunStatus;
+use crate::writer::BoxFuture;
 use crate::{postgres, sqlite};
 
 /// SQLite's `synchronous` setting: the durability/throughput trade-off.
@@ -87,7 +88,8 @@ impl Ledger {
     pub async fn open(url: &str, opts: OpenOptions) -> Result<Ledger, Error> {
         let url_redacted = redact_url(url);
         let pool = if let Some(path) = sqlite::path_of(url) {
-            Pool::sqlite(sqlite::connect(path, &url_redacted, &opts).await?)
+            let (pool, writer) = sqlite::connect(path, &url_redacted, &opts).await?;
+            Pool::sqlite(pool, writer)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Pool::Postgres(postgres::connect(url, &url_redacted, &opts).await?)
         } else {
@@ -111,7 +113,7 @@ impl Ledger {
     /// Safe to call concurrently: PostgreSQL takes an advisory lock, SQLite a write lock.
     pub async fn migrate(&self) -> Result<(), Error> {
         match &self.inner.pool {
-            Pool::Sqlite(p, _) => {
+            Pool::Sqlite(p, _, _) => {
                 // sqlx takes no lock across processes on SQLite: two processes opening a
                 // fresh file at once can both decide to apply migration 1, and the loser
                 // fails with "table already exists" once the winner commits. Each
@@ -164,6 +166,26 @@ impl Ledger {
 
     pub(crate) fn pool(&self) -> &Pool {
         &self.inner.pool
+    }
+
+    /// Runs `op` as one write transaction (SQLite: inside the writer's group commit; see
+    /// `writer.rs`). `op` owns what it needs: it may outlive its caller's wait.
+    pub(crate) async fn write<T, F>(&self, op: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: for<'c, 'd> FnOnce(&'c mut Conn<'d>) -> BoxFuture<'c, Result<T, Error>> + Send + 'static,
+    {
+        self.inner.pool.write(Box::new(op)).await
+    }
+
+    /// Like [`Ledger::write`] for an operation of one statement (no `BEGIN`/`COMMIT`
+    /// round trips on PostgreSQL).
+    pub(crate) async fn write_statement<T, F>(&self, op: F) -> Result<T, Error>
+    where
+        T: Send + 'static,
+        F: for<'c, 'd> FnOnce(&'c mut Conn<'d>) -> BoxFuture<'c, Result<T, Error>> + Send + 'static,
+    {
+        self.inner.pool.write_statement(Box::new(op)).await
     }
 
     /// Serializes a value that will be stored, refusing it when over the output limit.

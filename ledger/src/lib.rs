@@ -76,6 +76,7 @@ mod health;
 mod ledger;
 mod outbound;
 mod postgres;
+mod pure;
 mod rate;
 mod reads;
 mod resolve;
@@ -83,6 +84,7 @@ mod rows;
 mod runs;
 mod sqlite;
 mod steps;
+mod writer;
 
 pub use canonical::{canonical_hash, canonical_json};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
@@ -95,9 +97,9 @@ pub use events::{Event, EventFilter, EventType};
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
 pub use model::{
     Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, CompleteCall, Enqueued,
-    HeartbeatAck, InDoubtReport, NewRun, NewStep, PureCall, PureRecorded, RateAcquire,
-    RateDecision, Replayed, Resolution, Resolve, Run, RunFilter, RunFinish, RunLease, Scope, Step,
-    StepError, StepFinish, ToolCall, Usage, Window,
+    HeartbeatAck, InDoubtReport, NewRun, NewStep, PureBatchRecorded, PureCall, PureRecorded,
+    PureResult, RateAcquire, RateDecision, Replayed, Resolution, Resolve, Run, RunFilter,
+    RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage, Window,
 };
 pub use state::{CallStatus, ErrorKind, RunStatus, StepStatus};
 pub use worker::WorkerId;

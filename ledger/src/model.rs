@@ -380,6 +380,45 @@ pub enum PureRecorded {
     Replayed(Replayed),
 }
 
+/// A pure function's first attempt that succeeded, kept in memory by the engine and
+/// recorded later together with others ([`crate::Ledger::record_pure_calls`]). Nothing
+/// left the process, so losing it in a crash only means computing it again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PureResult {
+    /// Step id (the node id: a first attempt).
+    pub step_id: String,
+    /// Node id (also the tool call id).
+    pub node_id: String,
+    /// Tool name.
+    pub tool: String,
+    /// Base idempotency key.
+    pub idempotency_key: String,
+    /// Redacted request.
+    pub request: Value,
+    /// Canonical hash of the request.
+    pub request_hash: String,
+    /// The function's output.
+    pub output: Value,
+    /// When the step started (its `started_at` and `step.started` time).
+    pub started_at: Timestamp,
+    /// When the function returned (its `finished_at` and `step.succeeded` time).
+    pub finished_at: Timestamp,
+}
+
+/// What [`crate::Ledger::record_pure_calls`] did: all or nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PureBatchRecorded {
+    /// Every result was recorded as a new step and call.
+    All,
+    /// Nothing was written: this node already had a step or a call (or its key is used
+    /// by another call). The engine must record that node the one-at-a-time way
+    /// ([`crate::Ledger::record_pure_call`]), which replays or conflicts as it should.
+    NotNew {
+        /// The node.
+        node_id: String,
+    },
+}
+
 /// An operator's decision on an in-doubt call.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Resolution {

@@ -51,32 +51,38 @@ impl Ledger {
     /// that commits while this statement runs is still safe: the new holder's claim locks
     /// the call row, sees `outbound` under an older run token and makes it `in_doubt`.)
     pub async fn mark_outbound(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
-        let mut pc = self.pool().acquire_write().await?;
-        let mut c = pc.conn();
-        let mut a = fence_args(self, lease);
-        a.push(now.into());
-        let n = c
-            .execute(
-                "UPDATE tool_calls SET status = 'outbound', outbound_started_at = $8,
-                    updated_at = $8
-                 WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-                   AND status = 'claimed' AND lease_token = $5 AND lease_holder = $6
-                   AND lease_expires_at > $8
-                   AND EXISTS (SELECT 1 FROM runs r WHERE r.tenant = $1 AND r.workspace = $2
-                       AND r.id = $3 AND r.status = 'running' AND r.worker = $6
-                       AND r.lease_token = $7 AND r.lease_expires_at > $8)",
-                a,
-            )
-            .await?;
-        if n == 1 {
-            return Ok(());
-        }
-        match read_call(&mut c, self, &lease.run_id, &lease.tool_call_id).await? {
-            None => Err(Error::NotFound {
-                what: format!("tool call {}/{}", lease.run_id, lease.tool_call_id),
-            }),
-            Some(_) => Err(Error::LeaseLost),
-        }
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write_statement(move |c| {
+            Box::pin(async move {
+                let lease = &lease;
+                let mut a = fence_args(&ledger, lease);
+                a.push(now.into());
+                let n = c
+                    .execute(
+                        "UPDATE tool_calls SET status = 'outbound', outbound_started_at = $8,
+                            updated_at = $8
+                         WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+                           AND status = 'claimed' AND lease_token = $5 AND lease_holder = $6
+                           AND lease_expires_at > $8
+                           AND EXISTS (SELECT 1 FROM runs r WHERE r.tenant = $1 AND r.workspace = $2
+                               AND r.id = $3 AND r.status = 'running' AND r.worker = $6
+                               AND r.lease_token = $7 AND r.lease_expires_at > $8)",
+                        a,
+                    )
+                    .await?;
+                if n == 1 {
+                    return Ok(());
+                }
+                match read_call(c, &ledger, &lease.run_id, &lease.tool_call_id).await? {
+                    None => Err(Error::NotFound {
+                        what: format!("tool call {}/{}", lease.run_id, lease.tool_call_id),
+                    }),
+                    Some(_) => Err(Error::LeaseLost),
+                }
+            })
+        })
+        .await
     }
 
     /// Extends the call lease while the adapter works (fenced by tokens; see
@@ -88,25 +94,31 @@ impl Ledger {
         now: Timestamp,
     ) -> Result<Timestamp, Error> {
         let expires_at = now.plus(duration);
-        let mut pc = self.pool().acquire_write().await?;
-        let mut a = fence_args(self, lease);
-        a.push(expires_at.into());
-        a.push(now.into());
-        let n = pc
-            .conn()
-            .execute(
-                concat!(
-                    "UPDATE tool_calls SET lease_expires_at = $8, updated_at = $9",
-                    fenced!(),
-                    " AND status IN ('claimed', 'outbound')"
-                ),
-                a,
-            )
-            .await?;
-        if n == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(expires_at)
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write_statement(move |c| {
+            Box::pin(async move {
+                let lease = &lease;
+                let mut a = fence_args(&ledger, lease);
+                a.push(expires_at.into());
+                a.push(now.into());
+                let n = c
+                    .execute(
+                        concat!(
+                            "UPDATE tool_calls SET lease_expires_at = $8, updated_at = $9",
+                            fenced!(),
+                            " AND status IN ('claimed', 'outbound')"
+                        ),
+                        a,
+                    )
+                    .await?;
+                if n == 0 {
+                    return Err(Error::LeaseLost);
+                }
+                Ok(expires_at)
+            })
+        })
+        .await
     }
 
     /// Records the outcome of an outbound call, in ONE transaction: the call's terminal
@@ -118,7 +130,6 @@ impl Ledger {
     /// strictly better than leaving it in doubt; if someone did take over, the token
     /// changed (the call is `in_doubt`) and this is `LeaseLost`.
     pub async fn complete_call(&self, req: CompleteCall<'_>, now: Timestamp) -> Result<(), Error> {
-        let lease = req.lease;
         let (status, output, error) = match &req.outcome {
             CallOutcome::Succeeded(v) => match self.checked_json(v) {
                 Ok(s) => ("succeeded", Some(s), None),
@@ -135,53 +146,73 @@ impl Ledger {
             },
             CallOutcome::Failed(e) => ("failed", None, Some(e.clone())),
         };
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        let mut a = fence_args(self, lease);
-        a.extend(args![
-            status,
-            output,
-            error.as_ref().map(|e| e.kind.as_str()),
-            error.as_ref().map(|e| e.message.clone()),
-            req.requests_sent,
-            now,
-        ]);
-        let row = c
-            .optional::<CallRow>(
-                concat!(
-                    "UPDATE tool_calls SET status = $8, output = $9, error_kind = $10,
-                        error_message = $11, outbound_requests = outbound_requests + $12,
-                        finished_at = $13, updated_at = $13, lease_holder = NULL,
-                        lease_expires_at = NULL",
-                    fenced!(),
-                    " AND status = 'outbound' RETURNING ",
-                    call_cols!()
-                ),
-                a,
-            )
-            .await?
-            .ok_or(Error::LeaseLost)?;
-        insert_attempt(
-            &mut c,
-            self,
-            AttemptRecord {
-                run_id: &lease.run_id,
-                tool_call_id: &lease.tool_call_id,
-                step_id: &lease.step_id,
-                attempt: i64::from(lease.attempt),
-                sent_key: lease.key.clone(),
-                outbound_started_at: row.outbound_started_at,
-                outcome: status,
-                error_kind: error.as_ref().map(|e| e.kind.as_str()),
-                error_message: error.as_ref().map(|e| e.message.clone()),
-                requests_sent: req.requests_sent,
-            },
-            now,
-        )
-        .await?;
-        insert_usage(&mut c, self, lease, req.requests_sent, now).await?;
-        self.step_effects(&mut c, &lease.run_id, &req, now).await?;
-        tx.commit().await
+        let ledger = self.clone();
+        let CompleteCall {
+            lease,
+            outcome,
+            requests_sent,
+            step,
+            next_step,
+        } = req;
+        let lease = lease.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let req = CompleteCall {
+                    lease: &lease,
+                    outcome,
+                    requests_sent,
+                    step,
+                    next_step,
+                };
+                let lease = req.lease;
+                let mut a = fence_args(&ledger, lease);
+                a.extend(args![
+                    status,
+                    output,
+                    error.as_ref().map(|e| e.kind.as_str()),
+                    error.as_ref().map(|e| e.message.clone()),
+                    req.requests_sent,
+                    now,
+                ]);
+                let row = c
+                    .optional::<CallRow>(
+                        concat!(
+                            "UPDATE tool_calls SET status = $8, output = $9, error_kind = $10,
+                                error_message = $11, outbound_requests = outbound_requests + $12,
+                                finished_at = $13, updated_at = $13, lease_holder = NULL,
+                                lease_expires_at = NULL",
+                            fenced!(),
+                            " AND status = 'outbound' RETURNING ",
+                            call_cols!()
+                        ),
+                        a,
+                    )
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                insert_attempt(
+                    c,
+                    &ledger,
+                    AttemptRecord {
+                        run_id: &lease.run_id,
+                        tool_call_id: &lease.tool_call_id,
+                        step_id: &lease.step_id,
+                        attempt: i64::from(lease.attempt),
+                        sent_key: lease.key.clone(),
+                        outbound_started_at: row.outbound_started_at,
+                        outcome: status,
+                        error_kind: error.as_ref().map(|e| e.kind.as_str()),
+                        error_message: error.as_ref().map(|e| e.message.clone()),
+                        requests_sent: req.requests_sent,
+                    },
+                    now,
+                )
+                .await?;
+                insert_usage(c, &ledger, lease, req.requests_sent, now).await?;
+                ledger.step_effects(c, &lease.run_id, &req, now).await?;
+                Ok(())
+            })
+        })
+        .await
     }
 
     async fn step_effects(
@@ -209,56 +240,62 @@ impl Ledger {
         report: InDoubtReport,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        let mut a = fence_args(self, lease);
-        a.extend(args![report.message.clone(), report.requests_sent, now]);
-        let row = c
-            .optional::<CallRow>(
-                concat!(
-                    "UPDATE tool_calls SET status = 'in_doubt', in_doubt_at = $10,
-                        error_kind = 'unknown', error_message = $8,
-                        outbound_requests = outbound_requests + $9, updated_at = $10,
-                        lease_holder = NULL, lease_expires_at = NULL,
-                        lease_token = lease_token + 1",
-                    fenced!(),
-                    " AND status = 'outbound' RETURNING ",
-                    call_cols!()
-                ),
-                a,
-            )
-            .await?
-            .ok_or(Error::LeaseLost)?;
-        insert_attempt(
-            &mut c,
-            self,
-            AttemptRecord {
-                run_id: &lease.run_id,
-                tool_call_id: &lease.tool_call_id,
-                step_id: &lease.step_id,
-                attempt: i64::from(lease.attempt),
-                sent_key: lease.key.clone(),
-                outbound_started_at: row.outbound_started_at,
-                outcome: "unknown",
-                error_kind: Some(ErrorKind::Unknown.as_str()),
-                error_message: Some(report.message.clone()),
-                requests_sent: report.requests_sent,
-            },
-            now,
-        )
-        .await?;
-        insert_usage(&mut c, self, lease, report.requests_sent, now).await?;
-        pause_steps_in(
-            &mut c,
-            self,
-            &lease.run_id,
-            [&lease.step_id, &row.step_id],
-            &lease.tool_call_id,
-            now,
-        )
-        .await?;
-        emit_in_doubt(&mut c, self, &row, &report.message, now).await?;
-        tx.commit().await
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let lease = &lease;
+                let mut a = fence_args(&ledger, lease);
+                a.extend(args![report.message.clone(), report.requests_sent, now]);
+                let row = c
+                    .optional::<CallRow>(
+                        concat!(
+                            "UPDATE tool_calls SET status = 'in_doubt', in_doubt_at = $10,
+                                error_kind = 'unknown', error_message = $8,
+                                outbound_requests = outbound_requests + $9, updated_at = $10,
+                                lease_holder = NULL, lease_expires_at = NULL,
+                                lease_token = lease_token + 1",
+                            fenced!(),
+                            " AND status = 'outbound' RETURNING ",
+                            call_cols!()
+                        ),
+                        a,
+                    )
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                insert_attempt(
+                    c,
+                    &ledger,
+                    AttemptRecord {
+                        run_id: &lease.run_id,
+                        tool_call_id: &lease.tool_call_id,
+                        step_id: &lease.step_id,
+                        attempt: i64::from(lease.attempt),
+                        sent_key: lease.key.clone(),
+                        outbound_started_at: row.outbound_started_at,
+                        outcome: "unknown",
+                        error_kind: Some(ErrorKind::Unknown.as_str()),
+                        error_message: Some(report.message.clone()),
+                        requests_sent: report.requests_sent,
+                    },
+                    now,
+                )
+                .await?;
+                insert_usage(c, &ledger, lease, report.requests_sent, now).await?;
+                pause_steps_in(
+                    c,
+                    &ledger,
+                    &lease.run_id,
+                    [&lease.step_id, &row.step_id],
+                    &lease.tool_call_id,
+                    now,
+                )
+                .await?;
+                emit_in_doubt(c, &ledger, &row, &report.message, now).await?;
+                Ok(())
+            })
+        })
+        .await
     }
 
     /// Gives back a claim that never went outbound (rate limited, deferred). It is not an
@@ -266,28 +303,33 @@ impl Ledger {
     /// no holder and a lease that expired at `now`, attempt count and key unchanged, so
     /// the next claim of this call takes it over and sends the same key.
     pub async fn release_call(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
-        let s = self.scope();
-        let mut pc = self.pool().acquire_write().await?;
-        let n = pc
-            .conn()
-            .execute(
-                "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $7, updated_at = $7
-                 WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-                   AND lease_token = $5 AND lease_holder = $6 AND status = 'claimed'",
-                args![
-                    &s.tenant,
-                    &s.workspace,
-                    &lease.run_id,
-                    &lease.tool_call_id,
-                    lease.token,
-                    lease.worker.as_str(),
-                    now,
-                ],
-            )
-            .await?;
-        if n == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write_statement(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let n = c
+                    .execute(
+                        "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $7, updated_at = $7
+                         WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+                           AND lease_token = $5 AND lease_holder = $6 AND status = 'claimed'",
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            &lease.run_id,
+                            &lease.tool_call_id,
+                            lease.token,
+                            lease.worker.as_str(),
+                            now,
+                        ],
+                    )
+                    .await?;
+                if n == 0 {
+                    return Err(Error::LeaseLost);
+                }
+                Ok(())
+            })
+        })
+        .await
     }
 }

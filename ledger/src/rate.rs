@@ -26,33 +26,37 @@ impl Ledger {
         if req.limit == 0 {
             return Ok(RateDecision::Limited { retry_at });
         }
-        let s = self.scope();
-        let mut pc = self.pool().acquire_write().await?;
-        let row = pc
-            .conn()
-            .optional::<IntRow>(
-                "INSERT INTO rate_counters (tenant, workspace, key, window_kind, window_start, count)
-                 VALUES ($1, $2, $3, $4, $5, 1)
-                 ON CONFLICT (tenant, workspace, key, window_kind, window_start)
-                 DO UPDATE SET count = rate_counters.count + 1
-                 WHERE rate_counters.count < $6
-                 RETURNING count AS n",
-                args![
-                    &s.tenant,
-                    &s.workspace,
-                    &req.key,
-                    req.window.as_str(),
-                    start,
-                    i64::from(req.limit),
-                ],
-            )
-            .await?;
-        Ok(match row {
-            Some(r) => RateDecision::Granted {
-                count: u32::try_from(r.n).unwrap_or(u32::MAX),
-            },
-            None => RateDecision::Limited { retry_at },
+        let ledger = self.clone();
+        self.write_statement(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let row = c
+                    .optional::<IntRow>(
+                        "INSERT INTO rate_counters (tenant, workspace, key, window_kind, window_start, count)
+                         VALUES ($1, $2, $3, $4, $5, 1)
+                         ON CONFLICT (tenant, workspace, key, window_kind, window_start)
+                         DO UPDATE SET count = rate_counters.count + 1
+                         WHERE rate_counters.count < $6
+                         RETURNING count AS n",
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            &req.key,
+                            req.window.as_str(),
+                            start,
+                            i64::from(req.limit),
+                        ],
+                    )
+                    .await?;
+                Ok(match row {
+                    Some(r) => RateDecision::Granted {
+                        count: u32::try_from(r.n).unwrap_or(u32::MAX),
+                    },
+                    None => RateDecision::Limited { retry_at },
+                })
+            })
         })
+        .await
     }
 
     /// Counts `n` extra requests that were actually sent, regardless of the limit (they
@@ -64,27 +68,33 @@ impl Ledger {
         n: u32,
         now: Timestamp,
     ) -> Result<u32, Error> {
-        let s = self.scope();
-        let mut pc = self.pool().acquire_write().await?;
-        let row = pc
-            .conn()
-            .optional::<IntRow>(
-                "INSERT INTO rate_counters (tenant, workspace, key, window_kind, window_start, count)
-                 VALUES ($1, $2, $3, $4, $5, $6)
-                 ON CONFLICT (tenant, workspace, key, window_kind, window_start)
-                 DO UPDATE SET count = rate_counters.count + $6
-                 RETURNING count AS n",
-                args![
-                    &s.tenant,
-                    &s.workspace,
-                    key,
-                    window.as_str(),
-                    window.start(now),
-                    i64::from(n),
-                ],
-            )
-            .await?;
-        Ok(row.map_or(0, |r| u32::try_from(r.n).unwrap_or(u32::MAX)))
+        let ledger = self.clone();
+        let key = key.to_owned();
+        self.write_statement(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let key = key.as_str();
+                let row = c
+                    .optional::<IntRow>(
+                        "INSERT INTO rate_counters (tenant, workspace, key, window_kind, window_start, count)
+                         VALUES ($1, $2, $3, $4, $5, $6)
+                         ON CONFLICT (tenant, workspace, key, window_kind, window_start)
+                         DO UPDATE SET count = rate_counters.count + $6
+                         RETURNING count AS n",
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            key,
+                            window.as_str(),
+                            window.start(now),
+                            i64::from(n),
+                        ],
+                    )
+                    .await?;
+                Ok(row.map_or(0, |r| u32::try_from(r.n).unwrap_or(u32::MAX)))
+            })
+        })
+        .await
     }
 
     /// The current count of a window (for `flow show`, metrics and tests).

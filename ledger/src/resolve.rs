@@ -27,7 +27,6 @@ impl Ledger {
     /// same key), so the next claim takes it over and re-sends that key, and puts its
     /// paused steps back to `pending`. Emits `tool_call.resolved`. One transaction.
     pub async fn resolve_call(&self, req: Resolve, now: Timestamp) -> Result<ToolCall, Error> {
-        let s = self.scope();
         let (status, output, error) = match &req.resolution {
             Resolution::Succeeded(v) => (CallStatus::Succeeded, Some(self.checked_json(v)?), None),
             Resolution::Failed(m) => (
@@ -40,238 +39,270 @@ impl Ledger {
             ),
             Resolution::Retry => (CallStatus::Claimed, None, None),
         };
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        let row = read_call(&mut c, self, &req.run_id, &req.tool_call_id)
-            .await?
-            .ok_or_else(|| Error::NotFound {
-                what: format!("tool call {}/{}", req.run_id, req.tool_call_id),
-            })?;
-        let from = row.status()?;
-        if from != CallStatus::InDoubt {
-            return Err(Error::InvalidTransition {
-                what: "tool call",
-                from: from.as_str().into(),
-                to: format!("resolved {}", req.resolution.as_str()),
-            });
-        }
-        crate::state::check_call_transition(from, status)?;
-        let terminal = status.is_terminal();
-        let row = c
-            .optional::<CallRow>(
-                concat!(
-                    "UPDATE tool_calls SET status = $5, output = $6, error_kind = $7,
-                        error_message = $8, resolution = $9, resolved_by = $10,
-                        resolved_at = $11, resolution_note = $12, updated_at = $11,
-                        finished_at = CASE WHEN $13 THEN $11 ELSE NULL END,
-                        lease_holder = NULL,
-                        lease_expires_at = CASE WHEN $13 THEN NULL ELSE $11 END,
-                        lease_token = lease_token + 1
-                     WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-                       AND status = 'in_doubt'
-                     RETURNING ",
-                    call_cols!()
-                ),
-                args![
-                    &s.tenant,
-                    &s.workspace,
-                    &req.run_id,
-                    &req.tool_call_id,
-                    status.as_str(),
-                    output.clone(),
-                    error.as_ref().map(|e| e.kind.as_str()),
-                    error.as_ref().map(|e| e.message.clone()),
-                    req.resolution.as_str(),
-                    &req.by,
-                    now,
-                    req.note.clone(),
-                    terminal,
-                ],
-            )
-            .await?
-            .ok_or(Error::LeaseLost)?;
-        let paused = c
-            .all::<StepRow>(
-                concat!(
-                    "SELECT ",
-                    step_cols!(),
-                    " FROM steps WHERE tenant = $1 AND workspace = $2 AND run_id = $3
-                       AND tool_call_id = $4 AND status = 'paused'"
-                ),
-                args![&s.tenant, &s.workspace, &req.run_id, &req.tool_call_id],
-            )
-            .await?;
-        for step in paused {
-            let next = match &req.resolution {
-                Resolution::Succeeded(v) => Some((StepStatus::Succeeded, Some(v.clone()))),
-                Resolution::Failed(_) => Some((StepStatus::Failed, None)),
-                Resolution::Retry => None,
-            };
-            match next {
-                Some((st, out)) => {
-                    let finish = StepFinish {
-                        step_id: step.step_id.clone(),
-                        status: st,
-                        output: out,
-                        error: error.clone(),
-                    };
-                    finish_step_in(&mut c, self, &req.run_id, &finish, now).await?;
+        let ledger = self.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let row = read_call(c, &ledger, &req.run_id, &req.tool_call_id)
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        what: format!("tool call {}/{}", req.run_id, req.tool_call_id),
+                    })?;
+                let from = row.status()?;
+                if from != CallStatus::InDoubt {
+                    return Err(Error::InvalidTransition {
+                        what: "tool call",
+                        from: from.as_str().into(),
+                        to: format!("resolved {}", req.resolution.as_str()),
+                    });
                 }
-                None => {
-                    c.execute(
-                        "UPDATE steps SET status = 'pending', updated_at = $5
-                         WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4
-                           AND status = 'paused'",
-                        args![&s.tenant, &s.workspace, &req.run_id, &step.step_id, now],
+                crate::state::check_call_transition(from, status)?;
+                let terminal = status.is_terminal();
+                let row = c
+                    .optional::<CallRow>(
+                        concat!(
+                            "UPDATE tool_calls SET status = $5, output = $6, error_kind = $7,
+                                error_message = $8, resolution = $9, resolved_by = $10,
+                                resolved_at = $11, resolution_note = $12, updated_at = $11,
+                                finished_at = CASE WHEN $13 THEN $11 ELSE NULL END,
+                                lease_holder = NULL,
+                                lease_expires_at = CASE WHEN $13 THEN NULL ELSE $11 END,
+                                lease_token = lease_token + 1
+                             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+                               AND status = 'in_doubt'
+                             RETURNING ",
+                            call_cols!()
+                        ),
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            &req.run_id,
+                            &req.tool_call_id,
+                            status.as_str(),
+                            output.clone(),
+                            error.as_ref().map(|e| e.kind.as_str()),
+                            error.as_ref().map(|e| e.message.clone()),
+                            req.resolution.as_str(),
+                            &req.by,
+                            now,
+                            req.note.clone(),
+                            terminal,
+                        ],
+                    )
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                let paused = c
+                    .all::<StepRow>(
+                        concat!(
+                            "SELECT ",
+                            step_cols!(),
+                            " FROM steps WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+                               AND tool_call_id = $4 AND status = 'paused'"
+                        ),
+                        args![&s.tenant, &s.workspace, &req.run_id, &req.tool_call_id],
                     )
                     .await?;
+                for step in paused {
+                    let next = match &req.resolution {
+                        Resolution::Succeeded(v) => Some((StepStatus::Succeeded, Some(v.clone()))),
+                        Resolution::Failed(_) => Some((StepStatus::Failed, None)),
+                        Resolution::Retry => None,
+                    };
+                    match next {
+                        Some((st, out)) => {
+                            let finish = StepFinish {
+                                step_id: step.step_id.clone(),
+                                status: st,
+                                output: out,
+                                error: error.clone(),
+                            };
+                            finish_step_in(c, &ledger, &req.run_id, &finish, now).await?;
+                        }
+                        None => {
+                            c.execute(
+                                "UPDATE steps SET status = 'pending', updated_at = $5
+                                 WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4
+                                   AND status = 'paused'",
+                                args![&s.tenant, &s.workspace, &req.run_id, &step.step_id, now],
+                            )
+                            .await?;
+                        }
+                    }
                 }
-            }
-        }
-        let payload = json!({
-            "resolution": req.resolution.as_str(),
-            "by": req.by,
-            "note": req.note,
-            "tool": row.tool,
-            "attempt": row.attempt_count,
-        });
-        emit(
-            &mut c,
-            s,
-            now,
-            NewEvent {
-                event_type: EventType::ToolCallResolved,
-                run_id: &req.run_id,
-                step_id: Some(&row.step_id),
-                tool_call_id: Some(&req.tool_call_id),
-                payload,
-            },
-        )
-        .await?;
-        tx.commit().await?;
-        row.into_call()
+                let payload = json!({
+                    "resolution": req.resolution.as_str(),
+                    "by": req.by,
+                    "note": req.note,
+                    "tool": row.tool,
+                    "attempt": row.attempt_count,
+                });
+                emit(
+                    c,
+                    s,
+                    now,
+                    NewEvent {
+                        event_type: EventType::ToolCallResolved,
+                        run_id: &req.run_id,
+                        step_id: Some(&row.step_id),
+                        tool_call_id: Some(&req.tool_call_id),
+                        payload,
+                    },
+                )
+                .await?;
+                row.into_call()
+            })
+        })
+        .await
     }
 
-    /// Records a pure in-process function's call in ONE commit: creates the step if
-    /// missing, writes the call terminal with its attempt row (no outbound mark and no
-    /// usage: nothing leaves the process), finishes the step from the outcome and creates
-    /// `next_step` if given. If the call is already terminal, replay semantics apply (a
-    /// succeeded call is never overwritten; a failed one only with `retry_failed`): the
-    /// step is finished with the stored outcome, which is returned.
-    pub async fn record_pure_call(
+    /// The general way of [`Ledger::record_pure_call`] (`pure.rs` tries a one-statement
+    /// way for brand-new calls first): every case, statement by statement.
+    pub(crate) async fn record_pure_call_in_steps(
         &self,
         req: PureCall<'_>,
         now: Timestamp,
     ) -> Result<PureRecorded, Error> {
-        let run = req.run;
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        check_run_lease(&mut c, self.scope(), run, Some(now)).await?;
-        create_step_in(&mut c, self, &run.run_id, &req.step, now).await?;
-        let existing = read_call(&mut c, self, &run.run_id, &req.tool_call_id).await?;
-        let replay = match existing {
-            Some(row) => {
-                check_identity(&row, &req.tool, &req.idempotency_key, &req.request_hash)?;
-                let d = decide_claim(
-                    &row.facts()?,
-                    req.retry_failed,
-                    run.token,
-                    row.holder_dead(),
-                    now,
-                );
-                match d {
-                    ClaimDecision::Replay => Some(row.replayed(None)?),
-                    ClaimDecision::NewAttempt | ClaimDecision::Takeover => {
-                        let attempt = match d {
-                            ClaimDecision::NewAttempt => row.attempt_count + 1,
-                            _ => row.attempt_count,
-                        };
-                        self.write_pure(&mut c, &req, attempt, Some(row.lease_token), now)
-                            .await?;
-                        None
-                    }
-                    ClaimDecision::Busy { holder, until } => {
-                        return Err(Error::Busy { holder, until });
-                    }
-                    ClaimDecision::InDoubt(since) => {
-                        return Err(Error::InDoubt {
-                            since: since.unwrap_or(now),
-                        });
-                    }
-                    ClaimDecision::ToInDoubt => {
-                        return Err(Error::InvalidTransition {
-                            what: "tool call",
-                            from: "outbound".into(),
-                            to: "recorded as a pure call".into(),
-                        });
-                    }
-                }
-            }
-            None => match read_call_by_key(&mut c, self, &req.idempotency_key).await? {
-                Some(other)
-                    if other.run_id == run.run_id && other.tool_call_id == req.tool_call_id =>
-                {
-                    // A racing writer committed our own row between the reads.
-                    return Err(Error::Busy {
-                        holder: other.lease_holder.unwrap_or_default(),
-                        until: Timestamp(other.lease_expires_at.unwrap_or(now.0)),
-                    });
-                }
-                Some(other) => {
-                    check_foreign(&other, &run.run_id, &req.tool, &req.request_hash)?;
-                    match decide_foreign_claim(&other.facts()?, now) {
-                        ClaimDecision::Replay => Some(other.replayed(Some(other.run_id.clone()))?),
-                        ClaimDecision::Busy { holder, until } => {
-                            return Err(Error::Busy { holder, until });
+        let ledger = self.clone();
+        let PureCall {
+            run,
+            step,
+            tool_call_id,
+            tool,
+            idempotency_key,
+            request,
+            request_hash,
+            outcome,
+            retry_failed,
+            next_step,
+        } = req;
+        let run = run.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let req = PureCall {
+                    run: &run,
+                    step,
+                    tool_call_id,
+                    tool,
+                    idempotency_key,
+                    request,
+                    request_hash,
+                    outcome,
+                    retry_failed,
+                    next_step,
+                };
+                let run = req.run;
+                check_run_lease(c, ledger.scope(), run, Some(now)).await?;
+                create_step_in(c, &ledger, &run.run_id, &req.step, now).await?;
+                let existing = read_call(c, &ledger, &run.run_id, &req.tool_call_id).await?;
+                let replay = match existing {
+                    Some(row) => {
+                        check_identity(&row, &req.tool, &req.idempotency_key, &req.request_hash)?;
+                        let d = decide_claim(
+                            &row.facts()?,
+                            req.retry_failed,
+                            run.token,
+                            row.holder_dead(),
+                            now,
+                        );
+                        match d {
+                            ClaimDecision::Replay => Some(row.replayed(None)?),
+                            ClaimDecision::NewAttempt | ClaimDecision::Takeover => {
+                                let attempt = match d {
+                                    ClaimDecision::NewAttempt => row.attempt_count + 1,
+                                    _ => row.attempt_count,
+                                };
+                                ledger
+                                    .write_pure(c, &req, attempt, Some(row.lease_token), now)
+                                    .await?;
+                                None
+                            }
+                            ClaimDecision::Busy { holder, until } => {
+                                return Err(Error::Busy { holder, until });
+                            }
+                            ClaimDecision::InDoubt(since) => {
+                                return Err(Error::InDoubt {
+                                    since: since.unwrap_or(now),
+                                });
+                            }
+                            ClaimDecision::ToInDoubt => {
+                                return Err(Error::InvalidTransition {
+                                    what: "tool call",
+                                    from: "outbound".into(),
+                                    to: "recorded as a pure call".into(),
+                                });
+                            }
                         }
-                        _ => {
-                            return Err(Error::InDoubt {
-                                since: Timestamp(other.in_doubt_at.unwrap_or(now.0)),
+                    }
+                    None => match read_call_by_key(c, &ledger, &req.idempotency_key).await? {
+                        Some(other)
+                            if other.run_id == run.run_id
+                                && other.tool_call_id == req.tool_call_id =>
+                        {
+                            // A racing writer committed our own row between the reads.
+                            return Err(Error::Busy {
+                                holder: other.lease_holder.unwrap_or_default(),
+                                until: Timestamp(other.lease_expires_at.unwrap_or(now.0)),
                             });
                         }
-                    }
-                }
-                None => {
-                    self.write_pure(&mut c, &req, 1, None, now).await?;
-                    None
-                }
-            },
-        };
-        let (outcome, result) = match &replay {
-            Some(r) => {
-                let outcome = match (r.status, &r.output, &r.error) {
-                    (CallStatus::Succeeded, out, _) => {
-                        CallOutcome::Succeeded(out.clone().unwrap_or(serde_json::Value::Null))
-                    }
-                    (_, _, err) => CallOutcome::Failed(err.clone().unwrap_or(StepError {
-                        kind: ErrorKind::Permanent,
-                        message: "failed".into(),
-                    })),
+                        Some(other) => {
+                            check_foreign(&other, &run.run_id, &req.tool, &req.request_hash)?;
+                            match decide_foreign_claim(&other.facts()?, now) {
+                                ClaimDecision::Replay => {
+                                    Some(other.replayed(Some(other.run_id.clone()))?)
+                                }
+                                ClaimDecision::Busy { holder, until } => {
+                                    return Err(Error::Busy { holder, until });
+                                }
+                                _ => {
+                                    return Err(Error::InDoubt {
+                                        since: Timestamp(other.in_doubt_at.unwrap_or(now.0)),
+                                    });
+                                }
+                            }
+                        }
+                        None => {
+                            ledger.write_pure(c, &req, 1, None, now).await?;
+                            None
+                        }
+                    },
                 };
-                (outcome, PureRecorded::Replayed(r.clone()))
-            }
-            None => (req.outcome.clone(), PureRecorded::Recorded),
-        };
-        let finish = match outcome {
-            CallOutcome::Succeeded(v) => StepFinish {
-                step_id: req.step.step_id.clone(),
-                status: StepStatus::Succeeded,
-                output: Some(v),
-                error: None,
-            },
-            CallOutcome::Failed(e) => StepFinish {
-                step_id: req.step.step_id.clone(),
-                status: StepStatus::Failed,
-                output: None,
-                error: Some(e),
-            },
-        };
-        finish_step_in(&mut c, self, &run.run_id, &finish, now).await?;
-        if let Some(next) = &req.next_step {
-            create_step_in(&mut c, self, &run.run_id, next, now).await?;
-        }
-        tx.commit().await?;
-        Ok(result)
+                let (outcome, result) = match &replay {
+                    Some(r) => {
+                        let outcome = match (r.status, &r.output, &r.error) {
+                            (CallStatus::Succeeded, out, _) => CallOutcome::Succeeded(
+                                out.clone().unwrap_or(serde_json::Value::Null),
+                            ),
+                            (_, _, err) => CallOutcome::Failed(err.clone().unwrap_or(StepError {
+                                kind: ErrorKind::Permanent,
+                                message: "failed".into(),
+                            })),
+                        };
+                        (outcome, PureRecorded::Replayed(r.clone()))
+                    }
+                    None => (req.outcome.clone(), PureRecorded::Recorded),
+                };
+                let finish = match outcome {
+                    CallOutcome::Succeeded(v) => StepFinish {
+                        step_id: req.step.step_id.clone(),
+                        status: StepStatus::Succeeded,
+                        output: Some(v),
+                        error: None,
+                    },
+                    CallOutcome::Failed(e) => StepFinish {
+                        step_id: req.step.step_id.clone(),
+                        status: StepStatus::Failed,
+                        output: None,
+                        error: Some(e),
+                    },
+                };
+                finish_step_in(c, &ledger, &run.run_id, &finish, now).await?;
+                if let Some(next) = &req.next_step {
+                    create_step_in(c, &ledger, &run.run_id, next, now).await?;
+                }
+                Ok(result)
+            })
+        })
+        .await
     }
 
     async fn write_pure(

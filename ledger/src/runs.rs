@@ -102,78 +102,80 @@ impl Ledger {
     /// return the existing run (`created: false`); anything else is a `Conflict`.
     /// Emits `run.queued`.
     pub async fn enqueue(&self, run: NewRun, now: Timestamp) -> Result<Enqueued, Error> {
-        let scope = self.scope();
         let inputs_hash = canonical_hash(&run.inputs);
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        let inserted = c
-            .execute(
-                "INSERT INTO runs (tenant, workspace, id, workflow_name, workflow_text,
-                    workflow_hash, inputs, inputs_hash, status, priority, not_before,
-                    created_at, updated_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', $9, $10, $11, $11)
-                 ON CONFLICT DO NOTHING",
-                args![
-                    &scope.tenant,
-                    &scope.workspace,
-                    &run.id,
-                    &run.workflow_name,
-                    &run.workflow_text,
-                    &run.workflow_hash,
-                    run.inputs.to_string(),
-                    &inputs_hash,
-                    run.priority,
-                    run.not_before.unwrap_or(now),
-                    now,
-                ],
-            )
-            .await?;
-        let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
-        let sql = c.pick(sqlite, pg);
-        let row = c
-            .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, &run.id])
-            .await?
-            .ok_or_else(|| Error::NotFound {
-                what: format!("run {}", run.id),
-            })?;
-        if inserted == 0 {
-            if row.workflow_hash != run.workflow_hash || row.inputs_hash != inputs_hash {
-                let what = if row.workflow_hash != run.workflow_hash {
-                    "workflow"
-                } else {
-                    "inputs"
-                };
-                return Err(Error::Conflict {
-                    other_run: row.id,
-                    other_node: String::new(),
-                    reason: format!("run id already used with a different {what}"),
+        let ledger = self.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let inserted = c
+                    .execute(
+                        "INSERT INTO runs (tenant, workspace, id, workflow_name, workflow_text,
+                            workflow_hash, inputs, inputs_hash, status, priority, not_before,
+                            created_at, updated_at)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', $9, $10, $11, $11)
+                         ON CONFLICT DO NOTHING",
+                        args![
+                            &scope.tenant,
+                            &scope.workspace,
+                            &run.id,
+                            &run.workflow_name,
+                            &run.workflow_text,
+                            &run.workflow_hash,
+                            run.inputs.to_string(),
+                            &inputs_hash,
+                            run.priority,
+                            run.not_before.unwrap_or(now),
+                            now,
+                        ],
+                    )
+                    .await?;
+                let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
+                let sql = c.pick(sqlite, pg);
+                let row = c
+                    .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, &run.id])
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        what: format!("run {}", run.id),
+                    })?;
+                if inserted == 0 {
+                    if row.workflow_hash != run.workflow_hash || row.inputs_hash != inputs_hash {
+                        let what = if row.workflow_hash != run.workflow_hash {
+                            "workflow"
+                        } else {
+                            "inputs"
+                        };
+                        return Err(Error::Conflict {
+                            other_run: row.id,
+                            other_node: String::new(),
+                            reason: format!("run id already used with a different {what}"),
+                        });
+                    }
+                    return Ok(Enqueued {
+                        run: row.into_run()?,
+                        created: false,
+                    });
+                }
+                let payload = json!({
+                    "workflow_name": run.workflow_name,
+                    "workflow_hash": run.workflow_hash,
+                    "priority": run.priority,
+                    "not_before": run.not_before,
                 });
-            }
-            tx.commit().await?;
-            return Ok(Enqueued {
-                run: row.into_run()?,
-                created: false,
-            });
-        }
-        let payload = json!({
-            "workflow_name": run.workflow_name,
-            "workflow_hash": run.workflow_hash,
-            "priority": run.priority,
-            "not_before": run.not_before,
-        });
-        emit(
-            &mut c,
-            scope,
-            now,
-            NewEvent::run(EventType::RunQueued, &run.id, payload),
-        )
-        .await?;
-        crate::notify::notify_queued(&mut c, scope).await?;
-        tx.commit().await?;
-        Ok(Enqueued {
-            run: row.into_run()?,
-            created: true,
+                emit(
+                    c,
+                    scope,
+                    now,
+                    NewEvent::run(EventType::RunQueued, &run.id, payload),
+                )
+                .await?;
+                crate::notify::notify_queued(c, scope).await?;
+                Ok(Enqueued {
+                    run: row.into_run()?,
+                    created: true,
+                })
+            })
         })
+        .await
     }
 
     /// Claims up to `limit` runs: queued ones whose `not_before` has passed and running
@@ -188,37 +190,42 @@ impl Ledger {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        let scope = self.scope();
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        let (sqlite, pg) = CLAIM_NEXT;
-        let sql = c.pick(sqlite, pg);
-        let mut rows = c
-            .all::<RunRow>(
-                sql,
-                args![
-                    &scope.tenant,
-                    &scope.workspace,
-                    req.worker.as_str(),
-                    now.plus(req.lease),
-                    now,
-                    i64::from(req.limit),
-                ],
-            )
-            .await?;
-        // RETURNING order is unspecified: restore the queue order.
-        rows.sort_by(|a, b| {
-            b.priority
-                .cmp(&a.priority)
-                .then(a.not_before.cmp(&b.not_before))
-                .then(a.created_at.cmp(&b.created_at))
-                .then(a.id.cmp(&b.id))
-        });
-        for row in &rows {
-            emit_started(&mut c, self, row, now).await?;
-        }
-        tx.commit().await?;
-        Ok(rows.iter().map(|r| lease_of(r, req.worker)).collect())
+        let ledger = self.clone();
+        let worker = req.worker.clone();
+        let (limit, lease) = (req.limit, req.lease);
+        self.write(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let (sqlite, pg) = CLAIM_NEXT;
+                let sql = c.pick(sqlite, pg);
+                let mut rows = c
+                    .all::<RunRow>(
+                        sql,
+                        args![
+                            &scope.tenant,
+                            &scope.workspace,
+                            worker.as_str(),
+                            now.plus(lease),
+                            now,
+                            i64::from(limit),
+                        ],
+                    )
+                    .await?;
+                // RETURNING order is unspecified: restore the queue order.
+                rows.sort_by(|a, b| {
+                    b.priority
+                        .cmp(&a.priority)
+                        .then(a.not_before.cmp(&b.not_before))
+                        .then(a.created_at.cmp(&b.created_at))
+                        .then(a.id.cmp(&b.id))
+                });
+                for row in &rows {
+                    emit_started(c, &ledger, row, now).await?;
+                }
+                Ok(rows.iter().map(|r| lease_of(r, &worker)).collect())
+            })
+        })
+        .await
     }
 
     /// Claims one specific run (for `flow resume`): allowed when it is queued, paused,
@@ -232,59 +239,65 @@ impl Ledger {
         lease: Duration,
         now: Timestamp,
     ) -> Result<RunLease, Error> {
-        let scope = self.scope();
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
-        let sql = c.pick(sqlite, pg);
-        let row = c
-            .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
-            .await?
-            .ok_or_else(|| Error::NotFound {
-                what: format!("run {run_id}"),
-            })?;
-        let status = row.status()?;
-        if status.is_terminal() {
-            return Err(Error::Terminal { status });
-        }
-        if status == RunStatus::Running {
-            let live = row.lease_expires_at.is_some_and(|e| e > now.0);
-            let dead = row
-                .worker
-                .as_deref()
-                .is_some_and(|w| WorkerId::from_string(w).is_provably_dead());
-            if live && !dead {
-                return Err(Error::Busy {
-                    holder: row.worker.unwrap_or_default(),
-                    until: Timestamp(row.lease_expires_at.unwrap_or(0)),
-                });
-            }
-        }
-        let row = c
-            .optional::<RunRow>(
-                concat!(
-                    "UPDATE runs SET status = 'running', worker = $4, lease_token = lease_token + 1,
-                        lease_expires_at = $5, started_at = COALESCE(started_at, $6),
-                        updated_at = $6, pause_reason = NULL
-                     WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $7
-                     RETURNING ",
-                    run_cols!()
-                ),
-                args![
-                    &scope.tenant,
-                    &scope.workspace,
-                    run_id,
-                    worker.as_str(),
-                    now.plus(lease),
-                    now,
-                    row.lease_token,
-                ],
-            )
-            .await?
-            .ok_or(Error::LeaseLost)?;
-        emit_started(&mut c, self, &row, now).await?;
-        tx.commit().await?;
-        Ok(lease_of(&row, worker))
+        let ledger = self.clone();
+        let run_id = run_id.to_owned();
+        let worker = worker.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let (run_id, worker) = (run_id.as_str(), &worker);
+                let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
+                let sql = c.pick(sqlite, pg);
+                let row = c
+                    .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        what: format!("run {run_id}"),
+                    })?;
+                let status = row.status()?;
+                if status.is_terminal() {
+                    return Err(Error::Terminal { status });
+                }
+                if status == RunStatus::Running {
+                    let live = row.lease_expires_at.is_some_and(|e| e > now.0);
+                    let dead = row
+                        .worker
+                        .as_deref()
+                        .is_some_and(|w| WorkerId::from_string(w).is_provably_dead());
+                    if live && !dead {
+                        return Err(Error::Busy {
+                            holder: row.worker.unwrap_or_default(),
+                            until: Timestamp(row.lease_expires_at.unwrap_or(0)),
+                        });
+                    }
+                }
+                let row = c
+                    .optional::<RunRow>(
+                        concat!(
+                            "UPDATE runs SET status = 'running', worker = $4, lease_token = lease_token + 1,
+                                lease_expires_at = $5, started_at = COALESCE(started_at, $6),
+                                updated_at = $6, pause_reason = NULL
+                             WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $7
+                             RETURNING ",
+                            run_cols!()
+                        ),
+                        args![
+                            &scope.tenant,
+                            &scope.workspace,
+                            run_id,
+                            worker.as_str(),
+                            now.plus(lease),
+                            now,
+                            row.lease_token,
+                        ],
+                    )
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                emit_started(c, &ledger, &row, now).await?;
+                Ok(lease_of(&row, worker))
+            })
+        })
+        .await
     }
 
     /// Extends the run lease. Fenced by token, not by expiry: a holder whose lease ran
@@ -296,64 +309,74 @@ impl Ledger {
         duration: Duration,
         now: Timestamp,
     ) -> Result<HeartbeatAck, Error> {
-        let scope = self.scope();
         let expires_at = now.plus(duration);
-        let mut pc = self.pool().acquire_write().await?;
-        let mut c = pc.conn();
-        #[derive(sqlx::FromRow)]
-        struct Ack {
-            cancel_requested: bool,
-        }
-        let ack = c
-            .optional::<Ack>(
-                "UPDATE runs SET lease_expires_at = $6, updated_at = $7
-                 WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
-                   AND lease_token = $5 AND status = 'running'
-                 RETURNING cancel_requested",
-                args![
-                    &scope.tenant,
-                    &scope.workspace,
-                    &lease.run_id,
-                    lease.worker.as_str(),
-                    lease.token,
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write_statement(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                #[derive(sqlx::FromRow)]
+                struct Ack {
+                    cancel_requested: bool,
+                }
+                let ack = c
+                    .optional::<Ack>(
+                        "UPDATE runs SET lease_expires_at = $6, updated_at = $7
+                         WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+                           AND lease_token = $5 AND status = 'running'
+                         RETURNING cancel_requested",
+                        args![
+                            &scope.tenant,
+                            &scope.workspace,
+                            &lease.run_id,
+                            lease.worker.as_str(),
+                            lease.token,
+                            expires_at,
+                            now,
+                        ],
+                    )
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                Ok(HeartbeatAck {
                     expires_at,
-                    now,
-                ],
-            )
-            .await?
-            .ok_or(Error::LeaseLost)?;
-        Ok(HeartbeatAck {
-            expires_at,
-            cancel_requested: ack.cancel_requested,
+                    cancel_requested: ack.cancel_requested,
+                })
+            })
         })
+        .await
     }
 
     /// Gives a run back to the queue (daemon shutdown): status `queued`, lease cleared.
     /// The token stays, so the next claim's token is still strictly greater.
     pub async fn release_run(&self, lease: &RunLease, now: Timestamp) -> Result<(), Error> {
-        let scope = self.scope();
-        let mut pc = self.pool().acquire_write().await?;
-        let n = pc
-            .conn()
-            .execute(
-                "UPDATE runs SET status = 'queued', worker = NULL, lease_expires_at = NULL,
-                    updated_at = $6
-                 WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
-                   AND lease_token = $5 AND status = 'running'",
-                args![
-                    &scope.tenant,
-                    &scope.workspace,
-                    &lease.run_id,
-                    lease.worker.as_str(),
-                    lease.token,
-                    now,
-                ],
-            )
-            .await?;
-        if n == 0 {
-            return Err(Error::LeaseLost);
-        }
-        Ok(())
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write_statement(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let n = c
+                    .execute(
+                        "UPDATE runs SET status = 'queued', worker = NULL, lease_expires_at = NULL,
+                            updated_at = $6
+                         WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+                           AND lease_token = $5 AND status = 'running'",
+                        args![
+                            &scope.tenant,
+                            &scope.workspace,
+                            &lease.run_id,
+                            lease.worker.as_str(),
+                            lease.token,
+                            now,
+                        ],
+                    )
+                    .await?;
+                if n == 0 {
+                    return Err(Error::LeaseLost);
+                }
+                Ok(())
+            })
+        })
+        .await
     }
 
     /// Finishes a run (fenced). An output over the limit turns a success into a failure
@@ -389,43 +412,41 @@ impl Ledger {
                 }
             }
         }
-        let scope = self.scope();
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        let row = c
-            .optional::<RunRow>(
-                concat!(
-                    "UPDATE runs SET status = $6, output = $7, error = $8, finished_at = $9,
-                        updated_at = $9, lease_expires_at = NULL
-                     WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
-                       AND lease_token = $5 AND status = 'running'
-                     RETURNING ",
-                    run_cols!()
-                ),
-                args![
-                    &scope.tenant,
-                    &scope.workspace,
-                    &lease.run_id,
-                    lease.worker.as_str(),
-                    lease.token,
-                    status.as_str(),
-                    output,
-                    error.clone(),
-                    now,
-                ],
-            )
-            .await?
-            .ok_or(Error::LeaseLost)?;
-        let payload = json!({ "status": status.as_str(), "error": error });
-        emit(
-            &mut c,
-            scope,
-            now,
-            NewEvent::run(event, &lease.run_id, payload),
-        )
-        .await?;
-        tx.commit().await?;
-        row.into_run()
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let row = c
+                    .optional::<RunRow>(
+                        concat!(
+                            "UPDATE runs SET status = $6, output = $7, error = $8, finished_at = $9,
+                                updated_at = $9, lease_expires_at = NULL
+                             WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+                               AND lease_token = $5 AND status = 'running'
+                             RETURNING ",
+                            run_cols!()
+                        ),
+                        args![
+                            &scope.tenant,
+                            &scope.workspace,
+                            &lease.run_id,
+                            lease.worker.as_str(),
+                            lease.token,
+                            status.as_str(),
+                            output,
+                            error.clone(),
+                            now,
+                        ],
+                    )
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                let payload = json!({ "status": status.as_str(), "error": error });
+                emit(c, scope, now, NewEvent::run(event, &lease.run_id, payload)).await?;
+                row.into_run()
+            })
+        })
+        .await
     }
 
     /// Pauses a run (fenced): an in-doubt call waits for an operator. Clears the lease;
@@ -436,41 +457,48 @@ impl Ledger {
         reason: &str,
         now: Timestamp,
     ) -> Result<(), Error> {
-        let scope = self.scope();
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        let n = c
-            .execute(
-                "UPDATE runs SET status = 'paused', pause_reason = $6, lease_expires_at = NULL,
-                    updated_at = $7
-                 WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
-                   AND lease_token = $5 AND status = 'running'",
-                args![
-                    &scope.tenant,
-                    &scope.workspace,
-                    &lease.run_id,
-                    lease.worker.as_str(),
-                    lease.token,
-                    reason,
+        let ledger = self.clone();
+        let lease = lease.clone();
+        let reason = reason.to_owned();
+        self.write(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let reason = reason.as_str();
+                let n = c
+                    .execute(
+                        "UPDATE runs SET status = 'paused', pause_reason = $6, lease_expires_at = NULL,
+                            updated_at = $7
+                         WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+                           AND lease_token = $5 AND status = 'running'",
+                        args![
+                            &scope.tenant,
+                            &scope.workspace,
+                            &lease.run_id,
+                            lease.worker.as_str(),
+                            lease.token,
+                            reason,
+                            now,
+                        ],
+                    )
+                    .await?;
+                if n == 0 {
+                    return Err(Error::LeaseLost);
+                }
+                emit(
+                    c,
+                    scope,
                     now,
-                ],
-            )
-            .await?;
-        if n == 0 {
-            return Err(Error::LeaseLost);
-        }
-        emit(
-            &mut c,
-            scope,
-            now,
-            NewEvent::run(
-                EventType::RunPaused,
-                &lease.run_id,
-                json!({ "reason": reason }),
-            ),
-        )
-        .await?;
-        tx.commit().await
+                    NewEvent::run(
+                        EventType::RunPaused,
+                        &lease.run_id,
+                        json!({ "reason": reason }),
+                    ),
+                )
+                .await?;
+                Ok(())
+            })
+        })
+        .await
     }
 
     /// Puts a paused run, or a running run whose worker is gone (lease expired or holder
@@ -478,65 +506,70 @@ impl Ledger {
     /// so the old holder is fenced out. A queued run is returned as is; a live lease is
     /// `Busy`; a finished run is `Terminal`. Emits `run.queued`.
     pub async fn requeue_run(&self, run_id: &str, now: Timestamp) -> Result<Run, Error> {
-        let scope = self.scope();
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
-        let sql = c.pick(sqlite, pg);
-        let row = c
-            .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
-            .await?
-            .ok_or_else(|| Error::NotFound {
-                what: format!("run {run_id}"),
-            })?;
-        match row.status()? {
-            RunStatus::Queued => return row.into_run(),
-            s if s.is_terminal() => return Err(Error::Terminal { status: s }),
-            RunStatus::Running => {
-                let live = row.lease_expires_at.is_some_and(|e| e > now.0);
-                let dead = row
-                    .worker
-                    .as_deref()
-                    .is_some_and(|w| WorkerId::from_string(w).is_provably_dead());
-                if live && !dead {
-                    return Err(Error::Busy {
-                        holder: row.worker.unwrap_or_default(),
-                        until: Timestamp(row.lease_expires_at.unwrap_or(0)),
-                    });
+        let ledger = self.clone();
+        let run_id = run_id.to_owned();
+        self.write(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let run_id = run_id.as_str();
+                let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
+                let sql = c.pick(sqlite, pg);
+                let row = c
+                    .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        what: format!("run {run_id}"),
+                    })?;
+                match row.status()? {
+                    RunStatus::Queued => return row.into_run(),
+                    s if s.is_terminal() => return Err(Error::Terminal { status: s }),
+                    RunStatus::Running => {
+                        let live = row.lease_expires_at.is_some_and(|e| e > now.0);
+                        let dead = row
+                            .worker
+                            .as_deref()
+                            .is_some_and(|w| WorkerId::from_string(w).is_provably_dead());
+                        if live && !dead {
+                            return Err(Error::Busy {
+                                holder: row.worker.unwrap_or_default(),
+                                until: Timestamp(row.lease_expires_at.unwrap_or(0)),
+                            });
+                        }
+                    }
+                    _ => {}
                 }
-            }
-            _ => {}
-        }
-        let row = c
-            .optional::<RunRow>(
-                concat!(
-                    "UPDATE runs SET status = 'queued', worker = NULL, lease_expires_at = NULL,
-                        lease_token = lease_token + 1, pause_reason = NULL, updated_at = $4,
-                        not_before = CASE WHEN not_before > $4 THEN $4 ELSE not_before END
-                     WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $5
-                     RETURNING ",
-                    run_cols!()
-                ),
-                args![
-                    &scope.tenant,
-                    &scope.workspace,
-                    run_id,
+                let row = c
+                    .optional::<RunRow>(
+                        concat!(
+                            "UPDATE runs SET status = 'queued', worker = NULL, lease_expires_at = NULL,
+                                lease_token = lease_token + 1, pause_reason = NULL, updated_at = $4,
+                                not_before = CASE WHEN not_before > $4 THEN $4 ELSE not_before END
+                             WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $5
+                             RETURNING ",
+                            run_cols!()
+                        ),
+                        args![
+                            &scope.tenant,
+                            &scope.workspace,
+                            run_id,
+                            now,
+                            row.lease_token
+                        ],
+                    )
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                emit(
+                    c,
+                    scope,
                     now,
-                    row.lease_token
-                ],
-            )
-            .await?
-            .ok_or(Error::LeaseLost)?;
-        emit(
-            &mut c,
-            scope,
-            now,
-            NewEvent::run(EventType::RunQueued, run_id, json!({ "requeued": true })),
-        )
-        .await?;
-        crate::notify::notify_queued(&mut c, scope).await?;
-        tx.commit().await?;
-        row.into_run()
+                    NewEvent::run(EventType::RunQueued, run_id, json!({ "requeued": true })),
+                )
+                .await?;
+                crate::notify::notify_queued(c, scope).await?;
+                row.into_run()
+            })
+        })
+        .await
     }
 
     /// Asks a run to stop. Queued and paused runs are cancelled at once (emits
@@ -544,107 +577,115 @@ impl Ledger {
     /// its next heartbeat. Cancelling a cancelled run is a no-op; other finished runs
     /// are `Terminal`.
     pub async fn request_cancel(&self, run_id: &str, now: Timestamp) -> Result<Run, Error> {
-        let scope = self.scope();
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
-        let sql = c.pick(sqlite, pg);
-        let row = c
-            .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
-            .await?
-            .ok_or_else(|| Error::NotFound {
-                what: format!("run {run_id}"),
-            })?;
-        let status = row.status()?;
-        let row = match status {
-            RunStatus::Cancelled => return row.into_run(),
-            s if s.is_terminal() => return Err(Error::Terminal { status: s }),
-            RunStatus::Running => c
-                .optional::<RunRow>(
-                    concat!(
-                        "UPDATE runs SET cancel_requested = TRUE, updated_at = $4
-                         WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
-                        run_cols!()
-                    ),
-                    args![&scope.tenant, &scope.workspace, run_id, now],
-                )
-                .await?
-                .ok_or(Error::LeaseLost)?,
-            _ => {
+        let ledger = self.clone();
+        let run_id = run_id.to_owned();
+        self.write(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let run_id = run_id.as_str();
+                let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
+                let sql = c.pick(sqlite, pg);
                 let row = c
-                    .optional::<RunRow>(
-                        concat!(
-                            "UPDATE runs SET cancel_requested = TRUE, status = 'cancelled',
-                                error = 'cancelled', finished_at = $4, updated_at = $4,
-                                lease_expires_at = NULL
-                             WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
-                            run_cols!()
-                        ),
-                        args![&scope.tenant, &scope.workspace, run_id, now],
-                    )
+                    .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
                     .await?
-                    .ok_or(Error::LeaseLost)?;
-                emit(
-                    &mut c,
-                    scope,
-                    now,
-                    NewEvent::run(
-                        EventType::RunCancelled,
-                        run_id,
-                        json!({ "from": status.as_str() }),
-                    ),
-                )
-                .await?;
-                row
-            }
-        };
-        tx.commit().await?;
-        row.into_run()
+                    .ok_or_else(|| Error::NotFound {
+                        what: format!("run {run_id}"),
+                    })?;
+                let status = row.status()?;
+                let row = match status {
+                    RunStatus::Cancelled => return row.into_run(),
+                    s if s.is_terminal() => return Err(Error::Terminal { status: s }),
+                    RunStatus::Running => c
+                        .optional::<RunRow>(
+                            concat!(
+                                "UPDATE runs SET cancel_requested = TRUE, updated_at = $4
+                                 WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
+                                run_cols!()
+                            ),
+                            args![&scope.tenant, &scope.workspace, run_id, now],
+                        )
+                        .await?
+                        .ok_or(Error::LeaseLost)?,
+                    _ => {
+                        let row = c
+                            .optional::<RunRow>(
+                                concat!(
+                                    "UPDATE runs SET cancel_requested = TRUE, status = 'cancelled',
+                                        error = 'cancelled', finished_at = $4, updated_at = $4,
+                                        lease_expires_at = NULL
+                                     WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
+                                    run_cols!()
+                                ),
+                                args![&scope.tenant, &scope.workspace, run_id, now],
+                            )
+                            .await?
+                            .ok_or(Error::LeaseLost)?;
+                        emit(
+                            c,
+                            scope,
+                            now,
+                            NewEvent::run(
+                                EventType::RunCancelled,
+                                run_id,
+                                json!({ "from": status.as_str() }),
+                            ),
+                        )
+                        .await?;
+                        row
+                    }
+                };
+                row.into_run()
+            })
+        })
+        .await
     }
 
     /// Expires every run and call lease held by a worker on this host that is provably
     /// dead (see [`WorkerId::is_provably_dead`]), so takeovers happen at once instead of
     /// after the lease length. Returns how many leases were expired.
     pub async fn expire_dead_local_workers(&self, now: Timestamp) -> Result<u32, Error> {
-        let scope = self.scope();
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        let holders = c
-            .all::<TextRow>(
-                "SELECT DISTINCT worker AS t FROM runs
-                 WHERE tenant = $1 AND workspace = $2 AND status = 'running'
-                   AND lease_expires_at > $3 AND worker IS NOT NULL
-                 UNION
-                 SELECT DISTINCT lease_holder AS t FROM tool_calls
-                 WHERE tenant = $1 AND workspace = $2 AND status IN ('claimed', 'outbound')
-                   AND lease_expires_at > $3 AND lease_holder IS NOT NULL",
-                args![&scope.tenant, &scope.workspace, now],
-            )
-            .await?;
-        let mut expired = 0u64;
-        for h in holders {
-            if !WorkerId::from_string(h.t.clone()).is_provably_dead() {
-                continue;
-            }
-            tracing::info!(worker = %h.t, "expiring leases of a dead local worker");
-            expired += c
-                .execute(
-                    "UPDATE runs SET lease_expires_at = $4, updated_at = $4
-                     WHERE tenant = $1 AND workspace = $2 AND worker = $3
-                       AND status = 'running' AND lease_expires_at > $4",
-                    args![&scope.tenant, &scope.workspace, &h.t, now],
-                )
-                .await?;
-            expired += c
-                .execute(
-                    "UPDATE tool_calls SET lease_expires_at = $4, updated_at = $4
-                     WHERE tenant = $1 AND workspace = $2 AND lease_holder = $3
-                       AND status IN ('claimed', 'outbound') AND lease_expires_at > $4",
-                    args![&scope.tenant, &scope.workspace, &h.t, now],
-                )
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(u32::try_from(expired).unwrap_or(u32::MAX))
+        let ledger = self.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let holders = c
+                    .all::<TextRow>(
+                        "SELECT DISTINCT worker AS t FROM runs
+                         WHERE tenant = $1 AND workspace = $2 AND status = 'running'
+                           AND lease_expires_at > $3 AND worker IS NOT NULL
+                         UNION
+                         SELECT DISTINCT lease_holder AS t FROM tool_calls
+                         WHERE tenant = $1 AND workspace = $2 AND status IN ('claimed', 'outbound')
+                           AND lease_expires_at > $3 AND lease_holder IS NOT NULL",
+                        args![&scope.tenant, &scope.workspace, now],
+                    )
+                    .await?;
+                let mut expired = 0u64;
+                for h in holders {
+                    if !WorkerId::from_string(h.t.clone()).is_provably_dead() {
+                        continue;
+                    }
+                    tracing::info!(worker = %h.t, "expiring leases of a dead local worker");
+                    expired += c
+                        .execute(
+                            "UPDATE runs SET lease_expires_at = $4, updated_at = $4
+                             WHERE tenant = $1 AND workspace = $2 AND worker = $3
+                               AND status = 'running' AND lease_expires_at > $4",
+                            args![&scope.tenant, &scope.workspace, &h.t, now],
+                        )
+                        .await?;
+                    expired += c
+                        .execute(
+                            "UPDATE tool_calls SET lease_expires_at = $4, updated_at = $4
+                             WHERE tenant = $1 AND workspace = $2 AND lease_holder = $3
+                               AND status IN ('claimed', 'outbound') AND lease_expires_at > $4",
+                            args![&scope.tenant, &scope.workspace, &h.t, now],
+                        )
+                        .await?;
+                }
+                Ok(u32::try_from(expired).unwrap_or(u32::MAX))
+            })
+        })
+        .await
     }
 }

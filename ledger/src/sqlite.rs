@@ -7,8 +7,10 @@
 
 use std::path::Path;
 
+use sqlx::ConnectOptions;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
 
 use crate::error::Error;
@@ -25,11 +27,12 @@ pub(crate) fn path_of(url: &str) -> Option<&str> {
     Some(rest.split('?').next().unwrap_or(rest))
 }
 
+/// Opens the pool (reads, migrations) and the group-commit writer's own connection.
 pub(crate) async fn connect(
     path: &str,
     url_redacted: &str,
     opts: &OpenOptions,
-) -> Result<SqlitePool, Error> {
+) -> Result<(SqlitePool, SqliteConnection), Error> {
     let unavailable = |reason: String| Error::Unavailable {
         url: url_redacted.to_owned(),
         reason,
@@ -60,10 +63,15 @@ pub(crate) async fn connect(
     } else {
         opts.max_connections
     };
-    SqlitePoolOptions::new()
+    let pool = SqlitePoolOptions::new()
         .max_connections(max)
         .acquire_timeout(opts.connect_timeout.max(opts.busy_timeout * 2))
-        .connect_with(connect)
+        .connect_with(connect.clone())
         .await
-        .map_err(|e| unavailable(e.to_string()))
+        .map_err(|e| unavailable(e.to_string()))?;
+    let writer = connect
+        .connect()
+        .await
+        .map_err(|e| unavailable(e.to_string()))?;
+    Ok((pool, writer))
 }

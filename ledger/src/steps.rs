@@ -270,12 +270,16 @@ impl Ledger {
         step: NewStep,
         now: Timestamp,
     ) -> Result<Step, Error> {
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        check_run_lease(&mut c, self.scope(), lease, None).await?;
-        let row = create_step_in(&mut c, self, &lease.run_id, &step, now).await?;
-        tx.commit().await?;
-        row.into_step()
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                check_run_lease(c, ledger.scope(), &lease, None).await?;
+                let row = create_step_in(c, &ledger, &lease.run_id, &step, now).await?;
+                row.into_step()
+            })
+        })
+        .await
     }
 
     /// pending → running (fenced). Starting a running step again is a no-op.
@@ -286,57 +290,63 @@ impl Ledger {
         step_id: &str,
         now: Timestamp,
     ) -> Result<Step, Error> {
-        let s = self.scope();
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        check_run_lease(&mut c, s, lease, None).await?;
-        let row = read_step(&mut c, self, &lease.run_id, step_id)
-            .await?
-            .ok_or_else(|| Error::NotFound {
-                what: format!("step {}/{step_id}", lease.run_id),
-            })?;
-        let from = row.status()?;
-        if from == StepStatus::Running {
-            return row.into_step();
-        }
-        from.check_transition(StepStatus::Running)?;
-        let row = c
-            .optional::<StepRow>(
-                concat!(
-                    "UPDATE steps SET status = 'running', started_at = COALESCE(started_at, $5),
-                        updated_at = $5
-                     WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4
-                       AND status = $6
-                     RETURNING ",
-                    step_cols!()
-                ),
-                args![
-                    &s.tenant,
-                    &s.workspace,
-                    &lease.run_id,
-                    step_id,
+        let ledger = self.clone();
+        let lease = lease.clone();
+        let step_id = step_id.to_owned();
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let step_id = step_id.as_str();
+                check_run_lease(c, s, &lease, None).await?;
+                let row = read_step(c, &ledger, &lease.run_id, step_id)
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        what: format!("step {}/{step_id}", lease.run_id),
+                    })?;
+                let from = row.status()?;
+                if from == StepStatus::Running {
+                    return row.into_step();
+                }
+                from.check_transition(StepStatus::Running)?;
+                let row = c
+                    .optional::<StepRow>(
+                        concat!(
+                            "UPDATE steps SET status = 'running', started_at = COALESCE(started_at, $5),
+                                updated_at = $5
+                             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4
+                               AND status = $6
+                             RETURNING ",
+                            step_cols!()
+                        ),
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            &lease.run_id,
+                            step_id,
+                            now,
+                            from.as_str()
+                        ],
+                    )
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                let payload = json!({ "node_id": row.node_id, "retry": row.retry });
+                emit(
+                    c,
+                    s,
                     now,
-                    from.as_str()
-                ],
-            )
-            .await?
-            .ok_or(Error::LeaseLost)?;
-        let payload = json!({ "node_id": row.node_id, "retry": row.retry });
-        emit(
-            &mut c,
-            s,
-            now,
-            NewEvent {
-                event_type: EventType::StepStarted,
-                run_id: &lease.run_id,
-                step_id: Some(step_id),
-                tool_call_id: None,
-                payload,
-            },
-        )
-        .await?;
-        tx.commit().await?;
-        row.into_step()
+                    NewEvent {
+                        event_type: EventType::StepStarted,
+                        run_id: &lease.run_id,
+                        step_id: Some(step_id),
+                        tool_call_id: None,
+                        payload,
+                    },
+                )
+                .await?;
+                row.into_step()
+            })
+        })
+        .await
     }
 
     /// Finishes a step (fenced). Returns the stored step: check its status, since an
@@ -348,11 +358,15 @@ impl Ledger {
         finish: StepFinish,
         now: Timestamp,
     ) -> Result<Step, Error> {
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        check_run_lease(&mut c, self.scope(), lease, None).await?;
-        let row = finish_step_in(&mut c, self, &lease.run_id, &finish, now).await?;
-        tx.commit().await?;
-        row.into_step()
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                check_run_lease(c, ledger.scope(), &lease, None).await?;
+                let row = finish_step_in(c, &ledger, &lease.run_id, &finish, now).await?;
+                row.into_step()
+            })
+        })
+        .await
     }
 }

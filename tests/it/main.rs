@@ -4,6 +4,7 @@
 mod chaos;
 mod crash;
 mod daemon;
+mod events;
 mod gateway;
 mod retries;
 mod runs;

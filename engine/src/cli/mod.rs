@@ -4,6 +4,7 @@
 //! buffers. Data goes to `stdout`; diagnostics, progress and logs to `stderr`.
 
 mod daemon;
+mod events;
 mod logging;
 mod run;
 mod show;
@@ -138,6 +139,11 @@ pub enum Command {
     /// Create or upgrade the ledger's tables (also done automatically on first use).
     #[command(after_help = "Example:\n  flow --db postgres://flow@db.internal/flow migrate")]
     Migrate,
+    /// Events and their delivery to consumers: list, re-queue, follow, dispatch.
+    #[command(
+        after_help = "Examples:\n  flow events                      # deliveries, newest last\n  flow events --failed             # dead letters\n  flow events redeliver evt_01J... --consumer ops-webhook\n  flow events tail\n  flow events dispatch --once"
+    )]
+    Events(events::EventsArgs),
 }
 
 /// Entry point of the binary.
@@ -203,6 +209,7 @@ async fn async_command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write
         Command::Show(args) => show::show(cli, args, stdout, stderr).await,
         Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
         Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,
+        Command::Events(args) => events::events(cli, args, stdout, stderr).await,
         Command::Migrate => match open_ledger(cli, stderr).await {
             Ok(ledger) => match ledger.migrate().await {
                 Ok(()) => {

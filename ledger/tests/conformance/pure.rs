@@ -1,0 +1,323 @@
+//! The one-statement way of pure calls and the all-or-nothing batch of lazily kept pure
+//! results: they write exactly what the general way writes, and only for new nodes.
+
+use flow_ledger::{
+    CallOutcome, CallStatus, Error, EventFilter, Ledger, PureBatchRecorded, PureCall, PureRecorded,
+    PureResult, RunLease, StepStatus, Timestamp, canonical_hash,
+};
+use serde_json::json;
+
+use crate::common::{LEASE, TestDb, event_types, running, step, worker};
+
+crate::conformance!(
+    fresh_pure_call_matches_the_general_way,
+    batch_records_every_result_with_its_events,
+    batch_is_all_or_nothing_when_a_node_is_not_new,
+    batch_is_fenced_by_the_run_lease,
+    batch_refuses_a_key_used_by_another_run,
+    concurrent_writers_commit_together_and_fail_alone,
+);
+
+fn result(node: &str, key: &str, at: Timestamp) -> PureResult {
+    let request = json!({ "node": node });
+    PureResult {
+        step_id: node.into(),
+        node_id: node.into(),
+        tool: "core.echo".into(),
+        idempotency_key: key.into(),
+        request_hash: canonical_hash(&request),
+        request,
+        output: json!({ "out": node }),
+        started_at: at,
+        finished_at: Timestamp(at.0 + 1),
+    }
+}
+
+fn pure<'a>(run: &'a RunLease, node: &str, out: serde_json::Value) -> PureCall<'a> {
+    let request = json!({ "node": node });
+    PureCall {
+        run,
+        step: step(node, node, 0),
+        tool_call_id: node.into(),
+        tool: "core.echo".into(),
+        idempotency_key: format!("{}:{node}", run.run_id),
+        request_hash: canonical_hash(&request),
+        request,
+        outcome: CallOutcome::Succeeded(out),
+        retry_failed: false,
+        next_step: None,
+    }
+}
+
+/// Everything a reader sees of a run's steps, calls, attempts and events, minus ids.
+async fn snapshot(l: &Ledger, run_id: &str) -> serde_json::Value {
+    let steps: Vec<_> = l
+        .list_steps(run_id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| {
+            json!([
+                s.step_id,
+                s.status.as_str(),
+                s.output,
+                s.tool_call_id,
+                s.started_at,
+                s.finished_at
+            ])
+        })
+        .collect();
+    let calls: Vec<_> = l
+        .list_calls(run_id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| {
+            json!([
+                c.tool_call_id,
+                c.status.as_str(),
+                c.attempt_count,
+                c.output,
+                c.current_key
+            ])
+        })
+        .collect();
+    let attempts: Vec<_> = l
+        .list_attempts(run_id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| {
+            let key = a.sent_key.strip_prefix(run_id).map(str::to_owned);
+            json!([a.tool_call_id, a.attempt, key, a.requests_sent])
+        })
+        .collect();
+    let events: Vec<_> = l
+        .list_events(EventFilter {
+            run_id: Some(run_id.into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| json!([e.event_type.as_str(), e.step_id, e.tool_call_id, e.payload]))
+        .collect();
+    json!({ "steps": steps, "calls": calls, "attempts": attempts, "events": events })
+}
+
+async fn fresh_pure_call_matches_the_general_way(db: TestDb) {
+    // Run a: a brand-new node (the one-statement way). Run b: the same node after its
+    // step was created running first (an interrupted step: the general way).
+    let a = running(&db, "run_a", &worker("1")).await;
+    let b = running(&db, "run_b", &worker("1")).await;
+    let now = db.now();
+    let got = db
+        .ledger
+        .record_pure_call(pure(&a, "shape", json!("hi")), now)
+        .await;
+    assert_eq!(got.unwrap(), PureRecorded::Recorded);
+    db.ledger
+        .create_step(&b, step("shape", "shape", 0), now)
+        .await
+        .unwrap();
+    let got = db
+        .ledger
+        .record_pure_call(pure(&b, "shape", json!("hi")), now)
+        .await;
+    assert_eq!(got.unwrap(), PureRecorded::Recorded);
+    let (sa, sb) = (
+        snapshot(&db.ledger, "run_a").await,
+        snapshot(&db.ledger, "run_b").await,
+    );
+    assert_eq!(sa["steps"], sb["steps"]);
+    assert_eq!(sa["attempts"], sb["attempts"]);
+    assert_eq!(sa["events"], sb["events"]);
+    // The keys differ by run id only.
+    assert_eq!(sa["calls"][0][4], json!("run_a:shape:1"));
+    assert_eq!(sb["calls"][0][4], json!("run_b:shape:1"));
+}
+
+async fn batch_records_every_result_with_its_events(db: TestDb) {
+    let run = running(&db, "run_a", &worker("1")).await;
+    let t = db.now();
+    let batch = vec![
+        result("a", "run_a:a", t),
+        result("b", "run_a:b", t),
+        result("c", "run_a:c", t),
+    ];
+    let got = db
+        .ledger
+        .record_pure_calls(&run, batch, db.now())
+        .await
+        .unwrap();
+    assert_eq!(got, PureBatchRecorded::All);
+    let steps = db.ledger.list_steps("run_a").await.unwrap();
+    assert_eq!(steps.len(), 3);
+    for s in &steps {
+        assert_eq!(s.status, StepStatus::Succeeded);
+        assert_eq!(s.output, Some(json!({ "out": s.node_id })));
+        assert_eq!(
+            (s.started_at, s.finished_at),
+            (Some(t), Some(Timestamp(t.0 + 1)))
+        );
+        assert_eq!(s.tool_call_id.as_deref(), Some(s.node_id.as_str()));
+    }
+    for c in db.ledger.list_calls("run_a").await.unwrap() {
+        assert_eq!(
+            (c.status, c.attempt_count, c.outbound_requests),
+            (CallStatus::Succeeded, 1, 0)
+        );
+    }
+    assert_eq!(db.ledger.list_attempts("run_a").await.unwrap().len(), 3);
+    assert!(db.ledger.list_usage("run_a").await.unwrap().is_empty());
+    let mut expected = vec!["run.queued", "run.started"];
+    for _ in 0..3 {
+        expected.extend(["step.started", "step.succeeded"]);
+    }
+    assert_eq!(event_types(&db, "run_a").await, expected);
+    // A node recorded this way replays like any other.
+    match db
+        .ledger
+        .record_pure_call(pure(&run, "b", json!("other")), db.now())
+        .await
+        .unwrap()
+    {
+        PureRecorded::Replayed(r) => assert_eq!(r.output, Some(json!({ "out": "b" }))),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+async fn batch_is_all_or_nothing_when_a_node_is_not_new(db: TestDb) {
+    let run = running(&db, "run_a", &worker("1")).await;
+    let t = db.now();
+    db.ledger
+        .record_pure_call(pure(&run, "b", json!(1)), t)
+        .await
+        .unwrap();
+    let before = snapshot(&db.ledger, "run_a").await;
+    let batch = vec![
+        result("a", "run_a:a", t),
+        result("b", "run_a:b", t),
+        result("c", "run_a:c", t),
+    ];
+    let got = db
+        .ledger
+        .record_pure_calls(&run, batch, db.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        PureBatchRecorded::NotNew {
+            node_id: "b".into()
+        }
+    );
+    assert_eq!(
+        snapshot(&db.ledger, "run_a").await,
+        before,
+        "nothing of the batch stays"
+    );
+    // A step that exists without a call is not new either.
+    db.ledger
+        .create_step(&run, step("d", "d", 0), t)
+        .await
+        .unwrap();
+    let got = db
+        .ledger
+        .record_pure_calls(&run, vec![result("d", "run_a:d", t)], t)
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        PureBatchRecorded::NotNew {
+            node_id: "d".into()
+        }
+    );
+}
+
+async fn batch_is_fenced_by_the_run_lease(db: TestDb) {
+    let run = running(&db, "run_a", &worker("1")).await;
+    let t = db.now();
+    let later = db.advance(LEASE + std::time::Duration::from_secs(1));
+    let got = db
+        .ledger
+        .record_pure_calls(&run, vec![result("a", "run_a:a", t)], later)
+        .await;
+    assert!(matches!(got, Err(Error::LeaseLost)), "{got:?}");
+    // Taken over by another worker: the old holder's batch is refused too.
+    let other = db
+        .ledger
+        .claim_run("run_a", &worker("2"), LEASE, later)
+        .await
+        .unwrap();
+    assert!(other.token > run.token);
+    let got = db
+        .ledger
+        .record_pure_calls(&run, vec![result("a", "run_a:a", t)], later)
+        .await;
+    assert!(matches!(got, Err(Error::LeaseLost)), "{got:?}");
+    assert!(db.ledger.list_steps("run_a").await.unwrap().is_empty());
+}
+
+async fn batch_refuses_a_key_used_by_another_run(db: TestDb) {
+    let a = running(&db, "run_a", &worker("1")).await;
+    let b = running(&db, "run_b", &worker("1")).await;
+    let t = db.now();
+    let mut first = pure(&a, "greet", json!("hi"));
+    first.idempotency_key = "greet-shared".into();
+    db.ledger.record_pure_call(first, t).await.unwrap();
+    let got = db
+        .ledger
+        .record_pure_calls(&b, vec![result("greet", "greet-shared", t)], t)
+        .await;
+    assert_eq!(
+        got.unwrap(),
+        PureBatchRecorded::NotNew {
+            node_id: "greet".into()
+        }
+    );
+    assert!(db.ledger.list_steps("run_b").await.unwrap().is_empty());
+}
+
+async fn concurrent_writers_commit_together_and_fail_alone(db: TestDb) {
+    // 16 tasks write at once (on SQLite they share group commits); one of them writes
+    // under a lease that was taken over and must fail alone, leaving nothing.
+    let mut runs = Vec::new();
+    for i in 0..16 {
+        runs.push(running(&db, &format!("run_{i}"), &worker("1")).await);
+    }
+    let t = db.now();
+    let stale = runs[7].clone();
+    db.ledger
+        .claim_run("run_7", &worker("2"), LEASE, t)
+        .await
+        .unwrap_err();
+    db.ledger.release_run(&runs[7], t).await.unwrap();
+    db.ledger
+        .claim_run("run_7", &worker("2"), LEASE, t)
+        .await
+        .unwrap();
+    let tasks: Vec<_> = runs
+        .into_iter()
+        .map(|run| {
+            let l = db.ledger.clone();
+            tokio::spawn(async move {
+                let key = format!("{}:n", run.run_id);
+                let r = l
+                    .record_pure_calls(&run, vec![result("n", &key, t)], t)
+                    .await;
+                (run.run_id, r)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (run_id, r) = task.await.unwrap();
+        let steps = db.ledger.list_steps(&run_id).await.unwrap();
+        if run_id == stale.run_id {
+            assert!(matches!(r, Err(Error::LeaseLost)), "{r:?}");
+            assert!(steps.is_empty());
+        } else {
+            assert_eq!(r.unwrap(), PureBatchRecorded::All);
+            assert_eq!(steps.len(), 1);
+        }
+    }
+}
