@@ -12,6 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Consumer, Error, backoff};
 
+/// Schedule rounds of one `dispatch_once` per consumer, at most.
+const MAX_DRAIN_ROUNDS: usize = 100;
+
 /// Tuning knobs; the defaults suit a daemon.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -131,9 +134,8 @@ impl Dispatcher {
     /// returns. Failed deliveries are scheduled for later, not waited for.
     pub async fn dispatch_once(&self) -> Result<Summary, Error> {
         self.expire_dead_leases().await;
-        let never = CancellationToken::new();
         let rounds =
-            futures::future::join_all(self.consumers.iter().map(|c| self.drain(c, &never))).await;
+            futures::future::join_all(self.consumers.iter().map(|c| self.drain_all(c))).await;
         let mut total = Summary::default();
         for r in rounds {
             total.add(r?);
@@ -186,6 +188,22 @@ impl Dispatcher {
             }
         }
         total
+    }
+
+    /// Drains `c` until a round schedules nothing new: one schedule call scans at most
+    /// a page of the outbox, and `dispatch_once` promises everything due now.
+    async fn drain_all(&self, c: &Consumer) -> Result<Summary, Error> {
+        let never = CancellationToken::new();
+        let mut total = Summary::default();
+        // Bounded, so that a steady stream of new events cannot keep it from returning.
+        for _ in 0..MAX_DRAIN_ROUNDS {
+            let s = self.drain(c, &never).await?;
+            total.add(s);
+            if s.scheduled == 0 {
+                break;
+            }
+        }
+        Ok(total)
     }
 
     /// Schedules new events for `c`, then leases and delivers batches until nothing is
