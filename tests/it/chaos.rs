@@ -67,6 +67,7 @@ struct Stats {
 }
 
 fn one_run(
+    window: Duration,
     db: &TestDb,
     server: &CountingServer,
     file: &str,
@@ -75,7 +76,8 @@ fn one_run(
     stats: &mut Stats,
 ) {
     let run_id = format!("chaos-{}", rng.random::<u64>());
-    let kill_at = Duration::from_millis(rng.random_range(20..400));
+    // Kill somewhere inside the time an uninterrupted run takes on this backend.
+    let kill_at = window.mul_f64(rng.random_range(0.1..1.0));
     stats.kills += u32::from(kill_after(db, &["run", file, "--run-id", &run_id], kill_at).0);
     let mut rounds = 0;
     loop {
@@ -86,7 +88,7 @@ fn one_run(
         // process had created it, and resumes it. Sometimes it is killed too.
         let args = ["run", file, "--run-id", &run_id];
         if rng.random_bool(0.3) {
-            let at = Duration::from_millis(rng.random_range(10..200));
+            let at = window.mul_f64(rng.random_range(0.1..1.0));
             stats.kills += u32::from(kill_after(db, &args, at).0);
             continue;
         }
@@ -169,10 +171,16 @@ fn random_kills_never_duplicate_or_lose_an_effect() {
         let db = TestDb::new(backend);
         let file = db.write("diamond.yaml", &workflow(&server.url()));
         let file = file.display().to_string();
+        // How long one uninterrupted run takes here (process start, connect, five calls):
+        // the kills are spread over that window so they land while calls are in flight.
+        let started = std::time::Instant::now();
+        let warm = output(db.flow().args(["run", &file]));
+        assert_eq!(warm.status.code(), Some(0), "{}", stderr(&warm));
+        let window = started.elapsed();
         let mut stats = Stats::default();
         for i in 0..iterations() {
-            let ctx = format!("seed {seed} {backend:?} iteration {i}");
-            one_run(&db, &server, &file, &mut rng, &ctx, &mut stats);
+            let ctx = format!("seed {seed} {backend:?} iteration {i} (kill window {window:?})");
+            one_run(window, &db, &server, &file, &mut rng, &ctx, &mut stats);
         }
         eprintln!("{backend:?}: {stats:?}");
         assert!(
