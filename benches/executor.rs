@@ -21,21 +21,33 @@ use flow_ledger::{Clock, Ledger, NewRun, OpenOptions, SystemClock, WorkerId};
 use rand::SeedableRng;
 
 fn chain(n: usize) -> String {
-    let mut t = String::from("name: chain\nmax_parallel: 1\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n");
+    let mut t = String::from(
+        "name: chain\nmax_parallel: 1\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n",
+    );
     t.push_str("  n0: { tool: e, with: { i: 0 } }\n");
     for i in 1..n {
-        t.push_str(&format!("  n{i}: {{ tool: e, needs: [n{}], with: {{ i: {i} }} }}\n", i - 1));
+        t.push_str(&format!(
+            "  n{i}: {{ tool: e, needs: [n{}], with: {{ i: {i} }} }}\n",
+            i - 1
+        ));
     }
     t
 }
 
 fn fan_out(n: usize) -> String {
-    let mut t = String::from("name: fanout\nmax_parallel: 64\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  root: { tool: e }\n");
+    let mut t = String::from(
+        "name: fanout\nmax_parallel: 64\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  root: { tool: e }\n",
+    );
     for i in 0..n {
-        t.push_str(&format!("  b{i}: {{ tool: e, needs: [root], with: {{ i: {i} }} }}\n"));
+        t.push_str(&format!(
+            "  b{i}: {{ tool: e, needs: [root], with: {{ i: {i} }} }}\n"
+        ));
     }
     let needs: Vec<String> = (0..n).map(|i| format!("b{i}")).collect();
-    t.push_str(&format!("  join: {{ tool: e, needs: [{}] }}\n", needs.join(", ")));
+    t.push_str(&format!(
+        "  join: {{ tool: e, needs: [{}] }}\n",
+        needs.join(", ")
+    ));
     t
 }
 
@@ -57,11 +69,24 @@ fn two_fsync_floor(dir: &Path) -> Duration {
 }
 
 async fn run_once(url: &str, text: &str) -> Duration {
-    let ledger = Ledger::open(url, OpenOptions::default()).await.expect("ledger");
+    let ledger = Ledger::open(url, OpenOptions::default())
+        .await
+        .expect("ledger");
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let tools = Tools::new().expect("tools");
-    let gateway = Gateway::new(ledger.clone(), clock.clone(), tools, Secrets::default(), Egress::default(), Faults::default());
-    let executor = Executor::new(gateway, Arc::new(Silent), rand::rngs::StdRng::seed_from_u64(1));
+    let gateway = Gateway::new(
+        ledger.clone(),
+        clock.clone(),
+        tools,
+        Secrets::default(),
+        Egress::default(),
+        Faults::default(),
+    );
+    let executor = Executor::new(
+        gateway,
+        Arc::new(Silent),
+        rand::rngs::StdRng::seed_from_u64(1),
+    );
     let wf = parse_str(text, "bench.yaml").expect("valid workflow");
     let id = format!("run_{}", ulid::Ulid::generate());
     let run = NewRun {
@@ -74,9 +99,15 @@ async fn run_once(url: &str, text: &str) -> Duration {
         not_before: None,
     };
     ledger.enqueue(run, clock.now()).await.expect("enqueue");
-    let lease = ledger.claim_run(&id, &WorkerId::current(), RUN_LEASE, clock.now()).await.expect("claim");
+    let lease = ledger
+        .claim_run(&id, &WorkerId::current(), RUN_LEASE, clock.now())
+        .await
+        .expect("claim");
     let started = Instant::now();
-    let outcome = executor.execute(lease, &wf, &serde_json::json!({})).await.expect("execute");
+    let outcome = executor
+        .execute(lease, &wf, &serde_json::json!({}))
+        .await
+        .expect("execute");
     let took = started.elapsed();
     assert_eq!(outcome.status, flow_ledger::RunStatus::Succeeded);
     ledger.close().await;
@@ -86,12 +117,20 @@ async fn run_once(url: &str, text: &str) -> Duration {
 fn peak_rss_kib() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
         .unwrap_or(0)
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("runtime");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--fanout-child") {
         let url = &args[2];
@@ -105,7 +144,10 @@ fn main() {
 
     let mut per_node = Vec::new();
     for i in 0..3 {
-        let url = format!("sqlite://{}", dir.path().join(format!("chain{i}.db")).display());
+        let url = format!(
+            "sqlite://{}",
+            dir.path().join(format!("chain{i}.db")).display()
+        );
         let took = rt.block_on(run_once(&url, &chain(1000)));
         per_node.push(took / 1000);
     }
@@ -118,9 +160,14 @@ fn main() {
 
     let url = format!("sqlite://{}", dir.path().join("fanout.db").display());
     let exe = std::env::current_exe().expect("current exe");
-    let out = std::process::Command::new(exe).args(["--fanout-child", &url]).output().expect("fan-out child");
+    let out = std::process::Command::new(exe)
+        .args(["--fanout-child", &url])
+        .output()
+        .expect("fan-out child");
     let text = String::from_utf8_lossy(&out.stdout);
-    let mut parts = text.split_whitespace().map(|v| v.parse::<u64>().unwrap_or(0));
+    let mut parts = text
+        .split_whitespace()
+        .map(|v| v.parse::<u64>().unwrap_or(0));
     let (micros, rss) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     println!(
         "sqlite FULL: 1,000-way fan-out: {:?} total, {:?} per node, peak RSS {:.1} MB (target < 50 MB)",

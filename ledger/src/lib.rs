@@ -18,7 +18,9 @@
 //! - [`Error`]: one enum; sqlx errors are mapped at the boundary.
 //! - the operations, each one transaction: `runs.rs` (queue), `steps.rs`, `calls.rs`
 //!   (claim), `outbound.rs` (mark_outbound, complete, in doubt, release), `resolve.rs`
-//!   (operator resolution, pure calls), `rate.rs`, `reads.rs`.
+//!   (operator resolution, pure calls the general way), `pure.rs` (pure calls in one
+//!   statement, batches of kept pure results), `rate.rs`, `reads.rs`; `writer.rs`: the
+//!   SQLite group commit they all go through.
 //! - backend specifics: `sqlite.rs`, `postgres.rs` (connecting, migrations) and the
 //!   `FOR UPDATE` / `SKIP LOCKED` variants picked in place; `db.rs` runs shared SQL on
 //!   either driver.
@@ -45,20 +47,23 @@
 //! writes) is accepted as long as the token still matches, i.e. nobody took over.
 //!
 //! # Performance and group commit
-//! Each method is one transaction (one fsync on SQLite `FULL`); a tool call costs three
-//! (claim, outbound, complete), a pure function one ([`Ledger::record_pure_call`]). The
-//! operations are written against a borrowed connection (`db::Conn`), not a pool, so a
-//! group-commit writer can later run many of them inside one SQLite `BEGIN IMMEDIATE` —
-//! a single task owning the write connection, draining a channel of requests, executing
-//! each under a `SAVEPOINT` (so one failing request rolls back alone) and committing
-//! once per batch, answering every request only after that commit. `mark_outbound` must
-//! then still be acknowledged only after the batch commit, which keeps its guarantee.
+//! Each method is one transaction. On SQLite they are not committed one by one: every
+//! write is a job for the writer task (`writer.rs`), which runs all waiting jobs in one
+//! `BEGIN IMMEDIATE`, each under its own `SAVEPOINT` (a failing job rolls back alone),
+//! commits once (one fsync on `FULL`) and answers each caller only after that `COMMIT`
+//! — `mark_outbound` is still durable before its caller may send. A failed `COMMIT`
+//! fails every job of the batch. Jobs run to completion even if their caller stops
+//! waiting. PostgreSQL runs each method as its own transaction (one-statement methods
+//! without `BEGIN`/`COMMIT`): the server already merges concurrent commits' WAL flushes.
 //!
 //! Measured (benches/ledger_cycles.rs, `perf`): on SQLite the CPU, not the fsync, is the
-//! limit — about two thirds of the time is the kernel switching between tokio workers
-//! and sqlx-sqlite's per-connection thread, twice per statement. So each saved statement
-//! counts, and a group-commit writer gains most if it runs a whole operation on the
-//! connection's own thread (one hand-off per operation, not per statement).
+//! limit — most of the time is the kernel switching between tokio workers and
+//! sqlx-sqlite's per-connection thread, twice per statement. So hot paths do their
+//! common case in one statement (`pure.rs`: a brand-new pure call is one script of
+//! chained inserts on SQLite, one statement of data-modifying CTEs on PostgreSQL), and
+//! [`Ledger::record_pure_calls`] writes many pure results the engine kept in memory in
+//! one transaction (see ARCHITECTURE.md, "Lazy pure results": losing them in a crash
+//! only means computing them again).
 
 pub mod clock;
 pub mod events;

@@ -23,7 +23,7 @@ use tracing::Instrument;
 
 use super::decide::{Action, Finish, NodeState, Situation, decide};
 use super::progress::{Progress, StepEvent};
-use crate::gateway::{self, Gateway, NextRetry, StepCall, StepOrigin, StepResult};
+use crate::gateway::{self, Gateway, NextRetry, PureLog, StepCall, StepOrigin, StepResult};
 use crate::plan::Plan;
 use crate::retry;
 use crate::workflow::{Workflow, expr};
@@ -255,6 +255,7 @@ impl Executor {
                 actions.retain(|a| matches!(a, Action::Pause { .. } | Action::Finish { .. }));
                 if actions.is_empty() {
                     if in_flight.is_empty() {
+                        self.flush_pure(lease, st).await?;
                         return self.release(lease).await;
                     }
                     actions.push(Action::Wait { until: None });
@@ -329,6 +330,7 @@ impl Executor {
                         let names: Vec<&str> =
                             in_doubt.iter().map(|&i| wf.nodes[i].id.as_str()).collect();
                         let reason = format!("tool call in doubt: {}", names.join(", "));
+                        self.flush_pure(lease, st).await?;
                         ledger
                             .pause_run(lease, &reason, self.gateway.now())
                             .await
@@ -340,6 +342,7 @@ impl Executor {
                         });
                     }
                     Action::Finish { outcome } => {
+                        self.flush_pure(lease, st).await?;
                         return self.finish(lease, wf, plan, st, outcome).await;
                     }
                 }
@@ -353,9 +356,17 @@ impl Executor {
                     u64::try_from((t.0 - self.gateway.now().0).max(0)).unwrap_or(0),
                 )
             });
+            // Kept pure results are flushed when due even while other steps run.
+            let flush_in = st
+                .pure_log
+                .due()
+                .map(|due| due.saturating_duration_since(Instant::now()));
             tokio::select! {
                 Some((finished, result)) = in_flight.next(), if !in_flight.is_empty() => {
                     self.settle(wf, st, finished, result?);
+                }
+                () = tokio::time::sleep(flush_in.unwrap_or_default()), if flush_in.is_some() => {
+                    self.flush_pure(lease, st).await?;
                 }
                 () = async { tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))).await }, if sleep.is_some() => {}
                 _ = lost.changed() => {}
@@ -481,7 +492,16 @@ impl Executor {
             timeout,
             next_retry,
             resend_budget: policy.max_retries,
+            pure_log: Some(st.pure_log.clone()),
         }))
+    }
+
+    /// Writes the kept pure results: before any other write of the run, and when due.
+    async fn flush_pure(&self, lease: &RunLease, st: &RunState) -> Result<(), gateway::Error> {
+        st.pure_log
+            .flush(self.gateway.ledger(), lease, self.gateway.now())
+            .await
+            .map_err(|e| lease_err(e, lease))
     }
 
     async fn skip(
@@ -492,6 +512,7 @@ impl Executor {
         node: usize,
         why: &str,
     ) -> Result<(), gateway::Error> {
+        self.flush_pure(lease, st).await?;
         let decl = &wf.nodes[node];
         let step = NewStep {
             step_id: decl.id.clone(),
@@ -526,6 +547,7 @@ impl Executor {
         kind: ErrorKind,
         message: String,
     ) -> Result<(), gateway::Error> {
+        self.flush_pure(lease, st).await?;
         let ledger = self.gateway.ledger();
         let now = self.gateway.now();
         let decl = &wf.nodes[node];
@@ -714,6 +736,9 @@ struct Finished {
 /// The run's node states as recorded, plus bookkeeping of this execution.
 struct RunState {
     nodes: Vec<NodeState>,
+    /// Pure results kept in memory until the next flush (`gateway::lazy`): flushed
+    /// before every other write of this run.
+    pure_log: Arc<PureLog>,
     first_started: HashMap<usize, Timestamp>,
     deferred: HashSet<usize>,
 }
@@ -773,6 +798,7 @@ impl RunState {
             .collect();
         Self {
             nodes,
+            pure_log: Arc::new(PureLog::new()),
             first_started,
             deferred: HashSet::new(),
         }

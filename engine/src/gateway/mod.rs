@@ -9,8 +9,11 @@
 //! usage rows, step finish and the next retry step in one transaction.
 //!
 //! Pure in-process functions skip the claim and the outbound mark: nothing leaves the
-//! process, so they are recorded in one commit (step, call and outcome together).
+//! process, so they are recorded in one commit (step, call and outcome together) — or,
+//! for a node's successful first attempt, kept in the run's [`PureLog`] and recorded
+//! with the next ones (`lazy.rs`), which is flushed before any other write of the run.
 
+pub mod lazy;
 mod render;
 
 use std::sync::Arc;
@@ -26,6 +29,7 @@ use flow_ledger::{
 };
 use serde_json::Value as Json;
 
+pub use lazy::PureLog;
 pub use render::Target;
 
 use crate::config::Egress;
@@ -150,6 +154,10 @@ pub struct StepCall<'a> {
     /// Most re-sends with the same key for a self-resolving tool (read-only or
     /// `idempotency: header`) whose outcome is unknown: the node's retry budget.
     pub resend_budget: u32,
+    /// The run's lazy pure results: where a pure first attempt may be kept instead of
+    /// committed at once, and what is flushed before this step writes anything else.
+    /// `None` records every pure call at once.
+    pub pure_log: Option<Arc<PureLog>>,
 }
 
 /// What became of a step.
@@ -260,6 +268,7 @@ impl Gateway {
     }
 
     async fn run_step_inner(&self, c: StepCall<'_>) -> Result<StepResult, flow_ledger::Error> {
+        let started_at = self.now();
         let secrets = &self.inner.secrets;
         let node_id = c.node.id.as_str();
 
@@ -354,7 +363,7 @@ impl Gateway {
                 ))
                 .await;
             return self
-                .record_pure(&c, base_key, request, request_hash, out)
+                .record_pure(&c, base_key, (request, request_hash), started_at, out)
                 .await;
         }
         let (tool, class): (Box<dyn Tool>, SideEffect) =
@@ -367,7 +376,8 @@ impl Gateway {
                 }
             };
 
-        // 3. The claim.
+        // 3. The claim (after the pure results this request may have been built from).
+        self.flush_pure(&c).await?;
         self.open_step(&c).await?;
         let mut reclaimed = false;
         let lease = loop {
@@ -519,6 +529,14 @@ impl Gateway {
         })
     }
 
+    /// Writes the run's kept pure results before anything else is written for it.
+    async fn flush_pure(&self, c: &StepCall<'_>) -> Result<(), flow_ledger::Error> {
+        match &c.pure_log {
+            Some(log) => log.flush(&self.inner.ledger, c.run, self.now()).await,
+            None => Ok(()),
+        }
+    }
+
     /// Creates or starts the step row before a claim.
     async fn open_step(&self, c: &StepCall<'_>) -> Result<(), flow_ledger::Error> {
         let ledger = &self.inner.ledger;
@@ -554,6 +572,7 @@ impl Gateway {
         kind: ErrorKind,
         message: String,
     ) -> Result<StepResult, flow_ledger::Error> {
+        self.flush_pure(c).await?;
         self.open_step(c).await?;
         self.fail_claimed_step(c, kind, message).await
     }
@@ -589,12 +608,34 @@ impl Gateway {
         &self,
         c: &StepCall<'_>,
         base_key: String,
-        request: Json,
-        request_hash: String,
+        (request, request_hash): (Json, String),
+        started_at: Timestamp,
         out: Outcome,
     ) -> Result<StepResult, flow_ledger::Error> {
         let now = self.now();
         let (outcome, next) = self.outcome_of(c, out.result, SideEffect::ReadOnly, now);
+        // A first attempt that succeeded, under the run's own key, is kept for the next
+        // flush; a crash before it only means computing it again (`lazy.rs`).
+        if let (Some(log), CallOutcome::Succeeded(output), None) = (&c.pure_log, &outcome, &next)
+            && c.origin == StepOrigin::New
+            && c.retry == 0
+            && c.node.idempotency_key.is_none()
+        {
+            let kept = flow_ledger::PureResult {
+                step_id: c.step_id.clone(),
+                node_id: c.node.id.clone(),
+                tool: c.tool.name.clone(),
+                idempotency_key: base_key,
+                request,
+                request_hash,
+                output: output.clone(),
+                started_at,
+                finished_at: now,
+            };
+            log.push(&self.inner.ledger, c.run, kept, now).await?;
+            return Ok(result_of(outcome, next));
+        }
+        self.flush_pure(c).await?;
         let step = self.new_step(c, StepStatus::Running);
         let recorded = self
             .inner

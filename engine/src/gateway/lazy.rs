@@ -1,0 +1,147 @@
+//! Lazy pure results: a run's consecutive pure-function results kept in memory and
+//! recorded together (see ARCHITECTURE.md, "Lazy pure results").
+//!
+//! A pure function sends nothing out of the process, so recording its result is only
+//! bookkeeping: losing it in a crash means computing it again on resume, never a
+//! duplicated side effect. The executor therefore records a node's successful first
+//! attempt here and goes on at once; [`PureLog::flush`] writes everything pending in
+//! one transaction (`Ledger::record_pure_calls`). The log is flushed before anything
+//! else is written for the run — a side-effecting claim, a skipped or failed step, a
+//! pause, the run's end — so the ledger never holds a step without the steps whose
+//! outputs it used, and a request is only ever sent after the pure outputs it was built
+//! from are durable (a non-deterministic "pure" function cannot feed one value into a
+//! sent request and another into the ledger). It is also flushed when it holds
+//! [`MAX_PENDING`] results or its oldest is [`MAX_AGE`] old, which bounds how far
+//! `flow show` can lag behind a running run.
+
+use std::time::{Duration, Instant};
+
+use flow_ledger::{
+    CallOutcome, Ledger, NewStep, PureBatchRecorded, PureCall, PureRecorded, PureResult, RunLease,
+    StepStatus, Timestamp,
+};
+use tokio::sync::Mutex;
+
+/// Most results kept before a flush.
+pub const MAX_PENDING: usize = 256;
+/// Longest a result waits for its flush.
+pub const MAX_AGE: Duration = Duration::from_millis(100);
+
+/// The pure results of one run execution not yet in the ledger.
+#[derive(Debug, Default)]
+pub struct PureLog {
+    pending: Mutex<Pending>,
+    /// When the oldest pending result was kept (read without the lock by the executor).
+    oldest: std::sync::Mutex<Option<Instant>>,
+}
+
+#[derive(Debug, Default)]
+struct Pending {
+    results: Vec<PureResult>,
+}
+
+impl PureLog {
+    /// An empty log.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Keeps a result; flushes at once when the log is full.
+    pub async fn push(
+        &self,
+        ledger: &Ledger,
+        run: &RunLease,
+        result: PureResult,
+        now: Timestamp,
+    ) -> Result<(), flow_ledger::Error> {
+        let full = {
+            let mut p = self.pending.lock().await;
+            p.results.push(result);
+            let mut oldest = self.oldest.lock().unwrap_or_else(|e| e.into_inner());
+            oldest.get_or_insert_with(Instant::now);
+            p.results.len() >= MAX_PENDING
+        };
+        if full {
+            self.flush(ledger, run, now).await?;
+        }
+        Ok(())
+    }
+
+    /// When the pending results must be flushed at the latest (`None`: nothing pending).
+    pub fn due(&self) -> Option<Instant> {
+        let oldest = self.oldest.lock().unwrap_or_else(|e| e.into_inner());
+        oldest.map(|t| t + MAX_AGE)
+    }
+
+    /// Writes every pending result in one transaction. Flushes are serialized (the lock
+    /// is held while writing), so results reach the ledger in the order they were kept.
+    ///
+    /// A node the ledger already knows (which the executor's eligibility rules make
+    /// practically impossible: a first attempt with the run's own default key) is then
+    /// recorded one at a time the general way; if the ledger holds another output for
+    /// it than the one the run went on with, the run stops with a conflict and a resume
+    /// continues from the ledger's values.
+    pub async fn flush(
+        &self,
+        ledger: &Ledger,
+        run: &RunLease,
+        now: Timestamp,
+    ) -> Result<(), flow_ledger::Error> {
+        let mut p = self.pending.lock().await;
+        if p.results.is_empty() {
+            return Ok(());
+        }
+        let results = std::mem::take(&mut p.results);
+        *self.oldest.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        match ledger.record_pure_calls(run, results.clone(), now).await? {
+            PureBatchRecorded::All => Ok(()),
+            PureBatchRecorded::NotNew { node_id } => {
+                tracing::warn!(
+                    node = node_id,
+                    "a kept pure result is already in the ledger; recording one at a time"
+                );
+                for r in results {
+                    one_at_a_time(ledger, run, r, now).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+async fn one_at_a_time(
+    ledger: &Ledger,
+    run: &RunLease,
+    r: PureResult,
+    now: Timestamp,
+) -> Result<(), flow_ledger::Error> {
+    let call = PureCall {
+        run,
+        step: NewStep {
+            step_id: r.step_id.clone(),
+            node_id: r.node_id.clone(),
+            retry: 0,
+            not_before: None,
+            status: StepStatus::Running,
+        },
+        tool_call_id: r.node_id.clone(),
+        tool: r.tool,
+        idempotency_key: r.idempotency_key,
+        request: r.request,
+        request_hash: r.request_hash,
+        outcome: CallOutcome::Succeeded(r.output.clone()),
+        retry_failed: false,
+        next_step: None,
+    };
+    match ledger.record_pure_call(call, now).await? {
+        PureRecorded::Recorded => Ok(()),
+        PureRecorded::Replayed(stored) if stored.output.as_ref() == Some(&r.output) => Ok(()),
+        PureRecorded::Replayed(_) => Err(flow_ledger::Error::Conflict {
+            other_run: run.run_id.clone(),
+            other_node: r.node_id,
+            reason: "the ledger holds another output for this pure node than the one this \
+                     execution used; resume the run to continue from the ledger"
+                .into(),
+        }),
+    }
+}
