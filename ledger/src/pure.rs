@@ -103,6 +103,108 @@ e AS (
 SELECT COUNT(*) AS n FROM ok
 ";
 
+/// Many succeeded first attempts at once (`$7`: a JSON array of `Fresh::batch_item`,
+/// `$8`: its length): the same rows and events as `SQLITE_FRESH` for each, in one
+/// command. Each insert after the first happens only if the one before wrote all `$8`
+/// rows; the caller rolls back unless the last returns `2 × $8` rows (all or nothing).
+const SQLITE_BATCH: &str = "
+INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, created_at,
+    updated_at, started_at, finished_at, output, error_kind, error_message, tool_call_id)
+SELECT $1, $2, $3, j.value ->> 'step', j.value ->> 'node', 0, 'succeeded', j.value ->> 't0',
+    j.value ->> 't1', j.value ->> 't0', j.value ->> 't1', j.value ->> 'out', NULL, NULL,
+    j.value ->> 'node'
+FROM json_each($7) AS j
+WHERE EXISTS (SELECT 1 FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3
+        AND status = 'running' AND worker = $4 AND lease_token = $5 AND lease_expires_at > $6)
+    AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
+        AND t.run_id = $3 AND t.tool_call_id = j.value ->> 'node')
+    AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
+        AND t.idempotency_key = j.value ->> 'key')
+ON CONFLICT DO NOTHING;
+INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id, step_id, tool,
+    idempotency_key, request, request_hash, status, attempt_count, outbound_requests, output,
+    error_kind, error_message, lease_token, run_token, created_at, updated_at, finished_at)
+SELECT $1, $2, $3, j.value ->> 'node', j.value ->> 'step', j.value ->> 'tool',
+    j.value ->> 'key', j.value ->> 'req', j.value ->> 'hash', 'succeeded', 1, 0,
+    j.value ->> 'out', NULL, NULL, 1, $5, j.value ->> 't0', j.value ->> 't1', j.value ->> 't1'
+FROM json_each($7) AS j WHERE changes() = $8;
+INSERT INTO tool_call_attempts (tenant, workspace, id, run_id, tool_call_id, step_id, attempt,
+    sent_key, outbound_started_at, finished_at, outcome, error_kind, error_message,
+    requests_sent)
+SELECT $1, $2, j.value ->> 'att', $3, j.value ->> 'node', j.value ->> 'step', 1,
+    j.value ->> 'sk', NULL, j.value ->> 't1', 'succeeded', NULL, NULL, 0
+FROM json_each($7) AS j WHERE changes() = $8;
+INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id, payload)
+SELECT $1, $2,
+    CASE w.i WHEN 0 THEN j.value ->> 'e0' ELSE j.value ->> 'e1' END,
+    CASE w.i WHEN 0 THEN 'step.started' ELSE 'step.succeeded' END,
+    CASE w.i WHEN 0 THEN j.value ->> 't0' ELSE j.value ->> 't1' END,
+    $3, j.value ->> 'step',
+    CASE w.i WHEN 0 THEN NULL ELSE j.value ->> 'node' END,
+    CASE w.i WHEN 0 THEN j.value ->> 'p0' ELSE j.value ->> 'p1' END
+FROM json_each($7) AS j, (SELECT 0 AS i UNION ALL SELECT 1 AS i) AS w
+WHERE changes() = $8
+ORDER BY CAST(j.key AS INTEGER), w.i
+RETURNING 1 AS n;
+";
+
+/// The same on PostgreSQL, all or nothing by itself: nothing is written unless all `$8`
+/// are new. Returns how many were written.
+const POSTGRES_BATCH: &str = "
+WITH ok AS (
+    SELECT 1 AS one FROM runs
+    WHERE tenant = $1 AND workspace = $2 AND id = $3 AND status = 'running' AND worker = $4
+      AND lease_token = $5 AND lease_expires_at > $6
+    FOR SHARE),
+j AS (SELECT x.v, x.k FROM jsonb_array_elements($7::jsonb) WITH ORDINALITY AS x(v, k)),
+fresh AS (
+    SELECT j.v, j.k FROM j, ok
+    WHERE NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
+              AND t.run_id = $3 AND t.tool_call_id = j.v ->> 'node')
+      AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
+              AND t.idempotency_key = j.v ->> 'key')
+      AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.tenant = $1 AND s.workspace = $2
+              AND s.run_id = $3 AND s.step_id = j.v ->> 'step')),
+go AS (SELECT v, k FROM fresh WHERE (SELECT COUNT(*) FROM fresh) = $8),
+s AS (
+    INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, created_at,
+        updated_at, started_at, finished_at, output, error_kind, error_message, tool_call_id)
+    SELECT $1, $2, $3, v ->> 'step', v ->> 'node', 0, 'succeeded', (v ->> 't0')::bigint,
+        (v ->> 't1')::bigint, (v ->> 't0')::bigint, (v ->> 't1')::bigint, v ->> 'out', NULL,
+        NULL, v ->> 'node'
+    FROM go),
+c AS (
+    INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id, step_id, tool,
+        idempotency_key, request, request_hash, status, attempt_count, outbound_requests,
+        output, error_kind, error_message, lease_token, run_token, created_at, updated_at,
+        finished_at)
+    SELECT $1, $2, $3, v ->> 'node', v ->> 'step', v ->> 'tool', v ->> 'key', v ->> 'req',
+        v ->> 'hash', 'succeeded', 1, 0, v ->> 'out', NULL, NULL, 1, $5, (v ->> 't0')::bigint,
+        (v ->> 't1')::bigint, (v ->> 't1')::bigint
+    FROM go),
+a AS (
+    INSERT INTO tool_call_attempts (tenant, workspace, id, run_id, tool_call_id, step_id,
+        attempt, sent_key, outbound_started_at, finished_at, outcome, error_kind,
+        error_message, requests_sent)
+    SELECT $1, $2, v ->> 'att', $3, v ->> 'node', v ->> 'step', 1, v ->> 'sk', NULL,
+        (v ->> 't1')::bigint, 'succeeded', NULL, NULL, 0
+    FROM go),
+e AS (
+    INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
+        payload, txid)
+    SELECT $1, $2,
+        CASE w.i WHEN 0 THEN go.v ->> 'e0' ELSE go.v ->> 'e1' END,
+        CASE w.i WHEN 0 THEN 'step.started' ELSE 'step.succeeded' END,
+        CASE w.i WHEN 0 THEN (go.v ->> 't0')::bigint ELSE (go.v ->> 't1')::bigint END,
+        $3, go.v ->> 'step',
+        CASE w.i WHEN 0 THEN NULL ELSE go.v ->> 'node' END,
+        CASE w.i WHEN 0 THEN go.v ->> 'p0' ELSE go.v ->> 'p1' END,
+        pg_current_xact_id()::text::bigint
+    FROM go, (VALUES (0), (1)) AS w(i)
+    ORDER BY go.k, w.i)
+SELECT COUNT(*) AS n FROM go
+";
+
 /// One brand-new pure call, ready to bind.
 struct Fresh {
     step_id: String,
@@ -129,18 +231,7 @@ impl Fresh {
             StepStatus::Succeeded => "step.succeeded",
             _ => "step.failed",
         };
-        // The payloads `create_step_in` and `finish_step_in` would write.
-        let started = json!({
-            "node_id": self.node_id,
-            "retry": self.retry,
-            "not_before": Option::<Timestamp>::None,
-        });
-        let done = json!({
-            "node_id": self.node_id,
-            "retry": self.retry,
-            "error_kind": error_kind,
-            "error": error,
-        });
+        let (started, done) = self.payloads();
         args![
             &s.tenant,
             &s.workspace,
@@ -165,11 +256,50 @@ impl Fresh {
             self.started_at,
             self.finished_at,
             format!("evt_{}", ulid::Ulid::generate()),
-            started.to_string(),
+            started,
             format!("evt_{}", ulid::Ulid::generate()),
             event,
-            done.to_string(),
+            done,
         ]
+    }
+
+    /// The payloads `create_step_in` (`step.started`) and `finish_step_in` would write.
+    fn payloads(&self) -> (String, String) {
+        let started = json!({
+            "node_id": self.node_id,
+            "retry": self.retry,
+            "not_before": Option::<Timestamp>::None,
+        });
+        let done = json!({
+            "node_id": self.node_id,
+            "retry": self.retry,
+            "error_kind": self.error.as_ref().map(|e| e.kind.as_str()),
+            "error": self.error.as_ref().map(|e| e.message.clone()),
+        });
+        (started.to_string(), done.to_string())
+    }
+
+    /// This call as an element of the batch statements' JSON array (a succeeded first
+    /// attempt: `SQLITE_BATCH` / `POSTGRES_BATCH` write exactly what `*_FRESH` would).
+    fn batch_item(&self) -> serde_json::Value {
+        let (p0, p1) = self.payloads();
+        json!({
+            "step": self.step_id,
+            "node": self.node_id,
+            "tool": self.tool,
+            "key": self.key,
+            "req": self.request,
+            "hash": self.request_hash,
+            "out": self.output,
+            "att": format!("att_{}", ulid::Ulid::generate()),
+            "sk": attempt_key(&self.key, 1),
+            "t0": self.started_at.0,
+            "t1": self.finished_at.0,
+            "e0": format!("evt_{}", ulid::Ulid::generate()),
+            "p0": p0,
+            "e1": format!("evt_{}", ulid::Ulid::generate()),
+            "p1": p1,
+        })
     }
 }
 
@@ -284,6 +414,10 @@ impl Ledger {
                 finished_at: r.finished_at,
             });
         }
+        if self.write_batch(run, &fresh, now).await? {
+            return Ok(PureBatchRecorded::All);
+        }
+        // Not all new (or the lease is gone): one at a time, to name the node.
         let ledger = self.clone();
         let run = run.clone();
         let outcome = self
@@ -311,6 +445,57 @@ impl Ledger {
             }) if reason == NOT_NEW => Ok(PureBatchRecorded::NotNew {
                 node_id: other_node,
             }),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes all of `fresh` in one statement (see `SQLITE_BATCH`); `false` (nothing
+    /// written) unless every one was new and the lease held.
+    async fn write_batch(
+        &self,
+        run: &RunLease,
+        fresh: &[Fresh],
+        now: Timestamp,
+    ) -> Result<bool, Error> {
+        let items = serde_json::Value::Array(fresh.iter().map(Fresh::batch_item).collect());
+        let n = i64::try_from(fresh.len()).unwrap_or(i64::MAX);
+        let s = self.scope();
+        let a = args![
+            &s.tenant,
+            &s.workspace,
+            &run.run_id,
+            run.worker.as_str(),
+            run.token,
+            now,
+            items.to_string(),
+            n,
+        ];
+        let written = self
+            .write_statement(move |c| {
+                Box::pin(async move {
+                    let sql = c.pick(SQLITE_BATCH, POSTGRES_BATCH);
+                    let rows = c.all::<IntRow>(sql, a).await?;
+                    let all = if c.is_postgres() {
+                        rows.first().is_some_and(|r| r.n == n)
+                    } else {
+                        i64::try_from(rows.len()).ok() == Some(2 * n)
+                    };
+                    if all {
+                        Ok(())
+                    } else {
+                        // An error undoes the rows a partial script wrote (SQLite).
+                        Err(Error::Conflict {
+                            other_run: String::new(),
+                            other_node: String::new(),
+                            reason: NOT_NEW.into(),
+                        })
+                    }
+                })
+            })
+            .await;
+        match written {
+            Ok(()) => Ok(true),
+            Err(Error::Conflict { reason, .. }) if reason == NOT_NEW => Ok(false),
             Err(e) => Err(e),
         }
     }

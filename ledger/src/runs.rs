@@ -68,6 +68,57 @@ const CLAIM_NEXT: (&str, &str) = (
     ),
 );
 
+/// The fenced finish of a run and its event in ONE statement (`$10..$12`: event id,
+/// type, payload; the outbox columns mirror `events::emit`): a script on SQLite (the
+/// insert happens only if the update did), data-modifying CTEs on PostgreSQL.
+const FINISH_RUN: (&str, &str) = (
+    concat!(
+        "UPDATE runs SET status = $6, output = $7, error = $8, finished_at = $9,
+            updated_at = $9, lease_expires_at = NULL
+         WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+           AND lease_token = $5 AND status = 'running'
+         RETURNING ",
+        run_cols!(),
+        ";
+         INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
+            payload)
+         SELECT $1, $2, $10, $11, $9, $3, NULL, NULL, $12 WHERE changes() = 1"
+    ),
+    concat!(
+        "WITH r AS (
+            UPDATE runs SET status = $6, output = $7, error = $8, finished_at = $9,
+                updated_at = $9, lease_expires_at = NULL
+            WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+              AND lease_token = $5 AND status = 'running'
+            RETURNING ",
+        run_cols!(),
+        "),
+         e AS (
+            INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id,
+                tool_call_id, payload, txid)
+            SELECT $1, $2, $10, $11, $9, $3, NULL, NULL, $12,
+                pg_current_xact_id()::text::bigint FROM r)
+         SELECT ",
+        run_cols!(),
+        " FROM r"
+    ),
+);
+
+/// `run.started` events of many claimed runs in ONE statement (`$4`: a JSON array of
+/// `{id, run, payload}` in queue order; the outbox columns mirror `events::emit`).
+const EMIT_STARTED_ALL: (&str, &str) = (
+    "INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
+        payload)
+     SELECT $1, $2, j.value ->> 'id', 'run.started', $3, j.value ->> 'run', NULL, NULL,
+        j.value ->> 'payload'
+     FROM json_each($4) AS j ORDER BY CAST(j.key AS INTEGER)",
+    "INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
+        payload, txid)
+     SELECT $1, $2, j.v ->> 'id', 'run.started', $3, j.v ->> 'run', NULL, NULL,
+        j.v ->> 'payload', pg_current_xact_id()::text::bigint
+     FROM jsonb_array_elements($4::jsonb) WITH ORDINALITY AS j(v, k) ORDER BY j.k",
+);
+
 fn lease_of(row: &RunRow, worker: &WorkerId) -> RunLease {
     RunLease {
         run_id: row.id.clone(),
@@ -77,17 +128,59 @@ fn lease_of(row: &RunRow, worker: &WorkerId) -> RunLease {
     }
 }
 
+fn started_payload(row: &RunRow) -> serde_json::Value {
+    json!({
+        "worker": row.worker,
+        "lease_token": row.lease_token,
+        "workflow_name": row.workflow_name,
+    })
+}
+
+/// `run.started` for each claimed row, in one statement however many there are.
+async fn emit_started_all(
+    conn: &mut Conn<'_>,
+    ledger: &Ledger,
+    rows: &[RunRow],
+    now: Timestamp,
+) -> Result<(), Error> {
+    if let [row] = rows {
+        return emit_started(conn, ledger, row, now).await;
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let events: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|row| {
+            json!({
+                "id": format!("evt_{}", ulid::Ulid::generate()),
+                "run": row.id,
+                "payload": started_payload(row).to_string(),
+            })
+        })
+        .collect();
+    let scope = ledger.scope();
+    let sql = conn.pick(EMIT_STARTED_ALL.0, EMIT_STARTED_ALL.1);
+    conn.execute(
+        sql,
+        args![
+            &scope.tenant,
+            &scope.workspace,
+            now,
+            serde_json::Value::Array(events).to_string()
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
 async fn emit_started(
     conn: &mut Conn<'_>,
     ledger: &Ledger,
     row: &RunRow,
     now: Timestamp,
 ) -> Result<(), Error> {
-    let payload = json!({
-        "worker": row.worker,
-        "lease_token": row.lease_token,
-        "workflow_name": row.workflow_name,
-    });
+    let payload = started_payload(row);
     emit(
         conn,
         ledger.scope(),
@@ -219,9 +312,7 @@ impl Ledger {
                         .then(a.created_at.cmp(&b.created_at))
                         .then(a.id.cmp(&b.id))
                 });
-                for row in &rows {
-                    emit_started(c, &ledger, row, now).await?;
-                }
+                emit_started_all(c, &ledger, &rows, now).await?;
                 Ok(rows.iter().map(|r| lease_of(r, &worker)).collect())
             })
         })
@@ -414,19 +505,15 @@ impl Ledger {
         }
         let ledger = self.clone();
         let lease = lease.clone();
-        self.write(move |c| {
+        let payload = json!({ "status": status.as_str(), "error": error });
+        // One statement: the fenced update and its event (no round trips in between).
+        self.write_statement(move |c| {
             Box::pin(async move {
                 let scope = ledger.scope();
-                let row = c
-                    .optional::<RunRow>(
-                        concat!(
-                            "UPDATE runs SET status = $6, output = $7, error = $8, finished_at = $9,
-                                updated_at = $9, lease_expires_at = NULL
-                             WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
-                               AND lease_token = $5 AND status = 'running'
-                             RETURNING ",
-                            run_cols!()
-                        ),
+                let sql = c.pick(FINISH_RUN.0, FINISH_RUN.1);
+                let rows = c
+                    .all::<RunRow>(
+                        sql,
                         args![
                             &scope.tenant,
                             &scope.workspace,
@@ -435,15 +522,15 @@ impl Ledger {
                             lease.token,
                             status.as_str(),
                             output,
-                            error.clone(),
+                            error,
                             now,
+                            format!("evt_{}", ulid::Ulid::generate()),
+                            event.as_str(),
+                            payload.to_string(),
                         ],
                     )
-                    .await?
-                    .ok_or(Error::LeaseLost)?;
-                let payload = json!({ "status": status.as_str(), "error": error });
-                emit(c, scope, now, NewEvent::run(event, &lease.run_id, payload)).await?;
-                row.into_run()
+                    .await?;
+                rows.into_iter().next().ok_or(Error::LeaseLost)?.into_run()
             })
         })
         .await

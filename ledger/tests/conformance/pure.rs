@@ -11,6 +11,7 @@ use crate::common::{LEASE, TestDb, event_types, running, step, worker};
 
 crate::conformance!(
     fresh_pure_call_matches_the_general_way,
+    batch_writes_what_one_call_at_a_time_writes,
     batch_records_every_result_with_its_events,
     batch_is_all_or_nothing_when_a_node_is_not_new,
     batch_is_fenced_by_the_run_lease,
@@ -135,6 +136,40 @@ async fn fresh_pure_call_matches_the_general_way(db: TestDb) {
     // The keys differ by run id only.
     assert_eq!(sa["calls"][0][4], json!("run_a:shape:1"));
     assert_eq!(sb["calls"][0][4], json!("run_b:shape:1"));
+}
+
+async fn batch_writes_what_one_call_at_a_time_writes(db: TestDb) {
+    let a = running(&db, "run_a", &worker("1")).await;
+    let b = running(&db, "run_b", &worker("1")).await;
+    let t = db.now();
+    let mut batch = Vec::new();
+    for node in ["x", "y", "z"] {
+        let mut r = result(node, &format!("run_a:{node}"), t);
+        r.finished_at = t;
+        batch.push(r);
+        let mut one = pure(&b, node, json!({ "out": node }));
+        one.request = json!({ "node": node });
+        one.request_hash = canonical_hash(&one.request);
+        let got = db.ledger.record_pure_call(one, t).await.unwrap();
+        assert_eq!(got, PureRecorded::Recorded);
+    }
+    let got = db.ledger.record_pure_calls(&a, batch, t).await.unwrap();
+    assert_eq!(got, PureBatchRecorded::All);
+    let (sa, sb) = (
+        snapshot(&db.ledger, "run_a").await,
+        snapshot(&db.ledger, "run_b").await,
+    );
+    assert_eq!(sa["steps"], sb["steps"]);
+    assert_eq!(sa["attempts"], sb["attempts"]);
+    assert_eq!(sa["events"], sb["events"]);
+    let strip = |v: &serde_json::Value| {
+        let mut v = v.clone();
+        for c in v.as_array_mut().unwrap() {
+            c[4] = json!(null);
+        }
+        v
+    };
+    assert_eq!(strip(&sa["calls"]), strip(&sb["calls"]));
 }
 
 async fn batch_records_every_result_with_its_events(db: TestDb) {

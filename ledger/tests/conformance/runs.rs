@@ -87,6 +87,28 @@ async fn claim_next_orders_by_priority_then_not_before(db: TestDb) {
     let got = db.ledger.claim_next(claim(2), db.now()).await.unwrap();
     let ids: Vec<_> = got.iter().map(|l| l.run_id.as_str()).collect();
     assert_eq!(ids, ["run_high", "run_old"]);
+    // One `run.started` per claimed run (written together), naming worker and token.
+    for l in &got {
+        let events = db
+            .ledger
+            .list_events(flow_ledger::EventFilter {
+                run_id: Some(l.run_id.clone()),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        let started: Vec<_> = events
+            .iter()
+            .filter(|e| e.event_type == flow_ledger::EventType::RunStarted)
+            .collect();
+        assert_eq!(started.len(), 1, "{events:?}");
+        assert!(started[0].id.starts_with("evt_"));
+        assert_eq!(started[0].time, db.now());
+        assert_eq!(
+            started[0].payload,
+            json!({"worker": w.as_str(), "lease_token": l.token, "workflow_name": "wf"})
+        );
+    }
     assert!(got.iter().all(|l| l.token == 1 && l.worker == w));
     assert_eq!(got[0].expires_at, db.now().plus(LEASE));
 
