@@ -232,11 +232,15 @@ pub(crate) async fn open_ledger(
     cli: &Cli,
     stderr: &mut dyn Write,
 ) -> Result<flow_ledger::Ledger, u8> {
+    // One run per process, transactions of a few milliseconds: four connections keep
+    // `max_parallel` branches moving without taking a large share of PostgreSQL's
+    // `max_connections` (100 by default) from the daemons sharing the server.
     let opts = flow_ledger::OpenOptions {
         scope: flow_ledger::Scope {
             tenant: cli.tenant.clone(),
             workspace: cli.workspace.clone(),
         },
+        max_connections: if cli.db.starts_with("sqlite:") { 0 } else { 4 },
         ..flow_ledger::OpenOptions::default()
     };
     match flow_ledger::Ledger::open(&cli.db, opts).await {
