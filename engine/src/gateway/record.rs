@@ -1,0 +1,313 @@
+//! Recording what became of a step: opening its row, failing it before or after a claim,
+//! pure results (kept or committed), the outcome of an outbound call and replays.
+
+use flow_adapters::{ErrorKind as AdapterKind, Outcome, SideEffect};
+use flow_ledger::{
+    CallLease, CallOutcome, CompleteCall, ErrorKind, InDoubtReport, NewStep, PureCall,
+    PureRecorded, Replayed, StepError, StepFinish, StepStatus, Timestamp,
+};
+use serde_json::Value as Json;
+
+use super::{Gateway, StepCall, StepOrigin, StepResult, ledger_kind};
+
+impl Gateway {
+    /// Writes the run's kept pure results before anything else is written for it.
+    pub(super) async fn flush_pure(&self, c: &StepCall<'_>) -> Result<(), flow_ledger::Error> {
+        match &c.pure_log {
+            Some(log) => log.flush(&self.inner.ledger, c.run, self.now()).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Creates or starts the step row before a claim.
+    pub(super) async fn open_step(&self, c: &StepCall<'_>) -> Result<(), flow_ledger::Error> {
+        let ledger = &self.inner.ledger;
+        match c.origin {
+            StepOrigin::New => {
+                ledger
+                    .create_step(c.run, self.new_step(c, StepStatus::Running), self.now())
+                    .await?;
+            }
+            StepOrigin::Pending => {
+                ledger.start_step(c.run, &c.step_id, self.now()).await?;
+            }
+            StepOrigin::Running => {}
+        }
+        Ok(())
+    }
+
+    pub(super) fn new_step(&self, c: &StepCall<'_>, status: StepStatus) -> NewStep {
+        NewStep {
+            step_id: c.step_id.clone(),
+            node_id: c.node.id.clone(),
+            retry: c.retry,
+            not_before: None,
+            status,
+        }
+    }
+
+    /// A failure found before any claim (render, secret, egress): the step fails, no call
+    /// row exists, nothing was sent.
+    pub(super) async fn fail_without_claim(
+        &self,
+        c: &StepCall<'_>,
+        kind: ErrorKind,
+        message: String,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        self.flush_pure(c).await?;
+        self.open_step(c).await?;
+        self.fail_claimed_step(c, kind, message).await
+    }
+
+    pub(super) async fn fail_claimed_step(
+        &self,
+        c: &StepCall<'_>,
+        kind: ErrorKind,
+        message: String,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let message = self.inner.secrets.scrub(&message);
+        let finish = StepFinish {
+            step_id: c.step_id.clone(),
+            status: StepStatus::Failed,
+            output: None,
+            error: Some(StepError {
+                kind,
+                message: message.clone(),
+            }),
+        };
+        self.inner
+            .ledger
+            .finish_step(c.run, finish, self.now())
+            .await?;
+        Ok(StepResult::Failed {
+            kind,
+            message,
+            retry: None,
+        })
+    }
+
+    pub(super) async fn record_pure(
+        &self,
+        c: &StepCall<'_>,
+        base_key: String,
+        (request, request_hash): (Json, String),
+        started_at: Timestamp,
+        out: Outcome,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let now = self.now();
+        let (outcome, next) = self.outcome_of(c, out.result, SideEffect::ReadOnly, now);
+        // A first attempt that succeeded, under the run's own key, is kept for the next
+        // flush; a crash before it only means computing it again (`lazy.rs`).
+        if let (Some(log), CallOutcome::Succeeded(output), None) = (&c.pure_log, &outcome, &next)
+            && c.origin == StepOrigin::New
+            && c.retry == 0
+            && c.node.idempotency_key.is_none()
+        {
+            let kept = flow_ledger::PureResult {
+                step_id: c.step_id.clone(),
+                node_id: c.node.id.clone(),
+                tool: c.tool.name.clone(),
+                idempotency_key: base_key,
+                request,
+                request_hash,
+                output: output.clone(),
+                started_at,
+                finished_at: now,
+            };
+            log.push(&self.inner.ledger, c.run, kept, now).await?;
+            return Ok(result_of(outcome, next));
+        }
+        self.flush_pure(c).await?;
+        let step = self.new_step(c, StepStatus::Running);
+        let recorded = self
+            .inner
+            .ledger
+            .record_pure_call(
+                PureCall {
+                    run: c.run,
+                    step,
+                    tool_call_id: c.node.id.clone(),
+                    tool: c.tool.name.clone(),
+                    idempotency_key: base_key,
+                    request,
+                    request_hash,
+                    outcome: outcome.clone(),
+                    retry_failed: c.retry > 0,
+                    next_step: next.clone(),
+                },
+                now,
+            )
+            .await?;
+        match recorded {
+            PureRecorded::Recorded => Ok(result_of(outcome, next)),
+            PureRecorded::Replayed(r) => Ok(replayed_result(r)),
+        }
+    }
+
+    /// The ledger outcome of an adapter result, and the retry step to create with it.
+    pub(super) fn outcome_of(
+        &self,
+        c: &StepCall<'_>,
+        result: Result<Json, flow_adapters::Error>,
+        class: SideEffect,
+        now: Timestamp,
+    ) -> (CallOutcome, Option<NewStep>) {
+        let secrets = &self.inner.secrets;
+        match result {
+            Ok(output) => {
+                let output = secrets.scrub_json(&output);
+                let size = output.to_string().len();
+                let limit = self.inner.ledger.output_limit_bytes();
+                if size > limit {
+                    let message = format!(
+                        "output is {size} bytes, over the limit of {limit} bytes (outputs are never truncated)"
+                    );
+                    return (
+                        CallOutcome::Failed(StepError {
+                            kind: ErrorKind::Permanent,
+                            message,
+                        }),
+                        None,
+                    );
+                }
+                (CallOutcome::Succeeded(output), None)
+            }
+            Err(e) => {
+                let kind = ledger_kind(&e.kind);
+                let retryable = match &e.kind {
+                    AdapterKind::Transient { .. } | AdapterKind::NotSent => true,
+                    AdapterKind::Unknown => class == SideEffect::ReadOnly,
+                    AdapterKind::Permanent => false,
+                };
+                let retry_after = match &e.kind {
+                    AdapterKind::Transient { retry_after } => *retry_after,
+                    _ => None,
+                };
+                let message = secrets.scrub(&e.message);
+                let next = c.next_retry.as_ref().filter(|_| retryable).and_then(|r| {
+                    let delay = r.delay.max(retry_after.unwrap_or_default());
+                    let not_before = now.plus(delay);
+                    if r.deadline.is_some_and(|d| not_before > d) {
+                        return None;
+                    }
+                    Some(NewStep {
+                        step_id: r.step_id.clone(),
+                        node_id: c.node.id.clone(),
+                        retry: r.retry,
+                        not_before: Some(not_before),
+                        status: StepStatus::Pending,
+                    })
+                });
+                (CallOutcome::Failed(StepError { kind, message }), next)
+            }
+        }
+    }
+
+    pub(super) async fn complete(
+        &self,
+        c: &StepCall<'_>,
+        lease: &CallLease,
+        class: SideEffect,
+        result: Result<Json, flow_adapters::Error>,
+        sent: u32,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let now = self.now();
+        if let Err(e) = &result
+            && e.kind == AdapterKind::Unknown
+            && class != SideEffect::ReadOnly
+        {
+            let report = InDoubtReport {
+                requests_sent: sent,
+                message: self.inner.secrets.scrub(&e.message),
+            };
+            self.inner.ledger.mark_in_doubt(lease, report, now).await?;
+            return Ok(StepResult::InDoubt);
+        }
+        let (outcome, next) = self.outcome_of(c, result, class, now);
+        let step = match &outcome {
+            CallOutcome::Succeeded(output) => StepFinish {
+                step_id: c.step_id.clone(),
+                status: StepStatus::Succeeded,
+                output: Some(output.clone()),
+                error: None,
+            },
+            CallOutcome::Failed(error) => StepFinish {
+                step_id: c.step_id.clone(),
+                status: StepStatus::Failed,
+                output: None,
+                error: Some(error.clone()),
+            },
+        };
+        self.inner
+            .ledger
+            .complete_call(
+                CompleteCall {
+                    lease,
+                    outcome: outcome.clone(),
+                    requests_sent: sent,
+                    step: Some(step),
+                    next_step: next.clone(),
+                },
+                now,
+            )
+            .await?;
+        Ok(result_of(outcome, next))
+    }
+
+    /// A replayed terminal call: the step takes its stored outcome; a replayed failure is
+    /// a recorded fact, not retried here.
+    pub(super) async fn finish_replay(
+        &self,
+        c: &StepCall<'_>,
+        r: Replayed,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let result = replayed_result(r);
+        let finish = match &result {
+            StepResult::Succeeded { output } => StepFinish {
+                step_id: c.step_id.clone(),
+                status: StepStatus::Succeeded,
+                output: Some(output.clone()),
+                error: None,
+            },
+            StepResult::Failed { kind, message, .. } => StepFinish {
+                step_id: c.step_id.clone(),
+                status: StepStatus::Failed,
+                output: None,
+                error: Some(StepError {
+                    kind: *kind,
+                    message: message.clone(),
+                }),
+            },
+            StepResult::InDoubt | StepResult::Deferred { .. } => return Ok(result),
+        };
+        self.inner
+            .ledger
+            .finish_step(c.run, finish, self.now())
+            .await?;
+        Ok(result)
+    }
+}
+
+pub(super) fn result_of(outcome: CallOutcome, next: Option<NewStep>) -> StepResult {
+    match outcome {
+        CallOutcome::Succeeded(output) => StepResult::Succeeded { output },
+        CallOutcome::Failed(e) => StepResult::Failed {
+            kind: e.kind,
+            message: e.message,
+            retry: next.map(|s| (s.step_id, s.retry, s.not_before.unwrap_or(Timestamp(0)))),
+        },
+    }
+}
+
+pub(super) fn replayed_result(r: Replayed) -> StepResult {
+    match (r.output, r.error) {
+        (_, Some(e)) => StepResult::Failed {
+            kind: e.kind,
+            message: e.message,
+            retry: None,
+        },
+        (output, None) => StepResult::Succeeded {
+            output: output.unwrap_or(Json::Null),
+        },
+    }
+}
