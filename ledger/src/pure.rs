@@ -20,8 +20,11 @@ use crate::clock::Timestamp;
 use crate::db::{Arg, Conn, args};
 use crate::error::Error;
 use crate::ledger::{Ledger, check_run_lease};
-use crate::model::{CallOutcome, PureBatchRecorded, PureCall, PureRecorded, PureResult, RunLease};
+use crate::model::{
+    CallOutcome, PureBatchRecorded, PureCall, PureRecorded, PureResult, Run, RunFinish, RunLease,
+};
 use crate::rows::IntRow;
+use crate::runs::finish_run_in;
 use crate::state::{StepStatus, attempt_key};
 
 /// The reason a batch op rolls itself back with when a node is not new: an error is what
@@ -396,24 +399,7 @@ impl Ledger {
         if results.is_empty() {
             return Ok(PureBatchRecorded::All);
         }
-        let mut fresh = Vec::with_capacity(results.len());
-        for r in results {
-            fresh.push(Fresh {
-                output: Some(self.checked_json(&r.output)?),
-                step_id: r.step_id,
-                retry: 0,
-                tool_call_id: r.node_id.clone(),
-                node_id: r.node_id,
-                tool: r.tool,
-                key: r.idempotency_key,
-                request: r.request.to_string(),
-                request_hash: r.request_hash,
-                status: StepStatus::Succeeded,
-                error: None,
-                started_at: r.started_at,
-                finished_at: r.finished_at,
-            });
-        }
+        let fresh = self.fresh_results(results)?;
         if self.write_batch(run, &fresh, now).await? {
             return Ok(PureBatchRecorded::All);
         }
@@ -448,7 +434,54 @@ impl Ledger {
             Err(e) => Err(e),
         }
     }
+}
 
+/// The bound values of `SQLITE_BATCH` / `POSTGRES_BATCH`, and how many results.
+fn batch_args(ledger: &Ledger, run: &RunLease, fresh: &[Fresh], now: Timestamp) -> (Vec<Arg>, i64) {
+    let items = serde_json::Value::Array(fresh.iter().map(Fresh::batch_item).collect());
+    let n = i64::try_from(fresh.len()).unwrap_or(i64::MAX);
+    let s = ledger.scope();
+    let a = args![
+        &s.tenant,
+        &s.workspace,
+        &run.run_id,
+        run.worker.as_str(),
+        run.token,
+        now,
+        items.to_string(),
+        n,
+    ];
+    (a, n)
+}
+
+/// The error a batch rolls itself back with when not every result was new (SQLite may
+/// have written part of it): turned back into "not new" by [`is_not_new`].
+fn not_new() -> Error {
+    Error::Conflict {
+        other_run: String::new(),
+        other_node: String::new(),
+        reason: NOT_NEW.into(),
+    }
+}
+
+fn is_not_new(e: &Error) -> bool {
+    matches!(e, Error::Conflict { reason, .. } if reason == NOT_NEW)
+}
+
+/// Writes a whole batch in one statement; `not_new()` unless every result was new and
+/// the run lease held.
+async fn batch_in(c: &mut Conn<'_>, a: Vec<Arg>, n: i64) -> Result<(), Error> {
+    let sql = c.pick(SQLITE_BATCH, POSTGRES_BATCH);
+    let rows = c.all::<IntRow>(sql, a).await?;
+    let all = if c.is_postgres() {
+        rows.first().is_some_and(|r| r.n == n)
+    } else {
+        i64::try_from(rows.len()).ok() == Some(2 * n)
+    };
+    if all { Ok(()) } else { Err(not_new()) }
+}
+
+impl Ledger {
     /// Writes all of `fresh` in one statement (see `SQLITE_BATCH`); `false` (nothing
     /// written) unless every one was new and the lease held.
     async fn write_batch(
@@ -457,45 +490,75 @@ impl Ledger {
         fresh: &[Fresh],
         now: Timestamp,
     ) -> Result<bool, Error> {
-        let items = serde_json::Value::Array(fresh.iter().map(Fresh::batch_item).collect());
-        let n = i64::try_from(fresh.len()).unwrap_or(i64::MAX);
-        let s = self.scope();
-        let a = args![
-            &s.tenant,
-            &s.workspace,
-            &run.run_id,
-            run.worker.as_str(),
-            run.token,
-            now,
-            items.to_string(),
-            n,
-        ];
-        let written = self
-            .write_statement(move |c| {
+        let (a, n) = batch_args(self, run, fresh, now);
+        match self
+            .write_statement(move |c| Box::pin(async move { batch_in(c, a, n).await }))
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(e) if is_not_new(&e) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    fn fresh_results(&self, results: Vec<PureResult>) -> Result<Vec<Fresh>, Error> {
+        let mut fresh = Vec::with_capacity(results.len());
+        for r in results {
+            fresh.push(Fresh {
+                output: Some(self.checked_json(&r.output)?),
+                step_id: r.step_id,
+                retry: 0,
+                tool_call_id: r.node_id.clone(),
+                node_id: r.node_id,
+                tool: r.tool,
+                key: r.idempotency_key,
+                request: r.request.to_string(),
+                request_hash: r.request_hash,
+                status: StepStatus::Succeeded,
+                error: None,
+                started_at: r.started_at,
+                finished_at: r.finished_at,
+            });
+        }
+        Ok(fresh)
+    }
+
+    /// Records kept pure results (as [`Ledger::record_pure_calls`]) and finishes the run
+    /// (as [`Ledger::finish_run`]) in ONE transaction: a run whose last steps were pure
+    /// costs one commit at its end, not two. `Ok(None)`: a result was not new and
+    /// nothing was written — record them with `record_pure_calls`, then finish.
+    pub async fn finish_run_with(
+        &self,
+        lease: &RunLease,
+        results: Vec<PureResult>,
+        finish: RunFinish,
+        now: Timestamp,
+    ) -> Result<Option<Run>, Error> {
+        if results.is_empty() {
+            return self.finish_run(lease, finish, now).await.map(Some);
+        }
+        let fresh = self.fresh_results(results)?;
+        let (batch, n) = batch_args(self, lease, &fresh, now);
+        let fin = self.finish_args(lease, finish, now)?;
+        let ledger = self.clone();
+        let run = lease.clone();
+        let done = self
+            .write(move |c| {
                 Box::pin(async move {
-                    let sql = c.pick(SQLITE_BATCH, POSTGRES_BATCH);
-                    let rows = c.all::<IntRow>(sql, a).await?;
-                    let all = if c.is_postgres() {
-                        rows.first().is_some_and(|r| r.n == n)
-                    } else {
-                        i64::try_from(rows.len()).ok() == Some(2 * n)
-                    };
-                    if all {
-                        Ok(())
-                    } else {
-                        // An error undoes the rows a partial script wrote (SQLite).
-                        Err(Error::Conflict {
-                            other_run: String::new(),
-                            other_node: String::new(),
-                            reason: NOT_NEW.into(),
-                        })
+                    if let Err(e) = batch_in(c, batch, n).await {
+                        if is_not_new(&e) {
+                            // A lost lease is reported as such, not as "not new".
+                            check_run_lease(c, ledger.scope(), &run, Some(now)).await?;
+                        }
+                        return Err(e);
                     }
+                    finish_run_in(c, fin).await
                 })
             })
             .await;
-        match written {
-            Ok(()) => Ok(true),
-            Err(Error::Conflict { reason, .. }) if reason == NOT_NEW => Ok(false),
+        match done {
+            Ok(run) => Ok(Some(run)),
+            Err(e) if is_not_new(&e) => Ok(None),
             Err(e) => Err(e),
         }
     }

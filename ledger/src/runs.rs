@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::canonical::canonical_hash;
 use crate::clock::Timestamp;
-use crate::db::{Conn, args};
+use crate::db::{Arg, Conn, args};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
 use crate::ledger::Ledger;
@@ -118,6 +118,14 @@ const EMIT_STARTED_ALL: (&str, &str) = (
         j.v ->> 'payload', pg_current_xact_id()::text::bigint
      FROM jsonb_array_elements($4::jsonb) WITH ORDINALITY AS j(v, k) ORDER BY j.k",
 );
+
+/// Runs `FINISH_RUN` with [`Ledger::finish_args`]: `LeaseLost` unless the run was
+/// still held.
+pub(crate) async fn finish_run_in(c: &mut Conn<'_>, args: Vec<Arg>) -> Result<Run, Error> {
+    let sql = c.pick(FINISH_RUN.0, FINISH_RUN.1);
+    let rows = c.all::<RunRow>(sql, args).await?;
+    rows.into_iter().next().ok_or(Error::LeaseLost)?.into_run()
+}
 
 fn lease_of(row: &RunRow, worker: &WorkerId) -> RunLease {
     RunLease {
@@ -478,6 +486,20 @@ impl Ledger {
         finish: RunFinish,
         now: Timestamp,
     ) -> Result<Run, Error> {
+        let a = self.finish_args(lease, finish, now)?;
+        // One statement: the fenced update and its event (no round trips in between).
+        self.write_statement(move |c| Box::pin(async move { finish_run_in(c, a).await }))
+            .await
+    }
+
+    /// The bound values of `FINISH_RUN`, decided in Rust: the event, and a success whose
+    /// output is over the limit turned into a failure naming it.
+    pub(crate) fn finish_args(
+        &self,
+        lease: &RunLease,
+        finish: RunFinish,
+        now: Timestamp,
+    ) -> Result<Vec<Arg>, Error> {
         let (mut status, mut error) = (finish.status, finish.error);
         let event = match status {
             RunStatus::Succeeded => EventType::RunSucceeded,
@@ -503,37 +525,22 @@ impl Ledger {
                 }
             }
         }
-        let ledger = self.clone();
-        let lease = lease.clone();
+        let s = self.scope();
         let payload = json!({ "status": status.as_str(), "error": error });
-        // One statement: the fenced update and its event (no round trips in between).
-        self.write_statement(move |c| {
-            Box::pin(async move {
-                let scope = ledger.scope();
-                let sql = c.pick(FINISH_RUN.0, FINISH_RUN.1);
-                let rows = c
-                    .all::<RunRow>(
-                        sql,
-                        args![
-                            &scope.tenant,
-                            &scope.workspace,
-                            &lease.run_id,
-                            lease.worker.as_str(),
-                            lease.token,
-                            status.as_str(),
-                            output,
-                            error,
-                            now,
-                            format!("evt_{}", ulid::Ulid::generate()),
-                            event.as_str(),
-                            payload.to_string(),
-                        ],
-                    )
-                    .await?;
-                rows.into_iter().next().ok_or(Error::LeaseLost)?.into_run()
-            })
-        })
-        .await
+        Ok(args![
+            &s.tenant,
+            &s.workspace,
+            &lease.run_id,
+            lease.worker.as_str(),
+            lease.token,
+            status.as_str(),
+            output,
+            error,
+            now,
+            format!("evt_{}", ulid::Ulid::generate()),
+            event.as_str(),
+            payload.to_string(),
+        ])
     }
 
     /// Pauses a run (fenced): an in-doubt call waits for an operator. Clears the lease;

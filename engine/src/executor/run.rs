@@ -342,7 +342,7 @@ impl Executor {
                         });
                     }
                     Action::Finish { outcome } => {
-                        self.flush_pure(lease, st).await?;
+                        // The kept pure results are written with the run's finish.
                         return self.finish(lease, wf, plan, st, outcome).await;
                     }
                 }
@@ -696,9 +696,8 @@ impl Executor {
             output: output.clone(),
             error: error.clone(),
         };
-        self.gateway
-            .ledger()
-            .finish_run(lease, finish, self.gateway.now())
+        st.pure_log
+            .finish(self.gateway.ledger(), lease, finish, self.gateway.now())
             .await
             .map_err(|e| lease_err(e, lease))?;
         Ok(RunOutcome {

@@ -7,18 +7,19 @@
 //! attempt here and goes on at once; [`PureLog::flush`] writes everything pending in
 //! one transaction (`Ledger::record_pure_calls`). The log is flushed before anything
 //! else is written for the run — a side-effecting claim, a skipped or failed step, a
-//! pause, the run's end — so the ledger never holds a step without the steps whose
-//! outputs it used, and a request is only ever sent after the pure outputs it was built
-//! from are durable (a non-deterministic "pure" function cannot feed one value into a
-//! sent request and another into the ledger). It is also flushed when it holds
+//! pause; at the run's end, in the finish's own transaction ([`PureLog::finish`]) — so
+//! the ledger never holds a step without the steps whose outputs it used, and a request
+//! is only ever sent after the pure outputs it was built from are durable (a
+//! non-deterministic "pure" function cannot feed one value into a sent request and
+//! another into the ledger). It is also flushed when it holds
 //! [`MAX_PENDING`] results or its oldest is [`MAX_AGE`] old, which bounds how far
 //! `flow show` can lag behind a running run.
 
 use std::time::{Duration, Instant};
 
 use flow_ledger::{
-    CallOutcome, Ledger, NewStep, PureBatchRecorded, PureCall, PureRecorded, PureResult, RunLease,
-    StepStatus, Timestamp,
+    CallOutcome, Ledger, NewStep, PureBatchRecorded, PureCall, PureRecorded, PureResult, Run,
+    RunFinish, RunLease, StepStatus, Timestamp,
 };
 use tokio::sync::Mutex;
 
@@ -106,6 +107,35 @@ impl PureLog {
                 Ok(())
             }
         }
+    }
+}
+
+impl PureLog {
+    /// Writes the pending results and finishes the run in one transaction
+    /// (`Ledger::finish_run_with`); the run's last write, so nothing is kept after it.
+    pub async fn finish(
+        &self,
+        ledger: &Ledger,
+        run: &RunLease,
+        finish: RunFinish,
+        now: Timestamp,
+    ) -> Result<Run, flow_ledger::Error> {
+        let results = {
+            let mut p = self.pending.lock().await;
+            *self.oldest.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            std::mem::take(&mut p.results)
+        };
+        if let Some(done) = ledger
+            .finish_run_with(run, results.clone(), finish.clone(), now)
+            .await?
+        {
+            return Ok(done);
+        }
+        tracing::warn!("a kept pure result is already in the ledger; recording one at a time");
+        for r in results {
+            one_at_a_time(ledger, run, r, now).await?;
+        }
+        ledger.finish_run(run, finish, now).await
     }
 }
 

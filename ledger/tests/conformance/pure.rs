@@ -17,6 +17,7 @@ crate::conformance!(
     batch_is_fenced_by_the_run_lease,
     batch_refuses_a_key_used_by_another_run,
     concurrent_writers_commit_together_and_fail_alone,
+    finish_run_with_records_kept_results_and_the_finish_together,
 );
 
 fn result(node: &str, key: &str, at: Timestamp) -> PureResult {
@@ -355,4 +356,63 @@ async fn concurrent_writers_commit_together_and_fail_alone(db: TestDb) {
             assert_eq!(steps.len(), 1);
         }
     }
+}
+
+async fn finish_run_with_records_kept_results_and_the_finish_together(db: TestDb) {
+    let run = running(&db, "run_a", &worker("1")).await;
+    let t = db.now();
+    let finish = || flow_ledger::RunFinish {
+        status: flow_ledger::RunStatus::Succeeded,
+        output: Some(json!({ "b": { "out": "b" } })),
+        error: None,
+    };
+    // Not new: nothing is written, the run is still running.
+    db.ledger
+        .record_pure_call(pure(&run, "b", json!(1)), t)
+        .await
+        .unwrap();
+    let before = snapshot(&db.ledger, "run_a").await;
+    let got = db
+        .ledger
+        .finish_run_with(
+            &run,
+            vec![result("a", "run_a:a", t), result("b", "run_a:b", t)],
+            finish(),
+            t,
+        )
+        .await
+        .unwrap();
+    assert_eq!(got, None);
+    assert_eq!(snapshot(&db.ledger, "run_a").await, before);
+    assert_eq!(
+        db.ledger.get_run("run_a").await.unwrap().status,
+        flow_ledger::RunStatus::Running
+    );
+    // New: both in one transaction, the run's event after its steps'.
+    let got = db
+        .ledger
+        .finish_run_with(
+            &run,
+            vec![result("a", "run_a:a", t), result("c", "run_a:c", t)],
+            finish(),
+            t,
+        )
+        .await
+        .unwrap()
+        .expect("finished");
+    assert_eq!(got.status, flow_ledger::RunStatus::Succeeded);
+    let steps = db.ledger.list_steps("run_a").await.unwrap();
+    assert_eq!(steps.len(), 3);
+    assert!(steps.iter().all(|s| s.status == StepStatus::Succeeded));
+    let types = event_types(&db, "run_a").await;
+    assert_eq!(types.last().map(String::as_str), Some("run.succeeded"));
+    assert_eq!(types.len(), 2 + 2 * 3 + 1, "{types:?}");
+    // A lost lease is reported as such.
+    let b = running(&db, "run_b", &worker("1")).await;
+    let later = db.advance(LEASE + std::time::Duration::from_secs(1));
+    let got = db
+        .ledger
+        .finish_run_with(&b, vec![result("a", "run_b:a", t)], finish(), later)
+        .await;
+    assert!(matches!(got, Err(Error::LeaseLost)), "{got:?}");
 }
