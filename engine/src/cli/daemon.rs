@@ -70,8 +70,10 @@ async fn open(
         let _ = writeln!(stderr, "error: {e}");
         exit::UNAVAILABLE
     })?;
-    // Each run in flight may hold a connection for a statement, besides the claim loop,
-    // heartbeats and scrapes. SQLite keeps its default: it has one writer anyway.
+    // Runs hold a connection only for the length of one transaction, so a few serve many
+    // runs; a connection per run would exhaust PostgreSQL's `max_connections` (100 by
+    // default) with a handful of daemons, and refused connections cost far more than a
+    // short wait for a pooled one. SQLite keeps its default: it has one writer anyway.
     let is_sqlite = cli.db.starts_with("sqlite:");
     let opts = flow_ledger::OpenOptions {
         scope: flow_ledger::Scope {
@@ -81,7 +83,7 @@ async fn open(
         max_connections: if is_sqlite {
             0
         } else {
-            (args.concurrency + 4).clamp(10, 64)
+            (args.concurrency / 4 + 4).clamp(4, 16)
         },
         ..flow_ledger::OpenOptions::default()
     };

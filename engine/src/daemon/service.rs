@@ -23,6 +23,11 @@ const EXPIRE_EVERY: Duration = Duration::from_secs(2);
 /// How long to wait before trying to listen again after the listener failed.
 const RELISTEN_AFTER: Duration = Duration::from_secs(5);
 
+/// With a backlog, the longest a free slot waits for others to free up so that they are
+/// claimed together: a claim orders the queue, so it is one of the dearest statements,
+/// and claiming per finished run would pay it once per run.
+const CLAIM_GAP: Duration = Duration::from_millis(5);
+
 /// Why [`Service::run`] returned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stopped {
@@ -132,6 +137,10 @@ impl Service {
             }
         };
         let mut last_expire: Option<Instant> = None;
+        let mut last_claim: Option<Instant> = None;
+        // The last claim got every run it asked for: more are probably queued.
+        let mut backlog = false;
+        let batch = (self.config.concurrency / 4).max(1);
         let graceful = self.handle.graceful().clone();
         let immediate = self.handle.immediate().clone();
         loop {
@@ -157,7 +166,11 @@ impl Service {
             }
             let mut wait = self.config.poll_interval;
             let free = self.config.concurrency.saturating_sub(tasks.len());
-            if free > 0 {
+            let since_claim = last_claim.map_or(CLAIM_GAP, |t| t.elapsed());
+            let due = !backlog || free >= batch || since_claim >= CLAIM_GAP;
+            if free > 0 && !due {
+                wait = CLAIM_GAP.saturating_sub(since_claim);
+            } else if free > 0 {
                 if last_expire.is_none_or(|t| t.elapsed() >= EXPIRE_EVERY) {
                     last_expire = Some(Instant::now());
                     if let Err(e) = self.ledger().expire_dead_local_workers(self.now()).await {
@@ -166,19 +179,21 @@ impl Service {
                         continue;
                     }
                 }
+                last_claim = Some(Instant::now());
                 match self.claim(free).await {
                     Ok(claimed) => {
                         db.ok();
                         let got = claimed.len();
+                        backlog = got == free;
                         for lease in claimed {
                             leases.insert(lease.run_id.clone(), lease.clone());
                             tasks.spawn(worker::execute(self.shared.clone(), lease));
                         }
                         self.shared.metrics.set_in_flight(tasks.len());
-                        if got == free {
-                            // Every slot filled: the queue may hold more; claim again as
-                            // soon as a run ends.
-                            wait = RUN_LEASE;
+                        if backlog {
+                            // The queue may hold more: claim again once a batch of slots
+                            // is free, or the gap has passed.
+                            wait = CLAIM_GAP;
                         } else if got == 0 && tasks.is_empty() && self.config.exit_when_idle {
                             match self.idle().await {
                                 Ok(true) => return Stopped::Idle,
@@ -190,7 +205,8 @@ impl Service {
                     Err(e) => wait = db.failed(self.ledger().url_redacted(), &e),
                 }
             }
-            let can_claim = tasks.len() < self.config.concurrency && matches!(db, Database::Up);
+            let can_claim =
+                !backlog && tasks.len() < self.config.concurrency && matches!(db, Database::Up);
             tokio::select! {
                 Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
                     self.reap(joined, &mut leases);
