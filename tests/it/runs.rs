@@ -305,27 +305,33 @@ fn resume_waits_for_a_live_holder_and_says_who_it_is() {
     let db = TestDb::new(Backend::Sqlite);
     let file = db.write(
         "w.yaml",
-        "name: slow\ntools:\n  s: { kind: function, function: core.sleep }\nnodes:\n  a: { tool: s, with: { duration: 2s } }\n",
+        "name: slow\ntools:\n  s: { kind: function, function: core.sleep }\nnodes:\n  a: { tool: s, with: { duration: 3s } }\n",
     );
-    let child = db
+    let log = db.write("run.log", "");
+    let mut child = db
         .flow()
         .arg("run")
         .arg(&file)
         .args(["--run-id", "held-1"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
         .spawn()
         .expect("spawn");
     let started = Instant::now();
-    while output(db.flow().args(["show", "held-1", "--json"]))
-        .status
-        .code()
-        != Some(0)
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "run never appeared"
-        );
+    loop {
+        let shown = output(db.flow().args(["show", "held-1", "--json"]));
+        if shown.status.code() == Some(0) {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(30) || matches!(child.try_wait(), Ok(Some(_))) {
+            let _ = child.kill();
+            panic!(
+                "run never appeared; run exited {:?}, its stderr: {}\nlast show: {}",
+                child.wait().ok(),
+                std::fs::read_to_string(&log).unwrap_or_default(),
+                stderr(&shown)
+            );
+        }
         std::thread::sleep(Duration::from_millis(50));
     }
     let resumed = output(db.flow().args(["resume", "held-1"]));

@@ -60,7 +60,7 @@ async fn open(
     args: &DaemonArgs,
     metrics: Arc<Metrics>,
     stderr: &mut dyn Write,
-) -> Result<Executor, u8> {
+) -> Result<(Executor, Vec<crate::events::Consumer>), u8> {
     let secrets = Secrets::load(cli.secrets_file.as_deref()).map_err(|e| {
         let _ = writeln!(stderr, "error: {e}");
         exit::UNAVAILABLE
@@ -98,6 +98,12 @@ async fn open(
             return Err(exit::UNAVAILABLE);
         }
     };
+    // The event consumers of flow.toml: the daemon delivers their events too, so one
+    // process per host is enough (`flow events dispatch` remains for dispatch alone).
+    let consumers = crate::events::consumers(&config.consumers, &secrets).map_err(|e| {
+        let _ = writeln!(stderr, "error: {e}");
+        exit::UNAVAILABLE
+    })?;
     let tools = Tools::new().map_err(|e| {
         let _ = writeln!(stderr, "error: cannot set up tool clients: {e}");
         exit::UNAVAILABLE
@@ -111,11 +117,12 @@ async fn open(
         config.egress,
         Faults::from_env(),
     );
-    Ok(Executor::new(
+    let executor = Executor::new(
         gateway,
         Arc::new(Observer::new(metrics)),
         rand::rngs::StdRng::from_os_rng(),
-    ))
+    );
+    Ok((executor, consumers))
 }
 
 /// `flow daemon`.
@@ -126,8 +133,8 @@ pub(crate) async fn daemon(
     stderr: &mut dyn Write,
 ) -> u8 {
     let metrics = Arc::new(Metrics::new());
-    let executor = match open(cli, args, metrics.clone(), stderr).await {
-        Ok(e) => e,
+    let (executor, consumers) = match open(cli, args, metrics.clone(), stderr).await {
+        Ok(opened) => opened,
         Err(code) => return code,
     };
     let ledger = executor.gateway().ledger().clone();
@@ -174,9 +181,39 @@ pub(crate) async fn daemon(
             .map(|a| format!(", metrics on http://{a}/metrics"))
             .unwrap_or_default()
     );
+    let consumer_names: Vec<String> = consumers.iter().map(|c| c.name.clone()).collect();
+    let dispatcher = (!consumers.is_empty()).then(|| {
+        let _ = writeln!(
+            stderr,
+            "flow daemon: delivering events to {}",
+            consumer_names.join(", ")
+        );
+        tokio::spawn(crate::events::run(
+            ledger.clone(),
+            consumers.clone(),
+            Arc::new(SystemClock),
+            stop_serving.clone(),
+        ))
+    });
     let service = Service::new(executor, config, metrics);
     let signals = tokio::spawn(shutdown::on_signals(service.handle()));
     let stopped = service.run().await;
+    if !matches!(stopped, Stopped::Immediate) {
+        // Let the dispatcher record the batch it is sending before the process ends.
+        stop_serving.cancel();
+        if let Some(task) = dispatcher {
+            let _ = task.await;
+        }
+    }
+    if matches!(stopped, Stopped::Idle) && !consumers.is_empty() {
+        // `--exit-when-idle` promises a drained queue: that includes the events of the
+        // runs just finished (a signal stop leaves them to the next dispatcher instead).
+        if let Err(e) =
+            crate::events::dispatch_once(&ledger, consumers, Arc::new(SystemClock)).await
+        {
+            let _ = writeln!(stderr, "warning: final event delivery failed: {e}");
+        }
+    }
     stop_serving.cancel();
     match stopped {
         Stopped::Idle => {

@@ -43,8 +43,11 @@ impl Sink {
     ) -> Vec<Result<(), Failure>> {
         match self {
             Sink::Webhook(w) => {
-                futures::stream::iter(batch)
-                    .map(|d| w.send(d, scope))
+                // The futures are made up front: a lazy `.map(|d| ...)` on the stream
+                // would make this future not provably `Send` (rustc's higher-ranked
+                // lifetime limitation), and the daemon spawns it.
+                let sends: Vec<_> = batch.iter().map(|d| w.send(d, scope)).collect();
+                futures::stream::iter(sends)
                     .buffered(concurrency.max(1))
                     .collect()
                     .await

@@ -8,6 +8,7 @@
 //! dead letters; `integrity`: signatures, shapes and secrets, crash points vs events,
 //! `tail`.
 
+mod daemon;
 mod delivery;
 mod hook;
 mod integrity;
