@@ -152,22 +152,24 @@ RETURNING 1 AS n;
 ";
 
 /// The same on PostgreSQL, all or nothing by itself: nothing is written unless all `$8`
-/// are new. Returns how many were written.
+/// are new. Returns how many were written. The "is anything here already?" checks are
+/// one-time probes with `= ANY (array)` on the unique indexes, not anti-joins against
+/// the element list: the planner, which guesses 100 elements for the list, otherwise
+/// hashes every call of the tenant on each batch (a scan that grows with the table).
 const POSTGRES_BATCH: &str = "
-WITH ok AS (
+WITH j AS (SELECT x.v, x.k FROM jsonb_array_elements($7::jsonb) WITH ORDINALITY AS x(v, k)),
+ok AS (
     SELECT 1 AS one FROM runs
     WHERE tenant = $1 AND workspace = $2 AND id = $3 AND status = 'running' AND worker = $4
       AND lease_token = $5 AND lease_expires_at > $6
-    FOR SHARE),
-j AS (SELECT x.v, x.k FROM jsonb_array_elements($7::jsonb) WITH ORDINALITY AS x(v, k)),
-fresh AS (
-    SELECT j.v, j.k FROM j, ok
-    WHERE NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
-              AND t.run_id = $3 AND t.tool_call_id = j.v ->> 'node')
       AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
-              AND t.idempotency_key = j.v ->> 'key')
+              AND t.run_id = $3 AND t.tool_call_id = ANY (ARRAY(SELECT v ->> 'node' FROM j)))
+      AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
+              AND t.idempotency_key = ANY (ARRAY(SELECT v ->> 'key' FROM j)))
       AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.tenant = $1 AND s.workspace = $2
-              AND s.run_id = $3 AND s.step_id = j.v ->> 'step')),
+              AND s.run_id = $3 AND s.step_id = ANY (ARRAY(SELECT v ->> 'step' FROM j)))
+    FOR SHARE),
+fresh AS (SELECT j.v, j.k FROM j, ok),
 go AS (SELECT v, k FROM fresh WHERE (SELECT COUNT(*) FROM fresh) = $8),
 s AS (
     INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, created_at,

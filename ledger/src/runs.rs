@@ -34,31 +34,53 @@ const SELECT_RUN_FOR_UPDATE: (&str, &str) = (
 
 /// Claims the queue: SQLite inside `BEGIN IMMEDIATE` (one writer at a time), PostgreSQL
 /// with `FOR UPDATE SKIP LOCKED` so concurrent workers take different runs without
-/// waiting on each other.
+/// waiting on each other. Queued runs and expired leases are looked up apart, each by
+/// its own index (`runs_next_runnable`, `runs_expired_leases`), then merged in queue
+/// order: one `OR` of the two made every claim scan and sort the whole `runs` table,
+/// finished runs included.
 const CLAIM_NEXT: (&str, &str) = (
     concat!(
         "UPDATE runs SET status = 'running', worker = $3, lease_token = lease_token + 1,
             lease_expires_at = $4, started_at = COALESCE(started_at, $5), updated_at = $5,
             pause_reason = NULL
          WHERE tenant = $1 AND workspace = $2 AND id IN (
-            SELECT id FROM runs
-            WHERE tenant = $1 AND workspace = $2
-              AND ((status = 'queued' AND not_before <= $5)
-                OR (status = 'running' AND lease_expires_at <= $5))
+            SELECT id FROM (
+                SELECT * FROM (
+                    SELECT id, priority, not_before, created_at FROM runs
+                    WHERE tenant = $1 AND workspace = $2 AND status = 'queued'
+                      AND not_before <= $5
+                    ORDER BY priority DESC, not_before, created_at, id
+                    LIMIT $6)
+                UNION ALL
+                SELECT * FROM (
+                    SELECT id, priority, not_before, created_at FROM runs
+                    WHERE tenant = $1 AND workspace = $2 AND status = 'running'
+                      AND lease_expires_at <= $5
+                    ORDER BY priority DESC, not_before, created_at, id
+                    LIMIT $6))
             ORDER BY priority DESC, not_before, created_at, id
             LIMIT $6)
          RETURNING ",
         run_cols!()
     ),
     concat!(
-        "WITH next AS (
-            SELECT id FROM runs
-            WHERE tenant = $1 AND workspace = $2
-              AND ((status = 'queued' AND not_before <= $5)
-                OR (status = 'running' AND lease_expires_at <= $5))
+        "WITH queued AS (
+            SELECT id, priority, not_before, created_at FROM runs
+            WHERE tenant = $1 AND workspace = $2 AND status = 'queued' AND not_before <= $5
             ORDER BY priority DESC, not_before, created_at, id
             LIMIT $6
-            FOR UPDATE SKIP LOCKED)
+            FOR UPDATE SKIP LOCKED),
+         expired AS (
+            SELECT id, priority, not_before, created_at FROM runs
+            WHERE tenant = $1 AND workspace = $2 AND status = 'running'
+              AND lease_expires_at <= $5
+            ORDER BY priority DESC, not_before, created_at, id
+            LIMIT $6
+            FOR UPDATE SKIP LOCKED),
+         next AS (
+            SELECT id FROM (SELECT * FROM queued UNION ALL SELECT * FROM expired) AS due
+            ORDER BY priority DESC, not_before, created_at, id
+            LIMIT $6)
          UPDATE runs SET status = 'running', worker = $3, lease_token = lease_token + 1,
             lease_expires_at = $4, started_at = COALESCE(started_at, $5), updated_at = $5,
             pause_reason = NULL

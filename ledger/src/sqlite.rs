@@ -57,6 +57,9 @@ pub(crate) async fn connect(
         .synchronous(sync)
         .busy_timeout(opts.busy_timeout)
         .foreign_keys(true)
+        // Savepoints (one per group-commit job) and big statements spill to temporary
+        // files by default: a create, write and unlink per batch. Keep them in memory.
+        .pragma("temp_store", "memory")
         .statement_cache_capacity(256);
     let max = if opts.max_connections == 0 {
         8

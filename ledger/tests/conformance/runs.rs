@@ -11,6 +11,7 @@ crate::conformance!(
     enqueue_is_idempotent_by_id,
     claim_next_orders_by_priority_then_not_before,
     claim_next_reclaims_expired_leases_and_fences_the_old_holder,
+    claim_next_merges_expired_and_queued_runs_in_queue_order,
     claim_run_rules,
     claim_run_takes_over_a_provably_dead_local_worker,
     heartbeat_extends_and_reports_cancel,
@@ -138,6 +139,53 @@ async fn claim_next_orders_by_priority_then_not_before(db: TestDb) {
     assert!(
         db.ledger
             .claim_next(claim(0), db.now())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// Expired leases and queued runs are looked up apart (each by its own index) and must
+/// still come out as one queue: by priority, then `not_before`, then age, up to `limit`.
+async fn claim_next_merges_expired_and_queued_runs_in_queue_order(db: TestDb) {
+    let (w1, w2) = (worker("1"), worker("2"));
+    let req = |w, limit| ClaimRuns {
+        worker: w,
+        lease: LEASE,
+        limit,
+    };
+    let mut exp = new_run("run_expired");
+    exp.priority = 3;
+    db.ledger.enqueue(exp, db.now()).await.unwrap();
+    let mut old = new_run("run_expired_low");
+    old.priority = -1;
+    db.ledger.enqueue(old, db.now()).await.unwrap();
+    let held = db.ledger.claim_next(req(&w1, 2), db.now()).await.unwrap();
+    assert_eq!(held.len(), 2);
+    let mut mid = new_run("run_mid");
+    mid.priority = 1;
+    db.ledger
+        .enqueue(mid, db.advance(Duration::from_millis(5)))
+        .await
+        .unwrap();
+    db.ledger
+        .enqueue(new_run("run_low"), db.advance(Duration::from_millis(5)))
+        .await
+        .unwrap();
+    db.clock.set(held[0].expires_at);
+
+    let ids = |got: Vec<flow_ledger::RunLease>| -> Vec<String> {
+        got.into_iter().map(|l| l.run_id).collect()
+    };
+    let got = db.ledger.claim_next(req(&w2, 2), db.now()).await.unwrap();
+    assert_eq!(ids(got), ["run_expired", "run_mid"]);
+    let got = db.ledger.claim_next(req(&w2, 1), db.now()).await.unwrap();
+    assert_eq!(ids(got), ["run_low"]);
+    let got = db.ledger.claim_next(req(&w2, 5), db.now()).await.unwrap();
+    assert_eq!(ids(got), ["run_expired_low"]);
+    assert!(
+        db.ledger
+            .claim_next(req(&w2, 5), db.now())
             .await
             .unwrap()
             .is_empty()
