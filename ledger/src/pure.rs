@@ -169,8 +169,7 @@ ok AS (
       AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.tenant = $1 AND s.workspace = $2
               AND s.run_id = $3 AND s.step_id = ANY (ARRAY(SELECT v ->> 'step' FROM j)))
     FOR SHARE),
-fresh AS (SELECT j.v, j.k FROM j, ok),
-go AS (SELECT v, k FROM fresh WHERE (SELECT COUNT(*) FROM fresh) = $8),
+go AS (SELECT j.v, j.k FROM j, ok),
 s AS (
     INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, created_at,
         updated_at, started_at, finished_at, output, error_kind, error_message, tool_call_id)

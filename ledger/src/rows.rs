@@ -70,6 +70,23 @@ impl RunRow {
         self.status.parse()
     }
 
+    /// For a running run: `Busy` (naming holder and expiry) while its lease is live and
+    /// its holder is not provably dead — the only case in which nobody else may take it.
+    pub(crate) fn check_not_held(&self, now: crate::clock::Timestamp) -> Result<(), Error> {
+        let live = self.lease_expires_at.is_some_and(|e| e > now.0);
+        let dead = self
+            .worker
+            .as_deref()
+            .is_some_and(|w| WorkerId::from_string(w).is_provably_dead());
+        if live && !dead {
+            return Err(Error::Busy {
+                holder: self.worker.clone().unwrap_or_default(),
+                until: crate::clock::Timestamp(self.lease_expires_at.unwrap_or(0)),
+            });
+        }
+        Ok(())
+    }
+
     pub(crate) fn into_run(self) -> Result<Run, Error> {
         Ok(Run {
             status: self.status()?,

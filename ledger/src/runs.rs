@@ -32,6 +32,21 @@ const SELECT_RUN_FOR_UPDATE: (&str, &str) = (
     ),
 );
 
+/// The run's row, locked until the transaction ends; `NotFound` names the run.
+async fn run_for_update(
+    c: &mut Conn<'_>,
+    scope: &crate::model::Scope,
+    run_id: &str,
+) -> Result<RunRow, Error> {
+    let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
+    let sql = c.pick(sqlite, pg);
+    c.optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
+        .await?
+        .ok_or_else(|| Error::NotFound {
+            what: format!("run {run_id}"),
+        })
+}
+
 /// Claims the queue: SQLite inside `BEGIN IMMEDIATE` (one writer at a time), PostgreSQL
 /// with `FOR UPDATE SKIP LOCKED` so concurrent workers take different runs without
 /// waiting on each other. Queued runs and expired leases are looked up apart, each by
@@ -252,14 +267,7 @@ impl Ledger {
                         ],
                     )
                     .await?;
-                let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
-                let sql = c.pick(sqlite, pg);
-                let row = c
-                    .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, &run.id])
-                    .await?
-                    .ok_or_else(|| Error::NotFound {
-                        what: format!("run {}", run.id),
-                    })?;
+                let row = run_for_update(c, scope, &run.id).await?;
                 if inserted == 0 {
                     if row.workflow_hash != run.workflow_hash || row.inputs_hash != inputs_hash {
                         let what = if row.workflow_hash != run.workflow_hash {
@@ -367,30 +375,13 @@ impl Ledger {
             Box::pin(async move {
                 let scope = ledger.scope();
                 let (run_id, worker) = (run_id.as_str(), &worker);
-                let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
-                let sql = c.pick(sqlite, pg);
-                let row = c
-                    .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
-                    .await?
-                    .ok_or_else(|| Error::NotFound {
-                        what: format!("run {run_id}"),
-                    })?;
+                let row = run_for_update(c, scope, run_id).await?;
                 let status = row.status()?;
                 if status.is_terminal() {
                     return Err(Error::Terminal { status });
                 }
                 if status == RunStatus::Running {
-                    let live = row.lease_expires_at.is_some_and(|e| e > now.0);
-                    let dead = row
-                        .worker
-                        .as_deref()
-                        .is_some_and(|w| WorkerId::from_string(w).is_provably_dead());
-                    if live && !dead {
-                        return Err(Error::Busy {
-                            holder: row.worker.unwrap_or_default(),
-                            until: Timestamp(row.lease_expires_at.unwrap_or(0)),
-                        });
-                    }
+                    row.check_not_held(now)?;
                 }
                 let row = c
                     .optional::<RunRow>(
@@ -628,30 +619,11 @@ impl Ledger {
             Box::pin(async move {
                 let scope = ledger.scope();
                 let run_id = run_id.as_str();
-                let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
-                let sql = c.pick(sqlite, pg);
-                let row = c
-                    .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
-                    .await?
-                    .ok_or_else(|| Error::NotFound {
-                        what: format!("run {run_id}"),
-                    })?;
+                let row = run_for_update(c, scope, run_id).await?;
                 match row.status()? {
                     RunStatus::Queued => return row.into_run(),
                     s if s.is_terminal() => return Err(Error::Terminal { status: s }),
-                    RunStatus::Running => {
-                        let live = row.lease_expires_at.is_some_and(|e| e > now.0);
-                        let dead = row
-                            .worker
-                            .as_deref()
-                            .is_some_and(|w| WorkerId::from_string(w).is_provably_dead());
-                        if live && !dead {
-                            return Err(Error::Busy {
-                                holder: row.worker.unwrap_or_default(),
-                                until: Timestamp(row.lease_expires_at.unwrap_or(0)),
-                            });
-                        }
-                    }
+                    RunStatus::Running => row.check_not_held(now)?,
                     _ => {}
                 }
                 let row = c
@@ -699,14 +671,7 @@ impl Ledger {
             Box::pin(async move {
                 let scope = ledger.scope();
                 let run_id = run_id.as_str();
-                let (sqlite, pg) = SELECT_RUN_FOR_UPDATE;
-                let sql = c.pick(sqlite, pg);
-                let row = c
-                    .optional::<RunRow>(sql, args![&scope.tenant, &scope.workspace, run_id])
-                    .await?
-                    .ok_or_else(|| Error::NotFound {
-                        what: format!("run {run_id}"),
-                    })?;
+                let row = run_for_update(c, scope, run_id).await?;
                 let status = row.status()?;
                 let row = match status {
                     RunStatus::Cancelled => return row.into_run(),
