@@ -198,12 +198,12 @@ pub(crate) async fn daemon(
     let service = Service::new(executor, config, metrics);
     let signals = tokio::spawn(shutdown::on_signals(service.handle()));
     let stopped = service.run().await;
-    if !matches!(stopped, Stopped::Immediate) {
+    stop_serving.cancel();
+    if !matches!(stopped, Stopped::Immediate)
+        && let Some(task) = dispatcher
+    {
         // Let the dispatcher record the batch it is sending before the process ends.
-        stop_serving.cancel();
-        if let Some(task) = dispatcher {
-            let _ = task.await;
-        }
+        let _ = task.await;
     }
     if matches!(stopped, Stopped::Idle) && !consumers.is_empty() {
         // `--exit-when-idle` promises a drained queue: that includes the events of the
@@ -214,7 +214,6 @@ pub(crate) async fn daemon(
             let _ = writeln!(stderr, "warning: final event delivery failed: {e}");
         }
     }
-    stop_serving.cancel();
     match stopped {
         Stopped::Idle => {
             let _ = writeln!(stderr, "flow daemon: queue empty; exiting");

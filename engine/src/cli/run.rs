@@ -296,12 +296,55 @@ pub fn workflow_hash(text: &str) -> String {
     format!("{:x}", Sha256::digest(text.as_bytes()))
 }
 
+/// The rule for `--run-id`: ids end up in keys, logs and file names.
 fn valid_run_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// Everything `flow run` and `flow submit` check before they touch the database — the
+/// file validates, the inputs type-check, the run id is well formed — and the run to
+/// enqueue. Bad input is reported on `stderr` and is `Err(exit::INVALID)`: nothing is
+/// written.
+pub(super) fn check_new_run(
+    file: &std::path::Path,
+    inputs: &[String],
+    inputs_file: Option<&std::path::Path>,
+    run_id: Option<&str>,
+    stderr: &mut dyn Write,
+) -> Result<(Workflow, NewRun), u8> {
+    let (wf, source) = load_file(file, &validate_options()).map_err(|diags| {
+        let _ = write!(stderr, "{diags}");
+        exit::INVALID
+    })?;
+    let inputs = crate::inputs::resolve(&wf, inputs, inputs_file).map_err(|e| {
+        let _ = writeln!(stderr, "error: {e}");
+        exit::INVALID
+    })?;
+    let id = match run_id {
+        Some(id) if valid_run_id(id) => id.to_owned(),
+        Some(id) => {
+            let _ = writeln!(
+                stderr,
+                "error: invalid --run-id `{id}`: use up to 128 letters, digits, `_`, `-` and `.`"
+            );
+            return Err(exit::INVALID);
+        }
+        None => format!("run_{}", ulid::Ulid::generate()),
+    };
+    let new = NewRun {
+        id,
+        workflow_name: wf.name.clone(),
+        workflow_hash: workflow_hash(&source.text),
+        workflow_text: source.text,
+        inputs,
+        priority: 0,
+        not_before: None,
+    };
+    Ok((wf, new))
 }
 
 /// `flow run`.
@@ -311,43 +354,20 @@ pub(crate) async fn run(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> u8 {
-    let (wf, source) = match load_file(&args.file, &validate_options()) {
-        Ok(loaded) => loaded,
-        Err(diags) => {
-            let _ = write!(stderr, "{diags}");
-            return exit::INVALID;
-        }
+    let (wf, new) = match check_new_run(
+        &args.file,
+        &args.inputs,
+        args.inputs_file.as_deref(),
+        args.run_id.as_deref(),
+        stderr,
+    ) {
+        Ok(checked) => checked,
+        Err(code) => return code,
     };
-    let inputs = match crate::inputs::resolve(&wf, &args.inputs, args.inputs_file.as_deref()) {
-        Ok(inputs) => inputs,
-        Err(e) => {
-            let _ = writeln!(stderr, "error: {e}");
-            return exit::INVALID;
-        }
-    };
-    let run_id = match &args.run_id {
-        Some(id) if valid_run_id(id) => id.clone(),
-        Some(id) => {
-            let _ = writeln!(
-                stderr,
-                "error: invalid --run-id `{id}`: use up to 128 letters, digits, `_`, `-` and `.`"
-            );
-            return exit::INVALID;
-        }
-        None => format!("run_{}", ulid::Ulid::generate()),
-    };
+    let run_id = new.id.clone();
     let session = match Session::open(cli, stderr, true).await {
         Ok(s) => s,
         Err(code) => return code,
-    };
-    let new = NewRun {
-        id: run_id.clone(),
-        workflow_name: wf.name.clone(),
-        workflow_hash: workflow_hash(&source.text),
-        workflow_text: source.text,
-        inputs,
-        priority: 0,
-        not_before: None,
     };
     match session.ledger.enqueue(new, session.now()).await {
         Ok(enq) => {

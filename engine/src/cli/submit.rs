@@ -9,12 +9,11 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use flow_ledger::{NewRun, SystemClock};
+use flow_ledger::SystemClock;
 
-use super::run::workflow_hash;
-use super::{Cli, exit, logging, open_ledger, validate_options};
+use super::run::check_new_run;
+use super::{Cli, exit, logging, open_ledger};
 use crate::secrets::Secrets;
-use crate::workflow::load_file;
 
 /// Arguments of `flow submit`.
 #[derive(Debug, Args)]
@@ -32,15 +31,6 @@ pub struct SubmitArgs {
     pub run_id: Option<String>,
 }
 
-/// The rule `flow run --run-id` applies too: ids end up in keys, logs and file names.
-fn valid_run_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
-}
-
 /// `flow submit`.
 pub(crate) async fn submit(
     cli: &Cli,
@@ -49,43 +39,20 @@ pub(crate) async fn submit(
     stderr: &mut dyn Write,
 ) -> u8 {
     logging::init(cli.log_format, &Secrets::default());
-    let (wf, source) = match load_file(&args.file, &validate_options()) {
-        Ok(loaded) => loaded,
-        Err(diags) => {
-            let _ = write!(stderr, "{diags}");
-            return exit::INVALID;
-        }
+    let (wf, new) = match check_new_run(
+        &args.file,
+        &args.inputs,
+        args.inputs_file.as_deref(),
+        args.run_id.as_deref(),
+        stderr,
+    ) {
+        Ok(checked) => checked,
+        Err(code) => return code,
     };
-    let inputs = match crate::inputs::resolve(&wf, &args.inputs, args.inputs_file.as_deref()) {
-        Ok(inputs) => inputs,
-        Err(e) => {
-            let _ = writeln!(stderr, "error: {e}");
-            return exit::INVALID;
-        }
-    };
-    let run_id = match &args.run_id {
-        Some(id) if valid_run_id(id) => id.clone(),
-        Some(id) => {
-            let _ = writeln!(
-                stderr,
-                "error: invalid --run-id `{id}`: use up to 128 letters, digits, `_`, `-` and `.`"
-            );
-            return exit::INVALID;
-        }
-        None => format!("run_{}", ulid::Ulid::generate()),
-    };
+    let run_id = new.id.clone();
     let ledger = match open_ledger(cli, stderr).await {
         Ok(l) => l,
         Err(code) => return code,
-    };
-    let new = NewRun {
-        id: run_id.clone(),
-        workflow_name: wf.name.clone(),
-        workflow_hash: workflow_hash(&source.text),
-        workflow_text: source.text,
-        inputs,
-        priority: 0,
-        not_before: None,
     };
     let now = flow_ledger::Clock::now(&SystemClock);
     let code = match ledger.enqueue(new, now).await {
