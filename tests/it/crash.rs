@@ -8,7 +8,9 @@ use crate::support::{
     Backend, TestDb, backends, call, output, run_id, runtime, show, stderr, stdout,
 };
 
-fn workflow(url: &str) -> String {
+/// A pay workflow: a pure node, an HTTP side effect, a pure node (also used by the
+/// events crash-point test).
+pub(crate) fn workflow(url: &str) -> String {
     format!(
         r#"name: pay
 tools:

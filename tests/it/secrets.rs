@@ -6,9 +6,11 @@ use flow_adapters::testkit::http::{Behavior, CountingServer};
 
 use crate::support::{Backend, TestDb, output, run_id, runtime, show, stderr, stdout};
 
-const SECRET: &str = "sk_live_Zq8v3N1xT7pW";
+pub(crate) const SECRET: &str = "sk_live_Zq8v3N1xT7pW";
 
-fn workflow(url: &str) -> String {
+/// A downstream that echoes the secret back, and a second call quoting it (also used by
+/// the events test: no secret in any event).
+pub(crate) fn workflow(url: &str) -> String {
     format!(
         r#"name: secretive
 tools:

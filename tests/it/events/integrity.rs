@@ -12,34 +12,10 @@ use super::hook::{Hook, Received};
 use super::*;
 use crate::support::{Backend, backends, runtime};
 
-const API_SECRET: &str = "sk_live_Zq8v3N1xT7pW";
-
-/// A workflow whose downstream echoes a secret back, and rejects a call quoting it.
-fn secretive(url: &str) -> String {
-    format!(
-        r#"name: secretive
-tools:
-  api:
-    kind: http
-    method: POST
-    url: "{url}/echo"
-    headers: {{ Authorization: "Bearer ${{{{ secrets.API_TOKEN }}}}" }}
-  rejecting:
-    kind: http
-    method: POST
-    url: "{url}/reject"
-nodes:
-  call:
-    tool: api
-    with: {{ token: "${{{{ secrets.API_TOKEN }}}}" }}
-  denied:
-    needs: [call]
-    tool: rejecting
-    with: {{ echoed: "${{{{ nodes.call.output }}}}", secret: "${{{{ secrets.API_TOKEN }}}}" }}
-    continue_on_error: true
-"#
-    )
-}
+// The secrets test's workflow (its downstream echoes the secret back, and a second
+// call quotes it) and the crash test's (pure, HTTP side effect, pure).
+use crate::crash::workflow as pay;
+use crate::secrets::{SECRET as API_SECRET, workflow as secretive};
 
 #[test]
 fn events_are_signed_well_formed_and_free_of_secrets_in_webhooks_and_files() {
@@ -154,27 +130,6 @@ fn events_are_signed_well_formed_and_free_of_secrets_in_webhooks_and_files() {
         "{}",
         stderr(&unset)
     );
-}
-
-/// A pay workflow: a pure node, an HTTP side effect, a pure node.
-fn pay(url: &str) -> String {
-    format!(
-        r#"name: pay
-tools:
-  echo: {{ kind: function, function: core.echo }}
-  pay: {{ kind: http, method: POST, url: "{url}/pay" }}
-nodes:
-  prepare: {{ tool: echo, with: {{ amount: 10 }} }}
-  charge:
-    needs: [prepare]
-    tool: pay
-    with: {{ amount: "${{{{ nodes.prepare.output.amount }}}}" }}
-  receipt:
-    needs: [charge]
-    tool: echo
-    with: {{ paid: "${{{{ nodes.charge.output.count }}}}" }}
-"#
-    )
 }
 
 /// Every recorded state change has its event and every event its state change.
