@@ -6,6 +6,7 @@
 //! (see `db::Pool::begin`).
 
 use std::path::Path;
+use std::time::Duration;
 
 use sqlx::ConnectOptions;
 use sqlx::sqlite::{
@@ -66,15 +67,53 @@ pub(crate) async fn connect(
     } else {
         opts.max_connections
     };
-    let pool = SqlitePoolOptions::new()
+    let pool_options = SqlitePoolOptions::new()
         .max_connections(max)
-        .acquire_timeout(opts.connect_timeout.max(opts.busy_timeout * 2))
-        .connect_with(connect.clone())
-        .await
-        .map_err(|e| unavailable(e.to_string()))?;
-    let writer = connect
-        .connect()
+        .acquire_timeout(opts.connect_timeout.max(opts.busy_timeout * 2));
+    let pool = while_busy(opts.busy_timeout, || {
+        pool_options.clone().connect_with(connect.clone())
+    })
+    .await
+    .map_err(|e| unavailable(e.to_string()))?;
+    let writer = while_busy(opts.busy_timeout, || connect.connect())
         .await
         .map_err(|e| unavailable(e.to_string()))?;
     Ok((pool, writer))
+}
+
+/// Retries `attempt` while SQLite answers "database is locked", for up to `patience`.
+///
+/// Opening a connection switches a new file to WAL, which needs exclusive access. When
+/// two processes open a brand-new file at once, both read it and both try to upgrade;
+/// SQLite refuses one of them with `SQLITE_BUSY` at once instead of calling its busy
+/// handler (waiting would deadlock). Seen in CI: `flow show`, polling for a run, failed
+/// with exit 5 while `flow run` was opening the same new file. The refused one only
+/// has to try again; this waits as long as `busy_timeout` lets any statement wait.
+async fn while_busy<T, F, Fut>(patience: Duration, mut attempt: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
+{
+    let started = std::time::Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        match attempt().await {
+            Err(e) if is_busy(&e) && started.elapsed() < patience => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// `SQLITE_BUSY` and its extended codes (the low byte is 5).
+fn is_busy(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Database(d) => d
+            .code()
+            .and_then(|c| c.parse::<i32>().ok())
+            .is_some_and(|c| c & 0xff == 5),
+        _ => false,
+    }
 }

@@ -356,3 +356,38 @@ fn resume_waits_for_a_live_holder_and_says_who_it_is() {
         "the step ran once: {s:#}"
     );
 }
+
+/// Processes that open a brand-new SQLite file at the same moment all get in ("database
+/// is locked" at open was an exit 5, seen once in CI with `flow show` polling a run
+/// `flow run` was starting). The race window is narrow: this test exercises the path
+/// many times but did not reproduce the failure on demand before the fix.
+#[test]
+fn processes_opening_a_fresh_sqlite_file_together_all_get_in() {
+    for round in 0..10 {
+        let db = TestDb::new(Backend::Sqlite);
+        let children: Vec<_> = (0..8)
+            .map(|i| {
+                let mut cmd = db.flow();
+                if i == 0 {
+                    cmd.arg("run")
+                        .arg(crate::support::repo().join("workflows/hello.yaml"));
+                } else {
+                    cmd.args(["runs", "--json"]);
+                }
+                cmd.stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("spawn flow")
+            })
+            .collect();
+        for child in children {
+            let out = child.wait_with_output().expect("wait");
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "round {round}: {}",
+                stderr(&out)
+            );
+        }
+    }
+}
