@@ -1,7 +1,9 @@
 //! Helpers shared by the end-to-end tests: run the real binary, find repository files.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// The repository root (where `workflows/` lives).
 pub fn repo() -> &'static Path {
@@ -20,12 +22,104 @@ pub fn flow() -> Command {
     cmd
 }
 
-/// Runs a command and returns its output, failing the test if it cannot start.
+/// How long one `flow` command in a test may take before it is called hung: far more
+/// than any command here needs (a resume waits at most one 30 s lease), far less than
+/// nextest's kill, so a hang fails with evidence instead of a bare timeout.
+const CHILD_DEADLINE: Duration = Duration::from_secs(100);
+
+/// Runs a command and returns its output, failing the test if it cannot start or if it
+/// runs past [`CHILD_DEADLINE`]; then the panic carries the child's stderr so far, its
+/// kernel stack and a backtrace of every thread (gdb), and the child is killed.
 pub fn output(cmd: &mut Command) -> Output {
-    match cmd.output() {
-        Ok(out) => out,
+    let started = Instant::now();
+    let mut child = match cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
         Err(e) => panic!("cannot run {cmd:?}: {e}"),
+    };
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() > CHILD_DEADLINE => {
+                let pid = child.id();
+                let evidence = hang_evidence(pid);
+                let _ = child.kill();
+                let _ = child.wait();
+                let err = stderr.join().unwrap_or_default();
+                panic!(
+                    "{cmd:?} (pid {pid}) still running after {CHILD_DEADLINE:?}; killed.\n\
+                     --- its stderr ---\n{}\n{evidence}",
+                    String::from_utf8_lossy(&err)
+                );
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(e) => panic!("cannot wait for {cmd:?}: {e}"),
+        }
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
     }
+}
+
+/// Reads a child's pipe to the end on a thread (so a full pipe never blocks the child).
+fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut pipe) = pipe {
+            let _ = pipe.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
+/// What a hung process is doing: its state, its kernel stacks and gdb's backtrace of
+/// every thread. Best effort: each part says why it is missing.
+pub fn hang_evidence(pid: u32) -> String {
+    let mut out = String::new();
+    let read = |path: String| {
+        std::fs::read_to_string(&path).unwrap_or_else(|e| format!("({path}: {e})\n"))
+    };
+    out.push_str("--- /proc status ---\n");
+    out.push_str(&read(format!("/proc/{pid}/status")));
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for task in tasks.filter_map(Result::ok) {
+            let tid = task.file_name().to_string_lossy().into_owned();
+            out.push_str(&format!(
+                "--- task {tid} ({}) wchan {} ---\n{}",
+                read(format!("/proc/{pid}/task/{tid}/comm")).trim(),
+                read(format!("/proc/{pid}/task/{tid}/wchan")).trim(),
+                read(format!("/proc/{pid}/task/{tid}/stack")),
+            ));
+        }
+    }
+    match Command::new("gdb")
+        .args([
+            "-batch",
+            "-nx",
+            "-p",
+            &pid.to_string(),
+            "-ex",
+            "thread apply all bt",
+        ])
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(gdb) => {
+            out.push_str("--- gdb ---\n");
+            out.push_str(&String::from_utf8_lossy(&gdb.stdout));
+            out.push_str(&String::from_utf8_lossy(&gdb.stderr));
+        }
+        Err(e) => out.push_str(&format!("(gdb: {e})\n")),
+    }
+    out
 }
 
 /// Text of stdout.
