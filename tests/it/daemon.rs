@@ -513,15 +513,14 @@ fn metrics_healthz_and_json_logs_carry_the_ids() {
     let db2 = TestDb::new(Backend::Sqlite);
     let file = db2.write("slow.yaml", &slow_then_next(&server.url()));
     let run = submit(&db2, &file);
-    let log = db2.dir.path().join("json.log");
-    let out = output(
-        db2.flow()
-            .env("RUST_LOG", "info")
-            .args(["--log-format", "json", "daemon", "--exit-when-idle"])
-            .stderr(std::fs::File::create(&log).expect("log file")),
-    );
+    let out = output(db2.flow().env("RUST_LOG", "info").args([
+        "--log-format",
+        "json",
+        "daemon",
+        "--exit-when-idle",
+    ]));
     assert_eq!(out.status.code(), Some(0));
-    let text = std::fs::read_to_string(&log).expect("log");
+    let text = stderr(&out);
     let step_line = text
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())

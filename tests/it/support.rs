@@ -27,7 +27,8 @@ pub fn flow() -> Command {
 /// nextest's kill, so a hang fails with evidence instead of a bare timeout.
 const CHILD_DEADLINE: Duration = Duration::from_secs(100);
 
-/// Runs a command and returns its output, failing the test if it cannot start or if it
+/// Runs a command and returns its output (stdin empty, stdout and stderr captured: a
+/// `Stdio` set on `cmd` before is replaced), failing the test if it cannot start or if it
 /// runs past [`CHILD_DEADLINE`]; then the panic carries the child's stderr so far, its
 /// kernel stack and a backtrace of every thread (gdb), and the child is killed.
 pub fn output(cmd: &mut Command) -> Output {
