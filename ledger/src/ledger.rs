@@ -144,6 +144,11 @@ impl Ledger {
         }
     }
 
+    /// Whether statements go to PostgreSQL (some writes have a one-statement form there).
+    pub(crate) fn is_postgres(&self) -> bool {
+        matches!(self.inner.pool, Pool::Postgres(_))
+    }
+
     /// The URL this ledger was opened with, password hidden: safe for logs and errors.
     pub fn url_redacted(&self) -> &str {
         &self.inner.url_redacted

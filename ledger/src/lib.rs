@@ -101,10 +101,10 @@ pub use error::Error;
 pub use events::{Event, EventFilter, EventType};
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
 pub use model::{
-    Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, CompleteCall, Enqueued,
-    HeartbeatAck, InDoubtReport, NewRun, NewStep, PureBatchRecorded, PureCall, PureRecorded,
-    PureResult, RateAcquire, RateDecision, Replayed, Resolution, Resolve, Run, RunFilter,
-    RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage, Window,
+    Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,
+    Enqueued, HeartbeatAck, InDoubtReport, NewRun, NewStep, PureBatchRecorded, PureCall,
+    PureRecorded, PureResult, RateAcquire, RateDecision, Replayed, Resolution, Resolve, Run,
+    RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage, Window,
 };
 pub use state::{CallStatus, ErrorKind, RunStatus, StepStatus};
 pub use worker::WorkerId;

@@ -23,7 +23,7 @@ use crate::ledger::{Ledger, check_run_lease};
 use crate::model::{
     CallOutcome, PureBatchRecorded, PureCall, PureRecorded, PureResult, Run, RunFinish, RunLease,
 };
-use crate::rows::IntRow;
+use crate::rows::{IntRow, RunRow, run_cols};
 use crate::runs::finish_run_in;
 use crate::state::{StepStatus, attempt_key};
 
@@ -151,12 +151,12 @@ ORDER BY CAST(j.key AS INTEGER), w.i
 RETURNING 1 AS n;
 ";
 
-/// The same on PostgreSQL, all or nothing by itself: nothing is written unless all `$8`
-/// are new. Returns how many were written. The "is anything here already?" checks are
-/// one-time probes with `= ANY (array)` on the unique indexes, not anti-joins against
-/// the element list: the planner, which guesses 100 elements for the list, otherwise
-/// hashes every call of the tenant on each batch (a scan that grows with the table).
-const POSTGRES_BATCH: &str = "
+/// The CTEs `POSTGRES_BATCH` and `POSTGRES_BATCH_FINISH` share: the fence (`ok`), the
+/// elements to write (`go`, empty unless all are new and the lease holds) and their
+/// steps, calls and attempts. Each statement adds its own events and result.
+macro_rules! postgres_batch_head {
+    () => {
+        "
 WITH j AS (SELECT x.v, x.k FROM jsonb_array_elements($7::jsonb) WITH ORDINALITY AS x(v, k)),
 ok AS (
     SELECT 1 AS one FROM runs
@@ -193,7 +193,18 @@ a AS (
     SELECT $1, $2, v ->> 'att', $3, v ->> 'node', v ->> 'step', 1, v ->> 'sk', NULL,
         (v ->> 't1')::bigint, 'succeeded', NULL, NULL, 0
     FROM go),
-e AS (
+"
+    };
+}
+
+/// The same on PostgreSQL, all or nothing by itself: nothing is written unless all `$8`
+/// are new. Returns how many were written. The "is anything here already?" checks are
+/// one-time probes with `= ANY (array)` on the unique indexes, not anti-joins against
+/// the element list: the planner, which guesses 100 elements for the list, otherwise
+/// hashes every call of the tenant on each batch (a scan that grows with the table).
+const POSTGRES_BATCH: &str = concat!(
+    postgres_batch_head!(),
+    "e AS (
     INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
         payload, txid)
     SELECT $1, $2,
@@ -207,7 +218,48 @@ e AS (
     FROM go, (VALUES (0), (1)) AS w(i)
     ORDER BY go.k, w.i)
 SELECT COUNT(*) AS n FROM go
-";
+"
+);
+
+/// `POSTGRES_BATCH` and the run's finish (as `FINISH_RUN`) in ONE statement, atomic
+/// without `BEGIN`/`COMMIT`: a daemon finishing a run of pure nodes costs one round trip.
+/// `$9..$15` are `FINISH_RUN`'s `$6..$12`. The finish happens only if the batch does
+/// (`ok`); the step events and the run's event are one insert, so their `seq` order is
+/// the order they happened in. Returns the finished run, or no row when nothing was
+/// written (a node not new, or the lease gone: the caller finds out which the
+/// transactional way).
+const POSTGRES_BATCH_FINISH: &str = concat!(
+    postgres_batch_head!(),
+    "r AS (
+    UPDATE runs SET status = $9, output = $10, error = $11, finished_at = $12,
+        updated_at = $12, lease_expires_at = NULL
+    WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+      AND lease_token = $5 AND status = 'running' AND EXISTS (SELECT 1 FROM ok)
+    RETURNING ",
+    run_cols!(),
+    "),
+e AS (
+    INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
+        payload, txid)
+    SELECT $1, $2, x.id, x.type, x.time, $3, x.step_id, x.tool_call_id, x.payload,
+        pg_current_xact_id()::text::bigint
+    FROM (
+        SELECT CASE w.i WHEN 0 THEN go.v ->> 'e0' ELSE go.v ->> 'e1' END AS id,
+            CASE w.i WHEN 0 THEN 'step.started' ELSE 'step.succeeded' END AS type,
+            CASE w.i WHEN 0 THEN (go.v ->> 't0')::bigint ELSE (go.v ->> 't1')::bigint END
+                AS time,
+            go.v ->> 'step' AS step_id,
+            CASE w.i WHEN 0 THEN NULL ELSE go.v ->> 'node' END AS tool_call_id,
+            CASE w.i WHEN 0 THEN go.v ->> 'p0' ELSE go.v ->> 'p1' END AS payload,
+            go.k AS k, w.i AS i
+        FROM go, (VALUES (0), (1)) AS w(i)
+        UNION ALL
+        SELECT $13, $14, $12, NULL, NULL, $15, $8 + 1, 0 FROM r) AS x
+    ORDER BY x.k, x.i)
+SELECT ",
+    run_cols!(),
+    " FROM r"
+);
 
 /// One brand-new pure call, ready to bind.
 struct Fresh {
@@ -541,6 +593,27 @@ impl Ledger {
         let fresh = self.fresh_results(results)?;
         let (batch, n) = batch_args(self, lease, &fresh, now);
         let fin = self.finish_args(lease, finish, now)?;
+        if self.is_postgres() {
+            // One statement (see `POSTGRES_BATCH_FINISH`); nothing written means a node
+            // was not new or the lease is gone: the transaction below tells which.
+            let mut one = batch.clone();
+            one.extend(fin.iter().skip(5).cloned());
+            let done = self
+                .write_statement(move |c| {
+                    Box::pin(async move {
+                        c.all::<RunRow>(POSTGRES_BATCH_FINISH, one)
+                            .await?
+                            .into_iter()
+                            .next()
+                            .map(RunRow::into_run)
+                            .transpose()
+                    })
+                })
+                .await?;
+            if done.is_some() {
+                return Ok(done);
+            }
+        }
         let ledger = self.clone();
         let run = lease.clone();
         let done = self

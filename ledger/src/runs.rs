@@ -14,7 +14,7 @@ use crate::db::{Arg, Conn, args};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
 use crate::ledger::Ledger;
-use crate::model::{ClaimRuns, Enqueued, HeartbeatAck, NewRun, Run, RunFinish, RunLease};
+use crate::model::{ClaimRuns, Claimed, Enqueued, HeartbeatAck, NewRun, Run, RunFinish, RunLease};
 use crate::rows::{RunRow, TextRow, run_cols};
 use crate::state::RunStatus;
 use crate::worker::WorkerId;
@@ -318,6 +318,32 @@ impl Ledger {
         req: ClaimRuns<'_>,
         now: Timestamp,
     ) -> Result<Vec<RunLease>, Error> {
+        let worker = req.worker.clone();
+        let rows = self.claim_rows(req, now).await?;
+        Ok(rows.iter().map(|r| lease_of(r, &worker)).collect())
+    }
+
+    /// [`Ledger::claim_next`], returning each claimed run with its lease: what a daemon
+    /// needs to start executing it without reading it back.
+    pub async fn claim_next_runs(
+        &self,
+        req: ClaimRuns<'_>,
+        now: Timestamp,
+    ) -> Result<Vec<Claimed>, Error> {
+        let worker = req.worker.clone();
+        let rows = self.claim_rows(req, now).await?;
+        rows.into_iter()
+            .map(|r| {
+                let lease = lease_of(&r, &worker);
+                Ok(Claimed {
+                    lease,
+                    run: r.into_run()?,
+                })
+            })
+            .collect()
+    }
+
+    async fn claim_rows(&self, req: ClaimRuns<'_>, now: Timestamp) -> Result<Vec<RunRow>, Error> {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
@@ -351,7 +377,7 @@ impl Ledger {
                         .then(a.id.cmp(&b.id))
                 });
                 emit_started_all(c, &ledger, &rows, now).await?;
-                Ok(rows.iter().map(|r| lease_of(r, &worker)).collect())
+                Ok(rows)
             })
         })
         .await

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 use flow_ledger::notify::{QueueListener, Wake};
-use flow_ledger::{ClaimRuns, Ledger, RunLease, RunStatus};
+use flow_ledger::{ClaimRuns, Claimed, Ledger, RunLease, RunStatus};
 use tokio::task::JoinSet;
 
 use super::metrics::Metrics;
@@ -185,9 +185,9 @@ impl Service {
                         db.ok();
                         let got = claimed.len();
                         backlog = got == free;
-                        for lease in claimed {
-                            leases.insert(lease.run_id.clone(), lease.clone());
-                            tasks.spawn(worker::execute(self.shared.clone(), lease));
+                        for claimed in claimed {
+                            leases.insert(claimed.lease.run_id.clone(), claimed.lease.clone());
+                            tasks.spawn(worker::execute(self.shared.clone(), claimed));
                         }
                         self.shared.metrics.set_in_flight(tasks.len());
                         if backlog {
@@ -254,14 +254,14 @@ impl Service {
         self.ledger().listen_queue().await
     }
 
-    async fn claim(&self, free: usize) -> Result<Vec<RunLease>, flow_ledger::Error> {
+    async fn claim(&self, free: usize) -> Result<Vec<Claimed>, flow_ledger::Error> {
         let started = Instant::now();
         let req = ClaimRuns {
             worker: &self.config.worker,
             lease: RUN_LEASE,
             limit: u32::try_from(free).unwrap_or(u32::MAX),
         };
-        let claimed = self.ledger().claim_next(req, self.now()).await?;
+        let claimed = self.ledger().claim_next_runs(req, self.now()).await?;
         self.shared
             .metrics
             .claimed(claimed.len(), started.elapsed());

@@ -1,4 +1,4 @@
-//! One claimed run, executed in its own task: read the run, parse its workflow snapshot
+//! One claimed run, executed in its own task: parse its workflow snapshot
 //! (cached: a queue usually holds many runs of few workflows), execute it with the shared
 //! [`Executor`], and give the run back to the queue when this process cannot go on.
 
@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use flow_ledger::{Ledger, Run, RunFinish, RunLease, RunStatus};
+use flow_ledger::{Claimed, Ledger, Run, RunFinish, RunLease, RunStatus};
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::Metrics;
@@ -72,21 +72,15 @@ pub(crate) struct Ended {
 /// Executes the run held by `lease` until it ends here. The metrics record how: the
 /// run's status, `queued` (released), or `lost` (another worker holds it now, or the
 /// database did not come back before the lease ran out).
-pub(crate) async fn execute(shared: Arc<Shared>, lease: RunLease) -> Ended {
-    let run_id = lease.run_id.clone();
-    let status = execute_inner(&shared, lease).await;
+pub(crate) async fn execute(shared: Arc<Shared>, claimed: Claimed) -> Ended {
+    let run_id = claimed.lease.run_id.clone();
+    let status = execute_inner(&shared, claimed).await;
     shared.metrics.finished(status);
     Ended { run_id }
 }
 
-async fn execute_inner(shared: &Shared, lease: RunLease) -> &'static str {
-    let run = match shared.ledger.get_run(&lease.run_id).await {
-        Ok(run) => run,
-        Err(e) => {
-            tracing::warn!(run = %lease.run_id, error = %e, "cannot read a claimed run");
-            return give_back(shared, &lease).await;
-        }
-    };
+async fn execute_inner(shared: &Shared, claimed: Claimed) -> &'static str {
+    let Claimed { lease, run } = claimed;
     let wf = match shared.workflow(&run) {
         Ok(wf) => wf,
         Err(message) => return fail_unrunnable(shared, &lease, message).await,

@@ -405,8 +405,14 @@ async fn finish_run_with_records_kept_results_and_the_finish_together(db: TestDb
     assert_eq!(steps.len(), 3);
     assert!(steps.iter().all(|s| s.status == StepStatus::Succeeded));
     let types = event_types(&db, "run_a").await;
-    assert_eq!(types.last().map(String::as_str), Some("run.succeeded"));
-    assert_eq!(types.len(), 2 + 2 * 3 + 1, "{types:?}");
+    let step = ["step.started", "step.succeeded"];
+    let expected: Vec<&str> = ["run.queued", "run.started"]
+        .into_iter()
+        .chain(step.repeat(3))
+        .chain(["run.succeeded"])
+        .collect();
+    assert_eq!(types, expected, "events in the order they happened");
+    assert_eq!(got.output, Some(json!({ "b": { "out": "b" } })));
     // A lost lease is reported as such.
     let b = running(&db, "run_b", &worker("1")).await;
     let later = db.advance(LEASE + std::time::Duration::from_secs(1));
