@@ -106,5 +106,6 @@ pub use model::{
     PureRecorded, PureResult, RateAcquire, RateDecision, Replayed, Resolution, Resolve, Run,
     RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage, Window,
 };
+pub use runs::MAX_CLAIM;
 pub use state::{CallStatus, ErrorKind, RunStatus, StepStatus};
 pub use worker::WorkerId;

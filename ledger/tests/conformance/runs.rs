@@ -112,6 +112,17 @@ async fn claim_next_orders_by_priority_then_not_before(db: TestDb) {
     }
     assert!(got.iter().all(|l| l.token == 1 && l.worker == w));
     assert_eq!(got[0].expires_at, db.now().plus(LEASE));
+    // Consumers see the `run.started` events in queue order.
+    let started: Vec<String> = db
+        .ledger
+        .list_events(flow_ledger::EventFilter::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|e| e.event_type == flow_ledger::EventType::RunStarted)
+        .filter_map(|e| e.run_id)
+        .collect();
+    assert_eq!(started, ["run_high", "run_old"]);
 
     let got = db.ledger.claim_next(claim(10), db.now()).await.unwrap();
     let ids: Vec<_> = got.iter().map(|l| l.run_id.as_str()).collect();
@@ -125,7 +136,12 @@ async fn claim_next_orders_by_priority_then_not_before(db: TestDb) {
     );
 
     db.clock.set(now.plus(Duration::from_secs(20)));
-    let got = db.ledger.claim_next(claim(10), db.now()).await.unwrap();
+    // Any limit is fine: a claim takes at most MAX_CLAIM runs.
+    let got = db
+        .ledger
+        .claim_next(claim(u32::MAX), db.now())
+        .await
+        .unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].run_id, "run_later");
     let run = db.ledger.get_run("run_later").await.unwrap();
