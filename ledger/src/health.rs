@@ -1,12 +1,24 @@
-//! What a daemon's `/healthz` and `/metrics` read: a liveness probe and the in-doubt
-//! count. Each is one cheap statement on a pooled read connection.
+//! What a daemon's `/healthz` and `/metrics` read (a liveness probe and the in-doubt
+//! count: each one cheap statement on a pooled read connection), and the upkeep a
+//! daemon does between claims (planner statistics).
 
-use crate::db::args;
+use crate::db::{Pool, args};
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::rows::IntRow;
 
 impl Ledger {
+    /// Refreshes the PostgreSQL planner statistics of the ledger's tables when they
+    /// describe far fewer rows than the tables hold (a new database meeting its first
+    /// burst), and returns the tables analyzed; nothing to do on SQLite. Cheap when
+    /// nothing is stale (one catalog read): a daemon calls it every few seconds.
+    pub async fn refresh_planner_statistics(&self) -> Result<Vec<String>, Error> {
+        match self.pool() {
+            Pool::Postgres(p) => Ok(crate::postgres::refresh_statistics(p).await?),
+            Pool::Sqlite(..) => Ok(Vec::new()),
+        }
+    }
+
     /// Whether the database answers a trivial statement: health checks need a round
     /// trip, not just a pool that once connected.
     pub async fn ping(&self) -> Result<(), Error> {

@@ -20,6 +20,10 @@ use crate::executor::{Executor, RUN_LEASE};
 /// are reclaimed at once instead of after the lease length.
 const EXPIRE_EVERY: Duration = Duration::from_secs(2);
 
+/// How often the daemon checks whether the ledger's planner statistics went stale
+/// (`Ledger::refresh_planner_statistics`; the first check is at start).
+const STATS_EVERY: Duration = Duration::from_secs(5);
+
 /// How long to wait before trying to listen again after the listener failed.
 const RELISTEN_AFTER: Duration = Duration::from_secs(5);
 
@@ -137,6 +141,7 @@ impl Service {
             }
         };
         let mut last_expire: Option<Instant> = None;
+        let mut last_stats: Option<Instant> = None;
         let mut last_claim: Option<Instant> = None;
         // The last claim got every run it asked for: more are probably queued.
         let mut backlog = false;
@@ -171,6 +176,10 @@ impl Service {
             if free > 0 && !due {
                 wait = CLAIM_GAP.saturating_sub(since_claim);
             } else if free > 0 {
+                if last_stats.is_none_or(|t| t.elapsed() >= STATS_EVERY) {
+                    last_stats = Some(Instant::now());
+                    self.refresh_statistics().await;
+                }
                 if last_expire.is_none_or(|t| t.elapsed() >= EXPIRE_EVERY) {
                     last_expire = Some(Instant::now());
                     if let Err(e) = self.ledger().expire_dead_local_workers(self.now()).await {
@@ -266,6 +275,21 @@ impl Service {
             .metrics
             .claimed(claimed.len(), started.elapsed());
         Ok(claimed)
+    }
+
+    /// Keeps plans from being made on statistics of an empty database. A failure is
+    /// only logged: the claim that follows finds out whether the database is down.
+    async fn refresh_statistics(&self) {
+        let started = Instant::now();
+        match self.ledger().refresh_planner_statistics().await {
+            Ok(tables) if tables.is_empty() => {}
+            Ok(tables) => tracing::info!(
+                tables = tables.join(","),
+                ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                "refreshed the planner statistics of tables that outgrew them"
+            ),
+            Err(e) => tracing::debug!(error = %e, "cannot check the planner statistics"),
+        }
     }
 
     /// Nothing claimable now: idle unless runs are still queued (e.g. not due yet) or

@@ -3,10 +3,15 @@
 use std::time::Duration;
 
 use flow_ledger::{ClaimRuns, Error, Ledger, OpenOptions, RunFilter, Scope};
+use sqlx::Connection;
 
 use crate::common::*;
 
-crate::conformance!(scopes_never_see_each_other, migrate_is_idempotent);
+crate::conformance!(
+    scopes_never_see_each_other,
+    migrate_is_idempotent,
+    planner_statistics_follow_a_burst
+);
 
 async fn scopes_never_see_each_other(db: TestDb) {
     let other = Ledger::open(
@@ -149,4 +154,56 @@ async fn sqlite_creates_its_directory_and_accepts_both_url_forms() {
         Ledger::open(&url, OpenOptions::default()).await,
         Err(Error::Unavailable { .. })
     ));
+}
+
+/// A new database meeting a burst: once the runs outnumber what the statistics say,
+/// the refresh analyzes `runs` (PostgreSQL), after which a run is found by its primary
+/// key rather than by scanning the tenant through another index; then nothing is
+/// stale. SQLite has nothing to refresh.
+async fn planner_statistics_follow_a_burst(db: TestDb) {
+    let pg = db.url.starts_with("postgres");
+    for i in 0..1_200 {
+        db.ledger
+            .enqueue(new_run(&format!("run_{i:05}")), db.now())
+            .await
+            .unwrap();
+    }
+    if !pg {
+        assert!(
+            db.ledger
+                .refresh_planner_statistics()
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        return;
+    }
+    // The server's activity counters lag a little behind the commits.
+    let started = std::time::Instant::now();
+    loop {
+        let analyzed = db.ledger.refresh_planner_statistics().await.unwrap();
+        if analyzed.iter().any(|t| t == "runs") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "runs never found stale: {analyzed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let again = db.ledger.refresh_planner_statistics().await.unwrap();
+    assert!(!again.iter().any(|t| t == "runs"), "{again:?}");
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT 1 FROM runs WHERE tenant = 'default' AND workspace = 'default' \
+         AND id = 'run_00600'",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        plan.iter().any(|l| l.contains("runs_pkey")),
+        "{}",
+        plan.join("\n")
+    );
 }
