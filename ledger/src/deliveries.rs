@@ -235,6 +235,44 @@ struct Scanned {
 }
 
 impl Ledger {
+    /// Waits (up to `patience`) until every event committed before this call can be
+    /// scheduled; `false` if the patience ran out first. On PostgreSQL an event is
+    /// scheduled only once no older transaction anywhere on the server may still commit
+    /// (the snapshot's `xmin`; see `schedule_deliveries`), so an unrelated transaction in
+    /// flight holds back events that are already committed. A "deliver everything now,
+    /// then exit" caller waits here first, or it may leave its last events behind (seen:
+    /// `flow daemon --exit-when-idle` exiting without its last run's `run.succeeded`
+    /// while other databases on the server were busy). SQLite: at once.
+    pub async fn wait_for_committed_events(&self, patience: Duration) -> Result<bool, Error> {
+        if !self.is_postgres() {
+            return Ok(true);
+        }
+        let read = |sql: &'static str| async move {
+            let mut pc = self.pool().acquire().await?;
+            let n = pc
+                .conn()
+                .optional::<IntRow>(sql, vec![])
+                .await?
+                .map_or(0, |r| r.n);
+            Ok::<i64, Error>(n)
+        };
+        // Every transaction that committed before now has a txid below this.
+        let target =
+            read("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n").await?;
+        let started = std::time::Instant::now();
+        loop {
+            let horizon =
+                read("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS n").await?;
+            if horizon >= target {
+                return Ok(true);
+            }
+            if started.elapsed() >= patience {
+                return Ok(false);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     /// Copies the events after the consumer's checkpoint (matching `types`) into its
     /// delivery queue and advances the checkpoint; returns how many deliveries were
     /// added. Call it in the dispatcher loop before `lease_deliveries`.

@@ -12,6 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Consumer, Error, backoff};
 
+/// How long `dispatch_once` waits for older transactions on the server to end.
+const COMMITTED_PATIENCE: Duration = Duration::from_secs(5);
+
 /// Schedule rounds of one `dispatch_once` per consumer, at most.
 const MAX_DRAIN_ROUNDS: usize = 100;
 
@@ -131,8 +134,21 @@ impl Dispatcher {
     }
 
     /// Delivers everything due now to every consumer (consumers in parallel), then
-    /// returns. Failed deliveries are scheduled for later, not waited for.
+    /// returns. Failed deliveries are scheduled for later, not waited for. "Now"
+    /// includes every event committed before the call: on PostgreSQL it first waits (up
+    /// to 5 s) for transactions still in flight elsewhere on the server, which would
+    /// otherwise hold those events back (`Ledger::wait_for_committed_events`).
     pub async fn dispatch_once(&self) -> Result<Summary, Error> {
+        if !self
+            .ledger
+            .wait_for_committed_events(COMMITTED_PATIENCE)
+            .await?
+        {
+            tracing::warn!(
+                "a transaction on the database server has been open for over 5 s; events \
+                 committed after it started are delivered later, not now"
+            );
+        }
         self.expire_dead_leases().await;
         let rounds =
             futures::future::join_all(self.consumers.iter().map(|c| self.drain_all(c))).await;

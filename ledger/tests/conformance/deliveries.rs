@@ -16,6 +16,7 @@ crate::conformance!(
     batch_finish_is_fenced_per_delivery,
     listing_filters_and_keeps_the_newest,
     dead_dispatchers_leases_end_at_once,
+    an_older_open_transaction_holds_events_back_until_it_ends,
 );
 
 fn schedule(consumer: &str, types: Vec<EventType>, start: StartAt) -> ScheduleDeliveries {
@@ -447,4 +448,60 @@ async fn dead_dispatchers_leases_end_at_once(db: TestDb) {
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].event.id, by_dead[0].event.id);
     assert_eq!(again[0].attempts, 2);
+}
+
+/// On PostgreSQL an event committed while an older transaction (here: on another
+/// database of the server) is still open is not scheduled yet; waiting for committed
+/// events says so, and returns once that transaction ends, after which the event is
+/// scheduled. SQLite has no such horizon.
+async fn an_older_open_transaction_holds_events_back_until_it_ends(db: TestDb) {
+    if !db.url.starts_with("postgres") {
+        assert!(
+            db.ledger
+                .wait_for_committed_events(Duration::ZERO)
+                .await
+                .unwrap()
+        );
+        return;
+    }
+    let mut other = <sqlx::PgConnection as sqlx::Connection>::connect(&admin_url())
+        .await
+        .unwrap();
+    sqlx::raw_sql("BEGIN; SELECT pg_current_xact_id();")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    db.ledger.enqueue(new_run("run_a"), db.now()).await.unwrap();
+    let start = || schedule("c", vec![], StartAt::Beginning);
+    assert_eq!(
+        db.ledger
+            .schedule_deliveries(start(), db.now())
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(
+        !db.ledger
+            .wait_for_committed_events(Duration::from_millis(200))
+            .await
+            .unwrap()
+    );
+    let end = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::raw_sql("COMMIT").execute(&mut other).await.unwrap();
+    });
+    assert!(
+        db.ledger
+            .wait_for_committed_events(Duration::from_secs(20))
+            .await
+            .unwrap()
+    );
+    end.await.unwrap();
+    assert_eq!(
+        db.ledger
+            .schedule_deliveries(start(), db.now())
+            .await
+            .unwrap(),
+        1
+    );
 }
