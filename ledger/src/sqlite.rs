@@ -8,6 +8,8 @@
 use std::path::Path;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
+
 use sqlx::ConnectOptions;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -89,22 +91,20 @@ pub(crate) async fn connect(
 /// handler (waiting would deadlock). Seen in CI: `flow show`, polling for a run, failed
 /// with exit 5 while `flow run` was opening the same new file. The refused one only
 /// has to try again; this waits as long as `busy_timeout` lets any statement wait.
-async fn while_busy<T, F, Fut>(patience: Duration, mut attempt: F) -> Result<T, sqlx::Error>
+async fn while_busy<T, F, Fut>(patience: Duration, attempt: F) -> Result<T, sqlx::Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
 {
     let started = std::time::Instant::now();
-    let mut pause = Duration::from_millis(5);
-    loop {
-        match attempt().await {
-            Err(e) if is_busy(&e) && started.elapsed() < patience => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(100));
-            }
-            other => return other,
-        }
-    }
+    let pauses = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(5))
+        .with_max_delay(Duration::from_millis(100))
+        .without_max_times();
+    attempt
+        .retry(pauses)
+        .when(|e| is_busy(e) && started.elapsed() < patience)
+        .await
 }
 
 /// `SQLITE_BUSY` and its extended codes (the low byte is 5).
