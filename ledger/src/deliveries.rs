@@ -234,6 +234,10 @@ struct Scanned {
     event_type: String,
 }
 
+/// The oldest txid that may still commit, server-wide: events at or past it are not
+/// scheduled yet (PostgreSQL).
+const PG_HORIZON: &str = "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS n";
+
 impl Ledger {
     /// Waits (up to `patience`) until every event committed before this call can be
     /// scheduled; `false` if the patience ran out first. On PostgreSQL an event is
@@ -261,8 +265,7 @@ impl Ledger {
             read("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint AS n").await?;
         let started = std::time::Instant::now();
         loop {
-            let horizon =
-                read("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS n").await?;
+            let horizon = read(PG_HORIZON).await?;
             if horizon >= target {
                 return Ok(true);
             }
@@ -287,12 +290,9 @@ impl Ledger {
         let mut c = tx.conn();
         // Events of transactions that may still commit sort at or after this txid.
         let horizon = if c.is_postgres() {
-            c.optional::<IntRow>(
-                "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS n",
-                vec![],
-            )
-            .await?
-            .map_or(0, |r| r.n)
+            c.optional::<IntRow>(PG_HORIZON, vec![])
+                .await?
+                .map_or(0, |r| r.n)
         } else {
             i64::MAX
         };

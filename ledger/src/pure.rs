@@ -591,13 +591,12 @@ impl Ledger {
             return self.finish_run(lease, finish, now).await.map(Some);
         }
         let fresh = self.fresh_results(results)?;
-        let (batch, n) = batch_args(self, lease, &fresh, now);
-        let fin = self.finish_args(lease, finish, now)?;
         if self.is_postgres() {
             // One statement (see `POSTGRES_BATCH_FINISH`); nothing written means a node
-            // was not new or the lease is gone: the transaction below tells which.
-            let mut one = batch.clone();
-            one.extend(fin.iter().skip(5).cloned());
+            // was not new or the lease is gone: the transaction below tells which (its
+            // arguments are built only then, off the common path).
+            let (mut one, _) = batch_args(self, lease, &fresh, now);
+            one.extend(self.finish_args(lease, &finish, now)?.into_iter().skip(5));
             let done = self
                 .write_statement(move |c| {
                     Box::pin(async move {
@@ -614,6 +613,8 @@ impl Ledger {
                 return Ok(done);
             }
         }
+        let (batch, n) = batch_args(self, lease, &fresh, now);
+        let fin = self.finish_args(lease, &finish, now)?;
         let ledger = self.clone();
         let run = lease.clone();
         let done = self

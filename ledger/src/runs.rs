@@ -359,8 +359,9 @@ impl Ledger {
         .await
     }
 
-    /// Claims up to `limit` runs (at most [`MAX_CLAIM`]): queued ones whose `not_before` has passed and running
-    /// ones whose lease expired, highest priority first, then oldest `not_before`.
+    /// Claims up to `limit` runs (at most [`MAX_CLAIM`]): queued ones whose `not_before`
+    /// has passed and running ones whose lease expired, highest priority first, then
+    /// oldest `not_before`.
     /// Each claim increments the run's fencing token and emits `run.started` (on every
     /// claim, takeovers included, with the worker and token in the payload).
     pub async fn claim_next(
@@ -397,40 +398,40 @@ impl Ledger {
         if req.limit == 0 {
             return Ok(Vec::new());
         }
-        let ledger = self.clone();
-        let worker = req.worker.clone();
         let (limit, lease) = (req.limit.min(MAX_CLAIM), req.lease);
         let scope = self.scope();
         let mut a = args![
             &scope.tenant,
             &scope.workspace,
-            worker.as_str(),
+            req.worker.as_str(),
             now.plus(lease),
             now,
             i64::from(limit),
         ];
         let (sqlite, pg) = CLAIM_NEXT;
-        let mut rows = if self.is_postgres() {
+        if self.is_postgres() {
             let ids: Vec<String> = (0..limit)
                 .map(|_| format!("evt_{}", ulid::Ulid::generate()))
                 .collect();
             a.extend(args![serde_json::Value::from(ids).to_string()]);
-            self.write_statement(move |c| Box::pin(async move { c.all::<RunRow>(pg, a).await }))
-                .await?
-        } else {
-            self.write(move |c| {
-                Box::pin(async move {
-                    let mut rows = c.all::<RunRow>(sqlite, a).await?;
-                    sort_in_queue_order(&mut rows);
-                    emit_started_all(c, &ledger, &rows, now).await?;
-                    Ok(rows)
-                })
+            let mut rows = self
+                .write_statement(move |c| Box::pin(async move { c.all::<RunRow>(pg, a).await }))
+                .await?;
+            // RETURNING order is unspecified: restore the queue order.
+            sort_in_queue_order(&mut rows);
+            return Ok(rows);
+        }
+        let ledger = self.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let mut rows = c.all::<RunRow>(sqlite, a).await?;
+                // In queue order before the events are written in that order.
+                sort_in_queue_order(&mut rows);
+                emit_started_all(c, &ledger, &rows, now).await?;
+                Ok(rows)
             })
-            .await?
-        };
-        // RETURNING order is unspecified: restore the queue order.
-        sort_in_queue_order(&mut rows);
-        Ok(rows)
+        })
+        .await
     }
 
     /// Claims one specific run (for `flow resume`): allowed when it is queued, paused,
@@ -575,7 +576,7 @@ impl Ledger {
         finish: RunFinish,
         now: Timestamp,
     ) -> Result<Run, Error> {
-        let a = self.finish_args(lease, finish, now)?;
+        let a = self.finish_args(lease, &finish, now)?;
         // One statement: the fenced update and its event (no round trips in between).
         self.write_statement(move |c| Box::pin(async move { finish_run_in(c, a).await }))
             .await
@@ -586,10 +587,10 @@ impl Ledger {
     pub(crate) fn finish_args(
         &self,
         lease: &RunLease,
-        finish: RunFinish,
+        finish: &RunFinish,
         now: Timestamp,
     ) -> Result<Vec<Arg>, Error> {
-        let (mut status, mut error) = (finish.status, finish.error);
+        let (mut status, mut error) = (finish.status, finish.error.clone());
         let event = match status {
             RunStatus::Succeeded => EventType::RunSucceeded,
             RunStatus::Failed => EventType::RunFailed,

@@ -83,7 +83,7 @@ fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<V
 
 /// What a hung process is doing: its state, its kernel stacks and gdb's backtrace of
 /// every thread. Best effort: each part says why it is missing.
-pub fn hang_evidence(pid: u32) -> String {
+fn hang_evidence(pid: u32) -> String {
     let mut out = String::new();
     let read = |path: String| {
         std::fs::read_to_string(&path).unwrap_or_else(|e| format!("({path}: {e})\n"))
