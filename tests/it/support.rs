@@ -81,8 +81,9 @@ fn drain<R: Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<V
     })
 }
 
-/// What a hung process is doing: its state, its kernel stacks and gdb's backtrace of
-/// every thread. Best effort: each part says why it is missing.
+/// What a hung process is doing: its state, its kernel stacks, the test databases'
+/// PostgreSQL sessions (waits and blockers) and gdb's backtrace of every thread. Best
+/// effort: each part says why it is missing.
 fn hang_evidence(pid: u32) -> String {
     let mut out = String::new();
     let read = |path: String| {
@@ -100,6 +101,26 @@ fn hang_evidence(pid: u32) -> String {
                 read(format!("/proc/{pid}/task/{tid}/stack")),
             ));
         }
+    }
+    // A `flow` waiting on PostgreSQL: which backends wait, on what, behind whom.
+    let (host, port) = postgres_admin();
+    let sql = "SELECT pid, datname, state, wait_event_type, wait_event, \
+               pg_blocking_pids(pid) AS blocked_by, left(query, 120) AS query \
+               FROM pg_stat_activity WHERE backend_type = 'client backend' \
+               AND datname LIKE 'flow_it_%'";
+    match Command::new("psql")
+        .args([
+            "-h", &host, "-p", &port, "-U", "postgres", "-d", "test", "-c", sql,
+        ])
+        .stdin(Stdio::null())
+        .output()
+    {
+        Ok(ps) => {
+            out.push_str("--- PostgreSQL sessions of the tests ---\n");
+            out.push_str(&String::from_utf8_lossy(&ps.stdout));
+            out.push_str(&String::from_utf8_lossy(&ps.stderr));
+        }
+        Err(e) => out.push_str(&format!("(psql: {e})\n")),
     }
     match Command::new("gdb")
         .args([
