@@ -212,3 +212,49 @@ fn resolve_rejects_garbage_and_writes_nothing() {
     );
     assert_eq!(server.count(&format!("{run}:charge:1")), 1);
 }
+
+/// A ledger write that has to wait (another session holds the `steps` table) must not
+/// wedge the run when kept pure results come due meanwhile. `charge` first records
+/// `prepare`'s kept result, holding the run's pure log while its write waits on the
+/// lock; 100 ms later the result is due, and the run loop flushes too. That flush once
+/// waited for the log while the loop no longer polled the step holding it: the run hung
+/// for good after "✓ prepare" (seen in CI as a stuck crash test). PostgreSQL only: a
+/// SQLite writer lock also holds back the run's start, so the flush never meets it.
+#[test]
+fn a_waiting_ledger_write_does_not_wedge_the_run() {
+    use sqlx::Connection as _;
+    if !crate::support::postgres_available() {
+        return;
+    }
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let db = TestDb::new(Backend::Postgres);
+    let file = db.write("pay.yaml", &workflow(&server.url()));
+    let migrated = output(db.flow().arg("migrate"));
+    assert_eq!(migrated.status.code(), Some(0), "{}", stderr(&migrated));
+
+    let hold = std::time::Duration::from_millis(1500);
+    let mut conn = rt
+        .block_on(sqlx::PgConnection::connect(&db.url))
+        .expect("connect");
+    rt.block_on(sqlx::raw_sql("BEGIN; LOCK TABLE steps IN EXCLUSIVE MODE").execute(&mut conn))
+        .expect("lock steps");
+    let release = rt.spawn(async move {
+        tokio::time::sleep(hold).await;
+        sqlx::raw_sql("COMMIT").execute(&mut conn).await.map(|_| ())
+    });
+    let started = std::time::Instant::now();
+    let out = output(db.flow().arg("run").arg(&file));
+    let took = started.elapsed();
+    rt.block_on(release)
+        .expect("join")
+        .expect("release the lock");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        took >= hold,
+        "the run must have met the lock (took {took:?}); otherwise this test shows nothing"
+    );
+    let run = run_id(&out);
+    assert_eq!(server.count(&format!("{run}:charge:1")), 1);
+    assert_eq!(show(&db, &run)["run"]["status"], "succeeded");
+}

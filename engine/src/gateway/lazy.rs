@@ -14,7 +14,15 @@
 //! another into the ledger). It is also flushed when it holds
 //! [`MAX_PENDING`] results or its oldest is [`MAX_AGE`] old, which bounds how far
 //! `flow show` can lag behind a running run.
+//!
+//! A flush writes on a task of its own, which holds the log until the write is done.
+//! The run loop polls its steps' futures only between its own awaits, so a flush the
+//! loop starts (a result came due, a node is skipped) while a step's flush holds the log
+//! would otherwise wait for a future nobody polls: the run hung after its first pure
+//! node whenever a step's write took longer than [`MAX_AGE`]. A spawned write also
+//! cannot be dropped halfway when the step that started it is.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flow_ledger::{
@@ -31,7 +39,8 @@ pub const MAX_AGE: Duration = Duration::from_millis(100);
 /// The pure results of one run execution not yet in the ledger.
 #[derive(Debug, Default)]
 pub struct PureLog {
-    pending: Mutex<Pending>,
+    /// Shared with the task writing a flush, which holds it until its write is done.
+    pending: Arc<Mutex<Pending>>,
     /// When the oldest pending result was kept (read without the lock by the executor).
     oldest: std::sync::Mutex<Option<Instant>>,
 }
@@ -76,6 +85,8 @@ impl PureLog {
 
     /// Writes every pending result in one transaction. Flushes are serialized (the lock
     /// is held while writing), so results reach the ledger in the order they were kept.
+    /// The write runs on its own task (see the module docs): waiting for the log never
+    /// depends on the caller's other futures being polled.
     ///
     /// A node the ledger already knows (which the executor's eligibility rules make
     /// practically impossible: a first attempt with the run's own default key) is then
@@ -88,24 +99,49 @@ impl PureLog {
         run: &RunLease,
         now: Timestamp,
     ) -> Result<(), flow_ledger::Error> {
-        let mut p = self.pending.lock().await;
-        if p.results.is_empty() {
+        let mut held = self.pending.clone().lock_owned().await;
+        if held.results.is_empty() {
             return Ok(());
         }
-        let results = std::mem::take(&mut p.results);
+        let results = std::mem::take(&mut held.results);
         *self.oldest.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        match ledger.record_pure_calls(run, results.clone(), now).await? {
-            PureBatchRecorded::All => Ok(()),
-            PureBatchRecorded::NotNew { node_id } => {
-                tracing::warn!(
-                    node = node_id,
-                    "a kept pure result is already in the ledger; recording one at a time"
-                );
-                for r in results {
-                    one_at_a_time(ledger, run, r, now).await?;
-                }
-                Ok(())
+        let (ledger, run) = (ledger.clone(), run.clone());
+        let write = tokio::spawn(async move {
+            let written = write_batch(&ledger, &run, results, now).await;
+            drop(held);
+            written
+        });
+        match write.await {
+            Ok(written) => written,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => Err(flow_ledger::Error::Backend {
+                message: "the write of kept pure results was stopped: the runtime is shutting down"
+                    .into(),
+                retryable: true,
+            }),
+        }
+    }
+}
+
+/// Records a batch of kept results: in one transaction, or one at a time when the
+/// ledger already knows one of them.
+async fn write_batch(
+    ledger: &Ledger,
+    run: &RunLease,
+    results: Vec<PureResult>,
+    now: Timestamp,
+) -> Result<(), flow_ledger::Error> {
+    match ledger.record_pure_calls(run, results.clone(), now).await? {
+        PureBatchRecorded::All => Ok(()),
+        PureBatchRecorded::NotNew { node_id } => {
+            tracing::warn!(
+                node = node_id,
+                "a kept pure result is already in the ledger; recording one at a time"
+            );
+            for r in results {
+                one_at_a_time(ledger, run, r, now).await?;
             }
+            Ok(())
         }
     }
 }
