@@ -1,0 +1,11 @@
+-- One index fewer on the outbox (issue 6: every run writes several events, each index
+-- is one more WAL record and page write per event, and the PostgreSQL daemon is
+-- WAL-bound).
+--
+-- `outbox_due (tenant, workspace, seq)` predates the (txid, seq) checkpoints of 0002:
+-- the dispatcher reads `outbox_by_txid`, and the two queries left that order by seq
+-- alone (`flow events` without a run, where `flow events tail` starts) walk the primary
+-- key. Measured with `cargo bench --bench daemon` (4 daemons, 10,000 runs): medians
+-- 1,582 runs/s before, 1,636 after. Dropping the event id's unique index as well
+-- measured the same (1,626), so it stays: consumers dedupe on that id.
+DROP INDEX IF EXISTS outbox_due;
