@@ -236,7 +236,12 @@ impl Executor {
     ) -> Result<RunOutcome, gateway::Error> {
         let ledger = self.gateway.ledger();
         let mut in_flight = FuturesUnordered::new();
+        // Steps that finished while the loop awaited something of its own (see `alongside`).
+        let mut done = Vec::new();
         loop {
+            for (finished, result) in done.drain(..) {
+                self.settle(wf, st, finished, result?);
+            }
             if *lost.borrow() {
                 return Err(gateway::Error::LeaseLost {
                     run_id: lease.run_id.clone(),
@@ -282,12 +287,15 @@ impl Executor {
                             StepOrigin::Running
                         };
                         st.deferred.remove(&node);
-                        if let Some(call) = self
-                            .prepare_start(
+                        let call = alongside(
+                            &mut in_flight,
+                            &mut done,
+                            self.prepare_start(
                                 lease, wf, prepared, inputs, st, node, &step_id, retry, origin,
-                            )
-                            .await?
-                        {
+                            ),
+                        )
+                        .await?;
+                        if let Some(call) = call {
                             st.nodes[node] = NodeState::Running {
                                 step_id: step_id.clone(),
                                 retry,
@@ -322,8 +330,12 @@ impl Executor {
                     }
                     Action::SkipUpstream { node } => {
                         progressed = true;
-                        self.skip(lease, wf, st, node, "an upstream node was skipped")
-                            .await?;
+                        alongside(
+                            &mut in_flight,
+                            &mut done,
+                            self.skip(lease, wf, st, node, "an upstream node was skipped"),
+                        )
+                        .await?;
                     }
                     Action::Wait { until } => wait_until = until,
                     Action::Pause { in_doubt } => {
@@ -366,7 +378,7 @@ impl Executor {
                     self.settle(wf, st, finished, result?);
                 }
                 () = tokio::time::sleep(flush_in.unwrap_or_default()), if flush_in.is_some() => {
-                    self.flush_pure(lease, st).await?;
+                    alongside(&mut in_flight, &mut done, self.flush_pure(lease, st)).await?;
                 }
                 () = async { tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))).await }, if sleep.is_some() => {}
                 _ = lost.changed() => {}
@@ -822,6 +834,30 @@ fn context(
         nodes.insert(wf.nodes[i].id.clone(), json!({ "output": output }));
     }
     json!({ "inputs": inputs, "nodes": nodes, "run": { "id": run_id } })
+}
+
+/// Awaits `work` of the run loop's own while still polling the steps in flight, keeping
+/// what they finish in `done` for the loop to settle next.
+///
+/// Otherwise the loop polls its steps only while it waits in its `select!`, and its own
+/// awaits (a due flush of kept pure results, a skipped or failed step's write) can wait
+/// for something a step holds — the pure log while the step flushes it, a row its open
+/// transaction has locked. A step that is not polled never lets go, and the run hangs
+/// for good: it did in CI, after "✓ prepare" (`crash::a_waiting_ledger_write_does_not_wedge_the_run`
+/// reproduces it; this and the pure log's own write task each fix it alone).
+async fn alongside<S, W>(in_flight: &mut S, done: &mut Vec<S::Item>, work: W) -> W::Output
+where
+    S: futures::Stream + Unpin,
+    W: std::future::Future,
+{
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut work => return out,
+            Some(item) = in_flight.next() => done.push(item),
+        }
+    }
 }
 
 /// Renews the run lease every third of its length and polls for a cancellation request
