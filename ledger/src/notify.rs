@@ -7,7 +7,7 @@
 //! keep polling. SQLite has no such mechanism; [`Ledger::listen_queue`] returns `None`
 //! there and daemons just poll.
 
-use sqlx::postgres::{PgListener, PgPoolOptions};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 
 use crate::db::{Conn, Pool, args};
 use crate::error::Error;
@@ -48,6 +48,8 @@ pub enum Wake {
 /// A dedicated connection listening for queue notifications of one scope.
 pub struct QueueListener {
     listener: PgListener,
+    /// The listener's own pool, kept to close its connection cleanly.
+    own: PgPool,
     payload: String,
 }
 
@@ -71,6 +73,13 @@ impl QueueListener {
             }
         }
     }
+
+    /// Ends the listening session with a goodbye to the server (dropping it instead
+    /// leaves "connection reset by peer" in PostgreSQL's log).
+    pub async fn close(self) {
+        drop(self.listener);
+        self.own.close().await;
+    }
 }
 
 impl Ledger {
@@ -92,6 +101,7 @@ impl Ledger {
         listener.listen(QUEUE_CHANNEL).await?;
         Ok(Some(QueueListener {
             listener,
+            own,
             payload: payload(self.scope()),
         }))
     }

@@ -668,3 +668,48 @@ fn bad_submits_exit_2_and_enqueue_nothing() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("different"), "{}", stderr(&out));
 }
+
+/// Every command ends its PostgreSQL sessions with a goodbye: a session whose client
+/// just went away counts as abandoned (and the server logs "connection reset by peer"
+/// for it), which an operator watching either would rightly take for crashes.
+#[test]
+fn commands_end_their_postgres_sessions_cleanly() {
+    use sqlx::Connection as _;
+    if !postgres_available() {
+        return;
+    }
+    let rt = runtime();
+    let db = TestDb::new(Backend::Postgres);
+    let hello = crate::support::repo().join("workflows/hello.yaml");
+    for args in [
+        vec!["run", "--input", "name=Ada"],
+        vec!["submit", "--input", "name=Bo"],
+    ] {
+        let out = output(db.flow().arg(args[0]).arg(&hello).args(&args[1..]));
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    }
+    for args in [vec!["daemon", "--exit-when-idle"], vec!["runs", "--json"]] {
+        let out = output(db.flow().args(&args));
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+    }
+
+    let mut conn = rt
+        .block_on(sqlx::PgConnection::connect(&db.url))
+        .expect("connect");
+    let mut abandoned = || -> i64 {
+        rt.block_on(
+            sqlx::query_scalar(
+                "SELECT sessions_abandoned FROM pg_stat_database WHERE datname = current_database()",
+            )
+            .fetch_one(&mut conn),
+        )
+        .expect("pg_stat_database")
+    };
+    // A backend counts its session when it notices the client gone: give it a moment.
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < deadline && abandoned() == 0 {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(abandoned(), 0, "sessions ended without a goodbye");
+    rt.block_on(conn.close()).expect("close");
+}

@@ -201,6 +201,25 @@ fn dispatch(cli: Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
 }
 
 async fn async_command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
+    let code = command(cli, stdout, stderr).await;
+    close_opened().await;
+    code
+}
+
+/// The ledgers this process opened (see [`open_ledger`]), closed before it exits.
+static OPENED: std::sync::Mutex<Vec<flow_ledger::Ledger>> = std::sync::Mutex::new(Vec::new());
+
+/// Closes every ledger this process opened: PostgreSQL then sees each session end with
+/// a goodbye instead of logging "connection reset by peer" for every one, and SQLite's
+/// writer finishes cleanly. Bounded: a database that went away must not hold up the
+/// exit code.
+async fn close_opened() {
+    let opened = std::mem::take(&mut *OPENED.lock().unwrap_or_else(|e| e.into_inner()));
+    let closing = futures::future::join_all(opened.iter().map(flow_ledger::Ledger::close));
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), closing).await;
+}
+
+async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
     match &cli.command {
         Command::Run(args) => run::run(cli, args, stdout, stderr).await,
         Command::Resume(args) => run::resume(cli, args, stdout, stderr).await,
@@ -244,7 +263,13 @@ pub(crate) async fn open_ledger(
         ..flow_ledger::OpenOptions::default()
     };
     match flow_ledger::Ledger::open(&cli.db, opts).await {
-        Ok(ledger) => Ok(ledger),
+        Ok(ledger) => {
+            OPENED
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(ledger.clone());
+            Ok(ledger)
+        }
         Err(e) => {
             let _ = writeln!(
                 stderr,

@@ -128,11 +128,22 @@ impl Service {
 
     /// Runs until idle (with `exit_when_idle`) or stopped through the handle.
     pub async fn run(self) -> Stopped {
+        let mut listener = None;
+        let stopped = self.serve(&mut listener).await;
+        if let Some(l) = listener.take() {
+            // End the listening session cleanly (the server logs a dropped one as
+            // "connection reset by peer"); bounded, the database may be gone.
+            let _ = tokio::time::timeout(Duration::from_secs(1), l.close()).await;
+        }
+        stopped
+    }
+
+    async fn serve(&self, listener: &mut Option<QueueListener>) -> Stopped {
         let mut tasks: JoinSet<Ended> = JoinSet::new();
         let mut leases: HashMap<String, RunLease> = HashMap::new();
         let mut db = Database::Up;
         let mut relisten_at: Option<Instant> = None;
-        let mut listener = match self.listen().await {
+        *listener = match self.listen().await {
             Ok(l) => l,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot listen for queue notifications; polling until it works");
@@ -161,7 +172,7 @@ impl Service {
                     Ok(l) => {
                         tracing::info!("listening for queue notifications again");
                         relisten_at = None;
-                        listener = l;
+                        *listener = l;
                     }
                     Err(e) => {
                         tracing::debug!(error = %e, "still cannot listen for queue notifications");
@@ -220,10 +231,10 @@ impl Service {
                 Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
                     self.reap(joined, &mut leases);
                 }
-                woke = wait_for(&mut listener), if can_claim && listener.is_some() => {
+                woke = wait_for(listener), if can_claim && listener.is_some() => {
                     if let Err(e) = woke {
                         tracing::warn!(error = %e, "lost the queue notification channel; polling until it is back");
-                        listener = None;
+                        *listener = None;
                         relisten_at = Some(Instant::now() + RELISTEN_AFTER);
                     }
                 }
