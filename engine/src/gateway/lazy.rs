@@ -30,6 +30,7 @@ use flow_ledger::{
     RunFinish, RunLease, StepStatus, Timestamp,
 };
 use tokio::sync::Mutex;
+use tracing::Instrument as _;
 
 /// Most results kept before a flush.
 pub const MAX_PENDING: usize = 256;
@@ -106,11 +107,15 @@ impl PureLog {
         let results = std::mem::take(&mut held.results);
         *self.oldest.lock().unwrap_or_else(|e| e.into_inner()) = None;
         let (ledger, run) = (ledger.clone(), run.clone());
-        let write = tokio::spawn(async move {
-            let written = write_batch(&ledger, &run, results, now).await;
-            drop(held);
-            written
-        });
+        // The caller's span goes along: the write's log lines keep their run and step ids.
+        let write = tokio::spawn(
+            async move {
+                let written = write_batch(&ledger, &run, results, now).await;
+                drop(held);
+                written
+            }
+            .instrument(tracing::Span::current()),
+        );
         match write.await {
             Ok(written) => written,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
