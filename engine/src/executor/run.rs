@@ -359,7 +359,9 @@ impl Executor {
                     }
                 }
             }
-            if progressed && in_flight.is_empty() {
+            // Steps that finished while an action was written are settled now, not after
+            // the wait below (which may last as long as the slowest step in flight).
+            if (progressed && in_flight.is_empty()) || !done.is_empty() {
                 continue;
             }
             // Wait for a step to finish, a retry to come due, or the heartbeat.
