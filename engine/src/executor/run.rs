@@ -19,6 +19,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{Map, Value as Json, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 use super::decide::{Action, Finish, NodeState, Situation, decide};
@@ -197,13 +198,15 @@ impl Executor {
 
         let cancel = Arc::new(AtomicBool::new(known.cancel_requested));
         let (lost_tx, mut lost_rx) = watch::channel(false);
-        let heartbeat = tokio::spawn(heartbeat(
+        // Stopped however this function ends, a panic included: a detached heartbeat
+        // would keep renewing the lease of a run nobody executes.
+        let heartbeat = AbortOnDropHandle::new(tokio::spawn(heartbeat(
             ledger.clone(),
             lease.clone(),
             self.gateway.clone(),
             cancel.clone(),
             lost_tx,
-        ));
+        )));
         let outcome = self
             .drive(
                 &lease,
@@ -217,7 +220,7 @@ impl Executor {
                 stop,
             )
             .await;
-        heartbeat.abort();
+        drop(heartbeat);
         outcome
     }
 

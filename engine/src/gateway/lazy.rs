@@ -110,13 +110,18 @@ impl PureLog {
         // The caller's span goes along: the write's log lines keep their run and step ids.
         let write = tokio::spawn(
             async move {
-                let written = write_batch(&ledger, &run, results, now).await;
+                let written = write_batch(&ledger, &run, &results, now).await;
+                if written.is_err() {
+                    // Back in front, before the log is let go: a step waiting to flush
+                    // must not find it empty and write (or send) without these.
+                    held.results.splice(0..0, results);
+                }
                 drop(held);
                 written
             }
             .instrument(tracing::Span::current()),
         );
-        match write.await {
+        let written = match write.await {
             Ok(written) => written,
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => Err(flow_ledger::Error::Backend {
@@ -124,7 +129,18 @@ impl PureLog {
                     .into(),
                 retryable: true,
             }),
+        };
+        if written.is_err() {
+            let mut oldest = self.oldest.lock().unwrap_or_else(|e| e.into_inner());
+            oldest.get_or_insert_with(Instant::now);
         }
+        written
+    }
+
+    /// How many results are kept, not yet in the ledger.
+    #[cfg(test)]
+    async fn kept(&self) -> usize {
+        self.pending.lock().await.results.len()
     }
 }
 
@@ -133,10 +149,10 @@ impl PureLog {
 async fn write_batch(
     ledger: &Ledger,
     run: &RunLease,
-    results: Vec<PureResult>,
+    results: &[PureResult],
     now: Timestamp,
 ) -> Result<(), flow_ledger::Error> {
-    match ledger.record_pure_calls(run, results.clone(), now).await? {
+    match ledger.record_pure_calls(run, results.to_vec(), now).await? {
         PureBatchRecorded::All => Ok(()),
         PureBatchRecorded::NotNew { node_id } => {
             tracing::warn!(
@@ -144,7 +160,7 @@ async fn write_batch(
                 "a kept pure result is already in the ledger; recording one at a time"
             );
             for r in results {
-                one_at_a_time(ledger, run, r, now).await?;
+                one_at_a_time(ledger, run, r.clone(), now).await?;
             }
             Ok(())
         }
@@ -214,5 +230,87 @@ async fn one_at_a_time(
                      execution used; resume the run to continue from the ledger"
                 .into(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! On a real SQLite ledger in a temp dir.
+    use std::time::Duration;
+
+    use flow_ledger::{Error, Ledger, NewRun, OpenOptions, PureResult, Timestamp, WorkerId};
+    use serde_json::json;
+
+    use super::PureLog;
+
+    fn result(node: &str, run_id: &str, at: Timestamp) -> PureResult {
+        PureResult {
+            step_id: node.into(),
+            node_id: node.into(),
+            tool: "echo".into(),
+            idempotency_key: format!("{run_id}:{node}"),
+            request: json!({ "v": 1 }),
+            request_hash: flow_ledger::canonical_hash(&json!({ "v": 1 })),
+            output: json!({ "v": 1 }),
+            started_at: at,
+            finished_at: at,
+        }
+    }
+
+    /// A flush that fails leaves the log as it was: the next flush writes the same
+    /// results, in the same order, before anything kept after them.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_flush_keeps_its_results_for_the_next() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}/flow.db", dir.path().display());
+        let ledger = Ledger::open(&url, OpenOptions::default())
+            .await
+            .expect("open");
+        let now = Timestamp(1_700_000_000_000);
+        let run = NewRun {
+            id: "run_a".into(),
+            workflow_name: "w".into(),
+            workflow_text: "name: w".into(),
+            workflow_hash: "h".into(),
+            inputs: json!({}),
+            priority: 0,
+            not_before: None,
+        };
+        ledger.enqueue(run, now).await.expect("enqueue");
+        let worker = WorkerId::new("test-host", 1, "1");
+        let lease = ledger
+            .claim_run("run_a", &worker, Duration::from_secs(60), now)
+            .await
+            .expect("claim");
+        let stale = flow_ledger::RunLease {
+            token: lease.token + 1,
+            ..lease.clone()
+        };
+
+        let log = PureLog::new();
+        for node in ["a", "b"] {
+            log.push(&ledger, &lease, result(node, "run_a", now), now)
+                .await
+                .expect("keep");
+        }
+        let failed = log.flush(&ledger, &stale, now).await;
+        assert!(matches!(failed, Err(Error::LeaseLost)), "{failed:?}");
+        assert_eq!(log.kept().await, 2, "the failed flush's results are kept");
+        assert!(log.due().is_some(), "and they still come due");
+        log.push(&ledger, &lease, result("c", "run_a", now), now)
+            .await
+            .expect("keep");
+
+        log.flush(&ledger, &lease, now).await.expect("flush");
+        assert_eq!(log.kept().await, 0);
+        let steps: Vec<String> = ledger
+            .list_steps("run_a")
+            .await
+            .expect("steps")
+            .into_iter()
+            .map(|s| s.node_id)
+            .collect();
+        assert_eq!(steps, ["a", "b", "c"]);
+        ledger.close().await;
     }
 }
