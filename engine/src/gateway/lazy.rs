@@ -159,10 +159,7 @@ async fn write_batch(
                 node = node_id,
                 "a kept pure result is already in the ledger; recording one at a time"
             );
-            for r in results {
-                one_at_a_time(ledger, run, r.clone(), now).await?;
-            }
-            Ok(())
+            one_by_one(ledger, run, results, now).await
         }
     }
 }
@@ -189,11 +186,23 @@ impl PureLog {
             return Ok(done);
         }
         tracing::warn!("a kept pure result is already in the ledger; recording one at a time");
-        for r in results {
-            one_at_a_time(ledger, run, r, now).await?;
-        }
+        one_by_one(ledger, run, &results, now).await?;
         ledger.finish_run(run, finish, now).await
     }
+}
+
+/// Records kept results one at a time, the general way (the fallback when a batch finds
+/// a node the ledger already knows).
+async fn one_by_one(
+    ledger: &Ledger,
+    run: &RunLease,
+    results: &[PureResult],
+    now: Timestamp,
+) -> Result<(), flow_ledger::Error> {
+    for r in results {
+        one_at_a_time(ledger, run, r.clone(), now).await?;
+    }
+    Ok(())
 }
 
 async fn one_at_a_time(
