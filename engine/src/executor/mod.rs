@@ -2,7 +2,9 @@
 //! loop in [`run`] performs it against the ledger and the gateway; [`progress`] reports.
 
 pub mod decide;
+mod heartbeat;
 pub mod progress;
 pub mod run;
 
-pub use run::{Executor, RUN_LEASE, RunOutcome};
+pub use heartbeat::RUN_LEASE;
+pub use run::{Executor, RunOutcome};

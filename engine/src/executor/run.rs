@@ -19,18 +19,15 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{Map, Value as Json, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::AbortOnDropHandle;
 use tracing::Instrument;
 
 use super::decide::{Action, Finish, NodeState, Situation, decide};
+use super::heartbeat;
 use super::progress::{Progress, StepEvent};
 use crate::gateway::{self, Gateway, NextRetry, PureLog, StepCall, StepOrigin, StepResult};
 use crate::plan::Plan;
 use crate::retry;
 use crate::workflow::{Workflow, expr};
-
-/// How long a run lease lasts; the heartbeat renews it every third of this.
-pub const RUN_LEASE: Duration = Duration::from_secs(30);
 
 /// How a run execution ended in this process.
 #[derive(Debug, Clone, PartialEq)]
@@ -198,15 +195,13 @@ impl Executor {
 
         let cancel = Arc::new(AtomicBool::new(known.cancel_requested));
         let (lost_tx, mut lost_rx) = watch::channel(false);
-        // Stopped however this function ends, a panic included: a detached heartbeat
-        // would keep renewing the lease of a run nobody executes.
-        let heartbeat = AbortOnDropHandle::new(tokio::spawn(heartbeat(
+        let heartbeat = heartbeat::start(
             ledger.clone(),
             lease.clone(),
             self.gateway.clone(),
             cancel.clone(),
             lost_tx,
-        )));
+        );
         let outcome = self
             .drive(
                 &lease,
@@ -861,52 +856,6 @@ where
             biased;
             out = &mut work => return out,
             Some(item) = in_flight.next() => done.push(item),
-        }
-    }
-}
-
-/// Renews the run lease every third of its length and polls for a cancellation request
-/// every second (a read; the renewal is a write, so it runs less often).
-async fn heartbeat(
-    ledger: flow_ledger::Ledger,
-    lease: RunLease,
-    gateway: Gateway,
-    cancel: Arc<AtomicBool>,
-    lost: watch::Sender<bool>,
-) {
-    const CANCEL_POLL: Duration = Duration::from_secs(1);
-    let mut tick = tokio::time::interval(CANCEL_POLL);
-    tick.tick().await;
-    let mut last_renewal = Instant::now();
-    let mut failures = 0u32;
-    loop {
-        tick.tick().await;
-        if last_renewal.elapsed() >= RUN_LEASE / 3 {
-            match ledger.heartbeat(&lease, RUN_LEASE, gateway.now()).await {
-                Ok(ack) => {
-                    failures = 0;
-                    last_renewal = Instant::now();
-                    if ack.cancel_requested {
-                        cancel.store(true, Ordering::Relaxed);
-                    }
-                }
-                Err(flow_ledger::Error::LeaseLost) => {
-                    tracing::error!(
-                        run = lease.run_id,
-                        "run lease lost: another worker took the run over; stopping here"
-                    );
-                    let _ = lost.send(true);
-                    return;
-                }
-                Err(e) => {
-                    failures += 1;
-                    if failures == 1 {
-                        tracing::warn!(run = lease.run_id, error = %e, "heartbeat failed; retrying");
-                    }
-                }
-            }
-        } else if let Ok(true) = ledger.cancel_requested(&lease.run_id).await {
-            cancel.store(true, Ordering::Relaxed);
         }
     }
 }

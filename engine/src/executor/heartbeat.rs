@@ -1,0 +1,76 @@
+//! The heartbeat of a run this worker executes: a task that renews the run lease and
+//! notices cancellation requests while the run loop works.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use flow_ledger::RunLease;
+use tokio::sync::watch;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::gateway::Gateway;
+
+/// How long a run lease lasts; the heartbeat renews it every third of this.
+pub const RUN_LEASE: Duration = Duration::from_secs(30);
+
+/// Starts the heartbeat of `lease`. It stops when the returned handle is dropped,
+/// however the run loop ends, a panic included: a detached heartbeat would keep
+/// renewing the lease of a run nobody executes. A lost lease is reported on `lost`.
+pub(super) fn start(
+    ledger: flow_ledger::Ledger,
+    lease: RunLease,
+    gateway: Gateway,
+    cancel: Arc<AtomicBool>,
+    lost: watch::Sender<bool>,
+) -> AbortOnDropHandle<()> {
+    AbortOnDropHandle::new(tokio::spawn(heartbeat(
+        ledger, lease, gateway, cancel, lost,
+    )))
+}
+
+/// Renews the run lease every third of its length and polls for a cancellation request
+/// every second (a read; the renewal is a write, so it runs less often).
+async fn heartbeat(
+    ledger: flow_ledger::Ledger,
+    lease: RunLease,
+    gateway: Gateway,
+    cancel: Arc<AtomicBool>,
+    lost: watch::Sender<bool>,
+) {
+    const CANCEL_POLL: Duration = Duration::from_secs(1);
+    let mut tick = tokio::time::interval(CANCEL_POLL);
+    tick.tick().await;
+    let mut last_renewal = Instant::now();
+    let mut failures = 0u32;
+    loop {
+        tick.tick().await;
+        if last_renewal.elapsed() >= RUN_LEASE / 3 {
+            match ledger.heartbeat(&lease, RUN_LEASE, gateway.now()).await {
+                Ok(ack) => {
+                    failures = 0;
+                    last_renewal = Instant::now();
+                    if ack.cancel_requested {
+                        cancel.store(true, Ordering::Relaxed);
+                    }
+                }
+                Err(flow_ledger::Error::LeaseLost) => {
+                    tracing::error!(
+                        run = lease.run_id,
+                        "run lease lost: another worker took the run over; stopping here"
+                    );
+                    let _ = lost.send(true);
+                    return;
+                }
+                Err(e) => {
+                    failures += 1;
+                    if failures == 1 {
+                        tracing::warn!(run = lease.run_id, error = %e, "heartbeat failed; retrying");
+                    }
+                }
+            }
+        } else if let Ok(true) = ledger.cancel_requested(&lease.run_id).await {
+            cancel.store(true, Ordering::Relaxed);
+        }
+    }
+}
