@@ -36,6 +36,7 @@ mod redact;
 mod tool;
 
 pub mod command;
+pub mod egress;
 pub mod function;
 pub mod http;
 pub mod mcp;

@@ -283,17 +283,14 @@ impl ConsumerConfig {
 impl Egress {
     /// Whether `host` may be reached.
     pub fn allows(&self, host: &str) -> bool {
-        let Some(allow) = &self.allow else {
-            return true;
-        };
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        allow.iter().any(|pattern| {
-            let pattern = pattern.to_ascii_lowercase();
-            match pattern.strip_prefix("*.") {
-                Some(suffix) => host.len() > suffix.len() && host.ends_with(&format!(".{suffix}")),
-                None => pattern == "*" || pattern == host,
-            }
-        })
+        self.allow_list().is_none_or(|list| list.allows(host))
+    }
+
+    /// The list every hop of a request must pass (`None`: every host is allowed).
+    pub fn allow_list(&self) -> Option<flow_adapters::egress::AllowList> {
+        self.allow
+            .as_ref()
+            .map(|allow| flow_adapters::egress::AllowList::new(allow.iter().cloned()))
     }
 }
 

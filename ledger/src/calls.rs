@@ -341,6 +341,31 @@ async fn take_over_to_in_doubt(
     emit_in_doubt(c, ledger, row, &reason, now).await
 }
 
+/// Requests sent under the current effect attempt of `row` whose outcome stayed unknown
+/// (its `unknown` attempt rows; a crash takeover records 0 requests for a send that may
+/// have left, so each row counts at least one). Read only when a claim takes over a
+/// `claimed` call: the rare path after a crash or a `retry` resolution.
+async fn unknown_sends(c: &mut Conn<'_>, ledger: &Ledger, row: &CallRow) -> Result<u32, Error> {
+    let s = ledger.scope();
+    let (n,) = c
+        .optional::<(i64,)>(
+            "SELECT CAST(COALESCE(SUM(CASE WHEN requests_sent > 0 THEN requests_sent ELSE 1 END), 0) AS BIGINT)
+             FROM tool_call_attempts
+             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+               AND attempt = $5 AND outcome = 'unknown'",
+            args![
+                &s.tenant,
+                &s.workspace,
+                &row.run_id,
+                &row.tool_call_id,
+                row.attempt_count,
+            ],
+        )
+        .await?
+        .unwrap_or((0,));
+    Ok(u32::try_from(n).unwrap_or(u32::MAX))
+}
+
 impl Ledger {
     /// Claims a node's tool call (DESIGN §7). See the crate docs for the rules; in short:
     /// no row → `Claimed` (attempt 1); terminal → `Replay` (failed + `retry_failed` →
@@ -444,7 +469,7 @@ impl Ledger {
                             .await?;
                         match inserted {
                             Some(row) => {
-                                let lease = ledger.lease_from(&row, &run.worker)?;
+                                let lease = ledger.lease_from(&row, &run.worker, 0)?;
                                 ledger.tie_step(c, &req, now).await?;
                                 return Ok(CallClaim::Claimed(lease));
                             }
@@ -456,6 +481,7 @@ impl Ledger {
                     let facts = row.facts()?;
                     let decision =
                         decide_claim(&facts, req.retry_failed, run.token, row.holder_dead(), now);
+                    let takeover = matches!(decision, ClaimDecision::Takeover);
                     let sql = match decision {
                         ClaimDecision::Replay => {
                             return Ok(CallClaim::Replay(row.replayed(None)?));
@@ -518,7 +544,12 @@ impl Ledger {
                         )
                         .await?;
                     if let Some(updated) = updated {
-                        let lease = ledger.lease_from(&updated, &run.worker)?;
+                        let prior_sends = if takeover {
+                            unknown_sends(c, &ledger, &updated).await?
+                        } else {
+                            0
+                        };
+                        let lease = ledger.lease_from(&updated, &run.worker, prior_sends)?;
                         ledger.tie_step(c, &req, now).await?;
                         return Ok(CallClaim::Claimed(lease));
                     }
@@ -535,7 +566,12 @@ impl Ledger {
         .await
     }
 
-    fn lease_from(&self, row: &CallRow, worker: &WorkerId) -> Result<CallLease, Error> {
+    fn lease_from(
+        &self,
+        row: &CallRow,
+        worker: &WorkerId,
+        prior_sends: u32,
+    ) -> Result<CallLease, Error> {
         let attempt = u32::try_from(row.attempt_count).map_err(|_| Error::Corrupt {
             what: format!("attempt_count {}", row.attempt_count),
         })?;
@@ -550,6 +586,7 @@ impl Ledger {
             key: attempt_key(&row.idempotency_key, attempt),
             run_token: row.run_token,
             expires_at: Timestamp(row.lease_expires_at.unwrap_or(0)),
+            prior_sends,
         })
     }
 

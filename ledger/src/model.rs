@@ -288,6 +288,11 @@ pub struct CallLease {
     pub run_token: i64,
     /// Lease end.
     pub expires_at: Timestamp,
+    /// Requests already sent under this effect attempt's key by earlier claims whose
+    /// outcome stayed unknown (a crash, or an in-doubt call resolved `retry`); 0 for a
+    /// fresh attempt. Such an attempt may have taken effect: a later "not sent" on a
+    /// re-send never makes it safe to change the key.
+    pub prior_sends: u32,
 }
 
 /// A terminal outcome returned without calling the tool.

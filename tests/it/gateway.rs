@@ -230,3 +230,78 @@ fn egress_outside_the_allow_list_is_refused_before_any_claim() {
     assert_eq!(out.status.code(), Some(5));
     assert!(stderr(&out).contains("alow"), "{}", stderr(&out));
 }
+
+/// Every hop of a followed redirect passes the egress allow-list: a POST to an allowed
+/// host answered `307 Location: <a host the list refuses>` fails permanently without
+/// sending the second hop (its body and key never reach the refused host), and the one
+/// request that did leave is counted.
+#[test]
+fn redirects_do_not_walk_past_the_egress_allow_list() {
+    let rt = runtime();
+    let allowed = rt.block_on(CountingServer::start()).expect("server");
+    let refused = rt.block_on(CountingServer::start()).expect("server");
+    let port = allowed.addr().port();
+    allowed.set(
+        "/start",
+        Behavior::Redirect {
+            to: format!("{}/x", refused.url()),
+            status: 307,
+        },
+    );
+    allowed.set("/next", Behavior::Echo);
+    for backend in backends() {
+        let db = TestDb::new(backend);
+        let config = db.write("flow.toml", "[egress]\nallow = [\"localhost\"]\n");
+        let wf = |path: &str| {
+            format!(
+                r#"name: hop
+tools:
+  api: {{ kind: http, method: POST, url: "http://localhost:{port}{path}", follow_redirects: true, timeout: 5s }}
+nodes:
+  charge: {{ tool: api, with: {{ amount: 7 }} }}
+"#
+            )
+        };
+        let file = db.write("w.yaml", &wf("/start"));
+        let out = output(db.flow().arg("--config").arg(&config).arg("run").arg(&file));
+        assert_eq!(out.status.code(), Some(1), "{backend:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("not followed: egress to `127.0.0.1` is not allowed"),
+            "{backend:?}: {}",
+            stderr(&out)
+        );
+        assert_eq!(
+            refused.total(),
+            0,
+            "{backend:?}: the refused host saw a request"
+        );
+        let s = show(&db, &run_id(&out));
+        assert_eq!(call(&s, "charge")["outbound_requests"], 1, "{backend:?}");
+        assert_eq!(call(&s, "charge")["status"], "failed", "{backend:?}");
+    }
+    // A redirect within the list is still followed, each hop counted.
+    allowed.set(
+        "/start",
+        Behavior::Redirect {
+            to: format!("http://localhost:{port}/next"),
+            status: 307,
+        },
+    );
+    let db = TestDb::new(Backend::Sqlite);
+    let config = db.write("flow.toml", "[egress]\nallow = [\"localhost\"]\n");
+    let file = db.write(
+        "w.yaml",
+        &format!(
+            r#"name: hop
+tools:
+  api: {{ kind: http, method: POST, url: "http://localhost:{port}/start", follow_redirects: true, timeout: 5s }}
+nodes:
+  charge: {{ tool: api, with: {{ amount: 7 }} }}
+"#
+        ),
+    );
+    let out = output(db.flow().arg("--config").arg(&config).arg("run").arg(&file));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let s = show(&db, &run_id(&out));
+    assert_eq!(call(&s, "charge")["outbound_requests"], 2);
+}

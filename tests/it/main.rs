@@ -5,6 +5,7 @@ mod chaos;
 mod crash;
 mod daemon;
 mod events;
+mod flapping;
 mod gateway;
 mod retries;
 mod runs;

@@ -18,6 +18,7 @@
 //! | other 4xx | `Permanent` with the status and the start of the body | 1 |
 //! | 3xx, redirects off (the default) | `Permanent` naming the `Location` | 1 |
 //! | 3xx, `follow_redirects: true` | followed (at most 10 hops; 301/302/303 turn into GET without body; credentials dropped across origins) | one per hop |
+//! | 3xx to a host outside [`Spec::allow_hosts`], or to a non-HTTP(S) URL | `Permanent` naming the host; the hop is not sent | the hops sent before |
 //! | connect refused, DNS failure, TLS handshake failure | tried once more at once; then `NotSent` | requests that left (0 when both failed) |
 //! | timeout, or connection lost, after the request was written | `Unknown` | 1 |
 //! | 2xx body larger than [`Spec::max_response_bytes`] | `Permanent` naming the cap: the downstream did answer, and the same request would produce the same body again | 1 |
@@ -38,6 +39,7 @@ use reqwest::{Method, StatusCode, Url};
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::egress::AllowList;
 use crate::error::head;
 use crate::{BoxFuture, Call, Error, Outcome, SideEffect, Tool};
 use classify::{Failure, status_kind, transport};
@@ -110,6 +112,10 @@ pub struct Spec {
     pub read_only: Option<bool>,
     /// The downstream deduplicates on the idempotency key (`idempotency: header`).
     pub idempotent_header: bool,
+    /// Hosts a redirect may lead to (the operator's egress allow-list); `None` allows
+    /// any. The first URL is checked by the caller before the call is claimed; every
+    /// later hop is checked here before it is sent.
+    pub allow_hosts: Option<AllowList>,
 }
 
 impl Spec {
@@ -126,6 +132,7 @@ impl Spec {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             read_only: None,
             idempotent_header: false,
+            allow_hosts: None,
         }
     }
 }
@@ -143,6 +150,7 @@ impl std::fmt::Debug for Spec {
             .field("max_response_bytes", &self.max_response_bytes)
             .field("read_only", &self.read_only)
             .field("idempotent_header", &self.idempotent_header)
+            .field("allow_hosts", &self.allow_hosts)
             .finish()
     }
 }
@@ -297,10 +305,32 @@ impl HttpTool {
             if hops == MAX_REDIRECTS {
                 break;
             }
+            if let Err(why) = self.may_follow(&next) {
+                let message = format!(
+                    "{}: answered HTTP {status} redirecting to {next}; not followed: {why}",
+                    hop.describe()
+                );
+                return Outcome::err(Error::permanent(message), sent);
+            }
             hop = redirect(hop, status, next);
         }
         let message = format!("{}: more than {MAX_REDIRECTS} redirects", hop.describe());
         Outcome::err(Error::permanent(message), sent)
+    }
+
+    /// Whether a redirect to `next` may be followed: HTTP(S) only, and to a host the
+    /// allow-list admits (the same rule as the first URL's).
+    fn may_follow(&self, next: &Url) -> Result<(), String> {
+        if !matches!(next.scheme(), "http" | "https") {
+            return Err(format!("scheme `{}` is not http or https", next.scheme()));
+        }
+        let host = next.host_str().unwrap_or_default();
+        match &self.spec.allow_hosts {
+            Some(list) if !list.allows(host) => Err(format!(
+                "egress to `{host}` is not allowed by `egress.allow` in flow.toml"
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Sends one hop; a connect failure is retried once at once (it provably never

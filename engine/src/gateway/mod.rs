@@ -13,6 +13,7 @@
 //! for a node's successful first attempt, kept in the run's [`PureLog`] and recorded
 //! with the next ones (`lazy.rs`), which is flushed before any other write of the run.
 
+pub mod disposition;
 pub mod lazy;
 mod record;
 mod render;
@@ -29,6 +30,7 @@ use flow_ledger::{
 };
 use serde_json::Value as Json;
 
+pub use disposition::{Disposition, History, Observed, disposition};
 pub use lazy::PureLog;
 pub use render::Target;
 
@@ -101,6 +103,8 @@ struct Inner {
     tools: Tools,
     secrets: Secrets,
     egress: Egress,
+    /// `egress`'s list as the HTTP adapter checks it on every redirect hop.
+    allow_list: Option<flow_adapters::egress::AllowList>,
     faults: Faults,
 }
 
@@ -233,6 +237,7 @@ impl Gateway {
                 clock,
                 tools,
                 secrets,
+                allow_list: egress.allow_list(),
                 egress,
                 faults,
             }),
@@ -326,7 +331,7 @@ impl Gateway {
             },
             None => format!("{}:{node_id}", c.run.run_id),
         };
-        let (target, request) = match render::render(c.tool, &args, &ctx, secrets) {
+        let (mut target, request) = match render::render(c.tool, &args, &ctx, secrets) {
             Ok(r) => r,
             Err(message) => {
                 let message = format!("tool `{}`: {message}", c.tool.name);
@@ -347,6 +352,9 @@ impl Gateway {
                     .fail_without_claim(&c, ErrorKind::Permanent, message)
                     .await;
             }
+        }
+        if let Target::Http(spec) = &mut target {
+            spec.allow_hosts.clone_from(&self.inner.allow_list);
         }
         let request_hash = canonical_hash(&request);
 
@@ -403,10 +411,7 @@ impl Gateway {
                 Ok(CallClaim::Claimed(lease)) => break lease,
                 Ok(CallClaim::Replay(r)) => return self.finish_replay(&c, r).await,
                 Ok(CallClaim::InDoubt { .. }) => {
-                    if !reclaimed
-                        && class != SideEffect::None
-                        && self.auto_resolve(&c, node_id).await?
-                    {
+                    if !reclaimed && self.auto_resolve(&c, node_id, class).await? {
                         reclaimed = true;
                         continue;
                     }
@@ -441,12 +446,14 @@ impl Gateway {
             return Ok(StepResult::Deferred { until });
         }
 
-        // 5–7. Outbound, the adapter, the outcome.
+        // 5–7. Outbound, the adapter, the outcome. `disposition` decides after every
+        // send whether the same key goes out again, and what the attempt's end is.
         self.inner.ledger.mark_outbound(&lease, self.now()).await?;
         self.inner.faults.hit(Point::AfterOutbound, node_id);
         let mut sent = 0u32;
-        let mut resends = 0u32;
-        let outcome = loop {
+        let mut sends = 0u32;
+        let mut unknown_before = lease.prior_sends > 0;
+        let (outcome, next) = loop {
             let out = self
                 .call_renewing(
                     &lease,
@@ -455,30 +462,46 @@ impl Gateway {
                 )
                 .await;
             sent += out.requests_sent;
-            let unknown = matches!(&out.result, Err(e) if e.kind == AdapterKind::Unknown);
-            if unknown && class == SideEffect::IdempotentHeader && resends < c.resend_budget {
+            sends += 1;
+            let observed = Observed::of(&out.result);
+            let history = History {
+                unknown_before,
+                resends_left: (1 + c.resend_budget)
+                    .saturating_sub(lease.prior_sends.saturating_add(sends)),
+            };
+            let next = disposition(observed, class, history);
+            unknown_before |= observed == Observed::Unknown;
+            if next == Disposition::ResendSameKey {
                 // Same key, same effect attempt: the downstream dedupes.
-                resends += 1;
+                let retry_after = match &out.result {
+                    Err(e) => match e.kind {
+                        AdapterKind::Transient { retry_after } => retry_after,
+                        _ => None,
+                    },
+                    Ok(_) => None,
+                };
                 let delay = c
                     .next_retry
                     .as_ref()
-                    .map_or(Duration::from_millis(500), |r| r.delay);
+                    .map_or(Duration::from_millis(500), |r| r.delay)
+                    .max(retry_after.unwrap_or_default());
                 tracing::info!(
                     node = node_id,
-                    resend = resends,
-                    "outcome unknown; re-sending with the same idempotency key"
+                    resend = sends,
+                    ?observed,
+                    "outcome of the attempt unknown; re-sending with the same idempotency key"
                 );
                 tokio::time::sleep(delay).await;
                 continue;
             }
-            break out;
+            break (out, next);
         };
         self.inner.faults.hit(Point::AfterResponse, node_id);
         if sent > 1 {
             self.count_extra_requests(&c, sent - 1).await?;
         }
         let result = self
-            .complete(&c, &lease, class, outcome.result, sent)
+            .complete(&c, &lease, next, outcome.result, sent, unknown_before)
             .await?;
         self.inner.faults.hit(Point::AfterComplete, node_id);
         Ok(result)
@@ -535,9 +558,14 @@ impl Gateway {
         &self,
         c: &StepCall<'_>,
         node_id: &str,
+        class: SideEffect,
     ) -> Result<bool, flow_ledger::Error> {
         let call = self.inner.ledger.get_call(&c.run.run_id, node_id).await?;
-        if call.outbound_requests > c.resend_budget {
+        let history = History {
+            unknown_before: true,
+            resends_left: (1 + c.resend_budget).saturating_sub(call.outbound_requests),
+        };
+        if disposition(Observed::FoundInDoubt, class, history) != Disposition::ResendSameKey {
             return Ok(false);
         }
         let resolve = Resolve {

@@ -8,6 +8,7 @@ use flow_ledger::{
 };
 use serde_json::Value as Json;
 
+use super::disposition::{Disposition, History, Observed, disposition};
 use super::{Gateway, StepCall, StepOrigin, StepResult, ledger_kind};
 
 impl Gateway {
@@ -95,7 +96,13 @@ impl Gateway {
         out: Outcome,
     ) -> Result<StepResult, flow_ledger::Error> {
         let now = self.now();
-        let (outcome, next) = self.outcome_of(c, out.result, SideEffect::ReadOnly, now);
+        // Nothing left the process: the read-only row of the rule applies.
+        let retryable = disposition(
+            Observed::of(&out.result),
+            SideEffect::ReadOnly,
+            History::default(),
+        ) == Disposition::NewAttempt;
+        let (outcome, next) = self.outcome_of(c, out.result, retryable, now);
         // A first attempt that succeeded, under the run's own key, is kept for the next
         // flush; a crash before it only means computing it again (`lazy.rs`).
         if let (Some(log), CallOutcome::Succeeded(output), None) = (&c.pure_log, &outcome, &next)
@@ -144,12 +151,14 @@ impl Gateway {
         }
     }
 
-    /// The ledger outcome of an adapter result, and the retry step to create with it.
+    /// The ledger outcome of an adapter result, and the retry step to create with it
+    /// when `retryable` (the disposition said [`Disposition::NewAttempt`]) and the
+    /// node's budget and deadline allow one.
     pub(super) fn outcome_of(
         &self,
         c: &StepCall<'_>,
         result: Result<Json, flow_adapters::Error>,
-        class: SideEffect,
+        retryable: bool,
         now: Timestamp,
     ) -> (CallOutcome, Option<NewStep>) {
         let secrets = &self.inner.secrets;
@@ -174,11 +183,6 @@ impl Gateway {
             }
             Err(e) => {
                 let kind = ledger_kind(&e.kind);
-                let retryable = match &e.kind {
-                    AdapterKind::Transient { .. } | AdapterKind::NotSent => true,
-                    AdapterKind::Unknown => class == SideEffect::ReadOnly,
-                    AdapterKind::Permanent => false,
-                };
                 let retry_after = match &e.kind {
                     AdapterKind::Transient { retry_after } => *retry_after,
                     _ => None,
@@ -203,27 +207,40 @@ impl Gateway {
         }
     }
 
+    /// Records the end of an outbound attempt as `next` (the disposition of its last
+    /// send) says: in doubt, or the outcome with its step finish and retry step.
     pub(super) async fn complete(
         &self,
         c: &StepCall<'_>,
         lease: &CallLease,
-        class: SideEffect,
+        next: Disposition,
         result: Result<Json, flow_adapters::Error>,
         sent: u32,
+        unknown_before: bool,
     ) -> Result<StepResult, flow_ledger::Error> {
         let now = self.now();
-        if let Err(e) = &result
-            && e.kind == AdapterKind::Unknown
-            && class != SideEffect::ReadOnly
-        {
+        if next == Disposition::InDoubt {
+            let last = match &result {
+                Err(e) => e.message.as_str(),
+                Ok(_) => "no error",
+            };
+            let message = if unknown_before
+                && !matches!(&result, Err(e) if e.kind == AdapterKind::Unknown)
+            {
+                format!(
+                    "outcome unknown: an earlier send of this key may have taken effect, and the re-sends did not settle it (last: {last})"
+                )
+            } else {
+                last.to_string()
+            };
             let report = InDoubtReport {
                 requests_sent: sent,
-                message: self.inner.secrets.scrub(&e.message),
+                message: self.inner.secrets.scrub(&message),
             };
             self.inner.ledger.mark_in_doubt(lease, report, now).await?;
             return Ok(StepResult::InDoubt);
         }
-        let (outcome, next) = self.outcome_of(c, result, class, now);
+        let (outcome, next) = self.outcome_of(c, result, next == Disposition::NewAttempt, now);
         let step = match &outcome {
             CallOutcome::Succeeded(output) => StepFinish {
                 step_id: c.step_id.clone(),
