@@ -9,7 +9,7 @@
 use serde_json::json;
 
 use crate::clock::Timestamp;
-use crate::db::{Conn, args};
+use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
 use crate::ledger::{Ledger, check_run_lease};

@@ -1,110 +1,18 @@
-//! The thin layer that lets one body of ledger logic drive both backends.
-//!
-//! Both SQLite and PostgreSQL accept `$1, $2` placeholders, and every column type in the
-//! schema is text, a 64-bit integer or a boolean, so almost every statement is shared
-//! text. A statement is run through [`Conn`] with a list of [`Arg`]s, which binds them
-//! for whichever driver is underneath. The few statements that differ (`FOR UPDATE`, the
-//! queue claim) are picked with [`Conn::pick`]. Row structs derive `FromRow` generically,
-//! so the same struct decodes a SQLite row and a PostgreSQL row.
+//! The pools, pooled connections and transactions of either backend, and how a write
+//! reaches the database (SQLite: through the group-commit [`Writer`]; PostgreSQL: its
+//! own transaction). Statements run on the [`Conn`] these hand out (`conn.rs`).
 
 use std::sync::Arc;
 
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgPool, PgRow};
-use sqlx::sqlite::{SqlitePool, SqliteRow};
-use sqlx::{FromRow, PgConnection, Postgres, Sqlite, SqliteConnection, Transaction};
+use sqlx::postgres::PgPool;
+use sqlx::sqlite::SqlitePool;
+use sqlx::{Postgres, Sqlite, SqliteConnection, Transaction};
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
-use crate::clock::Timestamp;
+use crate::conn::Conn;
 use crate::error::Error;
 use crate::writer::{Op, Writer};
-
-/// A value bound to a placeholder.
-#[derive(Debug, Clone)]
-pub(crate) enum Arg {
-    Int(Option<i64>),
-    Text(Option<String>),
-    Bool(bool),
-}
-
-impl From<i64> for Arg {
-    fn from(v: i64) -> Self {
-        Arg::Int(Some(v))
-    }
-}
-impl From<Option<i64>> for Arg {
-    fn from(v: Option<i64>) -> Self {
-        Arg::Int(v)
-    }
-}
-impl From<u32> for Arg {
-    fn from(v: u32) -> Self {
-        Arg::Int(Some(i64::from(v)))
-    }
-}
-impl From<i32> for Arg {
-    fn from(v: i32) -> Self {
-        Arg::Int(Some(i64::from(v)))
-    }
-}
-impl From<Timestamp> for Arg {
-    fn from(v: Timestamp) -> Self {
-        Arg::Int(Some(v.0))
-    }
-}
-impl From<Option<Timestamp>> for Arg {
-    fn from(v: Option<Timestamp>) -> Self {
-        Arg::Int(v.map(|t| t.0))
-    }
-}
-impl From<String> for Arg {
-    fn from(v: String) -> Self {
-        Arg::Text(Some(v))
-    }
-}
-impl From<&String> for Arg {
-    fn from(v: &String) -> Self {
-        Arg::Text(Some(v.clone()))
-    }
-}
-impl From<&str> for Arg {
-    fn from(v: &str) -> Self {
-        Arg::Text(Some(v.to_owned()))
-    }
-}
-impl From<Option<String>> for Arg {
-    fn from(v: Option<String>) -> Self {
-        Arg::Text(v)
-    }
-}
-impl From<Option<&str>> for Arg {
-    fn from(v: Option<&str>) -> Self {
-        Arg::Text(v.map(str::to_owned))
-    }
-}
-impl From<bool> for Arg {
-    fn from(v: bool) -> Self {
-        Arg::Bool(v)
-    }
-}
-
-/// Builds a `Vec<Arg>` from values of mixed types.
-macro_rules! args {
-    ($($v:expr),* $(,)?) => {
-        vec![$($crate::db::Arg::from($v)),*]
-    };
-}
-pub(crate) use args;
-
-/// Rows that decode from both drivers.
-pub(crate) trait AnyRow:
-    for<'r> FromRow<'r, SqliteRow> + for<'r> FromRow<'r, PgRow> + Send + Unpin
-{
-}
-impl<T> AnyRow for T where
-    T: for<'r> FromRow<'r, SqliteRow> + for<'r> FromRow<'r, PgRow> + Send + Unpin
-{
-}
 
 /// The pool of one backend. SQLite's carries a write gate and the group-commit
 /// [`Writer`]: SQLite has one writer at a time anyway, and waiting for it on an async
@@ -247,95 +155,5 @@ impl Tx {
             Tx::Postgres(t) => t.commit().await?,
         }
         Ok(())
-    }
-}
-
-/// A connection of either backend, borrowed from a transaction.
-pub(crate) enum Conn<'a> {
-    Sqlite(&'a mut SqliteConnection),
-    Postgres(&'a mut PgConnection),
-}
-
-macro_rules! bind_all {
-    ($q:expr, $args:expr) => {{
-        let mut q = $q;
-        for a in $args {
-            q = match a {
-                Arg::Int(v) => q.bind(v),
-                Arg::Text(v) => q.bind(v),
-                Arg::Bool(v) => q.bind(v),
-            };
-        }
-        q
-    }};
-}
-
-impl Conn<'_> {
-    /// True on PostgreSQL.
-    pub(crate) fn is_postgres(&self) -> bool {
-        matches!(self, Conn::Postgres(_))
-    }
-
-    /// Picks the dialect-specific text of a statement.
-    pub(crate) fn pick(&self, sqlite: &'static str, postgres: &'static str) -> &'static str {
-        if self.is_postgres() { postgres } else { sqlite }
-    }
-
-    /// Runs a statement, returning the number of rows it changed.
-    pub(crate) async fn execute(
-        &mut self,
-        sql: &'static str,
-        args: Vec<Arg>,
-    ) -> Result<u64, Error> {
-        Ok(match self {
-            Conn::Sqlite(c) => bind_all!(sqlx::query::<Sqlite>(sql), args)
-                .execute(&mut **c)
-                .await?
-                .rows_affected(),
-            Conn::Postgres(c) => bind_all!(sqlx::query::<Postgres>(sql), args)
-                .execute(&mut **c)
-                .await?
-                .rows_affected(),
-        })
-    }
-
-    /// Runs a query returning at most one row.
-    pub(crate) async fn optional<T: AnyRow>(
-        &mut self,
-        sql: &'static str,
-        args: Vec<Arg>,
-    ) -> Result<Option<T>, Error> {
-        Ok(match self {
-            Conn::Sqlite(c) => {
-                bind_all!(sqlx::query_as::<Sqlite, T>(sql), args)
-                    .fetch_optional(&mut **c)
-                    .await?
-            }
-            Conn::Postgres(c) => {
-                bind_all!(sqlx::query_as::<Postgres, T>(sql), args)
-                    .fetch_optional(&mut **c)
-                    .await?
-            }
-        })
-    }
-
-    /// Runs a query returning any number of rows.
-    pub(crate) async fn all<T: AnyRow>(
-        &mut self,
-        sql: &'static str,
-        args: Vec<Arg>,
-    ) -> Result<Vec<T>, Error> {
-        Ok(match self {
-            Conn::Sqlite(c) => {
-                bind_all!(sqlx::query_as::<Sqlite, T>(sql), args)
-                    .fetch_all(&mut **c)
-                    .await?
-            }
-            Conn::Postgres(c) => {
-                bind_all!(sqlx::query_as::<Postgres, T>(sql), args)
-                    .fetch_all(&mut **c)
-                    .await?
-            }
-        })
     }
 }

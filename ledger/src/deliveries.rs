@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
-use crate::db::args;
+use crate::conn::args;
 use crate::error::Error;
 use crate::events::{Event, EventType};
 use crate::ledger::Ledger;

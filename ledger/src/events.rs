@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::clock::Timestamp;
-use crate::db::{Conn, args};
+use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::model::Scope;
 

@@ -2,7 +2,8 @@
 //! count: each one cheap statement on a pooled read connection), and the upkeep a
 //! daemon does between claims (planner statistics).
 
-use crate::db::{Pool, args};
+use crate::conn::args;
+use crate::db::Pool;
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::rows::IntRow;

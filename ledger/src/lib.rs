@@ -74,11 +74,13 @@ pub mod worker;
 
 mod calls;
 mod canonical;
+mod conn;
 mod db;
 mod deliveries;
 mod error;
 mod health;
 mod ledger;
+mod options;
 mod outbound;
 mod postgres;
 mod pure;

@@ -9,7 +9,8 @@
 
 use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 
-use crate::db::{Conn, Pool, args};
+use crate::conn::{Conn, args};
+use crate::db::Pool;
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::model::Scope;

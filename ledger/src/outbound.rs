@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use crate::clock::Timestamp;
-use crate::db::{Arg, Conn, args};
+use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::model::{CallLease, CallOutcome, CompleteCall, InDoubtReport, StepError};

@@ -9,7 +9,7 @@ use std::str::FromStr;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::error::Error;
-use crate::ledger::OpenOptions;
+use crate::options::OpenOptions;
 
 /// The PostgreSQL migrations, embedded at build time.
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");

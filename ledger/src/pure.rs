@@ -17,7 +17,7 @@
 use serde_json::json;
 
 use crate::clock::Timestamp;
-use crate::db::{Arg, Conn, args};
+use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
 use crate::ledger::{Ledger, check_run_lease};
 use crate::model::{

@@ -7,7 +7,7 @@
 //! before each request and adds extra ones (e.g. an MCP re-auth) with `rate_add`.
 
 use crate::clock::Timestamp;
-use crate::db::args;
+use crate::conn::args;
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::model::{RateAcquire, RateDecision, Window};

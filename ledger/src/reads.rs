@@ -1,7 +1,7 @@
 //! Reads: runs, steps, calls, attempts, usage, events, counts. Each is one statement on a
 //! pooled connection (no write lock taken).
 
-use crate::db::args;
+use crate::conn::args;
 use crate::error::Error;
 use crate::events::{Event, EventFilter};
 use crate::ledger::Ledger;

@@ -6,7 +6,7 @@ use crate::calls::{
     AttemptRecord, check_foreign, check_identity, insert_attempt, read_call, read_call_by_key,
 };
 use crate::clock::Timestamp;
-use crate::db::{Conn, args};
+use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
 use crate::ledger::{Ledger, check_run_lease};

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::canonical::canonical_hash;
 use crate::clock::Timestamp;
-use crate::db::{Arg, Conn, args};
+use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
 use crate::ledger::Ledger;

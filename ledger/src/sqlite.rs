@@ -17,7 +17,7 @@ use sqlx::sqlite::{
 };
 
 use crate::error::Error;
-use crate::ledger::{OpenOptions, SqliteSynchronous as Sync};
+use crate::options::{OpenOptions, SqliteSynchronous as Sync};
 
 /// The SQLite migrations, embedded at build time.
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");

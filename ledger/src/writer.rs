@@ -26,7 +26,7 @@ use std::sync::Arc;
 use sqlx::{Executor, SqliteConnection};
 use tokio::sync::{Mutex, mpsc, oneshot};
 
-use crate::db::Conn;
+use crate::conn::Conn;
 use crate::error::Error;
 
 /// Most jobs committed together: bounds how long the first job of a batch waits for
@@ -239,7 +239,7 @@ mod tests {
     use sqlx::{ConnectOptions, Executor};
 
     use super::*;
-    use crate::db::args;
+    use crate::conn::args;
     use crate::rows::IntRow;
 
     async fn open(dir: &tempfile::TempDir) -> (Writer, Arc<Mutex<()>>, SqliteConnection) {
