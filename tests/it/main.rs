@@ -6,6 +6,7 @@ mod crash;
 mod daemon;
 mod events;
 mod gateway;
+mod limits;
 mod retries;
 mod runs;
 mod secrets;

@@ -63,12 +63,12 @@ async fn open(
 ) -> Result<(Executor, Vec<crate::events::Consumer>), u8> {
     let secrets = Secrets::load(cli.secrets_file.as_deref()).map_err(|e| {
         let _ = writeln!(stderr, "error: {e}");
-        exit::UNAVAILABLE
+        super::secrets_exit_code(&e)
     })?;
     logging::init(cli.log_format, &secrets);
     let config = FileConfig::load(cli.config.as_deref()).map_err(|e| {
         let _ = writeln!(stderr, "error: {e}");
-        exit::UNAVAILABLE
+        super::config_exit_code(&e)
     })?;
     // Runs hold a connection only for the length of one transaction, so a few serve many
     // runs; a connection per run would exhaust PostgreSQL's `max_connections` (100 by

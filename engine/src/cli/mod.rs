@@ -246,6 +246,26 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
     }
 }
 
+/// The exit code for a secrets file that could not be loaded: 2 when the path is not a
+/// secrets file at all (over the 1 MiB limit: `/dev/zero`, a stream), else 5 (the
+/// installation's secrets are missing or broken).
+pub(crate) fn secrets_exit_code(e: &crate::secrets::Error) -> u8 {
+    match e {
+        crate::secrets::Error::TooLarge { .. } => exit::INVALID,
+        crate::secrets::Error::File { .. } => exit::UNAVAILABLE,
+    }
+}
+
+/// The exit code for a configuration that could not be loaded: 2 for an input error
+/// (over the size limit), else 5 (bad configuration).
+pub(crate) fn config_exit_code(e: &crate::config::Error) -> u8 {
+    if e.is_invalid_input() {
+        exit::INVALID
+    } else {
+        exit::UNAVAILABLE
+    }
+}
+
 /// Opens the ledger named by `--db`, or reports why not (exit 5).
 pub(crate) async fn open_ledger(
     cli: &Cli,

@@ -78,7 +78,7 @@ impl Session {
             Ok(s) => s,
             Err(e) => {
                 let _ = writeln!(stderr, "error: {e}");
-                return Err(exit::UNAVAILABLE);
+                return Err(super::secrets_exit_code(&e));
             }
         };
         logging::init(cli.log_format, &secrets);
@@ -86,7 +86,7 @@ impl Session {
             Ok(c) => c,
             Err(e) => {
                 let _ = writeln!(stderr, "error: {e}");
-                return Err(exit::UNAVAILABLE);
+                return Err(super::config_exit_code(&e));
             }
         };
         let ledger = open_ledger(cli, stderr).await?;
