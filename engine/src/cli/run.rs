@@ -298,11 +298,7 @@ pub fn workflow_hash(text: &str) -> String {
 
 /// The rule for `--run-id`: ids end up in keys, logs and file names.
 fn valid_run_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    super::valid_name(id)
 }
 
 /// Everything `flow run` and `flow submit` check before they touch the database — the
