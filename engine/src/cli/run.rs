@@ -526,10 +526,15 @@ pub(crate) async fn resume(
                     );
                     return exit::INVALID;
                 }
-                Err(
-                    e @ (flow_ledger::Error::InvalidTransition { .. }
-                    | flow_ledger::Error::Terminal { .. }),
-                ) => {
+                Err(flow_ledger::Error::Terminal { status }) => {
+                    let _ = writeln!(
+                        stderr,
+                        "error: cannot resolve `{node}`: run {} is {status}, so its calls stay as recorded; nothing was written",
+                        run.id
+                    );
+                    return exit::INVALID;
+                }
+                Err(e @ flow_ledger::Error::InvalidTransition { .. }) => {
                     let _ = writeln!(
                         stderr,
                         "error: cannot resolve `{node}`: {e} (only calls in doubt can be resolved)"
