@@ -26,9 +26,19 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-/// Why the configuration could not be loaded (exit code 5).
+/// Why the configuration could not be loaded (exit code 5, except [`Error::TooLarge`]:
+/// 2, the path given is not a configuration file at all).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The file is over [`crate::read_limited::MAX_FILE_BYTES`] (1 MiB); reading stopped
+    /// there, so `--config /dev/zero` is refused at once instead of filling memory.
+    #[error("config {path} is larger than the limit of {limit} bytes (1 MiB)")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// The limit in bytes.
+        limit: u64,
+    },
     /// The file could not be read.
     #[error("cannot read config {path}: {reason}")]
     Read {
@@ -72,6 +82,13 @@ pub struct Egress {
     pub allow: Option<Vec<String>>,
 }
 
+impl Error {
+    /// Whether the error is the user's input rather than the installation (exit 2, not 5).
+    pub fn is_invalid_input(&self) -> bool {
+        matches!(self, Error::TooLarge { .. })
+    }
+}
+
 impl Config {
     /// Loads the configuration from `explicit`, else `./flow.toml` if it exists.
     pub fn load(explicit: Option<&Path>) -> Result<Self, Error> {
@@ -85,10 +102,17 @@ impl Config {
                 default
             }
         };
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::Read {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let text = crate::read_limited::read_to_string(&path, crate::read_limited::MAX_FILE_BYTES)
+            .map_err(|e| match e {
+                crate::read_limited::Error::TooLarge { limit, .. } => Error::TooLarge {
+                    path: path.display().to_string(),
+                    limit,
+                },
+                other => Error::Read {
+                    path: path.display().to_string(),
+                    reason: other.reason(),
+                },
+            })?;
         let mut config: Config = toml::from_str(&text).map_err(|e| Error::Parse {
             path: path.display().to_string(),
             reason: e.to_string(),

@@ -1,11 +1,26 @@
 //! Run inputs: from `--input K=V` and `--inputs-file`, typed by the workflow's
 //! declarations, checked before anything is written.
+//!
+//! Bounded like workflow files: the inputs file is read through
+//! [`crate::read_limited`] (1 MiB), its nesting is checked on the YAML event stream
+//! before it is deserialized (64 levels, as in workflow files: deserializing a file
+//! nested 100,000 deep took 101 s), and the resolved inputs may take at most
+//! [`MAX_INPUTS_BYTES`] as JSON, since every run row stores them.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 
 use serde_json::{Map, Value as Json};
 
 use crate::workflow::{InputType, Workflow};
+
+/// Largest run inputs accepted, measured as compact JSON: 1 MiB. Inputs are stored
+/// with the run (and hashed, and read by every step's expressions); data this large
+/// belongs in a file or object store the workflow reads, not in the ledger.
+pub const MAX_INPUTS_BYTES: usize = 1024 * 1024;
+
+/// Deepest nesting accepted in an inputs file, the same as in workflow files.
+pub const MAX_DEPTH: usize = crate::workflow::yaml::MAX_DEPTH;
 
 /// Why inputs were refused (exit code 2: invalid input).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -34,6 +49,17 @@ pub enum Error {
     /// A required input without a value or default.
     #[error("missing required input `{0}`")]
     Missing(String),
+    /// The same `--input` name given twice (the later one would silently win).
+    #[error("--input `{0}` is given twice")]
+    Duplicate(String),
+    /// The inputs are over [`MAX_INPUTS_BYTES`] as JSON.
+    #[error("inputs are {size} bytes as JSON, over the limit of {limit} bytes (1 MiB)")]
+    TooLarge {
+        /// Their size (at least; counting stops at the first value over the limit).
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// The inputs file could not be read or parsed.
     #[error("inputs file {path}: {reason}")]
     File {
@@ -49,9 +75,14 @@ pub enum Error {
 pub fn resolve(wf: &Workflow, pairs: &[String], file: Option<&Path>) -> Result<Json, Error> {
     let mut values = Map::new();
     if let Some(path) = file {
-        let text = std::fs::read_to_string(path).map_err(|e| Error::File {
+        let text = crate::read_limited::read_to_string(path, crate::read_limited::MAX_FILE_BYTES)
+            .map_err(|e| Error::File {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            reason: e.reason(),
+        })?;
+        check_depth(&text).map_err(|reason| Error::File {
+            path: path.display().to_string(),
+            reason,
         })?;
         let parsed: Json = yaml_serde::from_str(&text).map_err(|e| Error::File {
             path: path.display().to_string(),
@@ -69,10 +100,22 @@ pub fn resolve(wf: &Workflow, pairs: &[String], file: Option<&Path>) -> Result<J
             values.insert(name, value);
         }
     }
+    let mut given = BTreeSet::new();
     for pair in pairs {
+        if pair.len() > MAX_INPUTS_BYTES {
+            // Refused before it is parsed: a 200 MB `--input` would be parsed, copied and
+            // hashed before the total is checked.
+            return Err(Error::TooLarge {
+                size: pair.len(),
+                limit: MAX_INPUTS_BYTES,
+            });
+        }
         let (name, raw) = pair
             .split_once('=')
             .ok_or_else(|| Error::Syntax(pair.clone()))?;
+        if !given.insert(name) {
+            return Err(Error::Duplicate(name.to_string()));
+        }
         let ty = declared(wf, name)?;
         values.insert(name.to_string(), parse_typed(name, ty, raw)?);
     }
@@ -90,7 +133,52 @@ pub fn resolve(wf: &Workflow, pairs: &[String], file: Option<&Path>) -> Result<J
             }
         }
     }
-    Ok(Json::Object(values))
+    let inputs = Json::Object(values);
+    let size = inputs.to_string().len();
+    if size > MAX_INPUTS_BYTES {
+        return Err(Error::TooLarge {
+            size,
+            limit: MAX_INPUTS_BYTES,
+        });
+    }
+    Ok(inputs)
+}
+
+/// Refuses YAML (or JSON) text nested deeper than [`MAX_DEPTH`], reading only the event
+/// stream up to the first level too deep: cheap, and it runs before the deserializer,
+/// whose time grows with the square of the depth. A syntax error is left for the
+/// deserializer to report, in its words.
+fn check_depth(text: &str) -> Result<(), String> {
+    use saphyr_parser::{Event, Parser};
+    let mut depth = 0usize;
+    for item in Parser::new_from_str(text) {
+        let (event, span) = match item {
+            Ok(next) => next,
+            // The scanner reads flow collections ahead and stops past 255 open levels
+            // with this message, before their events come out.
+            Err(e) if e.info() == "recursion limit exceeded" => {
+                return Err(format!(
+                    "line {}: values are nested more than {MAX_DEPTH} levels deep",
+                    e.marker().line()
+                ));
+            }
+            Err(_) => return Ok(()),
+        };
+        match event {
+            Event::SequenceStart(..) | Event::MappingStart(..) => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(format!(
+                        "line {}: values are nested more than {MAX_DEPTH} levels deep",
+                        span.start.line()
+                    ));
+                }
+            }
+            Event::SequenceEnd | Event::MappingEnd => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn declared(wf: &Workflow, name: &str) -> Result<InputType, Error> {
@@ -222,6 +310,59 @@ mod tests {
             resolve(&w, &["n".into()], None),
             Err(Error::Syntax("n".into()))
         );
+    }
+
+    #[test]
+    fn duplicate_pairs_and_oversize_inputs_are_refused() {
+        let w = wf();
+        assert_eq!(
+            resolve(&w, &["n=1".into(), "s=a".into(), "s=b".into()], None),
+            Err(Error::Duplicate("s".into()))
+        );
+        let big = format!("s={}", "x".repeat(MAX_INPUTS_BYTES));
+        assert!(matches!(
+            resolve(&w, &["n=1".into(), big], None),
+            Err(Error::TooLarge { .. })
+        ));
+        // Under the limit one by one, over it together (the limit is on the total).
+        let half = "y".repeat(MAX_INPUTS_BYTES / 2 + 1);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("in.json");
+        std::fs::write(&f, format!("{{\"n\": 1, \"s\": \"{half}\"}}")).expect("write");
+        assert!(matches!(
+            resolve(&w, &[format!("o={{\"k\": \"{half}\"}}")], Some(&f)),
+            Err(Error::TooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn a_deeply_nested_file_is_refused_at_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let f = dir.path().join("deep.json");
+        let deep = 100_000;
+        std::fs::write(
+            &f,
+            format!("{{\"o\": {}{}}}", "[".repeat(deep), "]".repeat(deep)),
+        )
+        .expect("write");
+        let started = std::time::Instant::now();
+        let err = resolve(&wf(), &["n=1".into()], Some(&f)).expect_err("too deep");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(err.to_string().contains("nested more than 64"), "{err}");
+        // 64 levels are fine.
+        std::fs::write(
+            &f,
+            format!("o: {}{}\nn: 1\n", "[".repeat(63), "]".repeat(63)),
+        )
+        .expect("write");
+        assert!(matches!(
+            resolve(&wf(), &[], Some(&f)),
+            Err(Error::Type { .. })
+        ));
     }
 
     #[test]

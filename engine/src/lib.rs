@@ -26,6 +26,7 @@ pub mod fault;
 pub mod gateway;
 pub mod inputs;
 pub mod plan;
+pub mod read_limited;
 pub mod render;
 pub mod retry;
 pub mod schema;

@@ -28,6 +28,15 @@ pub enum Error {
         /// What went wrong (never a value).
         reason: String,
     },
+    /// The secrets file is over [`crate::read_limited::MAX_FILE_BYTES`] (1 MiB); reading
+    /// stopped there (`--secrets-file /dev/zero` is refused at once; exit 2).
+    #[error("secrets file {path} is larger than the limit of {limit} bytes (1 MiB)")]
+    TooLarge {
+        /// The file.
+        path: String,
+        /// The limit in bytes.
+        limit: u64,
+    },
 }
 
 /// The secret values available to a process. `Debug` shows names only.
@@ -49,10 +58,18 @@ impl Secrets {
     pub fn load(file: Option<&Path>) -> Result<Self, Error> {
         let mut values = BTreeMap::new();
         if let Some(path) = file {
-            let iter = dotenvy::from_path_iter(path).map_err(|e| Error::File {
-                path: path.display().to_string(),
-                reason: describe(&e),
-            })?;
+            let bytes = crate::read_limited::read(path, crate::read_limited::MAX_FILE_BYTES)
+                .map_err(|e| match e {
+                    crate::read_limited::Error::TooLarge { limit, .. } => Error::TooLarge {
+                        path: path.display().to_string(),
+                        limit,
+                    },
+                    other => Error::File {
+                        path: path.display().to_string(),
+                        reason: other.reason(),
+                    },
+                })?;
+            let iter = dotenvy::from_read_iter(bytes.as_slice());
             for item in iter {
                 let (name, value) = item.map_err(|e| Error::File {
                     path: path.display().to_string(),

@@ -284,6 +284,7 @@ impl Ledger {
         req: ScheduleDeliveries,
         now: Timestamp,
     ) -> Result<u32, Error> {
+        self.writable()?;
         let s = self.scope();
         let limit = if req.limit == 0 { 1000 } else { req.limit };
         let mut tx = self.pool().begin().await?;
@@ -389,6 +390,7 @@ impl Ledger {
         req: LeaseDeliveries<'_>,
         now: Timestamp,
     ) -> Result<Vec<Delivery>, Error> {
+        self.writable()?;
         let s = self.scope();
         let mut tx = self.pool().begin().await?;
         let mut c = tx.conn();
@@ -462,6 +464,7 @@ impl Ledger {
         req: FinishDelivery<'_>,
         now: Timestamp,
     ) -> Result<(), Error> {
+        self.writable()?;
         let lost = self
             .finish_deliveries(std::slice::from_ref(&req), now)
             .await?;
@@ -481,6 +484,7 @@ impl Ledger {
         reqs: &[FinishDelivery<'_>],
         now: Timestamp,
     ) -> Result<Vec<String>, Error> {
+        self.writable()?;
         let s = self.scope();
         let mut lost = Vec::new();
         if reqs.is_empty() {
@@ -530,6 +534,7 @@ impl Ledger {
         event_id: &str,
         now: Timestamp,
     ) -> Result<(), Error> {
+        self.writable()?;
         let s = self.scope();
         let mut pc = self.pool().acquire_write().await?;
         let n = pc
@@ -589,6 +594,7 @@ impl Ledger {
     /// crash re-sends their deliveries at once instead of after the lease. Returns how
     /// many leases ended. Leases of live or remote dispatchers are left to expire.
     pub async fn expire_dead_delivery_leases(&self, now: Timestamp) -> Result<u32, Error> {
+        self.writable()?;
         let s = self.scope();
         #[derive(sqlx::FromRow)]
         struct Holder {

@@ -75,6 +75,13 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The ledger was opened read-only (`sqlite://…?mode=ro`) and this operation writes.
+    /// Nothing was written; open it without `mode=ro` to write.
+    #[error("ledger {url} is open read-only (mode=ro); this operation writes")]
+    ReadOnly {
+        /// The URL with any password replaced by `***`.
+        url: String,
+    },
     /// The URL's scheme is neither `sqlite:` nor `postgres:`/`postgresql:`.
     #[error("unsupported database URL {url}: expected sqlite://PATH or postgres://…")]
     UnsupportedUrl {

@@ -33,16 +33,23 @@ pub(crate) struct Inner {
     pub(crate) scope: Scope,
     pub(crate) url_redacted: String,
     pub(crate) output_limit: usize,
+    /// `sqlite://…?mode=ro`: every write is refused with [`Error::ReadOnly`].
+    pub(crate) read_only: bool,
 }
 
 impl Ledger {
     /// Opens `sqlite://PATH` (or `sqlite:PATH`; the file and its parent directory are
     /// created if missing) or `postgres://…` / `postgresql://…`, and applies migrations
     /// unless `opts.migrate` is off.
+    ///
+    /// `sqlite://PATH?mode=ro` opens an existing file read-only, for commands that only
+    /// read (`flow runs`, `flow show`): nothing is created, migrated or written, and
+    /// every write method fails with [`Error::ReadOnly`].
     pub async fn open(url: &str, opts: OpenOptions) -> Result<Ledger, Error> {
         let url_redacted = redact_url(url);
+        let read_only = sqlite::is_read_only_url(url);
         let pool = if let Some(path) = sqlite::path_of(url) {
-            let (pool, writer) = sqlite::connect(path, &url_redacted, &opts).await?;
+            let (pool, writer) = sqlite::connect(path, &url_redacted, &opts, read_only).await?;
             Pool::sqlite(pool, writer)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Pool::Postgres(postgres::connect(url, &url_redacted, &opts).await?)
@@ -55,9 +62,10 @@ impl Ledger {
                 scope: opts.scope.clone(),
                 url_redacted,
                 output_limit: opts.output_limit_bytes,
+                read_only,
             }),
         };
-        if opts.migrate {
+        if opts.migrate && !read_only {
             ledger.migrate().await?;
         }
         Ok(ledger)
@@ -66,6 +74,7 @@ impl Ledger {
     /// Applies pending migrations (embedded from `migrations/{sqlite,postgres}`).
     /// Safe to call concurrently: PostgreSQL takes an advisory lock, SQLite a write lock.
     pub async fn migrate(&self) -> Result<(), Error> {
+        self.writable()?;
         match &self.inner.pool {
             Pool::Sqlite(p, _, _) => {
                 // sqlx takes no lock across processes on SQLite: two processes opening a
@@ -113,6 +122,22 @@ impl Ledger {
         &self.inner.scope
     }
 
+    /// Whether this handle was opened read-only (`sqlite://…?mode=ro`).
+    pub fn is_read_only(&self) -> bool {
+        self.inner.read_only
+    }
+
+    /// `Err(ReadOnly)` on a read-only handle: checked before any write is attempted.
+    pub(crate) fn writable(&self) -> Result<(), Error> {
+        if self.inner.read_only {
+            Err(Error::ReadOnly {
+                url: self.inner.url_redacted.clone(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
     /// The output limit in bytes.
     pub fn output_limit_bytes(&self) -> usize {
         self.inner.output_limit
@@ -134,6 +159,7 @@ impl Ledger {
         T: Send + 'static,
         F: for<'c, 'd> FnOnce(&'c mut Conn<'d>) -> BoxFuture<'c, Result<T, Error>> + Send + 'static,
     {
+        self.writable()?;
         self.inner.pool.write(Box::new(op)).await
     }
 
@@ -144,6 +170,7 @@ impl Ledger {
         T: Send + 'static,
         F: for<'c, 'd> FnOnce(&'c mut Conn<'d>) -> BoxFuture<'c, Result<T, Error>> + Send + 'static,
     {
+        self.writable()?;
         self.inner.pool.write_statement(Box::new(op)).await
     }
 

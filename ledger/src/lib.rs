@@ -109,5 +109,6 @@ pub use model::{
     RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage, Window,
 };
 pub use runs::MAX_CLAIM;
+pub use sqlite::is_read_only_url;
 pub use state::{CallStatus, ErrorKind, RunStatus, StepStatus};
 pub use worker::WorkerId;

@@ -9,7 +9,7 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
-use crate::ledger::{Ledger, check_run_lease};
+use crate::ledger::{Ledger, check_run_lease, read_run_shared};
 use crate::model::{
     CallOutcome, PureCall, PureRecorded, Resolution, Resolve, StepError, StepFinish, ToolCall,
 };
@@ -21,7 +21,9 @@ use crate::steps::{create_step_in, finish_step_in};
 
 impl Ledger {
     /// Settles an in-doubt call (`flow resume --resolve`), recording who, when and how.
-    /// Only from `in_doubt`; any other state is `InvalidTransition` naming it.
+    /// Only from `in_doubt`; any other state is `InvalidTransition` naming it, and only
+    /// while the run is not finished (`Terminal` naming its status: a cancelled run's
+    /// in-doubt call stays as recorded).
     /// `Succeeded`/`Failed` make the call terminal and finish its paused steps the same
     /// way; `Retry` makes it `claimed` with no holder and an expired lease (same attempt,
     /// same key), so the next claim takes it over and re-sends that key, and puts its
@@ -43,6 +45,15 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
+                // A finished run (cancelled, failed, succeeded) is a record: settling one
+                // of its calls would change it after the fact, and `retry` would make the
+                // call claimable with no run left to claim it. Checked in the same
+                // transaction as the update, so every caller is covered.
+                let run = read_run_shared(c, s, &req.run_id).await?;
+                let run_status = run.status()?;
+                if run_status.is_terminal() {
+                    return Err(Error::Terminal { status: run_status });
+                }
                 let row = read_call(c, &ledger, &req.run_id, &req.tool_call_id)
                     .await?
                     .ok_or_else(|| Error::NotFound {

@@ -30,11 +30,27 @@ pub(crate) fn path_of(url: &str) -> Option<&str> {
     Some(rest.split('?').next().unwrap_or(rest))
 }
 
+/// Whether a `sqlite:` URL asks for a read-only ledger (`?mode=ro`, SQLite's own URI
+/// parameter): the file is then opened read-only, never created, migrated or written.
+pub fn is_read_only_url(url: &str) -> bool {
+    if path_of(url).is_none() {
+        return false;
+    }
+    url.split_once('?').is_some_and(|(_, query)| {
+        query
+            .split('&')
+            .any(|pair| pair.eq_ignore_ascii_case("mode=ro"))
+    })
+}
+
 /// Opens the pool (reads, migrations) and the group-commit writer's own connection.
+/// With `read_only`, every connection is opened read-only (SQLite itself then refuses
+/// any write) and a missing file is an error instead of being created.
 pub(crate) async fn connect(
     path: &str,
     url_redacted: &str,
     opts: &OpenOptions,
+    read_only: bool,
 ) -> Result<(SqlitePool, SqliteConnection), Error> {
     let unavailable = |reason: String| Error::Unavailable {
         url: url_redacted.to_owned(),
@@ -43,8 +59,14 @@ pub(crate) async fn connect(
     if path.is_empty() {
         return Err(unavailable("empty SQLite path".into()));
     }
+    if read_only && !Path::new(path).is_file() {
+        return Err(unavailable(format!(
+            "{path} does not exist (a read-only ledger is never created)"
+        )));
+    }
     if let Some(parent) = Path::new(path).parent()
         && !parent.as_os_str().is_empty()
+        && !read_only
     {
         std::fs::create_dir_all(parent)
             .map_err(|e| unavailable(format!("cannot create {}: {e}", parent.display())))?;
@@ -53,10 +75,16 @@ pub(crate) async fn connect(
         Sync::Full => SqliteSynchronous::Full,
         Sync::Normal => SqliteSynchronous::Normal,
     };
-    let connect = SqliteConnectOptions::new()
-        .filename(path)
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
+    let connect = SqliteConnectOptions::new().filename(path);
+    // Read-only: no journal-mode switch (a write to the header) and no file creation.
+    let connect = if read_only {
+        connect.read_only(true).create_if_missing(false)
+    } else {
+        connect
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+    };
+    let connect = connect
         .synchronous(sync)
         .busy_timeout(opts.busy_timeout)
         .foreign_keys(true)

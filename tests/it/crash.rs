@@ -258,3 +258,64 @@ fn a_waiting_ledger_write_does_not_wedge_the_run() {
     assert_eq!(server.count(&format!("{run}:charge:1")), 1);
     assert_eq!(show(&db, &run)["run"]["status"], "succeeded");
 }
+
+/// A cancelled run's in-doubt call stays as recorded: `--resolve` is refused (exit 2,
+/// naming the cancellation) and writes nothing, on both backends.
+#[test]
+fn resolving_a_call_of_a_cancelled_run_is_refused_and_records_nothing() {
+    for backend in backends() {
+        let rt = runtime();
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        let db = TestDb::new(backend);
+        let file = db.write("pay.yaml", &workflow(&server.url()));
+        let crashed = output(
+            db.flow()
+                .arg("run")
+                .arg(&file)
+                .env("FLOW_FAULT", "after_outbound:charge"),
+        );
+        assert_eq!(crashed.status.code(), None, "{}", stderr(&crashed));
+        let run = run_id(&crashed);
+        let resumed = output(db.flow().args(["resume", &run]));
+        assert_eq!(resumed.status.code(), Some(3), "{}", stderr(&resumed));
+        let cancelled = output(db.flow().args(["cancel", &run]));
+        assert_eq!(cancelled.status.code(), Some(0), "{}", stderr(&cancelled));
+        let before = show(&db, &run);
+        assert_eq!(before["run"]["status"], "cancelled", "{before:#}");
+        for how in ["retry", "failed"] {
+            let out =
+                output(
+                    db.flow()
+                        .args(["resume", &run, "--resolve", &format!("charge={how}")]),
+                );
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{backend:?} {how}: {err}");
+            assert!(err.contains("cancelled"), "{backend:?}: {err}");
+            assert!(!err.contains("resolved charge"), "{err}");
+        }
+        let after = show(&db, &run);
+        assert_eq!(after, before, "{backend:?}: nothing recorded");
+        assert_eq!(call(&after, "charge")["status"], "in_doubt");
+        let ledger = rt
+            .block_on(flow_ledger::Ledger::open(
+                &db.url,
+                flow_ledger::OpenOptions::default(),
+            ))
+            .expect("open the ledger");
+        let charge = rt
+            .block_on(ledger.get_call(&run, "charge"))
+            .expect("the call");
+        assert_eq!(charge.resolution, None, "{backend:?}");
+        let events = rt
+            .block_on(ledger.list_events(flow_ledger::EventFilter::default()))
+            .expect("events");
+        assert!(
+            events
+                .iter()
+                .all(|e| e.event_type != flow_ledger::EventType::ToolCallResolved),
+            "{backend:?}: no resolution event"
+        );
+        rt.block_on(ledger.close());
+        assert_eq!(server.count(&format!("{run}:charge:1")), 0, "never sent");
+    }
+}

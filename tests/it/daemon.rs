@@ -592,6 +592,74 @@ fn losing_the_database_is_ridden_out_and_logged_once_per_change() {
     assert_eq!(log.matches("database reachable again").count(), 1, "{log}");
 }
 
+/// A daemon whose every slot is taken claims nothing, so its claim loop never saw the
+/// database go; its runs did. The loss is logged once, by the run that noticed it, and
+/// the stop summary counts the run it could not release instead of calling it released.
+#[test]
+fn a_busy_daemon_logs_the_database_loss_and_counts_the_run_it_could_not_release() {
+    if !postgres_available() {
+        return;
+    }
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    server.set("/slow", Behavior::hold(Duration::from_secs(2)));
+    let db = TestDb::new(Backend::Postgres);
+    let file = db.write("slow.yaml", &slow_then_next(&server.url()));
+    let _run = submit(&db, &file);
+    let mut d = Daemon::start(
+        &db,
+        "d",
+        &[
+            "--concurrency",
+            "1",
+            "--poll-interval",
+            "100ms",
+            "--grace",
+            "1s",
+        ],
+        &[],
+    );
+    wait_until(Duration::from_secs(20), "the slow call to arrive", || {
+        server.total() >= 1
+    });
+    let name = db.url.rsplit('/').next().expect("db name").to_string();
+    let (host, port) = crate::support::postgres_admin();
+    let out = output(std::process::Command::new("psql").args([
+        "-h",
+        &host,
+        "-p",
+        &port,
+        "-U",
+        "postgres",
+        "-d",
+        "test",
+        "-qc",
+        &format!("DROP DATABASE {name} WITH (FORCE)"),
+    ]));
+    assert!(out.status.success(), "drop: {}", stderr(&out));
+    let dropped = Instant::now();
+    wait_until(
+        Duration::from_secs(15),
+        "the busy daemon to log the loss",
+        || d.log().contains("database unreachable"),
+    );
+    eprintln!("logged {:?} after the drop", dropped.elapsed());
+    d.signal("-TERM");
+    let status = d.wait(Duration::from_secs(20));
+    let log = d.log();
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert_eq!(log.matches("database unreachable").count(), 1, "{log}");
+    assert!(log.contains("noticed_by"), "{log}");
+    let summary = log
+        .lines()
+        .rfind(|l| l.contains("flow daemon: stopped"))
+        .unwrap_or_else(|| panic!("no summary:\n{log}"));
+    assert!(
+        summary.contains("1 could not be released") && !summary.contains("were released"),
+        "{summary}\n{log}"
+    );
+}
+
 #[test]
 fn an_unreachable_database_at_start_exits_5_with_the_url_redacted() {
     let db = TestDb::new(Backend::Sqlite);

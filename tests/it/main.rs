@@ -1,12 +1,14 @@
 //! End-to-end tests of the `flow` binary: one integration test binary, one module per
 //! area (ripgrep's layout), real files and real processes.
 
+mod args;
 mod chaos;
 mod crash;
 mod daemon;
 mod events;
 mod flapping;
 mod gateway;
+mod limits;
 mod retries;
 mod runs;
 mod secrets;

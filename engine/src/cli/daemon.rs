@@ -63,12 +63,12 @@ async fn open(
 ) -> Result<(Executor, Vec<crate::events::Consumer>), u8> {
     let secrets = Secrets::load(cli.secrets_file.as_deref()).map_err(|e| {
         let _ = writeln!(stderr, "error: {e}");
-        exit::UNAVAILABLE
+        super::secrets_exit_code(&e)
     })?;
     logging::init(cli.log_format, &secrets);
     let config = FileConfig::load(cli.config.as_deref()).map_err(|e| {
         let _ = writeln!(stderr, "error: {e}");
-        exit::UNAVAILABLE
+        super::config_exit_code(&e)
     })?;
     // Runs hold a connection only for the length of one transaction, so a few serve many
     // runs; a connection per run would exhaust PostgreSQL's `max_connections` (100 by
@@ -221,18 +221,16 @@ pub(crate) async fn daemon(
             ledger.close().await;
             exit::OK
         }
-        Stopped::Graceful { abandoned } => {
-            if abandoned == 0 {
-                let _ = writeln!(
-                    stderr,
-                    "flow daemon: stopped; runs in flight were finished or released"
-                );
-            } else {
-                let _ = writeln!(
-                    stderr,
-                    "flow daemon: stopped; {abandoned} run(s) had calls in flight past the grace period and were released (`flow runs --status paused` after they resume)"
-                );
-            }
+        Stopped::Graceful {
+            abandoned,
+            released,
+            not_released,
+        } => {
+            let _ = writeln!(
+                stderr,
+                "{}",
+                graceful_summary(abandoned, released, not_released)
+            );
             signals.abort();
             ledger.close().await;
             exit::OK
@@ -251,5 +249,59 @@ pub(crate) async fn daemon(
             // connections or child processes.
             std::process::exit(i32::from(code));
         }
+    }
+}
+
+/// The last line of a graceful stop: how many runs were abandoned past the grace
+/// period, and of the runs left, how many went back to the queue and how many could not
+/// (the database did not answer; their leases expire, then any worker resumes them).
+fn graceful_summary(abandoned: usize, released: usize, not_released: usize) -> String {
+    if abandoned == 0 && not_released == 0 {
+        return "flow daemon: stopped; runs in flight were finished or released".to_string();
+    }
+    let mut parts = Vec::new();
+    if abandoned > 0 {
+        parts.push(format!(
+            "{abandoned} run(s) had calls in flight past the grace period"
+        ));
+    }
+    if released > 0 {
+        parts.push(format!("{released} released to the queue"));
+    }
+    if not_released > 0 {
+        parts.push(format!(
+            "{not_released} could not be released (their leases will expire, then another worker resumes them)"
+        ));
+    }
+    let hint = if abandoned > 0 {
+        " (`flow runs --status paused` after they resume)"
+    } else {
+        ""
+    };
+    format!("flow daemon: stopped; {}{hint}", parts.join("; "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::graceful_summary;
+
+    #[test]
+    fn the_stop_summary_counts_released_and_not_released_runs() {
+        assert_eq!(
+            graceful_summary(0, 0, 0),
+            "flow daemon: stopped; runs in flight were finished or released"
+        );
+        let all = graceful_summary(2, 2, 0);
+        assert!(all.contains("2 run(s) had calls in flight") && all.contains("2 released"));
+        assert!(!all.contains("could not"), "{all}");
+        let none = graceful_summary(1, 0, 1);
+        assert!(none.contains("1 could not be released"), "{none}");
+        assert!(!none.contains("released to the queue"), "{none}");
+        let some = graceful_summary(3, 1, 2);
+        assert!(some.contains("1 released to the queue"), "{some}");
+        assert!(some.contains("2 could not be released"), "{some}");
+        let lost = graceful_summary(0, 0, 1);
+        assert!(lost.contains("1 could not be released"), "{lost}");
+        assert!(!lost.contains("grace period"), "{lost}");
     }
 }

@@ -391,13 +391,13 @@ async fn tail(cli: &Cli, args: &TailArgs, stdout: &mut dyn Write, stderr: &mut d
 fn load_consumers(cli: &Cli, stderr: &mut dyn Write) -> Result<Vec<Consumer>, u8> {
     let secrets = Secrets::load(cli.secrets_file.as_deref()).map_err(|e| {
         let _ = writeln!(stderr, "error: {e}");
-        exit::UNAVAILABLE
+        super::secrets_exit_code(&e)
     })?;
     // Before anything can log: webhook signing keys are secrets and are scrubbed too.
     logging::init(cli.log_format, &secrets);
     let config = Config::load(cli.config.as_deref()).map_err(|e| {
         let _ = writeln!(stderr, "error: {e}");
-        exit::UNAVAILABLE
+        super::config_exit_code(&e)
     })?;
     let consumers = events::consumers(&config.consumers, &secrets).map_err(|e| {
         let _ = writeln!(stderr, "error: {e}");

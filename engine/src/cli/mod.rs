@@ -219,7 +219,74 @@ async fn close_opened() {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), closing).await;
 }
 
+/// The rule for identifiers a user names (`--run-id`, `--tenant`, `--workspace`): they
+/// end up in keys, log lines, metrics labels and file names, so 1 to 128 ASCII letters,
+/// digits, `_`, `-` and `.` (no spaces, newlines or control characters).
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// The command's name when it writes to the ledger (refused on a read-only `--db`).
+fn writing_command(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Run(_) => Some("run"),
+        Command::Submit(_) => Some("submit"),
+        Command::Daemon(_) => Some("daemon"),
+        Command::Resume(_) => Some("resume"),
+        Command::Cancel(_) => Some("cancel"),
+        Command::Migrate => Some("migrate"),
+        Command::Events(args) => match &args.command {
+            Some(events::EventsCommand::Redeliver(_)) => Some("events redeliver"),
+            Some(events::EventsCommand::Dispatch(_)) => Some("events dispatch"),
+            Some(events::EventsCommand::Tail(_)) | None => None,
+        },
+        Command::Show(_)
+        | Command::Runs(_)
+        | Command::Validate { .. }
+        | Command::Graph { .. }
+        | Command::Schema => None,
+    }
+}
+
+/// What every ledger command checks before it opens anything: the tenant and
+/// workspace are well-formed names, and a read-only `--db` is not asked to write.
+fn check_ledger_args(cli: &Cli, stderr: &mut dyn Write) -> Result<(), u8> {
+    for (flag, value) in [("--tenant", &cli.tenant), ("--workspace", &cli.workspace)] {
+        if !valid_name(value) {
+            let shown: String = value.escape_debug().take(80).collect();
+            let _ = writeln!(
+                stderr,
+                "error: invalid {flag} \"{shown}\"{}: use 1 to 128 letters, digits, `_`, `-` and `.`",
+                if value.chars().count() > 80 {
+                    "…"
+                } else {
+                    ""
+                }
+            );
+            return Err(exit::INVALID);
+        }
+    }
+    if flow_ledger::is_read_only_url(&cli.db)
+        && let Some(name) = writing_command(&cli.command)
+    {
+        let _ = writeln!(
+            stderr,
+            "error: --db {} is read-only (mode=ro) and `flow {name}` writes to the ledger; nothing was written (drop mode=ro to write)",
+            flow_ledger::redact_url(&cli.db)
+        );
+        return Err(exit::INVALID);
+    }
+    Ok(())
+}
+
 async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
+    if let Err(code) = check_ledger_args(cli, stderr) {
+        return code;
+    }
     match &cli.command {
         Command::Run(args) => run::run(cli, args, stdout, stderr).await,
         Command::Resume(args) => run::resume(cli, args, stdout, stderr).await,
@@ -243,6 +310,26 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Err(code) => code,
         },
         Command::Validate { .. } | Command::Graph { .. } | Command::Schema => exit::OK,
+    }
+}
+
+/// The exit code for a secrets file that could not be loaded: 2 when the path is not a
+/// secrets file at all (over the 1 MiB limit: `/dev/zero`, a stream), else 5 (the
+/// installation's secrets are missing or broken).
+pub(crate) fn secrets_exit_code(e: &crate::secrets::Error) -> u8 {
+    match e {
+        crate::secrets::Error::TooLarge { .. } => exit::INVALID,
+        crate::secrets::Error::File { .. } => exit::UNAVAILABLE,
+    }
+}
+
+/// The exit code for a configuration that could not be loaded: 2 for an input error
+/// (over the size limit), else 5 (bad configuration).
+pub(crate) fn config_exit_code(e: &crate::config::Error) -> u8 {
+    if e.is_invalid_input() {
+        exit::INVALID
+    } else {
+        exit::UNAVAILABLE
     }
 }
 

@@ -78,7 +78,7 @@ impl Session {
             Ok(s) => s,
             Err(e) => {
                 let _ = writeln!(stderr, "error: {e}");
-                return Err(exit::UNAVAILABLE);
+                return Err(super::secrets_exit_code(&e));
             }
         };
         logging::init(cli.log_format, &secrets);
@@ -86,7 +86,7 @@ impl Session {
             Ok(c) => c,
             Err(e) => {
                 let _ = writeln!(stderr, "error: {e}");
-                return Err(exit::UNAVAILABLE);
+                return Err(super::config_exit_code(&e));
             }
         };
         let ledger = open_ledger(cli, stderr).await?;
@@ -298,11 +298,7 @@ pub fn workflow_hash(text: &str) -> String {
 
 /// The rule for `--run-id`: ids end up in keys, logs and file names.
 fn valid_run_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    super::valid_name(id)
 }
 
 /// Everything `flow run` and `flow submit` check before they touch the database — the
@@ -530,10 +526,15 @@ pub(crate) async fn resume(
                     );
                     return exit::INVALID;
                 }
-                Err(
-                    e @ (flow_ledger::Error::InvalidTransition { .. }
-                    | flow_ledger::Error::Terminal { .. }),
-                ) => {
+                Err(flow_ledger::Error::Terminal { status }) => {
+                    let _ = writeln!(
+                        stderr,
+                        "error: cannot resolve `{node}`: run {} is {status}, so its calls stay as recorded; nothing was written",
+                        run.id
+                    );
+                    return exit::INVALID;
+                }
+                Err(e @ flow_ledger::Error::InvalidTransition { .. }) => {
                     let _ = writeln!(
                         stderr,
                         "error: cannot resolve `{node}`: {e} (only calls in doubt can be resolved)"

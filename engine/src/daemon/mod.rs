@@ -20,6 +20,7 @@
 //! database or its lease can never send a request twice.
 
 pub mod metrics;
+mod outage;
 mod service;
 pub mod shutdown;
 mod worker;

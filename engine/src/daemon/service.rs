@@ -37,11 +37,16 @@ const CLAIM_GAP: Duration = Duration::from_millis(5);
 pub enum Stopped {
     /// `exit_when_idle`: nothing queued, nothing in flight.
     Idle,
-    /// A graceful stop: every run in flight finished or was released (`abandoned` of
-    /// them were still running a call when the grace period ended).
+    /// A graceful stop: the runs in flight finished, were released, or (when the
+    /// database did not answer) were left to their leases; the counts say which.
     Graceful {
         /// Runs whose calls were still in flight at the end of the grace period.
         abandoned: usize,
+        /// Of those, the runs released to the queue.
+        released: usize,
+        /// Runs that could not be released during the stop (abandoned ones whose release
+        /// failed, and runs whose own release gave up): their leases expire instead.
+        not_released: usize,
     },
     /// An immediate stop: runs in flight were left to their leases.
     Immediate,
@@ -54,50 +59,17 @@ pub struct Service {
     handle: Handle,
 }
 
-/// Whether the database answers, with the backoff used while it does not; state changes
-/// are logged once, not once per retry.
-enum Database {
-    Up,
-    Down {
-        since: Instant,
-        delays: ExponentialBackoff,
-    },
-}
+/// The claim loop's backoff while the database does not answer (`None` while it does).
+/// Whether it answers is [`super::outage::Outage`], shared with the run tasks.
+type Backoff = Option<ExponentialBackoff>;
 
-impl Database {
-    fn ok(&mut self) {
-        if let Database::Down { since, .. } = self {
-            tracing::warn!(
-                down_for_ms = u64::try_from(since.elapsed().as_millis()).unwrap_or(u64::MAX),
-                "database reachable again; claiming runs"
-            );
-            *self = Database::Up;
-        }
-    }
-
-    /// Records a failure; returns how long to wait before the next try.
-    fn failed(&mut self, url: &str, e: &flow_ledger::Error) -> Duration {
-        if let Database::Up = self {
-            tracing::warn!(
-                db = url,
-                error = %e,
-                "database unreachable: not claiming; runs in flight stop at their next write and go back to the queue; retrying with backoff"
-            );
-            *self = Database::Down {
-                since: Instant::now(),
-                delays: ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(100))
-                    .with_max_delay(Duration::from_secs(5))
-                    .with_jitter()
-                    .without_max_times()
-                    .build(),
-            };
-        }
-        match self {
-            Database::Down { delays, .. } => delays.next().unwrap_or(Duration::from_secs(5)),
-            Database::Up => Duration::from_millis(100),
-        }
-    }
+fn backoff() -> ExponentialBackoff {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(5))
+        .with_jitter()
+        .without_max_times()
+        .build()
 }
 
 impl Service {
@@ -126,6 +98,27 @@ impl Service {
         self.shared.executor.gateway().now()
     }
 
+    /// A claim-loop call started at `started` failed: report it, and return how long to
+    /// wait before the next try.
+    fn db_failed(
+        &self,
+        delays: &mut Backoff,
+        started: Instant,
+        e: &flow_ledger::Error,
+    ) -> Duration {
+        self.shared.outage.failed(started, "claim loop", e);
+        delays
+            .get_or_insert_with(backoff)
+            .next()
+            .unwrap_or(Duration::from_secs(5))
+    }
+
+    /// A claim-loop call started at `started` succeeded.
+    fn db_ok(&self, delays: &mut Backoff, started: Instant) {
+        self.shared.outage.ok(started);
+        *delays = None;
+    }
+
     /// Runs until idle (with `exit_when_idle`) or stopped through the handle.
     pub async fn run(self) -> Stopped {
         let mut listener = None;
@@ -141,7 +134,7 @@ impl Service {
     async fn serve(&self, listener: &mut Option<QueueListener>) -> Stopped {
         let mut tasks: JoinSet<Ended> = JoinSet::new();
         let mut leases: HashMap<String, RunLease> = HashMap::new();
-        let mut db = Database::Up;
+        let mut delays: Backoff = None;
         let mut relisten_at: Option<Instant> = None;
         *listener = match self.listen().await {
             Ok(l) => l,
@@ -192,17 +185,19 @@ impl Service {
                     self.refresh_statistics().await;
                 }
                 if last_expire.is_none_or(|t| t.elapsed() >= EXPIRE_EVERY) {
-                    last_expire = Some(Instant::now());
+                    let started = Instant::now();
+                    last_expire = Some(started);
                     if let Err(e) = self.ledger().expire_dead_local_workers(self.now()).await {
-                        wait = db.failed(self.ledger().url_redacted(), &e);
+                        wait = self.db_failed(&mut delays, started, &e);
                         self.pause(wait, &mut tasks, &mut leases).await;
                         continue;
                     }
                 }
-                last_claim = Some(Instant::now());
+                let started = Instant::now();
+                last_claim = Some(started);
                 match self.claim(free).await {
                     Ok(claimed) => {
-                        db.ok();
+                        self.db_ok(&mut delays, started);
                         let got = claimed.len();
                         backlog = got == free;
                         for claimed in claimed {
@@ -218,15 +213,15 @@ impl Service {
                             match self.idle().await {
                                 Ok(true) => return Stopped::Idle,
                                 Ok(false) => {}
-                                Err(e) => wait = db.failed(self.ledger().url_redacted(), &e),
+                                Err(e) => wait = self.db_failed(&mut delays, started, &e),
                             }
                         }
                     }
-                    Err(e) => wait = db.failed(self.ledger().url_redacted(), &e),
+                    Err(e) => wait = self.db_failed(&mut delays, started, &e),
                 }
             }
             let can_claim =
-                !backlog && tasks.len() < self.config.concurrency && matches!(db, Database::Up);
+                !backlog && tasks.len() < self.config.concurrency && !self.shared.outage.is_down();
             tokio::select! {
                 Some(joined) = tasks.join_next(), if !tasks.is_empty() => {
                     self.reap(joined, &mut leases);
@@ -350,9 +345,15 @@ impl Service {
         let deadline = tokio::time::sleep(self.config.grace);
         tokio::pin!(deadline);
         let immediate = self.handle.immediate().clone();
+        let mut not_released = 0;
         while !tasks.is_empty() {
             tokio::select! {
-                Some(joined) = tasks.join_next() => self.reap(joined, &mut leases),
+                Some(joined) = tasks.join_next() => {
+                    if matches!(&joined, Ok(ended) if ended.status == "lost") {
+                        not_released += 1;
+                    }
+                    self.reap(joined, &mut leases);
+                }
                 () = &mut deadline => break,
                 () = immediate.cancelled() => return Stopped::Immediate,
             }
@@ -369,14 +370,23 @@ impl Service {
                     leases.remove(&ended.run_id);
                 }
             }
-            for lease in leases.values() {
-                if let Err(e) = self.ledger().release_run(lease, self.now()).await {
+        }
+        let mut released = 0;
+        for lease in leases.values() {
+            match self.ledger().release_run(lease, self.now()).await {
+                Ok(()) => released += 1,
+                Err(e) => {
+                    not_released += 1;
                     tracing::warn!(run = %lease.run_id, error = %e, "could not release the run; its lease will expire");
                 }
             }
         }
         self.shared.metrics.set_in_flight(0);
-        Stopped::Graceful { abandoned }
+        Stopped::Graceful {
+            abandoned,
+            released,
+            not_released,
+        }
     }
 }
 

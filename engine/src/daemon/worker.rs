@@ -11,6 +11,7 @@ use flow_ledger::{Claimed, Ledger, Run, RunFinish, RunLease, RunStatus};
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::Metrics;
+use super::outage::Outage;
 use crate::executor::{Executor, RUN_LEASE};
 use crate::gateway;
 use crate::workflow::Workflow;
@@ -25,13 +26,17 @@ pub(crate) struct Shared {
     pub metrics: Arc<Metrics>,
     /// Fires on a graceful stop: executions start nothing new and release their runs.
     pub stop: CancellationToken,
+    /// Whether the database answers, reported by the claim loop and every run task.
+    pub outage: Outage,
     workflows: Mutex<HashMap<String, Arc<Workflow>>>,
 }
 
 impl Shared {
     pub fn new(executor: Executor, metrics: Arc<Metrics>, stop: CancellationToken) -> Arc<Self> {
+        let ledger = executor.gateway().ledger().clone();
         Arc::new(Self {
-            ledger: executor.gateway().ledger().clone(),
+            outage: Outage::new(ledger.url_redacted()),
+            ledger,
             executor,
             metrics,
             stop,
@@ -67,6 +72,9 @@ impl Shared {
 /// A run whose execution ended here (its lease is no longer this process's concern).
 pub(crate) struct Ended {
     pub run_id: String,
+    /// How: the run's status, `queued` (released) or `lost` (not released: another
+    /// worker holds it, or the database did not answer before the lease ran out).
+    pub status: &'static str,
 }
 
 /// Executes the run held by `lease` until it ends here. The metrics record how: the
@@ -76,7 +84,7 @@ pub(crate) async fn execute(shared: Arc<Shared>, claimed: Claimed) -> Ended {
     let run_id = claimed.lease.run_id.clone();
     let status = execute_inner(&shared, claimed).await;
     shared.metrics.finished(status);
-    Ended { run_id }
+    Ended { run_id, status }
 }
 
 async fn execute_inner(shared: &Shared, claimed: Claimed) -> &'static str {
@@ -155,7 +163,19 @@ async fn give_back(shared: &Shared, lease: &RunLease) -> &'static str {
         .without_max_times()
         .build();
     loop {
-        match shared.ledger.release_run(lease, shared.now()).await {
+        let attempt = Instant::now();
+        let released = shared.ledger.release_run(lease, shared.now()).await;
+        match &released {
+            Ok(()) => {
+                shared.outage.ok(attempt);
+            }
+            Err(e) => {
+                // A busy daemon claims nothing, so its runs may be the only ones to see
+                // the database go; they say so once, like the claim loop.
+                shared.outage.failed(attempt, "run", e);
+            }
+        }
+        match released {
             Ok(()) => return "queued",
             Err(flow_ledger::Error::LeaseLost) => return "lost",
             Err(e) if started.elapsed() >= RUN_LEASE * 2 => {

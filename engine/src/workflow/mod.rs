@@ -39,17 +39,25 @@ pub fn load_file(path: &Path, opts: &ValidateOptions) -> Result<(Workflow, Sourc
             vec![Diagnostic::new(Pos { line: 1, col: 1 }, message)],
         )
     };
-    let meta = std::fs::metadata(path).map_err(|e| fail(format!("cannot read the file: {e}")))?;
-    if meta.is_dir() {
-        return Err(fail("is a directory, not a workflow file".to_string()));
-    }
-    if meta.len() > MAX_FILE_BYTES as u64 {
-        return Err(fail(format!(
-            "the file is {} bytes; workflow files are limited to {MAX_FILE_BYTES} bytes (1 MiB)",
-            meta.len()
-        )));
-    }
-    let bytes = std::fs::read(path).map_err(|e| fail(format!("cannot read the file: {e}")))?;
+    // Bounded whatever the path names: `/dev/zero` or a FIFO report no size and stream
+    // without end, so the limit is enforced while reading (`read_limited`).
+    let bytes = match crate::read_limited::read(path, MAX_FILE_BYTES as u64) {
+        Ok(bytes) => bytes,
+        Err(crate::read_limited::Error::TooLarge { .. }) => {
+            let limit = format!("workflow files are limited to {MAX_FILE_BYTES} bytes (1 MiB)");
+            let message = match std::fs::metadata(path) {
+                Ok(m) if m.is_file() => format!("the file is {} bytes; {limit}", m.len()),
+                _ => format!("{limit}; reading stopped past that"),
+            };
+            return Err(fail(message));
+        }
+        Err(crate::read_limited::Error::IsDirectory { .. }) => {
+            return Err(fail("is a directory, not a workflow file".to_string()));
+        }
+        Err(crate::read_limited::Error::Io { source, .. }) => {
+            return Err(fail(format!("cannot read the file: {source}")));
+        }
+    };
     let text = decode(&bytes).map_err(|d| Diagnostics::new(file.clone(), vec![d]))?;
     let wf = parse_with(&text, &file, opts)?;
     Ok((wf, Source { file, text }))

@@ -207,3 +207,42 @@ async fn planner_statistics_follow_a_burst(db: TestDb) {
         plan.join("\n")
     );
 }
+
+/// `?mode=ro` (SQLite): reads work, every write is refused with `ReadOnly` before it
+/// reaches the database, and a missing file is not created.
+#[tokio::test]
+async fn sqlite_read_only_urls_read_and_refuse_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ro.db");
+    let url = format!("sqlite://{}", path.display());
+    let rw = Ledger::open(&url, OpenOptions::default()).await.unwrap();
+    rw.enqueue(new_run("run_ro"), T0).await.unwrap();
+    rw.close().await;
+    let size = std::fs::metadata(&path).unwrap().len();
+    let ro = Ledger::open(&format!("{url}?mode=ro"), OpenOptions::default())
+        .await
+        .unwrap();
+    assert!(ro.is_read_only());
+    assert_eq!(ro.get_run("run_ro").await.unwrap().id, "run_ro");
+    assert_eq!(ro.list_runs(RunFilter::default()).await.unwrap().len(), 1);
+    assert!(matches!(
+        ro.enqueue(new_run("run_2"), T0).await,
+        Err(Error::ReadOnly { .. })
+    ));
+    assert!(matches!(
+        ro.request_cancel("run_ro", T0).await,
+        Err(Error::ReadOnly { .. })
+    ));
+    assert!(matches!(ro.migrate().await, Err(Error::ReadOnly { .. })));
+    ro.close().await;
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), size);
+    let missing = dir.path().join("sub/missing.db");
+    let err = Ledger::open(
+        &format!("sqlite://{}?mode=ro", missing.display()),
+        OpenOptions::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert!(!missing.exists() && !missing.parent().unwrap().exists());
+}

@@ -13,6 +13,7 @@ crate::conformance!(
     resolve_failed_fails_the_step,
     resolve_retry_resends_the_same_key,
     resolve_only_from_in_doubt,
+    resolve_refuses_a_finished_run_and_records_nothing,
     pure_call_is_one_commit_and_replays,
     pure_call_failed_then_retry_failed,
 );
@@ -43,6 +44,40 @@ async fn in_doubt(db: &TestDb) -> RunLease {
         .await
         .unwrap();
     run
+}
+
+/// A cancelled run keeps its in-doubt call as a record; settling it would change a run
+/// that is over (and `retry` would make the call claimable with nobody to claim it).
+async fn resolve_refuses_a_finished_run_and_records_nothing(db: TestDb) {
+    in_doubt(&db).await;
+    db.ledger.request_cancel("run_a", db.now()).await.unwrap();
+    let events_before = db.ledger.list_events(EventFilter::default()).await.unwrap();
+    for resolution in [
+        Resolution::Retry,
+        Resolution::Succeeded(json!({"id": "x"})),
+        Resolution::Failed("no".into()),
+    ] {
+        let err = db
+            .ledger
+            .resolve_call(resolve(resolution), db.now())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Terminal {
+                    status: flow_ledger::RunStatus::Cancelled
+                }
+            ),
+            "{err}"
+        );
+    }
+    let call = db.ledger.get_call("run_a", "pay").await.unwrap();
+    assert_eq!(call.status, CallStatus::InDoubt);
+    assert_eq!(call.resolution, None);
+    assert_eq!(call.resolved_by, None);
+    let events_after = db.ledger.list_events(EventFilter::default()).await.unwrap();
+    assert_eq!(events_after.len(), events_before.len(), "no event recorded");
 }
 
 fn resolve(resolution: Resolution) -> Resolve {

@@ -1,0 +1,121 @@
+//! Global arguments checked before any ledger is touched: a read-only SQLite URL
+//! (`?mode=ro`) serves the reading commands and refuses the writing ones with nothing
+//! created or written; tenant and workspace names follow the run-id rule.
+
+use std::path::Path;
+
+use crate::support::{Backend, TestDb, output, repo, run_id, stderr, stdout};
+
+/// The bytes of the ledger file and its WAL, to prove nothing was written.
+fn contents(db_file: &Path) -> Vec<Vec<u8>> {
+    ["", "-wal"]
+        .iter()
+        .map(|suffix| {
+            let mut p = db_file.as_os_str().to_owned();
+            p.push(suffix);
+            std::fs::read(Path::new(&p)).unwrap_or_default()
+        })
+        .collect()
+}
+
+#[test]
+fn a_read_only_sqlite_url_serves_reads_and_refuses_writes() {
+    let db = TestDb::new(Backend::Sqlite);
+    let hello = repo().join("workflows/hello.yaml");
+    let out = output(
+        db.flow()
+            .arg("run")
+            .arg(&hello)
+            .args(["--input", "name=Ada"]),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let run = run_id(&out);
+    let file = db.dir.path().join("flow.db");
+    let before = contents(&file);
+    let ro = format!("sqlite://{}?mode=ro", file.display());
+
+    let out = output(db.flow().args(["--db", &ro, "runs", "--json"]));
+    assert_eq!(out.status.code(), Some(0), "runs: {}", stderr(&out));
+    assert!(stdout(&out).contains(&run), "{}", stdout(&out));
+    let out = output(db.flow().args(["--db", &ro, "show", &run, "--json"]));
+    assert_eq!(out.status.code(), Some(0), "show: {}", stderr(&out));
+    assert!(stdout(&out).contains("succeeded"));
+    let out = output(db.flow().args(["--db", &ro, "events", "--json"]));
+    assert_eq!(out.status.code(), Some(0), "events: {}", stderr(&out));
+
+    let hello_arg = hello.to_str().expect("path");
+    let writes: [&[&str]; 6] = [
+        &["run", hello_arg, "--input", "name=Bo"],
+        &["submit", hello_arg, "--input", "name=Bo"],
+        &["cancel", &run],
+        &["resume", &run],
+        &["migrate"],
+        &["events", "redeliver", "--failed"],
+    ];
+    for args in writes {
+        let out = output(db.flow().args(["--db", &ro]).args(args));
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("read-only (mode=ro)"), "{args:?}: {err}");
+    }
+    assert!(contents(&file) == before, "the ledger file changed");
+
+    // A missing file is never created, whatever the command.
+    let missing = db.dir.path().join("nothing/here.db");
+    let ro_missing = format!("sqlite://{}?mode=ro", missing.display());
+    let out = output(db.flow().args(["--db", &ro_missing, "runs"]));
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(stderr(&out).contains("never created"), "{}", stderr(&out));
+    let out = output(
+        db.flow()
+            .args(["--db", &ro_missing, "run"])
+            .arg(&hello)
+            .args(["--input", "name=Bo"]),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(!missing.exists() && !missing.parent().expect("parent").exists());
+}
+
+#[test]
+fn bad_tenant_and_workspace_names_exit_2_before_the_ledger_is_opened() {
+    let db = TestDb::new(Backend::Sqlite);
+    let long = "t".repeat(2_000);
+    let hello = repo().join("workflows/hello.yaml");
+    for flag in ["--tenant", "--workspace"] {
+        for bad in ["", "a\nb", long.as_str(), "a b", "ü"] {
+            for args in [
+                vec!["runs".to_string()],
+                vec![
+                    "run".to_string(),
+                    hello.display().to_string(),
+                    "--input".into(),
+                    "name=Ada".into(),
+                ],
+            ] {
+                let out = output(db.flow().args([flag, bad]).args(&args));
+                let err = stderr(&out);
+                assert_eq!(out.status.code(), Some(2), "{flag} {bad:?} {args:?}: {err}");
+                assert!(err.contains(&format!("invalid {flag}")), "{err}");
+                assert!(err.len() < 400, "the value is shortened: {err}");
+            }
+        }
+        // The environment variables are checked the same way.
+        let env = if flag == "--tenant" {
+            "FLOW_TENANT"
+        } else {
+            "FLOW_WORKSPACE"
+        };
+        let out = output(db.flow().env(env, "bad\nname").arg("runs"));
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    }
+    assert!(
+        !db.dir.path().join("flow.db").exists(),
+        "nothing was opened"
+    );
+    let out = output(
+        db.flow()
+            .args(["--tenant", "acme-1.prod_2", "--workspace", "w"])
+            .arg("runs"),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+}
