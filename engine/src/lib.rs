@@ -9,9 +9,10 @@
 //! - [`schema`]: the JSON Schema of workflow files, for editors.
 //! - [`inputs`]: run inputs from `--input` and `--inputs-file`, typed by declaration.
 //! - [`secrets`]: secret values (environment, dotenv file), redaction and scrubbing.
+//! - [`snapshot`]: the workflow a run carries, re-validated on resume and by daemons.
 //! - [`config`]: `flow.toml` (egress allow-list, event consumers).
 //! - [`events`]: delivering outbox events to consumers, at least once.
-//! - [`gateway`]: the at-most-once boundary of one tool call (DESIGN §8).
+//! - [`gateway`]: the at-most-once boundary of one tool call.
 //! - [`daemon`]: `flow daemon`, workers draining the shared run queue; metrics, health.
 //! - [`retry`]: retry delays (pure, injected RNG).
 //! - [`fault`]: `FLOW_FAULT` crash points for tests.
@@ -31,4 +32,5 @@ pub mod render;
 pub mod retry;
 pub mod schema;
 pub mod secrets;
+pub mod snapshot;
 pub mod workflow;

@@ -7,7 +7,7 @@ use fixedbitset::FixedBitSet;
 use petgraph::algo::tarjan_scc;
 use petgraph::graph::{DiGraph, NodeIndex};
 
-use crate::workflow::Workflow;
+use crate::workflow::model::Workflow;
 
 /// The DAG of one workflow; nodes are indexed by their position in [`Workflow::nodes`].
 #[derive(Debug, Clone)]

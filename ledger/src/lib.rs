@@ -27,7 +27,7 @@
 //! - [`notify`]: PostgreSQL `LISTEN/NOTIFY` wake-ups for daemons ([`Ledger::listen_queue`]);
 //!   `health.rs`: the probe and counts a daemon's `/healthz` and `/metrics` read.
 //!
-//! # The at-most-once protocol (DESIGN §7)
+//! # The at-most-once protocol
 //! 1. [`Ledger::claim_call`] → `Claimed(lease)`, `Replay`, `InDoubt`, or `Busy` /
 //!    `Conflict` / `LeaseLost` errors;
 //! 2. [`Ledger::rate_acquire`] (if limited: [`Ledger::release_call`], defer the step);
@@ -88,6 +88,7 @@ mod rate;
 mod reads;
 mod resolve;
 mod rows;
+mod run_states;
 mod runs;
 mod sqlite;
 mod steps;

@@ -24,7 +24,7 @@ use crate::model::{
     CallOutcome, PureBatchRecorded, PureCall, PureRecorded, PureResult, Run, RunFinish, RunLease,
 };
 use crate::rows::{IntRow, RunRow, run_cols};
-use crate::runs::finish_run_in;
+use crate::run_states::finish_run_in;
 use crate::state::{StepStatus, attempt_key};
 
 /// The reason a batch op rolls itself back with when a node is not new: an error is what

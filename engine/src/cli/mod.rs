@@ -17,13 +17,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub(crate) use run::snapshot;
+pub(crate) use show::print_json;
 
 use crate::plan::Plan;
 use crate::render::{GraphFormat, render};
-use crate::workflow::{ValidateOptions, load_file};
+use crate::snapshot::validate_options;
+use crate::workflow::load_file;
 
-/// Exit codes of the `flow` binary (DESIGN §10); scripts and tests rely on them.
+/// Exit codes of the `flow` binary (the README's table); scripts and tests rely on them.
 pub mod exit {
     /// The run succeeded / the command did what was asked.
     pub const OK: u8 = 0;
@@ -365,18 +366,6 @@ pub(crate) async fn open_ledger(
             );
             Err(exit::UNAVAILABLE)
         }
-    }
-}
-
-/// The validation options of this binary: function names are the built-in registry's.
-pub fn validate_options() -> ValidateOptions {
-    ValidateOptions {
-        functions: Some(
-            flow_adapters::function::Registry::with_builtins()
-                .names()
-                .into_iter()
-                .collect(),
-        ),
     }
 }
 

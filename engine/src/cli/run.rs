@@ -7,19 +7,19 @@ use std::time::Duration;
 
 use clap::Args;
 use flow_ledger::{
-    Clock, Ledger, NewRun, Resolution, Resolve, Run, RunLease, RunStatus, SystemClock, WorkerId,
+    Clock, Ledger, NewRun, Resolution, Resolve, RunLease, RunStatus, SystemClock, WorkerId,
 };
 use rand::SeedableRng;
 use serde_json::Value as Json;
-use sha2::{Digest, Sha256};
 
-use super::{Cli, exit, logging, open_ledger, validate_options};
+use super::{Cli, exit, logging, open_ledger};
 use crate::config::Config;
 use crate::executor::{Executor, RUN_LEASE, RunOutcome, progress};
 use crate::fault::Faults;
 use crate::gateway::{Gateway, Tools};
 use crate::secrets::Secrets;
-use crate::workflow::{Workflow, load_file, parse_with};
+use crate::snapshot::{snapshot, validate_options, workflow_hash};
+use crate::workflow::{Workflow, load_file};
 
 /// Arguments of `flow run`.
 #[derive(Debug, Args)]
@@ -210,7 +210,7 @@ impl Session {
         stderr: &mut dyn Write,
     ) -> u8 {
         if json {
-            super::show::print_json(&self.ledger, run_id, stdout, stderr).await;
+            super::print_json(&self.ledger, run_id, stdout, stderr).await;
         } else if let Some(output) = &outcome.output {
             let _ = writeln!(
                 stdout,
@@ -274,26 +274,6 @@ impl Session {
             }
         }
     }
-}
-
-/// The workflow a run started with (its stored snapshot), re-validated.
-pub(crate) fn snapshot(run: &Run) -> Result<Workflow, String> {
-    parse_with(
-        &run.workflow_text,
-        &format!("<run {} snapshot>", run.id),
-        &validate_options(),
-    )
-    .map_err(|d| {
-        format!(
-            "the stored workflow of run {} no longer validates:\n{d}",
-            run.id
-        )
-    })
-}
-
-/// sha256 of the workflow text: a run's identity together with its inputs.
-pub fn workflow_hash(text: &str) -> String {
-    format!("{:x}", Sha256::digest(text.as_bytes()))
 }
 
 /// The rule for `--run-id`: ids end up in keys, logs and file names.

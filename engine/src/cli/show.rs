@@ -44,7 +44,8 @@ fn ts(t: Option<Timestamp>) -> Json {
     t.map_or(Json::Null, |t| Json::String(t.to_rfc3339()))
 }
 
-/// The `flow show --json` object (DESIGN §10 shape, plus a few extra fields).
+/// The `flow show --json` object (the shape the README's CLI reference documents, plus a
+/// few extra fields).
 pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flow_ledger::Error> {
     let run = ledger.get_run(run_id).await?;
     let steps = ledger.list_steps(run_id).await?;
@@ -160,7 +161,7 @@ async fn human(ledger: &Ledger, run_id: &str) -> Result<String, flow_ledger::Err
     if let Some(e) = run.error.as_ref().or(run.pause_reason.as_ref()) {
         let _ = writeln!(out, "  {e}");
     }
-    let order: Vec<String> = match super::run::snapshot(&run) {
+    let order: Vec<String> = match crate::snapshot::snapshot(&run) {
         Ok(wf) => match Plan::new(&wf) {
             Ok(plan) => plan
                 .order()

@@ -55,7 +55,7 @@ impl Shared {
         if let Some(wf) = cached {
             return Ok(wf);
         }
-        let wf = Arc::new(crate::cli::snapshot(run)?);
+        let wf = Arc::new(crate::snapshot::snapshot(run)?);
         let mut cache = self.workflows.lock().unwrap_or_else(|e| e.into_inner());
         if cache.len() >= CACHE_LIMIT {
             cache.clear();

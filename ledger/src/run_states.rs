@@ -1,0 +1,293 @@
+//! A claimed run's state changes: finish, pause, requeue, cancel.
+//!
+//! Each is one fenced transaction (or one statement) that moves the run along an edge
+//! of `RunStatus` and writes the event of that edge with it. The queue side — enqueue,
+//! claim, heartbeat, release — is `runs.rs`.
+
+use serde_json::json;
+
+use crate::clock::Timestamp;
+use crate::conn::{Arg, Conn, args};
+use crate::error::Error;
+use crate::events::{EventType, NewEvent, emit};
+use crate::ledger::Ledger;
+use crate::model::{Run, RunFinish, RunLease};
+use crate::rows::{RunRow, run_cols};
+use crate::runs::run_for_update;
+use crate::state::RunStatus;
+
+/// The fenced finish of a run and its event in ONE statement (`$10..$12`: event id,
+/// type, payload; the outbox columns mirror `events::emit`): a script on SQLite (the
+/// insert happens only if the update did), data-modifying CTEs on PostgreSQL.
+const FINISH_RUN: (&str, &str) = (
+    concat!(
+        "UPDATE runs SET status = $6, output = $7, error = $8, finished_at = $9,
+            updated_at = $9, lease_expires_at = NULL
+         WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+           AND lease_token = $5 AND status = 'running'
+         RETURNING ",
+        run_cols!(),
+        ";
+         INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
+            payload)
+         SELECT $1, $2, $10, $11, $9, $3, NULL, NULL, $12 WHERE changes() = 1"
+    ),
+    concat!(
+        "WITH r AS (
+            UPDATE runs SET status = $6, output = $7, error = $8, finished_at = $9,
+                updated_at = $9, lease_expires_at = NULL
+            WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+              AND lease_token = $5 AND status = 'running'
+            RETURNING ",
+        run_cols!(),
+        "),
+         e AS (
+            INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id,
+                tool_call_id, payload, txid)
+            SELECT $1, $2, $10, $11, $9, $3, NULL, NULL, $12,
+                pg_current_xact_id()::text::bigint FROM r)
+         SELECT ",
+        run_cols!(),
+        " FROM r"
+    ),
+);
+
+/// Runs `FINISH_RUN` with [`Ledger::finish_args`]: `LeaseLost` unless the run was
+/// still held.
+pub(crate) async fn finish_run_in(c: &mut Conn<'_>, args: Vec<Arg>) -> Result<Run, Error> {
+    let sql = c.pick(FINISH_RUN.0, FINISH_RUN.1);
+    let rows = c.all::<RunRow>(sql, args).await?;
+    rows.into_iter().next().ok_or(Error::LeaseLost)?.into_run()
+}
+
+impl Ledger {
+    /// Finishes a run (fenced). An output over the limit turns a success into a failure
+    /// naming the limit. Emits `run.succeeded`, `run.failed` or `run.cancelled`.
+    pub async fn finish_run(
+        &self,
+        lease: &RunLease,
+        finish: RunFinish,
+        now: Timestamp,
+    ) -> Result<Run, Error> {
+        let a = self.finish_args(lease, &finish, now)?;
+        // One statement: the fenced update and its event (no round trips in between).
+        self.write_statement(move |c| Box::pin(async move { finish_run_in(c, a).await }))
+            .await
+    }
+
+    /// The bound values of `FINISH_RUN`, decided in Rust: the event, and a success whose
+    /// output is over the limit turned into a failure naming it.
+    pub(crate) fn finish_args(
+        &self,
+        lease: &RunLease,
+        finish: &RunFinish,
+        now: Timestamp,
+    ) -> Result<Vec<Arg>, Error> {
+        let (mut status, mut error) = (finish.status, finish.error.clone());
+        let event = match status {
+            RunStatus::Succeeded => EventType::RunSucceeded,
+            RunStatus::Failed => EventType::RunFailed,
+            RunStatus::Cancelled => EventType::RunCancelled,
+            other => {
+                return Err(Error::InvalidTransition {
+                    what: "run",
+                    from: RunStatus::Running.as_str().into(),
+                    to: other.as_str().into(),
+                });
+            }
+        };
+        let mut output = None;
+        let mut event = event;
+        if let Some(v) = &finish.output {
+            match self.checked_json(v) {
+                Ok(s) => output = Some(s),
+                Err(e) => {
+                    status = RunStatus::Failed;
+                    event = EventType::RunFailed;
+                    error = Some(format!("run {e}; nothing was stored"));
+                }
+            }
+        }
+        let s = self.scope();
+        let payload = json!({ "status": status.as_str(), "error": error });
+        Ok(args![
+            &s.tenant,
+            &s.workspace,
+            &lease.run_id,
+            lease.worker.as_str(),
+            lease.token,
+            status.as_str(),
+            output,
+            error,
+            now,
+            format!("evt_{}", ulid::Ulid::generate()),
+            event.as_str(),
+            payload.to_string(),
+        ])
+    }
+
+    /// Pauses a run (fenced): an in-doubt call waits for an operator. Clears the lease;
+    /// `requeue_run` or `claim_run` resumes it. Emits `run.paused`.
+    pub async fn pause_run(
+        &self,
+        lease: &RunLease,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let ledger = self.clone();
+        let lease = lease.clone();
+        let reason = reason.to_owned();
+        self.write(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let reason = reason.as_str();
+                let n = c
+                    .execute(
+                        "UPDATE runs SET status = 'paused', pause_reason = $6, lease_expires_at = NULL,
+                            updated_at = $7
+                         WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
+                           AND lease_token = $5 AND status = 'running'",
+                        args![
+                            &scope.tenant,
+                            &scope.workspace,
+                            &lease.run_id,
+                            lease.worker.as_str(),
+                            lease.token,
+                            reason,
+                            now,
+                        ],
+                    )
+                    .await?;
+                if n == 0 {
+                    return Err(Error::LeaseLost);
+                }
+                emit(
+                    c,
+                    scope,
+                    now,
+                    NewEvent::run(
+                        EventType::RunPaused,
+                        &lease.run_id,
+                        json!({ "reason": reason }),
+                    ),
+                )
+                .await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    /// Puts a paused run, or a running run whose worker is gone (lease expired or holder
+    /// provably dead), back on the queue (`flow resume --detach`). The token is bumped
+    /// so the old holder is fenced out. A queued run is returned as is; a live lease is
+    /// `Busy`; a finished run is `Terminal`. Emits `run.queued`.
+    pub async fn requeue_run(&self, run_id: &str, now: Timestamp) -> Result<Run, Error> {
+        let ledger = self.clone();
+        let run_id = run_id.to_owned();
+        self.write(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let run_id = run_id.as_str();
+                let row = run_for_update(c, scope, run_id).await?;
+                match row.status()? {
+                    RunStatus::Queued => return row.into_run(),
+                    s if s.is_terminal() => return Err(Error::Terminal { status: s }),
+                    RunStatus::Running => row.check_not_held(now)?,
+                    _ => {}
+                }
+                let row = c
+                    .optional::<RunRow>(
+                        concat!(
+                            "UPDATE runs SET status = 'queued', worker = NULL, lease_expires_at = NULL,
+                                lease_token = lease_token + 1, pause_reason = NULL, updated_at = $4,
+                                not_before = CASE WHEN not_before > $4 THEN $4 ELSE not_before END
+                             WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $5
+                             RETURNING ",
+                            run_cols!()
+                        ),
+                        args![
+                            &scope.tenant,
+                            &scope.workspace,
+                            run_id,
+                            now,
+                            row.lease_token
+                        ],
+                    )
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                emit(
+                    c,
+                    scope,
+                    now,
+                    NewEvent::run(EventType::RunQueued, run_id, json!({ "requeued": true })),
+                )
+                .await?;
+                crate::notify::notify_queued(c, scope).await?;
+                row.into_run()
+            })
+        })
+        .await
+    }
+
+    /// Asks a run to stop. Queued and paused runs are cancelled at once (emits
+    /// `run.cancelled`); a running run gets `cancel_requested`, which its worker sees at
+    /// its next heartbeat. Cancelling a cancelled run is a no-op; other finished runs
+    /// are `Terminal`.
+    pub async fn request_cancel(&self, run_id: &str, now: Timestamp) -> Result<Run, Error> {
+        let ledger = self.clone();
+        let run_id = run_id.to_owned();
+        self.write(move |c| {
+            Box::pin(async move {
+                let scope = ledger.scope();
+                let run_id = run_id.as_str();
+                let row = run_for_update(c, scope, run_id).await?;
+                let status = row.status()?;
+                let row = match status {
+                    RunStatus::Cancelled => return row.into_run(),
+                    s if s.is_terminal() => return Err(Error::Terminal { status: s }),
+                    RunStatus::Running => c
+                        .optional::<RunRow>(
+                            concat!(
+                                "UPDATE runs SET cancel_requested = TRUE, updated_at = $4
+                                 WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
+                                run_cols!()
+                            ),
+                            args![&scope.tenant, &scope.workspace, run_id, now],
+                        )
+                        .await?
+                        .ok_or(Error::LeaseLost)?,
+                    _ => {
+                        let row = c
+                            .optional::<RunRow>(
+                                concat!(
+                                    "UPDATE runs SET cancel_requested = TRUE, status = 'cancelled',
+                                        error = 'cancelled', finished_at = $4, updated_at = $4,
+                                        lease_expires_at = NULL
+                                     WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
+                                    run_cols!()
+                                ),
+                                args![&scope.tenant, &scope.workspace, run_id, now],
+                            )
+                            .await?
+                            .ok_or(Error::LeaseLost)?;
+                        emit(
+                            c,
+                            scope,
+                            now,
+                            NewEvent::run(
+                                EventType::RunCancelled,
+                                run_id,
+                                json!({ "from": status.as_str() }),
+                            ),
+                        )
+                        .await?;
+                        row
+                    }
+                };
+                row.into_run()
+            })
+        })
+        .await
+    }
+}
