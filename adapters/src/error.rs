@@ -5,7 +5,7 @@ use std::time::Duration;
 
 /// What the engine may do after a failed call. Decided by the adapter, which is the
 /// only place that knows whether the request left the process and how the downstream
-/// answered (DESIGN §8: "errors keep their kind").
+/// answered (errors keep their kind).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
     /// Retrying cannot help: bad configuration or arguments, a 4xx answer, a non-zero

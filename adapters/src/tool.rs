@@ -21,7 +21,7 @@ pub struct Call {
     /// The key of this effect attempt (`<base>:<attempt>`), sent as `Idempotency-Key`
     /// by HTTP tools so a deduplicating downstream can recognise a re-send.
     pub idempotency_key: String,
-    /// Per-attempt timeout. Always set: no request leaves without one (fix ⑦).
+    /// Per-attempt timeout. Always set: no request leaves without one.
     pub timeout: Duration,
 }
 
@@ -39,7 +39,7 @@ impl Call {
 /// What a call produced, and how many requests it sent to get there.
 ///
 /// `requests_sent` is what the ledger's `outbound_requests` and the usage rows count
-/// (fixes ⑪ and ⑫): requests that actually left the process, including the MCP re-auth
+/// (and rate limits and quotas): requests that actually left the process, including the MCP re-auth
 /// re-send and excluding an HTTP connect attempt that was refused.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Outcome {
@@ -67,7 +67,7 @@ impl Outcome {
     }
 }
 
-/// How safe it is to repeat a tool's call whose outcome is unknown (DESIGN §8).
+/// How safe it is to repeat a tool's call whose outcome is unknown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SideEffect {
     /// Repeating may repeat the effect: an unknown outcome goes `in_doubt`.

@@ -1,4 +1,4 @@
-//! Claiming a tool call: DESIGN §7's claim rules.
+//! Claiming a tool call: the claim rules of the crate docs (`lib.rs`).
 //!
 //! One transaction: check the caller's run lease, read the call by id (then by key),
 //! let `state::decide_claim` decide, and perform exactly that conditional write. SQLite
@@ -241,7 +241,7 @@ pub(crate) async fn insert_attempt(
     Ok(())
 }
 
-/// One `usage` row per request sent (DESIGN fix ⑫: usage counts requests).
+/// One `usage` row per request sent: usage counts requests that left, not calls.
 pub(crate) async fn insert_usage(
     c: &mut Conn<'_>,
     ledger: &Ledger,
@@ -367,7 +367,7 @@ async fn unknown_sends(c: &mut Conn<'_>, ledger: &Ledger, row: &CallRow) -> Resu
 }
 
 impl Ledger {
-    /// Claims a node's tool call (DESIGN §7). See the crate docs for the rules; in short:
+    /// Claims a node's tool call. See the crate docs for the rules; in short:
     /// no row → `Claimed` (attempt 1); terminal → `Replay` (failed + `retry_failed` →
     /// `Claimed` with attempt n+1 and key `<base>:<n+1>`); abandoned `claimed` → taken
     /// over (`Claimed`, same attempt and key); abandoned `outbound` → `InDoubt` (step

@@ -1,7 +1,7 @@
 //! Canonical request hashes.
 //!
 //! A request hash identifies "the same request" across retries, resumes and runs
-//! (DESIGN §7: same key + same hash = the same call). It must not depend on key order
+//! (same key + same hash = the same call). It must not depend on key order
 //! or on serde_json's `preserve_order` feature, so objects are written with sorted keys.
 
 use serde_json::Value;

@@ -1,4 +1,4 @@
-//! Outbox events (DESIGN §2 guarantee 4, issue 7 item 1).
+//! Outbox events (the README's guarantee 4: an event exists only with its state change).
 //!
 //! Each state-changing method inserts its events into `outbox` inside its own
 //! transaction: no event without its state change, no state change without its event.

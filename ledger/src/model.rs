@@ -1,6 +1,6 @@
 //! The ledger's request and row types.
 //!
-//! Requests with more than a few fields are structs (STYLE: no bare bool arguments); rows
+//! Requests with more than a few fields are structs (no bare bool arguments); rows
 //! are plain data with serde so the CLI can print them as JSON as they are.
 
 use std::time::Duration;
@@ -242,7 +242,7 @@ pub struct Step {
 // ---------------------------------------------------------------------------------------
 // Tool calls
 
-/// A claim on a node's tool call (DESIGN §7).
+/// A claim on a node's tool call (the crate docs' claim rules).
 #[derive(Debug, Clone)]
 pub struct ClaimCall<'a> {
     /// The caller's run lease (the claim is refused with `LeaseLost` without it).

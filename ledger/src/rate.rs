@@ -1,9 +1,9 @@
 //! Rate limits and quotas, counted in the database so they hold across processes and
-//! hosts (DESIGN §4: governor-style in-memory limits would not).
+//! hosts (governor-style in-memory limits would not).
 //!
 //! Fixed windows aligned to UTC: a `Minute` window runs from `hh:mm:00.000` to the next
 //! minute, a `Day` window from midnight UTC to the next. A limited request learns when
-//! the next window opens. Counters count requests *sent* (fix ⑫): the engine acquires one
+//! the next window opens. Counters count requests *sent*: the engine acquires one
 //! before each request and adds extra ones (e.g. an MCP re-auth) with `rate_add`.
 
 use crate::clock::Timestamp;

@@ -135,7 +135,7 @@ impl StepStatus {
 }
 
 text_enum! {
-    /// The tool-call states of DESIGN §7. `outbound` is the durable mark written before
+    /// The tool-call states. `outbound` is the durable mark written before
     /// any byte of a request may leave the process.
     CallStatus {
         /// Held by a step under a lease; nothing has been sent for the current attempt.
@@ -159,7 +159,7 @@ impl CallStatus {
 }
 
 /// A named transition of the tool-call state machine, so the legality table reads like
-/// DESIGN §7 and every write names which edge it takes.
+/// the crate docs and every write names which edge it takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CallTransition {
     /// claimed → outbound (`mark_outbound`).
@@ -222,7 +222,7 @@ pub fn check_call_transition(from: CallStatus, to: CallStatus) -> Result<CallTra
 
 text_enum! {
     /// The kind of an error, stored beside its message so that the executor can act on
-    /// it after a restart exactly as it would have before (DESIGN §8, fix ④).
+    /// it after a restart exactly as it would have before (the retry decision is a pure function of it).
     ErrorKind {
         /// Will fail again: configuration, validation, 4xx.
         Permanent => "permanent",
@@ -332,7 +332,7 @@ pub fn decide_foreign_claim(facts: &CallFacts, now: Timestamp) -> ClaimDecision 
 }
 
 /// The key sent for effect attempt `attempt` of a call whose base key is `base`
-/// (DESIGN §5: `<key>:<n>`).
+/// (`<key>:<n>`, as the README's "Idempotency keys" says).
 pub fn attempt_key(base: &str, attempt: u32) -> String {
     format!("{base}:{attempt}")
 }

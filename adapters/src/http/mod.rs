@@ -6,9 +6,9 @@
 //!   GET, HEAD and OPTIONS (unless the args are `null`);
 //! - `Idempotency-Key: <Call::idempotency_key>` (header name configurable through
 //!   [`Spec::idempotency_header`]) on every request except GET, HEAD and OPTIONS, so a
-//!   downstream that deduplicates can recognise a re-sent effect attempt (fix ⑧);
+//!   downstream that deduplicates can recognise a re-sent effect attempt;
 //! - always under `Call::timeout`, which bounds connecting, sending and reading the
-//!   whole response (fix ⑦). Connecting alone is also bounded by 10 s.
+//!   whole response. Connecting alone is also bounded by 10 s.
 //!
 //! # How the answer is classified
 //! | what happened | result | `requests_sent` |

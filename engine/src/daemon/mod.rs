@@ -1,4 +1,4 @@
-//! `flow daemon`: workers that drain the shared run queue (DESIGN §1, §9).
+//! `flow daemon`: workers that drain the shared run queue (ARCHITECTURE.md: The daemon).
 //!
 //! Shaped like mini-redis's server: a [`Service`] owns the claim loop and the runs it
 //! executes; a [`Handle`] is how the outside (signals, tests) asks it to stop; and

@@ -1,4 +1,4 @@
-//! Delivering outbox events to consumers, at least once (DESIGN §2 guarantee 4).
+//! Delivering outbox events to consumers, at least once (the README's guarantee 4).
 //!
 //! The ledger writes each event in the transaction of its state change (no event without
 //! its state change, no state change without its event) and keeps, per consumer, a

@@ -1,4 +1,5 @@
-//! The gateway: the at-most-once boundary every tool call crosses (DESIGN §8).
+//! The gateway: the at-most-once boundary every tool call crosses (README: "How
+//! at-most-once works").
 //!
 //! Order of one call: render `with` and the tool spec, resolve secrets (missing → a
 //! permanent failure, no claim) → egress allow-list (denied → permanent, no claim) →

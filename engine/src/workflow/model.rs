@@ -182,7 +182,7 @@ impl Default for RetryPolicy {
     }
 }
 
-/// How a tool's downstream deals with repeated requests (DESIGN §8).
+/// How a tool's downstream deals with repeated requests (README: side-effect classes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Idempotency {
     /// The downstream does not dedupe: an unknown outcome goes in doubt.

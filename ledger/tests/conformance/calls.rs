@@ -1,4 +1,4 @@
-//! The tool-call state machine of DESIGN §7.
+//! The tool-call state machine (`ledger/src/state.rs`, the crate docs' claim rules).
 
 use std::time::Duration;
 

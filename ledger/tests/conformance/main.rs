@@ -16,4 +16,3 @@ mod resolve;
 mod runs;
 mod steps;
 mod takeover;
-mod tidy;
