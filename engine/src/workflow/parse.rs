@@ -978,7 +978,7 @@ fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
 /// a non-empty string, which is always true.
 fn condition(cx: &mut Cx, n: &Node) -> Option<Template> {
     let text = match &n.value {
-        Value::Bool(b) => return Some(Template::expression(&b.to_string(), n.pos).ok()?),
+        Value::Bool(b) => return Template::expression(&b.to_string(), n.pos).ok(),
         Value::Str(s) => s.trim(),
         _ => {
             cx.error_help(
