@@ -167,6 +167,35 @@ nodes:
 }
 
 #[test]
+fn resume_checks_every_secret_before_it_claims() {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write("w.yaml", &workflow(&server.url()));
+    // The first node's call completes, then the process dies.
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_SECRET_API_TOKEN", SECRET)
+            .env("FLOW_FAULT", "after_complete:call"),
+    );
+    assert_eq!(crashed.status.code(), None, "{}", stderr(&crashed));
+    let run = run_id(&crashed);
+    let sent = server.total();
+    let before = show(&db, &run);
+    let out = output(db.flow().args(["resume", &run]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("FLOW_SECRET_API_TOKEN"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(server.total(), sent, "nothing more may be sent");
+    assert_eq!(show(&db, &run), before, "nothing may be written");
+}
+
+#[test]
 fn secrets_file_provides_values_and_the_environment_wins() {
     let rt = runtime();
     let server = rt.block_on(CountingServer::start()).expect("server");
