@@ -95,6 +95,44 @@ impl Scrubber {
     }
 
     fn scrub(&self, text: &[u8]) -> Vec<u8> {
+        let out = self.scrub_whole(text);
+        self.scrub_cut_tail(out)
+    }
+
+    /// A text cut short and marked with `…` (the adapters quote at most the first bytes
+    /// of an error body) may end in the first part of a secret: that part, at least
+    /// [`MIN_CUT_PREFIX`] bytes of any form, is replaced too.
+    fn scrub_cut_tail(&self, mut out: Vec<u8>) -> Vec<u8> {
+        const ELLIPSIS: &[u8] = "…".as_bytes();
+        const REPLACEMENT_CHAR: &[u8] = "\u{fffd}".as_bytes();
+        let Some(body) = out.strip_suffix(ELLIPSIS) else {
+            return out;
+        };
+        // A cut inside a multi-byte character leaves U+FFFD after the prefix.
+        let body = body.strip_suffix(REPLACEMENT_CHAR).unwrap_or(body);
+        let mut best: Option<(usize, usize)> = None;
+        for (i, pattern) in self.patterns.iter().enumerate() {
+            let p = pattern.as_bytes();
+            let longest = (p.len() - 1).min(body.len());
+            if let Some(l) = (MIN_CUT_PREFIX..=longest)
+                .rev()
+                .find(|&l| body.ends_with(&p[..l]))
+                && best.is_none_or(|(b, _)| l > b)
+            {
+                best = Some((l, i));
+            }
+        }
+        if let Some((l, i)) = best {
+            let start = body.len() - l;
+            let tail = out[body.len()..].to_vec();
+            out.truncate(start);
+            out.extend_from_slice(self.replacements[i].as_bytes());
+            out.extend_from_slice(&tail);
+        }
+        out
+    }
+
+    fn scrub_whole(&self, text: &[u8]) -> Vec<u8> {
         match &self.automaton {
             Some(ac) => ac.replace_all_bytes(text, &self.replacements),
             None => {
@@ -138,6 +176,10 @@ fn replace_bytes(text: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// Shortest start of a secret replaced at the end of a cut text: shorter ones would hit
+/// unrelated text too often and reveal little.
+const MIN_CUT_PREFIX: usize = 3;
 
 /// Shortest base64 run looked for: shorter runs of a short secret's encoding would match
 /// unrelated base64 text too often.
@@ -537,6 +579,26 @@ mod tests {
         }
         // Text without a secret is left alone.
         assert_eq!(s.scrub("nothing here: hunter 2"), "nothing here: hunter 2");
+    }
+
+    #[test]
+    fn the_start_of_a_secret_at_a_cut_is_replaced() {
+        let s = Secrets::from_pairs([("PW".into(), "pässwörd-long".into())]);
+        // As the HTTP adapter quotes an error body: its first bytes, then `…`.
+        let body = format!("{{\"password\":\"{}\"}}", "pässwörd-long");
+        for cut in [body.len() - 6, body.len() - 10, 16] {
+            let bytes = &body.as_bytes()[..cut];
+            let message = format!("HTTP 400: {}…", String::from_utf8_lossy(bytes).trim());
+            let out = s.scrub(&message);
+            assert!(out.contains(r#"{"$secret":"PW"}"#), "{message} -> {out}");
+            assert!(
+                !out.contains("pä") && out.ends_with('…'),
+                "{message} -> {out}"
+            );
+        }
+        // Without the mark, or with too short a start, nothing is cut.
+        assert_eq!(s.scrub("ends in pä"), "ends in pä");
+        assert_eq!(s.scrub("ends in p…"), "ends in p…");
     }
 
     #[test]
