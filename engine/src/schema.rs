@@ -183,7 +183,7 @@ pub fn workflow_schema() -> Value {
                         "tool": { "type": "string" },
                         "needs": { "oneOf": [ { "type": "string" }, { "type": "array", "items": { "type": "string" } } ] },
                         "with": { "description": "Arguments; strings may hold `${{ expr }}`." },
-                        "if": { "type": ["string", "boolean"], "description": "Skip the node (and its dependents) when false." },
+                        "if": { "type": ["string", "boolean"], "description": "Skip the node (and its dependents) when false: `true`, `false` or one expression, with or without `${{ }}` (text around it is refused)." },
                         "retry_policy": retry_policy,
                         "timeout": duration(),
                         "deadline": duration(),

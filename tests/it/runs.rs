@@ -61,6 +61,70 @@ fn conditions_skip_nodes_and_their_dependents() {
     );
 }
 
+/// `if: false`, `if: "false"`, a bare expression and an expression with a space after it
+/// are conditions, never truthy strings: a false one sends nothing.
+#[test]
+fn false_conditions_in_every_spelling_send_nothing() {
+    let rt = crate::support::runtime();
+    let server = rt
+        .block_on(flow_adapters::testkit::http::CountingServer::start())
+        .expect("server");
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write(
+        "w.yaml",
+        &format!(
+            r#"name: conditions
+inputs:
+  go: {{ type: boolean, default: false }}
+tools:
+  post: {{ kind: http, method: POST, url: "{}/hit" }}
+nodes:
+  bare_false: {{ tool: post, if: false, with: {{ n: bare_false }} }}
+  quoted_false: {{ tool: post, if: "false", with: {{ n: quoted_false }} }}
+  spaced: {{ tool: post, if: "${{{{ inputs.go }}}} ", with: {{ n: spaced }} }}
+  padded: {{ tool: post, if: "  ${{{{ inputs.go }}}}", with: {{ n: padded }} }}
+  bare_expr: {{ tool: post, if: "inputs.go", with: {{ n: bare_expr }} }}
+  control: {{ tool: post, if: true, with: {{ n: control }} }}
+"#,
+            server.url()
+        ),
+    );
+    let validate = output(db.flow().arg("validate").arg(&file));
+    assert_eq!(validate.status.code(), Some(0), "{}", stderr(&validate));
+    let out = output(db.flow().arg("run").arg(&file));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let sent: Vec<String> = server
+        .log()
+        .iter()
+        .map(|r| r.body["n"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(sent, ["control"], "only the true condition may send");
+    let s = show(&db, &run_id(&out));
+    for node in [
+        "bare_false",
+        "quoted_false",
+        "spaced",
+        "padded",
+        "bare_expr",
+    ] {
+        let status = s["steps"]
+            .as_array()
+            .and_then(|st| st.iter().find(|x| x["node_id"] == node))
+            .map(|x| x["status"].clone());
+        assert_eq!(status, Some("skipped".into()), "{node}: {s:#}");
+    }
+    let out = output(db.flow().arg("run").arg(&file).args(["--input", "go=true"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut sent: Vec<String> = server
+        .log()
+        .iter()
+        .skip(1)
+        .map(|r| r.body["n"].as_str().unwrap_or_default().to_string())
+        .collect();
+    sent.sort();
+    assert_eq!(sent, ["bare_expr", "control", "padded", "spaced"]);
+}
+
 #[test]
 fn a_failure_stops_new_nodes_unless_continue_on_error() {
     let db = TestDb::new(Backend::Sqlite);

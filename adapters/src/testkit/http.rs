@@ -13,6 +13,8 @@
 //! `POST /_control/reset` (forget counts and behaviours), `GET /_control/state`
 //! (`{"total", "counts": {key: n}, "completed": {key: n}, "log": [...]}`).
 //!
+//! [`Behavior::EchoBody`] sends the request body back in a chosen [`EchoEncoding`].
+//!
 //! The default behaviour, [`Behavior::Echo`], answers 200 with
 //! `{"key", "count", "method", "path", "query", "body", "headers"}` where `count` is
 //! the number of requests seen with that key (or on that path, for requests without a
@@ -104,6 +106,105 @@ pub enum Behavior {
         /// Body size.
         bytes: usize,
     },
+    /// Answers `status` with the request body sent back in `encoding`, the way a
+    /// downstream quotes what it got in an error or a result: the secrets tests check
+    /// that no form of an echoed value reaches flow's ledger or logs.
+    EchoBody {
+        /// HTTP status (default 200).
+        #[serde(default = "ok_status")]
+        status: u16,
+        /// How the body is sent back.
+        encoding: EchoEncoding,
+    },
+}
+
+/// How [`Behavior::EchoBody`] encodes the request body it sends back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EchoEncoding {
+    /// The bytes as they came (`text/plain`).
+    Raw,
+    /// `{"echo": "<body as one JSON string>"}`: the body's own escapes are escaped again.
+    Json,
+    /// `application/x-www-form-urlencoded` style: `+` for space, upper-case `%XX`.
+    Url,
+    /// RFC 3986 style: `%20` for space, lower-case `%xx`.
+    UrlLower,
+    /// HTML text: `&amp;`, `&lt;`, `&gt;`, `&quot;`, `&#39;`.
+    Html,
+    /// Standard base64 with padding.
+    Base64,
+}
+
+impl EchoEncoding {
+    /// Every encoding, for test matrices.
+    pub const ALL: [EchoEncoding; 6] = [
+        EchoEncoding::Raw,
+        EchoEncoding::Json,
+        EchoEncoding::Url,
+        EchoEncoding::UrlLower,
+        EchoEncoding::Html,
+        EchoEncoding::Base64,
+    ];
+
+    /// The name used in paths and JSON (`url_lower`).
+    pub fn name(self) -> &'static str {
+        match self {
+            EchoEncoding::Raw => "raw",
+            EchoEncoding::Json => "json",
+            EchoEncoding::Url => "url",
+            EchoEncoding::UrlLower => "url_lower",
+            EchoEncoding::Html => "html",
+            EchoEncoding::Base64 => "base64",
+        }
+    }
+
+    /// `body` encoded, and the content type to send it with.
+    pub fn encode(self, body: &[u8]) -> (String, &'static str) {
+        use base64::Engine as _;
+        let text = String::from_utf8_lossy(body);
+        match self {
+            EchoEncoding::Raw => (text.into_owned(), "text/plain"),
+            EchoEncoding::Json => (json!({ "echo": text }).to_string(), "application/json"),
+            EchoEncoding::Url => (percent_encode(body, true), "text/plain"),
+            EchoEncoding::UrlLower => (percent_encode(body, false), "text/plain"),
+            EchoEncoding::Html => {
+                let mut out = String::with_capacity(text.len());
+                for c in text.chars() {
+                    match c {
+                        '&' => out.push_str("&amp;"),
+                        '<' => out.push_str("&lt;"),
+                        '>' => out.push_str("&gt;"),
+                        '"' => out.push_str("&quot;"),
+                        '\'' => out.push_str("&#39;"),
+                        c => out.push(c),
+                    }
+                }
+                (out, "text/html")
+            }
+            EchoEncoding::Base64 => (
+                base64::engine::general_purpose::STANDARD.encode(body),
+                "text/plain",
+            ),
+        }
+    }
+}
+
+/// Percent-encodes every byte but RFC 3986's unreserved ones; `form` selects `+` for
+/// space and upper-case hex, else `%20` and lower-case hex.
+fn percent_encode(bytes: &[u8], form: bool) -> String {
+    let mut out = String::with_capacity(bytes.len() * 3);
+    for &b in bytes {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(char::from(b));
+            }
+            b' ' if form => out.push('+'),
+            _ if form => out.push_str(&format!("%{b:02X}")),
+            _ => out.push_str(&format!("%{b:02x}")),
+        }
+    }
+    out
 }
 
 fn ok_status() -> u16 {
@@ -491,6 +592,10 @@ async fn handle(
         }
         Behavior::Big { bytes } => {
             ([(header::CONTENT_TYPE, "text/plain")], vec![b'x'; bytes]).into_response()
+        }
+        Behavior::EchoBody { status, encoding } => {
+            let (text, content_type) = encoding.encode(&body);
+            (code(status), [(header::CONTENT_TYPE, content_type)], text).into_response()
         }
     };
     shared.complete(seq, record.key.as_deref());

@@ -72,8 +72,14 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// Loads secrets and config, opens the ledger, builds the executor.
-    pub(crate) async fn open(cli: &Cli, stderr: &mut dyn Write, live: bool) -> Result<Self, u8> {
+    /// Loads secrets and config, opens the ledger, builds the executor. With `wf`, every
+    /// secret it names is checked before the ledger is even opened.
+    pub(crate) async fn open(
+        cli: &Cli,
+        stderr: &mut dyn Write,
+        live: bool,
+        wf: Option<&Workflow>,
+    ) -> Result<Self, u8> {
         let secrets = match Secrets::load(cli.secrets_file.as_deref()) {
             Ok(s) => s,
             Err(e) => {
@@ -82,6 +88,9 @@ impl Session {
             }
         };
         logging::init(cli.log_format, &secrets);
+        if let Some(wf) = wf {
+            check_secrets(wf, &secrets, stderr)?;
+        }
         let config = match Config::load(cli.config.as_deref()) {
             Ok(c) => c,
             Err(e) => {
@@ -276,6 +285,36 @@ impl Session {
     }
 }
 
+/// Every secret the workflow names must have a value before the run is created or
+/// claimed: found only when its node runs, a missing one would fail the run after earlier
+/// nodes had already sent their requests. Missing ones are listed on `stderr` and are
+/// `Err(exit::INVALID)`.
+fn check_secrets(wf: &Workflow, secrets: &Secrets, stderr: &mut dyn Write) -> Result<(), u8> {
+    let names = wf.secret_names();
+    let missing: Vec<&str> = names
+        .iter()
+        .map(String::as_str)
+        .filter(|n| secrets.get(n).is_none())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    for name in &missing {
+        let _ = writeln!(
+            stderr,
+            "error: secret `{name}` is not set: provide FLOW_SECRET_{name} in the environment or a line `{name}=…` in --secrets-file"
+        );
+    }
+    let _ = writeln!(
+        stderr,
+        "nothing was started: workflow `{}` reads {} missing secret{}",
+        wf.name,
+        missing.len(),
+        if missing.len() == 1 { "" } else { "s" }
+    );
+    Err(exit::INVALID)
+}
+
 /// The rule for `--run-id`: ids end up in keys, logs and file names.
 fn valid_run_id(id: &str) -> bool {
     super::valid_name(id)
@@ -341,7 +380,7 @@ pub(crate) async fn run(
         Err(code) => return code,
     };
     let run_id = new.id.clone();
-    let session = match Session::open(cli, stderr, true).await {
+    let session = match Session::open(cli, stderr, true, Some(&wf)).await {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -453,7 +492,7 @@ pub(crate) async fn resume(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> u8 {
-    let session = match Session::open(cli, stderr, !args.detach).await {
+    let session = match Session::open(cli, stderr, !args.detach, None).await {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -480,6 +519,12 @@ pub(crate) async fn resume(
             return exit::INVALID;
         }
     };
+    // A detached run is executed by a daemon, whose own secrets count.
+    if !args.detach
+        && let Err(code) = check_secrets(&wf, session.executor.gateway().secrets(), stderr)
+    {
+        return code;
+    }
     match parse_resolution(args, &wf) {
         Err(message) => {
             let _ = writeln!(stderr, "error: {message}");

@@ -410,13 +410,13 @@ impl Executor {
             && origin == StepOrigin::New
             && let Some(cond) = &decl.condition
         {
-            match cond.render(&ctx) {
-                Ok(v) if !expr::is_truthy(&v) => {
+            match expr::eval_condition(cond, &ctx) {
+                Ok(false) => {
                     self.skip(lease, wf, st, node, "its `if` condition is false")
                         .await?;
                     return Ok(None);
                 }
-                Ok(_) => {}
+                Ok(true) => {}
                 Err(e) => {
                     let message = format!("`if` of node `{}`: {e}", decl.id);
                     self.fail_now(

@@ -118,6 +118,25 @@ impl Template {
         Ok(Self { segments, pos })
     }
 
+    /// A template that is exactly the expression `src` (an `if:` condition), checked to
+    /// parse.
+    pub fn expression(src: &str, pos: Pos) -> Result<Self, ExprError> {
+        let src = src.trim();
+        if src.is_empty() {
+            return Err(ExprError::Empty);
+        }
+        environment()
+            .compile_expression(src)
+            .map_err(|e| ExprError::Syntax {
+                src: src.to_string(),
+                reason: short_reason(&e),
+            })?;
+        Ok(Self {
+            segments: vec![Segment::Expr(src.to_string())],
+            pos,
+        })
+    }
+
     /// A template with no expressions.
     pub fn literal(text: &str) -> Self {
         Self {
@@ -208,6 +227,25 @@ pub fn eval(src: &str, ctx: &Json) -> Result<Json, ExprError> {
         src: src.to_string(),
         reason: e.to_string(),
     })
+}
+
+/// Evaluates an `if:` condition to its truthiness. A condition is one expression (see
+/// `parse::condition`); anything else is an error here rather than a non-empty string,
+/// which would always be true.
+pub fn eval_condition(t: &Template, ctx: &Json) -> Result<bool, ExprError> {
+    match t.whole_expr() {
+        Some(src) => eval(src, ctx).map(|v| is_truthy(&v)),
+        None => Err(ExprError::Eval {
+            src: t
+                .segments
+                .iter()
+                .map(|s| match s {
+                    Segment::Lit(x) | Segment::Expr(x) => x.as_str(),
+                })
+                .collect(),
+            reason: "a condition must be one expression".to_string(),
+        }),
+    }
 }
 
 /// Truthiness of a rendered `if:` value, as in the expression language.

@@ -62,6 +62,37 @@ impl Workflow {
             .unwrap_or(DEFAULT_TIMEOUT)
     }
 
+    /// Every secret name the run may read: in any node's `with`, `if` and
+    /// `idempotency_key`, and in the spec of every tool a node uses. `flow run` and
+    /// `flow resume` check them all before anything is claimed, so a missing one stops
+    /// the run before an earlier node sends a request.
+    pub fn secret_names(&self) -> Vec<String> {
+        let mut templates: Vec<&Template> = Vec::new();
+        for node in &self.nodes {
+            templates.extend(node.with.templates());
+            templates.extend(node.condition.iter());
+            templates.extend(node.idempotency_key.iter());
+            if let Some(tool) = self.tools.get(&node.tool) {
+                templates.extend(super::validate::tool_templates(&tool.kind));
+            }
+        }
+        let mut names: Vec<String> = templates
+            .iter()
+            .flat_map(|t| {
+                t.exprs()
+                    .flat_map(super::expr::references)
+                    .collect::<Vec<_>>()
+            })
+            .filter_map(|r| {
+                r.strip_prefix("secrets.")
+                    .map(|n| n.split('.').next().unwrap_or(n).to_string())
+            })
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// The whole-node deadline (all attempts and backoff), if any.
     pub fn deadline(&self, node: &NodeDecl) -> Option<Duration> {
         node.deadline.or(self.defaults.deadline)
@@ -344,7 +375,10 @@ pub struct NodeDecl {
     pub needs_pos: Vec<Pos>,
     /// Arguments (templated).
     pub with: TValue,
-    /// Condition; a false condition skips the node and its dependents.
+    /// Condition; a false condition skips the node and its dependents. Always exactly one
+    /// expression (`Template::whole_expr` is `Some`): parsing turns `if: false`, a bare
+    /// string and `"${{ x }} "` into one, so the condition is evaluated, never taken as a
+    /// non-empty (true) string.
     pub condition: Option<Template>,
     /// Where `if:` is written.
     pub condition_pos: Option<Pos>,

@@ -169,7 +169,23 @@ impl Cx {
         }
     }
 
+    /// A plain string field. Such fields are never rendered, so a `${{ }}` in one would be
+    /// used as literal text: refused rather than silently kept.
     fn string(&mut self, node: &Node, what: &str) -> Option<String> {
+        let s = self.text(node, what)?;
+        if s.contains("${{") {
+            self.error_help(
+                node.pos,
+                format!("{what} does not take expressions, found `{s}`"),
+                "expressions are evaluated in `with`, `if`, `idempotency_key` and a tool's templated fields (url, headers, query, body, command, env, auth); this value would be used as literal text",
+            );
+            return None;
+        }
+        Some(s)
+    }
+
+    /// Free text (`description`): anything goes, it is never evaluated.
+    fn text(&mut self, node: &Node, what: &str) -> Option<String> {
         match &node.value {
             Value::Str(s) => Some(s.clone()),
             _ => {
@@ -185,6 +201,22 @@ impl Cx {
     fn bool(&mut self, node: &Node, what: &str) -> Option<bool> {
         match &node.value {
             Value::Bool(b) => Some(*b),
+            Value::Str(s) if s.contains("${{") => {
+                self.error_help(
+                    node.pos,
+                    format!("{what} must be true or false, found the expression `{s}`"),
+                    format!("{what} is fixed when the workflow is written; it is not evaluated"),
+                );
+                None
+            }
+            Value::Str(s) if matches!(s.trim(), "true" | "false") => {
+                self.error_help(
+                    node.pos,
+                    format!("{what} must be true or false, found the string `{s}`"),
+                    format!("write {} without quotes", s.trim()),
+                );
+                None
+            }
             _ => {
                 self.error(
                     node.pos,
@@ -407,7 +439,7 @@ pub(crate) fn workflow(cx: &mut Cx, root: &Node, stem: &str) -> Workflow {
     {
         wf.name = name;
     }
-    wf.description = get(entries, "description").and_then(|n| cx.string(n, "`description`"));
+    wf.description = get(entries, "description").and_then(|n| cx.text(n, "`description`"));
     if let Some(n) = get(entries, "inputs") {
         wf.inputs = inputs(cx, n);
     }
@@ -506,7 +538,7 @@ fn inputs(cx: &mut Cx, node: &Node) -> Vec<InputDecl> {
                 format!("the default of {what} is not of type {}", ty.name()),
             );
         }
-        let description = get(fields, "description").and_then(|n| cx.string(n, "`description`"));
+        let description = get(fields, "description").and_then(|n| cx.text(n, "`description`"));
         if let Some(ty) = ty {
             out.push(InputDecl {
                 name: key.name.clone(),
@@ -679,7 +711,7 @@ fn tool(cx: &mut Cx, key: &Key, spec: &Node) -> Option<ToolDecl> {
         get(fields, "rate_limit").and_then(|n| per(cx, n, "rate_limit", "per_minute", 1_000_000));
     let quota_per_day =
         get(fields, "quota").and_then(|n| per(cx, n, "quota", "per_day", 100_000_000));
-    let description = get(fields, "description").and_then(|n| cx.string(n, "`description`"));
+    let description = get(fields, "description").and_then(|n| cx.text(n, "`description`"));
     let timeout = get(fields, "timeout").and_then(|n| cx.duration(n, "`timeout`", MAX_TIMEOUT));
     let read_only = get(fields, "read_only").and_then(|n| cx.bool(n, "`read_only`"));
     Some(ToolDecl {
@@ -912,13 +944,7 @@ fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
             }
         },
     };
-    let condition = match get(fields, "if") {
-        None => None,
-        Some(n) => match &n.value {
-            Value::Bool(b) => Some(Template::literal(if *b { "true" } else { "false" })),
-            _ => cx.template(n, "`if`"),
-        },
-    };
+    let condition = get(fields, "if").and_then(|n| condition(cx, n));
     Some(NodeDecl {
         id,
         pos: key.pos,
@@ -939,8 +965,67 @@ fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
         continue_on_error: get(fields, "continue_on_error")
             .and_then(|n| cx.bool(n, "`continue_on_error`"))
             .unwrap_or(false),
-        description: get(fields, "description").and_then(|n| cx.string(n, "`description`")),
+        description: get(fields, "description").and_then(|n| cx.text(n, "`description`")),
     })
+}
+
+/// An `if:`: always one expression, never a string whose truth is its non-emptiness.
+///
+/// `true` / `false` are themselves; a single `${{ expr }}`, whatever whitespace surrounds
+/// it, is `expr`; a string without `${{ }}` is an expression too, as in GitHub Actions
+/// (`if: inputs.go`, `if: "false"`). Text mixed with expressions (`"${{ a }} and
+/// ${{ b }}"`, `"x ${{ a }}"`), an empty string and numbers are refused: each used to be
+/// a non-empty string, which is always true.
+fn condition(cx: &mut Cx, n: &Node) -> Option<Template> {
+    let text = match &n.value {
+        Value::Bool(b) => return Template::expression(&b.to_string(), n.pos).ok(),
+        Value::Str(s) => s.trim(),
+        _ => {
+            cx.error_help(
+                n.pos,
+                format!(
+                    "`if` must be true, false or an expression, found {}",
+                    n.type_name()
+                ),
+                "write `if: true`, `if: false` or `if: ${{ inputs.go }}`",
+            );
+            return None;
+        }
+    };
+    if text.is_empty() {
+        cx.error_help(
+            n.pos,
+            "`if` is empty",
+            "write `if: true`, `if: false` or an expression; remove `if` to always run",
+        );
+        return None;
+    }
+    let template = match Template::parse(text, n.pos) {
+        Ok(t) => t,
+        Err(e) => {
+            cx.error(n.pos, format!("`if`: {e}"));
+            return None;
+        }
+    };
+    let src = match (template.whole_expr(), template.has_expr()) {
+        (Some(src), _) => src.to_string(),
+        (None, false) => text.to_string(),
+        (None, true) => {
+            cx.error_help(
+                n.pos,
+                format!("`if` must be one expression, found `{text}`"),
+                "text around or between `${{ }}` makes a string, which is always true; put the whole condition in one `${{ … }}`, e.g. `${{ a and b }}`",
+            );
+            return None;
+        }
+    };
+    match Template::expression(&src, n.pos) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            cx.error(n.pos, format!("`if`: {e}"));
+            None
+        }
+    }
 }
 
 /// Node ids: `[a-z0-9_-]+` (they become step ids and appear in URLs and file names).

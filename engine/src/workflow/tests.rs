@@ -194,3 +194,114 @@ fn non_utf8_is_refused_with_a_position() {
     let err = decode(b"name: a\nx: \xff\n").expect_err("not utf-8");
     assert_eq!(err.pos, Pos { line: 2, col: 4 });
 }
+
+/// The condition each spelling of `if:` parses to (`None`: refused).
+fn condition_of(value: &str) -> Option<String> {
+    let text = format!(
+        "inputs:\n  go: {{ type: boolean }}\n{TOOLS}nodes:\n  a: {{ tool: t, if: {value} }}\n"
+    );
+    let wf = parse_str(&text, "w.yaml").ok()?;
+    let cond = wf.nodes[0].condition.as_ref()?;
+    assert!(cond.whole_expr().is_some(), "{value}: not one expression");
+    cond.whole_expr().map(str::to_string)
+}
+
+#[test]
+fn every_condition_is_one_expression() {
+    assert_eq!(condition_of("false").as_deref(), Some("false"));
+    assert_eq!(condition_of("true").as_deref(), Some("true"));
+    assert_eq!(condition_of("\"false\"").as_deref(), Some("false"));
+    assert_eq!(condition_of("inputs.go").as_deref(), Some("inputs.go"));
+    assert_eq!(
+        condition_of("\"${{ inputs.go }} \"").as_deref(),
+        Some("inputs.go")
+    );
+    assert_eq!(
+        condition_of("\"  ${{ not inputs.go }}\\n\"").as_deref(),
+        Some("not inputs.go")
+    );
+    for refused in [
+        "\"${{ inputs.go }} and ${{ inputs.go }}\"",
+        "\"go ${{ inputs.go }}\"",
+        "\"\"",
+        "\"  \"",
+        "1",
+        "[true]",
+        "\"yes\"",
+        "\"inputs.go and\"",
+    ] {
+        assert_eq!(condition_of(refused), None, "{refused} must be refused");
+    }
+}
+
+#[test]
+fn conditions_evaluate_to_their_truth() {
+    let ctx = serde_json::json!({"inputs": {"go": false}});
+    for (value, want) in [
+        ("false", false),
+        ("\"false\"", false),
+        ("\"${{ inputs.go }} \"", false),
+        ("\"not inputs.go\"", true),
+        ("true", true),
+    ] {
+        let text = format!(
+            "inputs:\n  go: {{ type: boolean }}\n{TOOLS}nodes:\n  a: {{ tool: t, if: {value} }}\n"
+        );
+        let wf = parse_str(&text, "w.yaml").expect("valid");
+        let cond = wf.nodes[0].condition.as_ref().expect("condition");
+        assert_eq!(expr::eval_condition(cond, &ctx), Ok(want), "{value}");
+    }
+}
+
+#[test]
+fn refused_conditions_and_flags_say_where_and_why() {
+    check(
+        "  a: { tool: t, if: \"x ${{ run.id }}\" }\n",
+        &["w.yaml:4:21: error: `if` must be one expression, found `x ${{ run.id }}`"],
+    );
+    check(
+        "  a: { tool: t, if: 0 }\n",
+        &["w.yaml:4:21: error: `if` must be true, false or an expression, found an integer"],
+    );
+    check(
+        "  a: { tool: t, continue_on_error: \"false\" }\n",
+        &[
+            "w.yaml:4:36: error: `continue_on_error` must be true or false, found the string `false`",
+        ],
+    );
+    check(
+        "  a: { tool: \"${{ run.id }}\" }\n",
+        &["w.yaml:4:14: error: `tool` does not take expressions"],
+    );
+}
+
+#[test]
+fn secrets_may_only_be_read_whole() {
+    let text = |with: &str| {
+        format!(
+            "tools:\n  h: {{ kind: http, method: POST, url: \"http://127.0.0.1:9/\" }}\nnodes:\n  a: {{ tool: h, with: {{ v: \"{with}\" }} }}\n"
+        )
+    };
+    for ok in [
+        "${{ secrets.TOKEN }}",
+        "Bearer ${{ secrets.TOKEN }}",
+        "${{ secrets.A }}:${{ secrets.B }}",
+        "${{ 'about secrets' }}",
+    ] {
+        assert_eq!(diags(&text(ok)), "", "{ok}");
+    }
+    for refused in [
+        "${{ secrets.TOKEN | upper }}",
+        "${{ secrets.TOKEN ~ 'x' }}",
+        "${{ secrets.TOKEN[0:4] }}",
+        "${{ secrets.TOKEN == 'x' }}",
+        "${{ secrets.TOKEN | length }}",
+        "${{ (secrets.TOKEN) }}",
+    ] {
+        assert!(
+            diags(&text(refused)).contains("applies an operation to a secret"),
+            "{refused}: {}",
+            diags(&text(refused))
+        );
+    }
+}

@@ -187,6 +187,46 @@ pub(crate) fn tool_templates(kind: &ToolKind) -> Vec<&Template> {
     out
 }
 
+/// Whether an expression is exactly `secrets.<NAME>`: the only way a secret may be used,
+/// because scrubbing finds a value and its encodings, not what a filter, operator or
+/// slice made of it (`secrets.X | upper`, `secrets.X ~ "y"`, `secrets.X[1:]`).
+fn is_plain_secret(src: &str) -> bool {
+    src.trim().strip_prefix("secrets.").is_some_and(|name| {
+        let mut chars = name.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    })
+}
+
+/// Whether `secrets` occurs in an expression as a name (outside string literals).
+fn mentions_secrets(src: &str) -> bool {
+    let bytes = src.as_bytes();
+    let ident = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    let mut quote: Option<u8> = None;
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if let Some(q) = quote {
+            if b == b'\\' {
+                i += 1;
+            } else if b == q {
+                quote = None;
+            }
+        } else if b == b'"' || b == b'\'' {
+            quote = Some(b);
+        } else if bytes[i..].starts_with(b"secrets")
+            && (i == 0 || !(ident(bytes[i - 1]) || bytes[i - 1] == b'.'))
+            && bytes.get(i + 7).is_none_or(|&n| !ident(n))
+        {
+            return true;
+        }
+        i += 1;
+    }
+    false
+}
+
 struct RefChecker<'a> {
     wf: &'a Workflow,
     index: &'a HashMap<&'a str, usize>,
@@ -200,9 +240,40 @@ const LANGUAGE_GLOBALS: &[&str] = &["range", "dict", "namespace", "true", "false
 impl RefChecker<'_> {
     fn template(&mut self, t: &Template, scope: Scope<'_>) {
         for src in t.exprs() {
-            for path in references(src) {
+            let paths = references(src);
+            // minijinja reports no variables for some forms (`secrets.X[0:8]`), so the
+            // source is searched for the name too.
+            let reads_secret = mentions_secrets(src)
+                || paths
+                    .iter()
+                    .any(|p| p == "secrets" || p.starts_with("secrets."));
+            if reads_secret && !matches!(scope, Scope::NodeField { .. }) && !is_plain_secret(src) {
+                let where_ = self.where_(scope);
+                self.error(
+                    t.pos,
+                    format!("`{src}` in {where_} applies an operation to a secret"),
+                    Some("a secret may only appear alone, as `${{ secrets.<NAME> }}` (inside a longer string is fine): a value derived from it could not be scrubbed from what flow stores and logs".into()),
+                );
+            }
+            let listed = paths
+                .iter()
+                .any(|p| p == "secrets" || p.starts_with("secrets."));
+            if reads_secret && !listed && matches!(scope, Scope::NodeField { .. }) {
+                self.reference(t.pos, src, "secrets.?", scope);
+            }
+            for path in paths {
                 self.reference(t.pos, src, &path, scope);
             }
+        }
+    }
+
+    fn where_(&self, scope: Scope<'_>) -> String {
+        match scope {
+            Scope::With { node } => format!("`with` of node `{}`", self.wf.nodes[node].id),
+            Scope::NodeField { node, field } => {
+                format!("`{field}` of node `{}`", self.wf.nodes[node].id)
+            }
+            Scope::Tool => "a tool spec".to_string(),
         }
     }
 
@@ -217,13 +288,7 @@ impl RefChecker<'_> {
         let root = parts.next().unwrap_or_default();
         let second = parts.next();
         let third = parts.next();
-        let where_ = match scope {
-            Scope::With { node } => format!("`with` of node `{}`", self.wf.nodes[node].id),
-            Scope::NodeField { node, field } => {
-                format!("`{field}` of node `{}`", self.wf.nodes[node].id)
-            }
-            Scope::Tool => "a tool spec".to_string(),
-        };
+        let where_ = self.where_(scope);
         match root {
             "inputs" => match second {
                 Some(name) if self.wf.input(name).is_some() => {}
