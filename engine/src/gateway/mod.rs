@@ -660,5 +660,5 @@ impl Gateway {
 }
 
 fn tool_templates(tool: &ToolDecl) -> Vec<&crate::workflow::expr::Template> {
-    crate::workflow::validate::tool_templates(&tool.kind)
+    tool.kind.templates()
 }

@@ -73,7 +73,7 @@ impl Workflow {
             templates.extend(node.condition.iter());
             templates.extend(node.idempotency_key.iter());
             if let Some(tool) = self.tools.get(&node.tool) {
-                templates.extend(super::validate::tool_templates(&tool.kind));
+                templates.extend(tool.kind.templates());
             }
         }
         let mut names: Vec<String> = templates
@@ -394,4 +394,51 @@ pub struct NodeDecl {
     pub continue_on_error: bool,
     /// Free text for humans.
     pub description: Option<String>,
+}
+
+impl ToolKind {
+    /// Every template in the tool spec (what validation checks and secrets are read from).
+    pub fn templates(&self) -> Vec<&Template> {
+        let mut out = Vec::new();
+        match self {
+            ToolKind::Function { .. } => {}
+            ToolKind::Command { command, env, .. } => {
+                out.extend(command);
+                out.extend(env.iter().map(|(_, t)| t));
+            }
+            ToolKind::Http(h) => {
+                out.push(&h.url);
+                out.extend(h.headers.iter().map(|(_, t)| t));
+                out.extend(h.query.iter().map(|(_, t)| t));
+                if let Some(body) = &h.body {
+                    out.extend(body.templates());
+                }
+            }
+            ToolKind::Mcp(m) => {
+                match &m.server {
+                    McpServer::Stdio { command, env, .. } => {
+                        out.extend(command);
+                        out.extend(env.iter().map(|(_, t)| t));
+                    }
+                    McpServer::Http { url, headers } => {
+                        out.push(url);
+                        out.extend(headers.iter().map(|(_, t)| t));
+                    }
+                }
+                match &m.auth {
+                    McpAuth::None => {}
+                    McpAuth::Bearer(t) => out.push(t),
+                    McpAuth::ClientCredentials {
+                        token_url,
+                        client_id,
+                        client_secret,
+                        ..
+                    } => {
+                        out.extend([token_url, client_id, client_secret]);
+                    }
+                }
+            }
+        }
+        out
+    }
 }

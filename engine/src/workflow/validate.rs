@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use super::diagnostic::{Diagnostic, Pos, did_you_mean};
 use super::expr::{Template, references};
-use super::model::{McpAuth, McpServer, ToolKind, Workflow};
+use super::model::{ToolKind, Workflow};
 use crate::plan::Plan;
 
 /// Where an expression appears; decides which names it may read.
@@ -136,55 +136,10 @@ pub(crate) fn check(
         }
     }
     for tool in wf.tools.values() {
-        for t in tool_templates(&tool.kind) {
+        for t in tool.kind.templates() {
             checker.template(t, Scope::Tool);
         }
     }
-}
-
-/// Every template in a tool spec.
-pub(crate) fn tool_templates(kind: &ToolKind) -> Vec<&Template> {
-    let mut out = Vec::new();
-    match kind {
-        ToolKind::Function { .. } => {}
-        ToolKind::Command { command, env, .. } => {
-            out.extend(command);
-            out.extend(env.iter().map(|(_, t)| t));
-        }
-        ToolKind::Http(h) => {
-            out.push(&h.url);
-            out.extend(h.headers.iter().map(|(_, t)| t));
-            out.extend(h.query.iter().map(|(_, t)| t));
-            if let Some(body) = &h.body {
-                out.extend(body.templates());
-            }
-        }
-        ToolKind::Mcp(m) => {
-            match &m.server {
-                McpServer::Stdio { command, env, .. } => {
-                    out.extend(command);
-                    out.extend(env.iter().map(|(_, t)| t));
-                }
-                McpServer::Http { url, headers } => {
-                    out.push(url);
-                    out.extend(headers.iter().map(|(_, t)| t));
-                }
-            }
-            match &m.auth {
-                McpAuth::None => {}
-                McpAuth::Bearer(t) => out.push(t),
-                McpAuth::ClientCredentials {
-                    token_url,
-                    client_id,
-                    client_secret,
-                    ..
-                } => {
-                    out.extend([token_url, client_id, client_secret]);
-                }
-            }
-        }
-    }
-    out
 }
 
 /// Whether an expression is exactly `secrets.<NAME>`: the only way a secret may be used,
