@@ -4,7 +4,7 @@
 
 use flow_adapters::testkit::http::{Behavior, CountingServer, EchoEncoding};
 
-use crate::support::{Backend, TestDb, output, run_id, runtime, show, stderr, stdout};
+use crate::support::{Backend, TestDb, backends, output, run_id, runtime, show, stderr, stdout};
 
 pub(crate) const SECRET: &str = "sk_live_Zq8v3N1xT7pW";
 
@@ -561,4 +561,55 @@ nodes:
         );
     }
     assert_eq!(err.matches("error:").count(), 3, "{err}");
+}
+
+/// A daemon checks every secret a run's workflow reads before it runs any node: the
+/// submitter's environment is not the daemon's, and a secret found missing only at its
+/// node would fail the run after earlier nodes had sent their requests.
+#[test]
+fn a_daemon_without_a_secret_fails_the_run_before_sending_anything() {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    for backend in backends() {
+        let db = TestDb::new(backend);
+        let file = db.write(
+            "w.yaml",
+            &format!(
+                r#"name: needs-secret
+tools:
+  api: {{ kind: http, method: POST, url: "{url}/first", timeout: 5s }}
+  auth: {{ kind: http, method: POST, url: "{url}/second", timeout: 5s, headers: {{ Authorization: "Bearer ${{{{ secrets.DAEMON_TOKEN }}}}" }} }}
+nodes:
+  first: {{ tool: api, with: {{ n: 1 }} }}
+  second: {{ tool: auth, needs: [first], with: {{ n: 2 }} }}
+"#,
+                url = server.url()
+            ),
+        );
+        let submitted = output(db.flow().arg("submit").arg(&file));
+        assert_eq!(
+            submitted.status.code(),
+            Some(0),
+            "{backend:?}: {}",
+            stderr(&submitted)
+        );
+        let run = String::from_utf8_lossy(&submitted.stdout)
+            .trim()
+            .to_string();
+        let daemon = output(db.flow().args(["daemon", "--exit-when-idle"]));
+        assert_eq!(
+            daemon.status.code(),
+            Some(0),
+            "{backend:?}: {}",
+            stderr(&daemon)
+        );
+        assert_eq!(server.total(), 0, "{backend:?}: no node may run");
+        let s = show(&db, &run);
+        assert_eq!(s["run"]["status"], "failed", "{backend:?}: {s:#}");
+        let error = s["run"]["error"].as_str().unwrap_or_default();
+        assert!(
+            error.contains("`DAEMON_TOKEN`") && error.contains("FLOW_SECRET_DAEMON_TOKEN"),
+            "{backend:?}: {error}"
+        );
+    }
 }

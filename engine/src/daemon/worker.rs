@@ -93,6 +93,33 @@ async fn execute_inner(shared: &Shared, claimed: Claimed) -> &'static str {
         Ok(wf) => wf,
         Err(message) => return fail_unrunnable(shared, &lease, message).await,
     };
+    // Every secret the workflow reads must be set in this daemon's environment before
+    // any node runs: found only at its node, a missing one would fail the run after
+    // earlier nodes had sent their requests. (Other daemons would lack it as well: they
+    // share the configuration, so the run fails rather than bouncing between them.)
+    let secrets = shared.executor.gateway().secrets();
+    let missing: Vec<String> = wf
+        .secret_names()
+        .into_iter()
+        .filter(|n| secrets.get(n).is_none())
+        .collect();
+    if !missing.is_empty() {
+        let message = format!(
+            "secret{} {} not set in the daemon's environment: provide {} or a --secrets-file line for each; nothing was sent",
+            if missing.len() == 1 { "" } else { "s" },
+            missing
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            missing
+                .iter()
+                .map(|n| format!("FLOW_SECRET_{n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        );
+        return fail_unrunnable(shared, &lease, message).await;
+    }
     tracing::debug!(run = %run.id, workflow = %run.workflow_name, token = lease.token, "run claimed");
     match shared
         .executor
