@@ -111,5 +111,5 @@ pub use model::{
 };
 pub use runs::MAX_CLAIM;
 pub use sqlite::is_read_only_url;
-pub use state::{CallStatus, ErrorKind, RunStatus, StepStatus};
+pub use state::{CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus};
 pub use worker::WorkerId;

@@ -14,7 +14,7 @@ use crate::ledger::Ledger;
 use crate::model::{Run, RunFinish, RunLease};
 use crate::rows::{RunRow, run_cols};
 use crate::runs::run_for_update;
-use crate::state::RunStatus;
+use crate::state::{RunStatus, RunTransition};
 
 /// The fenced finish of a run and its event in ONE statement (`$10..$12`: event id,
 /// type, payload; the outbox columns mirror `events::emit`): a script on SQLite (the
@@ -84,17 +84,12 @@ impl Ledger {
         now: Timestamp,
     ) -> Result<Vec<Arg>, Error> {
         let (mut status, mut error) = (finish.status, finish.error.clone());
+        // The fence (`status = 'running'` and the token) guarantees the from-state.
+        RunTransition::Finish.check(RunStatus::Running, status)?;
         let event = match status {
             RunStatus::Succeeded => EventType::RunSucceeded,
-            RunStatus::Failed => EventType::RunFailed,
             RunStatus::Cancelled => EventType::RunCancelled,
-            other => {
-                return Err(Error::InvalidTransition {
-                    what: "run",
-                    from: RunStatus::Running.as_str().into(),
-                    to: other.as_str().into(),
-                });
-            }
+            _ => EventType::RunFailed,
         };
         let mut output = None;
         let mut event = event;
@@ -141,6 +136,7 @@ impl Ledger {
             Box::pin(async move {
                 let scope = ledger.scope();
                 let reason = reason.as_str();
+                RunTransition::Pause.check(RunStatus::Running, RunStatus::Paused)?;
                 let n = c
                     .execute(
                         "UPDATE runs SET status = 'paused', pause_reason = $6, lease_expires_at = NULL,
@@ -190,11 +186,13 @@ impl Ledger {
                 let scope = ledger.scope();
                 let run_id = run_id.as_str();
                 let row = run_for_update(c, scope, run_id).await?;
-                match row.status()? {
-                    RunStatus::Queued => return row.into_run(),
-                    s if s.is_terminal() => return Err(Error::Terminal { status: s }),
-                    RunStatus::Running => row.check_not_held(now)?,
-                    _ => {}
+                let from = row.status()?;
+                if from == RunStatus::Queued {
+                    return row.into_run();
+                }
+                RunTransition::Requeue.check(from, RunStatus::Queued)?;
+                if from == RunStatus::Running {
+                    row.check_not_held(now)?;
                 }
                 let row = c
                     .optional::<RunRow>(
@@ -243,9 +241,11 @@ impl Ledger {
                 let run_id = run_id.as_str();
                 let row = run_for_update(c, scope, run_id).await?;
                 let status = row.status()?;
+                if status == RunStatus::Cancelled {
+                    return row.into_run();
+                }
+                RunTransition::Cancel.check(status, RunStatus::Cancelled)?;
                 let row = match status {
-                    RunStatus::Cancelled => return row.into_run(),
-                    s if s.is_terminal() => return Err(Error::Terminal { status: s }),
                     RunStatus::Running => c
                         .optional::<RunRow>(
                             concat!(

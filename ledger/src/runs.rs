@@ -17,7 +17,7 @@ use crate::events::{EventType, NewEvent, emit};
 use crate::ledger::Ledger;
 use crate::model::{ClaimRuns, Claimed, Enqueued, HeartbeatAck, NewRun, RunLease};
 use crate::rows::{RunRow, TextRow, run_cols};
-use crate::state::RunStatus;
+use crate::state::{RunStatus, RunTransition};
 use crate::worker::WorkerId;
 
 const SELECT_RUN_FOR_UPDATE: (&str, &str) = (
@@ -411,9 +411,7 @@ impl Ledger {
                 let (run_id, worker) = (run_id.as_str(), &worker);
                 let row = run_for_update(c, scope, run_id).await?;
                 let status = row.status()?;
-                if status.is_terminal() {
-                    return Err(Error::Terminal { status });
-                }
+                RunTransition::Claim.check(status, RunStatus::Running)?;
                 if status == RunStatus::Running {
                     row.check_not_held(now)?;
                 }
@@ -497,6 +495,7 @@ impl Ledger {
     pub async fn release_run(&self, lease: &RunLease, now: Timestamp) -> Result<(), Error> {
         let ledger = self.clone();
         let lease = lease.clone();
+        RunTransition::Release.check(RunStatus::Running, RunStatus::Queued)?;
         self.write_statement(move |c| {
             Box::pin(async move {
                 let scope = ledger.scope();

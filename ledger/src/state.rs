@@ -82,6 +82,59 @@ impl RunStatus {
     }
 }
 
+/// A named transition of the run state machine: every write that changes a run's status
+/// names its edge, and [`check_run_transition`] is the one table of legal edges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunTransition {
+    /// queued → running (a worker's claim), paused → running (`flow resume` takes the
+    /// run itself), or running → running (a claim of a run whose holder's lease ended or
+    /// who is provably dead: the token moves on).
+    Claim,
+    /// running → succeeded | failed | cancelled (`finish_run`, fenced by the lease).
+    Finish,
+    /// running → paused (a call in doubt; `pause_run`, fenced).
+    Pause,
+    /// running → queued (`release_run`: the worker stops and gives the run back).
+    Release,
+    /// paused → queued, or running (holder gone) → queued (`requeue_run`: resume by a
+    /// daemon).
+    Requeue,
+    /// queued | paused | running (holder gone) → cancelled (`request_cancel`).
+    Cancel,
+}
+
+impl RunTransition {
+    /// The states this transition may start from, and the states it may end in.
+    pub fn edge(self) -> (&'static [RunStatus], &'static [RunStatus]) {
+        use RunStatus::*;
+        match self {
+            Self::Claim => (&[Queued, Paused, Running], &[Running]),
+            Self::Finish => (&[Running], &[Succeeded, Failed, Cancelled]),
+            Self::Pause => (&[Running], &[Paused]),
+            Self::Release => (&[Running], &[Queued]),
+            Self::Requeue => (&[Paused, Running], &[Queued]),
+            Self::Cancel => (&[Queued, Paused, Running], &[Cancelled]),
+        }
+    }
+
+    /// `Ok` if this transition may move a run from `from` to `to`, else
+    /// `InvalidTransition` naming both (a finished run is `Terminal`).
+    pub fn check(self, from: RunStatus, to: RunStatus) -> Result<(), Error> {
+        let (froms, tos) = self.edge();
+        if froms.contains(&from) && tos.contains(&to) {
+            return Ok(());
+        }
+        if from.is_terminal() {
+            return Err(Error::Terminal { status: from });
+        }
+        Err(Error::InvalidTransition {
+            what: "run",
+            from: from.as_str().to_owned(),
+            to: to.as_str().to_owned(),
+        })
+    }
+}
+
 text_enum! {
     /// Where one step (one attempt of a node) is.
     StepStatus {
@@ -340,6 +393,48 @@ pub fn attempt_key(base: &str, attempt: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every (from, to) pair of run states against every named transition: exactly the
+    /// edges the enum documents are legal, and nothing leaves a terminal state.
+    #[test]
+    fn run_transitions_table() {
+        use RunStatus::*;
+        use RunTransition as T;
+        #[rustfmt::skip]
+        let legal: &[(T, RunStatus, RunStatus)] = &[
+            (T::Claim, Queued, Running), (T::Claim, Paused, Running),
+            (T::Claim, Running, Running),
+            (T::Finish, Running, Succeeded), (T::Finish, Running, Failed),
+            (T::Finish, Running, Cancelled),
+            (T::Pause, Running, Paused),
+            (T::Release, Running, Queued),
+            (T::Requeue, Paused, Queued), (T::Requeue, Running, Queued),
+            (T::Cancel, Queued, Cancelled), (T::Cancel, Paused, Cancelled),
+            (T::Cancel, Running, Cancelled),
+        ];
+        for t in [
+            T::Claim,
+            T::Finish,
+            T::Pause,
+            T::Release,
+            T::Requeue,
+            T::Cancel,
+        ] {
+            for &from in RunStatus::ALL {
+                for &to in RunStatus::ALL {
+                    let want = legal.contains(&(t, from, to));
+                    let got = t.check(from, to);
+                    assert_eq!(got.is_ok(), want, "{t:?} {from} -> {to}: {got:?}");
+                    if from.is_terminal() {
+                        assert!(
+                            matches!(got, Err(Error::Terminal { .. })),
+                            "{t:?} from terminal {from}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     #[test]
     fn text_round_trips() {
