@@ -305,3 +305,48 @@ nodes:
     let s = show(&db, &run_id(&out));
     assert_eq!(call(&s, "charge")["outbound_requests"], 2);
 }
+
+/// An MCP server's OAuth token endpoint is a host the request reaches (the client
+/// secret goes there): it passes the egress allow-list like the server's own URL.
+#[test]
+fn an_mcp_token_endpoint_outside_the_allow_list_is_refused_before_any_request() {
+    let rt = runtime();
+    let server = rt
+        .block_on(HttpServer::start(Some(AuthOptions::default())))
+        .expect("mcp server");
+    let db = TestDb::new(Backend::Sqlite);
+    let config = db.write("flow.toml", "[egress]\nallow = [\"127.0.0.1\"]\n");
+    let token_url = server.token_url().replace("127.0.0.1", "localhost");
+    let file = db.write(
+        "w.yaml",
+        &format!(
+            r#"name: mcp-egress
+tools:
+  counter:
+    kind: mcp
+    server: {{ url: "{}" }}
+    tool: count
+    auth: {{ oauth: {{ token_url: "{token_url}", client_id: flow, client_secret: "${{{{ secrets.MCP_SECRET }}}}" }} }}
+nodes:
+  tick: {{ tool: counter, with: {{ key: k1 }} }}
+"#,
+            server.url(),
+        ),
+    );
+    let out = output(
+        db.flow()
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_SECRET_MCP_SECRET", "flow-secret"),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("egress to `localhost` is not allowed"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(server.http().token_requests(), 0, "the secret never left");
+    assert_eq!(server.http().requests(), 0);
+}

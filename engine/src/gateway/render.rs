@@ -31,22 +31,30 @@ pub enum Target {
 }
 
 impl Target {
-    /// Hosts the request will reach, for the egress allow-list.
+    /// Hosts the request will reach, for the egress allow-list: the URL's, and for an
+    /// MCP server with OAuth client credentials the token endpoint's too (the client
+    /// secret is sent there).
     pub fn hosts(&self) -> Vec<String> {
-        let url = match self {
-            Self::Http(spec) => Some(spec.url.as_str()),
-            Self::Mcp(mcp::Spec {
-                server: mcp::ServerSpec::Http { url, .. },
-                ..
-            }) => Some(url.as_str()),
-            _ => None,
+        let urls: Vec<&str> = match self {
+            Self::Http(spec) => vec![spec.url.as_str()],
+            Self::Mcp(spec) => {
+                let mut urls = Vec::new();
+                if let mcp::ServerSpec::Http { url, .. } = &spec.server {
+                    urls.push(url.as_str());
+                    if let mcp::Auth::ClientCredentials { token_url, .. } = &spec.auth {
+                        urls.push(token_url.as_str());
+                    }
+                }
+                urls
+            }
+            _ => Vec::new(),
         };
-        url.and_then(|u| url::Url::parse(u).ok())
-            .and_then(|u| {
+        urls.into_iter()
+            .filter_map(|u| url::Url::parse(u).ok())
+            .filter_map(|u| {
                 u.host_str()
                     .map(|h| h.trim_start_matches('[').trim_end_matches(']').to_string())
             })
-            .into_iter()
             .collect()
     }
 }
