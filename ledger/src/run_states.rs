@@ -228,9 +228,10 @@ impl Ledger {
         .await
     }
 
-    /// Asks a run to stop. Queued and paused runs are cancelled at once (emits
-    /// `run.cancelled`); a running run gets `cancel_requested`, which its worker sees at
-    /// its next heartbeat. Cancelling a cancelled run is a no-op; other finished runs
+    /// Asks a run to stop. Queued and paused runs, and running runs whose holder is gone
+    /// (lease expired or process provably dead), are cancelled at once (emits
+    /// `run.cancelled`); a run held by a live worker gets `cancel_requested`, which the
+    /// worker sees at its next heartbeat. Cancelling a cancelled run is a no-op; other finished runs
     /// are `Terminal`.
     pub async fn request_cancel(&self, run_id: &str, now: Timestamp) -> Result<Run, Error> {
         let ledger = self.clone();
@@ -245,8 +246,11 @@ impl Ledger {
                     return row.into_run();
                 }
                 RunTransition::Cancel.check(status, RunStatus::Cancelled)?;
+                // A running run whose holder is gone (lease ended, or its process is
+                // provably dead) has nobody to see the request: it is cancelled at once.
+                let held = status == RunStatus::Running && row.check_not_held(now).is_err();
                 let row = match status {
-                    RunStatus::Running => c
+                    RunStatus::Running if held => c
                         .optional::<RunRow>(
                             concat!(
                                 "UPDATE runs SET cancel_requested = TRUE, updated_at = $4

@@ -455,3 +455,62 @@ fn processes_opening_a_fresh_sqlite_file_together_all_get_in() {
         }
     }
 }
+
+/// `flow cancel` of a run whose holder died ends it at once (nobody is left to see a
+/// request), and says so; a run held by a live process only gets the request.
+#[test]
+fn cancel_of_a_dead_holders_run_ends_it_at_once() {
+    for backend in backends() {
+        let db = TestDb::new(backend);
+        let file = db.write(
+            "w.yaml",
+            "name: slow\ntools:\n  s: { kind: function, function: core.sleep }\nnodes:\n  a: { tool: s, with: { duration: 20s } }\n",
+        );
+        let migrated = output(db.flow().arg("migrate"));
+        assert_eq!(migrated.status.code(), Some(0), "{}", stderr(&migrated));
+        let mut child = db
+            .flow()
+            .arg("run")
+            .arg(&file)
+            .args(["--run-id", "doomed-1"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        let started = Instant::now();
+        loop {
+            let shown = output(db.flow().args(["show", "doomed-1", "--json"]));
+            let running = shown.status.code() == Some(0)
+                && serde_json::from_slice::<serde_json::Value>(&shown.stdout)
+                    .is_ok_and(|v| v["run"]["status"] == "running");
+            if running {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{backend:?}: the run never started"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // A live holder: only a request.
+        let live = output(db.flow().args(["cancel", "doomed-1"]));
+        assert_eq!(live.status.code(), Some(0), "{}", stderr(&live));
+        assert!(
+            stderr(&live).contains("cancellation requested"),
+            "{backend:?}: {}",
+            stderr(&live)
+        );
+        // SIGKILL: the holder is gone, its lease still has ~30 s to run.
+        let _ = child.kill();
+        let _ = child.wait();
+        let out = output(db.flow().args(["cancel", "doomed-1"]));
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("cancelled at once") && stderr(&out).contains("is gone"),
+            "{backend:?}: {}",
+            stderr(&out)
+        );
+        let s = show(&db, "doomed-1");
+        assert_eq!(s["run"]["status"], "cancelled", "{backend:?}: {s:#}");
+    }
+}

@@ -337,10 +337,25 @@ pub(crate) async fn cancel(
         Err(code) => return code,
     };
     let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
+    // What the run was before, to say which kind of cancel happened.
+    let before = ledger.get_run(&args.run).await.ok();
     match ledger.request_cancel(&args.run, now).await {
         Ok(run) => {
             let _ = writeln!(stdout, "{} {}", run.id, run.status);
-            if run.status == RunStatus::Cancelled {
+            let was_running = before
+                .as_ref()
+                .is_some_and(|r| r.status == RunStatus::Running);
+            if run.status == RunStatus::Cancelled && was_running {
+                let holder = before
+                    .as_ref()
+                    .and_then(|r| r.worker.as_ref())
+                    .map_or_else(|| "its worker".to_string(), |w| w.to_string());
+                let _ = writeln!(
+                    stderr,
+                    "run {} cancelled at once: {holder} is gone (its lease expired or its process died); calls it left outbound stay recorded as they are",
+                    run.id
+                );
+            } else if run.status == RunStatus::Cancelled {
                 let _ = writeln!(stderr, "run {} cancelled", run.id);
             } else {
                 let _ = writeln!(
