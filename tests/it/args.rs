@@ -119,3 +119,44 @@ fn bad_tenant_and_workspace_names_exit_2_before_the_ledger_is_opened() {
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 }
+
+/// Colour only on a terminal: help and usage errors through a pipe are plain text;
+/// `CLICOLOR_FORCE` and `--color always` force it, `NO_COLOR` and `--color never` win
+/// over `CLICOLOR_FORCE`.
+#[test]
+fn help_and_errors_through_a_pipe_carry_no_escape_codes() {
+    let esc = |b: &[u8]| b.contains(&0x1b);
+    let flow = || {
+        let mut cmd = crate::support::flow();
+        cmd.env_remove("NO_COLOR").env_remove("CLICOLOR_FORCE");
+        cmd
+    };
+    let help = output(flow().arg("--help"));
+    assert_eq!(help.status.code(), Some(0));
+    assert!(!esc(&help.stdout), "{}", stdout(&help));
+    assert!(stdout(&help).contains("Usage: flow"));
+    let bad = output(flow().arg("bogus"));
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(!esc(&bad.stderr), "{}", stderr(&bad));
+    let forced = output(
+        crate::support::flow()
+            .arg("--help")
+            .env("CLICOLOR_FORCE", "1"),
+    );
+    assert!(esc(&forced.stdout), "CLICOLOR_FORCE=1 colours a pipe");
+    let always = output(flow().args(["--color", "always", "bogus"]));
+    assert!(esc(&always.stderr), "--color always");
+    let no_color = output(
+        flow()
+            .arg("--help")
+            .env("CLICOLOR_FORCE", "1")
+            .env("NO_COLOR", "1"),
+    );
+    assert!(!esc(&no_color.stdout), "NO_COLOR wins over CLICOLOR_FORCE");
+    let never = output(
+        flow()
+            .args(["--color=never", "--help"])
+            .env("CLICOLOR_FORCE", "1"),
+    );
+    assert!(!esc(&never.stdout), "--color never wins");
+}

@@ -3,6 +3,7 @@
 //! `main.rs` only calls [`main`]; tests call [`run`] with their own argument list and
 //! buffers. Data goes to `stdout`; diagnostics, progress and logs to `stderr`.
 
+pub mod color;
 mod daemon;
 mod events;
 mod logging;
@@ -62,8 +63,24 @@ pub struct Cli {
     #[arg(long, global = true, env = "FLOW_WORKSPACE", default_value = "default")]
     pub workspace: String,
     /// Log line format on stderr (`RUST_LOG` sets the level).
-    #[arg(long, global = true, value_enum, default_value = "text")]
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "FLOW_LOG_FORMAT",
+        default_value = "text"
+    )]
     pub log_format: LogFormat,
+    /// Colour help and errors: auto (a terminal, unless NO_COLOR is set or
+    /// CLICOLOR_FORCE forces it), always or never.
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        env = "FLOW_COLOR",
+        default_value = "auto"
+    )]
+    pub color: color::ColorWhen,
     /// Configuration file (egress allow-list); default ./flow.toml if present.
     #[arg(long, global = true, env = "FLOW_CONFIG")]
     pub config: Option<PathBuf>,
@@ -157,7 +174,7 @@ pub fn main() -> ExitCode {
 
 /// Parses `args` (including the program name) and runs the command.
 pub fn run(args: Vec<OsString>, stdout: &mut dyn Write, stderr: &mut dyn Write) -> ExitCode {
-    let cli = match Cli::try_parse_from(args) {
+    let cli = match Cli::try_parse_from(args.iter()) {
         Ok(cli) => cli,
         Err(e) => {
             let code = if e.use_stderr() {
@@ -165,7 +182,12 @@ pub fn run(args: Vec<OsString>, stdout: &mut dyn Write, stderr: &mut dyn Write) 
             } else {
                 exit::OK
             };
-            let text = e.render().ansi().to_string();
+            let rendered = e.render();
+            let text = if color::for_stream(color::requested(&args), e.use_stderr()) {
+                rendered.ansi().to_string()
+            } else {
+                rendered.to_string()
+            };
             let _ = if e.use_stderr() {
                 stderr.write_all(text.as_bytes())
             } else {
