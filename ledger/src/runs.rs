@@ -280,7 +280,7 @@ impl Ledger {
                         let what = if row.workflow_hash != run.workflow_hash {
                             "workflow"
                         } else {
-                            "inputs"
+                            "set of inputs"
                         };
                         return Err(Error::Conflict {
                             other_run: row.id,

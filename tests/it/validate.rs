@@ -4,7 +4,7 @@
 //! `flow validate workflows/invalid/X.yaml`. Set `FLOW_BLESS=1` to rewrite them after a
 //! deliberate change of wording, then review the diff.
 
-use crate::support::{files, flow, output, repo, stderr, stdout};
+use crate::support::{Backend, TestDb, files, flow, output, repo, stderr, stdout};
 
 #[test]
 fn every_example_workflow_validates() {
@@ -178,4 +178,24 @@ fn help_has_an_example_for_every_command() {
     }
     let out = output(flow().arg("--bogus"));
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Counts in messages agree with their nouns ("1 node", not "1 nodes").
+#[test]
+fn validate_counts_in_the_singular_and_plural() {
+    let db = TestDb::new(Backend::Sqlite);
+    let one = db.write(
+        "one.yaml",
+        "name: one\ntools:\n  t: { kind: function, function: core.echo }\nnodes:\n  a: { tool: t }\n",
+    );
+    let out = output(flow().arg("validate").arg(&one));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("ok (1 node, 1 tool)"),
+        "{}",
+        stdout(&out)
+    );
+    let hello = repo().join("workflows/hello.yaml");
+    let out = output(flow().arg("validate").arg(&hello));
+    assert!(stdout(&out).contains("nodes, "), "{}", stdout(&out));
 }

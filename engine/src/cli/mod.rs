@@ -391,6 +391,15 @@ pub(crate) async fn open_ledger(
     }
 }
 
+/// `1 node`, `2 nodes`.
+fn counted(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 fn validate(files: &[PathBuf], stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
     let opts = validate_options();
     let mut code = exit::OK;
@@ -399,10 +408,10 @@ fn validate(files: &[PathBuf], stdout: &mut dyn Write, stderr: &mut dyn Write) -
             Ok((wf, _)) => {
                 let _ = writeln!(
                     stdout,
-                    "{}: ok ({} nodes, {} tools)",
+                    "{}: ok ({}, {})",
                     file.display(),
-                    wf.nodes.len(),
-                    wf.tools.len()
+                    counted(wf.nodes.len(), "node"),
+                    counted(wf.tools.len(), "tool")
                 );
             }
             Err(diags) => {
