@@ -160,3 +160,64 @@ fn help_and_errors_through_a_pipe_carry_no_escape_codes() {
     );
     assert!(!esc(&never.stdout), "--color never wins");
 }
+
+/// The resolve commands `flow show` prints repeat the non-default `--db` and
+/// `--tenant`: pasted into a shell elsewhere (no FLOW_* variables, another directory),
+/// one reaches the same ledger and settles the call.
+#[test]
+fn a_pasted_resolve_command_reaches_the_same_ledger() {
+    use flow_adapters::testkit::http::CountingServer;
+    let rt = crate::support::runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    for backend in crate::support::backends() {
+        let db = TestDb::new(backend);
+        let file = db.write(
+            "w.yaml",
+            &format!(
+                "name: paste\ntools:\n  api: {{ kind: http, method: POST, url: \"{}/charge\", timeout: 5s }}\nnodes:\n  charge: {{ tool: api, with: {{ n: 1 }} }}\n",
+                server.url()
+            ),
+        );
+        let crashed = output(
+            db.flow()
+                .args(["--tenant", "acme"])
+                .arg("run")
+                .arg(&file)
+                .env("FLOW_FAULT", "after_response:charge"),
+        );
+        let run = run_id(&crashed);
+        let resumed = output(db.flow().args(["--tenant", "acme", "resume", &run]));
+        assert_eq!(resumed.status.code(), Some(3), "{}", stderr(&resumed));
+        assert!(
+            stderr(&resumed).contains(&format!("--tenant acme show {run}")),
+            "{backend:?}: {}",
+            stderr(&resumed)
+        );
+        let shown = output(db.flow().args(["--tenant", "acme", "show", &run]));
+        let line = stdout(&shown)
+            .lines()
+            .find(|l| l.contains("=retry"))
+            .map(|l| l.split('#').next().unwrap_or_default().trim().to_string())
+            .unwrap_or_else(|| panic!("{backend:?}: no retry command in {}", stdout(&shown)));
+        assert!(line.starts_with("flow --db "), "{line}");
+        let pasted = line.replacen("flow", env!("CARGO_BIN_EXE_flow"), 1);
+        let elsewhere = tempfile::tempdir().expect("tempdir");
+        let mut sh = std::process::Command::new("sh");
+        sh.arg("-c").arg(&pasted).current_dir(elsewhere.path());
+        for (key, _) in std::env::vars() {
+            if key.starts_with("FLOW_") {
+                sh.env_remove(key);
+            }
+        }
+        let out = output(&mut sh);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{backend:?}: `{line}`: {}",
+            stderr(&out)
+        );
+        let shown = output(db.flow().args(["--tenant", "acme", "show", &run, "--json"]));
+        let s: serde_json::Value = serde_json::from_slice(&shown.stdout).expect("show --json");
+        assert_eq!(s["run"]["status"], "succeeded", "{backend:?}: {s:#}");
+    }
+}

@@ -102,7 +102,10 @@ fn fault_point(backend: Backend, case: &Case) {
         assert_eq!(call(&s, "charge")["status"], "in_doubt", "{ctx}");
         let human = output(db.flow().args(["show", &run]));
         assert!(
-            stdout(&human).contains(&format!("flow resume {run} --resolve charge=succeeded")),
+            stdout(&human).contains(&format!(
+                "flow --db {} resume {run} --resolve charge=succeeded",
+                db.url
+            )),
             "{ctx}: {}",
             stdout(&human)
         );

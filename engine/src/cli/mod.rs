@@ -6,6 +6,7 @@
 pub mod color;
 mod daemon;
 mod events;
+mod follow_up;
 mod logging;
 mod run;
 mod show;
@@ -18,6 +19,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub(crate) use follow_up::prefix as flow_command;
 pub(crate) use show::print_json;
 
 use crate::plan::Plan;
@@ -41,6 +43,9 @@ pub mod exit {
     pub const UNAVAILABLE: u8 = 5;
 }
 
+/// The ledger when `--db` / `FLOW_DATABASE_URL` is not given.
+pub(crate) const DEFAULT_DB: &str = "sqlite://.flow/flow.db";
+
 /// flow — durable workflows whose side-effecting tool calls run at most once.
 #[derive(Debug, Parser)]
 #[command(name = "flow", version, about, long_about = None, propagate_version = true)]
@@ -53,7 +58,7 @@ pub struct Cli {
         long,
         global = true,
         env = "FLOW_DATABASE_URL",
-        default_value = "sqlite://.flow/flow.db"
+        default_value = DEFAULT_DB
     )]
     pub db: String,
     /// Tenant that owns the runs (every ledger row carries it).

@@ -69,6 +69,9 @@ pub(crate) struct Session {
     pub ledger: Ledger,
     pub executor: Executor,
     pub worker: WorkerId,
+    /// `flow` with the global options that differ from their defaults, for the
+    /// follow-up commands this session prints.
+    pub flow: String,
 }
 
 impl Session {
@@ -125,6 +128,7 @@ impl Session {
             ledger,
             executor,
             worker: WorkerId::current(),
+            flow: super::flow_command(cli),
         })
     }
 
@@ -203,7 +207,8 @@ impl Session {
             Err(e) => {
                 let _ = writeln!(
                     stderr,
-                    "error: run {run_id} stopped: {e}; `flow resume {run_id}` continues it"
+                    "error: run {run_id} stopped: {e}; `{} resume {run_id}` continues it",
+                    self.flow
                 );
                 exit::UNAVAILABLE
             }
@@ -240,7 +245,8 @@ impl Session {
                 );
                 let _ = writeln!(
                     stderr,
-                    "  see `flow show {run_id}` for the calls in doubt and how to resolve them"
+                    "  see `{} show {run_id}` for the calls in doubt and how to resolve them",
+                    self.flow
                 );
                 exit::PAUSED
             }

@@ -130,7 +130,13 @@ pub(crate) async fn show(
     if args.json {
         return print_json(&ledger, &args.run, stdout, stderr).await;
     }
-    match human(&ledger, &args.run).await {
+    match human(
+        &ledger,
+        &args.run,
+        &format!("{} resume", super::flow_command(cli)),
+    )
+    .await
+    {
         Ok(text) => {
             let _ = stdout.write_all(text.as_bytes());
             exit::OK
@@ -141,7 +147,8 @@ pub(crate) async fn show(
 
 /// The human view: the DAG in order, each node's steps and call, and for every call in
 /// doubt the exact commands that resolve it.
-async fn human(ledger: &Ledger, run_id: &str) -> Result<String, flow_ledger::Error> {
+/// The text of `flow show`; `resume` is the resume command as the user should paste it.
+async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, flow_ledger::Error> {
     use std::fmt::Write as _;
     let run = ledger.get_run(run_id).await?;
     let steps = ledger.list_steps(run_id).await?;
@@ -245,17 +252,17 @@ async fn human(ledger: &Ledger, run_id: &str) -> Result<String, flow_ledger::Err
             );
             let _ = writeln!(
                 out,
-                "  flow resume {run_id} --resolve {}=succeeded --output '<the JSON output>'   # it happened",
+                "  {resume} {run_id} --resolve {}=succeeded --output '<the JSON output>'   # it happened",
                 c.tool_call_id
             );
             let _ = writeln!(
                 out,
-                "  flow resume {run_id} --resolve {}=failed --error '<why>'                  # it did not happen; fail the node",
+                "  {resume} {run_id} --resolve {}=failed --error '<why>'                  # it did not happen; fail the node",
                 c.tool_call_id
             );
             let _ = writeln!(
                 out,
-                "  flow resume {run_id} --resolve {}=retry                                 # re-send with the same key",
+                "  {resume} {run_id} --resolve {}=retry                                 # re-send with the same key",
                 c.tool_call_id
             );
         }
