@@ -177,11 +177,15 @@ pub(crate) async fn finish_step_in(
         }
     }
     let s = ledger.scope();
+    // A step that ran to an outcome started, even when nothing marked it running first
+    // (a pure retry step goes from pending to its outcome in one write); skipped and
+    // cancelled steps never started.
+    let started = matches!(status, StepStatus::Succeeded | StepStatus::Failed).then_some(now);
     let row = c
         .optional::<StepRow>(
             concat!(
                 "UPDATE steps SET status = $5, output = $6, error_kind = $7, error_message = $8,
-                    finished_at = $9, updated_at = $9
+                    finished_at = $9, updated_at = $9, started_at = COALESCE(started_at, $11)
                  WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4
                    AND status = $10
                  RETURNING ",
@@ -198,6 +202,7 @@ pub(crate) async fn finish_step_in(
                 error.as_ref().map(|e| e.message.clone()),
                 now,
                 from.as_str(),
+                started,
             ],
         )
         .await?

@@ -268,3 +268,35 @@ fn read_only_timeouts_are_retried_not_put_in_doubt() {
     assert_eq!(call(&s, "charge")["error"]["kind"], "unknown");
     assert_eq!(server.total(), 2);
 }
+
+/// Every step that ran has a start time, retry steps of pure functions included (they
+/// go from pending to their outcome in one write), and it is not after the finish.
+#[test]
+fn every_step_that_ran_has_its_start_time() {
+    for backend in backends() {
+        let db = TestDb::new(backend);
+        let out = output(
+            db.flow()
+                .arg("run")
+                .arg(crate::support::repo().join("workflows/retries.yaml")),
+        );
+        let run = run_id(&out);
+        let s = show(&db, &run);
+        let steps = s["steps"].as_array().cloned().unwrap_or_default();
+        assert!(
+            steps.iter().any(|x| x["retry"].as_u64() > Some(0)),
+            "{backend:?}: the example has retry steps: {s:#}"
+        );
+        for step in steps {
+            if !matches!(step["status"].as_str(), Some("succeeded" | "failed")) {
+                continue;
+            }
+            let (start, end) = (step["started_at"].as_str(), step["finished_at"].as_str());
+            assert!(
+                start.is_some() && start <= end,
+                "{backend:?}: {} started {start:?}, finished {end:?}",
+                step["step_id"]
+            );
+        }
+    }
+}
