@@ -199,3 +199,56 @@ fn validate_counts_in_the_singular_and_plural() {
     let out = output(flow().arg("validate").arg(&hello));
     assert!(stdout(&out).contains("nodes, "), "{}", stdout(&out));
 }
+
+/// `flow validate DIR` checks every `*.yaml` directly in it; `flow validate -` reads
+/// standard input (bounded like a file) and names it `<stdin>` in diagnostics.
+#[test]
+fn validate_reads_directories_and_standard_input() {
+    let out = output(flow().arg("validate").arg(repo().join("workflows")));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("hello.yaml: ok"), "{}", stdout(&out));
+    assert!(
+        !stdout(&out).contains("invalid/"),
+        "not recursive: {}",
+        stdout(&out)
+    );
+    let empty = TestDb::new(Backend::Sqlite);
+    let out = output(flow().arg("validate").arg(empty.dir.path()));
+    assert_eq!(out.status.code(), Some(2), "an empty directory is an error");
+    let piped = |input: &[u8]| {
+        use std::io::Write;
+        let mut child = flow()
+            .args(["validate", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let mut stdin = child.stdin.take().expect("stdin");
+        let input = input.to_vec();
+        let feeder = std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+        let out = child.wait_with_output().expect("wait");
+        let _ = feeder.join();
+        out
+    };
+    let hello = std::fs::read(repo().join("workflows/hello.yaml")).expect("hello");
+    let out = piped(&hello);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).starts_with("<stdin>: ok"), "{}", stdout(&out));
+    let out = piped(b"name: x\nnodes: [\n");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).starts_with("<stdin>:3:1: error"),
+        "{}",
+        stderr(&out)
+    );
+    let out = piped(&vec![b'#'; 3 * 1024 * 1024]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("limited to 1048576 bytes"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -112,7 +112,7 @@ pub enum Command {
     /// Check workflow files; print every problem as FILE:LINE:COL (exit 0 valid, 2 invalid).
     #[command(after_help = "Example:\n  flow validate workflows/hello.yaml workflows/http.yaml")]
     Validate {
-        /// Workflow files.
+        /// Workflow files; `-` reads standard input, a directory every `*.yaml` in it.
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
@@ -405,23 +405,57 @@ fn counted(n: usize, noun: &str) -> String {
     }
 }
 
+/// `flow validate`: each argument is a file, `-` (standard input) or a directory (every
+/// `*.yaml` / `*.yml` directly in it, in name order).
 fn validate(files: &[PathBuf], stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
     let opts = validate_options();
     let mut code = exit::OK;
-    for file in files {
-        match load_file(file, &opts) {
-            Ok((wf, _)) => {
+    for arg in files {
+        let targets: Vec<PathBuf> = if arg.is_dir() {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(arg)
+                .map(|entries| {
+                    entries
+                        .flatten()
+                        .map(|e| e.path())
+                        .filter(|p| {
+                            p.is_file() && p.extension().is_some_and(|x| x == "yaml" || x == "yml")
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            found.sort();
+            if found.is_empty() {
                 let _ = writeln!(
-                    stdout,
-                    "{}: ok ({}, {})",
-                    file.display(),
-                    counted(wf.nodes.len(), "node"),
-                    counted(wf.tools.len(), "tool")
+                    stderr,
+                    "{}: error: no *.yaml or *.yml files in this directory",
+                    arg.display()
                 );
-            }
-            Err(diags) => {
-                let _ = write!(stderr, "{diags}");
                 code = exit::INVALID;
+            }
+            found
+        } else {
+            vec![arg.clone()]
+        };
+        for file in targets {
+            let loaded = if file.as_os_str() == "-" {
+                crate::workflow::load_stdin(&opts)
+            } else {
+                load_file(&file, &opts)
+            };
+            match loaded {
+                Ok((wf, source)) => {
+                    let _ = writeln!(
+                        stdout,
+                        "{}: ok ({}, {})",
+                        source.file,
+                        counted(wf.nodes.len(), "node"),
+                        counted(wf.tools.len(), "tool")
+                    );
+                }
+                Err(diags) => {
+                    let _ = write!(stderr, "{diags}");
+                    code = exit::INVALID;
+                }
             }
         }
     }

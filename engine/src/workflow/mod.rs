@@ -63,6 +63,36 @@ pub fn load_file(path: &Path, opts: &ValidateOptions) -> Result<(Workflow, Sourc
     Ok((wf, Source { file, text }))
 }
 
+/// Reads a workflow from standard input (`flow validate -`), bounded like a file, and
+/// validates it under the name `<stdin>`.
+pub fn load_stdin(opts: &ValidateOptions) -> Result<(Workflow, Source), Diagnostics> {
+    use std::io::Read;
+    let file = "<stdin>".to_string();
+    let fail = |message: String| {
+        Diagnostics::new(
+            file.clone(),
+            vec![Diagnostic::new(Pos { line: 1, col: 1 }, message)],
+        )
+    };
+    let mut bytes = Vec::new();
+    let limit = MAX_FILE_BYTES as u64;
+    if let Err(e) = std::io::stdin()
+        .lock()
+        .take(limit + 1)
+        .read_to_end(&mut bytes)
+    {
+        return Err(fail(format!("cannot read standard input: {e}")));
+    }
+    if bytes.len() > MAX_FILE_BYTES {
+        return Err(fail(format!(
+            "workflow files are limited to {MAX_FILE_BYTES} bytes (1 MiB); reading stopped past that"
+        )));
+    }
+    let text = decode(&bytes).map_err(|d| Diagnostics::new(file.clone(), vec![d]))?;
+    let wf = parse_with(&text, &file, opts)?;
+    Ok((wf, Source { file, text }))
+}
+
 /// Validates workflow text (already read) under the name `file`.
 pub fn parse_str(text: &str, file: &str) -> Result<Workflow, Diagnostics> {
     parse_with(text, file, &ValidateOptions::default())
