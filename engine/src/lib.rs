@@ -21,6 +21,7 @@
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod duration_text;
 pub mod events;
 pub mod executor;
 pub mod fault;

@@ -500,9 +500,21 @@ fn cancel_of_a_dead_holders_run_ends_it_at_once() {
             "{backend:?}: {}",
             stderr(&live)
         );
-        // SIGKILL: the holder is gone, its lease still has ~30 s to run.
+        // SIGKILL: the holder is gone, its lease still has ~30 s to run. `flow show`
+        // says so and prints the command that continues the run.
         let _ = child.kill();
         let _ = child.wait();
+        let shown = output(db.flow().args(["show", "doomed-1"]));
+        let text = stdout(&shown);
+        assert!(
+            text.contains("held by ") && text.contains("its process is gone"),
+            "{backend:?}: {text}"
+        );
+        assert!(
+            text.contains(&format!("continue with: flow --db {} resume doomed-1", db.url)),
+            "{backend:?}: {text}"
+        );
+        assert!(text.contains("  inputs {}"), "{backend:?}: {text}");
         let out = output(db.flow().args(["cancel", "doomed-1"]));
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         assert!(

@@ -7,6 +7,7 @@ use flow_ledger::{CallStatus, Ledger, RunFilter, RunStatus, Timestamp};
 use serde_json::{Value as Json, json};
 
 use super::{Cli, exit, open_ledger};
+use crate::duration_text::duration_ms;
 use crate::plan::Plan;
 
 /// Arguments of `flow show`.
@@ -145,9 +146,9 @@ pub(crate) async fn show(
     }
 }
 
-/// The human view: the DAG in order, each node's steps and call, and for every call in
-/// doubt the exact commands that resolve it.
-/// The text of `flow show`; `resume` is the resume command as the user should paste it.
+/// The human view of `flow show`: the run (times, inputs, output, who holds it), the DAG
+/// in order with each node's steps and call, and for every call in doubt the exact
+/// commands that resolve it. `resume` is the resume command as the user should paste it.
 async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, flow_ledger::Error> {
     use std::fmt::Write as _;
     let run = ledger.get_run(run_id).await?;
@@ -159,14 +160,44 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
         "run {}  {}  workflow {}",
         run.id, run.status, run.workflow_name
     );
+    let took = match (run.started_at, run.finished_at) {
+        (Some(a), Some(b)) => format!("  took {}", duration_ms(b.0 - a.0)),
+        _ => String::new(),
+    };
     let _ = writeln!(
         out,
-        "  created {}  finished {}",
+        "  created {}  started {}  finished {}{took}",
         run.created_at.to_rfc3339(),
+        run.started_at.map_or("-".into(), |t| t.to_rfc3339()),
         run.finished_at.map_or("-".into(), |t| t.to_rfc3339())
     );
+    let _ = writeln!(out, "  inputs {}", shorten(&run.inputs.to_string()));
+    if let Some(output) = &run.output {
+        let _ = writeln!(out, "  output {}", shorten(&output.to_string()));
+    }
     if let Some(e) = run.error.as_ref().or(run.pause_reason.as_ref()) {
         let _ = writeln!(out, "  {e}");
+    }
+    if run.status == RunStatus::Running {
+        let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
+        let holder = run
+            .worker
+            .as_ref()
+            .map_or_else(|| "nobody".to_string(), ToString::to_string);
+        let dead = run.worker.as_ref().is_some_and(|w| w.is_provably_dead());
+        let expired = run.lease_expires_at.is_none_or(|t| t <= now);
+        let state = if dead {
+            "its process is gone"
+        } else if expired {
+            "its lease has expired"
+        } else {
+            "alive"
+        };
+        let until = run.lease_expires_at.map_or("-".into(), |t| t.to_rfc3339());
+        let _ = writeln!(out, "  held by {holder} (lease until {until}; {state})");
+        if dead || expired {
+            let _ = writeln!(out, "  continue with: {resume} {}", run.id);
+        }
     }
     let order: Vec<String> = match crate::snapshot::snapshot(&run) {
         Ok(wf) => match Plan::new(&wf) {
@@ -197,7 +228,7 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
         for s in &node_steps {
             let mut line = format!("    step {:<24} {:<10}", s.step_id, s.status.as_str());
             if let (Some(a), Some(b)) = (s.started_at, s.finished_at) {
-                let _ = write!(line, " {}ms", b.0 - a.0);
+                let _ = write!(line, " {}", duration_ms(b.0 - a.0));
             }
             if let Some(nb) = s
                 .not_before
@@ -330,6 +361,16 @@ pub(crate) async fn runs(
         }
     }
     exit::OK
+}
+
+/// `text` cut to what fits on a line, pointing at `--json` for the rest.
+fn shorten(text: &str) -> String {
+    const MAX: usize = 160;
+    if text.chars().count() <= MAX {
+        return text.to_string();
+    }
+    let cut: String = text.chars().take(MAX).collect();
+    format!("{cut}… (in full: --json)")
 }
 
 /// `flow cancel`.
