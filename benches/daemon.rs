@@ -123,6 +123,7 @@ async fn drain(url: &str, ledger: &Ledger, daemons: usize, runs: usize) -> Drain
         .list_runs(RunFilter {
             status: None,
             limit: u32::MAX,
+            ..Default::default()
         })
         .await
         .expect("list runs")

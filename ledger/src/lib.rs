@@ -107,7 +107,8 @@ pub use model::{
     Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,
     Enqueued, HeartbeatAck, InDoubtReport, NewRun, NewStep, PureBatchRecorded, PureCall,
     PureRecorded, PureResult, RateAcquire, RateDecision, Replayed, Resolution, Resolve, Run,
-    RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage, Window,
+    RunCursor, RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage,
+    Window,
 };
 pub use runs::MAX_CLAIM;
 pub use sqlite::is_read_only_url;

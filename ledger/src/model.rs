@@ -111,6 +111,49 @@ pub struct RunFilter {
     pub status: Option<RunStatus>,
     /// At most this many (0 = 100).
     pub limit: u32,
+    /// Only runs of this workflow (its `name:`).
+    pub workflow: Option<String>,
+    /// Only runs created at or after this time.
+    pub since: Option<Timestamp>,
+    /// Only runs created before this time.
+    pub until: Option<Timestamp>,
+    /// Keyset paging: only runs after this one in the listing's order (newest first),
+    /// so a page boundary stays put while new runs arrive.
+    pub after: Option<RunCursor>,
+}
+
+/// Where a page of [`crate::Ledger::list_runs`] ended: the last run's creation time
+/// and id (the listing's sort key).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunCursor {
+    /// The last listed run's `created_at`.
+    pub created_at: Timestamp,
+    /// The last listed run's id (ties on `created_at` are ordered by id).
+    pub id: String,
+}
+
+impl RunCursor {
+    /// The cursor after `run`.
+    pub fn after(run: &Run) -> Self {
+        Self {
+            created_at: run.created_at,
+            id: run.id.clone(),
+        }
+    }
+
+    /// `<created_at ms>.<id>`: what the CLI prints and takes back.
+    pub fn encode(&self) -> String {
+        format!("{}.{}", self.created_at.0, self.id)
+    }
+
+    /// The inverse of [`RunCursor::encode`]; `None` for text it did not produce.
+    pub fn decode(text: &str) -> Option<Self> {
+        let (ms, id) = text.split_once('.')?;
+        Some(Self {
+            created_at: Timestamp(ms.parse().ok()?),
+            id: id.to_string(),
+        })
+    }
 }
 
 /// A batch claim from the run queue.

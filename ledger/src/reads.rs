@@ -68,6 +68,10 @@ impl Ledger {
                     run_cols!(),
                     " FROM runs WHERE tenant = $1 AND workspace = $2
                        AND ($3 IS NULL OR status = $3)
+                       AND ($5 IS NULL OR workflow_name = $5)
+                       AND ($6 IS NULL OR created_at >= $6)
+                       AND ($7 IS NULL OR created_at < $7)
+                       AND ($8 IS NULL OR created_at < $8 OR (created_at = $8 AND id < $9))
                      ORDER BY created_at DESC, id DESC LIMIT $4"
                 ),
                 args![
@@ -75,6 +79,11 @@ impl Ledger {
                     &s.workspace,
                     filter.status.map(|st| st.as_str()),
                     i64::from(limit),
+                    filter.workflow.as_deref(),
+                    filter.since,
+                    filter.until,
+                    filter.after.as_ref().map(|c| c.created_at),
+                    filter.after.as_ref().map(|c| c.id.as_str()),
                 ],
             )
             .await?;

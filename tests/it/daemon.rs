@@ -121,6 +121,7 @@ fn statuses(rt: &tokio::runtime::Runtime, ledger: &Ledger) -> HashMap<String, Ru
     let filter = RunFilter {
         status: None,
         limit: 10_000,
+        ..Default::default()
     };
     rt.block_on(ledger.list_runs(filter))
         .expect("list runs")

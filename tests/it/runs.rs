@@ -511,7 +511,10 @@ fn cancel_of_a_dead_holders_run_ends_it_at_once() {
             "{backend:?}: {text}"
         );
         assert!(
-            text.contains(&format!("continue with: flow --db {} resume doomed-1", db.url)),
+            text.contains(&format!(
+                "continue with: flow --db {} resume doomed-1",
+                db.url
+            )),
             "{backend:?}: {text}"
         );
         assert!(text.contains("  inputs {}"), "{backend:?}: {text}");
@@ -524,5 +527,80 @@ fn cancel_of_a_dead_holders_run_ends_it_at_once() {
         );
         let s = show(&db, "doomed-1");
         assert_eq!(s["run"]["status"], "cancelled", "{backend:?}: {s:#}");
+    }
+}
+
+/// `flow runs` pages with a cursor (each page's last line on stderr is the command for
+/// the next), filters by workflow and creation time, prints a header row, and refuses
+/// `--limit 0` instead of listing 100.
+#[test]
+fn runs_are_listed_in_pages_with_filters() {
+    for backend in backends() {
+        let db = TestDb::new(backend);
+        let hello = repo().join("workflows/hello.yaml");
+        for i in 0..5 {
+            let out = output(db.flow().arg("run").arg(&hello).args([
+                "--run-id",
+                &format!("page-{i}"),
+                "--input",
+                "name=x",
+            ]));
+            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        }
+        let retries = output(
+            db.flow()
+                .arg("run")
+                .arg(repo().join("workflows/retries.yaml")),
+        );
+        let other = run_id(&retries);
+        let mut seen = Vec::new();
+        let mut args = vec![
+            "runs".to_string(),
+            "--workflow".into(),
+            "hello".into(),
+            "--limit".into(),
+            "2".into(),
+        ];
+        for page in 0.. {
+            assert!(page < 5, "{backend:?}: paging never ended");
+            let out = output(db.flow().args(&args));
+            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+            let text = stdout(&out);
+            let mut lines = text.lines();
+            assert!(
+                lines.next().is_some_and(|h| h.starts_with("RUN ")),
+                "{backend:?}: header row: {text}"
+            );
+            seen.extend(lines.map(|l| l.split_whitespace().next().unwrap_or_default().to_string()));
+            let Some(next) = stderr(&out)
+                .lines()
+                .find_map(|l| l.split_once("--cursor ").map(|(_, c)| c.trim().to_string()))
+            else {
+                break;
+            };
+            args.truncate(5);
+            args.extend(["--cursor".into(), next]);
+        }
+        assert_eq!(
+            seen,
+            ["page-4", "page-3", "page-2", "page-1", "page-0"],
+            "{backend:?}: newest first, each once, the other workflow filtered out"
+        );
+        let all = output(db.flow().args(["runs", "--since", "1h"]));
+        assert!(
+            stdout(&all).contains(&other),
+            "{backend:?}: {}",
+            stdout(&all)
+        );
+        let none = output(db.flow().args(["runs", "--until", "2000-01-01T00:00:00Z"]));
+        assert_eq!(
+            stdout(&none).lines().count(),
+            1,
+            "{backend:?}: only the header"
+        );
+        let zero = output(db.flow().args(["runs", "--limit", "0"]));
+        assert_eq!(zero.status.code(), Some(2), "{backend:?}");
+        let bad = output(db.flow().args(["runs", "--since", "yesterday-ish"]));
+        assert_eq!(bad.status.code(), Some(2), "{backend:?}");
     }
 }

@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use clap::Args;
-use flow_ledger::{CallStatus, Ledger, RunFilter, RunStatus, Timestamp};
+use flow_ledger::{CallStatus, Ledger, RunCursor, RunFilter, RunStatus, Timestamp};
 use serde_json::{Value as Json, json};
 
 use super::{Cli, exit, open_ledger};
@@ -29,9 +29,32 @@ pub struct RunsArgs {
     /// Print a JSON array of `{id, status, workflow, created_at, finished_at}`.
     #[arg(long)]
     pub json: bool,
-    /// Most runs to list.
-    #[arg(long, default_value_t = 100)]
+    /// Most runs to list (at least 1); when there are more, the command for the next
+    /// page is printed on stderr.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
+    /// Only runs of this workflow (its `name:`).
+    #[arg(long)]
+    pub workflow: Option<String>,
+    /// Only runs created at or after this time: RFC 3339 (`2026-12-01T09:00:00Z`) or a
+    /// duration ago (`2h`, `30m`).
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Only runs created before this time (same forms as `--since`).
+    #[arg(long)]
+    pub until: Option<String>,
+    /// Continue a listing after the page that printed this cursor.
+    #[arg(long)]
+    pub cursor: Option<String>,
+}
+
+/// `--since` / `--until`: an RFC 3339 time, or a duration before `now`.
+fn parse_time(text: &str, now: Timestamp) -> Option<Timestamp> {
+    Timestamp::parse_rfc3339(text).or_else(|| {
+        humantime::parse_duration(text)
+            .ok()
+            .map(|ago| now.minus(ago))
+    })
 }
 
 /// Arguments of `flow cancel`.
@@ -321,14 +344,50 @@ pub(crate) async fn runs(
             }
         },
     };
+    let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
+    let mut times = [None, None];
+    for (slot, (flag, value)) in times
+        .iter_mut()
+        .zip([("--since", &args.since), ("--until", &args.until)])
+    {
+        if let Some(text) = value {
+            match parse_time(text, now) {
+                Some(t) => *slot = Some(t),
+                None => {
+                    let _ = writeln!(
+                        stderr,
+                        "error: {flag} `{text}` is neither an RFC 3339 time (2026-12-01T09:00:00Z) nor a duration ago (2h, 30m)"
+                    );
+                    return exit::INVALID;
+                }
+            }
+        }
+    }
+    let after = match args.cursor.as_deref().map(RunCursor::decode) {
+        None => None,
+        Some(Some(c)) => Some(c),
+        Some(None) => {
+            let _ = writeln!(
+                stderr,
+                "error: --cursor `{}` is not a cursor flow printed",
+                args.cursor.as_deref().unwrap_or_default()
+            );
+            return exit::INVALID;
+        }
+    };
     let ledger = match open_ledger(cli, stderr).await {
         Ok(l) => l,
         Err(code) => return code,
     };
+    // One more than asked tells whether another page exists.
     let runs = match ledger
         .list_runs(RunFilter {
             status,
-            limit: args.limit,
+            limit: args.limit.saturating_add(1),
+            workflow: args.workflow.clone(),
+            since: times[0],
+            until: times[1],
+            after,
         })
         .await
     {
@@ -338,6 +397,8 @@ pub(crate) async fn runs(
             return exit::UNAVAILABLE;
         }
     };
+    let more = runs.len() > args.limit as usize;
+    let runs = &runs[..runs.len().min(args.limit as usize)];
     if args.json {
         let list: Vec<Json> = runs
             .iter()
@@ -349,18 +410,99 @@ pub(crate) async fn runs(
             serde_json::to_string_pretty(&list).unwrap_or_default()
         );
     } else {
-        for r in &runs {
-            let _ = writeln!(
-                stdout,
-                "{:<32} {:<10} {:<24} {}",
-                r.id,
-                r.status.as_str(),
-                r.workflow_name,
-                r.created_at.to_rfc3339()
-            );
+        let rows: Vec<Vec<String>> = runs
+            .iter()
+            .map(|r| {
+                let took = match (r.started_at, r.finished_at) {
+                    (Some(a), Some(b)) => duration_ms(b.0 - a.0),
+                    _ => "-".into(),
+                };
+                vec![
+                    r.id.clone(),
+                    r.status.as_str().to_string(),
+                    r.workflow_name.clone(),
+                    r.created_at.to_rfc3339(),
+                    took,
+                    r.error.as_deref().map(first_line).unwrap_or_default(),
+                ]
+            })
+            .collect();
+        let header = ["RUN", "STATUS", "WORKFLOW", "CREATED", "TOOK", "ERROR"];
+        let _ = stdout.write_all(table(&header, &rows, terminal_width()).as_bytes());
+    }
+    if more && let Some(last) = runs.last() {
+        let mut next = format!("{} runs", super::flow_command(cli));
+        for (flag, value) in [
+            ("--status", args.status.as_deref()),
+            ("--workflow", args.workflow.as_deref()),
+            ("--since", args.since.as_deref()),
+            ("--until", args.until.as_deref()),
+        ] {
+            if let Some(v) = value {
+                next.push_str(&format!(" {flag} '{}'", v.replace('\'', r"'\''")));
+            }
         }
+        if args.limit != 100 {
+            next.push_str(&format!(" --limit {}", args.limit));
+        }
+        if args.json {
+            next.push_str(" --json");
+        }
+        let cursor = RunCursor::after(last).encode();
+        let _ = writeln!(stderr, "more runs: {next} --cursor {cursor}");
     }
     exit::OK
+}
+
+/// The first line of `text` (error messages can span lines; `--json` has them whole).
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or_default().to_string()
+}
+
+/// The terminal's width from `COLUMNS`, else none (a pipe: nothing is cut).
+fn terminal_width() -> Option<usize> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return None;
+    }
+    Some(
+        std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(120),
+    )
+}
+
+/// A plain-text table: a header row, columns as wide as their widest cell, two spaces
+/// apart; with a `width`, the last column is cut (`…`) so a line fits.
+fn table(header: &[&str], rows: &[Vec<String>], width: Option<usize>) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let head: Vec<String> = header.iter().map(|h| (*h).to_string()).collect();
+    for row in std::iter::once(&head).chain(rows) {
+        let mut line = String::new();
+        for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
+            if i + 1 == row.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}  "));
+            }
+        }
+        let mut line = line.trim_end().to_string();
+        if let Some(max) = width
+            && line.chars().count() > max
+        {
+            line = line.chars().take(max.saturating_sub(1)).collect::<String>() + "…";
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
 }
 
 /// `text` cut to what fits on a line, pointing at `--json` for the rest.

@@ -677,6 +677,7 @@ async fn counts_and_lists(db: TestDb) {
         .list_runs(RunFilter {
             status: Some(RunStatus::Queued),
             limit: 0,
+            ..Default::default()
         })
         .await
         .unwrap();
@@ -686,7 +687,8 @@ async fn counts_and_lists(db: TestDb) {
         db.ledger
             .list_runs(RunFilter {
                 status: None,
-                limit: 2
+                limit: 2,
+                ..Default::default()
             })
             .await
             .unwrap()
