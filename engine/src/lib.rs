@@ -27,6 +27,7 @@ pub mod executor;
 pub mod fault;
 pub mod gateway;
 pub mod inputs;
+pub mod json_line;
 pub mod plan;
 pub mod read_limited;
 pub mod render;

@@ -221,3 +221,49 @@ fn a_pasted_resolve_command_reaches_the_same_ledger() {
         assert_eq!(s["run"]["status"], "succeeded", "{backend:?}: {s:#}");
     }
 }
+
+/// In `--log-format json` (or `FLOW_LOG_FORMAT=json`) every stderr line is one JSON
+/// object: tracing's log lines, flow's own results and hints, progress lines, errors.
+#[test]
+fn in_json_log_mode_every_stderr_line_parses() {
+    let db = TestDb::new(Backend::Sqlite);
+    let hello = repo().join("workflows/hello.yaml");
+    let submitted = output(
+        db.flow()
+            .arg("submit")
+            .arg(&hello)
+            .args(["--input", "name=q"]),
+    );
+    assert_eq!(submitted.status.code(), Some(0), "{}", stderr(&submitted));
+    let outputs = [
+        output(
+            db.flow()
+                .args(["--log-format", "json", "run"])
+                .arg(&hello)
+                .args(["--input", "name=z"])
+                .env("RUST_LOG", "info"),
+        ),
+        output(
+            db.flow()
+                .args(["daemon", "--exit-when-idle"])
+                .env("FLOW_LOG_FORMAT", "json")
+                .env("RUST_LOG", "info"),
+        ),
+        output(
+            db.flow()
+                .args(["--log-format", "json", "show", "no-such-run"]),
+        ),
+    ];
+    for out in &outputs {
+        let err = stderr(out);
+        assert!(!err.trim().is_empty(), "something was said");
+        for line in err.lines().filter(|l| !l.trim().is_empty()) {
+            let v: serde_json::Value = serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("not JSON ({e}): {line}\nall of stderr:\n{err}"));
+            assert!(v["level"].is_string() && v["message"].is_string(), "{line}");
+        }
+    }
+    assert_eq!(outputs[0].status.code(), Some(0));
+    assert_eq!(outputs[2].status.code(), Some(2));
+    assert!(stderr(&outputs[2]).contains("\"level\":\"ERROR\""));
+}

@@ -307,16 +307,23 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .unwrap_or_else(|e| panic!("runtime: {e}"))
 }
 
-/// The run id printed on stderr as `run <id> started`.
+/// The run id printed on stderr as `run <id> started` (in `--log-format json`, the
+/// `message` of a JSON line).
 pub fn run_id(out: &Output) -> String {
     let err = stderr(out);
     err.lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v["message"].as_str().map(str::to_string))
+                .unwrap_or_else(|| l.to_string())
+        })
         .find_map(|l| {
             l.strip_prefix("run ")
                 .and_then(|r| r.split_whitespace().next())
                 .filter(|id| id.starts_with("run_"))
+                .map(str::to_string)
         })
-        .map(str::to_string)
         .unwrap_or_else(|| panic!("no run id in stderr:\n{err}"))
 }
 

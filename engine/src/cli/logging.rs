@@ -112,6 +112,58 @@ pub fn init(format: LogFormat, secrets: &Secrets) {
     };
 }
 
+/// The command's own stderr (results, hints, errors) in `--log-format json`: every line
+/// written through it leaves as one JSON object (`crate::json_line`), so every line on
+/// stderr parses. A last line without its newline is written when this is dropped.
+pub struct JsonLines<'a> {
+    out: &'a mut dyn Write,
+    buf: Vec<u8>,
+}
+
+impl<'a> JsonLines<'a> {
+    /// Wraps the process's stderr writer.
+    pub fn new(out: &'a mut dyn Write) -> Self {
+        Self {
+            out,
+            buf: Vec::new(),
+        }
+    }
+
+    fn emit(&mut self, line: &[u8]) -> std::io::Result<()> {
+        let text = String::from_utf8_lossy(line);
+        let text = text.trim_end_matches(['\r', '\n']);
+        if text.trim().is_empty() {
+            return Ok(());
+        }
+        let json = crate::json_line::render("flow", text, serde_json::Value::Null);
+        writeln!(self.out, "{json}")
+    }
+}
+
+impl Write for JsonLines<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        while let Some(at) = self.buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.buf.drain(..=at).collect();
+            self.emit(&line)?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+impl Drop for JsonLines<'_> {
+    fn drop(&mut self) {
+        if !self.buf.is_empty() {
+            let rest = std::mem::take(&mut self.buf);
+            let _ = self.emit(&rest);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

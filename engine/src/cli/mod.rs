@@ -201,6 +201,10 @@ pub fn run(args: Vec<OsString>, stdout: &mut dyn Write, stderr: &mut dyn Write) 
             return ExitCode::from(code);
         }
     };
+    if cli.log_format == LogFormat::Json {
+        let mut lines = logging::JsonLines::new(stderr);
+        return ExitCode::from(dispatch(cli, stdout, &mut lines));
+    }
     ExitCode::from(dispatch(cli, stdout, stderr))
 }
 

@@ -119,7 +119,9 @@ impl Session {
             Faults::from_env(),
         );
         let progress: Arc<dyn progress::Progress> = if live {
-            Arc::from(progress::for_stderr())
+            Arc::from(progress::for_stderr(
+                cli.log_format == super::LogFormat::Json,
+            ))
         } else {
             Arc::new(progress::Silent)
         };

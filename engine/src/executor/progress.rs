@@ -77,9 +77,7 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
             } else {
                 format!("attempt {}, {step_id}", retry + 1)
             };
-            let took = humantime::format_duration(Duration::from_millis(
-                u64::try_from(took.as_millis()).unwrap_or(u64::MAX),
-            ));
+            let took = crate::duration_text::duration(*took);
             Some(match result {
                 StepResult::Succeeded { .. } => format!("✓ {node} ({attempt}) {took}"),
                 StepResult::Failed {
@@ -105,6 +103,25 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
                     until.to_rfc3339()
                 ),
             })
+        }
+    }
+}
+
+/// One JSON object per line on stderr (`--log-format json`), the line's text as the
+/// message and the node beside it.
+pub struct JsonLines;
+
+impl Progress for JsonLines {
+    fn step(&self, event: StepEvent<'_>) {
+        let node = match &event {
+            StepEvent::Started { node, .. }
+            | StepEvent::Finished { node, .. }
+            | StepEvent::Skipped { node, .. } => *node,
+        };
+        if let Some(l) = line(&event) {
+            let json =
+                crate::json_line::render("flow::progress", &l, serde_json::json!({ "node": node }));
+            let _ = writeln!(std::io::stderr().lock(), "{json}");
         }
     }
 }
@@ -185,9 +202,11 @@ impl Drop for Live {
     }
 }
 
-/// Live progress on a terminal, plain lines otherwise.
-pub fn for_stderr() -> Box<dyn Progress> {
-    if std::io::stderr().is_terminal() {
+/// Progress as JSON lines (`json`), live on a terminal, plain lines otherwise.
+pub fn for_stderr(json: bool) -> Box<dyn Progress> {
+    if json {
+        Box::new(JsonLines)
+    } else if std::io::stderr().is_terminal() {
         Box::new(Live::new())
     } else {
         Box::new(Lines)
