@@ -33,12 +33,7 @@ pub(crate) fn check(
     declared_tools: &[String],
     diags: &mut Vec<Diagnostic>,
 ) {
-    let index: HashMap<&str, usize> = wf
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.id.as_str(), i))
-        .collect();
+    let index = wf.node_positions();
     let node_ids: Vec<&str> = wf.nodes.iter().map(|n| n.id.as_str()).collect();
     let tool_names: Vec<&str> = wf.tools.keys().map(String::as_str).collect();
 
