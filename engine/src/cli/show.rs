@@ -188,24 +188,7 @@ async fn human(ledger: &Ledger, run_id: &str) -> Result<String, flow_ledger::Err
             .map_or("not started", |s| s.status.as_str());
         let _ = writeln!(out, "{node}  {state}");
         for s in &node_steps {
-            let mut line = format!("    step {:<24} {:<10}", s.step_id, s.status.as_str());
-            if let (Some(a), Some(b)) = (s.started_at, s.finished_at) {
-                let _ = write!(line, " {}ms", b.0 - a.0);
-            }
-            if let Some(nb) = s
-                .not_before
-                .filter(|_| s.status == flow_ledger::StepStatus::Pending)
-            {
-                let _ = write!(line, " not before {}", nb.to_rfc3339());
-            }
-            if let Some(m) = &s.error_message {
-                let _ = write!(
-                    line,
-                    " {}: {m}",
-                    s.error_kind.map_or("error", |k| k.as_str())
-                );
-            }
-            let _ = writeln!(out, "{}", line.trim_end());
+            let _ = writeln!(out, "{}", step_line(s));
         }
         if let Some(c) = call {
             let _ = writeln!(
@@ -261,6 +244,30 @@ async fn human(ledger: &Ledger, run_id: &str) -> Result<String, flow_ledger::Err
         }
     }
     Ok(out)
+}
+
+/// One step of the human view: id, status, how long it took, when a pending retry is
+/// due, and its error.
+fn step_line(s: &flow_ledger::Step) -> String {
+    use std::fmt::Write as _;
+    let mut line = format!("    step {:<24} {:<10}", s.step_id, s.status.as_str());
+    if let (Some(a), Some(b)) = (s.started_at, s.finished_at) {
+        let _ = write!(line, " {}ms", b.0 - a.0);
+    }
+    if let Some(nb) = s
+        .not_before
+        .filter(|_| s.status == flow_ledger::StepStatus::Pending)
+    {
+        let _ = write!(line, " not before {}", nb.to_rfc3339());
+    }
+    if let Some(m) = &s.error_message {
+        let _ = write!(
+            line,
+            " {}: {m}",
+            s.error_kind.map_or("error", |k| k.as_str())
+        );
+    }
+    line.trim_end().to_string()
 }
 
 /// `flow runs`.
