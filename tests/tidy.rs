@@ -693,12 +693,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     // The at-most-once order of one call (claim, limits, mark, call, complete), step by
     // step with its early exits; splitting it waits for a redesign of its error paths.
     ("engine/src/gateway/mod.rs", "run_step_inner"),
-    // One JSON Schema literal: the document reads best in one piece, like the file it writes.
-    ("engine/src/schema.rs", "workflow_schema"),
-    // The iterative YAML event loop: one match over parser events sharing its stack.
-    ("engine/src/workflow/yaml.rs", "load"),
-    // One match over the roots an expression may read (`inputs`, `nodes`, `secrets`, …).
-    ("engine/src/workflow/validate.rs", "reference"),
     // One transaction of the claim's cases; its statements share the open transaction.
     ("ledger/src/calls.rs", "claim_call"),
     // One transaction per resolution, with its paused steps and event.
