@@ -690,17 +690,12 @@ fn long_functions(text: &str, max: usize) -> Vec<(String, usize, usize)> {
 /// Functions over 120 lines that could not be split yet, as `path: name`, each with
 /// why; the test fails once one of them fits, so the list only shrinks.
 const LONG_FUNCTIONS: &[(&str, &str)] = &[
-    // One transaction of the claim's cases; its statements share the open transaction.
-    ("ledger/src/calls.rs", "claim_call"),
-    // One transaction per resolution, with its paused steps and event.
-    ("ledger/src/resolve.rs", "resolve_call"),
-    // The general path of a pure call: one transaction, statement by statement.
-    ("ledger/src/resolve.rs", "record_pure_call_in_steps"),
     // A table test: one row per (state, lease, history) case of `decide_claim`.
     ("ledger/src/state.rs", "claim_decisions"),
     // The differential test's one match over every random operation.
     ("ledger/tests/conformance/differential.rs", "apply"),
-    // The test HTTP server's one handler: a match over its scripted behaviours.
+    // The test HTTP server's one handler: it records the request, then one match over
+    // its scripted behaviours (echo, fail n times, hold, drop mid-response, …).
     ("adapters/src/testkit/http.rs", "handle"),
 ];
 
