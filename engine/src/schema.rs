@@ -28,9 +28,9 @@ fn argv(description: &str) -> Value {
     json!({ "type": "array", "items": { "type": "string" }, "minItems": 1, "description": description })
 }
 
-/// The schema as a JSON value.
-pub fn workflow_schema() -> Value {
-    let retry_policy = json!({
+/// `retry_policy`, as nodes and `defaults` both take it.
+fn retry_policy() -> Value {
+    json!({
         "type": "object",
         "additionalProperties": false,
         "description": "Node retries. Each retry is a step `<node>_retry<n>` created with a durable `not_before`.",
@@ -47,7 +47,11 @@ pub fn workflow_schema() -> Value {
                 }
             }
         }
-    });
+    })
+}
+
+/// One entry of `tools`: the common keys, then each kind's own under `if kind = …`.
+fn tool() -> Value {
     let common = json!({
         "kind": { "enum": ["function", "command", "http", "mcp"] },
         "description": { "type": "string" },
@@ -74,7 +78,7 @@ pub fn workflow_schema() -> Value {
             "then": { "type": "object", "additionalProperties": false, "required": req, "properties": props }
         })
     };
-    let tool = json!({
+    json!({
         "type": "object",
         "required": ["kind"],
         "properties": { "kind": { "enum": ["function", "command", "http", "mcp"] } },
@@ -129,7 +133,11 @@ pub fn workflow_schema() -> Value {
                 }
             }))
         ]
-    });
+    })
+}
+
+/// The schema as a JSON value.
+pub fn workflow_schema() -> Value {
     json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://flow.dev/schema/workflow.json",
@@ -162,14 +170,14 @@ pub fn workflow_schema() -> Value {
                 "properties": {
                     "timeout": duration(),
                     "deadline": duration(),
-                    "retry_policy": retry_policy.clone()
+                    "retry_policy": retry_policy()
                 }
             },
             "max_parallel": { "type": "integer", "minimum": 1, "maximum": 1024 },
             "tools": {
                 "type": "object",
                 "propertyNames": { "pattern": "^[A-Za-z0-9_.-]+$" },
-                "additionalProperties": tool
+                "additionalProperties": tool()
             },
             "nodes": {
                 "type": "object",
@@ -184,7 +192,7 @@ pub fn workflow_schema() -> Value {
                         "needs": { "oneOf": [ { "type": "string" }, { "type": "array", "items": { "type": "string" } } ] },
                         "with": { "description": "Arguments; strings may hold `${{ expr }}`." },
                         "if": { "type": ["string", "boolean"], "description": "Skip the node (and its dependents) when false: `true`, `false` or one expression, with or without `${{ }}` (text around it is refused)." },
-                        "retry_policy": retry_policy,
+                        "retry_policy": retry_policy(),
                         "timeout": duration(),
                         "deadline": duration(),
                         "idempotency_key": { "type": "string", "description": "Names the effect across runs; default `<run_id>:<node>`." },

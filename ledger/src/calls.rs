@@ -366,6 +366,137 @@ async fn unknown_sends(c: &mut Conn<'_>, ledger: &Ledger, row: &CallRow) -> Resu
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
+/// A failed call's next attempt, claimed by this run (fenced by the token read).
+const CLAIM_NEW_ATTEMPT: &str = concat!(
+    "UPDATE tool_calls SET status = 'claimed', attempt_count = attempt_count + 1,
+            lease_holder = $5, lease_token = lease_token + 1, run_token = $6,
+            lease_expires_at = $7, step_id = $8, output = NULL, error_kind = NULL,
+            error_message = NULL, finished_at = NULL, updated_at = $9
+         WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+           AND status = 'failed' AND lease_token = $10
+         RETURNING ",
+    call_cols!()
+);
+
+/// An abandoned `claimed` call taken over by this run (fenced by the token read).
+const CLAIM_TAKEOVER: &str = concat!(
+    "UPDATE tool_calls SET lease_holder = $5, lease_token = lease_token + 1,
+            run_token = $6, lease_expires_at = $7, step_id = $8, updated_at = $9
+         WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+           AND status = 'claimed' AND lease_token = $10
+         RETURNING ",
+    call_cols!()
+);
+
+/// The claim of a key that another call holds (another run's, or this run's under
+/// another node): that call's outcome, `Busy` while it is leased, or in doubt with it
+/// (this step paused too).
+async fn claim_foreign(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    req: &ClaimCall<'_>,
+    other: &CallRow,
+    now: Timestamp,
+) -> Result<CallClaim, Error> {
+    let run = req.run;
+    check_foreign(other, &run.run_id, &req.tool, &req.request_hash)?;
+    let outcome = match decide_foreign_claim(&other.facts()?, now) {
+        ClaimDecision::Replay => CallClaim::Replay(other.replayed(Some(other.run_id.clone()))?),
+        ClaimDecision::Busy { holder, until } => {
+            return Err(Error::Busy { holder, until });
+        }
+        _ => {
+            // In doubt in the other run: this step waits on it too.
+            pause_steps_in(
+                c,
+                ledger,
+                &run.run_id,
+                [&req.step_id, &req.step_id],
+                &req.tool_call_id,
+                now,
+            )
+            .await?;
+            CallClaim::InDoubt {
+                since: Timestamp(other.in_doubt_at.unwrap_or(now.0)),
+            }
+        }
+    };
+    Ok(outcome)
+}
+
+/// Inserts a brand-new call claimed by this run (attempt 1); `None` when a racing
+/// claimer's insert won (PostgreSQL), so the caller reads again.
+async fn insert_claimed(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    req: &ClaimCall<'_>,
+    expires_at: Timestamp,
+    now: Timestamp,
+) -> Result<Option<CallRow>, Error> {
+    let s = ledger.scope();
+    let run = req.run;
+    c.optional::<CallRow>(
+        concat!(
+            "INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id,
+                step_id, tool, idempotency_key, request, request_hash, status,
+                attempt_count, outbound_requests, lease_holder, lease_token,
+                run_token, lease_expires_at, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'claimed', 1, 0,
+                $10, 1, $11, $12, $13, $13)
+             ON CONFLICT DO NOTHING
+             RETURNING ",
+            call_cols!()
+        ),
+        args![
+            &s.tenant,
+            &s.workspace,
+            &run.run_id,
+            &req.tool_call_id,
+            &req.step_id,
+            &req.tool,
+            &req.idempotency_key,
+            req.request.to_string(),
+            &req.request_hash,
+            run.worker.as_str(),
+            run.token,
+            expires_at,
+            now,
+        ],
+    )
+    .await
+}
+
+/// Runs a claim's `UPDATE` (`sql`: a new attempt or a takeover), fenced by the row's
+/// `lease_token` as read; `None` when another claimer changed the row first.
+async fn update_claimed(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    req: &ClaimCall<'_>,
+    sql: &'static str,
+    lease_token: i64,
+    expires_at: Timestamp,
+    now: Timestamp,
+) -> Result<Option<CallRow>, Error> {
+    let s = ledger.scope();
+    let run = req.run;
+    c.optional::<CallRow>(
+        sql,
+        args![
+            &s.tenant,
+            &s.workspace,
+            &run.run_id,
+            &req.tool_call_id,
+            run.worker.as_str(),
+            run.token,
+            expires_at,
+            &req.step_id,
+            now,
+            lease_token,
+        ],
+    )
+    .await
+}
+
 impl Ledger {
     /// Claims a node's tool call. See the crate docs for the rules; in short:
     /// no row → `Claimed` (attempt 1); terminal → `Replay` (failed + `retry_failed` →
@@ -391,7 +522,17 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
-                let req = ClaimCall { run: &run, step_id, tool_call_id, tool, idempotency_key, request, request_hash, retry_failed, lease };
+                let req = ClaimCall {
+                    run: &run,
+                    step_id,
+                    tool_call_id,
+                    tool,
+                    idempotency_key,
+                    request,
+                    request_hash,
+                    retry_failed,
+                    lease,
+                };
                 let run = req.run;
                 check_run_lease(c, s, run, Some(now)).await?;
                 let expires_at = now.plus(req.lease);
@@ -406,67 +547,15 @@ impl Ledger {
                     .await?;
                     let Some(row) = row else {
                         if let Some(other) = other {
-                            if other.run_id == run.run_id && other.tool_call_id == req.tool_call_id {
+                            if other.run_id == run.run_id && other.tool_call_id == req.tool_call_id
+                            {
                                 // Our own row, committed by a racing claimer between the two
                                 // reads (PostgreSQL, READ COMMITTED): decide on it by id.
                                 continue;
                             }
-                            check_foreign(&other, &run.run_id, &req.tool, &req.request_hash)?;
-                            let outcome = match decide_foreign_claim(&other.facts()?, now) {
-                                ClaimDecision::Replay => {
-                                    CallClaim::Replay(other.replayed(Some(other.run_id.clone()))?)
-                                }
-                                ClaimDecision::Busy { holder, until } => {
-                                    return Err(Error::Busy { holder, until });
-                                }
-                                _ => {
-                                    // In doubt in the other run: this step waits on it too.
-                                    pause_steps_in(
-                                        c,
-                                        &ledger,
-                                        &run.run_id,
-                                        [&req.step_id, &req.step_id],
-                                        &req.tool_call_id,
-                                        now,
-                                    )
-                                    .await?;
-                                    CallClaim::InDoubt {
-                                        since: Timestamp(other.in_doubt_at.unwrap_or(now.0)),
-                                    }
-                                }
-                            };
-                            return Ok(outcome);
+                            return claim_foreign(c, &ledger, &req, &other, now).await;
                         }
-                        let inserted = c
-                            .optional::<CallRow>(
-                                concat!(
-                                    "INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id,
-                                        step_id, tool, idempotency_key, request, request_hash, status,
-                                        attempt_count, outbound_requests, lease_holder, lease_token,
-                                        run_token, lease_expires_at, created_at, updated_at)
-                                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'claimed', 1, 0,
-                                        $10, 1, $11, $12, $13, $13)
-                                     ON CONFLICT DO NOTHING
-                                     RETURNING ",
-                                    call_cols!()
-                                ),
-                                args![
-                                    &s.tenant,
-                                    &s.workspace,
-                                    &run.run_id,
-                                    &req.tool_call_id,
-                                    &req.step_id,
-                                    &req.tool,
-                                    &req.idempotency_key,
-                                    req.request.to_string(),
-                                    &req.request_hash,
-                                    run.worker.as_str(),
-                                    run.token,
-                                    expires_at,
-                                    now,
-                                ],
-                            )
-                            .await?;
+                        let inserted = insert_claimed(c, &ledger, &req, expires_at, now).await?;
                         match inserted {
                             Some(row) => {
                                 let lease = ledger.lease_from(&row, &run.worker, 0)?;
@@ -507,42 +596,12 @@ impl Ledger {
                             take_over_to_in_doubt(c, &ledger, &row, &req.step_id, now).await?;
                             return Ok(CallClaim::InDoubt { since: now });
                         }
-                        ClaimDecision::NewAttempt => concat!(
-                            "UPDATE tool_calls SET status = 'claimed', attempt_count = attempt_count + 1,
-                                lease_holder = $5, lease_token = lease_token + 1, run_token = $6,
-                                lease_expires_at = $7, step_id = $8, output = NULL, error_kind = NULL,
-                                error_message = NULL, finished_at = NULL, updated_at = $9
-                             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-                               AND status = 'failed' AND lease_token = $10
-                             RETURNING ",
-                            call_cols!()
-                        ),
-                        ClaimDecision::Takeover => concat!(
-                            "UPDATE tool_calls SET lease_holder = $5, lease_token = lease_token + 1,
-                                run_token = $6, lease_expires_at = $7, step_id = $8, updated_at = $9
-                             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-                               AND status = 'claimed' AND lease_token = $10
-                             RETURNING ",
-                            call_cols!()
-                        ),
+                        ClaimDecision::NewAttempt => CLAIM_NEW_ATTEMPT,
+                        ClaimDecision::Takeover => CLAIM_TAKEOVER,
                     };
-                    let updated = c
-                        .optional::<CallRow>(
-                            sql,
-                            args![
-                                &s.tenant,
-                                &s.workspace,
-                                &run.run_id,
-                                &req.tool_call_id,
-                                run.worker.as_str(),
-                                run.token,
-                                expires_at,
-                                &req.step_id,
-                                now,
-                                row.lease_token,
-                            ],
-                        )
-                        .await?;
+                    let updated =
+                        update_claimed(c, &ledger, &req, sql, row.lease_token, expires_at, now)
+                            .await?;
                     if let Some(updated) = updated {
                         let prior_sends = if takeover {
                             unknown_sends(c, &ledger, &updated).await?

@@ -11,7 +11,8 @@ use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
 use crate::ledger::{Ledger, check_run_lease, read_run_shared};
 use crate::model::{
-    CallOutcome, PureCall, PureRecorded, Resolution, Resolve, StepError, StepFinish, ToolCall,
+    CallOutcome, PureCall, PureRecorded, Replayed, Resolution, Resolve, StepError, StepFinish,
+    ToolCall,
 };
 use crate::rows::{CallRow, StepRow, call_cols, step_cols};
 use crate::state::{
@@ -113,33 +114,7 @@ impl Ledger {
                         args![&s.tenant, &s.workspace, &req.run_id, &req.tool_call_id],
                     )
                     .await?;
-                for step in paused {
-                    let next = match &req.resolution {
-                        Resolution::Succeeded(v) => Some((StepStatus::Succeeded, Some(v.clone()))),
-                        Resolution::Failed(_) => Some((StepStatus::Failed, None)),
-                        Resolution::Retry => None,
-                    };
-                    match next {
-                        Some((st, out)) => {
-                            let finish = StepFinish {
-                                step_id: step.step_id.clone(),
-                                status: st,
-                                output: out,
-                                error: error.clone(),
-                            };
-                            finish_step_in(c, &ledger, &req.run_id, &finish, now).await?;
-                        }
-                        None => {
-                            c.execute(
-                                "UPDATE steps SET status = 'pending', updated_at = $5
-                                 WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4
-                                   AND status = 'paused'",
-                                args![&s.tenant, &s.workspace, &req.run_id, &step.step_id, now],
-                            )
-                            .await?;
-                        }
-                    }
-                }
+                settle_paused(c, &ledger, &req, paused, error.as_ref(), now).await?;
                 let payload = json!({
                     "resolution": req.resolution.as_str(),
                     "by": req.by,
@@ -277,35 +252,7 @@ impl Ledger {
                         }
                     },
                 };
-                let (outcome, result) = match &replay {
-                    Some(r) => {
-                        let outcome = match (r.status, &r.output, &r.error) {
-                            (CallStatus::Succeeded, out, _) => CallOutcome::Succeeded(
-                                out.clone().unwrap_or(serde_json::Value::Null),
-                            ),
-                            (_, _, err) => CallOutcome::Failed(err.clone().unwrap_or(StepError {
-                                kind: ErrorKind::Permanent,
-                                message: "failed".into(),
-                            })),
-                        };
-                        (outcome, PureRecorded::Replayed(r.clone()))
-                    }
-                    None => (req.outcome.clone(), PureRecorded::Recorded),
-                };
-                let finish = match outcome {
-                    CallOutcome::Succeeded(v) => StepFinish {
-                        step_id: req.step.step_id.clone(),
-                        status: StepStatus::Succeeded,
-                        output: Some(v),
-                        error: None,
-                    },
-                    CallOutcome::Failed(e) => StepFinish {
-                        step_id: req.step.step_id.clone(),
-                        status: StepStatus::Failed,
-                        output: None,
-                        error: Some(e),
-                    },
-                };
+                let (finish, result) = pure_finish(&req, replay);
                 finish_step_in(c, &ledger, &run.run_id, &finish, now).await?;
                 if let Some(next) = &req.next_step {
                     create_step_in(c, &ledger, &run.run_id, next, now).await?;
@@ -424,4 +371,80 @@ impl Ledger {
         .await?;
         Ok(())
     }
+}
+
+/// How a pure call's step finishes, and what the caller is told: a call found terminal
+/// is replayed with its stored outcome, else the step takes the outcome just observed.
+fn pure_finish(req: &PureCall<'_>, replay: Option<Replayed>) -> (StepFinish, PureRecorded) {
+    let (outcome, result) = match &replay {
+        Some(r) => {
+            let outcome = match (r.status, &r.output, &r.error) {
+                (CallStatus::Succeeded, out, _) => {
+                    CallOutcome::Succeeded(out.clone().unwrap_or(serde_json::Value::Null))
+                }
+                (_, _, err) => CallOutcome::Failed(err.clone().unwrap_or(StepError {
+                    kind: ErrorKind::Permanent,
+                    message: "failed".into(),
+                })),
+            };
+            (outcome, PureRecorded::Replayed(r.clone()))
+        }
+        None => (req.outcome.clone(), PureRecorded::Recorded),
+    };
+    let finish = match outcome {
+        CallOutcome::Succeeded(v) => StepFinish {
+            step_id: req.step.step_id.clone(),
+            status: StepStatus::Succeeded,
+            output: Some(v),
+            error: None,
+        },
+        CallOutcome::Failed(e) => StepFinish {
+            step_id: req.step.step_id.clone(),
+            status: StepStatus::Failed,
+            output: None,
+            error: Some(e),
+        },
+    };
+    (finish, result)
+}
+
+/// Finishes the steps paused on a resolved call as the resolution says (`retry` puts
+/// them back to `pending`), in the resolution's transaction.
+async fn settle_paused(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    req: &Resolve,
+    paused: Vec<StepRow>,
+    error: Option<&StepError>,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let s = ledger.scope();
+    for step in paused {
+        let next = match &req.resolution {
+            Resolution::Succeeded(v) => Some((StepStatus::Succeeded, Some(v.clone()))),
+            Resolution::Failed(_) => Some((StepStatus::Failed, None)),
+            Resolution::Retry => None,
+        };
+        match next {
+            Some((st, out)) => {
+                let finish = StepFinish {
+                    step_id: step.step_id.clone(),
+                    status: st,
+                    output: out,
+                    error: error.cloned(),
+                };
+                finish_step_in(c, ledger, &req.run_id, &finish, now).await?;
+            }
+            None => {
+                c.execute(
+                    "UPDATE steps SET status = 'pending', updated_at = $5
+                     WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4
+                       AND status = 'paused'",
+                    args![&s.tenant, &s.workspace, &req.run_id, &step.step_id, now],
+                )
+                .await?;
+            }
+        }
+    }
+    Ok(())
 }

@@ -452,52 +452,16 @@ async fn handle(
     // Subscribe before recording, so a release racing this arrival is not missed.
     let mut released = shared.released.subscribe();
     let released_before = *released.borrow_and_update();
-    let (record, count, behavior, fail) = {
-        let mut state = shared.lock();
-        let count = match &key {
-            Some(key) => {
-                let n = state.counts.entry(key.clone()).or_default();
-                *n += 1;
-                *n
-            }
-            None => 0,
-        };
-        let path_count = {
-            let n = state.path_counts.entry(path.clone()).or_default();
-            *n += 1;
-            *n
-        };
-        let record = RequestRecord {
-            seq: state.log.len() as u64 + 1,
-            method: method.to_string(),
-            path: path.clone(),
-            query: uri.query().map(str::to_string),
-            key: key.clone(),
-            body: body_value,
-            headers: header_pairs,
-        };
-        state.log.push(record.clone());
-        let behavior = state
-            .behaviors
-            .get(&path)
-            .or_else(|| state.behaviors.get("*"))
-            .cloned()
-            .unwrap_or(Behavior::Echo);
-        let fail = match &behavior {
-            Behavior::FailTimes { times, .. } => {
-                let failed = state.failures.entry(path.clone()).or_default();
-                *failed += 1;
-                *failed <= *times
-            }
-            _ => false,
-        };
-        (
-            record,
-            if key.is_some() { count } else { path_count },
-            behavior,
-            fail,
-        )
+    let record = RequestRecord {
+        seq: 0,
+        method: method.to_string(),
+        path,
+        query: uri.query().map(str::to_string),
+        key,
+        body: body_value,
+        headers: header_pairs,
     };
+    let (record, count, behavior, fail) = arrive(&shared, record);
     shared.append(json!({
         "event": "arrived", "seq": record.seq, "method": record.method, "path": record.path,
         "key": record.key, "body": record.body,
@@ -539,50 +503,11 @@ async fn handle(
             }
             axum::Json(echo).into_response()
         }
-        Behavior::DropMidResponse => {
-            let stream = futures::stream::unfold(0_u8, |step| async move {
-                match step {
-                    0 => Some((Ok(Bytes::from_static(b"{\"partial\": ")), 1)),
-                    1 => {
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        Some((Err(std::io::Error::other("dropped on purpose")), 2))
-                    }
-                    _ => None,
-                }
-            });
-            return (StatusCode::OK, Body::from_stream(stream)).into_response();
-        }
+        Behavior::DropMidResponse => return drop_mid_response(),
         Behavior::Slow {
             chunks,
             interval_ms,
-        } => {
-            let text = echo.to_string().into_bytes();
-            let chunks = chunks.max(1) as usize;
-            let size = text.len().div_ceil(chunks).max(1);
-            let pieces: Vec<Bytes> = text.chunks(size).map(Bytes::copy_from_slice).collect();
-            let done = shared.clone();
-            let key = record.key.clone();
-            let stream = futures::stream::unfold(
-                (pieces.into_iter(), Some((done, key))),
-                move |(mut rest, mut done)| async move {
-                    tokio::time::sleep(Duration::from_millis(interval_ms)).await;
-                    match rest.next() {
-                        Some(piece) => Some((Ok::<_, std::io::Error>(piece), (rest, done))),
-                        None => {
-                            if let Some((shared, key)) = done.take() {
-                                shared.complete(seq, key.as_deref());
-                            }
-                            None
-                        }
-                    }
-                },
-            );
-            return (
-                [(header::CONTENT_TYPE, "application/json")],
-                Body::from_stream(stream),
-            )
-                .into_response();
-        }
+        } => return slow_echo(&shared, &echo, chunks, interval_ms, seq, record.key.clone()),
         Behavior::Redirect { to, status } => {
             let mut response = code(status).into_response();
             if let Ok(value) = to.parse() {
@@ -600,6 +525,100 @@ async fn handle(
     };
     shared.complete(seq, record.key.as_deref());
     response
+}
+
+/// Counts and logs one arrival under the lock and picks its behaviour: the record (its
+/// `seq` given here), the count echoed back (per key, or per path without one), the
+/// behaviour, and whether a `FailTimes` fails this time.
+fn arrive(shared: &Shared, mut record: RequestRecord) -> (RequestRecord, u32, Behavior, bool) {
+    let mut state = shared.lock();
+    let count = match &record.key {
+        Some(key) => {
+            let n = state.counts.entry(key.clone()).or_default();
+            *n += 1;
+            *n
+        }
+        None => 0,
+    };
+    let path_count = {
+        let n = state.path_counts.entry(record.path.clone()).or_default();
+        *n += 1;
+        *n
+    };
+    record.seq = state.log.len() as u64 + 1;
+    state.log.push(record.clone());
+    let behavior = state
+        .behaviors
+        .get(&record.path)
+        .or_else(|| state.behaviors.get("*"))
+        .cloned()
+        .unwrap_or(Behavior::Echo);
+    let fail = match &behavior {
+        Behavior::FailTimes { times, .. } => {
+            let failed = state.failures.entry(record.path.clone()).or_default();
+            *failed += 1;
+            *failed <= *times
+        }
+        _ => false,
+    };
+    let count = if record.key.is_some() {
+        count
+    } else {
+        path_count
+    };
+    (record, count, behavior, fail)
+}
+
+/// A response whose body breaks off after a few bytes: the connection errors mid-body.
+fn drop_mid_response() -> Response {
+    let stream = futures::stream::unfold(0_u8, |step| async move {
+        match step {
+            0 => Some((Ok(Bytes::from_static(b"{\"partial\": ")), 1)),
+            1 => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Some((Err(std::io::Error::other("dropped on purpose")), 2))
+            }
+            _ => None,
+        }
+    });
+    (StatusCode::OK, Body::from_stream(stream)).into_response()
+}
+
+/// The echo sent in `chunks` pieces, `interval_ms` apart; the request counts as
+/// completed only once the last piece is out.
+fn slow_echo(
+    shared: &Arc<Shared>,
+    echo: &Value,
+    chunks: u32,
+    interval_ms: u64,
+    seq: u64,
+    key: Option<String>,
+) -> Response {
+    let text = echo.to_string().into_bytes();
+    let chunks = chunks.max(1) as usize;
+    let size = text.len().div_ceil(chunks).max(1);
+    let pieces: Vec<Bytes> = text.chunks(size).map(Bytes::copy_from_slice).collect();
+    let done = shared.clone();
+    let stream = futures::stream::unfold(
+        (pieces.into_iter(), Some((done, key))),
+        move |(mut rest, mut done)| async move {
+            tokio::time::sleep(Duration::from_millis(interval_ms)).await;
+            match rest.next() {
+                Some(piece) => Some((Ok::<_, std::io::Error>(piece), (rest, done))),
+                None => {
+                    if let Some((shared, key)) = done.take() {
+                        shared.complete(seq, key.as_deref());
+                    }
+                    None
+                }
+            }
+        },
+    );
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from_stream(stream),
+    )
+        .into_response()
 }
 
 fn code(status: u16) -> StatusCode {

@@ -160,17 +160,7 @@ pub(crate) async fn daemon(
         }
         None => None,
     };
-    let wake = if config.listen && ledger.backend_name() == "postgres" {
-        format!(
-            "LISTEN/NOTIFY, polling every {}",
-            humantime::format_duration(config.poll_interval)
-        )
-    } else {
-        format!(
-            "polling every {}",
-            humantime::format_duration(config.poll_interval)
-        )
-    };
+    let wake = wake_description(&config, ledger.backend_name());
     let _ = writeln!(
         stderr,
         "flow daemon {} on {}: up to {} runs at once, {wake}{}",
@@ -249,6 +239,17 @@ pub(crate) async fn daemon(
             // connections or child processes.
             std::process::exit(i32::from(code));
         }
+    }
+}
+
+/// How the daemon learns of new runs, for its first line: NOTIFY only on PostgreSQL
+/// (and unless `--no-listen`), polling always.
+fn wake_description(config: &Config, backend: &str) -> String {
+    let every = humantime::format_duration(config.poll_interval);
+    if config.listen && backend == "postgres" {
+        format!("LISTEN/NOTIFY, polling every {every}")
+    } else {
+        format!("polling every {every}")
     }
 }
 

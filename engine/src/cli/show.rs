@@ -169,14 +169,10 @@ pub(crate) async fn show(
     }
 }
 
-/// The human view of `flow show`: the run (times, inputs, output, who holds it), the DAG
-/// in order with each node's steps and call, and for every call in doubt the exact
-/// commands that resolve it. `resume` is the resume command as the user should paste it.
-async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, flow_ledger::Error> {
+/// The run's lines of `flow show`: status, times, inputs, output, error, and for a
+/// running run who holds it, whether that process lives, and how to continue it.
+fn run_header(run: &flow_ledger::Run, resume: &str) -> String {
     use std::fmt::Write as _;
-    let run = ledger.get_run(run_id).await?;
-    let steps = ledger.list_steps(run_id).await?;
-    let calls = ledger.list_calls(run_id).await?;
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -222,6 +218,18 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
             let _ = writeln!(out, "  continue with: {resume} {}", run.id);
         }
     }
+    out
+}
+
+/// The human view of `flow show`: the run (times, inputs, output, who holds it), the DAG
+/// in order with each node's steps and call, and for every call in doubt the exact
+/// commands that resolve it. `resume` is the resume command as the user should paste it.
+async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, flow_ledger::Error> {
+    use std::fmt::Write as _;
+    let run = ledger.get_run(run_id).await?;
+    let steps = ledger.list_steps(run_id).await?;
+    let calls = ledger.list_calls(run_id).await?;
+    let mut out = run_header(&run, resume);
     let order: Vec<String> = match crate::snapshot::snapshot(&run) {
         Ok(wf) => match Plan::new(&wf) {
             Ok(plan) => plan
@@ -249,24 +257,7 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
             .map_or("not started", |s| s.status.as_str());
         let _ = writeln!(out, "{node}  {state}");
         for s in &node_steps {
-            let mut line = format!("    step {:<24} {:<10}", s.step_id, s.status.as_str());
-            if let (Some(a), Some(b)) = (s.started_at, s.finished_at) {
-                let _ = write!(line, " {}", duration_ms(b.0 - a.0));
-            }
-            if let Some(nb) = s
-                .not_before
-                .filter(|_| s.status == flow_ledger::StepStatus::Pending)
-            {
-                let _ = write!(line, " not before {}", nb.to_rfc3339());
-            }
-            if let Some(m) = &s.error_message {
-                let _ = write!(
-                    line,
-                    " {}: {m}",
-                    s.error_kind.map_or("error", |k| k.as_str())
-                );
-            }
-            let _ = writeln!(out, "{}", line.trim_end());
+            let _ = writeln!(out, "{}", step_line(s));
         }
         if let Some(c) = call {
             let _ = writeln!(
@@ -324,6 +315,30 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
     Ok(out)
 }
 
+/// One step of the human view: id, status, how long it took, when a pending retry is
+/// due, and its error.
+fn step_line(s: &flow_ledger::Step) -> String {
+    use std::fmt::Write as _;
+    let mut line = format!("    step {:<24} {:<10}", s.step_id, s.status.as_str());
+    if let (Some(a), Some(b)) = (s.started_at, s.finished_at) {
+        let _ = write!(line, " {}", duration_ms(b.0 - a.0));
+    }
+    if let Some(nb) = s
+        .not_before
+        .filter(|_| s.status == flow_ledger::StepStatus::Pending)
+    {
+        let _ = write!(line, " not before {}", nb.to_rfc3339());
+    }
+    if let Some(m) = &s.error_message {
+        let _ = write!(
+            line,
+            " {}: {m}",
+            s.error_kind.map_or("error", |k| k.as_str())
+        );
+    }
+    line.trim_end().to_string()
+}
+
 /// `flow runs`.
 pub(crate) async fn runs(
     cli: &Cli,
@@ -344,36 +359,9 @@ pub(crate) async fn runs(
             }
         },
     };
-    let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
-    let mut times = [None, None];
-    for (slot, (flag, value)) in times
-        .iter_mut()
-        .zip([("--since", &args.since), ("--until", &args.until)])
-    {
-        if let Some(text) = value {
-            match parse_time(text, now) {
-                Some(t) => *slot = Some(t),
-                None => {
-                    let _ = writeln!(
-                        stderr,
-                        "error: {flag} `{text}` is neither an RFC 3339 time (2026-12-01T09:00:00Z) nor a duration ago (2h, 30m)"
-                    );
-                    return exit::INVALID;
-                }
-            }
-        }
-    }
-    let after = match args.cursor.as_deref().map(RunCursor::decode) {
-        None => None,
-        Some(Some(c)) => Some(c),
-        Some(None) => {
-            let _ = writeln!(
-                stderr,
-                "error: --cursor `{}` is not a cursor flow printed",
-                args.cursor.as_deref().unwrap_or_default()
-            );
-            return exit::INVALID;
-        }
+    let (times, after) = match time_and_cursor(args, stderr) {
+        Ok(v) => v,
+        Err(code) => return code,
     };
     let ledger = match open_ledger(cli, stderr).await {
         Ok(l) => l,
@@ -452,6 +440,46 @@ pub(crate) async fn runs(
         let _ = writeln!(stderr, "more runs: {next} --cursor {cursor}");
     }
     exit::OK
+}
+
+/// `--since`, `--until` and `--cursor` of `flow runs`, parsed; a bad one is reported
+/// on `stderr` and is `Err(exit::INVALID)`.
+fn time_and_cursor(
+    args: &RunsArgs,
+    stderr: &mut dyn Write,
+) -> Result<([Option<Timestamp>; 2], Option<RunCursor>), u8> {
+    let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
+    let mut times = [None, None];
+    for (slot, (flag, value)) in times
+        .iter_mut()
+        .zip([("--since", &args.since), ("--until", &args.until)])
+    {
+        if let Some(text) = value {
+            match parse_time(text, now) {
+                Some(t) => *slot = Some(t),
+                None => {
+                    let _ = writeln!(
+                        stderr,
+                        "error: {flag} `{text}` is neither an RFC 3339 time (2026-12-01T09:00:00Z) nor a duration ago (2h, 30m)"
+                    );
+                    return Err(exit::INVALID);
+                }
+            }
+        }
+    }
+    let after = match args.cursor.as_deref().map(RunCursor::decode) {
+        None => None,
+        Some(Some(c)) => Some(c),
+        Some(None) => {
+            let _ = writeln!(
+                stderr,
+                "error: --cursor `{}` is not a cursor flow printed",
+                args.cursor.as_deref().unwrap_or_default()
+            );
+            return Err(exit::INVALID);
+        }
+    };
+    Ok((times, after))
 }
 
 /// The first line of `text` (error messages can span lines; `--json` has them whole).

@@ -1,10 +1,16 @@
 //! Running a run: [`decide`] says what should happen next from the recorded state; the
 //! loop in [`run`] performs it against the ledger and the gateway; [`progress`] reports.
+//! Beside the loop: `state` (node states loaded from the ledger's steps), `scope` (what
+//! one execution passes around, and the writes that settle a node without a call) and
+//! `start` (a node's `if`, deadline, timeout, next retry and expression context).
 
 pub mod decide;
 mod heartbeat;
 pub mod progress;
 pub mod run;
+mod scope;
+mod start;
+mod state;
 
 pub use heartbeat::RUN_LEASE;
 pub use run::{Executor, RunOutcome};

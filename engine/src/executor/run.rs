@@ -1,22 +1,20 @@
 //! The loop that performs [`super::decide`]'s actions for one run this worker holds.
 //!
-//! State is loaded from the ledger once, then kept in memory from the results of this
-//! process's own actions (each already committed), so a node costs no extra reads. A
-//! heartbeat task renews the run lease and reports cancellation requests. A caller that
-//! must stop (a daemon shutting down) fires a stop token: no new step starts, steps in
-//! flight finish and are recorded, and the run goes back to the queue.
+//! State is loaded from the ledger once ([`super::state`]), then kept in memory from the
+//! results of this process's own actions (each already committed), so a node costs no
+//! extra reads. A heartbeat task renews the run lease and reports cancellation requests.
+//! A caller that must stop (a daemon shutting down) fires a stop token: no new step
+//! starts, steps in flight finish and are recorded, and the run goes back to the queue.
+//! A node's start is prepared in [`super::start`]; what the loop passes around is a
+//! [`RunScope`].
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use flow_ledger::{
-    ErrorKind, NewStep, Run, RunFinish, RunLease, RunStatus, Step, StepError, StepFinish,
-    StepStatus, Timestamp,
-};
+use flow_ledger::{Run, RunFinish, RunLease, RunStatus, Step, Timestamp};
 use futures::stream::{FuturesUnordered, StreamExt};
-use serde_json::{Map, Value as Json, json};
+use serde_json::{Map, Value as Json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -24,10 +22,11 @@ use tracing::Instrument;
 use super::decide::{Action, Finish, NodeState, Situation, decide};
 use super::heartbeat;
 use super::progress::{Progress, StepEvent};
-use crate::gateway::{self, Gateway, NextRetry, PureLog, StepCall, StepOrigin, StepResult};
+use super::scope::{Prepared, RunScope, StepAt, lease_err};
+use super::state::RunState;
+use crate::gateway::{self, Gateway, StepCall, StepOrigin, StepResult};
 use crate::plan::Plan;
-use crate::retry;
-use crate::workflow::{Workflow, expr};
+use crate::workflow::Workflow;
 
 /// How a run execution ended in this process.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,45 +45,6 @@ pub struct Executor {
     gateway: Gateway,
     progress: Arc<dyn Progress>,
     rng: Arc<std::sync::Mutex<rand::rngs::StdRng>>,
-}
-
-/// Per-workflow facts computed once per execution.
-struct Prepared {
-    /// For each node, the nodes whose outputs its expressions read.
-    reads: Vec<Vec<usize>>,
-}
-
-impl Prepared {
-    fn new(wf: &Workflow) -> Self {
-        let index: HashMap<&str, usize> = wf
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.id.as_str(), i))
-            .collect();
-        let reads = wf
-            .nodes
-            .iter()
-            .map(|n| {
-                let mut templates = n.with.templates();
-                templates.extend(n.condition.iter());
-                templates.extend(n.idempotency_key.iter());
-                let mut reads: Vec<usize> = templates
-                    .iter()
-                    .flat_map(|t| t.exprs().flat_map(expr::references).collect::<Vec<_>>())
-                    .filter_map(|r| {
-                        r.strip_prefix("nodes.")
-                            .and_then(|rest| rest.split('.').next())
-                            .and_then(|id| index.get(id).copied())
-                    })
-                    .collect();
-                reads.sort_unstable();
-                reads.dedup();
-                reads
-            })
-            .collect();
-        Self { reads }
-    }
 }
 
 impl Executor {
@@ -190,7 +150,6 @@ impl Executor {
             })
         })?;
         let prepared = Prepared::new(wf);
-        let inputs = known.inputs;
         let mut st = RunState::load(wf, known.steps);
 
         let cancel = Arc::new(AtomicBool::new(known.cancel_requested));
@@ -202,43 +161,39 @@ impl Executor {
             cancel.clone(),
             lost_tx,
         );
-        let outcome = self
-            .drive(
-                &lease,
-                wf,
-                &plan,
-                &prepared,
-                inputs,
-                &mut st,
-                &cancel,
-                &mut lost_rx,
-                stop,
-            )
-            .await;
+        let scope = RunScope {
+            gateway: &self.gateway,
+            progress: &*self.progress,
+            rng: &self.rng,
+            lease: &lease,
+            wf,
+            plan: &plan,
+            prepared: &prepared,
+            inputs: known.inputs,
+        };
+        let outcome = scope.drive(&mut st, &cancel, &mut lost_rx, stop).await;
         drop(heartbeat);
         outcome
     }
+}
 
-    #[allow(clippy::too_many_arguments)]
+impl<'a> RunScope<'a> {
+    /// The run loop: settle what finished, ask `decide`, perform its actions, then wait
+    /// for a step, a due retry or flush, the heartbeat or the stop token.
     async fn drive(
         &self,
-        lease: &RunLease,
-        wf: &Workflow,
-        plan: &Plan,
-        prepared: &Prepared,
-        inputs: &Json,
         st: &mut RunState,
         cancel: &AtomicBool,
         lost: &mut watch::Receiver<bool>,
         stop: &CancellationToken,
     ) -> Result<RunOutcome, gateway::Error> {
-        let ledger = self.gateway.ledger();
+        let (lease, wf) = (self.lease, self.wf);
         let mut in_flight = FuturesUnordered::new();
         // Steps that finished while the loop awaited something of its own (see `alongside`).
         let mut done = Vec::new();
         loop {
             for (finished, result) in done.drain(..) {
-                self.settle(wf, st, finished, result?);
+                self.settle(st, finished, result?);
             }
             if *lost.borrow() {
                 return Err(gateway::Error::LeaseLost {
@@ -251,15 +206,15 @@ impl Executor {
                 in_flight: in_flight.len(),
                 cancel_requested: cancel.load(Ordering::Relaxed),
             };
-            let mut actions = decide(wf, plan, &st.nodes, situation);
+            let mut actions = decide(wf, self.plan, &st.nodes, situation);
             if stop.is_cancelled() {
                 // Cooperative stop: start nothing; a run that can end now ends, else it
                 // goes back to the queue once the steps in flight are recorded.
                 actions.retain(|a| matches!(a, Action::Pause { .. } | Action::Finish { .. }));
                 if actions.is_empty() {
                     if in_flight.is_empty() {
-                        self.flush_pure(lease, st).await?;
-                        return self.release(lease).await;
+                        self.flush_pure(st).await?;
+                        return self.release().await;
                     }
                     actions.push(Action::Wait { until: None });
                 }
@@ -275,55 +230,17 @@ impl Executor {
                         existing,
                     } => {
                         progressed = true;
-                        let origin = if !existing {
-                            StepOrigin::New
-                        } else if matches!(st.nodes[node], NodeState::Pending { .. })
-                            && !st.deferred.contains(&node)
-                        {
-                            StepOrigin::Pending
-                        } else {
-                            StepOrigin::Running
+                        let at = StepAt {
+                            node,
+                            step_id: &step_id,
+                            retry,
+                            origin: origin(st, node, existing),
                         };
                         st.deferred.remove(&node);
-                        let call = alongside(
-                            &mut in_flight,
-                            &mut done,
-                            self.prepare_start(
-                                lease, wf, prepared, inputs, st, node, &step_id, retry, origin,
-                            ),
-                        )
-                        .await?;
+                        let call = alongside(&mut in_flight, &mut done, self.prepare_start(st, at))
+                            .await?;
                         if let Some(call) = call {
-                            st.nodes[node] = NodeState::Running {
-                                step_id: step_id.clone(),
-                                retry,
-                            };
-                            st.first_started.entry(node).or_insert(now);
-                            self.progress.step(StepEvent::Started {
-                                node: &wf.nodes[node].id,
-                                step_id: &step_id,
-                                retry,
-                            });
-                            let gateway = self.gateway.clone();
-                            let started = Instant::now();
-                            let span = tracing::info_span!(
-                                "step",
-                                step = %step_id,
-                                call = %wf.nodes[node].id
-                            );
-                            let step = async move {
-                                let result = gateway.run_step(call).await;
-                                (
-                                    Finished {
-                                        node,
-                                        step_id,
-                                        retry,
-                                        took: started.elapsed(),
-                                    },
-                                    result,
-                                )
-                            };
-                            in_flight.push(step.instrument(span));
+                            in_flight.push(self.launch(st, node, call, now));
                         }
                     }
                     Action::SkipUpstream { node } => {
@@ -331,29 +248,15 @@ impl Executor {
                         alongside(
                             &mut in_flight,
                             &mut done,
-                            self.skip(lease, wf, st, node, "an upstream node was skipped"),
+                            self.skip(st, node, "an upstream node was skipped"),
                         )
                         .await?;
                     }
                     Action::Wait { until } => wait_until = until,
-                    Action::Pause { in_doubt } => {
-                        let names: Vec<&str> =
-                            in_doubt.iter().map(|&i| wf.nodes[i].id.as_str()).collect();
-                        let reason = format!("tool call in doubt: {}", names.join(", "));
-                        self.flush_pure(lease, st).await?;
-                        ledger
-                            .pause_run(lease, &reason, self.gateway.now())
-                            .await
-                            .map_err(|e| lease_err(e, lease))?;
-                        return Ok(RunOutcome {
-                            status: RunStatus::Paused,
-                            output: None,
-                            error: Some(reason),
-                        });
-                    }
+                    Action::Pause { in_doubt } => return self.pause(st, &in_doubt).await,
                     Action::Finish { outcome } => {
                         // The kept pure results are written with the run's finish.
-                        return self.finish(lease, wf, plan, st, outcome).await;
+                        return self.finish(st, outcome).await;
                     }
                 }
             }
@@ -375,10 +278,10 @@ impl Executor {
                 .map(|due| due.saturating_duration_since(Instant::now()));
             tokio::select! {
                 Some((finished, result)) = in_flight.next(), if !in_flight.is_empty() => {
-                    self.settle(wf, st, finished, result?);
+                    self.settle(st, finished, result?);
                 }
                 () = tokio::time::sleep(flush_in.unwrap_or_default()), if flush_in.is_some() => {
-                    alongside(&mut in_flight, &mut done, self.flush_pure(lease, st)).await?;
+                    alongside(&mut in_flight, &mut done, self.flush_pure(st)).await?;
                 }
                 () = async { tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))).await }, if sleep.is_some() => {}
                 _ = lost.changed() => {}
@@ -388,224 +291,69 @@ impl Executor {
         }
     }
 
-    /// Checks the condition and the deadline, then builds the gateway request; `None`
-    /// when the node was settled without a call (skipped or past its deadline).
-    #[allow(clippy::too_many_arguments)]
-    async fn prepare_start<'a>(
+    /// Marks `node` running and returns its step: the gateway call, timed, in its span.
+    /// The future borrows only what the call does (`'a`), not the loop's state.
+    fn launch(
         &self,
-        lease: &'a RunLease,
-        wf: &'a Workflow,
-        prepared: &Prepared,
-        inputs: &Json,
         st: &mut RunState,
         node: usize,
-        step_id: &str,
-        retry: u32,
-        origin: StepOrigin,
-    ) -> Result<Option<StepCall<'a>>, gateway::Error> {
-        let decl = &wf.nodes[node];
-        let now = self.gateway.now();
-        let ctx = context(wf, prepared, st, node, inputs, &lease.run_id);
-        if retry == 0
-            && origin == StepOrigin::New
-            && let Some(cond) = &decl.condition
-        {
-            match expr::eval_condition(cond, &ctx) {
-                Ok(false) => {
-                    self.skip(lease, wf, st, node, "its `if` condition is false")
-                        .await?;
-                    return Ok(None);
-                }
-                Ok(true) => {}
-                Err(e) => {
-                    let message = format!("`if` of node `{}`: {e}", decl.id);
-                    self.fail_now(
-                        lease,
-                        wf,
-                        st,
-                        node,
-                        step_id,
-                        retry,
-                        origin,
-                        ErrorKind::Permanent,
-                        message,
-                    )
-                    .await?;
-                    return Ok(None);
-                }
-            }
-        }
-        let first = st.first_started.get(&node).copied().unwrap_or(now);
-        let deadline = wf.deadline(decl).map(|d| first.plus(d));
-        if let Some(d) = deadline
-            && now >= d
-        {
-            let message = format!(
-                "node `{}` passed its deadline of {}",
-                decl.id,
-                humantime::format_duration(wf.deadline(decl).unwrap_or_default())
-            );
-            self.fail_now(
-                lease,
-                wf,
-                st,
-                node,
-                step_id,
-                retry,
-                origin,
-                ErrorKind::Timeout,
-                message,
-            )
-            .await?;
-            return Ok(None);
-        }
-        let mut timeout = wf.timeout(decl);
-        if let Some(d) = deadline {
-            timeout = timeout.min(Duration::from_millis(
-                u64::try_from(d.0 - now.0).unwrap_or(0),
-            ));
-        }
-        let policy = wf.retry_policy(decl);
-        let next = retry + 1;
-        let next_retry = retry::allows(&policy, next).then(|| {
-            let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
-            NextRetry {
-                step_id: format!("{}_retry{next}", decl.id),
-                retry: next,
-                delay: retry::next_delay(&policy, next, &mut *rng),
-                deadline,
-            }
-        });
-        let Some(tool) = wf.tools.get(&decl.tool) else {
-            let message = format!("node `{}` uses unknown tool `{}`", decl.id, decl.tool);
-            self.fail_now(
-                lease,
-                wf,
-                st,
-                node,
-                step_id,
-                retry,
-                origin,
-                ErrorKind::Permanent,
-                message,
-            )
-            .await?;
-            return Ok(None);
-        };
-        Ok(Some(StepCall {
-            run: lease,
-            workflow: wf,
-            node: decl,
-            tool,
-            step_id: step_id.to_string(),
+        call: StepCall<'a>,
+        now: Timestamp,
+    ) -> impl Future<Output = (Finished, Result<StepResult, gateway::Error>)> + use<'a> {
+        let (step_id, retry) = (call.step_id.clone(), call.retry);
+        st.nodes[node] = NodeState::Running {
+            step_id: step_id.clone(),
             retry,
-            origin,
-            ctx,
-            timeout,
-            next_retry,
-            resend_budget: policy.max_retries,
-            pure_log: Some(st.pure_log.clone()),
-        }))
-    }
-
-    /// Writes the kept pure results: before any other write of the run, and when due.
-    async fn flush_pure(&self, lease: &RunLease, st: &RunState) -> Result<(), gateway::Error> {
-        st.pure_log
-            .flush(self.gateway.ledger(), lease, self.gateway.now())
-            .await
-            .map_err(|e| lease_err(e, lease))
-    }
-
-    async fn skip(
-        &self,
-        lease: &RunLease,
-        wf: &Workflow,
-        st: &mut RunState,
-        node: usize,
-        why: &str,
-    ) -> Result<(), gateway::Error> {
-        self.flush_pure(lease, st).await?;
-        let decl = &wf.nodes[node];
-        let step = NewStep {
-            step_id: decl.id.clone(),
-            node_id: decl.id.clone(),
-            retry: 0,
-            not_before: None,
-            status: StepStatus::Skipped,
         };
+        st.first_started.entry(node).or_insert(now);
+        let id = &self.wf.nodes[node].id;
+        self.progress.step(StepEvent::Started {
+            node: id,
+            step_id: &step_id,
+            retry,
+        });
+        let gateway = self.gateway.clone();
+        let started = Instant::now();
+        let span = tracing::info_span!("step", step = %step_id, call = %id);
+        let step = async move {
+            let result = gateway.run_step(call).await;
+            (
+                Finished {
+                    node,
+                    step_id,
+                    retry,
+                    took: started.elapsed(),
+                },
+                result,
+            )
+        };
+        step.instrument(span)
+    }
+
+    /// Pauses the run because the calls of `in_doubt` are in doubt.
+    async fn pause(&self, st: &RunState, in_doubt: &[usize]) -> Result<RunOutcome, gateway::Error> {
+        let lease = self.lease;
+        let names: Vec<&str> = in_doubt
+            .iter()
+            .map(|&i| self.wf.nodes[i].id.as_str())
+            .collect();
+        let reason = format!("tool call in doubt: {}", names.join(", "));
+        self.flush_pure(st).await?;
         self.gateway
             .ledger()
-            .create_step(lease, step, self.gateway.now())
+            .pause_run(lease, &reason, self.gateway.now())
             .await
             .map_err(|e| lease_err(e, lease))?;
-        st.nodes[node] = NodeState::Skipped;
-        self.progress.step(StepEvent::Skipped {
-            node: &decl.id,
-            why,
-        });
-        Ok(())
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn fail_now(
-        &self,
-        lease: &RunLease,
-        wf: &Workflow,
-        st: &mut RunState,
-        node: usize,
-        step_id: &str,
-        retry: u32,
-        origin: StepOrigin,
-        kind: ErrorKind,
-        message: String,
-    ) -> Result<(), gateway::Error> {
-        self.flush_pure(lease, st).await?;
-        let ledger = self.gateway.ledger();
-        let now = self.gateway.now();
-        let decl = &wf.nodes[node];
-        let wrap = |e| lease_err(e, lease);
-        match origin {
-            StepOrigin::New => {
-                let step = NewStep {
-                    step_id: step_id.to_string(),
-                    node_id: decl.id.clone(),
-                    retry,
-                    not_before: None,
-                    status: StepStatus::Running,
-                };
-                ledger.create_step(lease, step, now).await.map_err(wrap)?;
-            }
-            StepOrigin::Pending => {
-                ledger.start_step(lease, step_id, now).await.map_err(wrap)?;
-            }
-            StepOrigin::Running => {}
-        }
-        let finish = StepFinish {
-            step_id: step_id.to_string(),
-            status: StepStatus::Failed,
+        Ok(RunOutcome {
+            status: RunStatus::Paused,
             output: None,
-            error: Some(StepError {
-                kind,
-                message: message.clone(),
-            }),
-        };
-        ledger.finish_step(lease, finish, now).await.map_err(wrap)?;
-        self.progress.step(StepEvent::Finished {
-            node: &decl.id,
-            step_id,
-            retry,
-            took: Duration::ZERO,
-            result: &StepResult::Failed {
-                kind,
-                message: message.clone(),
-                retry: None,
-            },
-        });
-        st.nodes[node] = NodeState::Failed { kind, message };
-        Ok(())
+            error: Some(reason),
+        })
     }
 
-    fn settle(&self, wf: &Workflow, st: &mut RunState, f: Finished, result: StepResult) {
+    /// Records what a step's call came back with in the node's state (and reports it).
+    fn settle(&self, st: &mut RunState, f: Finished, result: StepResult) {
+        let wf = self.wf;
         let Finished {
             node,
             step_id,
@@ -650,7 +398,8 @@ impl Executor {
     }
 
     /// Gives the run back to the queue after a cooperative stop.
-    async fn release(&self, lease: &RunLease) -> Result<RunOutcome, gateway::Error> {
+    async fn release(&self) -> Result<RunOutcome, gateway::Error> {
+        let lease = self.lease;
         self.gateway
             .ledger()
             .release_run(lease, self.gateway.now())
@@ -663,14 +412,9 @@ impl Executor {
         })
     }
 
-    async fn finish(
-        &self,
-        lease: &RunLease,
-        wf: &Workflow,
-        plan: &Plan,
-        st: &RunState,
-        outcome: Finish,
-    ) -> Result<RunOutcome, gateway::Error> {
+    /// Ends the run with `outcome`, writing the kept pure results in the same commit.
+    async fn finish(&self, st: &RunState, outcome: Finish) -> Result<RunOutcome, gateway::Error> {
+        let (lease, wf, plan) = (self.lease, self.wf, self.plan);
         let (status, output, error) = match outcome {
             Finish::Succeeded => {
                 let mut out = Map::new();
@@ -720,12 +464,15 @@ impl Executor {
     }
 }
 
-fn lease_err(e: flow_ledger::Error, lease: &RunLease) -> gateway::Error {
-    match e {
-        flow_ledger::Error::LeaseLost => gateway::Error::LeaseLost {
-            run_id: lease.run_id.clone(),
-        },
-        other => gateway::Error::Ledger(other),
+/// Where the step row of a node about to start stands: none yet, `pending` (a retry
+/// that came due), or `running` (interrupted, deferred, or resolved for re-send).
+fn origin(st: &RunState, node: usize, existing: bool) -> StepOrigin {
+    if !existing {
+        StepOrigin::New
+    } else if matches!(st.nodes[node], NodeState::Pending { .. }) && !st.deferred.contains(&node) {
+        StepOrigin::Pending
+    } else {
+        StepOrigin::Running
     }
 }
 
@@ -742,98 +489,6 @@ struct Finished {
     step_id: String,
     retry: u32,
     took: Duration,
-}
-
-/// The run's node states as recorded, plus bookkeeping of this execution.
-struct RunState {
-    nodes: Vec<NodeState>,
-    /// Pure results kept in memory until the next flush (`gateway::lazy`): flushed
-    /// before every other write of this run.
-    pure_log: Arc<PureLog>,
-    first_started: HashMap<usize, Timestamp>,
-    deferred: HashSet<usize>,
-}
-
-impl RunState {
-    fn load(wf: &Workflow, steps: &[Step]) -> Self {
-        let index: HashMap<&str, usize> = wf
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.id.as_str(), i))
-            .collect();
-        let mut latest: Vec<Option<&Step>> = vec![None; wf.nodes.len()];
-        let mut first_started = HashMap::new();
-        for s in steps {
-            let Some(&i) = index.get(s.node_id.as_str()) else {
-                continue;
-            };
-            if latest[i].is_none_or(|l| s.retry >= l.retry) {
-                latest[i] = Some(s);
-            }
-            if let Some(t) = s.started_at {
-                let e = first_started.entry(i).or_insert(t);
-                if t < *e {
-                    *e = t;
-                }
-            }
-        }
-        let nodes = latest
-            .iter()
-            .map(|s| match s {
-                None => NodeState::NotStarted,
-                Some(s) => match s.status {
-                    StepStatus::Pending => NodeState::Pending {
-                        step_id: s.step_id.clone(),
-                        retry: s.retry,
-                        not_before: s.not_before.unwrap_or(Timestamp(0)),
-                    },
-                    StepStatus::Running => NodeState::Interrupted {
-                        step_id: s.step_id.clone(),
-                        retry: s.retry,
-                    },
-                    StepStatus::Succeeded => NodeState::Succeeded {
-                        output: s.output.clone().unwrap_or(Json::Null),
-                    },
-                    StepStatus::Failed => NodeState::Failed {
-                        kind: s.error_kind.unwrap_or(ErrorKind::Permanent),
-                        message: s.error_message.clone().unwrap_or_default(),
-                    },
-                    StepStatus::Skipped => NodeState::Skipped,
-                    StepStatus::Paused => NodeState::InDoubt {
-                        step_id: s.step_id.clone(),
-                    },
-                    StepStatus::Cancelled => NodeState::Cancelled,
-                },
-            })
-            .collect();
-        Self {
-            nodes,
-            pure_log: Arc::new(PureLog::new()),
-            first_started,
-            deferred: HashSet::new(),
-        }
-    }
-}
-
-/// The expression context of a node: inputs, the run id, and the outputs it reads.
-fn context(
-    wf: &Workflow,
-    prepared: &Prepared,
-    st: &RunState,
-    node: usize,
-    inputs: &Json,
-    run_id: &str,
-) -> Json {
-    let mut nodes = Map::new();
-    for &i in &prepared.reads[node] {
-        let output = match &st.nodes[i] {
-            NodeState::Succeeded { output } => output.clone(),
-            _ => Json::Null,
-        };
-        nodes.insert(wf.nodes[i].id.clone(), json!({ "output": output }));
-    }
-    json!({ "inputs": inputs, "nodes": nodes, "run": { "id": run_id } })
 }
 
 /// Awaits `work` of the run loop's own while still polling the steps in flight, keeping

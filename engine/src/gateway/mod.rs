@@ -275,6 +275,92 @@ impl Gateway {
 
     async fn run_step_inner(&self, c: StepCall<'_>) -> Result<StepResult, flow_ledger::Error> {
         let started_at = self.now();
+        let node_id = c.node.id.as_str();
+
+        // 1–2. Secrets, `with`, the idempotency key, the tool spec; egress.
+        let rendered = match self.render_request(&c) {
+            Ok(r) => r,
+            Err(message) => {
+                return self
+                    .fail_without_claim(&c, ErrorKind::Permanent, message)
+                    .await;
+            }
+        };
+
+        // Pure functions: no claim, no outbound mark, one commit.
+        if let Target::Function { name } = &rendered.target
+            && let Some(f) = self.inner.tools.functions.get(name)
+            && f.is_pure()
+        {
+            let Rendered {
+                args,
+                base_key,
+                request,
+                request_hash,
+                ..
+            } = rendered;
+            let out = f
+                .call(Call::new(
+                    args,
+                    format!("{base_key}:{}", c.retry + 1),
+                    c.timeout,
+                ))
+                .await;
+            return self
+                .record_pure(&c, base_key, (request, request_hash), started_at, out)
+                .await;
+        }
+        let (tool, class): (Box<dyn Tool>, SideEffect) =
+            match self.tool_for(&rendered.target, c.timeout).await {
+                Ok(t) => t,
+                Err(message) => {
+                    return self
+                        .fail_without_claim(&c, ErrorKind::Permanent, message)
+                        .await;
+                }
+            };
+
+        // 3. The claim (after the pure results this request may have been built from).
+        self.flush_pure(&c).await?;
+        self.open_step(&c).await?;
+        let lease = match self.claim(&c, &rendered, class).await? {
+            Claimed::Lease(lease) => lease,
+            Claimed::Done(result) => return Ok(result),
+        };
+        self.inner.faults.hit(Point::AfterClaim, node_id);
+
+        // 4. Rate limit and quota, counted across workers.
+        if let Some(until) = self.rate_limited(&c).await? {
+            self.inner.ledger.release_call(&lease, self.now()).await?;
+            return Ok(StepResult::Deferred { until });
+        }
+
+        // 5–7. Outbound, the adapter, the outcome.
+        self.inner.ledger.mark_outbound(&lease, self.now()).await?;
+        self.inner.faults.hit(Point::AfterOutbound, node_id);
+        let Sent {
+            outcome,
+            next,
+            sent,
+            unknown_before,
+        } = self
+            .send(&c, &lease, tool.as_ref(), &rendered.args, class)
+            .await;
+        self.inner.faults.hit(Point::AfterResponse, node_id);
+        if sent > 1 {
+            self.count_extra_requests(&c, sent - 1).await?;
+        }
+        let result = self
+            .complete(&c, &lease, next, outcome.result, sent, unknown_before)
+            .await?;
+        self.inner.faults.hit(Point::AfterComplete, node_id);
+        Ok(result)
+    }
+
+    /// Renders a node's call before anything is claimed: the secrets it reads (all
+    /// set), `with`, the idempotency key, the tool's target and the stored (scrubbed)
+    /// request, with egress checked. An error is the message the step fails with.
+    fn render_request(&self, c: &StepCall<'_>) -> Result<Rendered, String> {
         let secrets = &self.inner.secrets;
         let node_id = c.node.id.as_str();
 
@@ -285,9 +371,7 @@ impl Gateway {
             let message = format!(
                 "secret `{name}` is not set: provide FLOW_SECRET_{name} in the environment or a line `{name}=…` in --secrets-file"
             );
-            return self
-                .fail_without_claim(&c, ErrorKind::Permanent, message)
-                .await;
+            return Err(message);
         }
         let mut ctx = c.ctx.clone();
         if let Json::Object(map) = &mut ctx {
@@ -303,31 +387,23 @@ impl Gateway {
                     "`with` of node `{node_id}`: {}",
                     render::describe(&e, secrets)
                 );
-                return self
-                    .fail_without_claim(&c, ErrorKind::Permanent, message)
-                    .await;
+                return Err(message);
             }
         };
         let base_key = match &c.node.idempotency_key {
             Some(t) => match t.render_string(&c.ctx) {
                 Ok(k) if !k.is_empty() => k,
                 Ok(_) => {
-                    return self
-                        .fail_without_claim(
-                            &c,
-                            ErrorKind::Permanent,
-                            format!("`idempotency_key` of node `{node_id}` rendered empty"),
-                        )
-                        .await;
+                    return Err(format!(
+                        "`idempotency_key` of node `{node_id}` rendered empty"
+                    ));
                 }
                 Err(e) => {
                     let message = format!(
                         "`idempotency_key` of node `{node_id}`: {}",
                         render::describe(&e, secrets)
                     );
-                    return self
-                        .fail_without_claim(&c, ErrorKind::Permanent, message)
-                        .await;
+                    return Err(message);
                 }
             },
             None => format!("{}:{node_id}", c.run.run_id),
@@ -336,9 +412,7 @@ impl Gateway {
             Ok(r) => r,
             Err(message) => {
                 let message = format!("tool `{}`: {message}", c.tool.name);
-                return self
-                    .fail_without_claim(&c, ErrorKind::Permanent, message)
-                    .await;
+                return Err(message);
             }
         };
 
@@ -349,47 +423,34 @@ impl Gateway {
                     "egress to `{host}` is not allowed by `egress.allow` in flow.toml (tool `{}`)",
                     c.tool.name
                 );
-                return self
-                    .fail_without_claim(&c, ErrorKind::Permanent, message)
-                    .await;
+                return Err(message);
             }
         }
         if let Target::Http(spec) = &mut target {
             spec.allow_hosts.clone_from(&self.inner.allow_list);
         }
         let request_hash = canonical_hash(&request);
+        Ok(Rendered {
+            args,
+            base_key,
+            target,
+            request,
+            request_hash,
+        })
+    }
 
-        // Pure functions: no claim, no outbound mark, one commit.
-        if let Target::Function { name } = &target
-            && let Some(f) = self.inner.tools.functions.get(name)
-            && f.is_pure()
-        {
-            let out = f
-                .call(Call::new(
-                    args,
-                    format!("{base_key}:{}", c.retry + 1),
-                    c.timeout,
-                ))
-                .await;
-            return self
-                .record_pure(&c, base_key, (request, request_hash), started_at, out)
-                .await;
-        }
-        let (tool, class): (Box<dyn Tool>, SideEffect) =
-            match self.tool_for(&target, c.timeout).await {
-                Ok(t) => t,
-                Err(message) => {
-                    return self
-                        .fail_without_claim(&c, ErrorKind::Permanent, message)
-                        .await;
-                }
-            };
-
-        // 3. The claim (after the pure results this request may have been built from).
-        self.flush_pure(&c).await?;
-        self.open_step(&c).await?;
+    /// Claims the call, waiting out another worker's lease and resolving a leftover in
+    /// doubt once when its class allows: the lease to send under, or the step's result
+    /// already (a replay, in doubt, a key conflict).
+    async fn claim(
+        &self,
+        c: &StepCall<'_>,
+        r: &Rendered,
+        class: SideEffect,
+    ) -> Result<Claimed, flow_ledger::Error> {
+        let node_id = c.node.id.as_str();
         let mut reclaimed = false;
-        let lease = loop {
+        loop {
             let claim = self
                 .inner
                 .ledger
@@ -399,9 +460,9 @@ impl Gateway {
                         step_id: c.step_id.clone(),
                         tool_call_id: node_id.to_string(),
                         tool: c.tool.name.clone(),
-                        idempotency_key: base_key.clone(),
-                        request: request.clone(),
-                        request_hash: request_hash.clone(),
+                        idempotency_key: r.base_key.clone(),
+                        request: r.request.clone(),
+                        request_hash: r.request_hash.clone(),
                         retry_failed: c.retry > 0,
                         lease: CALL_LEASE,
                     },
@@ -409,14 +470,16 @@ impl Gateway {
                 )
                 .await;
             match claim {
-                Ok(CallClaim::Claimed(lease)) => break lease,
-                Ok(CallClaim::Replay(r)) => return self.finish_replay(&c, r).await,
+                Ok(CallClaim::Claimed(lease)) => return Ok(Claimed::Lease(lease)),
+                Ok(CallClaim::Replay(replay)) => {
+                    return self.finish_replay(c, replay).await.map(Claimed::Done);
+                }
                 Ok(CallClaim::InDoubt { .. }) => {
-                    if !reclaimed && self.auto_resolve(&c, node_id, class).await? {
+                    if !reclaimed && self.auto_resolve(c, node_id, class).await? {
                         reclaimed = true;
                         continue;
                     }
-                    return Ok(StepResult::InDoubt);
+                    return Ok(Claimed::Done(StepResult::InDoubt));
                 }
                 Err(flow_ledger::Error::Busy { holder, until }) => {
                     tracing::info!(node = node_id, %holder, until = %until.to_rfc3339(), "call is leased by another worker; waiting");
@@ -433,32 +496,36 @@ impl Gateway {
                         "idempotency key conflict with run {other_run} node {other_node}: {reason}"
                     );
                     return self
-                        .fail_claimed_step(&c, ErrorKind::Conflict, message)
-                        .await;
+                        .fail_claimed_step(c, ErrorKind::Conflict, message)
+                        .await
+                        .map(Claimed::Done);
                 }
                 Err(e) => return Err(e),
             }
-        };
-        self.inner.faults.hit(Point::AfterClaim, node_id);
-
-        // 4. Rate limit and quota, counted across workers.
-        if let Some(until) = self.rate_limited(&c).await? {
-            self.inner.ledger.release_call(&lease, self.now()).await?;
-            return Ok(StepResult::Deferred { until });
         }
+    }
 
-        // 5–7. Outbound, the adapter, the outcome. `disposition` decides after every
-        // send whether the same key goes out again, and what the attempt's end is.
-        self.inner.ledger.mark_outbound(&lease, self.now()).await?;
-        self.inner.faults.hit(Point::AfterOutbound, node_id);
+    /// Sends under `lease`, again with the same key for as long as `disposition` says
+    /// so; the outcome of the last send and what it decided.
+    async fn send(
+        &self,
+        c: &StepCall<'_>,
+        lease: &CallLease,
+        tool: &dyn Tool,
+        args: &Json,
+        class: SideEffect,
+    ) -> Sent {
+        let node_id = c.node.id.as_str();
+        // `disposition` decides after every send whether the same key goes out again,
+        // and what the attempt's end is.
         let mut sent = 0u32;
         let mut sends = 0u32;
         let mut unknown_before = lease.prior_sends > 0;
         let (outcome, next) = loop {
             let out = self
                 .call_renewing(
-                    &lease,
-                    tool.as_ref(),
+                    lease,
+                    tool,
                     Call::new(args.clone(), lease.key.clone(), c.timeout),
                 )
                 .await;
@@ -497,15 +564,12 @@ impl Gateway {
             }
             break (out, next);
         };
-        self.inner.faults.hit(Point::AfterResponse, node_id);
-        if sent > 1 {
-            self.count_extra_requests(&c, sent - 1).await?;
+        Sent {
+            outcome,
+            next,
+            sent,
+            unknown_before,
         }
-        let result = self
-            .complete(&c, &lease, next, outcome.result, sent, unknown_before)
-            .await?;
-        self.inner.faults.hit(Point::AfterComplete, node_id);
-        Ok(result)
     }
 
     /// Builds the adapter and its side-effect class (workflow overrides first).
@@ -657,6 +721,36 @@ impl Gateway {
             }
         }
     }
+}
+
+/// A node's call rendered and checked, before anything is claimed.
+struct Rendered {
+    /// The node's rendered `with`, as the adapter receives it.
+    args: Json,
+    /// The idempotency key before the attempt suffix.
+    base_key: String,
+    target: Target,
+    /// The stored request (secrets scrubbed) and its canonical hash.
+    request: Json,
+    request_hash: String,
+}
+
+/// How a claim ended: a lease to send under, or the step's result without a send.
+enum Claimed {
+    Lease(CallLease),
+    Done(StepResult),
+}
+
+/// What the sends of one attempt came to.
+struct Sent {
+    /// The last send's outcome.
+    outcome: Outcome,
+    /// What `disposition` decided from it.
+    next: Disposition,
+    /// Requests sent in all (an adapter may send more than one per call).
+    sent: u32,
+    /// Whether an earlier send of this attempt (or a crashed process's) had an unknown outcome.
+    unknown_before: bool,
 }
 
 fn tool_templates(tool: &ToolDecl) -> Vec<&crate::workflow::expr::Template> {

@@ -230,7 +230,7 @@ pub fn eval(src: &str, ctx: &Json) -> Result<Json, ExprError> {
 }
 
 /// Evaluates an `if:` condition to its truthiness. A condition is one expression (see
-/// `parse::condition`); anything else is an error here rather than a non-empty string,
+/// `parse::nodes::condition`); anything else is an error here rather than a non-empty string,
 /// which would always be true.
 pub fn eval_condition(t: &Template, ctx: &Json) -> Result<bool, ExprError> {
     match t.whole_expr() {

@@ -3,7 +3,7 @@
 //! Everything here is already checked: ids are legal, references resolve, durations and
 //! counts are in range, expressions parse. The executor never re-validates.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use super::diagnostic::Pos;
@@ -39,6 +39,16 @@ impl Workflow {
     /// The node with this id.
     pub fn node(&self, id: &str) -> Option<&NodeDecl> {
         self.nodes.iter().find(|n| n.id == id)
+    }
+
+    /// Each node id's position in `nodes`: validation and the executor address nodes by
+    /// position, and look an id up once per reference rather than scan the list.
+    pub fn node_positions(&self) -> HashMap<&str, usize> {
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.id.as_str(), i))
+            .collect()
     }
 
     /// The input declaration with this name.

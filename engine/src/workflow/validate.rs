@@ -33,12 +33,7 @@ pub(crate) fn check(
     declared_tools: &[String],
     diags: &mut Vec<Diagnostic>,
 ) {
-    let index: HashMap<&str, usize> = wf
-        .nodes
-        .iter()
-        .enumerate()
-        .map(|(i, n)| (n.id.as_str(), i))
-        .collect();
+    let index = wf.node_positions();
     let node_ids: Vec<&str> = wf.nodes.iter().map(|n| n.id.as_str()).collect();
     let tool_names: Vec<&str> = wf.tools.keys().map(String::as_str).collect();
 
@@ -238,11 +233,70 @@ impl RefChecker<'_> {
         self.diags.push(d);
     }
 
+    /// A `nodes.<id>.output` reference: only node fields and `with` see node outputs,
+    /// and only of a known node that is an ancestor of the reader.
+    fn node_reference(&mut self, pos: Pos, src: &str, path: &str, scope: Scope<'_>) {
+        let mut parts = path.split('.').skip(1);
+        let (second, third) = (parts.next(), parts.next());
+        let where_ = self.where_(scope);
+        let (Scope::With { node } | Scope::NodeField { node, .. }) = scope else {
+            self.error(
+                pos,
+                format!("`{src}` in {where_} reads node outputs, which tool specs cannot see"),
+                Some(
+                    "pass the value through the node's `with:` and read `with.<name>` in the tool"
+                        .into(),
+                ),
+            );
+            return;
+        };
+        let Some(target) = second else {
+            self.error(
+                pos,
+                format!("`{src}` in {where_} reads `nodes` as a whole"),
+                Some("read one node's output: `nodes.<id>.output`".into()),
+            );
+            return;
+        };
+        let Some(&t) = self.index.get(target) else {
+            let ids: Vec<&str> = self.wf.nodes.iter().map(|n| n.id.as_str()).collect();
+            let help = did_you_mean(target, ids.iter().copied())
+                .map(|n| format!("did you mean `nodes.{n}`?"));
+            self.error(
+                pos,
+                format!("`{src}` in {where_} reads unknown node `{target}`"),
+                help,
+            );
+            return;
+        };
+        if third != Some("output") {
+            self.error(
+                pos,
+                format!("`{src}` in {where_}: a node exposes only `nodes.{target}.output`"),
+                None,
+            );
+            return;
+        }
+        if let Some(ancestors) = self.ancestors
+            && !ancestors[node].contains(t)
+        {
+            let me = &self.wf.nodes[node].id;
+            self.error(
+                pos,
+                format!(
+                    "`{src}` in {where_} reads node `{target}`, which is not an ancestor of `{me}`"
+                ),
+                Some(format!(
+                    "add `{target}` to `needs` of `{me}` (directly or through another node)"
+                )),
+            );
+        }
+    }
+
     fn reference(&mut self, pos: Pos, src: &str, path: &str, scope: Scope<'_>) {
         let mut parts = path.split('.');
         let root = parts.next().unwrap_or_default();
         let second = parts.next();
-        let third = parts.next();
         let where_ = self.where_(scope);
         match root {
             "inputs" => match second {
@@ -273,53 +327,7 @@ impl RefChecker<'_> {
                     Some("read one input: `inputs.<name>`".into()),
                 ),
             },
-            "nodes" => {
-                let (Scope::With { node } | Scope::NodeField { node, .. }) = scope else {
-                    self.error(
-                        pos,
-                        format!("`{src}` in {where_} reads node outputs, which tool specs cannot see"),
-                        Some("pass the value through the node's `with:` and read `with.<name>` in the tool".into()),
-                    );
-                    return;
-                };
-                let Some(target) = second else {
-                    self.error(
-                        pos,
-                        format!("`{src}` in {where_} reads `nodes` as a whole"),
-                        Some("read one node's output: `nodes.<id>.output`".into()),
-                    );
-                    return;
-                };
-                let Some(&t) = self.index.get(target) else {
-                    let ids: Vec<&str> = self.wf.nodes.iter().map(|n| n.id.as_str()).collect();
-                    let help = did_you_mean(target, ids.iter().copied())
-                        .map(|n| format!("did you mean `nodes.{n}`?"));
-                    self.error(
-                        pos,
-                        format!("`{src}` in {where_} reads unknown node `{target}`"),
-                        help,
-                    );
-                    return;
-                };
-                if third != Some("output") {
-                    self.error(
-                        pos,
-                        format!("`{src}` in {where_}: a node exposes only `nodes.{target}.output`"),
-                        None,
-                    );
-                    return;
-                }
-                if let Some(ancestors) = self.ancestors
-                    && !ancestors[node].contains(t)
-                {
-                    let me = &self.wf.nodes[node].id;
-                    self.error(
-                            pos,
-                            format!("`{src}` in {where_} reads node `{target}`, which is not an ancestor of `{me}`"),
-                            Some(format!("add `{target}` to `needs` of `{me}` (directly or through another node)")),
-                        );
-                }
-            }
+            "nodes" => self.node_reference(pos, src, path, scope),
             "secrets" => {
                 if let Scope::NodeField { field, .. } = scope {
                     self.error(

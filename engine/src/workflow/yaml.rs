@@ -7,7 +7,7 @@
 //! nesting depth, and counts the nodes that aliases expand to, so a "billion laughs" file
 //! is refused in bounded time and memory.
 
-use saphyr_parser::{Event, Parser, ScalarStyle, Span};
+use saphyr_parser::{Event, Parser, ScalarStyle, Span, Tag};
 
 use super::diagnostic::{Diagnostic, Pos};
 
@@ -172,35 +172,10 @@ pub fn load(text: &str) -> Result<Node, Diagnostic> {
                 node.pos = pos;
                 Some((node, 0))
             }
-            Event::Scalar(text, style, anchor, tag) => {
-                if let Some(tag) = tag {
-                    let plain_str = tag.handle == "tag:yaml.org,2002:" && tag.suffix == "str";
-                    if !plain_str {
-                        return Err(Diagnostic::new(
-                            pos,
-                            format!(
-                                "YAML tags are not supported (found `{}{}`)",
-                                tag.handle, tag.suffix
-                            ),
-                        ));
-                    }
-                    Some((
-                        Node {
-                            pos,
-                            value: Value::Str(text.into_owned()),
-                        },
-                        anchor,
-                    ))
-                } else {
-                    Some((
-                        Node {
-                            pos,
-                            value: resolve_scalar(&text, style),
-                        },
-                        anchor,
-                    ))
-                }
-            }
+            Event::Scalar(text, style, anchor, tag) => Some((
+                scalar(pos, text.into_owned(), style, tag.as_deref())?,
+                anchor,
+            )),
             Event::SequenceStart(anchor, tag) => {
                 reject_tag(pos, tag.is_some())?;
                 check_depth(pos, stack.len())?;
@@ -222,28 +197,7 @@ pub fn load(text: &str) -> Result<Node, Diagnostic> {
                 });
                 None
             }
-            Event::SequenceEnd | Event::MappingEnd => match stack.pop() {
-                Some(Frame::Seq { pos, anchor, items }) => Some((
-                    Node {
-                        pos,
-                        value: Value::Seq(items),
-                    },
-                    anchor,
-                )),
-                Some(Frame::Map {
-                    pos,
-                    anchor,
-                    entries,
-                    ..
-                }) => Some((
-                    Node {
-                        pos,
-                        value: Value::Map(entries),
-                    },
-                    anchor,
-                )),
-                None => None,
-            },
+            Event::SequenceEnd | Event::MappingEnd => stack.pop().map(Frame::close),
         };
         let Some((node, anchor)) = finished else {
             continue;
@@ -254,42 +208,106 @@ pub fn load(text: &str) -> Result<Node, Diagnostic> {
             }
             anchors[anchor] = Some(node.clone());
         }
-        match stack.last_mut() {
-            None => root = Some(node),
-            Some(Frame::Seq { items, .. }) => items.push(node),
-            Some(Frame::Map {
-                entries,
-                pending_key,
-                ..
-            }) => match pending_key.take() {
-                None => {
-                    let name = match node.value {
-                        Value::Str(s) => s,
-                        Value::Int(i) => i.to_string(),
-                        Value::Bool(b) => b.to_string(),
-                        Value::Float(f) => f.to_string(),
-                        Value::Null => "null".to_string(),
-                        Value::Seq(_) | Value::Map(_) => {
-                            return Err(Diagnostic::new(
-                                node.pos,
-                                "mapping keys must be plain strings".to_string(),
-                            ));
-                        }
-                    };
-                    *pending_key = Some(Key {
-                        name,
-                        pos: node.pos,
-                    });
-                }
-                Some(key) => entries.push((key, node)),
-            },
-        }
+        attach(&mut stack, &mut root, node)?;
     }
     let root = root.unwrap_or(Node {
         pos: Pos { line: 1, col: 1 },
         value: Value::Null,
     });
     Ok(root)
+}
+
+impl Frame {
+    /// The finished collection and its anchor, at its end event.
+    fn close(self) -> (Node, usize) {
+        match self {
+            Frame::Seq { pos, anchor, items } => (
+                Node {
+                    pos,
+                    value: Value::Seq(items),
+                },
+                anchor,
+            ),
+            Frame::Map {
+                pos,
+                anchor,
+                entries,
+                ..
+            } => (
+                Node {
+                    pos,
+                    value: Value::Map(entries),
+                },
+                anchor,
+            ),
+        }
+    }
+}
+
+/// A scalar's node: `!!str` keeps the text as a string; any other tag is refused.
+fn scalar(
+    pos: Pos,
+    text: String,
+    style: ScalarStyle,
+    tag: Option<&Tag>,
+) -> Result<Node, Diagnostic> {
+    if let Some(tag) = tag {
+        let plain_str = tag.handle == "tag:yaml.org,2002:" && tag.suffix == "str";
+        if !plain_str {
+            return Err(Diagnostic::new(
+                pos,
+                format!(
+                    "YAML tags are not supported (found `{}{}`)",
+                    tag.handle, tag.suffix
+                ),
+            ));
+        }
+        Ok(Node {
+            pos,
+            value: Value::Str(text),
+        })
+    } else {
+        Ok(Node {
+            pos,
+            value: resolve_scalar(&text, style),
+        })
+    }
+}
+
+/// Puts a finished node where it belongs: the root, the open sequence, or the open
+/// mapping (as its next key, which must be a scalar, or as the value of that key).
+fn attach(stack: &mut [Frame], root: &mut Option<Node>, node: Node) -> Result<(), Diagnostic> {
+    match stack.last_mut() {
+        None => *root = Some(node),
+        Some(Frame::Seq { items, .. }) => items.push(node),
+        Some(Frame::Map {
+            entries,
+            pending_key,
+            ..
+        }) => match pending_key.take() {
+            None => {
+                let name = match node.value {
+                    Value::Str(s) => s,
+                    Value::Int(i) => i.to_string(),
+                    Value::Bool(b) => b.to_string(),
+                    Value::Float(f) => f.to_string(),
+                    Value::Null => "null".to_string(),
+                    Value::Seq(_) | Value::Map(_) => {
+                        return Err(Diagnostic::new(
+                            node.pos,
+                            "mapping keys must be plain strings".to_string(),
+                        ));
+                    }
+                };
+                *pending_key = Some(Key {
+                    name,
+                    pos: node.pos,
+                });
+            }
+            Some(key) => entries.push((key, node)),
+        },
+    }
+    Ok(())
 }
 
 fn reject_tag(pos: Pos, tagged: bool) -> Result<(), Diagnostic> {

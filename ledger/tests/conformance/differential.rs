@@ -118,32 +118,7 @@ async fn apply(l: &Ledger, op: &Op, now: Timestamp) -> (String, Option<CallLease
         }
         Op::Outbound(c) => format!("{:?}", l.mark_outbound(c, now).await),
         Op::Complete(c, ok, n) => {
-            let outcome = if *ok {
-                CallOutcome::Succeeded(json!({"n": n}))
-            } else {
-                CallOutcome::Failed(StepError {
-                    kind: ErrorKind::Transient,
-                    message: "503".into(),
-                })
-            };
-            let step = StepFinish {
-                step_id: c.step_id.clone(),
-                status: if *ok {
-                    StepStatus::Succeeded
-                } else {
-                    StepStatus::Failed
-                },
-                output: ok.then(|| json!({"n": n})),
-                error: None,
-            };
-            let req = CompleteCall {
-                lease: c,
-                outcome,
-                requests_sent: *n,
-                step: (*n != 1).then_some(step),
-                next_step: None,
-            };
-            format!("{:?}", l.complete_call(req, now).await)
+            format!("{:?}", l.complete_call(complete(c, *ok, *n), now).await)
         }
         Op::InDoubt(c) => {
             let rep = InDoubtReport {
@@ -189,32 +164,69 @@ async fn apply(l: &Ledger, op: &Op, now: Timestamp) -> (String, Option<CallLease
             format!("{:?}", l.rate_acquire(req, now).await)
         }
         Op::Pure(lease, node, ok) => {
-            let request = json!({"p": node});
-            let outcome = if *ok {
-                CallOutcome::Succeeded(json!("p"))
-            } else {
-                CallOutcome::Failed(StepError {
-                    kind: ErrorKind::Permanent,
-                    message: "bad".into(),
-                })
-            };
-            let req = PureCall {
-                run: lease,
-                step: step(&format!("p_{node}"), &format!("p_{node}"), 0),
-                tool_call_id: format!("p_{node}"),
-                tool: "core.echo".into(),
-                idempotency_key: format!("{}:p_{node}", lease.run_id),
-                request_hash: canonical_hash(&request),
-                request,
-                outcome,
-                retry_failed: false,
-                next_step: None,
-            };
-            format!("{:?}", l.record_pure_call(req, now).await)
+            format!(
+                "{:?}",
+                l.record_pure_call(pure(lease, node, *ok), now).await
+            )
         }
         Op::Expire => format!("{:?}", l.expire_dead_local_workers(now).await),
     };
     (r, lease_out)
+}
+
+/// The completion of `c`: succeeded with `{"n": n}` or failed transiently, sending `n`
+/// requests (with a step finish unless exactly one).
+fn complete(c: &CallLease, ok: bool, n: u32) -> CompleteCall<'_> {
+    let outcome = if ok {
+        CallOutcome::Succeeded(json!({"n": n}))
+    } else {
+        CallOutcome::Failed(StepError {
+            kind: ErrorKind::Transient,
+            message: "503".into(),
+        })
+    };
+    let step = StepFinish {
+        step_id: c.step_id.clone(),
+        status: if ok {
+            StepStatus::Succeeded
+        } else {
+            StepStatus::Failed
+        },
+        output: ok.then(|| json!({"n": n})),
+        error: None,
+    };
+    CompleteCall {
+        lease: c,
+        outcome,
+        requests_sent: n,
+        step: (n != 1).then_some(step),
+        next_step: None,
+    }
+}
+
+/// A pure call of node `p_<node>` under `lease`, succeeded or failed permanently.
+fn pure<'a>(lease: &'a RunLease, node: &str, ok: bool) -> PureCall<'a> {
+    let request = json!({"p": node});
+    let outcome = if ok {
+        CallOutcome::Succeeded(json!("p"))
+    } else {
+        CallOutcome::Failed(StepError {
+            kind: ErrorKind::Permanent,
+            message: "bad".into(),
+        })
+    };
+    PureCall {
+        run: lease,
+        step: step(&format!("p_{node}"), &format!("p_{node}"), 0),
+        tool_call_id: format!("p_{node}"),
+        tool: "core.echo".into(),
+        idempotency_key: format!("{}:p_{node}", lease.run_id),
+        request_hash: canonical_hash(&request),
+        request,
+        outcome,
+        retry_failed: false,
+        next_step: None,
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -1,0 +1,191 @@
+//! What one execution of a run passes around ([`RunScope`]), the per-workflow facts it
+//! computes once ([`Prepared`]), and the ledger writes that settle a node without a tool
+//! call (skipped, failed before its call), which the run loop and a node's start share.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use flow_ledger::{ErrorKind, NewStep, RunLease, StepError, StepFinish, StepStatus};
+use rand::rngs::StdRng;
+use serde_json::Value as Json;
+
+use super::decide::NodeState;
+use super::progress::{Progress, StepEvent};
+use super::state::RunState;
+use crate::gateway::{self, Gateway, StepOrigin, StepResult};
+use crate::plan::Plan;
+use crate::workflow::{Workflow, expr};
+
+/// Everything an execution reads but does not change, borrowed for its length: one
+/// value instead of the same eight arguments on every function of the loop.
+pub(super) struct RunScope<'a> {
+    pub(super) gateway: &'a Gateway,
+    pub(super) progress: &'a dyn Progress,
+    /// Backoff jitter (seeded in tests).
+    pub(super) rng: &'a Mutex<StdRng>,
+    /// The run this process holds; every write is fenced by it.
+    pub(super) lease: &'a RunLease,
+    pub(super) wf: &'a Workflow,
+    pub(super) plan: &'a Plan,
+    pub(super) prepared: &'a Prepared,
+    /// The run's inputs, as expressions read them.
+    pub(super) inputs: &'a Json,
+}
+
+/// The step a start concerns: which node, under which step id and retry, and where its
+/// step row stands in the ledger.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct StepAt<'s> {
+    pub(super) node: usize,
+    pub(super) step_id: &'s str,
+    pub(super) retry: u32,
+    pub(super) origin: StepOrigin,
+}
+
+/// Per-workflow facts computed once per execution.
+pub(super) struct Prepared {
+    /// For each node, the nodes whose outputs its expressions read.
+    pub(super) reads: Vec<Vec<usize>>,
+}
+
+impl Prepared {
+    pub(super) fn new(wf: &Workflow) -> Self {
+        let index = wf.node_positions();
+        let reads = wf
+            .nodes
+            .iter()
+            .map(|n| {
+                let mut templates = n.with.templates();
+                templates.extend(n.condition.iter());
+                templates.extend(n.idempotency_key.iter());
+                let mut reads: Vec<usize> = templates
+                    .iter()
+                    .flat_map(|t| t.exprs().flat_map(expr::references).collect::<Vec<_>>())
+                    .filter_map(|r| {
+                        r.strip_prefix("nodes.")
+                            .and_then(|rest| rest.split('.').next())
+                            .and_then(|id| index.get(id).copied())
+                    })
+                    .collect();
+                reads.sort_unstable();
+                reads.dedup();
+                reads
+            })
+            .collect();
+        Self { reads }
+    }
+}
+
+impl RunScope<'_> {
+    /// Writes the kept pure results: before any other write of the run, and when due.
+    pub(super) async fn flush_pure(&self, st: &RunState) -> Result<(), gateway::Error> {
+        let lease = self.lease;
+        st.pure_log
+            .flush(self.gateway.ledger(), lease, self.gateway.now())
+            .await
+            .map_err(|e| lease_err(e, lease))
+    }
+
+    /// Records `node` as skipped (its `if` was false, or an upstream node was skipped).
+    pub(super) async fn skip(
+        &self,
+        st: &mut RunState,
+        node: usize,
+        why: &str,
+    ) -> Result<(), gateway::Error> {
+        self.flush_pure(st).await?;
+        let lease = self.lease;
+        let decl = &self.wf.nodes[node];
+        let step = NewStep {
+            step_id: decl.id.clone(),
+            node_id: decl.id.clone(),
+            retry: 0,
+            not_before: None,
+            status: StepStatus::Skipped,
+        };
+        self.gateway
+            .ledger()
+            .create_step(lease, step, self.gateway.now())
+            .await
+            .map_err(|e| lease_err(e, lease))?;
+        st.nodes[node] = NodeState::Skipped;
+        self.progress.step(StepEvent::Skipped {
+            node: &decl.id,
+            why,
+        });
+        Ok(())
+    }
+
+    /// Fails the step `at` without calling its tool (its `if` erred, its deadline passed,
+    /// its tool is unknown), creating or starting its row first as its origin requires.
+    pub(super) async fn fail_now(
+        &self,
+        st: &mut RunState,
+        at: StepAt<'_>,
+        kind: ErrorKind,
+        message: String,
+    ) -> Result<(), gateway::Error> {
+        let StepAt {
+            node,
+            step_id,
+            retry,
+            ..
+        } = at;
+        self.flush_pure(st).await?;
+        let lease = self.lease;
+        let ledger = self.gateway.ledger();
+        let now = self.gateway.now();
+        let decl = &self.wf.nodes[node];
+        let wrap = |e| lease_err(e, lease);
+        match at.origin {
+            StepOrigin::New => {
+                let step = NewStep {
+                    step_id: step_id.to_string(),
+                    node_id: decl.id.clone(),
+                    retry,
+                    not_before: None,
+                    status: StepStatus::Running,
+                };
+                ledger.create_step(lease, step, now).await.map_err(wrap)?;
+            }
+            StepOrigin::Pending => {
+                ledger.start_step(lease, step_id, now).await.map_err(wrap)?;
+            }
+            StepOrigin::Running => {}
+        }
+        let finish = StepFinish {
+            step_id: step_id.to_string(),
+            status: StepStatus::Failed,
+            output: None,
+            error: Some(StepError {
+                kind,
+                message: message.clone(),
+            }),
+        };
+        ledger.finish_step(lease, finish, now).await.map_err(wrap)?;
+        self.progress.step(StepEvent::Finished {
+            node: &decl.id,
+            step_id,
+            retry,
+            took: Duration::ZERO,
+            result: &StepResult::Failed {
+                kind,
+                message: message.clone(),
+                retry: None,
+            },
+        });
+        st.nodes[node] = NodeState::Failed { kind, message };
+        Ok(())
+    }
+}
+
+/// A lost lease becomes [`gateway::Error::LeaseLost`] naming the run; other ledger
+/// errors pass through.
+pub(super) fn lease_err(e: flow_ledger::Error, lease: &RunLease) -> gateway::Error {
+    match e {
+        flow_ledger::Error::LeaseLost => gateway::Error::LeaseLost {
+            run_id: lease.run_id.clone(),
+        },
+        other => gateway::Error::Ledger(other),
+    }
+}

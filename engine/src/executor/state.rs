@@ -1,0 +1,83 @@
+//! A run's node states as the ledger recorded them, loaded once per execution and then
+//! kept current from this process's own results.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use flow_ledger::{ErrorKind, Step, StepStatus, Timestamp};
+use serde_json::Value as Json;
+
+use super::decide::NodeState;
+use crate::gateway::PureLog;
+use crate::workflow::Workflow;
+
+/// The run's node states as recorded, plus bookkeeping of this execution.
+pub(super) struct RunState {
+    pub(super) nodes: Vec<NodeState>,
+    /// Pure results kept in memory until the next flush (`gateway::lazy`): flushed
+    /// before every other write of this run.
+    pub(super) pure_log: Arc<PureLog>,
+    /// When each node's first attempt started: its deadline counts from there.
+    pub(super) first_started: HashMap<usize, Timestamp>,
+    /// Nodes whose last attempt was deferred by a rate limit or quota: their step row is
+    /// still `running`, so the next start keeps it rather than starting it again.
+    pub(super) deferred: HashSet<usize>,
+}
+
+impl RunState {
+    /// The state of every node from the run's step rows: each node's latest retry wins.
+    pub(super) fn load(wf: &Workflow, steps: &[Step]) -> Self {
+        let index = wf.node_positions();
+        let mut latest: Vec<Option<&Step>> = vec![None; wf.nodes.len()];
+        let mut first_started = HashMap::new();
+        for s in steps {
+            let Some(&i) = index.get(s.node_id.as_str()) else {
+                continue;
+            };
+            if latest[i].is_none_or(|l| s.retry >= l.retry) {
+                latest[i] = Some(s);
+            }
+            if let Some(t) = s.started_at {
+                let e = first_started.entry(i).or_insert(t);
+                if t < *e {
+                    *e = t;
+                }
+            }
+        }
+        let nodes = latest
+            .iter()
+            .map(|s| match s {
+                None => NodeState::NotStarted,
+                Some(s) => match s.status {
+                    StepStatus::Pending => NodeState::Pending {
+                        step_id: s.step_id.clone(),
+                        retry: s.retry,
+                        not_before: s.not_before.unwrap_or(Timestamp(0)),
+                    },
+                    StepStatus::Running => NodeState::Interrupted {
+                        step_id: s.step_id.clone(),
+                        retry: s.retry,
+                    },
+                    StepStatus::Succeeded => NodeState::Succeeded {
+                        output: s.output.clone().unwrap_or(Json::Null),
+                    },
+                    StepStatus::Failed => NodeState::Failed {
+                        kind: s.error_kind.unwrap_or(ErrorKind::Permanent),
+                        message: s.error_message.clone().unwrap_or_default(),
+                    },
+                    StepStatus::Skipped => NodeState::Skipped,
+                    StepStatus::Paused => NodeState::InDoubt {
+                        step_id: s.step_id.clone(),
+                    },
+                    StepStatus::Cancelled => NodeState::Cancelled,
+                },
+            })
+            .collect();
+        Self {
+            nodes,
+            pure_log: Arc::new(PureLog::new()),
+            first_started,
+            deferred: HashSet::new(),
+        }
+    }
+}

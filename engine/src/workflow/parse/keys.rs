@@ -1,0 +1,66 @@
+//! What a workflow file may say: the keys each mapping accepts, the tool kinds and HTTP
+//! methods, and the limits on values. One place, so adding a key starts here (then
+//! `model.rs` and `schema.rs`).
+
+use std::time::Duration;
+
+/// Longest per-attempt timeout accepted: a day. Anything longer is a typo or a job for
+/// a queue, not a request.
+pub(super) const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// Longest whole-node deadline accepted: 30 days.
+pub(super) const MAX_DEADLINE: Duration = Duration::from_secs(30 * 24 * 3600);
+/// Most retries a node may declare.
+pub(super) const MAX_RETRIES: u32 = 100;
+/// Largest `max_parallel`.
+pub(super) const MAX_PARALLEL: u32 = 1024;
+
+pub(super) const TOP_KEYS: &[&str] = &[
+    "name",
+    "description",
+    "inputs",
+    "defaults",
+    "max_parallel",
+    "tools",
+    "nodes",
+];
+pub(super) const INPUT_KEYS: &[&str] = &["type", "required", "default", "description"];
+pub(super) const DEFAULTS_KEYS: &[&str] = &["timeout", "deadline", "retry_policy"];
+pub(super) const RETRY_KEYS: &[&str] = &["max_retries", "backoff"];
+pub(super) const BACKOFF_KEYS: &[&str] = &["initial", "max", "multiplier", "jitter"];
+pub(super) const NODE_KEYS: &[&str] = &[
+    "tool",
+    "needs",
+    "with",
+    "if",
+    "retry_policy",
+    "timeout",
+    "deadline",
+    "idempotency_key",
+    "continue_on_error",
+    "description",
+];
+pub(super) const TOOL_COMMON_KEYS: &[&str] = &[
+    "kind",
+    "description",
+    "timeout",
+    "rate_limit",
+    "quota",
+    "idempotency",
+    "read_only",
+];
+pub(super) const FUNCTION_KEYS: &[&str] = &["function"];
+pub(super) const COMMAND_KEYS: &[&str] = &["command", "env", "cwd", "env_allow"];
+pub(super) const HTTP_KEYS: &[&str] = &[
+    "method",
+    "url",
+    "headers",
+    "query",
+    "body",
+    "idempotency_header",
+    "follow_redirects",
+    "max_response_bytes",
+];
+pub(super) const MCP_KEYS: &[&str] = &["server", "tool", "auth"];
+pub(super) const TOOL_KINDS: &[&str] = &["function", "command", "http", "mcp"];
+pub(super) const HTTP_METHODS: &[&str] =
+    &["GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"];

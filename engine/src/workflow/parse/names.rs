@@ -1,0 +1,47 @@
+//! The naming rules of node ids, input names and tool names.
+
+/// Node ids: `[a-z0-9_-]+` (they become step ids and appear in URLs and file names).
+pub fn is_node_id(id: &str) -> bool {
+    !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+/// The `n` of a trailing `_retry<n>`, which would collide with retry step ids.
+pub fn reserved_retry_suffix(id: &str) -> Option<&str> {
+    let idx = id.rfind("_retry")?;
+    let digits = &id[idx + "_retry".len()..];
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then_some(digits)
+}
+
+pub(super) fn is_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+pub(super) fn is_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_ids_and_reserved_suffixes() {
+        assert!(is_node_id("fetch-user_2"));
+        assert!(!is_node_id("Fetch"));
+        assert!(!is_node_id("a b"));
+        assert_eq!(reserved_retry_suffix("charge_retry1"), Some("1"));
+        assert_eq!(reserved_retry_suffix("charge_retry"), None);
+        assert_eq!(reserved_retry_suffix("retry1"), None);
+        assert_eq!(reserved_retry_suffix("charge_retryx"), None);
+    }
+}

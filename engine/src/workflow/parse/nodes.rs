@@ -1,0 +1,191 @@
+//! Nodes: the tool a node calls, what it needs, `with`, `if`, its retry policy (also
+//! the shape of `defaults.retry_policy`), timeout, deadline, idempotency key and flags.
+
+use std::time::Duration;
+
+use super::keys::{BACKOFF_KEYS, MAX_DEADLINE, MAX_RETRIES, MAX_TIMEOUT, NODE_KEYS, RETRY_KEYS};
+use super::names::{is_node_id, reserved_retry_suffix};
+use super::{Cx, get};
+use crate::workflow::diagnostic::Pos;
+use crate::workflow::expr::Template;
+use crate::workflow::model::{NodeDecl, RetryPolicy};
+use crate::workflow::yaml::{Key, Node, Value};
+
+pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
+    let id = key.name.clone();
+    let what = format!("node `{id}`");
+    if !is_node_id(&id) {
+        cx.error_help(
+            key.pos,
+            format!("invalid node id `{id}`"),
+            "node ids use lower-case letters, digits, `_` and `-`",
+        );
+    } else if let Some(n) = reserved_retry_suffix(&id) {
+        cx.error_help(
+            key.pos,
+            format!("node id `{id}` ends in `_retry{n}`, which is reserved for retry steps"),
+            "rename the node; retries of node `x` are recorded as steps `x_retry1`, `x_retry2`, …",
+        );
+    }
+    let fields = cx.map(spec, &what)?;
+    cx.check_keys(fields, &[NODE_KEYS], &what);
+    let (tool, tool_pos) = match get(fields, "tool") {
+        Some(t) => (cx.string(t, "`tool`").unwrap_or_default(), t.pos),
+        None => {
+            cx.error_help(
+                key.pos,
+                format!("{what} has no `tool`"),
+                "add `tool:` naming one of the workflow's tools",
+            );
+            (String::new(), key.pos)
+        }
+    };
+    let needs: Vec<(String, Pos)> = match get(fields, "needs") {
+        None => Vec::new(),
+        Some(n) => match &n.value {
+            Value::Str(s) => vec![(s.clone(), n.pos)],
+            Value::Seq(items) => items
+                .iter()
+                .filter_map(|i| cx.string(i, "`needs` entries").map(|s| (s, i.pos)))
+                .collect(),
+            _ => {
+                cx.error(
+                    n.pos,
+                    format!(
+                        "`needs` must be a list of node ids, found {}",
+                        n.type_name()
+                    ),
+                );
+                Vec::new()
+            }
+        },
+    };
+    let condition = get(fields, "if").and_then(|n| condition(cx, n));
+    Some(NodeDecl {
+        id,
+        pos: key.pos,
+        tool,
+        tool_pos,
+        needs: needs.iter().map(|(id, _)| id.clone()).collect(),
+        needs_pos: needs.iter().map(|(_, pos)| *pos).collect(),
+        with: get(fields, "with")
+            .map(|n| cx.tvalue(n, "`with`"))
+            .unwrap_or_default(),
+        condition,
+        condition_pos: get(fields, "if").map(|n| n.pos),
+        retry_policy: get(fields, "retry_policy").and_then(|n| retry_policy(cx, n)),
+        timeout: get(fields, "timeout").and_then(|n| cx.duration(n, "`timeout`", MAX_TIMEOUT)),
+        deadline: get(fields, "deadline").and_then(|n| cx.duration(n, "`deadline`", MAX_DEADLINE)),
+        idempotency_key: get(fields, "idempotency_key")
+            .and_then(|n| cx.template(n, "`idempotency_key`")),
+        continue_on_error: get(fields, "continue_on_error")
+            .and_then(|n| cx.bool(n, "`continue_on_error`"))
+            .unwrap_or(false),
+        description: get(fields, "description").and_then(|n| cx.text(n, "`description`")),
+    })
+}
+
+/// An `if:`: always one expression, never a string whose truth is its non-emptiness.
+///
+/// `true` / `false` are themselves; a single `${{ expr }}`, whatever whitespace surrounds
+/// it, is `expr`; a string without `${{ }}` is an expression too, as in GitHub Actions
+/// (`if: inputs.go`, `if: "false"`). Text mixed with expressions (`"${{ a }} and
+/// ${{ b }}"`, `"x ${{ a }}"`), an empty string and numbers are refused: each used to be
+/// a non-empty string, which is always true.
+fn condition(cx: &mut Cx, n: &Node) -> Option<Template> {
+    let text = match &n.value {
+        Value::Bool(b) => return Template::expression(&b.to_string(), n.pos).ok(),
+        Value::Str(s) => s.trim(),
+        _ => {
+            cx.error_help(
+                n.pos,
+                format!(
+                    "`if` must be true, false or an expression, found {}",
+                    n.type_name()
+                ),
+                "write `if: true`, `if: false` or `if: ${{ inputs.go }}`",
+            );
+            return None;
+        }
+    };
+    if text.is_empty() {
+        cx.error_help(
+            n.pos,
+            "`if` is empty",
+            "write `if: true`, `if: false` or an expression; remove `if` to always run",
+        );
+        return None;
+    }
+    let template = match Template::parse(text, n.pos) {
+        Ok(t) => t,
+        Err(e) => {
+            cx.error(n.pos, format!("`if`: {e}"));
+            return None;
+        }
+    };
+    let src = match (template.whole_expr(), template.has_expr()) {
+        (Some(src), _) => src.to_string(),
+        (None, false) => text.to_string(),
+        (None, true) => {
+            cx.error_help(
+                n.pos,
+                format!("`if` must be one expression, found `{text}`"),
+                "text around or between `${{ }}` makes a string, which is always true; put the whole condition in one `${{ … }}`, e.g. `${{ a and b }}`",
+            );
+            return None;
+        }
+    };
+    match Template::expression(&src, n.pos) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            cx.error(n.pos, format!("`if`: {e}"));
+            None
+        }
+    }
+}
+
+pub(super) fn retry_policy(cx: &mut Cx, node: &Node) -> Option<RetryPolicy> {
+    let entries = cx.map(node, "`retry_policy`")?;
+    cx.check_keys(entries, &[RETRY_KEYS], "`retry_policy`");
+    let mut p = RetryPolicy::default();
+    let mut ok = true;
+    if let Some(n) = get(entries, "max_retries") {
+        match cx.count(n, "`max_retries`", 0, u64::from(MAX_RETRIES)) {
+            Some(v) => p.max_retries = v as u32,
+            None => ok = false,
+        }
+    }
+    if let Some(b) = get(entries, "backoff") {
+        let fields = cx.map(b, "`backoff`")?;
+        cx.check_keys(fields, &[BACKOFF_KEYS], "`backoff`");
+        let mut set = |cx: &mut Cx, name: &str, target: &mut Duration| {
+            if let Some(n) = get(fields, name) {
+                match cx.duration(n, &format!("`backoff.{name}`"), MAX_TIMEOUT) {
+                    Some(d) => *target = d,
+                    None => ok = false,
+                }
+            }
+        };
+        set(cx, "initial", &mut p.initial);
+        set(cx, "max", &mut p.max);
+        if let Some(n) = get(fields, "multiplier") {
+            match cx.number(n, "`backoff.multiplier`", 1.0, 10.0) {
+                Some(v) => p.multiplier = v,
+                None => ok = false,
+            }
+        }
+        if let Some(n) = get(fields, "jitter") {
+            match cx.number(n, "`backoff.jitter`", 0.0, 1.0) {
+                Some(v) => p.jitter = v,
+                None => ok = false,
+            }
+        }
+        if p.max < p.initial {
+            cx.error(b.pos, "`backoff.max` is shorter than `backoff.initial`");
+        }
+    }
+    if !ok {
+        return None;
+    }
+    Some(p)
+}

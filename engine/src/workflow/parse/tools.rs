@@ -1,0 +1,285 @@
+//! Tool specs: the common keys (kind, timeout, rate limit, quota, idempotency) and each
+//! kind's own (function, command, http, mcp with its server and auth).
+
+use super::keys::{
+    COMMAND_KEYS, FUNCTION_KEYS, HTTP_KEYS, HTTP_METHODS, MAX_TIMEOUT, MCP_KEYS, TOOL_COMMON_KEYS,
+    TOOL_KINDS,
+};
+use super::names::is_tool_name;
+use super::values::string_list;
+use super::{Cx, get};
+use crate::workflow::diagnostic::{Pos, did_you_mean};
+use crate::workflow::expr::Template;
+use crate::workflow::model::{
+    HttpTool, Idempotency, McpAuth, McpServer, McpTool, ToolDecl, ToolKind,
+};
+use crate::workflow::yaml::{Key, Node, Value};
+
+pub(super) fn tool(cx: &mut Cx, key: &Key, spec: &Node) -> Option<ToolDecl> {
+    let what = format!("tool `{}`", key.name);
+    if !is_tool_name(&key.name) {
+        cx.error(
+            key.pos,
+            format!("{what}: tool names may hold letters, digits, `_`, `-` and `.`"),
+        );
+    }
+    let fields = cx.map(spec, &what)?;
+    let Some(kind_node) = get(fields, "kind") else {
+        cx.error_help(
+            key.pos,
+            format!("{what} has no `kind`"),
+            format!("add `kind:` ({})", TOOL_KINDS.join(", ")),
+        );
+        return None;
+    };
+    let kind_name = cx.string(kind_node, "`kind`")?;
+    let kind_keys: &[&str] = match kind_name.as_str() {
+        "function" => FUNCTION_KEYS,
+        "command" => COMMAND_KEYS,
+        "http" => HTTP_KEYS,
+        "mcp" => MCP_KEYS,
+        other => {
+            let hint = did_you_mean(other, TOOL_KINDS.iter().copied()).map_or_else(
+                || format!("kinds are: {}", TOOL_KINDS.join(", ")),
+                |n| format!("did you mean `{n}`?"),
+            );
+            cx.error_help(
+                kind_node.pos,
+                format!("unknown tool kind `{other}` for {what}"),
+                hint,
+            );
+            return None;
+        }
+    };
+    cx.check_keys(fields, &[TOOL_COMMON_KEYS, kind_keys], &what);
+    let required = |cx: &mut Cx, name: &str| -> Option<&Node> {
+        let n = get(fields, name);
+        if n.is_none() {
+            cx.error(
+                key.pos,
+                format!("{what} (kind {kind_name}) is missing required key `{name}`"),
+            );
+        }
+        n
+    };
+    let kind = (|| -> Option<ToolKind> {
+        Some(match kind_name.as_str() {
+            "function" => ToolKind::Function {
+                function: {
+                    let n = required(cx, "function")?;
+                    cx.string(n, "`function`")?
+                },
+            },
+            "command" => {
+                let command_node = required(cx, "command")?;
+                let command = cx.template_list(command_node, "`command`");
+                if command.is_empty() && matches!(command_node.value, Value::Seq(_)) {
+                    cx.error(command_node.pos, "`command` must name a program");
+                }
+                ToolKind::Command {
+                    command,
+                    env: get(fields, "env")
+                        .map(|n| cx.template_map(n, "`env`"))
+                        .unwrap_or_default(),
+                    cwd: get(fields, "cwd").and_then(|n| cx.string(n, "`cwd`")),
+                    env_allow: get(fields, "env_allow").map(|n| string_list(cx, n, "`env_allow`")),
+                }
+            }
+            "http" => {
+                let url = required(cx, "url")?;
+                ToolKind::Http(http_tool(cx, fields, url)?)
+            }
+            _ => {
+                let server = required(cx, "server");
+                let tool = required(cx, "tool");
+                ToolKind::Mcp(mcp_tool(cx, fields, server?, tool?)?)
+            }
+        })
+    })();
+    let idempotency = match get(fields, "idempotency") {
+        None => Idempotency::None,
+        Some(n) => match cx.string(n, "`idempotency`").as_deref() {
+            Some("none") => Idempotency::None,
+            Some("header") => Idempotency::Header,
+            Some(other) => {
+                cx.error_help(
+                    n.pos,
+                    format!("unknown idempotency `{other}`"),
+                    "use `none` or `header`",
+                );
+                Idempotency::None
+            }
+            None => Idempotency::None,
+        },
+    };
+    let rate_limit_per_minute =
+        get(fields, "rate_limit").and_then(|n| per(cx, n, "rate_limit", "per_minute", 1_000_000));
+    let quota_per_day =
+        get(fields, "quota").and_then(|n| per(cx, n, "quota", "per_day", 100_000_000));
+    let description = get(fields, "description").and_then(|n| cx.text(n, "`description`"));
+    let timeout = get(fields, "timeout").and_then(|n| cx.duration(n, "`timeout`", MAX_TIMEOUT));
+    let read_only = get(fields, "read_only").and_then(|n| cx.bool(n, "`read_only`"));
+    Some(ToolDecl {
+        name: key.name.clone(),
+        pos: key.pos,
+        kind: kind?,
+        description,
+        timeout,
+        rate_limit_per_minute,
+        quota_per_day,
+        idempotency,
+        read_only,
+    })
+}
+
+fn per(cx: &mut Cx, node: &Node, what: &str, field: &str, max: u64) -> Option<u32> {
+    let entries = cx.map(node, &format!("`{what}`"))?;
+    cx.check_keys(entries, &[&[field]], &format!("`{what}`"));
+    let Some(n) = get(entries, field) else {
+        cx.error(node.pos, format!("`{what}` needs `{field}`"));
+        return None;
+    };
+    cx.count(n, &format!("`{what}.{field}`"), 1, max)
+        .map(|v| v as u32)
+}
+
+fn http_tool(cx: &mut Cx, fields: &[(Key, Node)], url: &Node) -> Option<HttpTool> {
+    let method = match get(fields, "method") {
+        None => Some("GET".to_string()),
+        Some(n) => cx
+            .string(n, "`method`")
+            .map(|m| m.to_ascii_uppercase())
+            .and_then(|m| {
+                if HTTP_METHODS.contains(&m.as_str()) {
+                    Some(m)
+                } else {
+                    cx.error_help(
+                        n.pos,
+                        format!("unknown HTTP method `{m}`"),
+                        format!("methods are: {}", HTTP_METHODS.join(", ")),
+                    );
+                    None
+                }
+            }),
+    };
+    let url = cx.template(url, "`url`");
+    if let Some(lit) = url.as_ref().and_then(Template::as_literal)
+        && !(lit.starts_with("http://") || lit.starts_with("https://"))
+    {
+        cx.error_help(
+            url.as_ref().map_or_else(Pos::default, |u| u.pos),
+            format!("`url` must start with http:// or https://, found `{lit}`"),
+            "only HTTP(S) endpoints are supported",
+        );
+    }
+    let max_response_bytes = get(fields, "max_response_bytes")
+        .and_then(|n| cx.count(n, "`max_response_bytes`", 1, 1 << 30));
+    Some(HttpTool {
+        method: method?,
+        url: url?,
+        headers: get(fields, "headers")
+            .map(|n| cx.template_map(n, "`headers`"))
+            .unwrap_or_default(),
+        query: get(fields, "query")
+            .map(|n| cx.template_map(n, "`query`"))
+            .unwrap_or_default(),
+        body: get(fields, "body").map(|n| cx.tvalue(n, "`body`")),
+        idempotency_header: get(fields, "idempotency_header")
+            .and_then(|n| cx.string(n, "`idempotency_header`"))
+            .unwrap_or_else(|| "Idempotency-Key".to_string()),
+        follow_redirects: get(fields, "follow_redirects")
+            .and_then(|n| cx.bool(n, "`follow_redirects`"))
+            .unwrap_or(false),
+        max_response_bytes,
+    })
+}
+
+fn mcp_tool(cx: &mut Cx, fields: &[(Key, Node)], server: &Node, tool: &Node) -> Option<McpTool> {
+    let server_fields = cx.map(server, "`server`")?;
+    let server = match (get(server_fields, "command"), get(server_fields, "url")) {
+        (Some(command), None) => {
+            cx.check_keys(
+                server_fields,
+                &[&["command", "args", "env", "cwd"]],
+                "`server`",
+            );
+            let mut argv = cx.template_list(command, "`server.command`");
+            if let Some(args) = get(server_fields, "args") {
+                argv.extend(cx.template_list(args, "`server.args`"));
+            }
+            if argv.is_empty() {
+                cx.error(command.pos, "`server.command` must name a program");
+            }
+            McpServer::Stdio {
+                command: argv,
+                env: get(server_fields, "env")
+                    .map(|n| cx.template_map(n, "`server.env`"))
+                    .unwrap_or_default(),
+                cwd: get(server_fields, "cwd").and_then(|n| cx.string(n, "`server.cwd`")),
+            }
+        }
+        (None, Some(url)) => {
+            cx.check_keys(server_fields, &[&["url", "headers"]], "`server`");
+            McpServer::Http {
+                url: cx.template(url, "`server.url`")?,
+                headers: get(server_fields, "headers")
+                    .map(|n| cx.template_map(n, "`server.headers`"))
+                    .unwrap_or_default(),
+            }
+        }
+        (Some(_), Some(_)) => {
+            cx.error(
+                server.pos,
+                "`server` takes either `command` (stdio) or `url` (streamable HTTP), not both",
+            );
+            return None;
+        }
+        (None, None) => {
+            cx.error_help(server.pos, "`server` needs `command` or `url`", "stdio: `command: [\"python3\", \"server.py\"]`; HTTP: `url: http://127.0.0.1:9000/mcp`");
+            return None;
+        }
+    };
+    let auth = match get(fields, "auth") {
+        None => McpAuth::None,
+        Some(n) => mcp_auth(cx, n)?,
+    };
+    Some(McpTool {
+        server,
+        tool: cx.string(tool, "`tool`")?,
+        auth,
+    })
+}
+
+fn mcp_auth(cx: &mut Cx, node: &Node) -> Option<McpAuth> {
+    let entries = cx.map(node, "`auth`")?;
+    cx.check_keys(entries, &[&["bearer", "oauth"]], "`auth`");
+    if let Some(b) = get(entries, "bearer") {
+        return cx.template(b, "`auth.bearer`").map(McpAuth::Bearer);
+    }
+    if let Some(o) = get(entries, "oauth") {
+        let f = cx.map(o, "`auth.oauth`")?;
+        cx.check_keys(
+            f,
+            &[&["token_url", "client_id", "client_secret", "scope"]],
+            "`auth.oauth`",
+        );
+        let mut field = |name: &str| {
+            let n = get(f, name);
+            if n.is_none() {
+                cx.error(o.pos, format!("`auth.oauth` is missing `{name}`"));
+            }
+            n.and_then(|n| cx.template(n, &format!("`auth.oauth.{name}`")))
+        };
+        let token_url = field("token_url");
+        let client_id = field("client_id");
+        let client_secret = field("client_secret");
+        return Some(McpAuth::ClientCredentials {
+            token_url: token_url?,
+            client_id: client_id?,
+            client_secret: client_secret?,
+            scope: get(f, "scope").and_then(|n| cx.string(n, "`auth.oauth.scope`")),
+        });
+    }
+    cx.error(node.pos, "`auth` needs `bearer` or `oauth`");
+    None
+}
