@@ -27,7 +27,11 @@ pub struct OpenOptions {
     pub scope: Scope,
     /// SQLite durability (ignored for PostgreSQL).
     pub sqlite_synchronous: SqliteSynchronous,
-    /// Pool size (0 = backend default: 8 for SQLite, 10 for PostgreSQL).
+    /// Pool size (0 = backend default: 8 for SQLite, 10 for PostgreSQL). On PostgreSQL
+    /// this is a ceiling: the pool opens one connection and adds one only while that many
+    /// operations overlap. A command that never overlaps operations should pass 1, so it
+    /// never pays a second connection (a TLS handshake) for an operation that merely
+    /// started before the previous one's connection was back in the pool.
     pub max_connections: u32,
     /// Apply pending migrations on open (the CLI's `flow migrate` calls
     /// [`Ledger::migrate`] with this off).

@@ -5,6 +5,7 @@
 //! `calls.rs`); everything else is the SQL shared with SQLite.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
@@ -14,6 +15,22 @@ use crate::options::OpenOptions;
 /// The PostgreSQL migrations, embedded at build time.
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 
+/// How long the pool's first connection may take before a direct connection is opened
+/// to learn why it is slow (see [`connect`]).
+const DIAGNOSE_AFTER: Duration = Duration::from_millis(250);
+
+/// Opens the pool with exactly one connection; more are opened only while that many
+/// operations overlap (up to `max_connections`). A one-shot command used to pay for three
+/// sessions — a direct connection opened and closed to check the server, the pool's
+/// eager first one, and a second pool connection when an operation started before the
+/// previous one's connection was back in the pool (sqlx returns it on a spawned task) —
+/// each a TLS handshake when the server offers TLS.
+///
+/// A pool reports only "timed out", and it retries a refused connection silently until
+/// then; the operator needs the reason (connection refused, unknown database,
+/// authentication failed). Errors other than refusals come back from the pool at once;
+/// if it has not connected after [`DIAGNOSE_AFTER`], one direct connection is opened to
+/// find the reason, and closed if it succeeds (the server was merely slow).
 pub(crate) async fn connect(
     url: &str,
     url_redacted: &str,
@@ -22,6 +39,12 @@ pub(crate) async fn connect(
     let unavailable = |reason: String| Error::Unavailable {
         url: url_redacted.to_owned(),
         reason,
+    };
+    let no_answer = || {
+        unavailable(format!(
+            "no answer within {} ms",
+            opts.connect_timeout.as_millis()
+        ))
     };
     let connect = PgConnectOptions::from_str(url)
         .map_err(|e| unavailable(format!("bad URL: {e}")))?
@@ -32,31 +55,32 @@ pub(crate) async fn connect(
     } else {
         opts.max_connections
     };
-    // One direct connection first: a pool only reports "timed out", while the operator
-    // needs the reason (connection refused, unknown database, authentication failed).
-    match tokio::time::timeout(
-        opts.connect_timeout,
-        <sqlx::PgConnection as sqlx::Connection>::connect_with(&connect),
-    )
-    .await
-    {
-        Ok(Ok(conn)) => {
-            let _ = sqlx::Connection::close(conn).await;
-        }
-        Ok(Err(e)) => return Err(unavailable(e.to_string())),
-        Err(_) => {
-            return Err(unavailable(format!(
-                "no answer within {} ms",
-                opts.connect_timeout.as_millis()
-            )));
-        }
-    }
-    PgPoolOptions::new()
+    let pool_error = |e: sqlx::Error| match e {
+        sqlx::Error::PoolTimedOut => no_answer(),
+        e => unavailable(e.to_string()),
+    };
+    let pool = PgPoolOptions::new()
         .max_connections(max)
+        .min_connections(0)
         .acquire_timeout(opts.connect_timeout)
-        .connect_with(connect)
-        .await
-        .map_err(|e| unavailable(e.to_string()))
+        .connect_with(connect.clone());
+    tokio::pin!(pool);
+    tokio::select! {
+        r = &mut pool => return r.map_err(pool_error),
+        () = tokio::time::sleep(DIAGNOSE_AFTER.min(opts.connect_timeout)) => {}
+    }
+    let direct = <sqlx::PgConnection as sqlx::Connection>::connect_with(&connect);
+    tokio::select! {
+        r = &mut pool => return r.map_err(pool_error),
+        r = tokio::time::timeout(opts.connect_timeout, direct) => match r {
+            Ok(Ok(conn)) => {
+                let _ = sqlx::Connection::close(conn).await;
+            }
+            Ok(Err(e)) => return Err(unavailable(e.to_string())),
+            Err(_) => return Err(no_answer()),
+        },
+    }
+    pool.await.map_err(pool_error)
 }
 
 /// The tables whose planner statistics the ledger keeps from going stale.

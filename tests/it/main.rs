@@ -12,5 +12,6 @@ mod limits;
 mod retries;
 mod runs;
 mod secrets;
+mod sessions;
 mod support;
 mod validate;

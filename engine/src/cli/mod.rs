@@ -366,19 +366,41 @@ pub(crate) fn config_exit_code(e: &crate::config::Error) -> u8 {
 }
 
 /// Opens the ledger named by `--db`, or reports why not (exit 5).
+/// The PostgreSQL pool ceiling for this command (0, the backend default, on SQLite).
+///
+/// The pool opens one connection and grows only while operations overlap, but with a
+/// ceiling above 1 an operation that starts right after another may still open a second
+/// one (sqlx puts a connection back on a spawned task) — a TLS handshake for nothing.
+/// Commands that do one thing after another therefore get exactly one. `flow run`,
+/// `flow resume` and `flow events dispatch` overlap for real (the run lease heartbeat and
+/// `max_parallel` branches beside the loop; deliveries beside scheduling): four keep them
+/// moving without taking a large share of PostgreSQL's `max_connections` (100 by
+/// default) from the daemons sharing the server.
+fn postgres_connections(cli: &Cli) -> u32 {
+    if cli.db.starts_with("sqlite:") {
+        return 0;
+    }
+    match &cli.command {
+        Command::Run(_) | Command::Resume(_) => 4,
+        Command::Events(args)
+            if matches!(args.command, Some(events::EventsCommand::Dispatch(_))) =>
+        {
+            4
+        }
+        _ => 1,
+    }
+}
+
 pub(crate) async fn open_ledger(
     cli: &Cli,
     stderr: &mut dyn Write,
 ) -> Result<flow_ledger::Ledger, u8> {
-    // One run per process, transactions of a few milliseconds: four connections keep
-    // `max_parallel` branches moving without taking a large share of PostgreSQL's
-    // `max_connections` (100 by default) from the daemons sharing the server.
     let opts = flow_ledger::OpenOptions {
         scope: flow_ledger::Scope {
             tenant: cli.tenant.clone(),
             workspace: cli.workspace.clone(),
         },
-        max_connections: if cli.db.starts_with("sqlite:") { 0 } else { 4 },
+        max_connections: postgres_connections(cli),
         ..flow_ledger::OpenOptions::default()
     };
     match flow_ledger::Ledger::open(&cli.db, opts).await {

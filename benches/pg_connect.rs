@@ -1,0 +1,138 @@
+//! Benchmark: what a one-shot `flow` command pays to reach PostgreSQL before it does
+//! anything, measured on the real release binary, each command its own process.
+//!
+//! `cargo bench --bench pg_connect`. Prints, beside this machine's fsync floor, medians of
+//! `FLOW_BENCH_SAMPLES` (default 20) runs of:
+//! 1. `flow runs` (a read) on the default URL (`sslmode=prefer`: TLS when the server
+//!    offers it, as the local server does) and on `?sslmode=disable` — target: the
+//!    default within 2× the plain one;
+//! 2. `flow run` of a 200-node chain of pure `core.echo` nodes, on both URLs — target
+//!    ≤ 150 ms on the default URL.
+//!
+//! A fresh database on the local server (`FLOW_TEST_PG_HOST`/`FLOW_TEST_PG_PORT`, user
+//! `postgres`), migrated once before measuring.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fsync_floor(dir: &Path) -> Duration {
+    let path = dir.join("fsync-probe");
+    let mut f = std::fs::File::create(&path).expect("probe file");
+    let mut samples: Vec<Duration> = (0..200)
+        .map(|_| {
+            let t = Instant::now();
+            f.write_all(&[0u8; 512]).expect("write");
+            f.sync_all().expect("fsync");
+            t.elapsed()
+        })
+        .collect();
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+fn pg_host_port() -> (String, String) {
+    let host = std::env::var("FLOW_TEST_PG_HOST").unwrap_or_else(|_| "127.0.0.1".into());
+    let port = std::env::var("FLOW_TEST_PG_PORT").unwrap_or_else(|_| "5432".into());
+    (host, port)
+}
+
+fn psql(db: &str, sql: &str) -> bool {
+    let (host, port) = pg_host_port();
+    Command::new("psql")
+        .args([
+            "-h", &host, "-p", &port, "-U", "postgres", "-d", db, "-qc", sql,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// 200 nodes, each needing the previous one: the executor bench's chain.
+fn chain(n: usize) -> String {
+    let mut t = String::from(
+        "name: chain\nmax_parallel: 1\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n",
+    );
+    t.push_str("  n0: { tool: e, with: { i: 0 } }\n");
+    for i in 1..n {
+        t.push_str(&format!(
+            "  n{i}: {{ tool: e, needs: [n{}], with: {{ i: {i} }} }}\n",
+            i - 1
+        ));
+    }
+    t
+}
+
+/// Median wall time of `samples` runs of `flow --db url args…`, each a new process.
+fn median(url: &str, args: &[&str], samples: usize) -> Duration {
+    let mut times: Vec<Duration> = (0..samples)
+        .map(|_| {
+            let t = Instant::now();
+            let status = Command::new(env!("CARGO_BIN_EXE_flow"))
+                .env_remove("RUST_LOG")
+                .env_remove("PGSSLMODE")
+                .arg("--db")
+                .arg(url)
+                .args(args)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .expect("spawn flow");
+            let took = t.elapsed();
+            assert!(status.success(), "flow {args:?} on {url}: {status}");
+            took
+        })
+        .collect();
+    times.sort();
+    times[times.len() / 2]
+}
+
+fn main() {
+    let samples: usize = std::env::var("FLOW_BENCH_SAMPLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let floor = fsync_floor(dir.path());
+    println!(
+        "machine: fsync floor {floor:?} per durable commit (median of 200 write+fsync, same directory); {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+
+    let name = format!(
+        "flow_bench_connect_{}",
+        ulid::Ulid::generate().to_string().to_lowercase()
+    );
+    if !psql("test", &format!("CREATE DATABASE {name}")) {
+        println!("postgres: not reachable (psql -h 127.0.0.1 -U postgres); skipped");
+        return;
+    }
+    let (host, port) = pg_host_port();
+    let tls = format!("postgres://postgres@{host}:{port}/{name}");
+    let plain = format!("{tls}?sslmode=disable");
+    let file = dir.path().join("chain200.yaml");
+    std::fs::write(&file, chain(200)).expect("write chain");
+    let file = file.display().to_string();
+
+    // Migrate (and warm the server's caches) before measuring.
+    median(&plain, &["migrate"], 1);
+    median(&tls, &["run", &file], 1);
+
+    let runs_tls = median(&tls, &["runs"], samples);
+    let runs_plain = median(&plain, &["runs"], samples);
+    println!(
+        "postgres: `flow runs`, median of {samples}: default URL (sslmode=prefer, TLS) {runs_tls:.1?}, sslmode=disable {runs_plain:.1?} = {:.2}x (target <= 2.0x)",
+        runs_tls.as_secs_f64() / runs_plain.as_secs_f64()
+    );
+    let chain_tls = median(&tls, &["run", &file], samples);
+    let chain_plain = median(&plain, &["run", &file], samples);
+    println!(
+        "postgres: `flow run` of a 200-node chain, median of {samples}: default URL {chain_tls:.1?} (target <= 150ms), sslmode=disable {chain_plain:.1?}"
+    );
+    psql(
+        "test",
+        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+    );
+}
