@@ -267,3 +267,50 @@ fn in_json_log_mode_every_stderr_line_parses() {
     assert_eq!(outputs[2].status.code(), Some(2));
     assert!(stderr(&outputs[2]).contains("\"level\":\"ERROR\""));
 }
+
+/// Commands that read never create a ledger: on a missing SQLite file they say so
+/// (exit 5) and leave no file or directory behind; `flow migrate` creates one.
+#[test]
+fn read_commands_on_a_missing_ledger_create_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let here = || {
+        let mut cmd = crate::support::flow();
+        cmd.current_dir(dir.path());
+        cmd
+    };
+    for args in [
+        vec!["runs"],
+        vec!["show", "run_x"],
+        vec!["events"],
+        vec!["cancel", "run_x"],
+        vec!["resume", "run_x"],
+    ] {
+        let out = output(here().args(&args));
+        assert_eq!(out.status.code(), Some(5), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("no ledger at"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            !dir.path().join(".flow").exists(),
+            "{args:?} created .flow/"
+        );
+    }
+    let nowhere = dir.path().join("nonexistent/dir/x.db");
+    let out = output(
+        here()
+            .arg("--db")
+            .arg(format!("sqlite://{}", nowhere.display()))
+            .arg("runs"),
+    );
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(
+        !dir.path().join("nonexistent").exists(),
+        "the directory was created"
+    );
+    let migrated = output(here().arg("migrate"));
+    assert_eq!(migrated.status.code(), Some(0), "{}", stderr(&migrated));
+    let listed = output(here().arg("runs"));
+    assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+}
