@@ -604,3 +604,68 @@ fn runs_are_listed_in_pages_with_filters() {
         assert_eq!(bad.status.code(), Some(2), "{backend:?}");
     }
 }
+
+/// Ctrl-C during `flow run`: no new step starts, the call in flight finishes and is
+/// recorded, the lease is released, the command to continue is printed, exit 130; the
+/// resume then sends only what had not been sent.
+#[test]
+fn ctrl_c_stops_starting_steps_and_leaves_a_resumable_run() {
+    use flow_adapters::testkit::http::{Behavior, CountingServer};
+    let rt = crate::support::runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    server.set("/first", Behavior::hold(Duration::from_millis(1_500)));
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write(
+        "w.yaml",
+        &format!(
+            "name: interrupt\ntools:\n  api: {{ kind: http, method: POST, url: \"{url}/first\", timeout: 10s }}\n  next: {{ kind: http, method: POST, url: \"{url}/second\", timeout: 10s }}\nnodes:\n  first: {{ tool: api, with: {{ n: 1 }} }}\n  second: {{ tool: next, needs: [first], with: {{ n: 2 }} }}\n",
+            url = server.url()
+        ),
+    );
+    let log = db.write("run.log", "");
+    let child = db
+        .flow()
+        .arg("run")
+        .arg(&file)
+        .args(["--run-id", "ctrl-c-1"])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn");
+    let started = Instant::now();
+    while server.total() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the first call never left"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let kill = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(kill.success());
+    let out = child.wait_with_output().expect("wait");
+    let err = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted: no new steps start"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "continue with: flow --db {} resume ctrl-c-1",
+            db.url
+        )),
+        "{err}"
+    );
+    assert_eq!(server.total(), 1, "the second node never started");
+    assert_eq!(server.completed_total(), 1, "the call in flight finished");
+    let s = show(&db, "ctrl-c-1");
+    assert_eq!(s["run"]["status"], "queued", "released: {s:#}");
+    let resumed = output(db.flow().args(["resume", "ctrl-c-1"]));
+    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+    assert_eq!(
+        server.count("ctrl-c-1:first:1"),
+        1,
+        "the first call was not sent again"
+    );
+    assert_eq!(server.count("ctrl-c-1:second:1"), 1);
+}

@@ -41,6 +41,8 @@ pub mod exit {
     pub const CANCELLED: u8 = 4;
     /// Could not run: database unreachable, bad configuration.
     pub const UNAVAILABLE: u8 = 5;
+    /// Interrupted (Ctrl-C): the run was released, or is left for `resume`.
+    pub const INTERRUPTED: u8 = 130;
 }
 
 /// The ledger when `--db` / `FLOW_DATABASE_URL` is not given.

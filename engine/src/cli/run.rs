@@ -72,6 +72,42 @@ pub(crate) struct Session {
     /// `flow` with the global options that differ from their defaults, for the
     /// follow-up commands this session prints.
     pub flow: String,
+    /// `--log-format json`: lines printed outside the command's stderr are JSON too.
+    pub json_logs: bool,
+}
+
+/// Watches for Ctrl-C while a run executes here. The first fires `stop` (no new step
+/// starts; in-flight calls finish, are recorded, and the run is released); the second
+/// exits at once with 130, leaving the run to be found by `resume` once its lease ends.
+/// The watcher ends when the returned handle is dropped.
+fn interrupts(
+    stop: tokio_util::sync::CancellationToken,
+    resume: String,
+    json: bool,
+) -> tokio_util::task::AbortOnDropHandle<()> {
+    let say = move |text: &str| {
+        let line = if json {
+            crate::json_line::render("flow", text, serde_json::Value::Null)
+        } else {
+            text.to_string()
+        };
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
+    };
+    tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_err() {
+            return;
+        }
+        say(
+            "interrupted: no new steps start; calls in flight finish and are recorded (Ctrl-C again exits at once)",
+        );
+        stop.cancel();
+        if tokio::signal::ctrl_c().await.is_ok() {
+            say(&format!(
+                "exiting at once: the run stays running until its lease ends; continue with: {resume}"
+            ));
+            std::process::exit(i32::from(exit::INTERRUPTED));
+        }
+    }))
 }
 
 impl Session {
@@ -131,6 +167,7 @@ impl Session {
             executor,
             worker: WorkerId::current(),
             flow: super::flow_command(cli),
+            json_logs: cli.log_format == super::LogFormat::Json,
         })
     }
 
@@ -201,7 +238,13 @@ impl Session {
                 return exit::INVALID;
             }
         };
-        match self.executor.execute(lease, &wf, &run.inputs).await {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let _interrupts = interrupts(
+            stop.clone(),
+            format!("{} resume {run_id}", self.flow),
+            self.json_logs,
+        );
+        match self.executor.execute_until(lease, &wf, &stop).await {
             Ok(outcome) => {
                 self.print_outcome(run_id, &outcome, json, stdout, stderr)
                     .await
@@ -255,6 +298,14 @@ impl Session {
             RunStatus::Cancelled => {
                 let _ = writeln!(stderr, "run {run_id} cancelled");
                 exit::CANCELLED
+            }
+            RunStatus::Queued => {
+                let _ = writeln!(
+                    stderr,
+                    "run {run_id} stopped (interrupted): its calls in flight finished and were recorded, the lease is released"
+                );
+                let _ = writeln!(stderr, "  continue with: {} resume {run_id}", self.flow);
+                exit::INTERRUPTED
             }
             _ => {
                 let _ = writeln!(

@@ -90,6 +90,33 @@ impl Executor {
             .await
     }
 
+    /// [`Executor::execute`] that also stops when `stop` fires (`flow run` on Ctrl-C):
+    /// no new step starts, the steps in flight finish and are recorded, and the run is
+    /// released to the queue (the outcome's status is `Queued`) unless it could end at
+    /// once.
+    pub async fn execute_until(
+        &self,
+        lease: RunLease,
+        wf: &Workflow,
+        stop: &CancellationToken,
+    ) -> Result<RunOutcome, gateway::Error> {
+        let ledger = self.gateway.ledger();
+        let steps = ledger
+            .list_steps(&lease.run_id)
+            .await
+            .map_err(gateway::Error::Ledger)?;
+        let run = ledger
+            .get_run(&lease.run_id)
+            .await
+            .map_err(gateway::Error::Ledger)?;
+        let known = Known {
+            inputs: &run.inputs,
+            steps: &steps,
+            cancel_requested: run.cancel_requested,
+        };
+        self.execute_known(lease, wf, known, stop).await
+    }
+
     /// Executes a run the caller has just claimed and read (the daemon), until it
     /// finishes, pauses, is cancelled — or `stop` fires: then no new step starts, the
     /// steps in flight finish and are recorded, and the run is released to the queue
