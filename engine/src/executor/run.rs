@@ -72,32 +72,30 @@ impl Executor {
         wf: &Workflow,
         inputs: &Json,
     ) -> Result<RunOutcome, gateway::Error> {
-        let ledger = self.gateway.ledger();
-        let steps = ledger
-            .list_steps(&lease.run_id)
-            .await
-            .map_err(gateway::Error::Ledger)?;
-        let run = ledger
-            .get_run(&lease.run_id)
-            .await
-            .map_err(gateway::Error::Ledger)?;
-        let known = Known {
-            inputs,
-            steps: &steps,
-            cancel_requested: run.cancel_requested,
-        };
-        self.execute_known(lease, wf, known, &CancellationToken::new())
+        self.execute_reading(lease, wf, Some(inputs), &CancellationToken::new())
             .await
     }
 
     /// [`Executor::execute`] that also stops when `stop` fires (`flow run` on Ctrl-C):
     /// no new step starts, the steps in flight finish and are recorded, and the run is
     /// released to the queue (the outcome's status is `Queued`) unless it could end at
-    /// once.
+    /// once. The inputs are the run's stored ones.
     pub async fn execute_until(
         &self,
         lease: RunLease,
         wf: &Workflow,
+        stop: &CancellationToken,
+    ) -> Result<RunOutcome, gateway::Error> {
+        self.execute_reading(lease, wf, None, stop).await
+    }
+
+    /// Reads the run and its steps, then executes it; `inputs` overrides the run's
+    /// stored inputs when given.
+    async fn execute_reading(
+        &self,
+        lease: RunLease,
+        wf: &Workflow,
+        inputs: Option<&Json>,
         stop: &CancellationToken,
     ) -> Result<RunOutcome, gateway::Error> {
         let ledger = self.gateway.ledger();
@@ -110,7 +108,7 @@ impl Executor {
             .await
             .map_err(gateway::Error::Ledger)?;
         let known = Known {
-            inputs: &run.inputs,
+            inputs: inputs.unwrap_or(&run.inputs),
             steps: &steps,
             cancel_requested: run.cancel_requested,
         };
