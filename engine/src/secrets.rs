@@ -469,6 +469,15 @@ impl Secrets {
         names.into_iter().find(|n| self.get(n).is_none())
     }
 
+    /// Every one of `names` that has no value, in order (what a run checks up front, so
+    /// it can name all of them at once).
+    pub fn missing_all<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+        names
+            .into_iter()
+            .filter(|n| self.get(n).is_none())
+            .collect()
+    }
+
     /// Replaces every form of every secret value inside `text` (see [`forms`]) by its
     /// stand-in, in one pass.
     pub fn scrub(&self, text: &str) -> String {

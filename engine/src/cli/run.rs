@@ -350,11 +350,7 @@ impl Session {
 /// `Err(exit::INVALID)`.
 fn check_secrets(wf: &Workflow, secrets: &Secrets, stderr: &mut dyn Write) -> Result<(), u8> {
     let names = wf.secret_names();
-    let missing: Vec<&str> = names
-        .iter()
-        .map(String::as_str)
-        .filter(|n| secrets.get(n).is_none())
-        .collect();
+    let missing = secrets.missing_all(names.iter().map(String::as_str));
     if missing.is_empty() {
         return Ok(());
     }

@@ -97,12 +97,12 @@ async fn execute_inner(shared: &Shared, claimed: Claimed) -> &'static str {
     // any node runs: found only at its node, a missing one would fail the run after
     // earlier nodes had sent their requests. (Other daemons would lack it as well: they
     // share the configuration, so the run fails rather than bouncing between them.)
-    let secrets = shared.executor.gateway().secrets();
-    let missing: Vec<String> = wf
-        .secret_names()
-        .into_iter()
-        .filter(|n| secrets.get(n).is_none())
-        .collect();
+    let names = wf.secret_names();
+    let missing = shared
+        .executor
+        .gateway()
+        .secrets()
+        .missing_all(names.iter().map(String::as_str));
     if !missing.is_empty() {
         let message = format!(
             "secret{} {} not set in the daemon's environment: provide {} or a --secrets-file line for each; nothing was sent",

@@ -38,6 +38,7 @@ pub use render::Target;
 use crate::config::Egress;
 use crate::fault::{Faults, Point};
 use crate::secrets::Secrets;
+use crate::workflow::expr::secret_names;
 use crate::workflow::{NodeDecl, ToolDecl, Workflow};
 
 /// How long a call lease lasts between renewals; the gateway renews it every third of
@@ -199,27 +200,6 @@ pub fn ledger_kind(kind: &AdapterKind) -> ErrorKind {
         AdapterKind::Unknown => ErrorKind::Unknown,
         AdapterKind::NotSent => ErrorKind::NotSent,
     }
-}
-
-/// Secret names read by a set of templates.
-fn secret_names<'a>(
-    templates: impl IntoIterator<Item = &'a crate::workflow::expr::Template>,
-) -> Vec<String> {
-    let mut names: Vec<String> = templates
-        .into_iter()
-        .flat_map(|t| {
-            t.exprs()
-                .flat_map(crate::workflow::expr::references)
-                .collect::<Vec<_>>()
-        })
-        .filter_map(|r| {
-            r.strip_prefix("secrets.")
-                .map(|n| n.split('.').next().unwrap_or(n).to_string())
-        })
-        .collect();
-    names.sort();
-    names.dedup();
-    names
 }
 
 impl Gateway {

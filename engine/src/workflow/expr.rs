@@ -260,6 +260,22 @@ pub fn is_truthy(value: &Json) -> bool {
     }
 }
 
+/// The secret names a set of templates reads (`secrets.NAME`), sorted, each once: what
+/// the gateway resolves for one call and what a run checks up front.
+pub fn secret_names<'a>(templates: impl IntoIterator<Item = &'a Template>) -> Vec<String> {
+    let mut names: Vec<String> = templates
+        .into_iter()
+        .flat_map(|t| t.exprs().flat_map(references).collect::<Vec<_>>())
+        .filter_map(|r| {
+            r.strip_prefix("secrets.")
+                .map(|n| n.split('.').next().unwrap_or(n).to_string())
+        })
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
 /// The dotted variable paths an expression reads (`inputs.x`, `nodes.a.output.total`).
 pub fn references(src: &str) -> Vec<String> {
     match environment().compile_expression(src) {

@@ -86,21 +86,7 @@ impl Workflow {
                 templates.extend(tool.kind.templates());
             }
         }
-        let mut names: Vec<String> = templates
-            .iter()
-            .flat_map(|t| {
-                t.exprs()
-                    .flat_map(super::expr::references)
-                    .collect::<Vec<_>>()
-            })
-            .filter_map(|r| {
-                r.strip_prefix("secrets.")
-                    .map(|n| n.split('.').next().unwrap_or(n).to_string())
-            })
-            .collect();
-        names.sort();
-        names.dedup();
-        names
+        super::expr::secret_names(templates)
     }
 
     /// The whole-node deadline (all attempts and backoff), if any.
