@@ -52,7 +52,7 @@ fn without_password(db: &str) -> String {
 
 /// A word as a POSIX shell reads it back: bare when it holds only safe characters,
 /// else single-quoted (`'` written as `'\''`).
-fn quote(word: &str) -> String {
+pub(crate) fn quote(word: &str) -> String {
     let safe = !word.is_empty()
         && word
             .chars()

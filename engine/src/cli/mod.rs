@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub(crate) use follow_up::prefix as flow_command;
+pub(crate) use follow_up::{prefix as flow_command, quote as shell_quote};
 pub(crate) use show::print_json;
 
 use crate::plan::Plan;

@@ -427,7 +427,7 @@ pub(crate) async fn runs(
             ("--until", args.until.as_deref()),
         ] {
             if let Some(v) = value {
-                next.push_str(&format!(" {flag} '{}'", v.replace('\'', r"'\''")));
+                next.push_str(&format!(" {flag} {}", super::shell_quote(v)));
             }
         }
         if args.limit != 100 {
