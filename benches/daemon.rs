@@ -18,7 +18,8 @@
 //! (`sqlite` or `postgres`) runs one half,
 //! `FLOW_TEST_PG_HOST`/`FLOW_TEST_PG_PORT` the PostgreSQL server (user `postgres`).
 
-use std::io::Write;
+mod common;
+
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -36,23 +37,6 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// Median of one `write + fsync` of 512 bytes, 200 samples, in `dir`: the least one
-/// durable commit can cost here.
-fn fsync_floor(dir: &Path) -> Duration {
-    let path = dir.join("fsync-probe");
-    let mut f = std::fs::File::create(&path).expect("probe file");
-    let mut samples: Vec<Duration> = (0..200)
-        .map(|_| {
-            let t = Instant::now();
-            f.write_all(&[0u8; 512]).expect("write");
-            f.sync_all().expect("fsync");
-            t.elapsed()
-        })
-        .collect();
-    samples.sort();
-    samples[samples.len() / 2]
 }
 
 fn new_run(i: usize) -> NewRun {
@@ -218,7 +202,7 @@ fn main() {
         .expect("runtime");
     let runs = env_usize("FLOW_BENCH_RUNS", 10_000);
     let dir = tempfile::tempdir().expect("tempdir");
-    let floor = fsync_floor(dir.path());
+    let floor = common::fsync_floor(dir.path());
     println!(
         "machine: fsync floor {floor:?} per durable commit (median of 200 write+fsync, same directory); {} cores",
         std::thread::available_parallelism().map_or(0, |n| n.get())

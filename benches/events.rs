@@ -7,8 +7,8 @@
 //! 64 finished in one commit, 16 requests in flight); the figure is the median of 5 runs.
 //! Set `FLOW_BENCH_PG=postgres://…/db` to add PostgreSQL.
 
-use std::io::Write;
-use std::path::Path;
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -20,21 +20,6 @@ use flow_ledger::{Clock, Ledger, NewRun, OpenOptions, SystemClock};
 
 const EVENTS: u64 = 2_000;
 const RUNS: usize = 5;
-
-/// Median of one `write + fsync` (a batch of deliveries costs two commits: lease, finish).
-fn fsync_floor(dir: &Path) -> Duration {
-    let path = dir.join("fsync-probe");
-    let mut f = std::fs::File::create(&path).expect("probe file");
-    let mut samples = Vec::new();
-    for _ in 0..200 {
-        let t = Instant::now();
-        f.write_all(&[0u8; 512]).expect("write");
-        f.sync_all().expect("fsync");
-        samples.push(t.elapsed());
-    }
-    samples.sort();
-    samples[samples.len() / 2]
-}
 
 /// A webhook that accepts everything and counts.
 async fn start_hook(count: Arc<AtomicU64>) -> String {
@@ -127,7 +112,7 @@ fn main() {
         .build()
         .expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
-    let floor = fsync_floor(dir.path());
+    let floor = common::fsync_floor(dir.path());
     println!(
         "machine: one write+fsync (median of 200, same directory): {floor:?}; a batch of 64 deliveries costs 2 commits (lease, finish) = {:?} per event at the floor",
         floor * 2 / 64

@@ -12,25 +12,10 @@
 //! A fresh database on the local server (`FLOW_TEST_PG_HOST`/`FLOW_TEST_PG_PORT`, user
 //! `postgres`), migrated once before measuring.
 
-use std::io::Write;
-use std::path::Path;
+mod common;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn fsync_floor(dir: &Path) -> Duration {
-    let path = dir.join("fsync-probe");
-    let mut f = std::fs::File::create(&path).expect("probe file");
-    let mut samples: Vec<Duration> = (0..200)
-        .map(|_| {
-            let t = Instant::now();
-            f.write_all(&[0u8; 512]).expect("write");
-            f.sync_all().expect("fsync");
-            t.elapsed()
-        })
-        .collect();
-    samples.sort();
-    samples[samples.len() / 2]
-}
 
 fn pg_host_port() -> (String, String) {
     let host = std::env::var("FLOW_TEST_PG_HOST").unwrap_or_else(|_| "127.0.0.1".into());
@@ -95,7 +80,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
     let dir = tempfile::tempdir().expect("tempdir");
-    let floor = fsync_floor(dir.path());
+    let floor = common::fsync_floor(dir.path());
     println!(
         "machine: fsync floor {floor:?} per durable commit (median of 200 write+fsync, same directory); {} cores",
         std::thread::available_parallelism().map_or(0, |n| n.get())
