@@ -323,10 +323,14 @@ fn resume_of_a_reset_call_keeps_its_key_while_the_downstream_is_down() {
             Some(0),
             "{backend:?}: the fault point must fire"
         );
+        // The reset (and so the refusal window) began after `started` and before the
+        // crashed process ended: the downstream is down until `started + refuse` at least
+        // and back by `down_until` at the latest.
+        let down_until = std::time::Instant::now() + script.refuse;
         let run = run_id(&crashed);
         let resumed = output(db.flow().arg("resume").arg(&run));
         assert!(
-            started.elapsed() < Duration::from_millis(3_500),
+            started.elapsed() < script.refuse,
             "{backend:?}: the downstream had to be still down for this resume"
         );
         assert_eq!(
@@ -335,7 +339,10 @@ fn resume_of_a_reset_call_keeps_its_key_while_the_downstream_is_down() {
             "{backend:?}: a refused re-send keeps the call in doubt: {}",
             stderr(&resumed)
         );
-        std::thread::sleep(Duration::from_millis(4_500).saturating_sub(started.elapsed()));
+        std::thread::sleep(
+            (down_until + Duration::from_millis(500))
+                .saturating_duration_since(std::time::Instant::now()),
+        );
         let last = output(
             db.flow()
                 .arg("resume")

@@ -184,7 +184,7 @@ fn cancel_lets_the_running_step_finish_then_stops() {
         let db = TestDb::new(backend);
         let file = db.write(
             "w.yaml",
-            "name: slow\ntools:\n  s: { kind: function, function: core.sleep }\n  e: { kind: function, function: core.echo }\nnodes:\n  a: { tool: s, with: { duration: 2s } }\n  b: { tool: e, needs: [a] }\n",
+            "name: slow\ntools:\n  s: { kind: command, command: [sleep, \"2\"] }\n  e: { kind: function, function: core.echo }\nnodes:\n  a: { tool: s }\n  b: { tool: e, needs: [a] }\n",
         );
         let child = db
             .flow()
@@ -195,15 +195,24 @@ fn cancel_lets_the_running_step_finish_then_stops() {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn");
+        // Cancel only once `a` is in flight (its row is written before its command
+        // starts): cancelling a run that has not started a step yet ends it at once.
         let started = Instant::now();
-        while output(db.flow().args(["show", "slow-1", "--json"]))
-            .status
-            .code()
-            != Some(0)
-        {
+        loop {
+            let s = output(db.flow().args(["show", "slow-1", "--json"]));
+            let running = serde_json::from_slice::<serde_json::Value>(&s.stdout)
+                .ok()
+                .and_then(|v| v["steps"].as_array().cloned())
+                .is_some_and(|st| {
+                    st.iter()
+                        .any(|x| x["node_id"] == "a" && x["status"] == "running")
+                });
+            if running {
+                break;
+            }
             assert!(
                 started.elapsed() < Duration::from_secs(10),
-                "run never appeared"
+                "step a never started"
             );
             std::thread::sleep(Duration::from_millis(50));
         }

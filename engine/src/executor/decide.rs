@@ -5,6 +5,7 @@
 use flow_ledger::{ErrorKind, Timestamp};
 use serde_json::Value as Json;
 
+use crate::gateway::StepOrigin;
 use crate::plan::Plan;
 use crate::workflow::Workflow;
 
@@ -21,6 +22,17 @@ pub enum NodeState {
         retry: u32,
         /// When it may start.
         not_before: Timestamp,
+    },
+    /// A rate limit or quota deferred the step's attempt: its row is still `running`
+    /// (the attempt was never sent), and it starts again, keeping that row, once `until`
+    /// has passed.
+    Deferred {
+        /// The step id.
+        step_id: String,
+        /// Its retry number.
+        retry: u32,
+        /// When it may start again.
+        until: Timestamp,
     },
     /// A step is executing in this process.
     Running {
@@ -81,8 +93,9 @@ pub enum Action {
         step_id: String,
         /// Retry number of that step.
         retry: u32,
-        /// Whether the step row already exists (pending retry or interrupted step).
-        existing: bool,
+        /// Where the step's row stands: none yet, a retry that came due, or a row left
+        /// `running` (interrupted, deferred, resolved for re-send).
+        origin: StepOrigin,
     },
     /// Record the node as skipped because an upstream node was skipped.
     SkipUpstream {
@@ -170,26 +183,33 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
                     node: i,
                     step_id: step_id.clone(),
                     retry: *retry,
-                    existing: true,
+                    origin: StepOrigin::Running,
                 });
             }
             NodeState::Pending {
                 step_id,
                 retry,
                 not_before,
+            }
+            | NodeState::Deferred {
+                step_id,
+                retry,
+                until: not_before,
             } => {
-                if *not_before <= s.now {
-                    if starts < capacity {
-                        starts += 1;
-                        actions.push(Action::Start {
-                            node: i,
-                            step_id: step_id.clone(),
-                            retry: *retry,
-                            existing: true,
-                        });
-                    }
-                } else {
+                if *not_before > s.now {
                     wake = Some(wake.map_or(*not_before, |w| w.min(*not_before)));
+                } else if starts < capacity {
+                    starts += 1;
+                    let origin = match &nodes[i] {
+                        NodeState::Deferred { .. } => StepOrigin::Running,
+                        _ => StepOrigin::Pending,
+                    };
+                    actions.push(Action::Start {
+                        node: i,
+                        step_id: step_id.clone(),
+                        retry: *retry,
+                        origin,
+                    });
                 }
             }
             NodeState::NotStarted => {
@@ -205,7 +225,7 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
                         node: i,
                         step_id: wf.nodes[i].id.clone(),
                         retry: 0,
-                        existing: false,
+                        origin: StepOrigin::New,
                     });
                 }
             }
@@ -306,7 +326,28 @@ mod tests {
                 node: 1,
                 step_id: "b_retry1".into(),
                 retry: 1,
-                existing: true
+                origin: StepOrigin::Pending
+            }]
+        );
+        // A deferred attempt waits the same way but keeps its `running` row.
+        nodes[1] = NodeState::Deferred {
+            step_id: "b_retry1".into(),
+            retry: 1,
+            until: Timestamp(700),
+        };
+        assert_eq!(
+            decide(&wf, &plan, &nodes, at(600, 0)),
+            vec![Action::Wait {
+                until: Some(Timestamp(700))
+            }]
+        );
+        assert_eq!(
+            decide(&wf, &plan, &nodes, at(700, 0)),
+            vec![Action::Start {
+                node: 1,
+                step_id: "b_retry1".into(),
+                retry: 1,
+                origin: StepOrigin::Running
             }]
         );
         nodes[1] = ok();
@@ -417,7 +458,7 @@ mod tests {
                 node: 0,
                 step_id: "a".into(),
                 retry: 0,
-                existing: true
+                origin: StepOrigin::Running
             }]
         );
         let cancel = Situation {

@@ -24,7 +24,7 @@ use super::heartbeat;
 use super::progress::{Progress, StepEvent};
 use super::scope::{Prepared, RunScope, StepAt, lease_err};
 use super::state::RunState;
-use crate::gateway::{self, Gateway, StepCall, StepOrigin, StepResult};
+use crate::gateway::{self, Gateway, RunWriter, StepCall, StepResult};
 use crate::plan::Plan;
 use crate::workflow::Workflow;
 
@@ -186,11 +186,12 @@ impl Executor {
             cancel.clone(),
             lost_tx,
         );
+        let writer = RunWriter::new(ledger.clone(), lease.clone());
         let scope = RunScope {
             gateway: &self.gateway,
             progress: &*self.progress,
             rng: &self.rng,
-            lease: &lease,
+            writer: &writer,
             wf,
             plan: &plan,
             prepared: &prepared,
@@ -212,7 +213,7 @@ impl<'a> RunScope<'a> {
         lost: &mut watch::Receiver<bool>,
         stop: &CancellationToken,
     ) -> Result<RunOutcome, gateway::Error> {
-        let (lease, wf) = (self.lease, self.wf);
+        let (lease, wf) = (self.lease(), self.wf);
         let mut in_flight = FuturesUnordered::new();
         // Steps that finished while the loop awaited something of its own (see `alongside`).
         let mut done = Vec::new();
@@ -238,7 +239,6 @@ impl<'a> RunScope<'a> {
                 actions.retain(|a| matches!(a, Action::Pause { .. } | Action::Finish { .. }));
                 if actions.is_empty() {
                     if in_flight.is_empty() {
-                        self.flush_pure(st).await?;
                         return self.release().await;
                     }
                     actions.push(Action::Wait { until: None });
@@ -252,16 +252,15 @@ impl<'a> RunScope<'a> {
                         node,
                         step_id,
                         retry,
-                        existing,
+                        origin,
                     } => {
                         progressed = true;
                         let at = StepAt {
                             node,
                             step_id: &step_id,
                             retry,
-                            origin: origin(st, node, existing),
+                            origin,
                         };
-                        st.deferred.remove(&node);
                         let call = alongside(&mut in_flight, &mut done, self.prepare_start(st, at))
                             .await?;
                         if let Some(call) = call {
@@ -278,7 +277,7 @@ impl<'a> RunScope<'a> {
                         .await?;
                     }
                     Action::Wait { until } => wait_until = until,
-                    Action::Pause { in_doubt } => return self.pause(st, &in_doubt).await,
+                    Action::Pause { in_doubt } => return self.pause(&in_doubt).await,
                     Action::Finish { outcome } => {
                         // The kept pure results are written with the run's finish.
                         return self.finish(st, outcome).await;
@@ -297,8 +296,8 @@ impl<'a> RunScope<'a> {
                 )
             });
             // Kept pure results are flushed when due even while other steps run.
-            let flush_in = st
-                .pure_log
+            let flush_in = self
+                .writer
                 .due()
                 .map(|due| due.saturating_duration_since(Instant::now()));
             tokio::select! {
@@ -306,7 +305,7 @@ impl<'a> RunScope<'a> {
                     self.settle(st, finished, result?);
                 }
                 () = tokio::time::sleep(flush_in.unwrap_or_default()), if flush_in.is_some() => {
-                    alongside(&mut in_flight, &mut done, self.flush_pure(st)).await?;
+                    alongside(&mut in_flight, &mut done, self.flush_pure()).await?;
                 }
                 () = async { tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))).await }, if sleep.is_some() => {}
                 _ = lost.changed() => {}
@@ -356,17 +355,15 @@ impl<'a> RunScope<'a> {
     }
 
     /// Pauses the run because the calls of `in_doubt` are in doubt.
-    async fn pause(&self, st: &RunState, in_doubt: &[usize]) -> Result<RunOutcome, gateway::Error> {
-        let lease = self.lease;
+    async fn pause(&self, in_doubt: &[usize]) -> Result<RunOutcome, gateway::Error> {
+        let lease = self.lease();
         let names: Vec<&str> = in_doubt
             .iter()
             .map(|&i| self.wf.nodes[i].id.as_str())
             .collect();
         let reason = format!("tool call in doubt: {}", names.join(", "));
-        self.flush_pure(st).await?;
-        self.gateway
-            .ledger()
-            .pause_run(lease, &reason, self.gateway.now())
+        self.writer
+            .pause(&reason, self.gateway.now())
             .await
             .map_err(|e| lease_err(e, lease))?;
         Ok(RunOutcome {
@@ -411,23 +408,19 @@ impl<'a> RunScope<'a> {
             StepResult::InDoubt => NodeState::InDoubt {
                 step_id: step_id.to_string(),
             },
-            StepResult::Deferred { until } => {
-                st.deferred.insert(node);
-                NodeState::Pending {
-                    step_id: step_id.to_string(),
-                    retry,
-                    not_before: until,
-                }
-            }
+            StepResult::Deferred { until } => NodeState::Deferred {
+                step_id: step_id.to_string(),
+                retry,
+                until,
+            },
         };
     }
 
     /// Gives the run back to the queue after a cooperative stop.
     async fn release(&self) -> Result<RunOutcome, gateway::Error> {
-        let lease = self.lease;
-        self.gateway
-            .ledger()
-            .release_run(lease, self.gateway.now())
+        let lease = self.lease();
+        self.writer
+            .release(self.gateway.now())
             .await
             .map_err(|e| lease_err(e, lease))?;
         Ok(RunOutcome {
@@ -439,7 +432,7 @@ impl<'a> RunScope<'a> {
 
     /// Ends the run with `outcome`, writing the kept pure results in the same commit.
     async fn finish(&self, st: &RunState, outcome: Finish) -> Result<RunOutcome, gateway::Error> {
-        let (lease, wf, plan) = (self.lease, self.wf, self.plan);
+        let (lease, wf, plan) = (self.lease(), self.wf, self.plan);
         let (status, output, error) = match outcome {
             Finish::Succeeded => {
                 let mut out = Map::new();
@@ -477,8 +470,8 @@ impl<'a> RunScope<'a> {
             output: output.clone(),
             error: error.clone(),
         };
-        st.pure_log
-            .finish(self.gateway.ledger(), lease, finish, self.gateway.now())
+        self.writer
+            .finish(finish, self.gateway.now())
             .await
             .map_err(|e| lease_err(e, lease))?;
         Ok(RunOutcome {
@@ -486,18 +479,6 @@ impl<'a> RunScope<'a> {
             output,
             error,
         })
-    }
-}
-
-/// Where the step row of a node about to start stands: none yet, `pending` (a retry
-/// that came due), or `running` (interrupted, deferred, or resolved for re-send).
-fn origin(st: &RunState, node: usize, existing: bool) -> StepOrigin {
-    if !existing {
-        StepOrigin::New
-    } else if matches!(st.nodes[node], NodeState::Pending { .. }) && !st.deferred.contains(&node) {
-        StepOrigin::Pending
-    } else {
-        StepOrigin::Running
     }
 }
 

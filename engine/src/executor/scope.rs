@@ -5,14 +5,14 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use flow_ledger::{ErrorKind, NewStep, RunLease, StepError, StepFinish, StepStatus};
+use flow_ledger::{ErrorKind, NewStep, RunLease, StepStatus};
 use rand::rngs::StdRng;
 use serde_json::Value as Json;
 
 use super::decide::NodeState;
 use super::progress::{Progress, StepEvent};
 use super::state::RunState;
-use crate::gateway::{self, Gateway, StepOrigin, StepResult};
+use crate::gateway::{self, Gateway, RunWriter, StepOrigin, StepResult};
 use crate::plan::Plan;
 use crate::workflow::{Workflow, expr};
 
@@ -23,8 +23,9 @@ pub(super) struct RunScope<'a> {
     pub(super) progress: &'a dyn Progress,
     /// Backoff jitter (seeded in tests).
     pub(super) rng: &'a Mutex<StdRng>,
-    /// The run this process holds; every write is fenced by it.
-    pub(super) lease: &'a RunLease,
+    /// The run's writes: its lease (every write is fenced by it) and its kept pure
+    /// results (written before every other write).
+    pub(super) writer: &'a RunWriter,
     pub(super) wf: &'a Workflow,
     pub(super) plan: &'a Plan,
     pub(super) prepared: &'a Prepared,
@@ -77,13 +78,17 @@ impl Prepared {
 }
 
 impl RunScope<'_> {
-    /// Writes the kept pure results: before any other write of the run, and when due.
-    pub(super) async fn flush_pure(&self, st: &RunState) -> Result<(), gateway::Error> {
-        let lease = self.lease;
-        st.pure_log
-            .flush(self.gateway.ledger(), lease, self.gateway.now())
+    /// The run lease this execution holds.
+    pub(super) fn lease(&self) -> &RunLease {
+        self.writer.lease()
+    }
+
+    /// Writes the kept pure results now (they came due, or the run is stopping).
+    pub(super) async fn flush_pure(&self) -> Result<(), gateway::Error> {
+        self.writer
+            .flush(self.gateway.now())
             .await
-            .map_err(|e| lease_err(e, lease))
+            .map_err(|e| lease_err(e, self.lease()))
     }
 
     /// Records `node` as skipped (its `if` was false, or an upstream node was skipped).
@@ -93,8 +98,6 @@ impl RunScope<'_> {
         node: usize,
         why: &str,
     ) -> Result<(), gateway::Error> {
-        self.flush_pure(st).await?;
-        let lease = self.lease;
         let decl = &self.wf.nodes[node];
         let step = NewStep {
             step_id: decl.id.clone(),
@@ -103,11 +106,10 @@ impl RunScope<'_> {
             not_before: None,
             status: StepStatus::Skipped,
         };
-        self.gateway
-            .ledger()
-            .create_step(lease, step, self.gateway.now())
+        self.writer
+            .create_step(step, self.gateway.now())
             .await
-            .map_err(|e| lease_err(e, lease))?;
+            .map_err(|e| lease_err(e, self.lease()))?;
         st.nodes[node] = NodeState::Skipped;
         self.progress.step(StepEvent::Skipped {
             node: &decl.id,
@@ -129,40 +131,26 @@ impl RunScope<'_> {
             node,
             step_id,
             retry,
-            ..
+            origin,
         } = at;
-        self.flush_pure(st).await?;
-        let lease = self.lease;
-        let ledger = self.gateway.ledger();
         let now = self.gateway.now();
         let decl = &self.wf.nodes[node];
-        let wrap = |e| lease_err(e, lease);
-        match at.origin {
-            StepOrigin::New => {
-                let step = NewStep {
-                    step_id: step_id.to_string(),
-                    node_id: decl.id.clone(),
-                    retry,
-                    not_before: None,
-                    status: StepStatus::Running,
-                };
-                ledger.create_step(lease, step, now).await.map_err(wrap)?;
-            }
-            StepOrigin::Pending => {
-                ledger.start_step(lease, step_id, now).await.map_err(wrap)?;
-            }
-            StepOrigin::Running => {}
-        }
-        let finish = StepFinish {
+        let wrap = |e| lease_err(e, self.lease());
+        let step = NewStep {
             step_id: step_id.to_string(),
-            status: StepStatus::Failed,
-            output: None,
-            error: Some(StepError {
-                kind,
-                message: message.clone(),
-            }),
+            node_id: decl.id.clone(),
+            retry,
+            not_before: None,
+            status: StepStatus::Running,
         };
-        ledger.finish_step(lease, finish, now).await.map_err(wrap)?;
+        self.writer
+            .open_step(origin, step, now)
+            .await
+            .map_err(wrap)?;
+        self.writer
+            .fail_step(step_id, kind, message.clone(), now)
+            .await
+            .map_err(wrap)?;
         self.progress.step(StepEvent::Finished {
             node: &decl.id,
             step_id,

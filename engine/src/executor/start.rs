@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use flow_ledger::ErrorKind;
+use flow_ledger::{ErrorKind, Timestamp};
 use serde_json::{Map, Value as Json, json};
 
 use super::decide::NodeState;
@@ -11,91 +11,156 @@ use super::scope::{RunScope, StepAt};
 use super::state::RunState;
 use crate::gateway::{self, NextRetry, StepCall, StepOrigin};
 use crate::retry;
-use crate::workflow::expr;
+use crate::workflow::model::ToolDecl;
+use crate::workflow::{Workflow, expr};
+
+/// What a node's start comes to, decided from the workflow, the step, its expression
+/// context and the time alone: [`plan_start`] is pure, so these rules are table-tested
+/// without a ledger, and [`RunScope::prepare_start`] only performs the result.
+#[derive(Debug)]
+pub(super) enum StartPlan<'w> {
+    /// Not run: record it skipped, saying why.
+    Skip {
+        /// Shown to the user.
+        why: &'static str,
+    },
+    /// Fails without a call (its `if` erred, its deadline passed, its tool is unknown).
+    Fail {
+        /// Error kind recorded on the step.
+        kind: ErrorKind,
+        /// Error message recorded on the step.
+        message: String,
+    },
+    /// Call `tool` under `timeout`; a retryable failure creates `next_retry`.
+    Call {
+        /// The node's tool.
+        tool: &'w ToolDecl,
+        /// The attempt's timeout, clipped to the node's deadline.
+        timeout: Duration,
+        /// The retry step to create, if the policy allows another.
+        next_retry: Option<NextRetry>,
+        /// How often the same key may be re-sent after an unknown outcome.
+        resend_budget: u32,
+    },
+}
+
+/// Decides a node's start: `if:` first (only a first, new step evaluates it), then the
+/// deadline counted from the node's `first` start, then the timeout and the next retry's
+/// backoff (jitter from `rng`), then whether its tool exists.
+pub(super) fn plan_start<'w>(
+    wf: &'w Workflow,
+    at: StepAt<'_>,
+    ctx: &Json,
+    first: Timestamp,
+    now: Timestamp,
+    rng: &mut impl rand::Rng,
+) -> StartPlan<'w> {
+    let decl = &wf.nodes[at.node];
+    if at.retry == 0
+        && at.origin == StepOrigin::New
+        && let Some(cond) = &decl.condition
+    {
+        match expr::eval_condition(cond, ctx) {
+            Ok(false) => {
+                return StartPlan::Skip {
+                    why: "its `if` condition is false",
+                };
+            }
+            Ok(true) => {}
+            Err(e) => {
+                return StartPlan::Fail {
+                    kind: ErrorKind::Permanent,
+                    message: format!("`if` of node `{}`: {e}", decl.id),
+                };
+            }
+        }
+    }
+    let deadline = wf.deadline(decl).map(|d| first.plus(d));
+    if let Some(d) = deadline
+        && now >= d
+    {
+        return StartPlan::Fail {
+            kind: ErrorKind::Timeout,
+            message: format!(
+                "node `{}` passed its deadline of {}",
+                decl.id,
+                humantime::format_duration(wf.deadline(decl).unwrap_or_default())
+            ),
+        };
+    }
+    let mut timeout = wf.timeout(decl);
+    if let Some(d) = deadline {
+        timeout = timeout.min(Duration::from_millis(
+            u64::try_from(d.0 - now.0).unwrap_or(0),
+        ));
+    }
+    let policy = wf.retry_policy(decl);
+    let next = at.retry + 1;
+    let next_retry = retry::allows(&policy, next).then(|| NextRetry {
+        step_id: format!("{}_retry{next}", decl.id),
+        retry: next,
+        delay: retry::next_delay(&policy, next, rng),
+        deadline,
+    });
+    let Some(tool) = wf.tools.get(&decl.tool) else {
+        return StartPlan::Fail {
+            kind: ErrorKind::Permanent,
+            message: format!("node `{}` uses unknown tool `{}`", decl.id, decl.tool),
+        };
+    };
+    StartPlan::Call {
+        tool,
+        timeout,
+        next_retry,
+        resend_budget: policy.max_retries,
+    }
+}
 
 impl<'a> RunScope<'a> {
-    /// Checks the condition and the deadline, then builds the gateway request; `None`
-    /// when the node was settled without a call (skipped or past its deadline).
+    /// Plans the start of `at` ([`plan_start`]) and performs what does not need the
+    /// gateway: a skip or a failure is recorded here (`None`); a call is returned.
     pub(super) async fn prepare_start(
         &self,
         st: &mut RunState,
         at: StepAt<'_>,
     ) -> Result<Option<StepCall<'a>>, gateway::Error> {
-        let StepAt {
-            node,
-            step_id,
-            retry,
-            origin,
-        } = at;
-        let (lease, wf) = (self.lease, self.wf);
-        let decl = &wf.nodes[node];
+        let wf = self.wf;
+        let decl = &wf.nodes[at.node];
         let now = self.gateway.now();
-        let ctx = self.context(st, node);
-        if retry == 0
-            && origin == StepOrigin::New
-            && let Some(cond) = &decl.condition
-        {
-            match expr::eval_condition(cond, &ctx) {
-                Ok(false) => {
-                    self.skip(st, node, "its `if` condition is false").await?;
-                    return Ok(None);
-                }
-                Ok(true) => {}
-                Err(e) => {
-                    let message = format!("`if` of node `{}`: {e}", decl.id);
-                    self.fail_now(st, at, ErrorKind::Permanent, message).await?;
-                    return Ok(None);
-                }
-            }
-        }
-        let first = st.first_started.get(&node).copied().unwrap_or(now);
-        let deadline = wf.deadline(decl).map(|d| first.plus(d));
-        if let Some(d) = deadline
-            && now >= d
-        {
-            let message = format!(
-                "node `{}` passed its deadline of {}",
-                decl.id,
-                humantime::format_duration(wf.deadline(decl).unwrap_or_default())
-            );
-            self.fail_now(st, at, ErrorKind::Timeout, message).await?;
-            return Ok(None);
-        }
-        let mut timeout = wf.timeout(decl);
-        if let Some(d) = deadline {
-            timeout = timeout.min(Duration::from_millis(
-                u64::try_from(d.0 - now.0).unwrap_or(0),
-            ));
-        }
-        let policy = wf.retry_policy(decl);
-        let next = retry + 1;
-        let next_retry = retry::allows(&policy, next).then(|| {
+        let ctx = self.context(st, at.node);
+        let first = st.first_started.get(&at.node).copied().unwrap_or(now);
+        let plan = {
             let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
-            NextRetry {
-                step_id: format!("{}_retry{next}", decl.id),
-                retry: next,
-                delay: retry::next_delay(&policy, next, &mut *rng),
-                deadline,
+            plan_start(wf, at, &ctx, first, now, &mut *rng)
+        };
+        let (tool, timeout, next_retry, resend_budget) = match plan {
+            StartPlan::Skip { why } => {
+                self.skip(st, at.node, why).await?;
+                return Ok(None);
             }
-        });
-        let Some(tool) = wf.tools.get(&decl.tool) else {
-            let message = format!("node `{}` uses unknown tool `{}`", decl.id, decl.tool);
-            self.fail_now(st, at, ErrorKind::Permanent, message).await?;
-            return Ok(None);
+            StartPlan::Fail { kind, message } => {
+                self.fail_now(st, at, kind, message).await?;
+                return Ok(None);
+            }
+            StartPlan::Call {
+                tool,
+                timeout,
+                next_retry,
+                resend_budget,
+            } => (tool, timeout, next_retry, resend_budget),
         };
         Ok(Some(StepCall {
-            run: lease,
+            writer: self.writer,
             workflow: wf,
             node: decl,
             tool,
-            step_id: step_id.to_string(),
-            retry,
-            origin,
+            step_id: at.step_id.to_string(),
+            retry: at.retry,
+            origin: at.origin,
             ctx,
             timeout,
             next_retry,
-            resend_budget: policy.max_retries,
-            pure_log: Some(st.pure_log.clone()),
+            resend_budget,
         }))
     }
 
@@ -109,6 +174,120 @@ impl<'a> RunScope<'a> {
             };
             nodes.insert(self.wf.nodes[i].id.clone(), json!({ "output": output }));
         }
-        json!({ "inputs": self.inputs, "nodes": nodes, "run": { "id": self.lease.run_id } })
+        json!({ "inputs": self.inputs, "nodes": nodes, "run": { "id": self.lease().run_id } })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+    use serde_json::json;
+
+    use super::*;
+    use crate::workflow::parse_str;
+
+    /// One node `a` with `extra` keys, on a function tool.
+    fn node(extra: &str) -> Workflow {
+        let text = format!(
+            "inputs:\n  go: {{ type: boolean, default: false }}\ntools:\n  t: {{ kind: function, function: core.echo }}\nnodes:\n  a:\n    tool: t\n{extra}"
+        );
+        parse_str(&text, "start.yaml").expect("valid")
+    }
+
+    fn at(retry: u32, origin: StepOrigin) -> StepAt<'static> {
+        StepAt {
+            node: 0,
+            step_id: "a",
+            retry,
+            origin,
+        }
+    }
+
+    fn plan<'w>(wf: &'w Workflow, at: StepAt<'_>, first: i64, now: i64) -> StartPlan<'w> {
+        let ctx = json!({ "inputs": { "go": false }, "nodes": {}, "run": { "id": "r" } });
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        plan_start(wf, at, &ctx, Timestamp(first), Timestamp(now), &mut rng)
+    }
+
+    #[test]
+    fn a_false_condition_skips_only_a_new_first_step() {
+        let wf = node("    if: \"${{ inputs.go }}\"\n");
+        assert!(matches!(
+            plan(&wf, at(0, StepOrigin::New), 0, 0),
+            StartPlan::Skip { .. }
+        ));
+        // A retry, or a step whose row exists, already passed its condition.
+        assert!(matches!(
+            plan(&wf, at(1, StepOrigin::Pending), 0, 0),
+            StartPlan::Call { .. }
+        ));
+        assert!(matches!(
+            plan(&wf, at(0, StepOrigin::Running), 0, 0),
+            StartPlan::Call { .. }
+        ));
+    }
+
+    #[test]
+    fn a_condition_that_errs_fails_the_step_permanently() {
+        let wf = node("    if: \"${{ inputs.go + 'x' }}\"\n");
+        match plan(&wf, at(0, StepOrigin::New), 0, 0) {
+            StartPlan::Fail { kind, message } => {
+                assert_eq!(kind, ErrorKind::Permanent);
+                assert!(message.starts_with("`if` of node `a`"), "{message}");
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_deadline_counts_from_the_first_start_and_clips_the_timeout() {
+        let wf = node("    timeout: 10s\n    deadline: 3s\n");
+        match plan(&wf, at(1, StepOrigin::Pending), 1_000, 2_500) {
+            StartPlan::Call { timeout, .. } => assert_eq!(timeout, Duration::from_millis(1_500)),
+            other => panic!("expected a call, got {other:?}"),
+        }
+        match plan(&wf, at(1, StepOrigin::Pending), 1_000, 4_000) {
+            StartPlan::Fail { kind, message } => {
+                assert_eq!(kind, ErrorKind::Timeout);
+                assert_eq!(message, "node `a` passed its deadline of 3s");
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_next_retry_exists_while_the_policy_allows_one() {
+        let wf = node("    retry_policy: { max_retries: 2 }\n");
+        match plan(&wf, at(1, StepOrigin::Pending), 0, 0) {
+            StartPlan::Call {
+                next_retry: Some(next),
+                resend_budget,
+                ..
+            } => {
+                assert_eq!((next.step_id.as_str(), next.retry), ("a_retry2", 2));
+                assert_eq!(resend_budget, 2);
+            }
+            other => panic!("expected a call with a retry, got {other:?}"),
+        }
+        assert!(matches!(
+            plan(&wf, at(2, StepOrigin::Pending), 0, 0),
+            StartPlan::Call {
+                next_retry: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn an_unknown_tool_fails_without_a_call() {
+        let mut wf = node("");
+        wf.nodes[0].tool = "gone".into();
+        match plan(&wf, at(0, StepOrigin::New), 0, 0) {
+            StartPlan::Fail { kind, message } => {
+                assert_eq!(kind, ErrorKind::Permanent);
+                assert_eq!(message, "node `a` uses unknown tool `gone`");
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
     }
 }

@@ -1,27 +1,19 @@
 //! A run's node states as the ledger recorded them, loaded once per execution and then
 //! kept current from this process's own results.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::HashMap;
 
 use flow_ledger::{ErrorKind, Step, StepStatus, Timestamp};
 use serde_json::Value as Json;
 
 use super::decide::NodeState;
-use crate::gateway::PureLog;
 use crate::workflow::Workflow;
 
 /// The run's node states as recorded, plus bookkeeping of this execution.
 pub(super) struct RunState {
     pub(super) nodes: Vec<NodeState>,
-    /// Pure results kept in memory until the next flush (`gateway::lazy`): flushed
-    /// before every other write of this run.
-    pub(super) pure_log: Arc<PureLog>,
     /// When each node's first attempt started: its deadline counts from there.
     pub(super) first_started: HashMap<usize, Timestamp>,
-    /// Nodes whose last attempt was deferred by a rate limit or quota: their step row is
-    /// still `running`, so the next start keeps it rather than starting it again.
-    pub(super) deferred: HashSet<usize>,
 }
 
 impl RunState {
@@ -75,9 +67,7 @@ impl RunState {
             .collect();
         Self {
             nodes,
-            pure_log: Arc::new(PureLog::new()),
             first_started,
-            deferred: HashSet::new(),
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod disposition;
 pub mod lazy;
 mod record;
 mod render;
+mod writer;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,13 +28,14 @@ use flow_adapters::{
 };
 use flow_ledger::{
     CallClaim, CallLease, ClaimCall, Clock, ErrorKind, Ledger, RateAcquire, RateDecision,
-    Resolution, Resolve, RunLease, Timestamp, Window, canonical_hash,
+    Resolution, Resolve, RunLease, StepStatus, Timestamp, Window, canonical_hash,
 };
 use serde_json::Value as Json;
 
 pub use disposition::{Disposition, History, Observed, disposition};
 pub use lazy::PureLog;
 pub use render::Target;
+pub use writer::RunWriter;
 
 use crate::config::Egress;
 use crate::fault::{Faults, Point};
@@ -137,8 +139,8 @@ pub struct NextRetry {
 /// One step of one node, ready to go through the gateway.
 #[derive(Debug, Clone)]
 pub struct StepCall<'a> {
-    /// The run lease (fencing).
-    pub run: &'a RunLease,
+    /// The run's writer: its lease (fencing) and its kept pure results.
+    pub writer: &'a RunWriter,
     /// The workflow (for its name: rate-limit keys).
     pub workflow: &'a Workflow,
     /// The node.
@@ -160,10 +162,13 @@ pub struct StepCall<'a> {
     /// Most re-sends with the same key for a self-resolving tool (read-only or
     /// `idempotency: header`) whose outcome is unknown: the node's retry budget.
     pub resend_budget: u32,
-    /// The run's lazy pure results: where a pure first attempt may be kept instead of
-    /// committed at once, and what is flushed before this step writes anything else.
-    /// `None` records every pure call at once.
-    pub pure_log: Option<Arc<PureLog>>,
+}
+
+impl StepCall<'_> {
+    /// The run lease this call's writes are fenced by.
+    pub fn run(&self) -> &RunLease {
+        self.writer.lease()
+    }
 }
 
 /// What became of a step.
@@ -247,7 +252,7 @@ impl Gateway {
 
     /// Runs one step through the boundary.
     pub async fn run_step(&self, c: StepCall<'_>) -> Result<StepResult, Error> {
-        let run_id = c.run.run_id.clone();
+        let run_id = c.run().run_id.clone();
         self.run_step_inner(c)
             .await
             .map_err(|e| Error::from_ledger(e, &run_id))
@@ -301,8 +306,8 @@ impl Gateway {
             };
 
         // 3. The claim (after the pure results this request may have been built from).
-        self.flush_pure(&c).await?;
-        self.open_step(&c).await?;
+        let step = self.new_step(&c, StepStatus::Running);
+        c.writer.open_step(c.origin, step, self.now()).await?;
         let lease = match self.claim(&c, &rendered, class).await? {
             Claimed::Lease(lease) => lease,
             Claimed::Done(result) => return Ok(result),
@@ -386,7 +391,7 @@ impl Gateway {
                     return Err(message);
                 }
             },
-            None => format!("{}:{node_id}", c.run.run_id),
+            None => format!("{}:{node_id}", c.run().run_id),
         };
         let (mut target, request) = match render::render(c.tool, &args, &ctx, secrets) {
             Ok(r) => r,
@@ -436,7 +441,7 @@ impl Gateway {
                 .ledger
                 .claim_call(
                     ClaimCall {
-                        run: c.run,
+                        run: c.run(),
                         step_id: c.step_id.clone(),
                         tool_call_id: node_id.to_string(),
                         tool: c.tool.name.clone(),
@@ -605,7 +610,7 @@ impl Gateway {
         node_id: &str,
         class: SideEffect,
     ) -> Result<bool, flow_ledger::Error> {
-        let call = self.inner.ledger.get_call(&c.run.run_id, node_id).await?;
+        let call = self.inner.ledger.get_call(&c.run().run_id, node_id).await?;
         let history = History {
             unknown_before: true,
             resends_left: (1 + c.resend_budget).saturating_sub(call.outbound_requests),
@@ -614,10 +619,10 @@ impl Gateway {
             return Ok(false);
         }
         let resolve = Resolve {
-            run_id: c.run.run_id.clone(),
+            run_id: c.run().run_id.clone(),
             tool_call_id: node_id.to_string(),
             resolution: Resolution::Retry,
-            by: format!("flow ({})", c.run.worker),
+            by: format!("flow ({})", c.run().worker),
             note: Some("declared safe to re-send (read-only or idempotency: header)".into()),
         };
         self.inner.ledger.resolve_call(resolve, self.now()).await?;

@@ -12,31 +12,6 @@ use super::disposition::{Disposition, History, Observed, disposition};
 use super::{Gateway, StepCall, StepOrigin, StepResult, ledger_kind};
 
 impl Gateway {
-    /// Writes the run's kept pure results before anything else is written for it.
-    pub(super) async fn flush_pure(&self, c: &StepCall<'_>) -> Result<(), flow_ledger::Error> {
-        match &c.pure_log {
-            Some(log) => log.flush(&self.inner.ledger, c.run, self.now()).await,
-            None => Ok(()),
-        }
-    }
-
-    /// Creates or starts the step row before a claim.
-    pub(super) async fn open_step(&self, c: &StepCall<'_>) -> Result<(), flow_ledger::Error> {
-        let ledger = &self.inner.ledger;
-        match c.origin {
-            StepOrigin::New => {
-                ledger
-                    .create_step(c.run, self.new_step(c, StepStatus::Running), self.now())
-                    .await?;
-            }
-            StepOrigin::Pending => {
-                ledger.start_step(c.run, &c.step_id, self.now()).await?;
-            }
-            StepOrigin::Running => {}
-        }
-        Ok(())
-    }
-
     pub(super) fn new_step(&self, c: &StepCall<'_>, status: StepStatus) -> NewStep {
         NewStep {
             step_id: c.step_id.clone(),
@@ -55,8 +30,8 @@ impl Gateway {
         kind: ErrorKind,
         message: String,
     ) -> Result<StepResult, flow_ledger::Error> {
-        self.flush_pure(c).await?;
-        self.open_step(c).await?;
+        let step = self.new_step(c, StepStatus::Running);
+        c.writer.open_step(c.origin, step, self.now()).await?;
         self.fail_claimed_step(c, kind, message).await
     }
 
@@ -67,18 +42,8 @@ impl Gateway {
         message: String,
     ) -> Result<StepResult, flow_ledger::Error> {
         let message = self.inner.secrets.scrub(&message);
-        let finish = StepFinish {
-            step_id: c.step_id.clone(),
-            status: StepStatus::Failed,
-            output: None,
-            error: Some(StepError {
-                kind,
-                message: message.clone(),
-            }),
-        };
-        self.inner
-            .ledger
-            .finish_step(c.run, finish, self.now())
+        c.writer
+            .fail_step(&c.step_id, kind, message.clone(), self.now())
             .await?;
         Ok(StepResult::Failed {
             kind,
@@ -105,7 +70,7 @@ impl Gateway {
         let (outcome, next) = self.outcome_of(c, out.result, retryable, now);
         // A first attempt that succeeded, under the run's own key, is kept for the next
         // flush; a crash before it only means computing it again (`lazy.rs`).
-        if let (Some(log), CallOutcome::Succeeded(output), None) = (&c.pure_log, &outcome, &next)
+        if let (CallOutcome::Succeeded(output), None) = (&outcome, &next)
             && c.origin == StepOrigin::New
             && c.retry == 0
             && c.node.idempotency_key.is_none()
@@ -121,17 +86,15 @@ impl Gateway {
                 started_at,
                 finished_at: now,
             };
-            log.push(&self.inner.ledger, c.run, kept, now).await?;
+            c.writer.keep(kept, now).await?;
             return Ok(result_of(outcome, next));
         }
-        self.flush_pure(c).await?;
         let step = self.new_step(c, StepStatus::Running);
-        let recorded = self
-            .inner
-            .ledger
+        let recorded = c
+            .writer
             .record_pure_call(
                 PureCall {
-                    run: c.run,
+                    run: c.run(),
                     step,
                     tool_call_id: c.node.id.clone(),
                     tool: c.tool.name.clone(),
@@ -297,10 +260,7 @@ impl Gateway {
             },
             StepResult::InDoubt | StepResult::Deferred { .. } => return Ok(result),
         };
-        self.inner
-            .ledger
-            .finish_step(c.run, finish, self.now())
-            .await?;
+        c.writer.finish_step(finish, self.now()).await?;
         Ok(result)
     }
 }
