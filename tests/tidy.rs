@@ -202,6 +202,59 @@ fn sql_quotes_only_statuses_that_exist() {
     report("SQL quotes a status no enum has", &offenders);
 }
 
+/// Lines of ledger SQL that compare a lease's holder, and are not that lease's fence, with
+/// why: the test below fails on any other.
+const HOLDER_MATCHES_THAT_ARE_NOT_FENCES: &[(&str, &str)] = &[
+    (
+        "WHERE tenant = $1 AND workspace = $2 AND worker = $3",
+        "expires every run lease of a dead local worker: no single lease is held",
+    ),
+    (
+        "WHERE tenant = $1 AND workspace = $2 AND lease_holder = $3",
+        "expires every call lease of a dead local worker: no single lease is held",
+    ),
+];
+
+/// Every fenced write names one of `ledger/src/fence.rs`'s clauses: a statement that
+/// compares the holder itself (`worker = $n`, `lease_holder = $n` in a condition) is a
+/// fifth way of writing the fence, which is how `mark_outbound` once had its own copy.
+#[test]
+fn every_fence_is_written_in_fence_rs() {
+    let holder = |line: &str| {
+        [
+            "AND worker = $",
+            "AND r.worker = $",
+            "AND lease_holder = $",
+            "WHERE worker = $",
+        ]
+        .iter()
+        .any(|p| line.contains(p))
+    };
+    // The checker itself can fail.
+    assert!(holder("WHERE id = $3 AND worker = $4 AND lease_token = $5"));
+    assert!(!holder(
+        "SET status = 'running', worker = $3, lease_token = lease_token + 1"
+    ));
+    let mut offenders = Vec::new();
+    for path in files("ledger/src", ".rs") {
+        if path.ends_with("fence.rs") {
+            continue;
+        }
+        for (i, line) in read(&path).lines().enumerate() {
+            let allowed = HOLDER_MATCHES_THAT_ARE_NOT_FENCES
+                .iter()
+                .any(|(text, _)| line.contains(text));
+            if holder(line) && !allowed {
+                offenders.push(format!("{}:{}: {}", path.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    report(
+        "a lease fence written outside ledger/src/fence.rs",
+        &offenders,
+    );
+}
+
 /// Files over 800 lines that still wait for their split (each a known item of the
 /// redesign issue); the test fails once one of them fits or is gone, so the list stays
 /// true. Empty now; kept so a file that must grow past the limit is listed, not hidden.

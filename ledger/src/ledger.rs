@@ -13,10 +13,10 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::db::Pool;
 use crate::error::Error;
+use crate::fence::Fence;
 use crate::model::{RunLease, Scope};
 pub use crate::options::{OpenOptions, SqliteSynchronous};
 use crate::rows::{RunRow, run_cols};
-use crate::state::RunStatus;
 use crate::writer::BoxFuture;
 use crate::{postgres, sqlite};
 
@@ -224,11 +224,11 @@ pub(crate) async fn check_run_lease(
     live_at: Option<Timestamp>,
 ) -> Result<RunRow, Error> {
     let row = read_run_shared(conn, scope, &lease.run_id).await?;
-    let held = row.status()? == RunStatus::Running
-        && row.lease_token == lease.token
-        && row.worker.as_deref() == Some(lease.worker.as_str())
-        && live_at.is_none_or(|now| row.lease_expires_at.is_some_and(|e| e > now.0));
-    if held { Ok(row) } else { Err(Error::LeaseLost) }
+    if Fence::holds(&row, lease, live_at)? {
+        Ok(row)
+    } else {
+        Err(Error::LeaseLost)
+    }
 }
 
 /// Hides the password of `scheme://user:password@host/…`.

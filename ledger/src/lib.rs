@@ -78,6 +78,7 @@ mod conn;
 mod db;
 mod deliveries;
 mod error;
+mod fence;
 mod health;
 mod ledger;
 mod options;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use crate::clock::Timestamp;
 use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
+use crate::fence::{Fence, call_fence, live_call_fence};
 use crate::ledger::Ledger;
 use crate::model::{CallLease, CallOutcome, CompleteCall, InDoubtReport, StepError};
 use crate::rows::{CallRow, call_cols};
@@ -19,29 +20,9 @@ use crate::steps::{create_step_in, finish_step_in, pause_steps_in};
 
 use crate::calls::{AttemptRecord, emit_in_doubt, insert_attempt, insert_usage, read_call};
 
-/// The fencing clause shared by the holder's writes: `$1..$7` are tenant, workspace,
-/// run_id, tool_call_id, call token, holder, run token.
-macro_rules! fenced {
-    () => {
-        " WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-            AND lease_token = $5 AND lease_holder = $6
-            AND EXISTS (SELECT 1 FROM runs r WHERE r.tenant = $1 AND r.workspace = $2
-                AND r.id = $3 AND r.status = 'running' AND r.worker = $6
-                AND r.lease_token = $7) "
-    };
-}
-
+/// `$1..$7` of the holder's writes (`crate::fence`).
 fn fence_args(ledger: &Ledger, lease: &CallLease) -> Vec<Arg> {
-    let s = ledger.scope();
-    args![
-        &s.tenant,
-        &s.workspace,
-        &lease.run_id,
-        &lease.tool_call_id,
-        lease.token,
-        lease.worker.as_str(),
-        lease.run_token,
-    ]
+    Fence::call(ledger.scope(), lease)
 }
 
 impl Ledger {
@@ -60,14 +41,12 @@ impl Ledger {
                 a.push(now.into());
                 let n = c
                     .execute(
-                        "UPDATE tool_calls SET status = 'outbound', outbound_started_at = $8,
-                            updated_at = $8
-                         WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-                           AND status = 'claimed' AND lease_token = $5 AND lease_holder = $6
-                           AND lease_expires_at > $8
-                           AND EXISTS (SELECT 1 FROM runs r WHERE r.tenant = $1 AND r.workspace = $2
-                               AND r.id = $3 AND r.status = 'running' AND r.worker = $6
-                               AND r.lease_token = $7 AND r.lease_expires_at > $8)",
+                        concat!(
+                            "UPDATE tool_calls SET status = 'outbound', outbound_started_at = $8,
+                                updated_at = $8 WHERE",
+                            live_call_fence!(),
+                            "AND status = 'claimed'"
+                        ),
                         a,
                     )
                     .await?;
@@ -106,7 +85,8 @@ impl Ledger {
                     .execute(
                         concat!(
                             "UPDATE tool_calls SET lease_expires_at = $8, updated_at = $9",
-                            fenced!(),
+                            " WHERE",
+                            call_fence!(),
                             " AND status IN ('claimed', 'outbound')"
                         ),
                         a,
@@ -181,7 +161,8 @@ impl Ledger {
                                 error_message = $11, outbound_requests = outbound_requests + $12,
                                 finished_at = $13, updated_at = $13, lease_holder = NULL,
                                 lease_expires_at = NULL",
-                            fenced!(),
+                            " WHERE",
+                            call_fence!(),
                             " AND status = 'outbound' RETURNING ",
                             call_cols!()
                         ),
@@ -255,7 +236,8 @@ impl Ledger {
                                 outbound_requests = outbound_requests + $9, updated_at = $10,
                                 lease_holder = NULL, lease_expires_at = NULL,
                                 lease_token = lease_token + 1",
-                            fenced!(),
+                            " WHERE",
+                            call_fence!(),
                             " AND status = 'outbound' RETURNING ",
                             call_cols!()
                         ),
@@ -307,21 +289,17 @@ impl Ledger {
         let lease = lease.clone();
         self.write_statement(move |c| {
             Box::pin(async move {
-                let s = ledger.scope();
+                let mut a = fence_args(&ledger, &lease);
+                a.push(now.into());
                 let n = c
                     .execute(
-                        "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $7, updated_at = $7
-                         WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-                           AND lease_token = $5 AND lease_holder = $6 AND status = 'claimed'",
-                        args![
-                            &s.tenant,
-                            &s.workspace,
-                            &lease.run_id,
-                            &lease.tool_call_id,
-                            lease.token,
-                            lease.worker.as_str(),
-                            now,
-                        ],
+                        concat!(
+                            "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $8,
+                                updated_at = $8 WHERE",
+                            call_fence!(),
+                            "AND status = 'claimed'"
+                        ),
+                        a,
                     )
                     .await?;
                 if n == 0 {

@@ -19,6 +19,7 @@ use serde_json::json;
 use crate::clock::Timestamp;
 use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
+use crate::fence::{Fence, live_run_fence, run_fence};
 use crate::ledger::{Ledger, check_run_lease};
 use crate::model::{
     CallOutcome, PureBatchRecorded, PureCall, PureRecorded, PureResult, Run, RunFinish, RunLease,
@@ -33,12 +34,14 @@ use crate::state::{StepStatus, attempt_key};
 const NOT_NEW: &str = "not new: record it the general way";
 
 /// The outbox columns written here mirror `events::emit`: same table, same meaning.
-const SQLITE_FRESH: &str = "
+const SQLITE_FRESH: &str = concat!(
+    "
 INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, created_at,
     updated_at, started_at, finished_at, output, error_kind, error_message, tool_call_id)
 SELECT $1, $2, $3, $7, $8, $9, $15, $21, $22, $21, $22, $16, $17, $18, $10
-WHERE EXISTS (SELECT 1 FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3
-        AND status = 'running' AND worker = $4 AND lease_token = $5 AND lease_expires_at > $6)
+WHERE EXISTS (SELECT 1 FROM runs WHERE",
+    live_run_fence!(),
+    ")
     AND NOT EXISTS (SELECT 1 FROM tool_calls WHERE tenant = $1 AND workspace = $2
         AND run_id = $3 AND tool_call_id = $10)
     AND NOT EXISTS (SELECT 1 FROM tool_calls WHERE tenant = $1 AND workspace = $2
@@ -61,18 +64,20 @@ INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_cal
 SELECT $1, $2, $25, $26, $22, $3, $7, $10, $27
 WHERE changes() = 1
 RETURNING 1 AS n;
-";
+"
+);
 
 /// The same on PostgreSQL. `FOR SHARE` keeps the run lease fenced for the statement (a
 /// concurrent claim that bumps the token waits), as `check_run_lease` does; a racing
 /// writer of the same step or call makes it fail with a unique violation, and then the
 /// general way decides.
-const POSTGRES_FRESH: &str = "
+const POSTGRES_FRESH: &str = concat!(
+    "
 WITH ok AS (
     SELECT 1 AS one FROM runs
-    WHERE tenant = $1 AND workspace = $2 AND id = $3 AND status = 'running' AND worker = $4
-      AND lease_token = $5 AND lease_expires_at > $6
-      AND NOT EXISTS (SELECT 1 FROM tool_calls WHERE tenant = $1 AND workspace = $2
+    WHERE",
+    live_run_fence!(),
+    "AND NOT EXISTS (SELECT 1 FROM tool_calls WHERE tenant = $1 AND workspace = $2
           AND run_id = $3 AND tool_call_id = $10)
       AND NOT EXISTS (SELECT 1 FROM tool_calls WHERE tenant = $1 AND workspace = $2
           AND idempotency_key = $12)
@@ -104,21 +109,24 @@ e AS (
                      ($25, $26, $22, $10, $27, 2)) AS v(id, type, time, call, payload, k)
     ORDER BY v.k)
 SELECT COUNT(*) AS n FROM ok
-";
+"
+);
 
 /// Many succeeded first attempts at once (`$7`: a JSON array of `Fresh::batch_item`,
 /// `$8`: its length): the same rows and events as `SQLITE_FRESH` for each, in one
 /// command. Each insert after the first happens only if the one before wrote all `$8`
 /// rows; the caller rolls back unless the last returns `2 × $8` rows (all or nothing).
-const SQLITE_BATCH: &str = "
+const SQLITE_BATCH: &str = concat!(
+    "
 INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, created_at,
     updated_at, started_at, finished_at, output, error_kind, error_message, tool_call_id)
 SELECT $1, $2, $3, j.value ->> 'step', j.value ->> 'node', 0, 'succeeded', j.value ->> 't0',
     j.value ->> 't1', j.value ->> 't0', j.value ->> 't1', j.value ->> 'out', NULL, NULL,
     j.value ->> 'node'
 FROM json_each($7) AS j
-WHERE EXISTS (SELECT 1 FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3
-        AND status = 'running' AND worker = $4 AND lease_token = $5 AND lease_expires_at > $6)
+WHERE EXISTS (SELECT 1 FROM runs WHERE",
+    live_run_fence!(),
+    ")
     AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
         AND t.run_id = $3 AND t.tool_call_id = j.value ->> 'node')
     AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
@@ -149,20 +157,22 @@ FROM json_each($7) AS j, (SELECT 0 AS i UNION ALL SELECT 1 AS i) AS w
 WHERE changes() = $8
 ORDER BY CAST(j.key AS INTEGER), w.i
 RETURNING 1 AS n;
-";
+"
+);
 
 /// The CTEs `POSTGRES_BATCH` and `POSTGRES_BATCH_FINISH` share: the fence (`ok`), the
 /// elements to write (`go`, empty unless all are new and the lease holds) and their
 /// steps, calls and attempts. Each statement adds its own events and result.
 macro_rules! postgres_batch_head {
     () => {
-        "
+        concat!(
+            "
 WITH j AS (SELECT x.v, x.k FROM jsonb_array_elements($7::jsonb) WITH ORDINALITY AS x(v, k)),
 ok AS (
     SELECT 1 AS one FROM runs
-    WHERE tenant = $1 AND workspace = $2 AND id = $3 AND status = 'running' AND worker = $4
-      AND lease_token = $5 AND lease_expires_at > $6
-      AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
+    WHERE",
+            live_run_fence!(),
+            "AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
               AND t.run_id = $3 AND t.tool_call_id = ANY (ARRAY(SELECT v ->> 'node' FROM j)))
       AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
               AND t.idempotency_key = ANY (ARRAY(SELECT v ->> 'key' FROM j)))
@@ -194,6 +204,7 @@ a AS (
         (v ->> 't1')::bigint, 'succeeded', NULL, NULL, 0
     FROM go),
 "
+        )
     };
 }
 
@@ -233,8 +244,9 @@ const POSTGRES_BATCH_FINISH: &str = concat!(
     "r AS (
     UPDATE runs SET status = $9, output = $10, error = $11, finished_at = $12,
         updated_at = $12, lease_expires_at = NULL
-    WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
-      AND lease_token = $5 AND status = 'running' AND EXISTS (SELECT 1 FROM ok)
+    WHERE",
+    run_fence!(),
+    "AND EXISTS (SELECT 1 FROM ok)
     RETURNING ",
     run_cols!(),
     "),
@@ -288,12 +300,7 @@ impl Fresh {
             _ => "step.failed",
         };
         let (started, done) = self.payloads();
-        args![
-            &s.tenant,
-            &s.workspace,
-            &run.run_id,
-            run.worker.as_str(),
-            run.token,
+        let own = args![
             now,
             &self.step_id,
             &self.node_id,
@@ -316,7 +323,8 @@ impl Fresh {
             format!("evt_{}", ulid::Ulid::generate()),
             event,
             done,
-        ]
+        ];
+        [Fence::run(s, run), own].concat()
     }
 
     /// The payloads `create_step_in` (`step.started`) and `finish_step_in` would write.
@@ -494,16 +502,7 @@ fn batch_args(ledger: &Ledger, run: &RunLease, fresh: &[Fresh], now: Timestamp) 
     let items = serde_json::Value::Array(fresh.iter().map(Fresh::batch_item).collect());
     let n = i64::try_from(fresh.len()).unwrap_or(i64::MAX);
     let s = ledger.scope();
-    let a = args![
-        &s.tenant,
-        &s.workspace,
-        &run.run_id,
-        run.worker.as_str(),
-        run.token,
-        now,
-        items.to_string(),
-        n,
-    ];
+    let a = [Fence::run(s, run), args![now, items.to_string(), n]].concat();
     (a, n)
 }
 

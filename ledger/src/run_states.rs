@@ -10,6 +10,7 @@ use crate::clock::Timestamp;
 use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
+use crate::fence::{Fence, run_fence};
 use crate::ledger::Ledger;
 use crate::model::{Run, RunFinish, RunLease};
 use crate::rows::{RunRow, run_cols};
@@ -23,9 +24,9 @@ const FINISH_RUN: (&str, &str) = (
     concat!(
         "UPDATE runs SET status = $6, output = $7, error = $8, finished_at = $9,
             updated_at = $9, lease_expires_at = NULL
-         WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
-           AND lease_token = $5 AND status = 'running'
-         RETURNING ",
+         WHERE",
+        run_fence!(),
+        "RETURNING ",
         run_cols!(),
         ";
          INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
@@ -36,9 +37,9 @@ const FINISH_RUN: (&str, &str) = (
         "WITH r AS (
             UPDATE runs SET status = $6, output = $7, error = $8, finished_at = $9,
                 updated_at = $9, lease_expires_at = NULL
-            WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
-              AND lease_token = $5 AND status = 'running'
-            RETURNING ",
+            WHERE",
+        run_fence!(),
+        "RETURNING ",
         run_cols!(),
         "),
          e AS (
@@ -105,12 +106,7 @@ impl Ledger {
         }
         let s = self.scope();
         let payload = json!({ "status": status.as_str(), "error": error });
-        Ok(args![
-            &s.tenant,
-            &s.workspace,
-            &lease.run_id,
-            lease.worker.as_str(),
-            lease.token,
+        let own = args![
             status.as_str(),
             output,
             error,
@@ -118,7 +114,8 @@ impl Ledger {
             format!("evt_{}", ulid::Ulid::generate()),
             event.as_str(),
             payload.to_string(),
-        ])
+        ];
+        Ok([Fence::run(s, lease), own].concat())
     }
 
     /// Pauses a run (fenced): an in-doubt call waits for an operator. Clears the lease;
@@ -139,19 +136,12 @@ impl Ledger {
                 RunTransition::Pause.check(RunStatus::Running, RunStatus::Paused)?;
                 let n = c
                     .execute(
-                        "UPDATE runs SET status = 'paused', pause_reason = $6, lease_expires_at = NULL,
-                            updated_at = $7
-                         WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
-                           AND lease_token = $5 AND status = 'running'",
-                        args![
-                            &scope.tenant,
-                            &scope.workspace,
-                            &lease.run_id,
-                            lease.worker.as_str(),
-                            lease.token,
-                            reason,
-                            now,
-                        ],
+                        concat!(
+                            "UPDATE runs SET status = 'paused', pause_reason = $6,
+                                lease_expires_at = NULL, updated_at = $7 WHERE",
+                            run_fence!()
+                        ),
+                        [Fence::run(scope, &lease), args![reason, now]].concat(),
                     )
                     .await?;
                 if n == 0 {

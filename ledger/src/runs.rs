@@ -14,6 +14,7 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
+use crate::fence::{Fence, run_fence};
 use crate::ledger::Ledger;
 use crate::model::{ClaimRuns, Claimed, Enqueued, HeartbeatAck, NewRun, RunLease};
 use crate::rows::{RunRow, TextRow, run_cols};
@@ -465,19 +466,12 @@ impl Ledger {
                 }
                 let ack = c
                     .optional::<Ack>(
-                        "UPDATE runs SET lease_expires_at = $6, updated_at = $7
-                         WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
-                           AND lease_token = $5 AND status = 'running'
-                         RETURNING cancel_requested",
-                        args![
-                            &scope.tenant,
-                            &scope.workspace,
-                            &lease.run_id,
-                            lease.worker.as_str(),
-                            lease.token,
-                            expires_at,
-                            now,
-                        ],
+                        concat!(
+                            "UPDATE runs SET lease_expires_at = $6, updated_at = $7 WHERE",
+                            run_fence!(),
+                            "RETURNING cancel_requested"
+                        ),
+                        [Fence::run(scope, &lease), args![expires_at, now]].concat(),
                     )
                     .await?
                     .ok_or(Error::LeaseLost)?;
@@ -501,18 +495,12 @@ impl Ledger {
                 let scope = ledger.scope();
                 let n = c
                     .execute(
-                        "UPDATE runs SET status = 'queued', worker = NULL, lease_expires_at = NULL,
-                            updated_at = $6
-                         WHERE tenant = $1 AND workspace = $2 AND id = $3 AND worker = $4
-                           AND lease_token = $5 AND status = 'running'",
-                        args![
-                            &scope.tenant,
-                            &scope.workspace,
-                            &lease.run_id,
-                            lease.worker.as_str(),
-                            lease.token,
-                            now,
-                        ],
+                        concat!(
+                            "UPDATE runs SET status = 'queued', worker = NULL,
+                                lease_expires_at = NULL, updated_at = $6 WHERE",
+                            run_fence!()
+                        ),
+                        [Fence::run(scope, &lease), args![now]].concat(),
                     )
                     .await?;
                 if n == 0 {
