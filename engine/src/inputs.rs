@@ -263,7 +263,7 @@ mod tests {
     use crate::workflow::parse_str;
     use serde_json::json;
 
-    fn wf() -> Workflow {
+    fn wf() -> crate::workflow::ValidWorkflow {
         parse_str(
             "inputs:\n  n: { type: integer, required: true }\n  x: { type: number, default: 1.5 }\n  s: { type: string }\n  b: { type: boolean, default: false }\n  o: { type: object, default: {} }\ntools:\n  t: { kind: function, function: core.echo }\nnodes:\n  a: { tool: t }\n",
             "w.yaml",

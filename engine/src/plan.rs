@@ -212,7 +212,7 @@ mod tests {
     use super::*;
     use crate::workflow::parse_str;
 
-    fn workflow(nodes: &str) -> Workflow {
+    fn workflow(nodes: &str) -> crate::workflow::ValidWorkflow {
         let text =
             format!("tools:\n  t: {{ kind: function, function: core.echo }}\nnodes:\n{nodes}");
         parse_str(&text, "test.yaml").expect("valid workflow")

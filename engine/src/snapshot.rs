@@ -8,7 +8,7 @@
 use flow_ledger::Run;
 use sha2::{Digest, Sha256};
 
-use crate::workflow::{ValidateOptions, Workflow, parse_with};
+use crate::workflow::{ValidWorkflow, ValidateOptions, parse_with};
 
 /// The validation every workflow flow runs gets: the built-in functions are known, so
 /// a node naming an unknown function is refused with its position.
@@ -24,7 +24,7 @@ pub fn validate_options() -> ValidateOptions {
 }
 
 /// The workflow a run started with (its stored snapshot), re-validated.
-pub fn snapshot(run: &Run) -> Result<Workflow, String> {
+pub fn snapshot(run: &Run) -> Result<ValidWorkflow, String> {
     parse_with(
         &run.workflow_text,
         &format!("<run {} snapshot>", run.id),

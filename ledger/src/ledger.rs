@@ -14,9 +14,10 @@ use crate::conn::{Conn, args};
 use crate::db::Pool;
 use crate::error::Error;
 use crate::fence::Fence;
-use crate::model::{RunLease, Scope};
+use crate::model::{CallOutcome, RunLease, Scope, StepError};
 pub use crate::options::{OpenOptions, SqliteSynchronous};
 use crate::rows::{RunRow, run_cols};
+use crate::state::{CallStatus, ErrorKind};
 use crate::writer::BoxFuture;
 use crate::{postgres, sqlite};
 
@@ -184,6 +185,36 @@ impl Ledger {
             });
         }
         Ok(s)
+    }
+
+    /// The failure an output over the limit becomes (`None` when it fits): the one
+    /// wording of the output-limit rule, whether the engine checks before recording or
+    /// the ledger while it stores.
+    pub fn refuse_output(&self, v: &Value) -> Option<StepError> {
+        self.checked_json(v).err().map(output_refused)
+    }
+
+    /// The stored columns of a call's outcome: its status, output and error. An output
+    /// over the limit is stored as the permanent failure [`Ledger::refuse_output`] says.
+    pub(crate) fn outcome_columns(
+        &self,
+        outcome: &CallOutcome,
+    ) -> (CallStatus, Option<String>, Option<StepError>) {
+        match outcome {
+            CallOutcome::Succeeded(v) => match self.checked_json(v) {
+                Ok(s) => (CallStatus::Succeeded, Some(s), None),
+                Err(e) => (CallStatus::Failed, None, Some(output_refused(e))),
+            },
+            CallOutcome::Failed(e) => (CallStatus::Failed, None, Some(e.clone())),
+        }
+    }
+}
+
+/// [`Error::OutputTooLarge`] as the step error it becomes.
+pub(crate) fn output_refused(e: Error) -> StepError {
+    StepError {
+        kind: ErrorKind::Permanent,
+        message: format!("{e}; it was not stored (outputs are never truncated)"),
     }
 }
 

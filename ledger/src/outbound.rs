@@ -13,7 +13,7 @@ use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
 use crate::fence::{Fence, call_fence, live_call_fence};
 use crate::ledger::Ledger;
-use crate::model::{CallLease, CallOutcome, CompleteCall, InDoubtReport, StepError};
+use crate::model::{CallLease, CompleteCall, InDoubtReport};
 use crate::rows::{CallRow, call_cols};
 use crate::state::ErrorKind;
 use crate::steps::{create_step_in, finish_step_in, pause_steps_in};
@@ -110,22 +110,7 @@ impl Ledger {
     /// strictly better than leaving it in doubt; if someone did take over, the token
     /// changed (the call is `in_doubt`) and this is `LeaseLost`.
     pub async fn complete_call(&self, req: CompleteCall<'_>, now: Timestamp) -> Result<(), Error> {
-        let (status, output, error) = match &req.outcome {
-            CallOutcome::Succeeded(v) => match self.checked_json(v) {
-                Ok(s) => ("succeeded", Some(s), None),
-                Err(e) => (
-                    "failed",
-                    None,
-                    Some(StepError {
-                        kind: ErrorKind::Permanent,
-                        message: format!(
-                            "the tool succeeded but its {e}; the output was not stored"
-                        ),
-                    }),
-                ),
-            },
-            CallOutcome::Failed(e) => ("failed", None, Some(e.clone())),
-        };
+        let (status, output, error) = self.outcome_columns(&req.outcome);
         let ledger = self.clone();
         let CompleteCall {
             lease,
@@ -147,7 +132,7 @@ impl Ledger {
                 let lease = req.lease;
                 let mut a = fence_args(&ledger, lease);
                 a.extend(args![
-                    status,
+                    status.as_str(),
                     output,
                     error.as_ref().map(|e| e.kind.as_str()),
                     error.as_ref().map(|e| e.message.clone()),
@@ -180,7 +165,7 @@ impl Ledger {
                         attempt: i64::from(lease.attempt),
                         sent_key: lease.key.clone(),
                         outbound_started_at: row.outbound_started_at,
-                        outcome: status,
+                        outcome: status.as_str(),
                         error_kind: error.as_ref().map(|e| e.kind.as_str()),
                         error_message: error.as_ref().map(|e| e.message.clone()),
                         requests_sent: req.requests_sent,

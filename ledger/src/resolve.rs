@@ -273,20 +273,7 @@ impl Ledger {
     ) -> Result<(), Error> {
         let s = self.scope();
         let run = req.run;
-        let (status, output, error) = match &req.outcome {
-            CallOutcome::Succeeded(v) => match self.checked_json(v) {
-                Ok(j) => ("succeeded", Some(j), None),
-                Err(e) => (
-                    "failed",
-                    None,
-                    Some(StepError {
-                        kind: ErrorKind::Permanent,
-                        message: format!("the function's {e}; the output was not stored"),
-                    }),
-                ),
-            },
-            CallOutcome::Failed(e) => ("failed", None, Some(e.clone())),
-        };
+        let (status, output, error) = self.outcome_columns(&req.outcome);
         let a = args![
             &s.tenant,
             &s.workspace,
@@ -297,7 +284,7 @@ impl Ledger {
             &req.idempotency_key,
             req.request.to_string(),
             &req.request_hash,
-            status,
+            status.as_str(),
             attempt,
             output,
             error.as_ref().map(|e| e.kind.as_str()),
@@ -349,7 +336,7 @@ impl Ledger {
                     u32::try_from(attempt).unwrap_or(0),
                 ),
                 outbound_started_at: None,
-                outcome: status,
+                outcome: status.as_str(),
                 error_kind: error.as_ref().map(|e| e.kind.as_str()),
                 error_message: error.as_ref().map(|e| e.message.clone()),
                 requests_sent: 0,

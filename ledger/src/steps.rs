@@ -9,10 +9,10 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
-use crate::ledger::{Ledger, check_run_lease};
-use crate::model::{NewStep, RunLease, Step, StepError, StepFinish};
+use crate::ledger::{Ledger, check_run_lease, output_refused};
+use crate::model::{NewStep, RunLease, Step, StepFinish};
 use crate::rows::{StepRow, step_cols};
-use crate::state::{ErrorKind, StepStatus};
+use crate::state::StepStatus;
 
 const SELECT_STEP: (&str, &str) = (
     concat!(
@@ -169,10 +169,7 @@ pub(crate) async fn finish_step_in(
             Ok(s) => output = Some(s),
             Err(e) => {
                 status = StepStatus::Failed;
-                error = Some(StepError {
-                    kind: ErrorKind::Permanent,
-                    message: format!("step {e}; the output was not stored"),
-                });
+                error = Some(output_refused(e));
             }
         }
     }

@@ -19,7 +19,7 @@ use crate::fault::Faults;
 use crate::gateway::{Gateway, Tools};
 use crate::secrets::Secrets;
 use crate::snapshot::{snapshot, validate_options, workflow_hash};
-use crate::workflow::{Workflow, load_file};
+use crate::workflow::{ValidWorkflow, Workflow, load_file};
 
 /// Arguments of `flow run`.
 #[derive(Debug, Args)]
@@ -385,7 +385,7 @@ pub(super) fn check_new_run(
     inputs_file: Option<&std::path::Path>,
     run_id: Option<&str>,
     stderr: &mut dyn Write,
-) -> Result<(Workflow, NewRun), u8> {
+) -> Result<(ValidWorkflow, NewRun), u8> {
     let (wf, source) = load_file(file, &validate_options()).map_err(|diags| {
         let _ = write!(stderr, "{diags}");
         exit::INVALID

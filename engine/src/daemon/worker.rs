@@ -14,7 +14,7 @@ use super::metrics::Metrics;
 use super::outage::Outage;
 use crate::executor::{Executor, RUN_LEASE};
 use crate::gateway;
-use crate::workflow::Workflow;
+use crate::workflow::ValidWorkflow;
 
 /// Most workflow snapshots kept parsed; the cache is emptied when it fills up.
 const CACHE_LIMIT: usize = 256;
@@ -28,7 +28,7 @@ pub(crate) struct Shared {
     pub stop: CancellationToken,
     /// Whether the database answers, reported by the claim loop and every run task.
     pub outage: Outage,
-    workflows: Mutex<HashMap<String, Arc<Workflow>>>,
+    workflows: Mutex<HashMap<String, Arc<ValidWorkflow>>>,
 }
 
 impl Shared {
@@ -45,7 +45,7 @@ impl Shared {
     }
 
     /// The run's workflow, parsed and validated once per distinct snapshot text.
-    fn workflow(&self, run: &Run) -> Result<Arc<Workflow>, String> {
+    fn workflow(&self, run: &Run) -> Result<Arc<ValidWorkflow>, String> {
         let cached = self
             .workflows
             .lock()

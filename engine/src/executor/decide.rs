@@ -255,7 +255,7 @@ mod tests {
     use crate::workflow::parse_str;
     use serde_json::json;
 
-    fn diamond(extra: &str) -> (Workflow, Plan) {
+    fn diamond(extra: &str) -> (crate::workflow::ValidWorkflow, Plan) {
         let text = format!(
             "max_parallel: 2\ntools:\n  t: {{ kind: function, function: core.echo }}\nnodes:\n  a: {{ tool: t }}\n  b: {{ tool: t, needs: [a] {extra} }}\n  c: {{ tool: t, needs: [a] }}\n  d: {{ tool: t, needs: [b, c] }}\n"
         );

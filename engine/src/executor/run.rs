@@ -25,8 +25,7 @@ use super::progress::{Progress, StepEvent};
 use super::scope::{Prepared, RunScope, StepAt, lease_err};
 use super::state::RunState;
 use crate::gateway::{self, Gateway, RunWriter, StepCall, StepResult};
-use crate::plan::Plan;
-use crate::workflow::Workflow;
+use crate::workflow::ValidWorkflow;
 
 /// How a run execution ended in this process.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,7 +68,7 @@ impl Executor {
     pub async fn execute(
         &self,
         lease: RunLease,
-        wf: &Workflow,
+        wf: &ValidWorkflow,
         inputs: &Json,
     ) -> Result<RunOutcome, gateway::Error> {
         self.execute_reading(lease, wf, Some(inputs), &CancellationToken::new())
@@ -83,7 +82,7 @@ impl Executor {
     pub async fn execute_until(
         &self,
         lease: RunLease,
-        wf: &Workflow,
+        wf: &ValidWorkflow,
         stop: &CancellationToken,
     ) -> Result<RunOutcome, gateway::Error> {
         self.execute_reading(lease, wf, None, stop).await
@@ -94,7 +93,7 @@ impl Executor {
     async fn execute_reading(
         &self,
         lease: RunLease,
-        wf: &Workflow,
+        wf: &ValidWorkflow,
         inputs: Option<&Json>,
         stop: &CancellationToken,
     ) -> Result<RunOutcome, gateway::Error> {
@@ -127,7 +126,7 @@ impl Executor {
     pub async fn execute_claimed(
         &self,
         lease: RunLease,
-        wf: &Workflow,
+        wf: &ValidWorkflow,
         run: &Run,
         stop: &CancellationToken,
     ) -> Result<RunOutcome, gateway::Error> {
@@ -151,7 +150,7 @@ impl Executor {
     async fn execute_known(
         &self,
         lease: RunLease,
-        wf: &Workflow,
+        wf: &ValidWorkflow,
         known: Known<'_>,
         stop: &CancellationToken,
     ) -> Result<RunOutcome, gateway::Error> {
@@ -164,16 +163,11 @@ impl Executor {
     async fn execute_inner(
         &self,
         lease: RunLease,
-        wf: &Workflow,
+        wf: &ValidWorkflow,
         known: Known<'_>,
         stop: &CancellationToken,
     ) -> Result<RunOutcome, gateway::Error> {
         let ledger = self.gateway.ledger().clone();
-        let plan = Plan::new(wf).map_err(|_| {
-            gateway::Error::Ledger(flow_ledger::Error::NotFound {
-                what: "an acyclic workflow".into(),
-            })
-        })?;
         let prepared = Prepared::new(wf);
         let mut st = RunState::load(wf, known.steps);
 
@@ -193,7 +187,7 @@ impl Executor {
             rng: &self.rng,
             writer: &writer,
             wf,
-            plan: &plan,
+            plan: wf.plan(),
             prepared: &prepared,
             inputs: known.inputs,
         };

@@ -14,7 +14,7 @@ use super::progress::{Progress, StepEvent};
 use super::state::RunState;
 use crate::gateway::{self, Gateway, RunWriter, StepOrigin, StepResult};
 use crate::plan::Plan;
-use crate::workflow::{Workflow, expr};
+use crate::workflow::{ValidWorkflow, Workflow, expr};
 
 /// Everything an execution reads but does not change, borrowed for its length: one
 /// value instead of the same eight arguments on every function of the loop.
@@ -50,8 +50,7 @@ pub(super) struct Prepared {
 }
 
 impl Prepared {
-    pub(super) fn new(wf: &Workflow) -> Self {
-        let index = wf.node_positions();
+    pub(super) fn new(wf: &ValidWorkflow) -> Self {
         let reads = wf
             .nodes
             .iter()
@@ -65,7 +64,7 @@ impl Prepared {
                     .filter_map(|r| {
                         r.strip_prefix("nodes.")
                             .and_then(|rest| rest.split('.').next())
-                            .and_then(|id| index.get(id).copied())
+                            .and_then(|id| wf.position(id))
                     })
                     .collect();
                 reads.sort_unstable();

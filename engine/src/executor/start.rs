@@ -187,7 +187,7 @@ mod tests {
     use crate::workflow::parse_str;
 
     /// One node `a` with `extra` keys, on a function tool.
-    fn node(extra: &str) -> Workflow {
+    fn node(extra: &str) -> crate::workflow::ValidWorkflow {
         let text = format!(
             "inputs:\n  go: {{ type: boolean, default: false }}\ntools:\n  t: {{ kind: function, function: core.echo }}\nnodes:\n  a:\n    tool: t\n{extra}"
         );
@@ -280,7 +280,7 @@ mod tests {
 
     #[test]
     fn an_unknown_tool_fails_without_a_call() {
-        let mut wf = node("");
+        let mut wf = node("").into_inner();
         wf.nodes[0].tool = "gone".into();
         match plan(&wf, at(0, StepOrigin::New), 0, 0) {
             StartPlan::Fail { kind, message } => {

@@ -7,7 +7,7 @@ use flow_ledger::{ErrorKind, Step, StepStatus, Timestamp};
 use serde_json::Value as Json;
 
 use super::decide::NodeState;
-use crate::workflow::Workflow;
+use crate::workflow::ValidWorkflow;
 
 /// The run's node states as recorded, plus bookkeeping of this execution.
 pub(super) struct RunState {
@@ -18,12 +18,11 @@ pub(super) struct RunState {
 
 impl RunState {
     /// The state of every node from the run's step rows: each node's latest retry wins.
-    pub(super) fn load(wf: &Workflow, steps: &[Step]) -> Self {
-        let index = wf.node_positions();
+    pub(super) fn load(wf: &ValidWorkflow, steps: &[Step]) -> Self {
         let mut latest: Vec<Option<&Step>> = vec![None; wf.nodes.len()];
         let mut first_started = HashMap::new();
         for s in steps {
-            let Some(&i) = index.get(s.node_id.as_str()) else {
+            let Some(i) = wf.position(&s.node_id) else {
                 continue;
             };
             if latest[i].is_none_or(|l| s.retry >= l.retry) {

@@ -128,19 +128,8 @@ impl Gateway {
         match result {
             Ok(output) => {
                 let output = secrets.scrub_json(&output);
-                let size = output.to_string().len();
-                let limit = self.inner.ledger.output_limit_bytes();
-                if size > limit {
-                    let message = format!(
-                        "output is {size} bytes, over the limit of {limit} bytes (outputs are never truncated)"
-                    );
-                    return (
-                        CallOutcome::Failed(StepError {
-                            kind: ErrorKind::Permanent,
-                            message,
-                        }),
-                        None,
-                    );
+                if let Some(refused) = self.inner.ledger.refuse_output(&output) {
+                    return (CallOutcome::Failed(refused), None);
                 }
                 (CallOutcome::Succeeded(output), None)
             }

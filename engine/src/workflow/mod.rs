@@ -8,6 +8,7 @@ pub mod diagnostic;
 pub mod expr;
 pub mod model;
 pub(crate) mod parse;
+mod valid;
 pub mod validate;
 pub mod yaml;
 
@@ -16,6 +17,7 @@ use std::path::Path;
 pub use diagnostic::{Diagnostic, Diagnostics, Pos};
 pub use model::*;
 pub use parse::{is_node_id, parse_duration, reserved_retry_suffix};
+pub use valid::ValidWorkflow;
 pub use validate::ValidateOptions;
 
 /// Largest workflow file accepted: 1 MiB keeps parsing time and memory bounded.
@@ -31,7 +33,10 @@ pub struct Source {
 }
 
 /// Reads and validates a workflow file.
-pub fn load_file(path: &Path, opts: &ValidateOptions) -> Result<(Workflow, Source), Diagnostics> {
+pub fn load_file(
+    path: &Path,
+    opts: &ValidateOptions,
+) -> Result<(ValidWorkflow, Source), Diagnostics> {
     let file = path.display().to_string();
     let fail = |message: String| {
         Diagnostics::new(
@@ -65,7 +70,7 @@ pub fn load_file(path: &Path, opts: &ValidateOptions) -> Result<(Workflow, Sourc
 
 /// Reads a workflow from standard input (`flow validate -`), bounded like a file, and
 /// validates it under the name `<stdin>`.
-pub fn load_stdin(opts: &ValidateOptions) -> Result<(Workflow, Source), Diagnostics> {
+pub fn load_stdin(opts: &ValidateOptions) -> Result<(ValidWorkflow, Source), Diagnostics> {
     use std::io::Read;
     let file = "<stdin>".to_string();
     let fail = |message: String| {
@@ -94,12 +99,16 @@ pub fn load_stdin(opts: &ValidateOptions) -> Result<(Workflow, Source), Diagnost
 }
 
 /// Validates workflow text (already read) under the name `file`.
-pub fn parse_str(text: &str, file: &str) -> Result<Workflow, Diagnostics> {
+pub fn parse_str(text: &str, file: &str) -> Result<ValidWorkflow, Diagnostics> {
     parse_with(text, file, &ValidateOptions::default())
 }
 
 /// Validates workflow text with options.
-pub fn parse_with(text: &str, file: &str, opts: &ValidateOptions) -> Result<Workflow, Diagnostics> {
+pub fn parse_with(
+    text: &str,
+    file: &str,
+    opts: &ValidateOptions,
+) -> Result<ValidWorkflow, Diagnostics> {
     if text.len() > MAX_FILE_BYTES {
         return Err(Diagnostics::new(
             file,
@@ -130,11 +139,10 @@ pub fn parse_with(text: &str, file: &str, opts: &ValidateOptions) -> Result<Work
         declared_tools: Vec::new(),
     };
     let wf = parse::workflow(&mut cx, &root, &stem);
-    validate::check(&wf, opts, &cx.declared_tools, &mut cx.diags);
-    if cx.diags.is_empty() {
-        Ok(wf)
-    } else {
-        Err(Diagnostics::new(file, cx.diags))
+    let plan = validate::check(&wf, opts, &cx.declared_tools, &mut cx.diags);
+    match plan {
+        Some(plan) if cx.diags.is_empty() => Ok(ValidWorkflow::new(wf, plan)),
+        _ => Err(Diagnostics::new(file, cx.diags)),
     }
 }
 

@@ -26,13 +26,14 @@ pub struct ValidateOptions {
     pub functions: Option<BTreeSet<String>>,
 }
 
-/// Runs every cross-reference check, appending to `diags`.
+/// Runs every cross-reference check, appending to `diags`; returns the plan it built
+/// (`None` when the workflow has a cycle).
 pub(crate) fn check(
     wf: &Workflow,
     opts: &ValidateOptions,
     declared_tools: &[String],
     diags: &mut Vec<Diagnostic>,
-) {
+) -> Option<Plan> {
     let index = wf.node_positions();
     let node_ids: Vec<&str> = wf.nodes.iter().map(|n| n.id.as_str()).collect();
     let tool_names: Vec<&str> = wf.tools.keys().map(String::as_str).collect();
@@ -135,6 +136,7 @@ pub(crate) fn check(
             checker.template(t, Scope::Tool);
         }
     }
+    plan
 }
 
 /// Whether an expression is exactly `secrets.<NAME>`: the only way a secret may be used,
