@@ -1,37 +1,37 @@
-//! The pools, pooled connections and transactions of either backend, and how a write
-//! reaches the database (SQLite: through the group-commit [`Writer`]; PostgreSQL: its
-//! own transaction). Statements run on the [`Conn`] these hand out (`conn.rs`).
+//! The pools and pooled connections of either backend, and how a write reaches the
+//! database: every write is an operation handed to [`Pool::write`] or
+//! [`Pool::write_statement`] (SQLite: the group-commit [`Writer`], the one writer of the
+//! file in this process; PostgreSQL: its own transaction). Reads borrow a pooled
+//! connection. Statements run on the [`Conn`] these hand out (`conn.rs`).
 
 use std::sync::Arc;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgPool;
 use sqlx::sqlite::SqlitePool;
-use sqlx::{Postgres, Sqlite, SqliteConnection, Transaction};
-use tokio::sync::{Mutex, OwnedMutexGuard};
+use sqlx::{Postgres, Sqlite, SqliteConnection};
+use tokio::sync::Mutex;
 
 use crate::conn::Conn;
 use crate::error::Error;
 use crate::writer::{Op, Writer};
 
-/// The pool of one backend. SQLite's carries a write gate and the group-commit
-/// [`Writer`]: SQLite has one writer at a time anyway, and waiting for it on an async
-/// mutex is fair and prompt, whereas waiting in SQLite's busy handler sleeps in growing
-/// steps (a p99 of hundreds of milliseconds with 8 writers). Other processes are still
-/// held off by `busy_timeout`.
+/// The pool of one backend. SQLite's carries the group-commit [`Writer`]: SQLite has
+/// one writer at a time anyway, and every write of this process queues for that one
+/// task, fairly and promptly, instead of waiting in SQLite's busy handler, which sleeps
+/// in growing steps (a p99 of hundreds of milliseconds with 8 writers). Other processes
+/// are still held off by `busy_timeout`.
 #[derive(Debug, Clone)]
 pub(crate) enum Pool {
-    Sqlite(SqlitePool, Arc<Mutex<()>>, Writer),
+    Sqlite(SqlitePool, Writer),
     Postgres(PgPool),
 }
 
 impl Pool {
-    /// A SQLite pool for reads (and the few writers that still open their own
-    /// transactions) and a writer task on `write_conn` for the operations.
+    /// A SQLite pool for reads and a writer task on `write_conn` for every write.
     pub(crate) fn sqlite(pool: SqlitePool, write_conn: SqliteConnection) -> Pool {
-        let gate = Arc::new(Mutex::new(()));
-        let writer = Writer::spawn(write_conn, gate.clone());
-        Pool::Sqlite(pool, gate, writer)
+        let writer = Writer::spawn(write_conn, Arc::new(Mutex::new(())));
+        Pool::Sqlite(pool, writer)
     }
 
     /// Runs a write operation as one transaction. On SQLite it joins the writer's next
@@ -40,7 +40,7 @@ impl Pool {
     /// concurrent commits' WAL flushes by itself).
     pub(crate) async fn write<T: Send + 'static>(&self, op: Op<T>) -> Result<T, Error> {
         match self {
-            Pool::Sqlite(_, _, writer) => writer.submit(op).await,
+            Pool::Sqlite(_, writer) => writer.submit(op).await,
             Pool::Postgres(p) => {
                 let mut tx = p.begin().await?;
                 let v = op(&mut Conn::Postgres(&mut tx)).await?;
@@ -54,7 +54,7 @@ impl Pool {
     /// without `BEGIN`/`COMMIT` round trips on PostgreSQL (a lone statement is atomic).
     pub(crate) async fn write_statement<T: Send + 'static>(&self, op: Op<T>) -> Result<T, Error> {
         match self {
-            Pool::Sqlite(_, _, writer) => writer.submit(op).await,
+            Pool::Sqlite(_, writer) => writer.submit(op).await,
             Pool::Postgres(p) => {
                 let mut c = p.acquire().await?;
                 op(&mut Conn::Postgres(&mut c)).await
@@ -62,49 +62,17 @@ impl Pool {
         }
     }
 
-    /// Starts a write transaction. SQLite uses `BEGIN IMMEDIATE`: every ledger write
-    /// reads before it writes, and a deferred transaction that upgrades to a writer after
-    /// another writer committed fails instead of waiting (DEPENDENCIES.md: 198 of 400
-    /// increments lost). PostgreSQL uses row locks (`FOR UPDATE`) where it reads to decide.
-    pub(crate) async fn begin(&self) -> Result<Tx, Error> {
-        Ok(match self {
-            Pool::Sqlite(p, gate, _) => {
-                let guard = gate.clone().lock_owned().await;
-                Tx::Sqlite(p.begin_with("BEGIN IMMEDIATE").await?, guard)
-            }
-            Pool::Postgres(p) => Tx::Postgres(p.begin().await?),
-        })
-    }
-
     /// A pooled connection for reads.
     pub(crate) async fn acquire(&self) -> Result<PoolConn, Error> {
         Ok(match self {
-            Pool::Sqlite(p, _, _) => PoolConn::Sqlite {
-                conn: p.acquire().await?,
-                _gate: None,
-            },
-            Pool::Postgres(p) => PoolConn::Postgres(p.acquire().await?),
-        })
-    }
-
-    /// A pooled connection for one write statement (its own implicit transaction: on
-    /// SQLite a lone `UPDATE` takes the write lock before it reads), behind the gate.
-    pub(crate) async fn acquire_write(&self) -> Result<PoolConn, Error> {
-        Ok(match self {
-            Pool::Sqlite(p, gate, _) => {
-                let guard = gate.clone().lock_owned().await;
-                PoolConn::Sqlite {
-                    conn: p.acquire().await?,
-                    _gate: Some(guard),
-                }
-            }
+            Pool::Sqlite(p, _) => PoolConn::Sqlite(p.acquire().await?),
             Pool::Postgres(p) => PoolConn::Postgres(p.acquire().await?),
         })
     }
 
     pub(crate) async fn close(&self) {
         match self {
-            Pool::Sqlite(p, _, writer) => {
+            Pool::Sqlite(p, writer) => {
                 writer.close().await;
                 p.close().await;
             }
@@ -115,10 +83,7 @@ impl Pool {
 
 /// A connection borrowed from the pool.
 pub(crate) enum PoolConn {
-    Sqlite {
-        conn: PoolConnection<Sqlite>,
-        _gate: Option<OwnedMutexGuard<()>>,
-    },
+    Sqlite(PoolConnection<Sqlite>),
     Postgres(PoolConnection<Postgres>),
 }
 
@@ -126,34 +91,8 @@ impl PoolConn {
     /// The connection to run statements on.
     pub(crate) fn conn(&mut self) -> Conn<'_> {
         match self {
-            PoolConn::Sqlite { conn, .. } => Conn::Sqlite(conn),
+            PoolConn::Sqlite(conn) => Conn::Sqlite(conn),
             PoolConn::Postgres(c) => Conn::Postgres(c),
         }
-    }
-}
-
-/// An open transaction on either backend.
-pub(crate) enum Tx {
-    /// The guard is released after commit or rollback (field order: dropped last).
-    Sqlite(Transaction<'static, Sqlite>, OwnedMutexGuard<()>),
-    Postgres(Transaction<'static, Postgres>),
-}
-
-impl Tx {
-    /// The connection to run statements on.
-    pub(crate) fn conn(&mut self) -> Conn<'_> {
-        match self {
-            Tx::Sqlite(t, _) => Conn::Sqlite(t),
-            Tx::Postgres(t) => Conn::Postgres(t),
-        }
-    }
-
-    /// Commits; on SQLite with `synchronous=FULL` this is the durable fsync.
-    pub(crate) async fn commit(self) -> Result<(), Error> {
-        match self {
-            Tx::Sqlite(t, _guard) => t.commit().await?,
-            Tx::Postgres(t) => t.commit().await?,
-        }
-        Ok(())
     }
 }

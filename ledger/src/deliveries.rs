@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Timestamp;
-use crate::conn::args;
+use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::{Event, EventType};
 use crate::ledger::Ledger;
@@ -284,11 +284,21 @@ impl Ledger {
         req: ScheduleDeliveries,
         now: Timestamp,
     ) -> Result<u32, Error> {
-        self.writable()?;
-        let s = self.scope();
+        let ledger = self.clone();
+        self.write(move |c| {
+            Box::pin(async move { Ledger::schedule_in(c, &ledger, &req, now).await })
+        })
+        .await
+    }
+    /// The body of [`Ledger::schedule_deliveries`], on the writer's connection.
+    async fn schedule_in(
+        c: &mut Conn<'_>,
+        ledger: &Ledger,
+        req: &ScheduleDeliveries,
+        now: Timestamp,
+    ) -> Result<u32, Error> {
+        let s = ledger.scope();
         let limit = if req.limit == 0 { 1000 } else { req.limit };
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
         // Events of transactions that may still commit sort at or after this txid.
         let horizon = if c.is_postgres() {
             c.optional::<IntRow>(PG_HORIZON, vec![])
@@ -379,7 +389,6 @@ impl Ledger {
             ],
         )
         .await?;
-        tx.commit().await?;
         Ok(u32::try_from(added).unwrap_or(u32::MAX))
     }
 
@@ -390,10 +399,28 @@ impl Ledger {
         req: LeaseDeliveries<'_>,
         now: Timestamp,
     ) -> Result<Vec<Delivery>, Error> {
-        self.writable()?;
-        let s = self.scope();
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
+        let ledger = self.clone();
+        let (consumer, worker) = (req.consumer.to_owned(), req.worker.as_str().to_owned());
+        let (until, limit) = (now.plus(req.lease), req.limit);
+        self.write(move |c| {
+            Box::pin(async move {
+                let holder = (consumer.as_str(), worker.as_str());
+                Ledger::lease_in(c, &ledger, holder, (until, limit), now).await
+            })
+        })
+        .await
+    }
+
+    /// The body of [`Ledger::lease_deliveries`]: `holder` is (consumer, dispatcher), the
+    /// lease lasts `until`, at most `limit` deliveries.
+    async fn lease_in(
+        c: &mut Conn<'_>,
+        ledger: &Ledger,
+        (consumer, worker): (&str, &str),
+        (until, limit): (Timestamp, u32),
+        now: Timestamp,
+    ) -> Result<Vec<Delivery>, Error> {
+        let s = ledger.scope();
         let sql = c.pick(
             "UPDATE event_deliveries SET leased_by = $4, leased_until = $5,
                 attempts = attempts + 1, updated_at = $6
@@ -427,11 +454,11 @@ impl Ledger {
                 args![
                     &s.tenant,
                     &s.workspace,
-                    req.consumer,
-                    req.worker.as_str(),
-                    now.plus(req.lease),
+                    consumer,
+                    worker,
+                    until,
                     now,
-                    i64::from(req.limit),
+                    i64::from(limit),
                 ],
             )
             .await?;
@@ -444,14 +471,13 @@ impl Ledger {
                         " WHERE d.tenant = $1 AND d.workspace = $2 AND d.consumer = $3
                            AND d.event_id = $4"
                     ),
-                    args![&s.tenant, &s.workspace, req.consumer, &id.event_id],
+                    args![&s.tenant, &s.workspace, consumer, &id.event_id],
                 )
                 .await?;
             if let Some(row) = row {
                 out.push(row.into_delivery()?);
             }
         }
-        tx.commit().await?;
         out.sort_by_key(|d| d.event.seq);
         Ok(out)
     }
@@ -484,48 +510,75 @@ impl Ledger {
         reqs: &[FinishDelivery<'_>],
         now: Timestamp,
     ) -> Result<Vec<String>, Error> {
-        self.writable()?;
-        let s = self.scope();
-        let mut lost = Vec::new();
         if reqs.is_empty() {
-            return Ok(lost);
+            return Ok(Vec::new());
         }
-        let mut tx = self.pool().begin().await?;
-        let mut c = tx.conn();
-        for req in reqs {
-            let (status, next, error) = match &req.outcome {
-                DeliveryOutcome::Delivered => ("delivered", now, None),
-                DeliveryOutcome::Retry { at, error } => ("pending", *at, Some(error.clone())),
-                DeliveryOutcome::Dead { error } => ("dead", now, Some(error.clone())),
-            };
-            let n = c
-                .execute(
-                    "UPDATE event_deliveries SET status = $6, next_attempt_at = $7,
+        let ledger = self.clone();
+        let reqs: Vec<Finished> = reqs
+            .iter()
+            .map(|r| Finished {
+                consumer: r.consumer.to_owned(),
+                event_id: r.event_id.to_owned(),
+                worker: r.worker.as_str().to_owned(),
+                outcome: r.outcome.clone(),
+            })
+            .collect();
+        self.write(move |c| Box::pin(async move { finish_in(c, &ledger, &reqs, now).await }))
+            .await
+    }
+}
+
+/// An owned [`FinishDelivery`], for the writer.
+struct Finished {
+    consumer: String,
+    event_id: String,
+    worker: String,
+    outcome: DeliveryOutcome,
+}
+
+/// The body of [`Ledger::finish_deliveries`]: the event ids whose lease was lost.
+async fn finish_in(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    reqs: &[Finished],
+    now: Timestamp,
+) -> Result<Vec<String>, Error> {
+    let s = ledger.scope();
+    let mut lost = Vec::new();
+    for req in reqs {
+        let (status, next, error) = match &req.outcome {
+            DeliveryOutcome::Delivered => ("delivered", now, None),
+            DeliveryOutcome::Retry { at, error } => ("pending", *at, Some(error.clone())),
+            DeliveryOutcome::Dead { error } => ("dead", now, Some(error.clone())),
+        };
+        let n = c
+            .execute(
+                "UPDATE event_deliveries SET status = $6, next_attempt_at = $7,
                         last_error = COALESCE($8, last_error), leased_by = NULL,
                         leased_until = NULL, updated_at = $9
                      WHERE tenant = $1 AND workspace = $2 AND consumer = $3 AND event_id = $4
                        AND leased_by = $5 AND status = 'pending'",
-                    args![
-                        &s.tenant,
-                        &s.workspace,
-                        req.consumer,
-                        req.event_id,
-                        req.worker.as_str(),
-                        status,
-                        next,
-                        error,
-                        now,
-                    ],
-                )
-                .await?;
-            if n == 0 {
-                lost.push(req.event_id.to_owned());
-            }
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    &req.consumer,
+                    &req.event_id,
+                    req.worker.as_str(),
+                    status,
+                    next,
+                    error,
+                    now,
+                ],
+            )
+            .await?;
+        if n == 0 {
+            lost.push(req.event_id.clone());
         }
-        tx.commit().await?;
-        Ok(lost)
     }
+    Ok(lost)
+}
 
+impl Ledger {
     /// Re-queues a delivery by hand (`flow events redeliver`): pending, due now, attempts
     /// reset so the cap applies anew.
     pub async fn redeliver(
@@ -534,17 +587,21 @@ impl Ledger {
         event_id: &str,
         now: Timestamp,
     ) -> Result<(), Error> {
-        self.writable()?;
         let s = self.scope();
-        let mut pc = self.pool().acquire_write().await?;
-        let n = pc
-            .conn()
-            .execute(
-                "UPDATE event_deliveries SET status = 'pending', attempts = 0,
-                    next_attempt_at = $5, leased_by = NULL, leased_until = NULL, updated_at = $5
-                 WHERE tenant = $1 AND workspace = $2 AND consumer = $3 AND event_id = $4",
-                args![&s.tenant, &s.workspace, consumer, event_id, now],
-            )
+        let a = args![&s.tenant, &s.workspace, consumer, event_id, now];
+        let n = self
+            .write_statement(move |c| {
+                Box::pin(async move {
+                    c.execute(
+                        "UPDATE event_deliveries SET status = 'pending', attempts = 0,
+                            next_attempt_at = $5, leased_by = NULL, leased_until = NULL,
+                            updated_at = $5
+                         WHERE tenant = $1 AND workspace = $2 AND consumer = $3 AND event_id = $4",
+                        a,
+                    )
+                    .await
+                })
+            })
             .await?;
         if n == 0 {
             return Err(Error::NotFound {
@@ -616,15 +673,19 @@ impl Ledger {
             if !WorkerId::from_string(h.leased_by.clone()).is_provably_dead() {
                 continue;
             }
-            let mut pc = self.pool().acquire_write().await?;
-            ended += pc
-                .conn()
-                .execute(
-                    "UPDATE event_deliveries SET leased_until = $4, updated_at = $4
-                     WHERE tenant = $1 AND workspace = $2 AND leased_by = $3
-                       AND status = 'pending' AND leased_until > $4",
-                    args![&s.tenant, &s.workspace, h.leased_by, now],
-                )
+            let a = args![&s.tenant, &s.workspace, h.leased_by, now];
+            ended += self
+                .write_statement(move |c| {
+                    Box::pin(async move {
+                        c.execute(
+                            "UPDATE event_deliveries SET leased_until = $4, updated_at = $4
+                             WHERE tenant = $1 AND workspace = $2 AND leased_by = $3
+                               AND status = 'pending' AND leased_until > $4",
+                            a,
+                        )
+                        .await
+                    })
+                })
                 .await?;
         }
         Ok(u32::try_from(ended).unwrap_or(u32::MAX))

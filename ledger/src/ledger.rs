@@ -77,7 +77,7 @@ impl Ledger {
     pub async fn migrate(&self) -> Result<(), Error> {
         self.writable()?;
         match &self.inner.pool {
-            Pool::Sqlite(p, _, _) => {
+            Pool::Sqlite(p, _) => {
                 // sqlx takes no lock across processes on SQLite: two processes opening a
                 // fresh file at once can both decide to apply migration 1, and the loser
                 // fails with "table already exists" once the winner commits. Each

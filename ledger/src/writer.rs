@@ -16,8 +16,9 @@
 //!
 //! Jobs run to completion in this task even if their caller stops waiting, so a caller
 //! that is cancelled mid-operation cannot leave half of its writes in a shared
-//! transaction. The writer also holds the write gate (`db::Pool`) for each batch, so the
-//! code that still opens its own transactions on the pool never interleaves with it.
+//! transaction. Every write of the ledger goes through this task (`db::Pool` has no other
+//! way to write); it holds a gate for each batch, which its tests hold to queue jobs
+//! deterministically.
 
 use std::future::Future;
 use std::pin::Pin;
