@@ -286,8 +286,19 @@ fn writing_command(command: &Command) -> Option<&'static str> {
     }
 }
 
+/// Commands that only look at (or steer) what is already in a ledger: on a missing one
+/// they report it instead of creating an empty database.
+fn needs_existing_ledger(command: &Command) -> bool {
+    match command {
+        Command::Show(_) | Command::Runs(_) | Command::Cancel(_) | Command::Resume(_) => true,
+        Command::Events(args) => !matches!(args.command, Some(events::EventsCommand::Dispatch(_))),
+        _ => false,
+    }
+}
+
 /// What every ledger command checks before it opens anything: the tenant and
-/// workspace are well-formed names, and a read-only `--db` is not asked to write.
+/// workspace are well-formed names, a read-only `--db` is not asked to write, and a
+/// command that reads does not create a missing SQLite ledger (exit 5).
 fn check_ledger_args(cli: &Cli, stderr: &mut dyn Write) -> Result<(), u8> {
     for (flag, value) in [("--tenant", &cli.tenant), ("--workspace", &cli.workspace)] {
         if !valid_name(value) {
@@ -313,6 +324,17 @@ fn check_ledger_args(cli: &Cli, stderr: &mut dyn Write) -> Result<(), u8> {
             flow_ledger::redact_url(&cli.db)
         );
         return Err(exit::INVALID);
+    }
+    if needs_existing_ledger(&cli.command)
+        && let Some(path) = flow_ledger::sqlite_path(&cli.db)
+        && !path.starts_with(':')
+        && !std::path::Path::new(path).exists()
+    {
+        let _ = writeln!(
+            stderr,
+            "error: no ledger at {path}: nothing has run with this --db yet (`flow run` or `flow migrate` creates it); nothing was created"
+        );
+        return Err(exit::UNAVAILABLE);
     }
     Ok(())
 }
@@ -367,7 +389,6 @@ pub(crate) fn config_exit_code(e: &crate::config::Error) -> u8 {
     }
 }
 
-/// Opens the ledger named by `--db`, or reports why not (exit 5).
 /// The PostgreSQL pool ceiling for this command (0, the backend default, on SQLite).
 ///
 /// The pool opens one connection and grows only while operations overlap, but with a
@@ -393,6 +414,7 @@ fn postgres_connections(cli: &Cli) -> u32 {
     }
 }
 
+/// Opens the ledger named by `--db`, or reports why not (exit 5).
 pub(crate) async fn open_ledger(
     cli: &Cli,
     stderr: &mut dyn Write,
