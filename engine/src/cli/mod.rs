@@ -5,12 +5,14 @@
 
 pub mod color;
 mod daemon;
+mod error;
 mod events;
 mod follow_up;
 mod logging;
 mod run;
 mod show;
 mod submit;
+mod table;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -19,6 +21,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub(crate) use error::CliError;
 pub(crate) use follow_up::{prefix as flow_command, quote as shell_quote};
 pub(crate) use show::print_json;
 
@@ -225,8 +228,8 @@ fn dispatch(cli: Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
             {
                 Ok(rt) => rt,
                 Err(e) => {
-                    let _ = writeln!(stderr, "error: cannot start the async runtime: {e}");
-                    return exit::UNAVAILABLE;
+                    let e = CliError::unavailable(format!("cannot start the async runtime: {e}"));
+                    return error::finish(Err(e), stderr);
                 }
             };
             runtime.block_on(async_command(&cli, stdout, stderr))
@@ -299,94 +302,68 @@ fn needs_existing_ledger(command: &Command) -> bool {
 /// What every ledger command checks before it opens anything: the tenant and
 /// workspace are well-formed names, a read-only `--db` is not asked to write, and a
 /// command that reads does not create a missing SQLite ledger (exit 5).
-fn check_ledger_args(cli: &Cli, stderr: &mut dyn Write) -> Result<(), u8> {
+fn check_ledger_args(cli: &Cli) -> Result<(), CliError> {
     for (flag, value) in [("--tenant", &cli.tenant), ("--workspace", &cli.workspace)] {
         if !valid_name(value) {
             let shown: String = value.escape_debug().take(80).collect();
-            let _ = writeln!(
-                stderr,
-                "error: invalid {flag} \"{shown}\"{}: use 1 to 128 letters, digits, `_`, `-` and `.`",
+            return Err(CliError::invalid(format!(
+                "invalid {flag} \"{shown}\"{}: use 1 to 128 letters, digits, `_`, `-` and `.`",
                 if value.chars().count() > 80 {
                     "…"
                 } else {
                     ""
                 }
-            );
-            return Err(exit::INVALID);
+            )));
         }
     }
     if flow_ledger::is_read_only_url(&cli.db)
         && let Some(name) = writing_command(&cli.command)
     {
-        let _ = writeln!(
-            stderr,
-            "error: --db {} is read-only (mode=ro) and `flow {name}` writes to the ledger; nothing was written (drop mode=ro to write)",
+        return Err(CliError::invalid(format!(
+            "--db {} is read-only (mode=ro) and `flow {name}` writes to the ledger; nothing was written (drop mode=ro to write)",
             flow_ledger::redact_url(&cli.db)
-        );
-        return Err(exit::INVALID);
+        )));
     }
     if needs_existing_ledger(&cli.command)
         && let Some(path) = flow_ledger::sqlite_path(&cli.db)
         && !path.starts_with(':')
         && !std::path::Path::new(path).exists()
     {
-        let _ = writeln!(
-            stderr,
-            "error: no ledger at {path}: nothing has run with this --db yet (`flow run` or `flow migrate` creates it); nothing was created"
-        );
-        return Err(exit::UNAVAILABLE);
+        return Err(CliError::NoLedger {
+            path: path.to_string(),
+        });
     }
     Ok(())
 }
 
 async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
-    if let Err(code) = check_ledger_args(cli, stderr) {
-        return code;
-    }
-    match &cli.command {
-        Command::Run(args) => run::run(cli, args, stdout, stderr).await,
-        Command::Resume(args) => run::resume(cli, args, stdout, stderr).await,
-        Command::Submit(args) => submit::submit(cli, args, stdout, stderr).await,
-        Command::Daemon(args) => daemon::daemon(cli, args, stdout, stderr).await,
-        Command::Show(args) => show::show(cli, args, stdout, stderr).await,
-        Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
-        Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,
-        Command::Events(args) => events::events(cli, args, stdout, stderr).await,
-        Command::Migrate => match open_ledger(cli, stderr).await {
-            Ok(ledger) => match ledger.migrate().await {
-                Ok(()) => {
-                    let _ = writeln!(stdout, "{}: migrations applied", ledger.url_redacted());
-                    exit::OK
-                }
-                Err(e) => {
-                    let _ = writeln!(stderr, "error: migrating {}: {e}", ledger.url_redacted());
-                    exit::UNAVAILABLE
-                }
-            },
-            Err(code) => code,
+    let result = match check_ledger_args(cli) {
+        Err(e) => Err(e),
+        Ok(()) => match &cli.command {
+            Command::Run(args) => run::run(cli, args, stdout, stderr).await,
+            Command::Resume(args) => run::resume(cli, args, stdout, stderr).await,
+            Command::Submit(args) => submit::submit(cli, args, stdout, stderr).await,
+            Command::Daemon(args) => daemon::daemon(cli, args, stdout, stderr).await,
+            Command::Show(args) => show::show(cli, args, stdout).await,
+            Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
+            Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,
+            Command::Events(args) => events::events(cli, args, stdout, stderr).await,
+            Command::Migrate => migrate(cli, stdout).await,
+            Command::Validate { .. } | Command::Graph { .. } | Command::Schema => Ok(exit::OK),
         },
-        Command::Validate { .. } | Command::Graph { .. } | Command::Schema => exit::OK,
-    }
+    };
+    error::finish(result, stderr)
 }
 
-/// The exit code for a secrets file that could not be loaded: 2 when the path is not a
-/// secrets file at all (over the 1 MiB limit: `/dev/zero`, a stream), else 5 (the
-/// installation's secrets are missing or broken).
-pub(crate) fn secrets_exit_code(e: &crate::secrets::Error) -> u8 {
-    match e {
-        crate::secrets::Error::TooLarge { .. } => exit::INVALID,
-        crate::secrets::Error::File { .. } => exit::UNAVAILABLE,
-    }
-}
-
-/// The exit code for a configuration that could not be loaded: 2 for an input error
-/// (over the size limit), else 5 (bad configuration).
-pub(crate) fn config_exit_code(e: &crate::config::Error) -> u8 {
-    if e.is_invalid_input() {
-        exit::INVALID
-    } else {
-        exit::UNAVAILABLE
-    }
+/// `flow migrate`.
+async fn migrate(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, CliError> {
+    let ledger = open_ledger(cli).await?;
+    ledger
+        .migrate()
+        .await
+        .map_err(|e| CliError::unavailable(format!("migrating {}: {e}", ledger.url_redacted())))?;
+    let _ = writeln!(stdout, "{}: migrations applied", ledger.url_redacted());
+    Ok(exit::OK)
 }
 
 /// The PostgreSQL pool ceiling for this command (0, the backend default, on SQLite).
@@ -414,11 +391,8 @@ fn postgres_connections(cli: &Cli) -> u32 {
     }
 }
 
-/// Opens the ledger named by `--db`, or reports why not (exit 5).
-pub(crate) async fn open_ledger(
-    cli: &Cli,
-    stderr: &mut dyn Write,
-) -> Result<flow_ledger::Ledger, u8> {
+/// Opens the ledger named by `--db`, or says why not (exit 5).
+pub(crate) async fn open_ledger(cli: &Cli) -> Result<flow_ledger::Ledger, CliError> {
     let opts = flow_ledger::OpenOptions {
         scope: flow_ledger::Scope {
             tenant: cli.tenant.clone(),
@@ -435,14 +409,10 @@ pub(crate) async fn open_ledger(
                 .push(ledger.clone());
             Ok(ledger)
         }
-        Err(e) => {
-            let _ = writeln!(
-                stderr,
-                "error: cannot open the ledger at {}: {e}",
-                flow_ledger::redact_url(&cli.db)
-            );
-            Err(exit::UNAVAILABLE)
-        }
+        Err(source) => Err(CliError::OpenLedger {
+            url: flow_ledger::redact_url(&cli.db),
+            source,
+        }),
     }
 }
 
@@ -520,10 +490,7 @@ fn graph(
 ) -> u8 {
     let wf = match load_file(file, &validate_options()) {
         Ok((wf, _)) => wf,
-        Err(diags) => {
-            let _ = write!(stderr, "{diags}");
-            return exit::INVALID;
-        }
+        Err(diags) => return error::finish(Err(CliError::Diagnostics(diags.to_string())), stderr),
     };
     match Plan::new(&wf) {
         Ok(plan) => {
