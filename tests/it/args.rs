@@ -346,3 +346,39 @@ fn read_commands_on_a_missing_postgres_database_create_nothing() {
         .expect("psql");
     assert_eq!(String::from_utf8_lossy(&listed.stdout).trim(), "0");
 }
+
+/// A flow.toml with an unknown key or a value of the wrong type is refused (exit 5)
+/// with `FILE:LINE:COL: error: …` on one line, before anything runs.
+#[test]
+fn flow_toml_mistakes_are_reported_at_file_line_and_column() {
+    let db = TestDb::new(Backend::Sqlite);
+    let hello = repo().join("workflows/hello.yaml");
+    for (text, at, says) in [
+        (
+            "[egress]\nallow = [\"x\"]\nalow = 1\n",
+            ":3:1: error: ",
+            "unknown field `alow`",
+        ),
+        ("[egress]\nallow = 7\n", ":2:9: error: ", "invalid type"),
+    ] {
+        let config = db.write("flow.toml", text);
+        let out = output(
+            db.flow()
+                .arg("--config")
+                .arg(&config)
+                .arg("run")
+                .arg(&hello)
+                .args(["--input", "name=Ada"]),
+        );
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(5), "{err}");
+        let first = err.lines().next().unwrap_or_default();
+        assert_eq!(
+            first.split(at).next(),
+            Some(config.display().to_string().as_str()),
+            "{err}"
+        );
+        assert!(first.contains(says), "{err}");
+    }
+    crate::support::no_runs(&db);
+}

@@ -80,13 +80,16 @@ impl CliError {
         }
     }
 
-    /// Prints the error on `stderr`: `error: MESSAGE`, except diagnostics (already in
-    /// their `FILE:LINE:COL: error:` form) and missing secrets (one line per secret, then
-    /// what was not done).
+    /// Prints the error on `stderr`: `error: MESSAGE`, except diagnostics and located
+    /// `flow.toml` errors (already in their `FILE:LINE:COL: error:` form) and missing
+    /// secrets (one line per secret, then what was not done).
     pub(crate) fn report(&self, stderr: &mut dyn Write) {
         match self {
             Self::Diagnostics(text) => {
                 let _ = write!(stderr, "{text}");
+            }
+            Self::Config(located @ crate::config::Error::At { .. }) => {
+                let _ = writeln!(stderr, "{located}");
             }
             Self::MissingSecrets { workflow, names } => {
                 for name in names {
