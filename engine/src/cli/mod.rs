@@ -9,6 +9,7 @@ mod error;
 mod events;
 mod follow_up;
 mod logging;
+mod meta;
 mod run;
 mod show;
 mod submit;
@@ -53,7 +54,7 @@ pub(crate) const DEFAULT_DB: &str = "sqlite://.flow/flow.db";
 
 /// flow — durable workflows whose side-effecting tool calls run at most once.
 #[derive(Debug, Parser)]
-#[command(name = "flow", version, about, long_about = None, propagate_version = true)]
+#[command(name = "flow", version = meta::VERSION, about, long_about = None, propagate_version = true)]
 #[command(
     after_help = "Examples:\n  flow run workflows/hello.yaml --input name=Ada\n  flow runs --status paused\n  flow show run_01J... \n  flow resume run_01J... --resolve charge=succeeded --output '{\"id\": \"re_1\"}'"
 )]
@@ -172,6 +173,21 @@ pub enum Command {
         after_help = "Examples:\n  flow events                      # deliveries, newest last\n  flow events --failed             # dead letters\n  flow events redeliver evt_01J... --consumer ops-webhook\n  flow events tail\n  flow events dispatch --once"
     )]
     Events(events::EventsArgs),
+    /// Print a shell completion script on stdout.
+    #[command(
+        after_help = "Examples:\n  flow completions bash > ~/.local/share/bash-completion/completions/flow\n  flow completions zsh > ~/.zfunc/_flow        # with fpath+=~/.zfunc before compinit\n  flow completions fish > ~/.config/fish/completions/flow.fish\n  flow completions powershell >> $PROFILE"
+    )]
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) on stdout.
+    #[command(after_help = "Example:\n  flow man > ~/.local/share/man/man1/flow.1 && man flow")]
+    Man,
+    /// Print the version, the git commit it was built from, and the ledger schema
+    /// version this build expects and `--db` has (nothing is created or migrated).
+    #[command(after_help = "Example:\n  flow --db postgres://flow@db.internal/flow version")]
+    Version,
 }
 
 /// Entry point of the binary.
@@ -221,6 +237,8 @@ fn dispatch(cli: Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
             let _ = stdout.write_all(crate::schema::workflow_schema_text().as_bytes());
             exit::OK
         }
+        Command::Completions { shell } => meta::completions(*shell, stdout),
+        Command::Man => error::finish(meta::man(stdout), stderr),
         _ => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -285,7 +303,10 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         | Command::Runs(_)
         | Command::Validate { .. }
         | Command::Graph { .. }
-        | Command::Schema => None,
+        | Command::Schema
+        | Command::Completions { .. }
+        | Command::Man
+        | Command::Version => None,
     }
 }
 
@@ -349,7 +370,12 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,
             Command::Events(args) => events::events(cli, args, stdout, stderr).await,
             Command::Migrate => migrate(cli, stdout).await,
-            Command::Validate { .. } | Command::Graph { .. } | Command::Schema => Ok(exit::OK),
+            Command::Version => Ok(meta::version(cli, stdout).await),
+            Command::Validate { .. }
+            | Command::Graph { .. }
+            | Command::Schema
+            | Command::Completions { .. }
+            | Command::Man => Ok(exit::OK),
         },
     };
     error::finish(result, stderr)
