@@ -47,7 +47,20 @@ pub enum Error {
         /// The I/O error.
         reason: String,
     },
-    /// The file is not valid TOML or has unknown keys.
+    /// The file is not valid TOML, has an unknown key or a value of the wrong type:
+    /// `FILE:LINE:COL: error: …`, the form workflow diagnostics and editors use.
+    #[error("{path}:{line}:{column}: error: {message}")]
+    At {
+        /// The file.
+        path: String,
+        /// 1-based line of the offending key or value.
+        line: usize,
+        /// 1-based column (in characters).
+        column: usize,
+        /// The parser's message, without its own location and excerpt.
+        message: String,
+    },
+    /// A consumer's settings do not go together (checked after parsing).
     #[error("invalid config {path}: {reason}")]
     Parse {
         /// The file.
@@ -113,10 +126,7 @@ impl Config {
                     reason: other.reason(),
                 },
             })?;
-        let mut config: Config = toml::from_str(&text).map_err(|e| Error::Parse {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        let mut config: Config = toml::from_str(&text).map_err(|e| located(&path, &text, &e))?;
         let mut seen = std::collections::BTreeSet::new();
         for c in &config.consumers {
             let problem = c.check().err().or_else(|| {
@@ -131,6 +141,21 @@ impl Config {
         }
         config.path = Some(path);
         Ok(config)
+    }
+}
+
+/// A TOML error at the line and column its span starts (the start of the file when the
+/// parser gives no span).
+fn located(path: &Path, text: &str, e: &toml::de::Error) -> Error {
+    let start = e.span().map_or(0, |s| s.start).min(text.len());
+    let before = text.get(..start).unwrap_or_default();
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    Error::At {
+        path: path.display().to_string(),
+        line,
+        column,
+        message: e.message().trim().to_string(),
     }
 }
 
@@ -350,6 +375,34 @@ mod tests {
     }
 
     #[test]
+    fn unknown_keys_and_wrong_types_name_file_line_and_column() {
+        for (text, at, says) in [
+            (
+                "[egress]\nallow = [\"a\"]\nallwo = 1\n",
+                ":3:1: error: ",
+                "unknown field `allwo`",
+            ),
+            ("[egres]\n", ":1:2: error: ", "unknown field `egres`"),
+            (
+                "[egress]\n  allow = \"x\"\n",
+                ":2:11: error: ",
+                "invalid type",
+            ),
+            (
+                "[[consumers]]\nname = \"a\"\nkind = \"file\"\npath = \"/x\"\nmax_attempts = \"9\"\n",
+                ":5:16: error: ",
+                "invalid type",
+            ),
+            ("[egress\n", ":1:8: error: ", ""),
+        ] {
+            let err = load(text).expect_err(text);
+            assert!(err.contains(&format!("flow.toml{at}")), "{text:?}: {err}");
+            assert!(err.contains(says), "{text:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "one line: {err}");
+        }
+    }
+
+    #[test]
     fn consumers_are_checked() {
         let ok = load(
             r#"
@@ -434,7 +487,10 @@ start = "latest"
         let p = dir.path().join("flow.toml");
         std::fs::write(&p, "[egress]\nallow = [\"a\"]\nalow = 1\n").expect("write");
         let err = Config::load(Some(&p)).expect_err("unknown key").to_string();
-        assert!(err.contains("alow") && err.contains("line 3"), "{err}");
+        assert!(
+            err.contains("alow") && err.contains("flow.toml:3:1: error: "),
+            "{err}"
+        );
         std::fs::write(&p, "[egress]\nallow = [\"a\"]\n").expect("write");
         assert_eq!(
             Config::load(Some(&p)).expect("ok").egress.allow,

@@ -100,6 +100,32 @@ impl Ledger {
         Ok(())
     }
 
+    /// The newest migration this build carries: the ledger schema version it expects
+    /// (`flow version` prints it beside the one a ledger has).
+    pub fn schema_version() -> i64 {
+        sqlite::MIGRATOR
+            .iter()
+            .map(|m| m.version)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The newest migration applied to this ledger (`None`: none yet). Reads only, so it
+    /// also answers on a ledger opened read-only or without migrating.
+    pub async fn applied_schema_version(&self) -> Result<Option<i64>, Error> {
+        const SQL: &str = "SELECT MAX(version) FROM _sqlx_migrations WHERE success";
+        let found = match &self.inner.pool {
+            Pool::Sqlite(p, _) => sqlx::query_scalar::<_, Option<i64>>(SQL).fetch_one(p).await,
+            Pool::Postgres(p) => sqlx::query_scalar::<_, Option<i64>>(SQL).fetch_one(p).await,
+        };
+        match found {
+            Ok(v) => Ok(v),
+            // A database nothing has migrated has no migrations table.
+            Err(sqlx::Error::Database(e)) if e.message().contains("_sqlx_migrations") => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// `sqlite` or `postgres`.
     pub fn backend_name(&self) -> &'static str {
         match &self.inner.pool {

@@ -112,6 +112,6 @@ pub use model::{
     Window,
 };
 pub use runs::MAX_CLAIM;
-pub use sqlite::is_read_only_url;
+pub use sqlite::{is_read_only_url, path_of as sqlite_path};
 pub use state::{CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus};
 pub use worker::WorkerId;

@@ -22,8 +22,9 @@ use crate::options::{OpenOptions, SqliteSynchronous as Sync};
 /// The SQLite migrations, embedded at build time.
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
-/// The file path of a `sqlite://PATH` or `sqlite:PATH` URL (query string dropped).
-pub(crate) fn path_of(url: &str) -> Option<&str> {
+/// The file path of a `sqlite://PATH` or `sqlite:PATH` URL (query string dropped);
+/// `None` for any other URL. Commands that only read check that it exists before opening.
+pub fn path_of(url: &str) -> Option<&str> {
     let rest = url
         .strip_prefix("sqlite://")
         .or_else(|| url.strip_prefix("sqlite:"))?;

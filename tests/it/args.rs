@@ -65,7 +65,7 @@ fn a_read_only_sqlite_url_serves_reads_and_refuses_writes() {
     let ro_missing = format!("sqlite://{}?mode=ro", missing.display());
     let out = output(db.flow().args(["--db", &ro_missing, "runs"]));
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
-    assert!(stderr(&out).contains("never created"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no ledger at"), "{}", stderr(&out));
     let out = output(
         db.flow()
             .args(["--db", &ro_missing, "run"])
@@ -112,12 +112,14 @@ fn bad_tenant_and_workspace_names_exit_2_before_the_ledger_is_opened() {
         !db.dir.path().join("flow.db").exists(),
         "nothing was opened"
     );
-    let out = output(
-        db.flow()
-            .args(["--tenant", "acme-1.prod_2", "--workspace", "w"])
-            .arg("runs"),
-    );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for command in ["migrate", "runs"] {
+        let out = output(
+            db.flow()
+                .args(["--tenant", "acme-1.prod_2", "--workspace", "w"])
+                .arg(command),
+        );
+        assert_eq!(out.status.code(), Some(0), "{command}: {}", stderr(&out));
+    }
 }
 
 /// Colour only on a terminal: help and usage errors through a pipe are plain text;
@@ -266,4 +268,117 @@ fn in_json_log_mode_every_stderr_line_parses() {
     assert_eq!(outputs[0].status.code(), Some(0));
     assert_eq!(outputs[2].status.code(), Some(2));
     assert!(stderr(&outputs[2]).contains("\"level\":\"ERROR\""));
+}
+
+/// Commands that read never create a ledger: on a missing SQLite file they say so
+/// (exit 5) and leave no file or directory behind; `flow migrate` creates one.
+#[test]
+fn read_commands_on_a_missing_ledger_create_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let here = || {
+        let mut cmd = crate::support::flow();
+        cmd.current_dir(dir.path());
+        cmd
+    };
+    for args in [
+        vec!["runs"],
+        vec!["show", "run_x"],
+        vec!["events"],
+        vec!["cancel", "run_x"],
+        vec!["resume", "run_x"],
+    ] {
+        let out = output(here().args(&args));
+        assert_eq!(out.status.code(), Some(5), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("no ledger at"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            !dir.path().join(".flow").exists(),
+            "{args:?} created .flow/"
+        );
+    }
+    let nowhere = dir.path().join("nonexistent/dir/x.db");
+    let out = output(
+        here()
+            .arg("--db")
+            .arg(format!("sqlite://{}", nowhere.display()))
+            .arg("runs"),
+    );
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(
+        !dir.path().join("nonexistent").exists(),
+        "the directory was created"
+    );
+    let migrated = output(here().arg("migrate"));
+    assert_eq!(migrated.status.code(), Some(0), "{}", stderr(&migrated));
+    let listed = output(here().arg("runs"));
+    assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+}
+
+/// A read command on a PostgreSQL database that does not exist says so (exit 5, naming
+/// the database) and does not create it: flow never creates PostgreSQL databases.
+#[test]
+fn read_commands_on_a_missing_postgres_database_create_nothing() {
+    if !crate::support::postgres_available() {
+        return;
+    }
+    let (host, port) = crate::support::postgres_admin();
+    let name = format!(
+        "flow_it_missing_{}",
+        ulid::Ulid::generate().to_string().to_lowercase()
+    );
+    let url = format!("postgres://postgres@{host}:{port}/{name}");
+    for args in [vec!["runs"], vec!["show", "run_x"], vec!["events"]] {
+        let out = output(crate::support::flow().args(["--db", &url]).args(&args));
+        assert_eq!(out.status.code(), Some(5), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(&name), "{args:?}: {}", stderr(&out));
+    }
+    let listed = std::process::Command::new("psql")
+        .args([
+            "-h", &host, "-p", &port, "-U", "postgres", "-d", "test", "-tAc",
+        ])
+        .arg(format!(
+            "SELECT count(*) FROM pg_database WHERE datname = '{name}'"
+        ))
+        .output()
+        .expect("psql");
+    assert_eq!(String::from_utf8_lossy(&listed.stdout).trim(), "0");
+}
+
+/// A flow.toml with an unknown key or a value of the wrong type is refused (exit 5)
+/// with `FILE:LINE:COL: error: …` on one line, before anything runs.
+#[test]
+fn flow_toml_mistakes_are_reported_at_file_line_and_column() {
+    let db = TestDb::new(Backend::Sqlite);
+    let hello = repo().join("workflows/hello.yaml");
+    for (text, at, says) in [
+        (
+            "[egress]\nallow = [\"x\"]\nalow = 1\n",
+            ":3:1: error: ",
+            "unknown field `alow`",
+        ),
+        ("[egress]\nallow = 7\n", ":2:9: error: ", "invalid type"),
+    ] {
+        let config = db.write("flow.toml", text);
+        let out = output(
+            db.flow()
+                .arg("--config")
+                .arg(&config)
+                .arg("run")
+                .arg(&hello)
+                .args(["--input", "name=Ada"]),
+        );
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(5), "{err}");
+        let first = err.lines().next().unwrap_or_default();
+        assert_eq!(
+            first.split(at).next(),
+            Some(config.display().to_string().as_str()),
+            "{err}"
+        );
+        assert!(first.contains(says), "{err}");
+    }
+    crate::support::no_runs(&db);
 }

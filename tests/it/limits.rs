@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use crate::support::{Backend, TestDb, backends, output, stderr};
+use crate::support::{Backend, TestDb, backends, no_runs, output, stderr};
 
 /// Within this, every refusal here must have happened (they take milliseconds).
 const BOUND: Duration = Duration::from_secs(5);
@@ -63,14 +63,6 @@ fn assert_refused(out: &Output, took: Duration, what: &str, path: &str) {
     assert!(took < BOUND, "{what} took {took:?}");
     assert!(err.contains("1048576 bytes"), "{what}: the limit: {err}");
     assert!(err.contains(path), "{what}: the path: {err}");
-}
-
-fn no_runs(db: &TestDb) {
-    let out = output(db.flow().args(["runs", "--json"]));
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let runs: serde_json::Value =
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("runs --json: {e}"));
-    assert_eq!(runs.as_array().map(Vec::len), Some(0), "{runs}");
 }
 
 #[test]

@@ -9,6 +9,7 @@ mod events;
 mod flapping;
 mod gateway;
 mod limits;
+mod meta;
 mod retries;
 mod runs;
 mod secrets;

@@ -445,7 +445,8 @@ fn processes_opening_a_fresh_sqlite_file_together_all_get_in() {
                     cmd.arg("run")
                         .arg(crate::support::repo().join("workflows/hello.yaml"));
                 } else {
-                    cmd.args(["runs", "--json"]);
+                    // Writers: read commands do not create a missing ledger.
+                    cmd.arg("migrate");
                 }
                 cmd.stdout(Stdio::null())
                     .stderr(Stdio::piped())

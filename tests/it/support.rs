@@ -297,6 +297,25 @@ impl Drop for TestDb {
     }
 }
 
+/// Asserts that `db` holds no run: a SQLite ledger that was never created holds none
+/// (read commands do not create it, so that is checked first), else `flow runs --json`
+/// lists none. Tests of refused commands use it to show nothing was written.
+pub fn no_runs(db: &TestDb) {
+    if let Some(path) = db.url.strip_prefix("sqlite://")
+        && !Path::new(path).exists()
+    {
+        let out = output(db.flow().args(["runs", "--json"]));
+        assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+        assert!(!Path::new(path).exists(), "flow runs created {path}");
+        return;
+    }
+    let out = output(db.flow().args(["runs", "--json"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let runs: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("runs --json: {e}"));
+    assert_eq!(runs.as_array().map(Vec::len), Some(0), "{runs}");
+}
+
 /// A multi-thread tokio runtime for test servers that must keep serving while the test
 /// thread waits on child processes.
 pub fn runtime() -> tokio::runtime::Runtime {

@@ -143,12 +143,18 @@ fn the_committed_schema_is_current() {
 }
 
 #[test]
-fn examples_conform_to_the_schema_and_unknown_keys_do_not() {
+fn examples_name_and_conform_to_the_schema_and_unknown_keys_do_not() {
     let schema: serde_json::Value =
         serde_json::from_str(&flow::schema::workflow_schema_text()).expect("schema is JSON");
     let validator = jsonschema::validator_for(&schema).expect("schema compiles");
     for file in files(&repo().join("workflows"), "yaml") {
         let text = std::fs::read_to_string(&file).expect("read");
+        // Editors with the YAML language server complete and check keys from it.
+        assert!(
+            text.starts_with("# yaml-language-server: $schema=./schema.json\n"),
+            "{}: the first line points editors at the schema",
+            file.display()
+        );
         let value: serde_json::Value = yaml_serde::from_str(&text).expect("yaml");
         let errors: Vec<String> = validator
             .iter_errors(&value)

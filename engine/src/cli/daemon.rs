@@ -11,7 +11,7 @@ use flow_ledger::{Clock, SystemClock, WorkerId};
 use rand::SeedableRng;
 use tokio_util::sync::CancellationToken;
 
-use super::{Cli, exit, logging};
+use super::{Cli, CliError, exit, logging};
 use crate::config::Config as FileConfig;
 use crate::daemon::metrics::{self, Metrics, Observer};
 use crate::daemon::{Config, Service, Stopped, shutdown};
@@ -54,22 +54,15 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Opens what the daemon needs; `Err` is the exit code (5), already explained on stderr.
+/// Opens what the daemon needs, or says why it cannot run.
 async fn open(
     cli: &Cli,
     args: &DaemonArgs,
     metrics: Arc<Metrics>,
-    stderr: &mut dyn Write,
-) -> Result<(Executor, Vec<crate::events::Consumer>), u8> {
-    let secrets = Secrets::load(cli.secrets_file.as_deref()).map_err(|e| {
-        let _ = writeln!(stderr, "error: {e}");
-        super::secrets_exit_code(&e)
-    })?;
+) -> Result<(Executor, Vec<crate::events::Consumer>), CliError> {
+    let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     logging::init(cli.log_format, &secrets);
-    let config = FileConfig::load(cli.config.as_deref()).map_err(|e| {
-        let _ = writeln!(stderr, "error: {e}");
-        super::config_exit_code(&e)
-    })?;
+    let config = FileConfig::load(cli.config.as_deref())?;
     // Runs hold a connection only for the length of one transaction, so a few serve many
     // runs; a connection per run would exhaust PostgreSQL's `max_connections` (100 by
     // default) with a handful of daemons, and refused connections cost far more than a
@@ -87,27 +80,18 @@ async fn open(
         },
         ..flow_ledger::OpenOptions::default()
     };
-    let ledger = match flow_ledger::Ledger::open(&cli.db, opts).await {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = writeln!(
-                stderr,
-                "error: cannot open the ledger at {}: {e}",
-                flow_ledger::redact_url(&cli.db)
-            );
-            return Err(exit::UNAVAILABLE);
-        }
-    };
+    let ledger = flow_ledger::Ledger::open(&cli.db, opts)
+        .await
+        .map_err(|source| CliError::OpenLedger {
+            url: flow_ledger::redact_url(&cli.db),
+            source,
+        })?;
     // The event consumers of flow.toml: the daemon delivers their events too, so one
     // process per host is enough (`flow events dispatch` remains for dispatch alone).
-    let consumers = crate::events::consumers(&config.consumers, &secrets).map_err(|e| {
-        let _ = writeln!(stderr, "error: {e}");
-        exit::UNAVAILABLE
-    })?;
-    let tools = Tools::new().map_err(|e| {
-        let _ = writeln!(stderr, "error: cannot set up tool clients: {e}");
-        exit::UNAVAILABLE
-    })?;
+    let consumers = crate::events::consumers(&config.consumers, &secrets)
+        .map_err(|e| CliError::unavailable(e.to_string()))?;
+    let tools = Tools::new()
+        .map_err(|e| CliError::unavailable(format!("cannot set up tool clients: {e}")))?;
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let gateway = Gateway::new(
         ledger,
@@ -131,12 +115,9 @@ pub(crate) async fn daemon(
     args: &DaemonArgs,
     _stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> u8 {
+) -> Result<u8, CliError> {
     let metrics = Arc::new(Metrics::new());
-    let (executor, consumers) = match open(cli, args, metrics.clone(), stderr).await {
-        Ok(opened) => opened,
-        Err(code) => return code,
-    };
+    let (executor, consumers) = open(cli, args, metrics.clone()).await?;
     let ledger = executor.gateway().ledger().clone();
     let config = Config {
         concurrency: usize::try_from(args.concurrency).unwrap_or(1),
@@ -153,8 +134,9 @@ pub(crate) async fn daemon(
             {
                 Ok(bound) => Some(bound),
                 Err(e) => {
-                    let _ = writeln!(stderr, "error: cannot serve metrics on {addr}: {e}");
-                    return exit::UNAVAILABLE;
+                    return Err(CliError::unavailable(format!(
+                        "cannot serve metrics on {addr}: {e}"
+                    )));
                 }
             }
         }
@@ -209,7 +191,7 @@ pub(crate) async fn daemon(
             let _ = writeln!(stderr, "flow daemon: queue empty; exiting");
             signals.abort();
             ledger.close().await;
-            exit::OK
+            Ok(exit::OK)
         }
         Stopped::Graceful {
             abandoned,
@@ -223,7 +205,7 @@ pub(crate) async fn daemon(
             );
             signals.abort();
             ledger.close().await;
-            exit::OK
+            Ok(exit::OK)
         }
         Stopped::Immediate => {
             let code = match signals.await {

@@ -12,7 +12,8 @@ use flow_ledger::{
 use serde_json::{Value as Json, json};
 use tokio_util::sync::CancellationToken;
 
-use super::{Cli, exit, logging, open_ledger};
+use super::table::{cell, table, terminal_width};
+use super::{Cli, CliError, exit, logging, open_ledger};
 use crate::config::Config;
 use crate::events::{self, Consumer, Dispatcher, Options, wire};
 use crate::secrets::Secrets;
@@ -112,11 +113,11 @@ pub(crate) async fn events(
     args: &EventsArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> u8 {
+) -> Result<u8, CliError> {
     match &args.command {
         None => list(cli, args, stdout, stderr).await,
         Some(EventsCommand::Redeliver(a)) => redeliver(cli, a, stdout, stderr).await,
-        Some(EventsCommand::Tail(a)) => tail(cli, a, stdout, stderr).await,
+        Some(EventsCommand::Tail(a)) => tail(cli, a, stdout).await,
         Some(EventsCommand::Dispatch(a)) => dispatch(cli, a, stderr).await,
     }
 }
@@ -132,7 +133,12 @@ fn delivery_json(d: &Delivery, ledger: &Ledger) -> Json {
     })
 }
 
-async fn list(cli: &Cli, args: &EventsArgs, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
+async fn list(
+    cli: &Cli,
+    args: &EventsArgs,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<u8, CliError> {
     let status = match (args.failed, args.status.as_deref()) {
         (true, _) => Some(DeliveryStatus::Dead),
         (false, None) => None,
@@ -140,17 +146,12 @@ async fn list(cli: &Cli, args: &EventsArgs, stdout: &mut dyn Write, stderr: &mut
         (false, Some("delivered")) => Some(DeliveryStatus::Delivered),
         (false, Some("dead")) => Some(DeliveryStatus::Dead),
         (false, Some(other)) => {
-            let _ = writeln!(
-                stderr,
-                "error: unknown delivery status `{other}`; use pending, delivered or dead"
-            );
-            return exit::INVALID;
+            return Err(CliError::invalid(format!(
+                "unknown delivery status `{other}`; use pending, delivered or dead"
+            )));
         }
     };
-    let ledger = match open_ledger(cli, stderr).await {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
+    let ledger = open_ledger(cli).await?;
     let filter = DeliveryFilter {
         consumer: args.consumer.clone(),
         status,
@@ -158,13 +159,7 @@ async fn list(cli: &Cli, args: &EventsArgs, stdout: &mut dyn Write, stderr: &mut
         run_id: args.run.clone(),
         limit: args.limit,
     };
-    let list = match ledger.list_deliveries(filter).await {
-        Ok(l) => l,
-        Err(e) => {
-            let _ = writeln!(stderr, "error: {e}");
-            return exit::UNAVAILABLE;
-        }
-    };
+    let list = ledger.list_deliveries(filter).await.map_err(unavailable)?;
     if args.json {
         let out: Vec<Json> = list.iter().map(|d| delivery_json(d, &ledger)).collect();
         let _ = writeln!(
@@ -172,7 +167,7 @@ async fn list(cli: &Cli, args: &EventsArgs, stdout: &mut dyn Write, stderr: &mut
             "{}",
             serde_json::to_string_pretty(&out).unwrap_or_default()
         );
-        return exit::OK;
+        return Ok(exit::OK);
     }
     if list.is_empty() {
         let what = if status == Some(DeliveryStatus::Dead) {
@@ -182,28 +177,45 @@ async fn list(cli: &Cli, args: &EventsArgs, stdout: &mut dyn Write, stderr: &mut
         };
         let _ = writeln!(stderr, "{what}");
     }
-    for d in &list {
-        let note = match d.status {
-            DeliveryStatus::Pending if d.attempts > 0 => format!(
-                "next attempt {}: {}",
-                d.next_attempt_at,
-                d.last_error.as_deref().unwrap_or("")
-            ),
-            DeliveryStatus::Dead => d.last_error.clone().unwrap_or_default(),
-            _ => String::new(),
-        };
-        let _ = writeln!(
-            stdout,
-            "{:<30} {:<20} {:<32} {:<16} {:<9} {:>3}  {note}",
-            d.event.id,
-            d.event.event_type.as_str(),
-            d.event.run_id.as_deref().unwrap_or("-"),
-            d.consumer,
-            d.status.as_str(),
-            d.attempts,
-        );
+    if !list.is_empty() {
+        let rows: Vec<Vec<String>> = list.iter().map(delivery_row).collect();
+        let header = [
+            "EVENT", "TYPE", "RUN", "CONSUMER", "STATUS", "ATTEMPTS", "NOTE",
+        ];
+        let _ = stdout.write_all(table(&header, &rows, terminal_width()).as_bytes());
     }
-    exit::OK
+    Ok(exit::OK)
+}
+
+/// The most characters of an error a table row shows (`--json` has it whole).
+const NOTE_MAX: usize = 100;
+
+/// One delivery as a row of the `flow events` table; the note is when a pending one is
+/// tried next and why the last attempt failed, or why a dead one gave up.
+fn delivery_row(d: &Delivery) -> Vec<String> {
+    let note = match d.status {
+        DeliveryStatus::Pending if d.attempts > 0 => format!(
+            "next attempt {}: {}",
+            d.next_attempt_at,
+            d.last_error.as_deref().unwrap_or("")
+        ),
+        DeliveryStatus::Dead => d.last_error.clone().unwrap_or_default(),
+        _ => String::new(),
+    };
+    vec![
+        d.event.id.clone(),
+        d.event.event_type.as_str().to_string(),
+        d.event.run_id.clone().unwrap_or_else(|| "-".into()),
+        d.consumer.clone(),
+        d.status.as_str().to_string(),
+        d.attempts.to_string(),
+        cell(&note, NOTE_MAX),
+    ]
+}
+
+/// A ledger error that stops the command (exit 5).
+fn unavailable(e: flow_ledger::Error) -> CliError {
+    CliError::unavailable(e.to_string())
 }
 
 async fn redeliver(
@@ -211,11 +223,8 @@ async fn redeliver(
     args: &RedeliverArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> u8 {
-    let ledger = match open_ledger(cli, stderr).await {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
+) -> Result<u8, CliError> {
+    let ledger = open_ledger(cli).await?;
     let mut targets: Vec<(String, String)> = Vec::new();
     let mut missing = Vec::new();
     let mut filters: Vec<DeliveryFilter> = args
@@ -238,23 +247,18 @@ async fn redeliver(
     }
     for filter in filters {
         let id = filter.event_id.clone();
-        match ledger.list_deliveries(filter).await {
-            Ok(found) if found.is_empty() => missing.extend(id),
-            Ok(found) => {
-                targets.extend(found.into_iter().map(|d| (d.consumer, d.event.id)));
-            }
-            Err(e) => {
-                let _ = writeln!(stderr, "error: {e}");
-                return exit::UNAVAILABLE;
-            }
+        let found = ledger.list_deliveries(filter).await.map_err(unavailable)?;
+        if found.is_empty() {
+            missing.extend(id);
         }
+        targets.extend(found.into_iter().map(|d| (d.consumer, d.event.id)));
     }
     let now = SystemClock.now();
     for (consumer, id) in &targets {
-        if let Err(e) = ledger.redeliver(consumer, id, now).await {
-            let _ = writeln!(stderr, "error: re-queueing {id} for {consumer}: {e}");
-            return exit::UNAVAILABLE;
-        }
+        ledger
+            .redeliver(consumer, id, now)
+            .await
+            .map_err(|e| CliError::unavailable(format!("re-queueing {id} for {consumer}: {e}")))?;
         let _ = writeln!(stdout, "re-queued {id} for {consumer}");
     }
     if args.failed && targets.is_empty() {
@@ -265,14 +269,12 @@ async fn redeliver(
             .consumer
             .as_deref()
             .map_or(String::new(), |c| format!(" to consumer `{c}`"));
-        let _ = writeln!(
-            stderr,
-            "error: no delivery of {}{to} (see `flow events`)",
+        return Err(CliError::invalid(format!(
+            "no delivery of {}{to} (see `flow events`)",
             missing.join(", ")
-        );
-        return exit::INVALID;
+        )));
     }
-    exit::OK
+    Ok(exit::OK)
 }
 
 /// Resolves when Ctrl-C or SIGTERM arrives.
@@ -302,24 +304,19 @@ async fn interrupted() {
 /// make an event visible after events with a higher `seq`).
 const LOOKBACK: i64 = 1000;
 
-async fn tail(cli: &Cli, args: &TailArgs, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
-    let ledger = match open_ledger(cli, stderr).await {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
+async fn tail(cli: &Cli, args: &TailArgs, stdout: &mut dyn Write) -> Result<u8, CliError> {
+    let ledger = open_ledger(cli).await?;
     // On PostgreSQL a transaction may commit after a later `seq` became visible, so each
     // poll re-reads a window behind the highest `seq` seen and prints what is new.
     let mut seen: BTreeMap<i64, ()> = BTreeMap::new();
     let mut high = -1;
     let mut first = !args.from_start;
     if first {
-        match ledger.last_event_seq().await {
-            Ok(last) => high = last.unwrap_or(-1),
-            Err(e) => {
-                let _ = writeln!(stderr, "error: {e}");
-                return exit::UNAVAILABLE;
-            }
-        }
+        high = ledger
+            .last_event_seq()
+            .await
+            .map_err(unavailable)?
+            .unwrap_or(-1);
     }
     let stop = interrupted();
     tokio::pin!(stop);
@@ -333,13 +330,7 @@ async fn tail(cli: &Cli, args: &TailArgs, stdout: &mut dyn Write, stderr: &mut d
             after_seq: Some(after),
             limit: 1000,
         };
-        let events = match ledger.list_events(filter).await {
-            Ok(e) => e,
-            Err(e) => {
-                let _ = writeln!(stderr, "error: {e}");
-                return exit::UNAVAILABLE;
-            }
-        };
+        let events = ledger.list_events(filter).await.map_err(unavailable)?;
         let full = events.len() == 1000;
         for e in events {
             if seen.insert(e.seq, ()).is_some() {
@@ -371,7 +362,7 @@ async fn tail(cli: &Cli, args: &TailArgs, stdout: &mut dyn Write, stderr: &mut d
                 .is_err()
             {
                 // The reader went away (a closed pipe): stop like `tail` does.
-                return exit::OK;
+                return Ok(exit::OK);
             }
         }
         first = false;
@@ -381,28 +372,20 @@ async fn tail(cli: &Cli, args: &TailArgs, stdout: &mut dyn Write, stderr: &mut d
             continue;
         }
         tokio::select! {
-            _ = &mut stop => return exit::OK,
+            _ = &mut stop => return Ok(exit::OK),
             _ = tokio::time::sleep(args.poll_interval) => {}
         }
     }
 }
 
 /// Secrets, logging, config and consumers for `dispatch`.
-fn load_consumers(cli: &Cli, stderr: &mut dyn Write) -> Result<Vec<Consumer>, u8> {
-    let secrets = Secrets::load(cli.secrets_file.as_deref()).map_err(|e| {
-        let _ = writeln!(stderr, "error: {e}");
-        super::secrets_exit_code(&e)
-    })?;
+fn load_consumers(cli: &Cli) -> Result<Vec<Consumer>, CliError> {
+    let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     // Before anything can log: webhook signing keys are secrets and are scrubbed too.
     logging::init(cli.log_format, &secrets);
-    let config = Config::load(cli.config.as_deref()).map_err(|e| {
-        let _ = writeln!(stderr, "error: {e}");
-        super::config_exit_code(&e)
-    })?;
-    let consumers = events::consumers(&config.consumers, &secrets).map_err(|e| {
-        let _ = writeln!(stderr, "error: {e}");
-        exit::UNAVAILABLE
-    })?;
+    let config = Config::load(cli.config.as_deref())?;
+    let consumers = events::consumers(&config.consumers, &secrets)
+        .map_err(|e| CliError::unavailable(e.to_string()))?;
     if consumers.is_empty() {
         let from = config
             .path
@@ -410,24 +393,16 @@ fn load_consumers(cli: &Cli, stderr: &mut dyn Write) -> Result<Vec<Consumer>, u8
             .map_or("no flow.toml found".to_string(), |p| {
                 p.display().to_string()
             });
-        let _ = writeln!(
-            stderr,
-            "error: no event consumers configured ({from}); add [[consumers]] entries (see README, Events)"
-        );
-        return Err(exit::UNAVAILABLE);
+        return Err(CliError::unavailable(format!(
+            "no event consumers configured ({from}); add [[consumers]] entries (see README, Events)"
+        )));
     }
     Ok(consumers)
 }
 
-async fn dispatch(cli: &Cli, args: &DispatchArgs, stderr: &mut dyn Write) -> u8 {
-    let consumers = match load_consumers(cli, stderr) {
-        Ok(c) => c,
-        Err(code) => return code,
-    };
-    let ledger = match open_ledger(cli, stderr).await {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
+async fn dispatch(cli: &Cli, args: &DispatchArgs, stderr: &mut dyn Write) -> Result<u8, CliError> {
+    let consumers = load_consumers(cli)?;
+    let ledger = open_ledger(cli).await?;
     let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();
     let _ = writeln!(
         stderr,
@@ -442,16 +417,12 @@ async fn dispatch(cli: &Cli, args: &DispatchArgs, stderr: &mut dyn Write) -> u8 
         ..Options::default()
     });
     if args.once {
-        return match dispatcher.dispatch_once().await {
-            Ok(summary) => {
-                let _ = writeln!(stderr, "{summary}");
-                exit::OK
-            }
-            Err(e) => {
-                let _ = writeln!(stderr, "error: {e}");
-                exit::UNAVAILABLE
-            }
-        };
+        let summary = dispatcher
+            .dispatch_once()
+            .await
+            .map_err(|e| CliError::unavailable(e.to_string()))?;
+        let _ = writeln!(stderr, "{summary}");
+        return Ok(exit::OK);
     }
     let shutdown = CancellationToken::new();
     let trigger = shutdown.clone();
@@ -461,5 +432,5 @@ async fn dispatch(cli: &Cli, args: &DispatchArgs, stderr: &mut dyn Write) -> u8 
     });
     let summary = dispatcher.run(shutdown).await;
     let _ = writeln!(stderr, "stopped: {summary}");
-    exit::OK
+    Ok(exit::OK)
 }

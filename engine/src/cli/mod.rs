@@ -5,12 +5,15 @@
 
 pub mod color;
 mod daemon;
+mod error;
 mod events;
 mod follow_up;
 mod logging;
+mod meta;
 mod run;
 mod show;
 mod submit;
+mod table;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -19,6 +22,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+pub(crate) use error::CliError;
 pub(crate) use follow_up::{prefix as flow_command, quote as shell_quote};
 pub(crate) use show::print_json;
 
@@ -50,7 +54,7 @@ pub(crate) const DEFAULT_DB: &str = "sqlite://.flow/flow.db";
 
 /// flow — durable workflows whose side-effecting tool calls run at most once.
 #[derive(Debug, Parser)]
-#[command(name = "flow", version, about, long_about = None, propagate_version = true)]
+#[command(name = "flow", version = meta::VERSION, about, long_about = None, propagate_version = true)]
 #[command(
     after_help = "Examples:\n  flow run workflows/hello.yaml --input name=Ada\n  flow runs --status paused\n  flow show run_01J... \n  flow resume run_01J... --resolve charge=succeeded --output '{\"id\": \"re_1\"}'"
 )]
@@ -169,6 +173,21 @@ pub enum Command {
         after_help = "Examples:\n  flow events                      # deliveries, newest last\n  flow events --failed             # dead letters\n  flow events redeliver evt_01J... --consumer ops-webhook\n  flow events tail\n  flow events dispatch --once"
     )]
     Events(events::EventsArgs),
+    /// Print a shell completion script on stdout.
+    #[command(
+        after_help = "Examples:\n  flow completions bash > ~/.local/share/bash-completion/completions/flow\n  flow completions zsh > ~/.zfunc/_flow        # with fpath+=~/.zfunc before compinit\n  flow completions fish > ~/.config/fish/completions/flow.fish\n  flow completions powershell >> $PROFILE"
+    )]
+    Completions {
+        /// The shell to complete for.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff) on stdout.
+    #[command(after_help = "Example:\n  flow man > ~/.local/share/man/man1/flow.1 && man flow")]
+    Man,
+    /// Print the version, the git commit it was built from, and the ledger schema
+    /// version this build expects and `--db` has (nothing is created or migrated).
+    #[command(after_help = "Example:\n  flow --db postgres://flow@db.internal/flow version")]
+    Version,
 }
 
 /// Entry point of the binary.
@@ -218,6 +237,8 @@ fn dispatch(cli: Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
             let _ = stdout.write_all(crate::schema::workflow_schema_text().as_bytes());
             exit::OK
         }
+        Command::Completions { shell } => meta::completions(*shell, stdout),
+        Command::Man => error::finish(meta::man(stdout), stderr),
         _ => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .enable_all()
@@ -225,8 +246,8 @@ fn dispatch(cli: Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
             {
                 Ok(rt) => rt,
                 Err(e) => {
-                    let _ = writeln!(stderr, "error: cannot start the async runtime: {e}");
-                    return exit::UNAVAILABLE;
+                    let e = CliError::unavailable(format!("cannot start the async runtime: {e}"));
+                    return error::finish(Err(e), stderr);
                 }
             };
             runtime.block_on(async_command(&cli, stdout, stderr))
@@ -282,92 +303,95 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         | Command::Runs(_)
         | Command::Validate { .. }
         | Command::Graph { .. }
-        | Command::Schema => None,
+        | Command::Schema
+        | Command::Completions { .. }
+        | Command::Man
+        | Command::Version => None,
+    }
+}
+
+/// Commands that only look at (or steer) what is already in a ledger: on a missing one
+/// they report it instead of creating an empty database.
+fn needs_existing_ledger(command: &Command) -> bool {
+    match command {
+        Command::Show(_) | Command::Runs(_) | Command::Cancel(_) | Command::Resume(_) => true,
+        Command::Events(args) => !matches!(args.command, Some(events::EventsCommand::Dispatch(_))),
+        _ => false,
     }
 }
 
 /// What every ledger command checks before it opens anything: the tenant and
-/// workspace are well-formed names, and a read-only `--db` is not asked to write.
-fn check_ledger_args(cli: &Cli, stderr: &mut dyn Write) -> Result<(), u8> {
+/// workspace are well-formed names, a read-only `--db` is not asked to write, and a
+/// command that reads does not create a missing SQLite ledger (exit 5).
+fn check_ledger_args(cli: &Cli) -> Result<(), CliError> {
     for (flag, value) in [("--tenant", &cli.tenant), ("--workspace", &cli.workspace)] {
         if !valid_name(value) {
             let shown: String = value.escape_debug().take(80).collect();
-            let _ = writeln!(
-                stderr,
-                "error: invalid {flag} \"{shown}\"{}: use 1 to 128 letters, digits, `_`, `-` and `.`",
+            return Err(CliError::invalid(format!(
+                "invalid {flag} \"{shown}\"{}: use 1 to 128 letters, digits, `_`, `-` and `.`",
                 if value.chars().count() > 80 {
                     "…"
                 } else {
                     ""
                 }
-            );
-            return Err(exit::INVALID);
+            )));
         }
     }
     if flow_ledger::is_read_only_url(&cli.db)
         && let Some(name) = writing_command(&cli.command)
     {
-        let _ = writeln!(
-            stderr,
-            "error: --db {} is read-only (mode=ro) and `flow {name}` writes to the ledger; nothing was written (drop mode=ro to write)",
+        return Err(CliError::invalid(format!(
+            "--db {} is read-only (mode=ro) and `flow {name}` writes to the ledger; nothing was written (drop mode=ro to write)",
             flow_ledger::redact_url(&cli.db)
-        );
-        return Err(exit::INVALID);
+        )));
+    }
+    if needs_existing_ledger(&cli.command)
+        && let Some(path) = flow_ledger::sqlite_path(&cli.db)
+        && !path.starts_with(':')
+        && !std::path::Path::new(path).exists()
+    {
+        return Err(CliError::NoLedger {
+            path: path.to_string(),
+        });
     }
     Ok(())
 }
 
 async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
-    if let Err(code) = check_ledger_args(cli, stderr) {
-        return code;
-    }
-    match &cli.command {
-        Command::Run(args) => run::run(cli, args, stdout, stderr).await,
-        Command::Resume(args) => run::resume(cli, args, stdout, stderr).await,
-        Command::Submit(args) => submit::submit(cli, args, stdout, stderr).await,
-        Command::Daemon(args) => daemon::daemon(cli, args, stdout, stderr).await,
-        Command::Show(args) => show::show(cli, args, stdout, stderr).await,
-        Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
-        Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,
-        Command::Events(args) => events::events(cli, args, stdout, stderr).await,
-        Command::Migrate => match open_ledger(cli, stderr).await {
-            Ok(ledger) => match ledger.migrate().await {
-                Ok(()) => {
-                    let _ = writeln!(stdout, "{}: migrations applied", ledger.url_redacted());
-                    exit::OK
-                }
-                Err(e) => {
-                    let _ = writeln!(stderr, "error: migrating {}: {e}", ledger.url_redacted());
-                    exit::UNAVAILABLE
-                }
-            },
-            Err(code) => code,
+    let result = match check_ledger_args(cli) {
+        Err(e) => Err(e),
+        Ok(()) => match &cli.command {
+            Command::Run(args) => run::run(cli, args, stdout, stderr).await,
+            Command::Resume(args) => run::resume(cli, args, stdout, stderr).await,
+            Command::Submit(args) => submit::submit(cli, args, stdout, stderr).await,
+            Command::Daemon(args) => daemon::daemon(cli, args, stdout, stderr).await,
+            Command::Show(args) => show::show(cli, args, stdout).await,
+            Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
+            Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,
+            Command::Events(args) => events::events(cli, args, stdout, stderr).await,
+            Command::Migrate => migrate(cli, stdout).await,
+            Command::Version => Ok(meta::version(cli, stdout).await),
+            Command::Validate { .. }
+            | Command::Graph { .. }
+            | Command::Schema
+            | Command::Completions { .. }
+            | Command::Man => Ok(exit::OK),
         },
-        Command::Validate { .. } | Command::Graph { .. } | Command::Schema => exit::OK,
-    }
+    };
+    error::finish(result, stderr)
 }
 
-/// The exit code for a secrets file that could not be loaded: 2 when the path is not a
-/// secrets file at all (over the 1 MiB limit: `/dev/zero`, a stream), else 5 (the
-/// installation's secrets are missing or broken).
-pub(crate) fn secrets_exit_code(e: &crate::secrets::Error) -> u8 {
-    match e {
-        crate::secrets::Error::TooLarge { .. } => exit::INVALID,
-        crate::secrets::Error::File { .. } => exit::UNAVAILABLE,
-    }
+/// `flow migrate`.
+async fn migrate(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, CliError> {
+    let ledger = open_ledger(cli).await?;
+    ledger
+        .migrate()
+        .await
+        .map_err(|e| CliError::unavailable(format!("migrating {}: {e}", ledger.url_redacted())))?;
+    let _ = writeln!(stdout, "{}: migrations applied", ledger.url_redacted());
+    Ok(exit::OK)
 }
 
-/// The exit code for a configuration that could not be loaded: 2 for an input error
-/// (over the size limit), else 5 (bad configuration).
-pub(crate) fn config_exit_code(e: &crate::config::Error) -> u8 {
-    if e.is_invalid_input() {
-        exit::INVALID
-    } else {
-        exit::UNAVAILABLE
-    }
-}
-
-/// Opens the ledger named by `--db`, or reports why not (exit 5).
 /// The PostgreSQL pool ceiling for this command (0, the backend default, on SQLite).
 ///
 /// The pool opens one connection and grows only while operations overlap, but with a
@@ -393,10 +417,8 @@ fn postgres_connections(cli: &Cli) -> u32 {
     }
 }
 
-pub(crate) async fn open_ledger(
-    cli: &Cli,
-    stderr: &mut dyn Write,
-) -> Result<flow_ledger::Ledger, u8> {
+/// Opens the ledger named by `--db`, or says why not (exit 5).
+pub(crate) async fn open_ledger(cli: &Cli) -> Result<flow_ledger::Ledger, CliError> {
     let opts = flow_ledger::OpenOptions {
         scope: flow_ledger::Scope {
             tenant: cli.tenant.clone(),
@@ -413,14 +435,10 @@ pub(crate) async fn open_ledger(
                 .push(ledger.clone());
             Ok(ledger)
         }
-        Err(e) => {
-            let _ = writeln!(
-                stderr,
-                "error: cannot open the ledger at {}: {e}",
-                flow_ledger::redact_url(&cli.db)
-            );
-            Err(exit::UNAVAILABLE)
-        }
+        Err(source) => Err(CliError::OpenLedger {
+            url: flow_ledger::redact_url(&cli.db),
+            source,
+        }),
     }
 }
 
@@ -498,10 +516,7 @@ fn graph(
 ) -> u8 {
     let wf = match load_file(file, &validate_options()) {
         Ok((wf, _)) => wf,
-        Err(diags) => {
-            let _ = write!(stderr, "{diags}");
-            return exit::INVALID;
-        }
+        Err(diags) => return error::finish(Err(CliError::Diagnostics(diags.to_string())), stderr),
     };
     match Plan::new(&wf) {
         Ok(plan) => {

@@ -12,7 +12,7 @@ use flow_ledger::{
 use rand::SeedableRng;
 use serde_json::Value as Json;
 
-use super::{Cli, exit, logging, open_ledger};
+use super::{Cli, CliError, exit, logging, open_ledger};
 use crate::config::Config;
 use crate::executor::{Executor, RUN_LEASE, RunOutcome, progress};
 use crate::fault::Faults;
@@ -115,36 +115,18 @@ impl Session {
     /// secret it names is checked before the ledger is even opened.
     pub(crate) async fn open(
         cli: &Cli,
-        stderr: &mut dyn Write,
         live: bool,
         wf: Option<&Workflow>,
-    ) -> Result<Self, u8> {
-        let secrets = match Secrets::load(cli.secrets_file.as_deref()) {
-            Ok(s) => s,
-            Err(e) => {
-                let _ = writeln!(stderr, "error: {e}");
-                return Err(super::secrets_exit_code(&e));
-            }
-        };
+    ) -> Result<Self, CliError> {
+        let secrets = Secrets::load(cli.secrets_file.as_deref())?;
         logging::init(cli.log_format, &secrets);
         if let Some(wf) = wf {
-            check_secrets(wf, &secrets, stderr)?;
+            check_secrets(wf, &secrets)?;
         }
-        let config = match Config::load(cli.config.as_deref()) {
-            Ok(c) => c,
-            Err(e) => {
-                let _ = writeln!(stderr, "error: {e}");
-                return Err(super::config_exit_code(&e));
-            }
-        };
-        let ledger = open_ledger(cli, stderr).await?;
-        let tools = match Tools::new() {
-            Ok(t) => t,
-            Err(e) => {
-                let _ = writeln!(stderr, "error: cannot set up tool clients: {e}");
-                return Err(exit::UNAVAILABLE);
-            }
-        };
+        let config = Config::load(cli.config.as_deref())?;
+        let ledger = open_ledger(cli).await?;
+        let tools = Tools::new()
+            .map_err(|e| CliError::unavailable(format!("cannot set up tool clients: {e}")))?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let gateway = Gateway::new(
             ledger.clone(),
@@ -176,7 +158,11 @@ impl Session {
     }
 
     /// Claims `run_id`, waiting while another live worker holds it.
-    async fn claim(&self, run_id: &str, stderr: &mut dyn Write) -> Result<Option<RunLease>, u8> {
+    async fn claim(
+        &self,
+        run_id: &str,
+        stderr: &mut dyn Write,
+    ) -> Result<Option<RunLease>, CliError> {
         let mut said = false;
         loop {
             match self
@@ -200,8 +186,9 @@ impl Session {
                 }
                 Err(flow_ledger::Error::Terminal { .. }) => return Ok(None),
                 Err(e) => {
-                    let _ = writeln!(stderr, "error: cannot claim run {run_id}: {e}");
-                    return Err(exit::UNAVAILABLE);
+                    return Err(CliError::unavailable(format!(
+                        "cannot claim run {run_id}: {e}"
+                    )));
                 }
             }
         }
@@ -214,28 +201,19 @@ impl Session {
         json: bool,
         stdout: &mut dyn Write,
         stderr: &mut dyn Write,
-    ) -> u8 {
+    ) -> Result<u8, CliError> {
         if let Err(e) = self.ledger.expire_dead_local_workers(self.now()).await {
             tracing::warn!(error = %e, "could not expire leases of dead local workers");
         }
-        let lease = match self.claim(run_id, stderr).await {
-            Ok(Some(lease)) => lease,
-            Ok(None) => return self.print_finished(run_id, json, stdout, stderr).await,
-            Err(code) => return code,
+        let Some(lease) = self.claim(run_id, stderr).await? else {
+            return self.print_finished(run_id, json, stdout, stderr).await;
         };
-        let run = match self.ledger.get_run(run_id).await {
-            Ok(run) => run,
-            Err(e) => {
-                let _ = writeln!(stderr, "error: {e}");
-                return exit::UNAVAILABLE;
-            }
-        };
+        let run = self.ledger.get_run(run_id).await.map_err(unavailable)?;
         let wf = match snapshot(&run) {
             Ok(wf) => wf,
             Err(message) => {
-                let _ = writeln!(stderr, "error: {message}");
                 let _ = self.ledger.release_run(&lease, self.now()).await;
-                return exit::INVALID;
+                return Err(CliError::invalid(message));
             }
         };
         let stop = tokio_util::sync::CancellationToken::new();
@@ -245,18 +223,13 @@ impl Session {
             self.json_logs,
         );
         match self.executor.execute_until(lease, &wf, &stop).await {
-            Ok(outcome) => {
-                self.print_outcome(run_id, &outcome, json, stdout, stderr)
-                    .await
-            }
-            Err(e) => {
-                let _ = writeln!(
-                    stderr,
-                    "error: run {run_id} stopped: {e}; `{} resume {run_id}` continues it",
-                    self.flow
-                );
-                exit::UNAVAILABLE
-            }
+            Ok(outcome) => Ok(self
+                .print_outcome(run_id, &outcome, json, stdout, stderr)
+                .await),
+            Err(e) => Err(CliError::unavailable(format!(
+                "run {run_id} stopped: {e}; `{} resume {run_id}` continues it",
+                self.flow
+            ))),
         }
     }
 
@@ -324,50 +297,38 @@ impl Session {
         json: bool,
         stdout: &mut dyn Write,
         stderr: &mut dyn Write,
-    ) -> u8 {
-        match self.ledger.get_run(run_id).await {
-            Ok(run) => {
-                let outcome = RunOutcome {
-                    status: run.status,
-                    output: run.output.clone(),
-                    error: run.error.clone(),
-                };
-                let _ = writeln!(stderr, "run {run_id} already finished ({})", run.status);
-                self.print_outcome(run_id, &outcome, json, stdout, stderr)
-                    .await
-            }
-            Err(e) => {
-                let _ = writeln!(stderr, "error: {e}");
-                exit::UNAVAILABLE
-            }
-        }
+    ) -> Result<u8, CliError> {
+        let run = self.ledger.get_run(run_id).await.map_err(unavailable)?;
+        let outcome = RunOutcome {
+            status: run.status,
+            output: run.output.clone(),
+            error: run.error.clone(),
+        };
+        let _ = writeln!(stderr, "run {run_id} already finished ({})", run.status);
+        Ok(self
+            .print_outcome(run_id, &outcome, json, stdout, stderr)
+            .await)
     }
+}
+
+/// A ledger error that stops the command: the database's, not the input's (exit 5).
+fn unavailable(e: flow_ledger::Error) -> CliError {
+    CliError::unavailable(e.to_string())
 }
 
 /// Every secret the workflow names must have a value before the run is created or
 /// claimed: found only when its node runs, a missing one would fail the run after earlier
-/// nodes had already sent their requests. Missing ones are listed on `stderr` and are
-/// `Err(exit::INVALID)`.
-fn check_secrets(wf: &Workflow, secrets: &Secrets, stderr: &mut dyn Write) -> Result<(), u8> {
+/// nodes had already sent their requests. Missing ones are [`CliError::MissingSecrets`].
+fn check_secrets(wf: &Workflow, secrets: &Secrets) -> Result<(), CliError> {
     let names = wf.secret_names();
     let missing = secrets.missing_all(names.iter().map(String::as_str));
     if missing.is_empty() {
         return Ok(());
     }
-    for name in &missing {
-        let _ = writeln!(
-            stderr,
-            "error: secret `{name}` is not set: provide FLOW_SECRET_{name} in the environment or a line `{name}=…` in --secrets-file"
-        );
-    }
-    let _ = writeln!(
-        stderr,
-        "nothing was started: workflow `{}` reads {} missing secret{}",
-        wf.name,
-        missing.len(),
-        if missing.len() == 1 { "" } else { "s" }
-    );
-    Err(exit::INVALID)
+    Err(CliError::MissingSecrets {
+        workflow: wf.name.clone(),
+        names: missing.iter().map(ToString::to_string).collect(),
+    })
 }
 
 /// The rule for `--run-id`: ids end up in keys, logs and file names.
@@ -377,31 +338,23 @@ fn valid_run_id(id: &str) -> bool {
 
 /// Everything `flow run` and `flow submit` check before they touch the database — the
 /// file validates, the inputs type-check, the run id is well formed — and the run to
-/// enqueue. Bad input is reported on `stderr` and is `Err(exit::INVALID)`: nothing is
-/// written.
+/// enqueue. Bad input is an input error (exit 2): nothing is written.
 pub(super) fn check_new_run(
     file: &std::path::Path,
     inputs: &[String],
     inputs_file: Option<&std::path::Path>,
     run_id: Option<&str>,
-    stderr: &mut dyn Write,
-) -> Result<(ValidWorkflow, NewRun), u8> {
-    let (wf, source) = load_file(file, &validate_options()).map_err(|diags| {
-        let _ = write!(stderr, "{diags}");
-        exit::INVALID
-    })?;
-    let inputs = crate::inputs::resolve(&wf, inputs, inputs_file).map_err(|e| {
-        let _ = writeln!(stderr, "error: {e}");
-        exit::INVALID
-    })?;
+) -> Result<(ValidWorkflow, NewRun), CliError> {
+    let (wf, source) = load_file(file, &validate_options())
+        .map_err(|diags| CliError::Diagnostics(diags.to_string()))?;
+    let inputs = crate::inputs::resolve(&wf, inputs, inputs_file)
+        .map_err(|e| CliError::invalid(e.to_string()))?;
     let id = match run_id {
         Some(id) if valid_run_id(id) => id.to_owned(),
         Some(id) => {
-            let _ = writeln!(
-                stderr,
-                "error: invalid --run-id `{id}`: use up to 128 letters, digits, `_`, `-` and `.`"
-            );
-            return Err(exit::INVALID);
+            return Err(CliError::invalid(format!(
+                "invalid --run-id `{id}`: use up to 128 letters, digits, `_`, `-` and `.`"
+            )));
         }
         None => format!("run_{}", ulid::Ulid::generate()),
     };
@@ -423,22 +376,15 @@ pub(crate) async fn run(
     args: &RunArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> u8 {
-    let (wf, new) = match check_new_run(
+) -> Result<u8, CliError> {
+    let (wf, new) = check_new_run(
         &args.file,
         &args.inputs,
         args.inputs_file.as_deref(),
         args.run_id.as_deref(),
-        stderr,
-    ) {
-        Ok(checked) => checked,
-        Err(code) => return code,
-    };
+    )?;
     let run_id = new.id.clone();
-    let session = match Session::open(cli, stderr, true, Some(&wf)).await {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+    let session = Session::open(cli, true, Some(&wf)).await?;
     match session.ledger.enqueue(new, session.now()).await {
         Ok(enq) => {
             if enq.created {
@@ -452,18 +398,22 @@ pub(crate) async fn run(
             }
         }
         Err(flow_ledger::Error::Conflict { reason, .. }) => {
-            let _ = writeln!(
-                stderr,
-                "error: run {run_id} already exists with a different workflow or inputs: {reason}"
-            );
-            return exit::INVALID;
+            return Err(conflict(&run_id, &reason));
         }
         Err(e) => {
-            let _ = writeln!(stderr, "error: cannot start run {run_id}: {e}");
-            return exit::UNAVAILABLE;
+            return Err(CliError::unavailable(format!(
+                "cannot start run {run_id}: {e}"
+            )));
         }
     }
     session.execute(&run_id, args.json, stdout, stderr).await
+}
+
+/// `--run-id` names a run that exists with another workflow or other inputs (exit 2).
+pub(super) fn conflict(run_id: &str, reason: &str) -> CliError {
+    CliError::invalid(format!(
+        "run {run_id} already exists with a different workflow or inputs: {reason}"
+    ))
 }
 
 /// A parsed `--resolve`.
@@ -546,101 +496,72 @@ pub(crate) async fn resume(
     args: &ResumeArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> u8 {
-    let session = match Session::open(cli, stderr, !args.detach, None).await {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+) -> Result<u8, CliError> {
+    let session = Session::open(cli, !args.detach, None).await?;
     let run = match session.ledger.get_run(&args.run).await {
         Ok(run) => run,
         Err(flow_ledger::Error::NotFound { .. }) => {
-            let _ = writeln!(
-                stderr,
-                "error: no run `{}` in {}",
+            return Err(CliError::invalid(format!(
+                "no run `{}` in {}",
                 args.run,
                 session.ledger.url_redacted()
-            );
-            return exit::INVALID;
+            )));
         }
-        Err(e) => {
-            let _ = writeln!(stderr, "error: {e}");
-            return exit::UNAVAILABLE;
-        }
+        Err(e) => return Err(unavailable(e)),
     };
-    let wf = match snapshot(&run) {
-        Ok(wf) => wf,
-        Err(message) => {
-            let _ = writeln!(stderr, "error: {message}");
-            return exit::INVALID;
-        }
-    };
+    let wf = snapshot(&run).map_err(CliError::Invalid)?;
     // A detached run is executed by a daemon, whose own secrets count.
-    if !args.detach
-        && let Err(code) = check_secrets(&wf, session.executor.gateway().secrets(), stderr)
-    {
-        return code;
+    if !args.detach {
+        check_secrets(&wf, session.executor.gateway().secrets())?;
     }
-    match parse_resolution(args, &wf) {
-        Err(message) => {
-            let _ = writeln!(stderr, "error: {message}");
-            return exit::INVALID;
-        }
-        Ok(Some((node, resolution))) => {
-            let how = resolution.as_str();
-            let req = Resolve {
-                run_id: run.id.clone(),
-                tool_call_id: node.clone(),
-                resolution,
-                by: operator(),
-                note: None,
-            };
-            match session.ledger.resolve_call(req, session.now()).await {
-                Ok(_) => {
-                    let _ = writeln!(stderr, "resolved {node} as {how}");
-                }
-                Err(flow_ledger::Error::NotFound { .. }) => {
-                    let _ = writeln!(
-                        stderr,
-                        "error: node `{node}` has no tool call in run {}",
-                        run.id
-                    );
-                    return exit::INVALID;
-                }
-                Err(flow_ledger::Error::Terminal { status }) => {
-                    let _ = writeln!(
-                        stderr,
-                        "error: cannot resolve `{node}`: run {} is {status}, so its calls stay as recorded; nothing was written",
-                        run.id
-                    );
-                    return exit::INVALID;
-                }
-                Err(e @ flow_ledger::Error::InvalidTransition { .. }) => {
-                    let _ = writeln!(
-                        stderr,
-                        "error: cannot resolve `{node}`: {e} (only calls in doubt can be resolved)"
-                    );
-                    return exit::INVALID;
-                }
-                Err(e) => {
-                    let _ = writeln!(stderr, "error: cannot resolve `{node}`: {e}");
-                    return exit::UNAVAILABLE;
-                }
-            }
-        }
-        Ok(None) => {}
+    if let Some((node, resolution)) = parse_resolution(args, &wf).map_err(CliError::Invalid)? {
+        resolve(&session, &run.id, node, resolution, stderr).await?;
     }
     if args.detach {
-        return match session.ledger.requeue_run(&run.id, session.now()).await {
-            Ok(_) => {
-                let _ = writeln!(stdout, "{}", run.id);
-                let _ = writeln!(stderr, "run {} queued for the daemons", run.id);
-                exit::OK
-            }
-            Err(e) => {
-                let _ = writeln!(stderr, "error: cannot re-queue run {}: {e}", run.id);
-                exit::UNAVAILABLE
-            }
-        };
+        session
+            .ledger
+            .requeue_run(&run.id, session.now())
+            .await
+            .map_err(|e| CliError::unavailable(format!("cannot re-queue run {}: {e}", run.id)))?;
+        let _ = writeln!(stdout, "{}", run.id);
+        let _ = writeln!(stderr, "run {} queued for the daemons", run.id);
+        return Ok(exit::OK);
     }
     session.execute(&run.id, args.json, stdout, stderr).await
+}
+
+/// Settles the in-doubt call of `node` as `resolution` (`flow resume --resolve`).
+async fn resolve(
+    session: &Session,
+    run_id: &str,
+    node: String,
+    resolution: Resolution,
+    stderr: &mut dyn Write,
+) -> Result<(), CliError> {
+    let how = resolution.as_str();
+    let req = Resolve {
+        run_id: run_id.to_string(),
+        tool_call_id: node.clone(),
+        resolution,
+        by: operator(),
+        note: None,
+    };
+    match session.ledger.resolve_call(req, session.now()).await {
+        Ok(_) => {
+            let _ = writeln!(stderr, "resolved {node} as {how}");
+            Ok(())
+        }
+        Err(flow_ledger::Error::NotFound { .. }) => Err(CliError::invalid(format!(
+            "node `{node}` has no tool call in run {run_id}"
+        ))),
+        Err(flow_ledger::Error::Terminal { status }) => Err(CliError::invalid(format!(
+            "cannot resolve `{node}`: run {run_id} is {status}, so its calls stay as recorded; nothing was written"
+        ))),
+        Err(e @ flow_ledger::Error::InvalidTransition { .. }) => Err(CliError::invalid(format!(
+            "cannot resolve `{node}`: {e} (only calls in doubt can be resolved)"
+        ))),
+        Err(e) => Err(CliError::unavailable(format!(
+            "cannot resolve `{node}`: {e}"
+        ))),
+    }
 }

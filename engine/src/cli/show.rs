@@ -6,7 +6,8 @@ use clap::Args;
 use flow_ledger::{CallStatus, Ledger, RunCursor, RunFilter, RunStatus, Timestamp};
 use serde_json::{Value as Json, json};
 
-use super::{Cli, exit, open_ledger};
+use super::table::{first_line, table, terminal_width};
+use super::{Cli, CliError, exit, open_ledger};
 use crate::duration_text::duration_ms;
 use crate::plan::Plan;
 
@@ -111,32 +112,36 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
     }))
 }
 
+/// Prints the `flow show --json` object of `run_id` on `stdout`; a failure to read it
+/// is reported on `stderr`. The exit code: 0, or the error's.
 pub(crate) async fn print_json(
     ledger: &Ledger,
     run_id: &str,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> u8 {
-    match show_json(ledger, run_id).await {
-        Ok(v) => {
-            let _ = writeln!(
-                stdout,
-                "{}",
-                serde_json::to_string_pretty(&v).unwrap_or_default()
-            );
-            exit::OK
-        }
-        Err(e) => report(stderr, run_id, &e),
-    }
+    super::error::finish(write_json(ledger, run_id, stdout).await, stderr)
 }
 
-fn report(stderr: &mut dyn Write, run_id: &str, e: &flow_ledger::Error) -> u8 {
+async fn write_json(ledger: &Ledger, run_id: &str, stdout: &mut dyn Write) -> Result<u8, CliError> {
+    let v = show_json(ledger, run_id)
+        .await
+        .map_err(|e| run_error(run_id, e))?;
+    let _ = writeln!(
+        stdout,
+        "{}",
+        serde_json::to_string_pretty(&v).unwrap_or_default()
+    );
+    Ok(exit::OK)
+}
+
+/// A ledger error while reading `run_id`: an unknown run is the user's input (exit 2),
+/// anything else the ledger's (exit 5).
+fn run_error(run_id: &str, e: flow_ledger::Error) -> CliError {
     if matches!(e, flow_ledger::Error::NotFound { .. }) {
-        let _ = writeln!(stderr, "error: no run `{run_id}`");
-        exit::INVALID
+        CliError::invalid(format!("no run `{run_id}`"))
     } else {
-        let _ = writeln!(stderr, "error: {e}");
-        exit::UNAVAILABLE
+        CliError::unavailable(e.to_string())
     }
 }
 
@@ -145,28 +150,17 @@ pub(crate) async fn show(
     cli: &Cli,
     args: &ShowArgs,
     stdout: &mut dyn Write,
-    stderr: &mut dyn Write,
-) -> u8 {
-    let ledger = match open_ledger(cli, stderr).await {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
+) -> Result<u8, CliError> {
+    let ledger = open_ledger(cli).await?;
     if args.json {
-        return print_json(&ledger, &args.run, stdout, stderr).await;
+        return write_json(&ledger, &args.run, stdout).await;
     }
-    match human(
-        &ledger,
-        &args.run,
-        &format!("{} resume", super::flow_command(cli)),
-    )
-    .await
-    {
-        Ok(text) => {
-            let _ = stdout.write_all(text.as_bytes());
-            exit::OK
-        }
-        Err(e) => report(stderr, &args.run, &e),
-    }
+    let resume = format!("{} resume", super::flow_command(cli));
+    let text = human(&ledger, &args.run, &resume)
+        .await
+        .map_err(|e| run_error(&args.run, e))?;
+    let _ = stdout.write_all(text.as_bytes());
+    Ok(exit::OK)
 }
 
 /// The run's lines of `flow show`: status, times, inputs, output, error, and for a
@@ -345,30 +339,19 @@ pub(crate) async fn runs(
     args: &RunsArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> u8 {
+) -> Result<u8, CliError> {
     let status = match &args.status {
         None => None,
-        Some(s) => match s.parse::<RunStatus>() {
-            Ok(st) => Some(st),
-            Err(_) => {
-                let _ = writeln!(
-                    stderr,
-                    "error: unknown status `{s}`; use queued, running, succeeded, failed, paused or cancelled"
-                );
-                return exit::INVALID;
-            }
-        },
+        Some(s) => Some(s.parse::<RunStatus>().map_err(|_| {
+            CliError::invalid(format!(
+                "unknown status `{s}`; use queued, running, succeeded, failed, paused or cancelled"
+            ))
+        })?),
     };
-    let (times, after) = match time_and_cursor(args, stderr) {
-        Ok(v) => v,
-        Err(code) => return code,
-    };
-    let ledger = match open_ledger(cli, stderr).await {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
+    let (times, after) = time_and_cursor(args)?;
+    let ledger = open_ledger(cli).await?;
     // One more than asked tells whether another page exists.
-    let runs = match ledger
+    let runs = ledger
         .list_runs(RunFilter {
             status,
             limit: args.limit.saturating_add(1),
@@ -378,13 +361,7 @@ pub(crate) async fn runs(
             after,
         })
         .await
-    {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = writeln!(stderr, "error: {e}");
-            return exit::UNAVAILABLE;
-        }
-    };
+        .map_err(|e| CliError::unavailable(e.to_string()))?;
     let more = runs.len() > args.limit as usize;
     let runs = &runs[..runs.len().min(args.limit as usize)];
     if args.json {
@@ -439,15 +416,14 @@ pub(crate) async fn runs(
         let cursor = RunCursor::after(last).encode();
         let _ = writeln!(stderr, "more runs: {next} --cursor {cursor}");
     }
-    exit::OK
+    Ok(exit::OK)
 }
 
-/// `--since`, `--until` and `--cursor` of `flow runs`, parsed; a bad one is reported
-/// on `stderr` and is `Err(exit::INVALID)`.
+/// `--since`, `--until` and `--cursor` of `flow runs`, parsed; a bad one is an input
+/// error (exit 2).
 fn time_and_cursor(
     args: &RunsArgs,
-    stderr: &mut dyn Write,
-) -> Result<([Option<Timestamp>; 2], Option<RunCursor>), u8> {
+) -> Result<([Option<Timestamp>; 2], Option<RunCursor>), CliError> {
     let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
     let mut times = [None, None];
     for (slot, (flag, value)) in times
@@ -455,82 +431,24 @@ fn time_and_cursor(
         .zip([("--since", &args.since), ("--until", &args.until)])
     {
         if let Some(text) = value {
-            match parse_time(text, now) {
-                Some(t) => *slot = Some(t),
-                None => {
-                    let _ = writeln!(
-                        stderr,
-                        "error: {flag} `{text}` is neither an RFC 3339 time (2026-12-01T09:00:00Z) nor a duration ago (2h, 30m)"
-                    );
-                    return Err(exit::INVALID);
-                }
-            }
+            *slot = Some(parse_time(text, now).ok_or_else(|| {
+                CliError::invalid(format!(
+                    "{flag} `{text}` is neither an RFC 3339 time (2026-12-01T09:00:00Z) nor a duration ago (2h, 30m)"
+                ))
+            })?);
         }
     }
     let after = match args.cursor.as_deref().map(RunCursor::decode) {
         None => None,
         Some(Some(c)) => Some(c),
         Some(None) => {
-            let _ = writeln!(
-                stderr,
-                "error: --cursor `{}` is not a cursor flow printed",
+            return Err(CliError::invalid(format!(
+                "--cursor `{}` is not a cursor flow printed",
                 args.cursor.as_deref().unwrap_or_default()
-            );
-            return Err(exit::INVALID);
+            )));
         }
     };
     Ok((times, after))
-}
-
-/// The first line of `text` (error messages can span lines; `--json` has them whole).
-fn first_line(text: &str) -> String {
-    text.lines().next().unwrap_or_default().to_string()
-}
-
-/// The terminal's width from `COLUMNS`, else none (a pipe: nothing is cut).
-fn terminal_width() -> Option<usize> {
-    use std::io::IsTerminal;
-    if !std::io::stdout().is_terminal() {
-        return None;
-    }
-    Some(
-        std::env::var("COLUMNS")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(120),
-    )
-}
-
-/// A plain-text table: a header row, columns as wide as their widest cell, two spaces
-/// apart; with a `width`, the last column is cut (`…`) so a line fits.
-fn table(header: &[&str], rows: &[Vec<String>], width: Option<usize>) -> String {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
-    for row in rows {
-        for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.chars().count());
-        }
-    }
-    let mut out = String::new();
-    let head: Vec<String> = header.iter().map(|h| (*h).to_string()).collect();
-    for row in std::iter::once(&head).chain(rows) {
-        let mut line = String::new();
-        for (i, (cell, w)) in row.iter().zip(&widths).enumerate() {
-            if i + 1 == row.len() {
-                line.push_str(cell);
-            } else {
-                line.push_str(&format!("{cell:<w$}  "));
-            }
-        }
-        let mut line = line.trim_end().to_string();
-        if let Some(max) = width
-            && line.chars().count() > max
-        {
-            line = line.chars().take(max.saturating_sub(1)).collect::<String>() + "…";
-        }
-        out.push_str(&line);
-        out.push('\n');
-    }
-    out
 }
 
 /// `text` cut to what fits on a line, pointing at `--json` for the rest.
@@ -549,11 +467,8 @@ pub(crate) async fn cancel(
     args: &CancelArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> u8 {
-    let ledger = match open_ledger(cli, stderr).await {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
+) -> Result<u8, CliError> {
+    let ledger = open_ledger(cli).await?;
     let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
     // What the run was before, to say which kind of cancel happened.
     let before = ledger.get_run(&args.run).await.ok();
@@ -582,16 +497,12 @@ pub(crate) async fn cancel(
                     run.id
                 );
             }
-            exit::OK
+            Ok(exit::OK)
         }
-        Err(flow_ledger::Error::Terminal { status }) => {
-            let _ = writeln!(
-                stderr,
-                "error: run {} already finished ({status})",
-                args.run
-            );
-            exit::INVALID
-        }
-        Err(e) => report(stderr, &args.run, &e),
+        Err(flow_ledger::Error::Terminal { status }) => Err(CliError::invalid(format!(
+            "run {} already finished ({status})",
+            args.run
+        ))),
+        Err(e) => Err(run_error(&args.run, e)),
     }
 }

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use clap::Args;
 use flow_ledger::SystemClock;
 
-use super::run::check_new_run;
-use super::{Cli, exit, logging, open_ledger};
+use super::run::{check_new_run, conflict};
+use super::{Cli, CliError, exit, logging, open_ledger};
 use crate::secrets::Secrets;
 
 /// Arguments of `flow submit`.
@@ -37,25 +37,18 @@ pub(crate) async fn submit(
     args: &SubmitArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> u8 {
+) -> Result<u8, CliError> {
     logging::init(cli.log_format, &Secrets::default());
-    let (wf, new) = match check_new_run(
+    let (wf, new) = check_new_run(
         &args.file,
         &args.inputs,
         args.inputs_file.as_deref(),
         args.run_id.as_deref(),
-        stderr,
-    ) {
-        Ok(checked) => checked,
-        Err(code) => return code,
-    };
+    )?;
     let run_id = new.id.clone();
-    let ledger = match open_ledger(cli, stderr).await {
-        Ok(l) => l,
-        Err(code) => return code,
-    };
+    let ledger = open_ledger(cli).await?;
     let now = flow_ledger::Clock::now(&SystemClock);
-    let code = match ledger.enqueue(new, now).await {
+    let result = match ledger.enqueue(new, now).await {
         Ok(enq) => {
             let _ = writeln!(stdout, "{run_id}");
             if enq.created {
@@ -67,20 +60,13 @@ pub(crate) async fn submit(
                     enq.run.status
                 );
             }
-            exit::OK
+            Ok(exit::OK)
         }
-        Err(flow_ledger::Error::Conflict { reason, .. }) => {
-            let _ = writeln!(
-                stderr,
-                "error: run {run_id} already exists with a different workflow or inputs: {reason}"
-            );
-            exit::INVALID
-        }
-        Err(e) => {
-            let _ = writeln!(stderr, "error: cannot queue run {run_id}: {e}");
-            exit::UNAVAILABLE
-        }
+        Err(flow_ledger::Error::Conflict { reason, .. }) => Err(conflict(&run_id, &reason)),
+        Err(e) => Err(CliError::unavailable(format!(
+            "cannot queue run {run_id}: {e}"
+        ))),
     };
     ledger.close().await;
-    code
+    result
 }

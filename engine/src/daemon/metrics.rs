@@ -75,6 +75,20 @@ impl Metrics {
         let tool_calls = Family::<Label, Counter>::default();
         let claim_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
         let call_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        // Always 1: the labels say which build answers, for dashboards and alerts that
+        // compare versions across hosts (the commit comes from `build.rs`).
+        let build_info = Family::<[(&'static str, &'static str); 2], Gauge>::default();
+        build_info
+            .get_or_create(&[
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("commit", env!("FLOW_GIT_COMMIT")),
+            ])
+            .set(1);
+        registry.register(
+            "build_info",
+            "Always 1; the labels are this binary's version and git commit",
+            build_info,
+        );
         registry.register(
             "runs",
             "Runs in the ledger by status (this tenant and workspace; read at scrape time)",

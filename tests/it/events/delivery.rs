@@ -295,6 +295,18 @@ fn dead_letters_are_listed_and_redeliver_requeues_them() {
         line.contains(&id) && line.contains("dead") && line.contains("gave up after 2 attempts"),
         "{line}"
     );
+    // A table: a header row, then one row per delivery with the note cut to one line.
+    let rows: Vec<&str> = line.lines().collect();
+    assert_eq!(rows.len(), 2, "{line}");
+    assert!(
+        rows[0].starts_with("EVENT") && rows[0].ends_with("NOTE"),
+        "{line}"
+    );
+    assert_eq!(
+        rows[0].find("TYPE"),
+        rows[1].find("run.succeeded"),
+        "{line}"
+    );
     // Nothing more happens to a dead letter.
     std::thread::sleep(Duration::from_millis(1100));
     dispatch();

@@ -1,0 +1,168 @@
+//! Why a command stopped before doing what it was asked, and the exit code each kind
+//! gets — the one place the README's exit-code table is kept for errors.
+//!
+//! Commands return `Result<u8, CliError>`: `Ok` carries an outcome (0 done, 1 the run
+//! failed, 3 paused, 4 cancelled, 130 interrupted), `Err` a reason that [`CliError::report`]
+//! prints as `error: …` on stderr and [`CliError::exit_code`] turns into 2 or 5.
+
+use std::io::Write;
+
+use super::exit;
+
+/// A command's failure, by what the user can do about it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CliError {
+    /// Input the user can correct: arguments, a file, inputs, an unknown run (exit 2).
+    #[error("{0}")]
+    Invalid(String),
+    /// flow could not do the work: the ledger is unreachable, the installation is
+    /// misconfigured, a server could not start (exit 5).
+    #[error("{0}")]
+    Unavailable(String),
+    /// Workflow problems, already rendered as `FILE:LINE:COL: error: …` lines (exit 2).
+    #[error("{0}")]
+    Diagnostics(String),
+    /// Secrets the workflow reads and nobody provided; nothing was started (exit 2).
+    #[error("workflow `{workflow}` reads {} missing secret(s)", names.len())]
+    MissingSecrets {
+        /// The workflow's `name:`.
+        workflow: String,
+        /// The secrets without a value.
+        names: Vec<String>,
+    },
+    /// A read command pointed at a SQLite ledger that does not exist (exit 5); nothing
+    /// was created.
+    #[error(
+        "no ledger at {path}: nothing has run with this --db yet (`flow run` or `flow migrate` creates it); nothing was created"
+    )]
+    NoLedger {
+        /// The SQLite file named by `--db`.
+        path: String,
+    },
+    /// The ledger could not be opened (exit 5).
+    #[error("cannot open the ledger at {url}: {source}")]
+    OpenLedger {
+        /// `--db`, password redacted.
+        url: String,
+        /// Why.
+        source: flow_ledger::Error,
+    },
+    /// `flow.toml` could not be loaded (exit 5; 2 when the file is over the size limit).
+    #[error(transparent)]
+    Config(#[from] crate::config::Error),
+    /// The secrets file could not be loaded (exit 5; 2 when it is over the size limit).
+    #[error(transparent)]
+    Secrets(#[from] crate::secrets::Error),
+}
+
+impl CliError {
+    /// An input error (exit 2) with this message.
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::Invalid(message.into())
+    }
+
+    /// A could-not-run error (exit 5) with this message.
+    pub(crate) fn unavailable(message: impl Into<String>) -> Self {
+        Self::Unavailable(message.into())
+    }
+
+    /// The exit code of this error: the mapping the README's table documents.
+    pub(crate) fn exit_code(&self) -> u8 {
+        match self {
+            Self::Invalid(_) | Self::Diagnostics(_) | Self::MissingSecrets { .. } => exit::INVALID,
+            Self::Config(e) if e.is_invalid_input() => exit::INVALID,
+            Self::Secrets(crate::secrets::Error::TooLarge { .. }) => exit::INVALID,
+            Self::Unavailable(_)
+            | Self::NoLedger { .. }
+            | Self::OpenLedger { .. }
+            | Self::Config(_)
+            | Self::Secrets(_) => exit::UNAVAILABLE,
+        }
+    }
+
+    /// Prints the error on `stderr`: `error: MESSAGE`, except diagnostics and located
+    /// `flow.toml` errors (already in their `FILE:LINE:COL: error:` form) and missing
+    /// secrets (one line per secret, then what was not done).
+    pub(crate) fn report(&self, stderr: &mut dyn Write) {
+        match self {
+            Self::Diagnostics(text) => {
+                let _ = write!(stderr, "{text}");
+            }
+            Self::Config(located @ crate::config::Error::At { .. }) => {
+                let _ = writeln!(stderr, "{located}");
+            }
+            Self::MissingSecrets { workflow, names } => {
+                for name in names {
+                    let _ = writeln!(
+                        stderr,
+                        "error: secret `{name}` is not set: provide FLOW_SECRET_{name} in the environment or a line `{name}=…` in --secrets-file"
+                    );
+                }
+                let _ = writeln!(
+                    stderr,
+                    "nothing was started: workflow `{workflow}` reads {} missing secret{}",
+                    names.len(),
+                    if names.len() == 1 { "" } else { "s" }
+                );
+            }
+            _ => {
+                let _ = writeln!(stderr, "error: {self}");
+            }
+        }
+    }
+}
+
+/// The exit code of a command's result, its error (if any) reported on `stderr` first.
+pub(crate) fn finish(result: Result<u8, CliError>, stderr: &mut dyn Write) -> u8 {
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            e.report(stderr);
+            e.exit_code()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_kind_has_its_documented_exit_code() {
+        let too_large = crate::secrets::Error::TooLarge {
+            path: "/dev/zero".into(),
+            limit: 1,
+        };
+        let cases = [
+            (CliError::invalid("x"), 2),
+            (CliError::Diagnostics("f:1:1: error: x\n".into()), 2),
+            (
+                CliError::MissingSecrets {
+                    workflow: "w".into(),
+                    names: vec!["A".into()],
+                },
+                2,
+            ),
+            (CliError::Secrets(too_large), 2),
+            (CliError::unavailable("x"), 5),
+            (CliError::NoLedger { path: "p".into() }, 5),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.exit_code(), code, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn report_prefixes_error_except_for_diagnostics() {
+        let mut out = Vec::new();
+        let code = finish(Err(CliError::invalid("bad --limit")), &mut out);
+        assert_eq!(code, exit::INVALID);
+        assert_eq!(String::from_utf8_lossy(&out), "error: bad --limit\n");
+        let mut out = Vec::new();
+        CliError::Diagnostics("f.yaml:1:2: error: x\n".into()).report(&mut out);
+        assert_eq!(String::from_utf8_lossy(&out), "f.yaml:1:2: error: x\n");
+        let mut out = Vec::new();
+        assert_eq!(finish(Ok(exit::PAUSED), &mut out), exit::PAUSED);
+        assert!(out.is_empty());
+    }
+}
