@@ -123,11 +123,14 @@ fn tool() -> Value {
                     "properties": {
                         "bearer": { "type": "string" },
                         "oauth": { "type": "object", "additionalProperties": false,
-                            "required": ["token_url", "client_id", "client_secret"],
+                            "required": ["client_id"],
                             "properties": {
-                                "token_url": { "type": "string" },
+                                "token_url": { "type": "string", "description": "Token endpoint; omitted: discovered from the server's 401." },
                                 "client_id": { "type": "string" },
                                 "client_secret": { "type": "string" },
+                                "private_key": { "type": "string", "description": "PKCS#8 PEM key for private_key_jwt." },
+                                "signing_algorithm": { "enum": ["ES256", "RS256"], "default": "ES256" },
+                                "token_endpoint_auth": { "enum": ["client_secret_basic", "client_secret_post"] },
                                 "scope": { "type": "string" } } }
                     }
                 }

@@ -38,6 +38,9 @@ enum Command {
         /// Append one JSON line per initialize and tool call.
         #[arg(long)]
         count_file: Option<PathBuf>,
+        /// Accept only this MCP protocol version (e.g. 2026-07-28).
+        #[arg(long)]
+        protocol: Option<String>,
     },
     /// The MCP test server over streamable HTTP (`/mcp`, tokens at `/token`).
     McpHttp {
@@ -85,7 +88,15 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             eprintln!("flow-testkit http listening on {}", server.url());
             std::future::pending::<()>().await;
         }
-        Command::McpStdio { count_file } => mcp::serve_stdio(count_file).await?,
+        Command::McpStdio {
+            count_file,
+            protocol,
+        } => {
+            let protocol = protocol
+                .map(|v| serde_json::from_value(serde_json::Value::String(v)))
+                .transpose()?;
+            mcp::serve_stdio(count_file, protocol).await?
+        }
         Command::McpHttp {
             addr,
             print_url,

@@ -19,6 +19,7 @@ use rmcp::transport::streamable_http_client::{
 use serde::Deserialize;
 use tokio::time::Instant;
 
+use super::ClientAuth;
 use crate::error::head;
 use crate::http::classify::detail;
 use crate::http::classify::status_kind;
@@ -169,12 +170,41 @@ impl StreamableHttpClient for AuthedClient {
     }
 }
 
-/// The client of an OAuth `client_credentials` grant (RFC 6749 §4.4).
+/// The client of an OAuth `client_credentials` grant (RFC 6749 §4.4) and where its
+/// tokens come from (explicit, or found by [`super::discovery`]).
 #[derive(Clone)]
 pub(crate) struct Credentials {
     pub(crate) token_url: String,
     pub(crate) client_id: String,
-    pub(crate) client_secret: String,
+    pub(crate) client_auth: ClientAuth,
+    /// The RFC 8707 `resource` sent with every token request: the MCP server.
+    pub(crate) resource: String,
+    /// The audience of a private-key JWT: the authorization server's issuer when
+    /// discovered, else the token endpoint.
+    pub(crate) audience: String,
+    /// The authorization server's `token_endpoint_auth_methods_supported`, if known.
+    pub(crate) methods: Vec<String>,
+}
+
+impl Credentials {
+    /// How the client authenticates at the token endpoint: `client_secret_basic`
+    /// unless the server lists `client_secret_post` and not basic (or the workflow
+    /// asked for post).
+    fn method(&self) -> &'static str {
+        match &self.client_auth {
+            ClientAuth::Secret(_) => {
+                let lists = |m: &str| self.methods.iter().any(|x| x == m);
+                if lists("client_secret_post") && !lists("client_secret_basic") {
+                    "client_secret_post"
+                } else {
+                    "client_secret_basic"
+                }
+            }
+            ClientAuth::SecretPost(_) => "client_secret_post",
+            ClientAuth::None => "none",
+            ClientAuth::PrivateKeyJwt { .. } => "private_key_jwt",
+        }
+    }
 }
 
 /// A token and what it was granted for.
@@ -207,8 +237,8 @@ impl Token {
 /// Requests a token with `scope`. Errors are classified as if nothing had been sent to
 /// the MCP server yet; the caller adjusts when a tool call already left.
 ///
-/// The client authenticates with HTTP Basic (RFC 6749 §2.3.1, which servers must
-/// support); the secret never appears in an error message.
+/// Every request carries `resource` (RFC 8707). The client authenticates by
+/// [`Credentials::method`]; the secret or key never appears in an error message.
 pub(crate) async fn fetch_token(
     http: &reqwest::Client,
     credentials: &Credentials,
@@ -216,9 +246,12 @@ pub(crate) async fn fetch_token(
     deadline: Instant,
 ) -> Result<Token, Error> {
     let what = format!("token endpoint {}", without_query(&credentials.token_url));
-    let mut form = vec![("grant_type", "client_credentials")];
+    let mut form: Vec<(&str, String)> = vec![
+        ("grant_type", "client_credentials".to_string()),
+        ("resource", credentials.resource.clone()),
+    ];
     if let Some(scope) = scope.filter(|s| !s.is_empty()) {
-        form.push(("scope", scope));
+        form.push(("scope", scope.to_string()));
     }
     let remaining = deadline.saturating_duration_since(Instant::now());
     if remaining.is_zero() {
@@ -226,11 +259,35 @@ pub(crate) async fn fetch_token(
             "{what}: the timeout expired before the token request"
         )));
     }
-    let request = http
-        .post(&credentials.token_url)
-        .basic_auth(&credentials.client_id, Some(&credentials.client_secret))
-        .form(&form)
-        .timeout(remaining);
+    let mut request = http.post(&credentials.token_url);
+    match (&credentials.client_auth, credentials.method()) {
+        (ClientAuth::Secret(secret), "client_secret_basic") => {
+            request = request.basic_auth(
+                form_encode(&credentials.client_id),
+                Some(form_encode(secret)),
+            );
+        }
+        (ClientAuth::Secret(secret) | ClientAuth::SecretPost(secret), _) => {
+            form.push(("client_id", credentials.client_id.clone()));
+            form.push(("client_secret", secret.clone()));
+        }
+        (ClientAuth::None, _) => form.push(("client_id", credentials.client_id.clone())),
+        (ClientAuth::PrivateKeyJwt { key_pem, algorithm }, _) => {
+            let assertion = super::jwt::assertion(
+                &credentials.client_id,
+                &credentials.audience,
+                key_pem,
+                algorithm,
+            )?;
+            form.push(("client_id", credentials.client_id.clone()));
+            form.push((
+                "client_assertion_type",
+                "urn:ietf:params:oauth:client-assertion-type:jwt-bearer".to_string(),
+            ));
+            form.push(("client_assertion", assertion));
+        }
+    }
+    let request = request.form(&form).timeout(remaining);
     let response = match request.send().await {
         Ok(response) => response,
         Err(e) if e.is_connect() => {
@@ -280,6 +337,12 @@ pub(crate) async fn fetch_token(
 
 /// The `scope` parameter of a `WWW-Authenticate: Bearer …` challenge (RFC 6750 §3).
 pub(crate) fn challenge_scope(header: &str) -> Option<String> {
+    challenge_param(header, "scope")
+}
+
+/// One auth-param of a `WWW-Authenticate: Bearer …` challenge (RFC 9110 §11.6.1):
+/// `scope`, `error`, `resource_metadata` (RFC 9728 §5.1).
+pub(crate) fn challenge_param(header: &str, wanted: &str) -> Option<String> {
     let rest = header.trim_start();
     let params = match rest.get(..6) {
         Some(scheme) if scheme.eq_ignore_ascii_case("bearer") => &rest[6..],
@@ -310,10 +373,18 @@ pub(crate) fn challenge_scope(header: &str) -> Option<String> {
             }
             value = value.trim().to_string();
         }
-        if name.trim().eq_ignore_ascii_case("scope") {
+        if name.trim().eq_ignore_ascii_case(wanted) {
             return Some(value);
         }
     }
+}
+
+/// `application/x-www-form-urlencoded` for Basic credentials (RFC 6749 §2.3.1).
+fn form_encode(text: &str) -> String {
+    reqwest::Url::parse_with_params("http://x/", &[("v", text)])
+        .ok()
+        .and_then(|url| url.query().map(|q| q.trim_start_matches("v=").to_string()))
+        .unwrap_or_else(|| text.to_string())
 }
 
 /// The union of two space-separated scope lists, first list's order first.
@@ -366,6 +437,14 @@ mod tests {
         );
         assert_eq!(challenge_scope(r#"Bearer realm="x""#), None);
         assert_eq!(challenge_scope(r#"Basic realm="x", scope="a""#), None);
+        assert_eq!(
+            challenge_param(
+                r#"Bearer resource_metadata="http://h/.well-known/oauth-protected-resource/mcp", scope="a""#,
+                "resource_metadata"
+            )
+            .as_deref(),
+            Some("http://h/.well-known/oauth-protected-resource/mcp")
+        );
     }
 
     #[test]

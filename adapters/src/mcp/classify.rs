@@ -176,6 +176,12 @@ pub(crate) fn initialize_error(
         _ => None,
     };
     let error = match (error, http) {
+        (
+            ClientInitializeError::NoCompatibleProtocolVersion {
+                server_supported, ..
+            },
+            _,
+        ) => super::version::no_common_version(server_supported, what),
         (ClientInitializeError::JsonRpcError(data), _) => Error::permanent(format!(
             "{what}: the server refused to initialize: JSON-RPC error {}: {}",
             data.code.0, data.message

@@ -25,13 +25,21 @@
 //! | HTTP 429/5xx | `Transient` (`Retry-After` honoured) |
 //! | other HTTP 4xx | `Permanent` |
 //! | HTTP 404 for the session (server restarted) | `Transient`; the next call starts a new session (rmcp's silent re-initialize-and-resend is turned off) |
-//! | timeout after the call was sent, transport died mid-call (child exited, connection lost) | `Unknown` |
+//! | timeout after the call was sent (flow then sends `notifications/cancelled`), transport died mid-call (child exited, connection lost) | `Unknown` |
 //! | connection refused before the call was written | `NotSent` |
+//!
+//! # Protocol versions
+//! 2025-06-18, 2025-11-25 and 2026-07-28 (and 2025-03-26 from older servers); see `version.rs` for the negotiation. A server
+//! on any other revision is `Permanent`, naming both sides.
 //!
 //! # Authorization (HTTP servers)
 //! [`Auth::Bearer`] sends `Authorization: Bearer <token>`. [`Auth::ClientCredentials`]
-//! fetches a token from `token_url` (OAuth `client_credentials`, client authenticated
-//! with HTTP Basic) before the session starts, and renews it 30 s before it expires.
+//! with a `token_url` fetches a token there (OAuth `client_credentials`) before the
+//! session starts; without one, the first 401's `WWW-Authenticate` starts discovery
+//! (`discovery.rs`: RFC 9728, then RFC 8414 / OpenID) and the token comes from the
+//! discovered endpoint, every URL checked against [`Pool::restrict_egress`]'s list.
+//! Every token request carries `resource` (RFC 8707); the client authenticates as
+//! [`ClientAuth`] says. Tokens are renewed 30 s before they expire.
 //! When a call is answered 401, or 403 `insufficient_scope`, with a
 //! `WWW-Authenticate: Bearer … scope="…"` challenge, a token for the union of the
 //! current and the challenged scopes is fetched and the call re-sent **at most once**,
@@ -52,7 +60,10 @@
 
 mod auth;
 mod classify;
+mod discovery;
+mod jwt;
 mod pool;
+mod version;
 
 use std::path::PathBuf;
 
@@ -121,17 +132,52 @@ pub enum Auth {
     None,
     /// A fixed bearer token.
     Bearer(String),
-    /// OAuth 2 `client_credentials` grant.
+    /// OAuth 2 `client_credentials` grant, with the token endpoint given or found by
+    /// discovery from the server's 401 (see the module docs).
     ClientCredentials {
-        /// The authorization server's token endpoint.
-        token_url: String,
-        /// Client id.
+        /// The authorization server's token endpoint; `None` discovers it.
+        token_url: Option<String>,
+        /// Client id (pre-registered with the authorization server).
         client_id: String,
-        /// Client secret.
-        client_secret: String,
+        /// How the client proves who it is at the token endpoint.
+        client_auth: ClientAuth,
         /// Scope to ask for first (space-separated), if any.
         scope: Option<String>,
     },
+}
+
+/// OAuth client authentication at the token endpoint (RFC 6749 §2.3, RFC 7523).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub enum ClientAuth {
+    /// A client secret: `client_secret_basic`, or `client_secret_post` when the
+    /// authorization server's metadata lists post and not basic.
+    Secret(String),
+    /// A client secret, always sent in the form (`client_secret_post`).
+    SecretPost(String),
+    /// A public client: only `client_id` in the form (`none`).
+    None,
+    /// `private_key_jwt`: an assertion signed with this PKCS#8 PEM key.
+    PrivateKeyJwt {
+        /// The private key, PEM.
+        key_pem: String,
+        /// `ES256` (P-256) or `RS256`.
+        algorithm: String,
+    },
+}
+
+impl std::fmt::Debug for ClientAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientAuth::Secret(_) => f.write_str("Secret(\"…\")"),
+            ClientAuth::SecretPost(_) => f.write_str("SecretPost(\"…\")"),
+            ClientAuth::None => f.write_str("None"),
+            ClientAuth::PrivateKeyJwt { algorithm, .. } => f
+                .debug_struct("PrivateKeyJwt")
+                .field("key_pem", &crate::redact::Hidden)
+                .field("algorithm", algorithm)
+                .finish(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Auth {
@@ -142,13 +188,13 @@ impl std::fmt::Debug for Auth {
             Auth::ClientCredentials {
                 token_url,
                 client_id,
+                client_auth,
                 scope,
-                ..
             } => f
                 .debug_struct("ClientCredentials")
-                .field("token_url", &auth::without_query(token_url))
+                .field("token_url", &token_url.as_deref().map(auth::without_query))
                 .field("client_id", client_id)
-                .field("client_secret", &crate::redact::Hidden)
+                .field("client_auth", client_auth)
                 .field("scope", scope)
                 .finish(),
         }

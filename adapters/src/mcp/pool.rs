@@ -7,11 +7,14 @@ use std::time::Duration;
 
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
 use reqwest::header::{HeaderName, HeaderValue};
-use rmcp::ServiceExt;
+use rmcp::ServiceError;
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, Implementation, JsonObject,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
+    CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientRequest, Implementation,
+    JsonObject, ServerResult,
 };
-use rmcp::service::{RoleClient, RunningService};
+use rmcp::service::ClientServiceExt;
+use rmcp::service::{PeerRequestOptions, RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -20,8 +23,11 @@ use tokio::time::Instant;
 
 use super::auth::{self, AuthedClient, Credentials, Token, TokenSlot};
 use super::classify::{self, Failure};
+use super::discovery;
+use super::version::{self, Handshake};
 use super::{Annotations, Auth, McpTool, ServerSpec, Spec};
 use crate::command::DEFAULT_ENV_ALLOW;
+use crate::egress::AllowList;
 use crate::error::tail;
 use crate::process::Group;
 use crate::{Error, Outcome};
@@ -45,6 +51,8 @@ struct Inner {
     slots: Mutex<HashMap<Key, Slot>>,
     annotations: Mutex<HashMap<(Key, String), Annotations>>,
     http: reqwest::Client,
+    /// Hosts discovered authorization URLs may reach (`None`: any).
+    egress: Mutex<Option<AllowList>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -77,8 +85,25 @@ impl Pool {
                 slots: Mutex::new(HashMap::new()),
                 annotations: Mutex::new(HashMap::new()),
                 http,
+                egress: Mutex::new(None),
             }),
         })
+    }
+
+    /// Restricts the URLs authorization discovery may fetch (protected-resource and
+    /// authorization-server metadata, discovered token endpoints) to the operator's
+    /// egress allow-list; `None` allows any host. The engine checks the MCP URL and an
+    /// explicit `token_url` itself; only the pool sees the discovered ones.
+    pub fn restrict_egress(&self, allow: Option<AllowList>) {
+        *self.inner.egress.lock().unwrap_or_else(|e| e.into_inner()) = allow;
+    }
+
+    fn allow_list(&self) -> Option<AllowList> {
+        self.inner
+            .egress
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// A tool for `spec`, using annotations fetched earlier by [`Pool::annotations`].
@@ -194,21 +219,23 @@ impl Pool {
             if let Some(arguments) = &arguments {
                 params = params.with_arguments(arguments.clone());
             }
-            let call = session.client.peer().call_tool(params);
-            let failure = match tokio::time::timeout_at(deadline, call).await {
-                Ok(Ok(result)) => {
+            let failure = match session.call_tool(params, deadline).await {
+                Ok(CallEnd::Answered(result)) => {
                     return Outcome {
                         result: classify::output(result, &what),
                         requests_sent: sent + 1,
                     };
                 }
-                Ok(Err(error)) => classify::request_error(&error, &what),
-                Err(_) => {
-                    let message = format!(
-                        "{what}: timed out after the call was sent; the server may have processed it"
-                    );
+                Ok(CallEnd::TimedOut { cancelled }) => {
+                    let told = if cancelled {
+                        "; flow sent notifications/cancelled, but the server may have processed it already"
+                    } else {
+                        "; the server may have processed it"
+                    };
+                    let message = format!("{what}: timed out after the call was sent{told}");
                     return Outcome::err(Error::unknown(message), sent + 1);
                 }
+                Err(error) => classify::request_error(&error, &what),
             };
             let Failure {
                 error,
@@ -282,9 +309,12 @@ impl Pool {
             tracing::debug!(target: "flow_adapters::mcp", server = %label, "session ended; starting a new one");
         }
         *guard = None;
-        let started =
-            tokio::time::timeout_at(deadline, Session::start(key, &self.inner.http, deadline))
-                .await;
+        let cx = StartCx {
+            http: &self.inner.http,
+            allow: self.allow_list(),
+            deadline,
+        };
+        let started = tokio::time::timeout_at(deadline, Session::start(key, &cx)).await;
         let session = match started {
             Ok(result) => Arc::new(result?),
             Err(_) => {
@@ -332,7 +362,86 @@ struct TokenState {
     current: tokio::sync::Mutex<Token>,
 }
 
+impl TokenState {
+    /// The state holding `token`, which is now what the transport sends.
+    fn new(slot: &TokenSlot, credentials: Credentials, token: Token) -> Self {
+        slot.set(token.access_token.clone());
+        TokenState {
+            slot: slot.clone(),
+            credentials,
+            current: tokio::sync::Mutex::new(token),
+        }
+    }
+
+    /// Fetches a token for the current and the challenged scopes and installs it.
+    async fn answer(
+        &self,
+        http: &reqwest::Client,
+        challenge: &str,
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        let mut current = self.current.lock().await;
+        let challenged = auth::challenge_scope(challenge);
+        let scope = auth::scope_union(current.scope.as_deref(), challenged.as_deref());
+        let token = auth::fetch_token(http, &self.credentials, scope.as_deref(), deadline).await?;
+        self.slot.set(token.access_token.clone());
+        *current = token;
+        Ok(())
+    }
+}
+
+/// How a `tools/call` on a live session ended without a transport error.
+enum CallEnd {
+    /// The server answered.
+    Answered(CallToolResult),
+    /// The deadline passed first; `cancelled` says whether `notifications/cancelled`
+    /// went out. Either way the outcome is unknown: the server may have acted already.
+    TimedOut { cancelled: bool },
+}
+
+/// How long sending `notifications/cancelled` may take after a timeout.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
 impl Session {
+    /// Sends `tools/call` and waits for its answer until `deadline`. On timeout the
+    /// request is cancelled (MCP `notifications/cancelled` with its id, awaited up to
+    /// [`CANCEL_GRACE`]) so the server may stop working on it.
+    async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+        deadline: Instant,
+    ) -> Result<CallEnd, ServiceError> {
+        let peer = self.client.peer();
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let send = peer.send_request_with_option(request, PeerRequestOptions::no_options());
+        let handle = match tokio::time::timeout_at(deadline, send).await {
+            Ok(handle) => handle?,
+            // Still writing when the time ran out: the request may have left.
+            Err(_) => return Ok(CallEnd::TimedOut { cancelled: false }),
+        };
+        let id = handle.id.clone();
+        match tokio::time::timeout_at(deadline, handle.await_response()).await {
+            Ok(Ok(ServerResult::CallToolResult(result))) => Ok(CallEnd::Answered(result)),
+            // `{}`: a result without content, as rmcp's own `call_tool` reads it.
+            Ok(Ok(ServerResult::EmptyResult(_))) => {
+                Ok(CallEnd::Answered(CallToolResult::success(Vec::new())))
+            }
+            Ok(Ok(_)) => Err(ServiceError::UnexpectedResponse),
+            Ok(Err(error)) => Err(error),
+            Err(_) => {
+                let notification = CancelledNotification::new(CancelledNotificationParam::new(
+                    Some(id),
+                    Some("flow: the attempt timed out".to_string()),
+                ));
+                let cancel = peer.send_notification(notification.into());
+                let cancelled =
+                    matches!(tokio::time::timeout(CANCEL_GRACE, cancel).await, Ok(Ok(())));
+                tracing::debug!(target: "flow_adapters::mcp", server = %self.label, cancelled, "tools/call timed out; cancellation sent");
+                Ok(CallEnd::TimedOut { cancelled })
+            }
+        }
+    }
+
     fn is_alive(&self) -> bool {
         !self.client.is_closed() && !self.client.peer().is_transport_closed()
     }
@@ -368,35 +477,54 @@ impl Session {
                 "no client credentials to re-authenticate with",
             ));
         };
-        let mut current = state.current.lock().await;
-        let challenged = auth::challenge_scope(challenge);
-        let scope = auth::scope_union(current.scope.as_deref(), challenged.as_deref());
-        tracing::debug!(target: "flow_adapters::mcp", server = %self.label, scope = ?scope, "re-authenticating after a challenge");
-        let token = auth::fetch_token(http, &state.credentials, scope.as_deref(), deadline).await?;
-        state.slot.set(token.access_token.clone());
-        *current = token;
-        Ok(())
+        tracing::debug!(target: "flow_adapters::mcp", server = %self.label, "re-authenticating after a challenge");
+        state.answer(http, challenge, deadline).await
     }
 
-    async fn start(key: &Key, http: &reqwest::Client, deadline: Instant) -> Result<Session, Error> {
+    /// Starts a session with `initialize`, or with `server/discover` when the server
+    /// refuses `initialize` for its version (see [`version`]).
+    async fn start(key: &Key, cx: &StartCx<'_>) -> Result<Session, Error> {
         let (server, auth) = key;
         let label = server.label();
-        match server {
-            ServerSpec::Stdio { command, env, cwd } => {
-                Self::start_stdio(label, command, env, cwd.as_deref()).await
-            }
-            ServerSpec::Http { url, headers } => {
-                Self::start_http(label, url, headers, auth, http, deadline).await
+        let mut handshake = Handshake::Initialize;
+        loop {
+            let tried = handshake;
+            let started = match server {
+                ServerSpec::Stdio { command, env, cwd } => {
+                    Self::start_stdio(&label, command, env, cwd.as_deref(), &mut handshake).await
+                }
+                ServerSpec::Http { url, headers } => {
+                    Self::start_http(&label, url, headers, auth, cx, &mut handshake).await
+                }
+            };
+            match started {
+                Err(_) if handshake != tried => {
+                    tracing::debug!(target: "flow_adapters::mcp", server = %label, "initialize refused for its protocol version; trying server/discover");
+                }
+                Err(error) => return Err(error),
+                Ok(session) => {
+                    let negotiated = session
+                        .client
+                        .peer()
+                        .peer_info()
+                        .map(|info| info.protocol_version.clone());
+                    if let Some(negotiated) = negotiated {
+                        version::check(&negotiated, &label)?;
+                    }
+                    return Ok(session);
+                }
             }
         }
     }
 
     async fn start_stdio(
-        label: String,
+        label: &str,
         argv: &[String],
         env: &[(String, String)],
         cwd: Option<&std::path::Path>,
+        handshake: &mut Handshake,
     ) -> Result<Session, Error> {
+        let label = label.to_string();
         let Some(program) = argv.first() else {
             return Err(Error::permanent(format!(
                 "{label}: the server command is empty"
@@ -438,7 +566,10 @@ impl Session {
                 }
             })
         });
-        match client_info().serve(transport).await {
+        match client_info(*handshake)
+            .serve_with_lifecycle(transport, handshake.lifecycle())
+            .await
+        {
             Ok(client) => Ok(Session {
                 client,
                 _group: Some(group),
@@ -447,6 +578,9 @@ impl Session {
                 tools: OnceCell::new(),
             }),
             Err(e) => {
+                if let Some(next) = handshake.next_after(&e) {
+                    *handshake = next;
+                }
                 if let Some(drain) = drain {
                     let _ = tokio::time::timeout(STDERR_GRACE, drain).await;
                 }
@@ -465,13 +599,14 @@ impl Session {
     }
 
     async fn start_http(
-        label: String,
+        label: &str,
         url: &str,
         headers: &[(String, String)],
         auth: &Auth,
-        http: &reqwest::Client,
-        deadline: Instant,
+        cx: &StartCx<'_>,
+        handshake: &mut Handshake,
     ) -> Result<Session, Error> {
+        let label = label.to_string();
         let mut custom = HashMap::new();
         for (name, value) in headers {
             let header = HeaderName::from_bytes(name.as_bytes())
@@ -487,54 +622,80 @@ impl Session {
             Auth::None => {}
             Auth::Bearer(token) => slot.set(token.clone()),
             Auth::ClientCredentials {
-                token_url,
+                token_url: Some(token_url),
                 client_id,
-                client_secret,
+                client_auth,
                 scope,
             } => {
                 let credentials = Credentials {
                     token_url: token_url.clone(),
                     client_id: client_id.clone(),
-                    client_secret: client_secret.clone(),
+                    client_auth: client_auth.clone(),
+                    resource: auth::without_query(url),
+                    audience: token_url.clone(),
+                    methods: Vec::new(),
                 };
                 let token =
-                    auth::fetch_token(http, &credentials, scope.as_deref(), deadline).await?;
-                slot.set(token.access_token.clone());
-                state = Some(TokenState {
-                    slot: slot.clone(),
-                    credentials,
-                    current: tokio::sync::Mutex::new(token),
-                });
+                    auth::fetch_token(cx.http, &credentials, scope.as_deref(), cx.deadline).await?;
+                state = Some(TokenState::new(&slot, credentials, token));
             }
+            // Discovered on the first 401.
+            Auth::ClientCredentials {
+                token_url: None, ..
+            } => {}
         }
+        let tried = *handshake;
         let connect = || {
             let config = StreamableHttpClientTransportConfig::with_uri(url)
                 .custom_headers(custom.clone())
                 // A silent re-initialize-and-resend would be a hidden, uncounted re-send.
                 .reinit_on_expired_session(false);
             let client = AuthedClient {
-                inner: http.clone(),
+                inner: cx.http.clone(),
                 token: slot.clone(),
             };
-            client_info().serve(StreamableHttpClientTransport::with_client(client, config))
+            client_info(tried).serve_with_lifecycle(
+                StreamableHttpClientTransport::with_client(client, config),
+                tried.lifecycle(),
+            )
         };
         let client = match connect().await {
             Ok(client) => client,
             Err(e) => {
+                if let Some(next) = handshake.next_after(&e) {
+                    *handshake = next;
+                }
                 let (error, challenge) = classify::initialize_error(&e, &label);
-                let (Some(challenge), Some(state)) = (challenge, state.as_ref()) else {
+                let Some(challenge) = challenge else {
                     return Err(error);
                 };
-                // Initializing is not the tool call: re-authenticating here costs no
+                // Initializing is not the tool call: authenticating here costs no
                 // counted request.
-                let mut current = state.current.lock().await;
-                let challenged = auth::challenge_scope(&challenge);
-                let scope = auth::scope_union(current.scope.as_deref(), challenged.as_deref());
-                let token =
-                    auth::fetch_token(http, &state.credentials, scope.as_deref(), deadline).await?;
-                slot.set(token.access_token.clone());
-                *current = token;
-                drop(current);
+                match &state {
+                    Some(state) => state.answer(cx.http, &challenge, cx.deadline).await?,
+                    None => match discovery::credentials(
+                        url,
+                        auth,
+                        &challenge,
+                        cx.http,
+                        cx.allow.as_ref(),
+                        cx.deadline,
+                    )
+                    .await?
+                    {
+                        Some((credentials, scope)) => {
+                            let token = auth::fetch_token(
+                                cx.http,
+                                &credentials,
+                                scope.as_deref(),
+                                cx.deadline,
+                            )
+                            .await?;
+                            state = Some(TokenState::new(&slot, credentials, token));
+                        }
+                        None => return Err(error),
+                    },
+                }
                 connect()
                     .await
                     .map_err(|e| classify::initialize_error(&e, &label).0)?
@@ -550,9 +711,18 @@ impl Session {
     }
 }
 
-fn client_info() -> ClientConfig {
+/// What starting a session needs besides the server: the HTTP client, the egress
+/// allow-list for discovered URLs, and the deadline.
+struct StartCx<'a> {
+    http: &'a reqwest::Client,
+    allow: Option<AllowList>,
+    deadline: Instant,
+}
+
+fn client_info(handshake: Handshake) -> ClientConfig {
     ClientConfig::new(
         ClientCapabilities::default(),
         Implementation::new("flow", env!("CARGO_PKG_VERSION")),
     )
+    .with_protocol_version(handshake.requested())
 }

@@ -7,9 +7,15 @@ mod http;
 #[cfg(feature = "testkit")]
 mod mcp_auth;
 #[cfg(feature = "testkit")]
+mod mcp_cancel;
+#[cfg(feature = "testkit")]
+mod mcp_discovery;
+#[cfg(feature = "testkit")]
 mod mcp_http;
 #[cfg(feature = "testkit")]
 mod mcp_stdio;
+#[cfg(feature = "testkit")]
+mod mcp_versions;
 mod support;
 #[cfg(feature = "testkit")]
 mod testkit;

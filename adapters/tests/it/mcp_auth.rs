@@ -1,7 +1,7 @@
 //! MCP authorization: bearer tokens and OAuth client credentials with a scope challenge.
 
 use flow_adapters::ErrorKind;
-use flow_adapters::mcp::{Auth, Pool, ServerSpec, Spec};
+use flow_adapters::mcp::{Auth, ClientAuth, Pool, ServerSpec, Spec};
 use flow_adapters::testkit::mcp::{AuthOptions, HttpServer};
 use flow_adapters::{Outcome, Tool};
 use serde_json::json;
@@ -28,9 +28,9 @@ fn spec(server: &HttpServer, auth: Auth) -> Spec {
 
 fn credentials(server: &HttpServer, secret: &str, scope: Option<&str>) -> Auth {
     Auth::ClientCredentials {
-        token_url: server.token_url(),
+        token_url: Some(server.token_url()),
         client_id: "flow".to_string(),
-        client_secret: secret.to_string(),
+        client_auth: ClientAuth::Secret(secret.to_string()),
         scope: scope.map(str::to_string),
     }
 }
@@ -166,9 +166,9 @@ async fn an_unreachable_token_endpoint_is_not_sent() {
         .port();
     drop(listener);
     let auth = Auth::ClientCredentials {
-        token_url: format!("http://127.0.0.1:{port}/token"),
+        token_url: Some(format!("http://127.0.0.1:{port}/token")),
         client_id: "flow".to_string(),
-        client_secret: "flow-secret".to_string(),
+        client_auth: ClientAuth::Secret("flow-secret".to_string()),
         scope: None,
     };
     let outcome = count(&pool(), &spec(&server, auth)).await;

@@ -5,7 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use flow_adapters::http::{Client, Spec as HttpSpec};
-use flow_adapters::mcp::{Auth, Pool, ServerSpec, Spec};
+use flow_adapters::mcp::{Auth, ClientAuth, Pool, ServerSpec, Spec};
 use flow_adapters::testkit::http::{Behavior, Remote, read_log_file};
 use flow_adapters::testkit::{self};
 use flow_adapters::{ErrorKind, Tool};
@@ -119,9 +119,9 @@ async fn mcp_http_server_with_oauth_from_the_binary() {
         },
         tool: "count".to_string(),
         auth: Auth::ClientCredentials {
-            token_url,
+            token_url: Some(token_url),
             client_id: "flow".to_string(),
-            client_secret: "flow-secret".to_string(),
+            client_auth: ClientAuth::Secret("flow-secret".to_string()),
             scope: None,
         },
         read_only_override: None,

@@ -217,6 +217,8 @@ impl Gateway {
         egress: Egress,
         faults: Faults,
     ) -> Self {
+        // Discovered MCP authorization URLs are fetched by the pool, past this gate.
+        tools.mcp.restrict_egress(egress.allow_list());
         Self {
             inner: Arc::new(Inner {
                 ledger,

@@ -41,7 +41,11 @@ impl Target {
                 let mut urls = Vec::new();
                 if let mcp::ServerSpec::Http { url, .. } = &spec.server {
                     urls.push(url.as_str());
-                    if let mcp::Auth::ClientCredentials { token_url, .. } = &spec.auth {
+                    if let mcp::Auth::ClientCredentials {
+                        token_url: Some(token_url),
+                        ..
+                    } = &spec.auth
+                    {
                         urls.push(token_url.as_str());
                     }
                 }
@@ -131,11 +135,28 @@ pub fn render(
                     token_url,
                     client_id,
                     client_secret,
+                    private_key,
+                    signing_algorithm,
+                    token_endpoint_auth,
                     scope,
                 } => mcp::Auth::ClientCredentials {
-                    token_url: s(token_url)?,
+                    token_url: token_url.as_ref().map(&s).transpose()?,
                     client_id: s(client_id)?,
-                    client_secret: s(client_secret)?,
+                    client_auth: match (client_secret, private_key) {
+                        (Some(secret), _)
+                            if token_endpoint_auth.as_deref() == Some("client_secret_post") =>
+                        {
+                            mcp::ClientAuth::SecretPost(s(secret)?)
+                        }
+                        (Some(secret), _) => mcp::ClientAuth::Secret(s(secret)?),
+                        (None, Some(key)) => mcp::ClientAuth::PrivateKeyJwt {
+                            key_pem: s(key)?,
+                            algorithm: signing_algorithm
+                                .clone()
+                                .unwrap_or_else(|| "ES256".to_string()),
+                        },
+                        (None, None) => mcp::ClientAuth::None,
+                    },
                     scope: scope.clone(),
                 },
             };

@@ -343,12 +343,18 @@ pub enum McpAuth {
     Bearer(Template),
     /// OAuth 2 `client_credentials`.
     ClientCredentials {
-        /// Token endpoint.
-        token_url: Template,
+        /// Token endpoint; `None` discovers it from the server's 401.
+        token_url: Option<Template>,
         /// Client id.
         client_id: Template,
-        /// Client secret.
-        client_secret: Template,
+        /// Client secret (`client_secret_basic`/`_post`), if any.
+        client_secret: Option<Template>,
+        /// PKCS#8 PEM private key for `private_key_jwt`, if any.
+        private_key: Option<Template>,
+        /// `ES256` or `RS256` for `private_key_jwt` (default `ES256`).
+        signing_algorithm: Option<String>,
+        /// `client_secret_post` forces the secret into the form.
+        token_endpoint_auth: Option<String>,
         /// Requested scope.
         scope: Option<String>,
     },
@@ -428,9 +434,15 @@ impl ToolKind {
                         token_url,
                         client_id,
                         client_secret,
+                        private_key,
                         ..
                     } => {
-                        out.extend([token_url, client_id, client_secret]);
+                        out.push(client_id);
+                        out.extend(
+                            [token_url, client_secret, private_key]
+                                .into_iter()
+                                .flatten(),
+                        );
                     }
                 }
             }

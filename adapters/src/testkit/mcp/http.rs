@@ -12,7 +12,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use base64::Engine;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -28,6 +28,11 @@ use super::{Stats, TestServer};
 /// `WWW-Authenticate: Bearer error="insufficient_scope", scope="<required_scope>"`.
 /// Tokens come from `POST /token` (`grant_type=client_credentials`, client
 /// authenticated with HTTP Basic or form fields), granted for exactly the scope asked.
+///
+/// For clients that discover the token endpoint, the 401 names
+/// `resource_metadata="http://…/.well-known/oauth-protected-resource/mcp"`, which
+/// (RFC 9728) names this server as its own authorization server, whose RFC 8414
+/// metadata at `/.well-known/oauth-authorization-server` gives `/token`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuthOptions {
     /// Accepted client id.
@@ -63,6 +68,8 @@ pub struct HttpStats {
     initialize_requests: AtomicU32,
     rejected: AtomicU32,
     token_requests: AtomicU32,
+    metadata_requests: AtomicU32,
+    token_resources: Mutex<Vec<String>>,
 }
 
 impl HttpStats {
@@ -89,6 +96,19 @@ impl HttpStats {
     /// Requests to `/token`, refused ones included.
     pub fn token_requests(&self) -> u32 {
         self.token_requests.load(Ordering::SeqCst)
+    }
+
+    /// Requests for the well-known metadata documents.
+    pub fn metadata_requests(&self) -> u32 {
+        self.metadata_requests.load(Ordering::SeqCst)
+    }
+
+    /// The `resource` parameter (RFC 8707) of each token request, `""` when absent.
+    pub fn token_resources(&self) -> Vec<String> {
+        self.token_resources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -143,7 +163,17 @@ impl HttpServer {
         auth: Option<AuthOptions>,
         count_file: Option<PathBuf>,
     ) -> std::io::Result<HttpServer> {
-        let server = TestServer::new(count_file);
+        Self::start_pinned(addr, auth, count_file, None).await
+    }
+
+    /// [`HttpServer::start_on`] accepting only protocol `version` when given.
+    pub async fn start_pinned(
+        addr: SocketAddr,
+        auth: Option<AuthOptions>,
+        count_file: Option<PathBuf>,
+        version: Option<rmcp::model::ProtocolVersion>,
+    ) -> std::io::Result<HttpServer> {
+        let server = TestServer::new(count_file).pinned(version);
         let stats = server.stats();
         let config = StreamableHttpServerConfig::default().with_sse_keep_alive(None);
         let sessions = config.cancellation_token.clone();
@@ -159,6 +189,14 @@ impl HttpServer {
         });
         let router = Router::new()
             .route("/token", post(token))
+            .route(
+                "/.well-known/oauth-protected-resource/mcp",
+                get(resource_metadata),
+            )
+            .route(
+                "/.well-known/oauth-authorization-server",
+                get(server_metadata),
+            )
             .nest_service("/mcp", service)
             .layer(middleware::from_fn_with_state(gate.clone(), guard))
             .with_state(gate.clone());
@@ -290,9 +328,16 @@ async fn guard(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> R
         match scope {
             None => {
                 gate.stats.rejected.fetch_add(1, Ordering::SeqCst);
+                let host = parts
+                    .headers
+                    .get(header::HOST)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("127.0.0.1");
                 return challenge(
                     401,
-                    r#"Bearer realm="flow-testkit", error="invalid_token""#.to_string(),
+                    format!(
+                        r#"Bearer realm="flow-testkit", error="invalid_token", resource_metadata="http://{host}/.well-known/oauth-protected-resource/mcp""#
+                    ),
                 );
             }
             Some(scope)
@@ -333,6 +378,11 @@ async fn token(State(gate): State<Arc<Gate>>, headers: HeaderMap, body: String) 
     let form: HashMap<String, String> = reqwest::Url::parse(&format!("http://form/?{body}"))
         .map(|url| url.query_pairs().into_owned().collect())
         .unwrap_or_default();
+    gate.stats
+        .token_resources
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(form.get("resource").cloned().unwrap_or_default());
     let basic = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -389,4 +439,36 @@ fn decode(text: &str) -> String {
         .ok()
         .and_then(|url| url.query_pairs().next().map(|(_, v)| v.into_owned()))
         .unwrap_or_else(|| text.to_string())
+}
+
+fn origin(headers: &HeaderMap) -> String {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("127.0.0.1");
+    format!("http://{host}")
+}
+
+/// RFC 9728 protected-resource metadata: this server is its own authorization server.
+async fn resource_metadata(State(gate): State<Arc<Gate>>, headers: HeaderMap) -> Response {
+    gate.stats.metadata_requests.fetch_add(1, Ordering::SeqCst);
+    let origin = origin(&headers);
+    axum::Json(json!({
+        "resource": format!("{origin}/mcp"),
+        "authorization_servers": [origin],
+    }))
+    .into_response()
+}
+
+/// RFC 8414 authorization-server metadata.
+async fn server_metadata(State(gate): State<Arc<Gate>>, headers: HeaderMap) -> Response {
+    gate.stats.metadata_requests.fetch_add(1, Ordering::SeqCst);
+    let origin = origin(&headers);
+    axum::Json(json!({
+        "issuer": origin,
+        "token_endpoint": format!("{origin}/token"),
+        "grant_types_supported": ["client_credentials"],
+        "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+    }))
+    .into_response()
 }

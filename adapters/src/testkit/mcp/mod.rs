@@ -5,7 +5,7 @@
 //! | `echo` | any object | the args as `structuredContent` | — |
 //! | `count` | `{key}` | `{key, count}`: calls so far with that key | — |
 //! | `fail` | `{message?}` | `isError: true` with the message as text | — |
-//! | `slow` | `{ms}` | `{slept_ms}` after sleeping | — |
+//! | `slow` | `{ms}` | `{slept_ms}` after sleeping; a `notifications/cancelled` for it ends the sleep and is counted ([`Stats::cancelled`], a `cancelled` count-file line) | — |
 //! | `lookup` | `{id?}` | `{id, found: true}` | `readOnlyHint` |
 //! | `set_flag` | `{name}` | `{name, set: true}` | `idempotentHint` |
 //! | `delete_thing` | `{id}` | `{deleted: id}` | `destructiveHint` |
@@ -13,6 +13,10 @@
 //! | `json_text` | — | one text block holding `{"answer":42}` | — |
 //! | `texts` | — | two text blocks: `one` and `{"two":2}` | — |
 //! | `crash` | — | over stdio: the process exits(3) before answering; over HTTP: a JSON-RPC internal error | — |
+//! | `protocol` | — | `{protocol_version}`: the version this request was served under | — |
+//!
+//! [`TestServer::pinned`] narrows the protocol versions the server accepts to one, to
+//! test a client's negotiation against servers of each revision.
 //!
 //! Served over stdio by `flow-testkit mcp-stdio` ([`serve_stdio`]) and over streamable
 //! HTTP by [`HttpServer`] (in-process, or `flow-testkit mcp-http`).
@@ -30,7 +34,7 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolResult, ContentBlock, InitializeRequestParams, InitializeResult, JsonObject,
-    ServerCapabilities, ServerConfig,
+    ProtocolVersion, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{
@@ -45,6 +49,7 @@ pub use http::{AuthOptions, HttpServer, HttpStats};
 #[derive(Debug, Default)]
 pub struct Stats {
     initializes: AtomicU32,
+    cancelled: AtomicU32,
     calls: Mutex<HashMap<String, u32>>,
     keys: Mutex<HashMap<String, u32>>,
 }
@@ -53,6 +58,11 @@ impl Stats {
     /// Sessions initialized (one per client session).
     pub fn initializes(&self) -> u32 {
         self.initializes.load(Ordering::SeqCst)
+    }
+
+    /// Calls the client cancelled (`notifications/cancelled`) while they ran.
+    pub fn cancelled(&self) -> u32 {
+        self.cancelled.load(Ordering::SeqCst)
     }
 
     /// Calls of `tool` that reached the tool.
@@ -93,6 +103,8 @@ pub struct TestServer {
     count_file: Option<PathBuf>,
     /// Whether `crash` may exit the process (only when serving stdio in its own process).
     may_exit: bool,
+    /// The only protocol version accepted, if pinned.
+    pinned: Option<ProtocolVersion>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -146,7 +158,15 @@ impl TestServer {
             stats,
             count_file,
             may_exit,
+            pinned: None,
         }
+    }
+
+    /// The same server accepting only protocol `version` (`initialize` or
+    /// `server/discover`, whichever that revision has).
+    pub fn pinned(mut self, version: Option<ProtocolVersion>) -> Self {
+        self.pinned = version;
+        self
     }
 
     /// The shared stats.
@@ -221,14 +241,23 @@ impl TestServer {
         Ok(CallToolResult::error(vec![ContentBlock::text(message)]))
     }
 
-    #[tool(description = "Sleeps for `ms` milliseconds.")]
+    #[tool(description = "Sleeps for `ms` milliseconds, or until the call is cancelled.")]
     async fn slow(
         &self,
         Parameters(args): Parameters<SlowArgs>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         self.note("slow", None);
-        tokio::time::sleep(Duration::from_millis(args.ms)).await;
-        Ok(CallToolResult::structured(json!({"slept_ms": args.ms})))
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(args.ms)) => {
+                Ok(CallToolResult::structured(json!({"slept_ms": args.ms})))
+            }
+            () = context.ct.cancelled() => {
+                self.stats.cancelled.fetch_add(1, Ordering::SeqCst);
+                self.append(json!({"event": "cancelled", "tool": "slow", "pid": std::process::id()}));
+                Err(ErrorData::internal_error("cancelled", None))
+            }
+        }
     }
 
     #[tool(
@@ -301,6 +330,19 @@ impl TestServer {
         ]))
     }
 
+    #[tool(description = "Returns the protocol version this request was served under.")]
+    async fn protocol(
+        &self,
+        Parameters(_): Parameters<NoArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.note("protocol", None);
+        let version = context.protocol_version().map(|v| v.to_string());
+        Ok(CallToolResult::structured(
+            json!({"protocol_version": version}),
+        ))
+    }
+
     #[tool(description = "Exits the server process before answering (stdio only).")]
     async fn crash(&self, Parameters(_): Parameters<NoArgs>) -> Result<CallToolResult, ErrorData> {
         self.note("crash", None);
@@ -317,8 +359,19 @@ impl TestServer {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for TestServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_instructions("flow's MCP test server: tools that count their calls")
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_instructions("flow's MCP test server: tools that count their calls");
+        if let Some(version) = &self.pinned {
+            info.protocol_version = version.clone();
+        }
+        info
+    }
+
+    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [ProtocolVersion]> {
+        match &self.pinned {
+            Some(version) => std::borrow::Cow::Owned(vec![version.clone()]),
+            None => std::borrow::Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS),
+        }
     }
 
     async fn initialize(
@@ -337,8 +390,10 @@ impl ServerHandler for TestServer {
 /// (`flow-testkit mcp-stdio`). `crash` exits the process.
 pub async fn serve_stdio(
     count_file: Option<PathBuf>,
+    protocol: Option<ProtocolVersion>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let server = TestServer::with_stats(Arc::new(Stats::default()), count_file, true);
+    let server =
+        TestServer::with_stats(Arc::new(Stats::default()), count_file, true).pinned(protocol);
     let running = server.serve(rmcp::transport::stdio()).await?;
     running.waiting().await?;
     Ok(())

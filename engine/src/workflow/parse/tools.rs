@@ -260,23 +260,52 @@ fn mcp_auth(cx: &mut Cx, node: &Node) -> Option<McpAuth> {
         let f = cx.map(o, "`auth.oauth`")?;
         cx.check_keys(
             f,
-            &[&["token_url", "client_id", "client_secret", "scope"]],
+            &[&[
+                "token_url",
+                "client_id",
+                "client_secret",
+                "private_key",
+                "signing_algorithm",
+                "token_endpoint_auth",
+                "scope",
+            ]],
             "`auth.oauth`",
         );
-        let mut field = |name: &str| {
-            let n = get(f, name);
-            if n.is_none() {
-                cx.error(o.pos, format!("`auth.oauth` is missing `{name}`"));
-            }
-            n.and_then(|n| cx.template(n, &format!("`auth.oauth.{name}`")))
+        let Some(id) = get(f, "client_id") else {
+            cx.error(o.pos, "`auth.oauth` is missing `client_id`");
+            return None;
         };
-        let token_url = field("token_url");
-        let client_id = field("client_id");
-        let client_secret = field("client_secret");
+        let mut optional =
+            |name: &str| get(f, name).and_then(|n| cx.template(n, &format!("`auth.oauth.{name}`")));
+        let token_url = optional("token_url");
+        let client_secret = optional("client_secret");
+        let private_key = optional("private_key");
+        let client_id = cx.template(id, "`auth.oauth.client_id`")?;
+        let signing_algorithm = get(f, "signing_algorithm")
+            .and_then(|n| cx.string(n, "`auth.oauth.signing_algorithm`"));
+        let token_endpoint_auth = get(f, "token_endpoint_auth")
+            .and_then(|n| cx.string(n, "`auth.oauth.token_endpoint_auth`"));
+        if let Some(method) = &token_endpoint_auth
+            && !["client_secret_basic", "client_secret_post"].contains(&method.as_str())
+        {
+            cx.error(
+                o.pos,
+                "`auth.oauth.token_endpoint_auth` is `client_secret_basic` or `client_secret_post` (a `private_key` means private_key_jwt; neither secret nor key means none)",
+            );
+        }
+        if client_secret.is_some() && private_key.is_some() {
+            cx.error(
+                o.pos,
+                "`auth.oauth` takes `client_secret` or `private_key`, not both",
+            );
+        }
         return Some(McpAuth::ClientCredentials {
-            token_url: token_url?,
-            client_id: client_id?,
-            client_secret: client_secret?,
+            token_url,
+            client_id,
+            client_secret,
+            private_key,
+            signing_algorithm,
+            token_endpoint_auth,
             scope: get(f, "scope").and_then(|n| cx.string(n, "`auth.oauth.scope`")),
         });
     }

@@ -1,0 +1,145 @@
+//! Protocol version negotiation against testkit servers pinned to one revision each,
+//! over stdio and streamable HTTP.
+
+use std::net::SocketAddr;
+
+use flow_adapters::mcp::{Auth, Pool, ServerSpec, Spec};
+use flow_adapters::testkit::mcp::HttpServer;
+use flow_adapters::{ErrorKind, Tool};
+use rmcp::model::ProtocolVersion;
+use serde_json::json;
+
+use crate::support::{assert_kind, call, ok};
+
+fn spec(server: ServerSpec) -> Spec {
+    Spec {
+        server,
+        tool: "protocol".to_string(),
+        auth: Auth::None,
+        read_only_override: None,
+    }
+}
+
+fn stdio(version: &str) -> ServerSpec {
+    ServerSpec::Stdio {
+        command: vec![
+            env!("CARGO_BIN_EXE_flow-testkit").to_string(),
+            "mcp-stdio".to_string(),
+            "--protocol".to_string(),
+            version.to_string(),
+        ],
+        env: vec![],
+        cwd: None,
+    }
+}
+
+async fn http(version: &str) -> HttpServer {
+    let version: ProtocolVersion =
+        serde_json::from_value(json!(version)).unwrap_or_else(|e| panic!("{e}"));
+    HttpServer::start_pinned(
+        SocketAddr::from(([127, 0, 0, 1], 0)),
+        None,
+        None,
+        Some(version),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn http_spec(server: &HttpServer) -> ServerSpec {
+    ServerSpec::Http {
+        url: server.url(),
+        headers: vec![],
+    }
+}
+
+const FLOW_VERSIONS: [&str; 4] = ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"];
+
+#[tokio::test]
+async fn every_supported_version_over_stdio() {
+    for version in FLOW_VERSIONS {
+        let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
+        let outcome = pool.tool(spec(stdio(version))).call(call(json!({}))).await;
+        assert_eq!(
+            ok(&outcome),
+            &json!({"protocol_version": version}),
+            "{version}"
+        );
+        assert_eq!(outcome.requests_sent, 1);
+        pool.close().await;
+    }
+}
+
+#[tokio::test]
+async fn every_supported_version_over_http() {
+    for version in FLOW_VERSIONS {
+        let server = http(version).await;
+        let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
+        let tool = pool.tool(spec(http_spec(&server)));
+        let first = tool.call(call(json!({}))).await;
+        assert_eq!(
+            ok(&first),
+            &json!({"protocol_version": version}),
+            "{version}"
+        );
+        // The session is reused: the second call goes out under the same version.
+        let second = tool.call(call(json!({}))).await;
+        assert_eq!(
+            ok(&second),
+            &json!({"protocol_version": version}),
+            "{version}"
+        );
+        assert_eq!(server.stats().calls("protocol"), 2, "{version}");
+        pool.close().await;
+    }
+}
+
+#[tokio::test]
+async fn an_older_version_is_a_permanent_error_naming_both() {
+    let server = http("2024-11-05").await;
+    let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
+    let outcome = pool
+        .tool(spec(http_spec(&server)))
+        .call(call(json!({})))
+        .await;
+    assert_kind(
+        &outcome,
+        ErrorKind::Permanent,
+        "protocol version 2024-11-05",
+    );
+    assert_kind(
+        &outcome,
+        ErrorKind::Permanent,
+        "flow supports 2025-03-26, 2025-06-18, 2025-11-25, 2026-07-28",
+    );
+    assert_eq!(outcome.requests_sent, 0);
+    assert_eq!(server.stats().total_calls(), 0);
+
+    let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
+    let outcome = pool
+        .tool(spec(stdio("2024-11-05")))
+        .call(call(json!({})))
+        .await;
+    assert_kind(
+        &outcome,
+        ErrorKind::Permanent,
+        "protocol version 2024-11-05",
+    );
+}
+
+#[tokio::test]
+async fn a_newer_unknown_version_is_a_permanent_error_naming_both() {
+    let server = http("2027-01-01").await;
+    let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
+    let outcome = pool
+        .tool(spec(http_spec(&server)))
+        .call(call(json!({})))
+        .await;
+    assert_kind(&outcome, ErrorKind::Permanent, "2027-01-01");
+    assert_kind(
+        &outcome,
+        ErrorKind::Permanent,
+        "flow supports 2025-03-26, 2025-06-18, 2025-11-25, 2026-07-28",
+    );
+    assert_eq!(server.stats().total_calls(), 0);
+}
