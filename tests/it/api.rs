@@ -55,10 +55,11 @@ pub(crate) fn serve(db: &TestDb) -> Server {
         .env("FLOW_SECRET_VIEWER_TOKEN", VIEWER)
         .env("FLOW_SECRET_OPERATOR_TOKEN", OPERATOR)
         .env("FLOW_SECRET_ADMIN_TOKEN", ADMIN);
-    start(cmd)
+    start(cmd, "listening on ")
 }
 
-fn start(mut cmd: Command) -> Server {
+/// Starts `cmd` and waits for the stderr line holding `marker` followed by the URL.
+pub(crate) fn start(mut cmd: Command, marker: &str) -> Server {
     let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -74,12 +75,9 @@ fn start(mut cmd: Command) -> Server {
         };
         seen.push_str(&line);
         seen.push('\n');
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            break rest
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_string();
+        if let Some(rest) = line.split(marker).nth(1) {
+            let url = rest.split_whitespace().next().unwrap_or_default();
+            break url.trim_end_matches("/api/v1").to_string();
         }
     };
     // Keep draining stderr so the server never blocks on a full pipe.
@@ -189,6 +187,7 @@ fn roles_errors_and_submit(backend: Backend) {
         assert_eq!(s, StatusCode::NOT_FOUND, "{ctx}");
         let (s, _) = call(&server, "GET", "/api/v1/nothing", Some(VIEWER), None).await;
         assert_eq!(s, StatusCode::NOT_FOUND, "{ctx}");
+        openapi_is_committed(&server).await;
         bad_input(&server, &ctx).await;
         batch_and_paging(&server, &ctx).await;
         cancel_and_resume(&server, &db, &ctx).await;
@@ -412,7 +411,7 @@ fn serve_refuses_to_start_unsafely() {
     std::fs::remove_file(db.dir.path().join("flow.toml")).expect("rm");
     let mut cmd = db.flow();
     cmd.args(["serve", "--insecure-no-auth", "--addr", "127.0.0.1:0"]);
-    let server = start(cmd);
+    let server = start(cmd, "listening on ");
     let rt = runtime();
     rt.block_on(async {
         let health = reqwest::get(format!("{}/healthz", server.base))
@@ -432,4 +431,70 @@ fn serve_refuses_to_start_unsafely() {
         let (s, p) = call(&server, "GET", "/api/v1/in-doubt", None, None).await;
         assert_eq!(s, StatusCode::OK, "no auth: {p}");
     });
+}
+
+/// `flow daemon --serve` serves the same API, with the same tokens, beside its workers:
+/// a run submitted through it is executed by that daemon.
+#[test]
+fn a_daemon_serves_the_api_and_runs_what_it_takes() {
+    let db = TestDb::new(Backend::Sqlite);
+    db.write("flow.toml", TOKENS);
+    let mut cmd = db.flow();
+    cmd.args([
+        "daemon",
+        "--poll-interval",
+        "50ms",
+        "--serve",
+        "127.0.0.1:0",
+    ])
+    .env("FLOW_SECRET_VIEWER_TOKEN", VIEWER)
+    .env("FLOW_SECRET_OPERATOR_TOKEN", OPERATOR)
+    .env("FLOW_SECRET_ADMIN_TOKEN", ADMIN);
+    let server = start(cmd, "API at ");
+    let rt = runtime();
+    rt.block_on(async {
+        let body = json!({"workflow": HELLO, "inputs": {"who": "Ada"}, "run_id": "d-1"});
+        let (s, p) = call(
+            &server,
+            "POST",
+            "/api/v1/runs",
+            Some(VIEWER),
+            Some(body.clone()),
+        )
+        .await;
+        assert_eq!(s, StatusCode::FORBIDDEN, "{p}");
+        let (s, p) = call(&server, "POST", "/api/v1/runs", Some(OPERATOR), Some(body)).await;
+        assert_eq!(s, StatusCode::CREATED, "{p}");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let (_, run) = call(&server, "GET", "/api/v1/runs/d-1", Some(VIEWER), None).await;
+            if run["run"]["status"] == "succeeded" {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "not run: {run}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    });
+}
+
+/// The OpenAPI document the server serves is the committed `docs/openapi.json`
+/// (`FLOW_BLESS=1` rewrites the file).
+async fn openapi_is_committed(server: &Server) {
+    let served = reqwest::get(format!("{}/api/v1/openapi.json", server.base))
+        .await
+        .expect("openapi")
+        .text()
+        .await
+        .expect("body");
+    let doc: Value = serde_json::from_str(&served).expect("openapi is JSON");
+    assert_eq!(doc["openapi"], "3.1.0");
+    let path = crate::support::repo().join("docs/openapi.json");
+    if std::env::var("FLOW_BLESS").is_ok() {
+        std::fs::write(&path, &served).expect("bless");
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == served,
+        "docs/openapi.json is stale: run `FLOW_BLESS=1 cargo nextest run -E 'test(/^api::roles/)'`"
+    );
 }

@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod openapi;
 pub mod problem;
 
 use std::net::SocketAddr;

@@ -27,6 +27,15 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/api/v1/in-doubt", get(in_doubt::list))
         .route("/api/v1/in-doubt:resolve", post(in_doubt::resolve_many))
         .route("/api/v1/events", get(in_doubt::events))
+        .route("/api/v1/openapi.json", get(openapi))
+}
+
+/// `GET /api/v1/openapi.json` (no token needed: it describes, it reveals nothing).
+async fn openapi() -> impl axum::response::IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        crate::serve::openapi::text(),
+    )
 }
 
 /// The time every handler writes with.
