@@ -81,9 +81,35 @@ pub struct Config {
     /// the file is loaded.
     #[serde(default)]
     pub consumers: Vec<ConsumerConfig>,
+    /// The operator API (`flow serve`): its tokens.
+    #[serde(default)]
+    pub api: Api,
     /// Where the file came from (`None` = defaults).
     #[serde(skip)]
     pub path: Option<PathBuf>,
+}
+
+/// `[api]`: who may use the operator API.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Api {
+    /// `[[api.tokens]]`: bearer tokens; without any, `flow serve` refuses to start
+    /// unless `--insecure-no-auth`.
+    #[serde(default)]
+    pub tokens: Vec<ApiToken>,
+}
+
+/// One `[[api.tokens]]` entry. It names the secret holding the token's value, never the
+/// value itself (`flow.toml` is often committed).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiToken {
+    /// Recorded as `by` on everything the token does.
+    pub name: String,
+    /// `viewer`, `operator` or `admin`.
+    pub role: crate::serve::auth::Role,
+    /// The secret whose value is the token (`FLOW_SECRET_<NAME>` or `--secrets-file`).
+    pub secret: String,
 }
 
 /// Which hosts `http` and `mcp` (URL) tools may reach.

@@ -94,11 +94,7 @@ pub fn resolve(wf: &Workflow, pairs: &[String], file: Option<&Path>) -> Result<J
                 reason: "must hold a mapping of input names to values".into(),
             });
         };
-        for (name, value) in map {
-            let ty = declared(wf, &name)?;
-            check(&name, ty, &value)?;
-            values.insert(name, value);
-        }
+        insert_checked(wf, map, &mut values)?;
     }
     let mut given = BTreeSet::new();
     for pair in pairs {
@@ -119,6 +115,34 @@ pub fn resolve(wf: &Workflow, pairs: &[String], file: Option<&Path>) -> Result<J
         let ty = declared(wf, name)?;
         values.insert(name.to_string(), parse_typed(name, ty, raw)?);
     }
+    complete(wf, values)
+}
+
+/// The run's inputs from a JSON object (the operator API's `inputs`), checked and
+/// completed with defaults exactly as [`resolve`] does for an inputs file.
+pub fn from_json(wf: &Workflow, given: Map<String, Json>) -> Result<Json, Error> {
+    let mut values = Map::new();
+    insert_checked(wf, given, &mut values)?;
+    complete(wf, values)
+}
+
+/// Type-checks each of `given` against its declaration into `values`.
+fn insert_checked(
+    wf: &Workflow,
+    given: Map<String, Json>,
+    values: &mut Map<String, Json>,
+) -> Result<(), Error> {
+    for (name, value) in given {
+        let ty = declared(wf, &name)?;
+        check(&name, ty, &value)?;
+        values.insert(name, value);
+    }
+    Ok(())
+}
+
+/// Defaults for what was not given, refusing missing required inputs and inputs over
+/// [`MAX_INPUTS_BYTES`].
+fn complete(wf: &Workflow, mut values: Map<String, Json>) -> Result<Json, Error> {
     for decl in &wf.inputs {
         if values.contains_key(&decl.name) {
             continue;

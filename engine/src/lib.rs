@@ -14,6 +14,7 @@
 //! - [`events`]: delivering outbox events to consumers, at least once.
 //! - [`gateway`]: the at-most-once boundary of one tool call.
 //! - [`daemon`]: `flow daemon`, workers draining the shared run queue; metrics, health.
+//! - [`serve`]: `flow serve`, the operator API over HTTP (tokens, roles, problem+json).
 //! - [`retry`]: retry delays (pure, injected RNG).
 //! - [`fault`]: `FLOW_FAULT` crash points for tests.
 //! - [`cli`]: the command line, callable from tests as [`cli::run`].
@@ -34,5 +35,6 @@ pub mod render;
 pub mod retry;
 pub mod schema;
 pub mod secrets;
+pub mod serve;
 pub mod snapshot;
 pub mod workflow;

@@ -33,6 +33,10 @@ pub enum EventType {
     /// A run was cancelled.
     #[serde(rename = "run.cancelled")]
     RunCancelled,
+    /// An operator asked a run held by a live worker to stop (the worker ends it
+    /// cancelled at its next heartbeat; `run.cancelled` follows).
+    #[serde(rename = "run.cancel_requested")]
+    RunCancelRequested,
     /// A step started running.
     #[serde(rename = "step.started")]
     StepStarted,
@@ -62,6 +66,7 @@ impl EventType {
         Self::RunSucceeded,
         Self::RunFailed,
         Self::RunCancelled,
+        Self::RunCancelRequested,
         Self::StepStarted,
         Self::StepSucceeded,
         Self::StepFailed,
@@ -79,6 +84,7 @@ impl EventType {
             Self::RunSucceeded => "run.succeeded",
             Self::RunFailed => "run.failed",
             Self::RunCancelled => "run.cancelled",
+            Self::RunCancelRequested => "run.cancel_requested",
             Self::StepStarted => "step.started",
             Self::StepSucceeded => "step.succeeded",
             Self::StepFailed => "step.failed",
@@ -146,6 +152,18 @@ impl<'a> NewEvent<'a> {
             payload,
         }
     }
+}
+
+/// `payload` with the actor's `by` and `reason` added (unchanged without an actor).
+pub(crate) fn audited(mut payload: Value, actor: Option<&crate::model::Actor>) -> Value {
+    if let (Some(actor), Value::Object(map)) = (actor, &mut payload) {
+        map.insert("by".into(), Value::String(actor.by.clone()));
+        map.insert(
+            "reason".into(),
+            actor.reason.clone().map_or(Value::Null, Value::String),
+        );
+    }
+    payload
 }
 
 /// Inserts one event in the caller's transaction.

@@ -81,6 +81,7 @@ mod error;
 mod fence;
 mod health;
 mod ledger;
+mod operator;
 mod options;
 mod outbound;
 mod postgres;
@@ -105,12 +106,13 @@ pub use error::Error;
 pub use events::{Event, EventFilter, EventType};
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
 pub use model::{
-    Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,
+    Actor, Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,
     Enqueued, HeartbeatAck, InDoubtReport, NewRun, NewStep, PureBatchRecorded, PureCall,
     PureRecorded, PureResult, RateAcquire, RateDecision, Replayed, Resolution, Resolve, Run,
     RunCursor, RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage,
     Window,
 };
+pub use operator::{InDoubtFilter, MAX_BATCH};
 pub use runs::MAX_CLAIM;
 pub use sqlite::{is_read_only_url, path_of as sqlite_path};
 pub use state::{CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus};

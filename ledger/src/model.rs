@@ -514,6 +514,16 @@ pub struct Resolve {
     pub note: Option<String>,
 }
 
+/// Who asked for a mutation, and why: an API token's name and the reason its caller
+/// gave. Written as `by` and `reason` into the mutation's event payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor {
+    /// The token's name (`[[api.tokens]] name`), or the OS user for the CLI.
+    pub by: String,
+    /// Why, as the operator said (optional).
+    pub reason: Option<String>,
+}
+
 /// A tool call as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {

@@ -71,6 +71,7 @@ impl Ledger {
                        AND ($5 IS NULL OR workflow_name = $5)
                        AND ($6 IS NULL OR created_at >= $6)
                        AND ($7 IS NULL OR created_at < $7)
+                       AND ($8 IS NULL OR created_at <= $8)
                        AND ($8 IS NULL OR created_at < $8 OR (created_at = $8 AND id < $9))
                      ORDER BY created_at DESC, id DESC LIMIT $4"
                 ),

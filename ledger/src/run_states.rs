@@ -9,10 +9,10 @@ use serde_json::json;
 use crate::clock::Timestamp;
 use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
-use crate::events::{EventType, NewEvent, emit};
+use crate::events::{EventType, NewEvent, audited, emit};
 use crate::fence::{Fence, run_fence};
 use crate::ledger::Ledger;
-use crate::model::{Run, RunFinish, RunLease};
+use crate::model::{Actor, Run, RunFinish, RunLease};
 use crate::rows::{RunRow, run_cols};
 use crate::runs::run_for_update;
 use crate::state::{RunStatus, RunTransition};
@@ -169,6 +169,17 @@ impl Ledger {
     /// so the old holder is fenced out. A queued run is returned as is; a live lease is
     /// `Busy`; a finished run is `Terminal`. Emits `run.queued`.
     pub async fn requeue_run(&self, run_id: &str, now: Timestamp) -> Result<Run, Error> {
+        self.requeue_run_as(run_id, None, now).await
+    }
+
+    /// [`Ledger::requeue_run`] on behalf of `actor` (its `by` and `reason` go into the
+    /// `run.queued` event: the audit trail of the operator API).
+    pub async fn requeue_run_as(
+        &self,
+        run_id: &str,
+        actor: Option<Actor>,
+        now: Timestamp,
+    ) -> Result<Run, Error> {
         let ledger = self.clone();
         let run_id = run_id.to_owned();
         self.write(move |c| {
@@ -208,7 +219,11 @@ impl Ledger {
                     c,
                     scope,
                     now,
-                    NewEvent::run(EventType::RunQueued, run_id, json!({ "requeued": true })),
+                    NewEvent::run(
+                        EventType::RunQueued,
+                        run_id,
+                        audited(json!({ "requeued": true }), actor.as_ref()),
+                    ),
                 )
                 .await?;
                 crate::notify::notify_queued(c, scope).await?;
@@ -224,6 +239,18 @@ impl Ledger {
     /// worker sees at its next heartbeat. Cancelling a cancelled run is a no-op; other finished runs
     /// are `Terminal`.
     pub async fn request_cancel(&self, run_id: &str, now: Timestamp) -> Result<Run, Error> {
+        self.request_cancel_as(run_id, None, now).await
+    }
+
+    /// [`Ledger::request_cancel`] on behalf of `actor`: its `by` and `reason` go into
+    /// the `run.cancelled` event, or, when a live worker still holds the run, into a
+    /// `run.cancel_requested` event (the audit trail of the operator API).
+    pub async fn request_cancel_as(
+        &self,
+        run_id: &str,
+        actor: Option<Actor>,
+        now: Timestamp,
+    ) -> Result<Run, Error> {
         let ledger = self.clone();
         let run_id = run_id.to_owned();
         self.write(move |c| {
@@ -240,17 +267,26 @@ impl Ledger {
                 // provably dead) has nobody to see the request: it is cancelled at once.
                 let held = status == RunStatus::Running && row.check_not_held(now).is_err();
                 let row = match status {
-                    RunStatus::Running if held => c
-                        .optional::<RunRow>(
-                            concat!(
-                                "UPDATE runs SET cancel_requested = TRUE, updated_at = $4
-                                 WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
-                                run_cols!()
-                            ),
-                            args![&scope.tenant, &scope.workspace, run_id, now],
-                        )
-                        .await?
-                        .ok_or(Error::LeaseLost)?,
+                    RunStatus::Running if held => {
+                        let row = c
+                            .optional::<RunRow>(
+                                concat!(
+                                    "UPDATE runs SET cancel_requested = TRUE, updated_at = $4
+                                     WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
+                                    run_cols!()
+                                ),
+                                args![&scope.tenant, &scope.workspace, run_id, now],
+                            )
+                            .await?
+                            .ok_or(Error::LeaseLost)?;
+                        if let Some(actor) = actor.as_ref() {
+                            let payload = audited(json!({}), Some(actor));
+                            let event =
+                                NewEvent::run(EventType::RunCancelRequested, run_id, payload);
+                            emit(c, scope, now, event).await?;
+                        }
+                        row
+                    }
                     _ => {
                         let row = c
                             .optional::<RunRow>(
@@ -272,7 +308,7 @@ impl Ledger {
                             NewEvent::run(
                                 EventType::RunCancelled,
                                 run_id,
-                                json!({ "from": status.as_str() }),
+                                audited(json!({ "from": status.as_str() }), actor.as_ref()),
                             ),
                         )
                         .await?;

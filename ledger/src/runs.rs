@@ -13,10 +13,10 @@ use crate::canonical::canonical_hash;
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
-use crate::events::{EventType, NewEvent, emit};
+use crate::events::{EventType, NewEvent, audited, emit};
 use crate::fence::{Fence, run_fence};
 use crate::ledger::Ledger;
-use crate::model::{ClaimRuns, Claimed, Enqueued, HeartbeatAck, NewRun, RunLease};
+use crate::model::{Actor, ClaimRuns, Claimed, Enqueued, HeartbeatAck, NewRun, RunLease};
 use crate::rows::{RunRow, TextRow, run_cols};
 use crate::state::{RunStatus, RunTransition};
 use crate::worker::WorkerId;
@@ -47,6 +47,78 @@ pub(crate) async fn run_for_update(
         .ok_or_else(|| Error::NotFound {
             what: format!("run {run_id}"),
         })
+}
+
+/// One run onto the queue in the caller's transaction (see [`Ledger::enqueue`]); a
+/// batch calls it once per run inside one transaction.
+pub(crate) async fn enqueue_in(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    run: &NewRun,
+    actor: Option<&Actor>,
+    now: Timestamp,
+) -> Result<Enqueued, Error> {
+    let inputs_hash = canonical_hash(&run.inputs);
+    let scope = ledger.scope();
+    let inserted = c
+        .execute(
+            "INSERT INTO runs (tenant, workspace, id, workflow_name, workflow_text,
+                workflow_hash, inputs, inputs_hash, status, priority, not_before,
+                created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', $9, $10, $11, $11)
+             ON CONFLICT DO NOTHING",
+            args![
+                &scope.tenant,
+                &scope.workspace,
+                &run.id,
+                &run.workflow_name,
+                &run.workflow_text,
+                &run.workflow_hash,
+                run.inputs.to_string(),
+                &inputs_hash,
+                run.priority,
+                run.not_before.unwrap_or(now),
+                now,
+            ],
+        )
+        .await?;
+    let row = run_for_update(c, scope, &run.id).await?;
+    if inserted == 0 {
+        if row.workflow_hash != run.workflow_hash || row.inputs_hash != inputs_hash {
+            let what = if row.workflow_hash != run.workflow_hash {
+                "workflow"
+            } else {
+                "set of inputs"
+            };
+            return Err(Error::Conflict {
+                other_run: row.id,
+                other_node: String::new(),
+                reason: format!("run id already used with a different {what}"),
+            });
+        }
+        return Ok(Enqueued {
+            run: row.into_run()?,
+            created: false,
+        });
+    }
+    let payload = json!({
+        "workflow_name": run.workflow_name,
+        "workflow_hash": run.workflow_hash,
+        "priority": run.priority,
+        "not_before": run.not_before,
+    });
+    emit(
+        c,
+        scope,
+        now,
+        NewEvent::run(EventType::RunQueued, &run.id, audited(payload, actor)),
+    )
+    .await?;
+    crate::notify::notify_queued(c, scope).await?;
+    Ok(Enqueued {
+        run: row.into_run()?,
+        created: true,
+    })
 }
 
 /// Claims the queue: SQLite inside `BEGIN IMMEDIATE` (one writer at a time), PostgreSQL
@@ -248,71 +320,20 @@ impl Ledger {
     /// return the existing run (`created: false`); anything else is a `Conflict`.
     /// Emits `run.queued`.
     pub async fn enqueue(&self, run: NewRun, now: Timestamp) -> Result<Enqueued, Error> {
-        let inputs_hash = canonical_hash(&run.inputs);
+        self.enqueue_as(run, None, now).await
+    }
+
+    /// [`Ledger::enqueue`] on behalf of `actor` (recorded as `by`/`reason` in the
+    /// `run.queued` event: the operator API's audit trail).
+    pub async fn enqueue_as(
+        &self,
+        run: NewRun,
+        actor: Option<Actor>,
+        now: Timestamp,
+    ) -> Result<Enqueued, Error> {
         let ledger = self.clone();
         self.write(move |c| {
-            Box::pin(async move {
-                let scope = ledger.scope();
-                let inserted = c
-                    .execute(
-                        "INSERT INTO runs (tenant, workspace, id, workflow_name, workflow_text,
-                            workflow_hash, inputs, inputs_hash, status, priority, not_before,
-                            created_at, updated_at)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', $9, $10, $11, $11)
-                         ON CONFLICT DO NOTHING",
-                        args![
-                            &scope.tenant,
-                            &scope.workspace,
-                            &run.id,
-                            &run.workflow_name,
-                            &run.workflow_text,
-                            &run.workflow_hash,
-                            run.inputs.to_string(),
-                            &inputs_hash,
-                            run.priority,
-                            run.not_before.unwrap_or(now),
-                            now,
-                        ],
-                    )
-                    .await?;
-                let row = run_for_update(c, scope, &run.id).await?;
-                if inserted == 0 {
-                    if row.workflow_hash != run.workflow_hash || row.inputs_hash != inputs_hash {
-                        let what = if row.workflow_hash != run.workflow_hash {
-                            "workflow"
-                        } else {
-                            "set of inputs"
-                        };
-                        return Err(Error::Conflict {
-                            other_run: row.id,
-                            other_node: String::new(),
-                            reason: format!("run id already used with a different {what}"),
-                        });
-                    }
-                    return Ok(Enqueued {
-                        run: row.into_run()?,
-                        created: false,
-                    });
-                }
-                let payload = json!({
-                    "workflow_name": run.workflow_name,
-                    "workflow_hash": run.workflow_hash,
-                    "priority": run.priority,
-                    "not_before": run.not_before,
-                });
-                emit(
-                    c,
-                    scope,
-                    now,
-                    NewEvent::run(EventType::RunQueued, &run.id, payload),
-                )
-                .await?;
-                crate::notify::notify_queued(c, scope).await?;
-                Ok(Enqueued {
-                    run: row.into_run()?,
-                    created: true,
-                })
-            })
+            Box::pin(async move { enqueue_in(c, &ledger, &run, actor.as_ref(), now).await })
         })
         .await
     }

@@ -1,6 +1,8 @@
 //! End-to-end tests of the `flow` binary: one integration test binary, one module per
 //! area (ripgrep's layout), real files and real processes.
 
+mod api;
+mod api_doubt;
 mod args;
 mod chaos;
 mod crash;

@@ -36,6 +36,9 @@ pub struct DaemonArgs {
     /// 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<SocketAddr>,
+    /// Also serve the operator API (as `flow serve`, same tokens) on this address.
+    #[arg(long, value_name = "ADDR")]
+    pub serve: Option<SocketAddr>,
     /// After SIGTERM/SIGINT, how long calls in flight may take before their runs are
     /// abandoned (those calls are then found in doubt, as after a crash).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -109,6 +112,25 @@ async fn open(
     Ok((executor, consumers))
 }
 
+/// `--serve ADDR`: the operator API beside the workers, until `stop` fires.
+async fn serve_api(
+    cli: &Cli,
+    addr: SocketAddr,
+    ledger: &flow_ledger::Ledger,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+    stderr: &mut dyn Write,
+) -> Result<(), CliError> {
+    let app = crate::serve::App {
+        ledger: ledger.clone(),
+        tokens: super::serve::tokens(cli, addr, false)?,
+        metrics: metrics.clone(),
+    };
+    let (bound, _) = super::serve::start(app, addr, stop.clone()).await?;
+    let _ = writeln!(stderr, "flow daemon: API at http://{bound}/api/v1");
+    Ok(())
+}
+
 /// `flow daemon`.
 pub(crate) async fn daemon(
     cli: &Cli,
@@ -142,6 +164,9 @@ pub(crate) async fn daemon(
         }
         None => None,
     };
+    if let Some(addr) = args.serve {
+        serve_api(cli, addr, &ledger, &metrics, &stop_serving, stderr).await?;
+    }
     let wake = wake_description(&config, ledger.backend_name());
     let _ = writeln!(
         stderr,

@@ -11,7 +11,8 @@ mod follow_up;
 mod logging;
 mod meta;
 mod run;
-mod show;
+mod serve;
+pub(crate) mod show;
 mod submit;
 mod table;
 
@@ -168,6 +169,11 @@ pub enum Command {
     /// Create or upgrade the ledger's tables (also done automatically on first use).
     #[command(after_help = "Example:\n  flow --db postgres://flow@db.internal/flow migrate")]
     Migrate,
+    /// Serve the operator API (JSON under /api/v1), /metrics and /healthz over HTTP.
+    #[command(
+        after_help = "Tokens come from flow.toml ([[api.tokens]] name, role = viewer|operator|admin, secret = NAME whose value is FLOW_SECRET_<NAME> or a --secrets-file line).\n\nExit codes: 0 stopped by SIGTERM/SIGINT, 2 a refused flag or address, 5 bad configuration, missing token secret, unreachable database or address in use.\n\nExamples:\n  flow serve --addr 0.0.0.0:8080\n  flow serve --insecure-no-auth          # loopback only, no tokens"
+    )]
+    Serve(serve::ServeArgs),
     /// Events and their delivery to consumers: list, re-queue, follow, dispatch.
     #[command(
         after_help = "Examples:\n  flow events                      # deliveries, newest last\n  flow events --failed             # dead letters\n  flow events redeliver evt_01J... --consumer ops-webhook\n  flow events tail\n  flow events dispatch --once"
@@ -291,6 +297,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         Command::Run(_) => Some("run"),
         Command::Submit(_) => Some("submit"),
         Command::Daemon(_) => Some("daemon"),
+        Command::Serve(_) => Some("serve"),
         Command::Resume(_) => Some("resume"),
         Command::Cancel(_) => Some("cancel"),
         Command::Migrate => Some("migrate"),
@@ -365,6 +372,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Command::Resume(args) => run::resume(cli, args, stdout, stderr).await,
             Command::Submit(args) => submit::submit(cli, args, stdout, stderr).await,
             Command::Daemon(args) => daemon::daemon(cli, args, stdout, stderr).await,
+            Command::Serve(args) => serve::serve(cli, args, stderr).await,
             Command::Show(args) => show::show(cli, args, stdout).await,
             Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
             Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,
@@ -408,6 +416,8 @@ fn postgres_connections(cli: &Cli) -> u32 {
     }
     match &cli.command {
         Command::Run(_) | Command::Resume(_) => 4,
+        // Requests overlap; each holds a connection for one query or transaction.
+        Command::Serve(_) => 8,
         Command::Events(args)
             if matches!(args.command, Some(events::EventsCommand::Dispatch(_))) =>
         {

@@ -50,7 +50,7 @@ pub struct RunsArgs {
 }
 
 /// `--since` / `--until`: an RFC 3339 time, or a duration before `now`.
-fn parse_time(text: &str, now: Timestamp) -> Option<Timestamp> {
+pub(crate) fn parse_time(text: &str, now: Timestamp) -> Option<Timestamp> {
     Timestamp::parse_rfc3339(text).or_else(|| {
         humantime::parse_duration(text)
             .ok()
@@ -75,7 +75,9 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
     let run = ledger.get_run(run_id).await?;
     let steps = ledger.list_steps(run_id).await?;
     let calls = ledger.list_calls(run_id).await?;
+    let audit = audit_trail(ledger, run_id).await?;
     Ok(json!({
+        "audit": audit,
         "run": {
             "id": run.id,
             "status": run.status.as_str(),
@@ -107,9 +109,39 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
             "current_key": c.current_key,
             "outbound_started_at": ts(c.outbound_started_at),
             "error": c.error_message.as_ref().map(|m| json!({"kind": c.error_kind.map(|k| k.as_str()), "message": m})),
-            "resolution": c.resolution.as_ref().map(|r| json!({"how": r, "by": c.resolved_by, "at": ts(c.resolved_at)})),
+            "resolution": c.resolution.as_ref().map(|r| json!({"how": r, "by": c.resolved_by, "at": ts(c.resolved_at), "reason": c.resolution_note})),
         })).collect::<Vec<_>>(),
     }))
+}
+
+/// Who changed the run by hand, when and why: its events that carry a `by` (operator
+/// API mutations, resolutions), oldest first.
+async fn audit_trail(ledger: &Ledger, run_id: &str) -> Result<Vec<Json>, flow_ledger::Error> {
+    let events = ledger
+        .list_events(flow_ledger::EventFilter {
+            run_id: Some(run_id.to_string()),
+            ..Default::default()
+        })
+        .await?;
+    Ok(events
+        .iter()
+        .filter(|e| e.payload["by"].is_string())
+        .map(|e| {
+            let reason = e.payload.get("reason").or_else(|| e.payload.get("note"));
+            json!({
+                "event": e.event_type.as_str(),
+                "at": e.time.to_rfc3339(),
+                "by": e.payload["by"],
+                "node": e.tool_call_id,
+                "reason": reason.cloned().unwrap_or(Json::Null),
+            })
+        })
+        .collect())
+}
+
+/// One run of a listing (`flow runs --json`, the API's `GET /api/v1/runs`).
+pub(crate) fn run_summary(r: &flow_ledger::Run) -> Json {
+    json!({"id": r.id, "status": r.status.as_str(), "workflow": r.workflow_name, "created_at": r.created_at.to_rfc3339(), "finished_at": ts(r.finished_at)})
 }
 
 /// Prints the `flow show --json` object of `run_id` on `stdout`; a failure to read it
@@ -365,10 +397,7 @@ pub(crate) async fn runs(
     let more = runs.len() > args.limit as usize;
     let runs = &runs[..runs.len().min(args.limit as usize)];
     if args.json {
-        let list: Vec<Json> = runs
-            .iter()
-            .map(|r| json!({"id": r.id, "status": r.status.as_str(), "workflow": r.workflow_name, "created_at": r.created_at.to_rfc3339(), "finished_at": ts(r.finished_at)}))
-            .collect();
+        let list: Vec<Json> = runs.iter().map(run_summary).collect();
         let _ = writeln!(
             stdout,
             "{}",

@@ -326,6 +326,14 @@ async fn healthz(State(s): State<Arc<Served>>) -> Response {
     }
 }
 
+/// `/metrics` and `/healthz`, for this endpoint and for `flow serve` (`crate::serve`).
+pub fn router(metrics: Arc<Metrics>, ledger: Ledger) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_page))
+        .route("/healthz", get(healthz))
+        .with_state(Arc::new(Served { metrics, ledger }))
+}
+
 /// Binds `addr` and serves `/metrics` and `/healthz` until `stop` fires. Returns the
 /// bound address (port 0 picks a free one).
 pub async fn serve(
@@ -336,10 +344,7 @@ pub async fn serve(
 ) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let router = Router::new()
-        .route("/metrics", get(metrics_page))
-        .route("/healthz", get(healthz))
-        .with_state(Arc::new(Served { metrics, ledger }));
+    let router = router(metrics, ledger);
     tokio::spawn(async move {
         let served = axum::serve(listener, router)
             .with_graceful_shutdown(stop.cancelled_owned())

@@ -1,0 +1,238 @@
+//! Benchmark: runs submitted through the operator API while a daemon drains them, and
+//! listing pages of a large ledger.
+//!
+//! `cargo bench --bench api_submit`. Prints, beside this machine's fsync floor:
+//! 1. the drain rate of one `flow daemon` on SQLite (`synchronous=FULL`) of runs
+//!    enqueued beforehand (the ceiling);
+//! 2. end to end: `FLOW_BENCH_RUNS` (10,000) one-node runs submitted through
+//!    `POST /api/v1/runs:batch` (batches of 100, 4 in flight) to a real `flow serve`
+//!    while one daemon drains them: runs/s from the first submit to the last success
+//!    (target ≥ 70% of 1. and ≥ 1,000 runs/s);
+//! 3. `GET /api/v1/runs?limit=100` page latency p50/p99 over `FLOW_BENCH_LIST_RUNS`
+//!    (100,000) runs, following `next_cursor` (target p99 < 50 ms).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use flow_ledger::{Ledger, NewRun, OpenOptions, RunStatus, SqliteSynchronous, SystemClock};
+use futures::stream::{self, StreamExt};
+use serde_json::json;
+
+const ONE_NODE: &str = "name: one\ninputs:\n  i: { type: integer, required: true }\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  echo: { tool: e, with: { i: \"${{ inputs.i }}\" } }\n";
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn flow(url: &str, args: &[&str], stderr: Stdio) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_flow"))
+        .env("FLOW_DATABASE_URL", url)
+        .env_remove("RUST_LOG")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn flow")
+}
+
+/// `flow serve --insecure-no-auth` on a free loopback port; its base URL.
+fn serve(url: &str) -> (Child, String) {
+    use std::io::{BufRead, BufReader};
+    let args = ["serve", "--insecure-no-auth", "--addr", "127.0.0.1:0"];
+    let mut child = flow(url, &args, Stdio::piped());
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let base = loop {
+        let line = lines
+            .next()
+            .expect("flow serve exited")
+            .expect("stderr line");
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (child, base)
+}
+
+async fn open(url: &str) -> Ledger {
+    let opts = OpenOptions {
+        sqlite_synchronous: SqliteSynchronous::Normal,
+        ..OpenOptions::default()
+    };
+    Ledger::open(url, opts).await.expect("open ledger")
+}
+
+fn new_run(prefix: &str, i: usize) -> NewRun {
+    NewRun {
+        id: format!("{prefix}-{i:06}"),
+        workflow_name: "one".into(),
+        workflow_text: ONE_NODE.into(),
+        workflow_hash: "bench-api".into(),
+        inputs: json!({ "i": i }),
+        priority: 0,
+        not_before: None,
+    }
+}
+
+/// Enqueues `n` runs through the library, 1,000 per commit (not measured).
+async fn fill(ledger: &Ledger, prefix: &str, n: usize) {
+    let ids: Vec<usize> = (0..n).collect();
+    for chunk in ids.chunks(1_000) {
+        let runs = chunk.iter().map(|&i| new_run(prefix, i)).collect();
+        let now = flow_ledger::Clock::now(&SystemClock);
+        ledger.enqueue_batch(runs, None, now).await.expect("fill");
+    }
+}
+
+/// Waits until `n` runs succeeded; returns the last `finished_at` (ms).
+async fn wait_done(ledger: &Ledger, n: usize) -> i64 {
+    loop {
+        let counts = ledger.count_runs_by_status().await.expect("count");
+        let done = counts
+            .iter()
+            .find(|(s, _)| *s == RunStatus::Succeeded)
+            .map_or(0, |(_, c)| *c);
+        if usize::try_from(done).unwrap_or(0) >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let last = ledger
+        .list_runs(flow_ledger::RunFilter {
+            status: Some(RunStatus::Succeeded),
+            limit: u32::MAX,
+            ..Default::default()
+        })
+        .await
+        .expect("list");
+    last.iter()
+        .filter_map(|r| r.finished_at)
+        .map(|t| t.0)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The earliest `started_at` (ms) of the ledger's runs.
+async fn first_start(ledger: &Ledger) -> i64 {
+    let all = ledger
+        .list_runs(flow_ledger::RunFilter {
+            limit: u32::MAX,
+            ..Default::default()
+        })
+        .await
+        .expect("list");
+    all.iter()
+        .filter_map(|r| r.started_at)
+        .map(|t| t.0)
+        .min()
+        .unwrap_or(0)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let runs = env_usize("FLOW_BENCH_RUNS", 10_000);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let floor = common::fsync_floor(dir.path());
+    println!(
+        "machine: fsync floor {floor:?} per durable commit; {} cores",
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    rt.block_on(async {
+        // 1. The ceiling: a daemon draining runs that are already queued.
+        let url = format!("sqlite://{}", dir.path().join("drain.db").display());
+        let ledger = open(&url).await;
+        fill(&ledger, "pre", runs).await;
+        let status = flow(&url, &["daemon", "--exit-when-idle", "--concurrency", "64"], Stdio::null())
+            .wait()
+            .expect("daemon");
+        assert!(status.success());
+        // First start to last finish, from the ledger (the process start-up is not
+        // the drain), as the end-to-end figure below is taken.
+        let last = wait_done(&ledger, runs).await;
+        let first = first_start(&ledger).await;
+        let drain = runs as f64 * 1000.0 / (last - first).max(1) as f64;
+        println!("drain of {runs} pre-submitted runs, 1 daemon, SQLite FULL: {drain:.0} runs/s (first start to last finish)");
+        ledger.close().await;
+
+        // 2. End to end through the API.
+        let url = format!("sqlite://{}", dir.path().join("api.db").display());
+        let ledger = open(&url).await;
+        let (mut server, base) = serve(&url);
+        let mut daemon = flow(&url, &["daemon", "--concurrency", "64", "--poll-interval", "50ms"], Stdio::null());
+        let client = reqwest::Client::new();
+        let started = Instant::now();
+        let first_ms = flow_ledger::Clock::now(&SystemClock).0;
+        let batches: Vec<usize> = (0..runs.div_ceil(100)).collect();
+        stream::iter(batches)
+            .for_each_concurrent(4, |b| {
+                let client = client.clone();
+                let base = base.clone();
+                async move {
+                    let list: Vec<_> = (b * 100..((b + 1) * 100).min(runs))
+                        .map(|i| json!({"workflow": ONE_NODE, "inputs": {"i": i}, "run_id": format!("api-{i:06}")}))
+                        .collect();
+                    let resp = client
+                        .post(format!("{base}/api/v1/runs:batch"))
+                        .json(&json!({ "runs": list }))
+                        .send()
+                        .await
+                        .expect("submit");
+                    assert!(resp.status().is_success(), "{}", resp.text().await.unwrap_or_default());
+                }
+            })
+            .await;
+        let submitted = started.elapsed();
+        let last_ms = wait_done(&ledger, runs).await;
+        let e2e = runs as f64 * 1000.0 / (last_ms - first_ms).max(1) as f64;
+        println!(
+            "end to end, {runs} runs via runs:batch (100 a batch, 4 in flight) while 1 daemon drains: {e2e:.0} runs/s ({:.0}% of the drain rate); submitting alone took {submitted:?} ({:.0} runs/s)",
+            100.0 * e2e / drain,
+            runs as f64 / submitted.as_secs_f64()
+        );
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+        let _ = server.kill();
+        let _ = server.wait();
+        ledger.close().await;
+
+        // 3. Listing pages of a large ledger.
+        let big = env_usize("FLOW_BENCH_LIST_RUNS", 100_000);
+        let url = format!("sqlite://{}", dir.path().join("list.db").display());
+        let ledger = open(&url).await;
+        fill(&ledger, "list", big).await;
+        let (mut server, base) = serve(&url);
+        let mut samples = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..300 {
+            let path = match &cursor {
+                Some(c) => format!("{base}/api/v1/runs?limit=100&cursor={c}"),
+                None => format!("{base}/api/v1/runs?limit=100"),
+            };
+            let t = Instant::now();
+            let page: serde_json::Value = client.get(path).send().await.expect("page").json().await.expect("json");
+            samples.push(t.elapsed());
+            cursor = page["next_cursor"].as_str().map(str::to_string);
+        }
+        samples.sort();
+        println!(
+            "GET /api/v1/runs?limit=100 over {big} runs, 300 pages following next_cursor: p50 {:?}, p99 {:?}",
+            samples[samples.len() / 2],
+            samples[samples.len() * 99 / 100]
+        );
+        let _ = server.kill();
+        let _ = server.wait();
+        ledger.close().await;
+    });
+}

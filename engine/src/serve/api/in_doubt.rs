@@ -1,0 +1,207 @@
+//! `GET /api/v1/in-doubt` (every call in doubt across runs), `POST
+//! /api/v1/in-doubt:resolve` (settle many at once, admins only, with a dry run that
+//! counts exactly what the real one would settle), and `GET /api/v1/events`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use flow_ledger::{Actor, EventFilter, InDoubtFilter, Resolve, ToolCall};
+use serde::Deserialize;
+use serde_json::{Value as Json_, json};
+
+use super::steer::{Outcome, requeue_if_settled, resolution, resolve_refused};
+use crate::serve::App;
+use crate::serve::auth::{Admin, Authed, Viewer};
+use crate::serve::problem::{ApiJson, ApiQuery, Problem};
+
+/// Most calls one bulk resolve settles (and one listing shows).
+const MAX_CALLS: u32 = 1_000;
+
+/// The pause between two settlements of a bulk resolve: at most 50 a second, so a
+/// bulk operation cannot crowd the daemons' writes out of the database.
+const SETTLE_PACE: Duration = Duration::from_millis(20);
+
+/// Which calls in doubt (query of the listing, `filter` of the bulk resolve).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallFilter {
+    /// Only calls of this run.
+    run: Option<String>,
+    /// Only calls of this node.
+    node: Option<String>,
+    /// Only calls of this tool.
+    tool: Option<String>,
+}
+
+impl CallFilter {
+    fn ledger(self) -> InDoubtFilter {
+        InDoubtFilter {
+            run_id: self.run,
+            node: self.node,
+            tool: self.tool,
+            limit: MAX_CALLS,
+        }
+    }
+}
+
+/// One call in doubt as the inbox shows it.
+fn call_json(c: &ToolCall) -> Json_ {
+    let ts = |t: Option<flow_ledger::Timestamp>| t.map(|t| t.to_rfc3339());
+    json!({
+        "run": c.run_id,
+        "node": c.tool_call_id,
+        "tool": c.tool,
+        "key": c.current_key,
+        "outbound_at": ts(c.outbound_started_at),
+        "in_doubt_at": ts(c.in_doubt_at),
+        "request": c.request,
+        "attempts": c.attempt_count,
+        "requests_sent": c.outbound_requests,
+    })
+}
+
+/// `GET /api/v1/in-doubt?run=&node=&tool=`: `{calls: [...]}`, oldest first (at most
+/// 1,000); each with its key, outbound time, request as stored (secrets redacted),
+/// attempts and requests sent.
+pub async fn list(
+    _: Authed<Viewer>,
+    State(app): State<Arc<App>>,
+    ApiQuery(filter): ApiQuery<CallFilter>,
+) -> Result<Response, Problem> {
+    let calls = app
+        .ledger
+        .list_in_doubt(filter.ledger())
+        .await
+        .map_err(|e| Problem::ledger(&e))?;
+    let list: Vec<Json_> = calls.iter().map(call_json).collect();
+    Ok(Json(json!({ "calls": list })).into_response())
+}
+
+/// The body of `POST /api/v1/in-doubt:resolve`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bulk {
+    /// Which calls (all in doubt when empty).
+    #[serde(default)]
+    filter: CallFilter,
+    /// How to settle each.
+    outcome: Outcome,
+    /// With `succeeded`: the output every call gets.
+    output: Option<Json_>,
+    /// With `failed`: why.
+    error: Option<String>,
+    /// Recorded with each resolution.
+    reason: Option<String>,
+    /// Only count what would be settled.
+    dry_run: bool,
+}
+
+/// `POST /api/v1/in-doubt:resolve`: with `dry_run`, `{matched}`; otherwise settles
+/// each matched call (paced, see [`SETTLE_PACE`]) and answers `{matched, settled,
+/// skipped: [{run, node, detail}]}` — a call settled by someone else meanwhile is
+/// skipped, not an error.
+pub async fn resolve_many(
+    Authed(caller, _): Authed<Admin>,
+    State(app): State<Arc<App>>,
+    ApiJson(body): ApiJson<Bulk>,
+) -> Result<Response, Problem> {
+    let how = resolution(body.outcome, body.output, body.error)?;
+    let calls = app
+        .ledger
+        .list_in_doubt(body.filter.ledger())
+        .await
+        .map_err(|e| Problem::ledger(&e))?;
+    if body.dry_run {
+        return Ok(Json(json!({ "matched": calls.len(), "dry_run": true })).into_response());
+    }
+    let mut settled = 0usize;
+    let mut skipped = Vec::new();
+    for (i, c) in calls.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(SETTLE_PACE).await;
+        }
+        let req = Resolve {
+            run_id: c.run_id.clone(),
+            tool_call_id: c.tool_call_id.clone(),
+            resolution: how.clone(),
+            by: caller.name.clone(),
+            note: body.reason.clone(),
+        };
+        match app.ledger.resolve_call(req, super::now()).await {
+            Ok(_) => {
+                settled += 1;
+                let actor = Actor {
+                    by: caller.name.clone(),
+                    reason: body.reason.clone(),
+                };
+                requeue_if_settled(&app, &c.run_id, actor).await?;
+            }
+            Err(e) => {
+                let p = resolve_refused(&e, &c.run_id, &c.tool_call_id);
+                if p.status.is_server_error() {
+                    return Err(p);
+                }
+                skipped.push(json!({"run": c.run_id, "node": c.tool_call_id, "detail": p.detail}));
+            }
+        }
+    }
+    let body =
+        json!({ "matched": calls.len(), "settled": settled, "skipped": skipped, "dry_run": false });
+    Ok(Json(body).into_response())
+}
+
+/// The query of `GET /api/v1/events`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Only events after this `seq` (the previous page's `next_after`).
+    after: Option<i64>,
+    /// Page size, 1 to 1,000 (default 100).
+    limit: Option<u32>,
+    /// Only events of this run.
+    run: Option<String>,
+}
+
+/// `GET /api/v1/events?after=&limit=&run=`: outbox events oldest first, `{events,
+/// next_after}` (pass `next_after` back as `after` to follow the feed).
+pub async fn events(
+    _: Authed<Viewer>,
+    State(app): State<Arc<App>>,
+    ApiQuery(q): ApiQuery<EventsQuery>,
+) -> Result<Response, Problem> {
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_CALLS).contains(&limit) {
+        return Err(Problem::bad_request(format!(
+            "limit: must be 1 to {MAX_CALLS}, not {limit}"
+        )));
+    }
+    let events = app
+        .ledger
+        .list_events(EventFilter {
+            run_id: q.run,
+            after_seq: q.after,
+            limit,
+        })
+        .await
+        .map_err(|e| Problem::ledger(&e))?;
+    let next = events.last().map_or(q.after, |e| Some(e.seq));
+    let list: Vec<Json_> = events
+        .iter()
+        .map(|e| {
+            json!({
+                "seq": e.seq,
+                "id": e.id,
+                "type": e.event_type.as_str(),
+                "time": e.time.to_rfc3339(),
+                "run": e.run_id,
+                "step": e.step_id,
+                "node": e.tool_call_id,
+                "payload": e.payload,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "events": list, "next_after": next })).into_response())
+}

@@ -1,0 +1,298 @@
+//! `GET/POST /api/v1/runs`, `POST /api/v1/runs:batch`, `GET /api/v1/runs/{id}`.
+//!
+//! A submitted run is checked as `flow submit` checks a file — the workflow validates
+//! (422 with every `FILE:LINE:COL` diagnostic otherwise), the inputs type-check against
+//! its declarations, the run id is well formed — before anything is written.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use flow_ledger::{Actor, NewRun, RunCursor, RunFilter, RunStatus};
+use serde::Deserialize;
+use serde_json::{Map, Value as Json_, json};
+
+use super::now;
+use crate::cli::show::{parse_time, run_summary, show_json};
+use crate::serve::App;
+use crate::serve::auth::{Authed, Operator, Viewer};
+use crate::serve::problem::{ApiJson, ApiQuery, Problem};
+use crate::snapshot::{validate_options, workflow_hash};
+
+/// Most runs one page lists.
+const MAX_PAGE: u32 = 1_000;
+
+/// The query of `GET /api/v1/runs`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only runs in this state.
+    status: Option<String>,
+    /// Only runs of this workflow (its `name:`).
+    workflow: Option<String>,
+    /// Only runs created at or after: RFC 3339 or a duration ago (`2h`).
+    since: Option<String>,
+    /// Page size, 1 to 1,000 (default 100).
+    limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    cursor: Option<String>,
+}
+
+/// `GET /api/v1/runs`: newest first, keyset-paged (`next_cursor`, null on the last
+/// page), so pages stay put while runs are added.
+pub async fn list(
+    _: Authed<Viewer>,
+    State(app): State<Arc<App>>,
+    ApiQuery(q): ApiQuery<ListQuery>,
+) -> Result<Response, Problem> {
+    let status = q
+        .status
+        .as_deref()
+        .map(|s| {
+            s.parse::<RunStatus>().map_err(|_| {
+                Problem::bad_request(format!(
+                    "status: unknown status `{s}`; use queued, running, succeeded, failed, paused or cancelled"
+                ))
+            })
+        })
+        .transpose()?;
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(Problem::bad_request(format!(
+            "limit: must be 1 to {MAX_PAGE}, not {limit}"
+        )));
+    }
+    let since = q
+        .since
+        .as_deref()
+        .map(|t| {
+            parse_time(t, now()).ok_or_else(|| {
+                Problem::bad_request(format!(
+                    "since: `{t}` is neither an RFC 3339 time nor a duration ago (2h, 30m)"
+                ))
+            })
+        })
+        .transpose()?;
+    let after = q
+        .cursor
+        .as_deref()
+        .map(|c| {
+            RunCursor::decode(c)
+                .ok_or_else(|| Problem::bad_request(format!("cursor: `{c}` is not a cursor")))
+        })
+        .transpose()?;
+    let runs = app
+        .ledger
+        .list_runs(RunFilter {
+            status,
+            limit: limit + 1,
+            workflow: q.workflow,
+            since,
+            until: None,
+            after,
+        })
+        .await
+        .map_err(|e| Problem::ledger(&e))?;
+    let page = &runs[..runs.len().min(limit as usize)];
+    let next = (runs.len() > page.len())
+        .then(|| page.last().map(|r| RunCursor::after(r).encode()))
+        .flatten();
+    let list: Vec<Json_> = page.iter().map(run_summary).collect();
+    Ok(Json(json!({ "runs": list, "next_cursor": next })).into_response())
+}
+
+/// `GET /api/v1/runs/{id}`: exactly the `flow show --json` object.
+pub async fn show(
+    _: Authed<Viewer>,
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+) -> Result<Response, Problem> {
+    match show_json(&app.ledger, &id).await {
+        Ok(v) => Ok(Json(v).into_response()),
+        Err(flow_ledger::Error::NotFound { .. }) => {
+            Err(Problem::not_found(format!("no run `{id}`")))
+        }
+        Err(e) => Err(Problem::ledger(&e)),
+    }
+}
+
+/// One run to submit.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitRun {
+    /// The workflow's YAML text.
+    workflow: String,
+    /// Inputs by name (typed by the workflow's declarations).
+    #[serde(default)]
+    inputs: Map<String, Json_>,
+    /// Makes the submit idempotent: the same workflow and inputs return this run.
+    run_id: Option<String>,
+}
+
+/// The run `req` describes, checked; `Err` is the problem (422 for a workflow that does
+/// not validate, 400 for bad inputs or run id). `at` prefixes messages in a batch.
+fn check(req: SubmitRun, at: &str, parsed: &mut Parsed) -> Result<NewRun, Problem> {
+    let hash = workflow_hash(&req.workflow);
+    if !parsed.contains_key(&hash) {
+        let wf = validate(&req.workflow, at)?;
+        parsed.insert(hash.clone(), wf);
+    }
+    let Some(wf) = parsed.get(&hash) else {
+        return Err(Problem::bad_request(format!("{at}workflow: not parsed")));
+    };
+    let inputs = crate::inputs::from_json(wf, req.inputs)
+        .map_err(|e| Problem::bad_request(format!("{at}inputs: {e}")))?;
+    let id = match req.run_id {
+        Some(id) if valid_run_id(&id) => id,
+        Some(id) => {
+            return Err(Problem::bad_request(format!(
+                "{at}run_id: `{}` is not 1 to 128 letters, digits, `_`, `-` and `.`",
+                id.escape_debug()
+            )));
+        }
+        None => format!("run_{}", ulid::Ulid::generate()),
+    };
+    Ok(NewRun {
+        id,
+        workflow_name: wf.name.clone(),
+        workflow_hash: hash,
+        workflow_text: req.workflow,
+        inputs,
+        priority: 0,
+        not_before: None,
+    })
+}
+
+/// Workflows already validated in this request, by hash: a batch of 1,000 runs of one
+/// workflow parses it once.
+type Parsed = std::collections::HashMap<String, crate::workflow::ValidWorkflow>;
+
+/// The workflow `text`, validated; 422 with every `FILE:LINE:COL` diagnostic otherwise.
+fn validate(text: &str, at: &str) -> Result<crate::workflow::ValidWorkflow, Problem> {
+    let file = "workflow.yaml";
+    crate::workflow::parse_with(text, file, &validate_options()).map_err(|diags| {
+        let errors: Vec<Json_> = diags
+            .items
+            .iter()
+            .map(|d| {
+                json!({
+                    "line": d.pos.line,
+                    "col": d.pos.col,
+                    "message": d.message,
+                    "help": d.help,
+                    "text": d.render(file).trim_end(),
+                })
+            })
+            .collect();
+        let detail = format!(
+            "{at}workflow: {} problem(s); nothing was queued",
+            errors.len()
+        );
+        Problem::new(StatusCode::UNPROCESSABLE_ENTITY, detail).with("errors", Json_::Array(errors))
+    })
+}
+
+/// The `--run-id` rule of the CLI: ids end up in keys, logs and file names.
+fn valid_run_id(id: &str) -> bool {
+    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"_-.".contains(&b);
+    (1..=128).contains(&id.len()) && id.bytes().all(allowed)
+}
+
+/// The problem for an id reused with another workflow or inputs: 409 naming what
+/// differs.
+fn conflict(e: flow_ledger::Error, id: &str) -> Problem {
+    match e {
+        flow_ledger::Error::Conflict { reason, .. } => {
+            let differs = if reason.contains("workflow") {
+                "workflow"
+            } else {
+                "inputs"
+            };
+            Problem::conflict(format!("run `{id}`: {reason}"))
+                .with("run_id", json!(id))
+                .with("differs", json!(differs))
+        }
+        e => Problem::ledger(&e),
+    }
+}
+
+/// `POST /api/v1/runs`: 201 `{id, status}` for a new run; 200 with the same id when a
+/// run with this `run_id`, workflow and inputs exists; 409 when the id is taken by
+/// another workflow or inputs.
+pub async fn submit(
+    Authed(caller, _): Authed<Operator>,
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<SubmitRun>,
+) -> Result<Response, Problem> {
+    let new = check(req, "", &mut Parsed::new())?;
+    let id = new.id.clone();
+    let actor = Actor {
+        by: caller.name,
+        reason: None,
+    };
+    let enq = app
+        .ledger
+        .enqueue_as(new, Some(actor), now())
+        .await
+        .map_err(|e| conflict(e, &id))?;
+    let status = if enq.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    let body =
+        json!({ "id": enq.run.id, "status": enq.run.status.as_str(), "created": enq.created });
+    Ok((status, Json(body)).into_response())
+}
+
+/// The body of `POST /api/v1/runs:batch`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Batch {
+    /// 1 to 1,000 runs.
+    runs: Vec<SubmitRun>,
+}
+
+/// `POST /api/v1/runs:batch`: every run checked first, then all enqueued in ONE
+/// commit (any conflict rolls the batch back: 409 naming the run). 200 with
+/// `{runs: [{id, status, created}]}` in request order.
+pub async fn batch(
+    Authed(caller, _): Authed<Operator>,
+    State(app): State<Arc<App>>,
+    ApiJson(req): ApiJson<Batch>,
+) -> Result<Response, Problem> {
+    if req.runs.is_empty() || req.runs.len() > flow_ledger::MAX_BATCH {
+        return Err(Problem::bad_request(format!(
+            "runs: a batch holds 1 to {} runs, not {}",
+            flow_ledger::MAX_BATCH,
+            req.runs.len()
+        )));
+    }
+    let mut runs = Vec::with_capacity(req.runs.len());
+    let mut parsed = Parsed::new();
+    for (i, r) in req.runs.into_iter().enumerate() {
+        runs.push(check(r, &format!("runs[{i}]."), &mut parsed)?);
+    }
+    let actor = Actor {
+        by: caller.name,
+        reason: None,
+    };
+    let enqueued = app
+        .ledger
+        .enqueue_batch(runs, Some(actor), now())
+        .await
+        .map_err(|e| {
+            let id = match &e {
+                flow_ledger::Error::Conflict { other_run, .. } => other_run.clone(),
+                _ => String::new(),
+            };
+            conflict(e, &id)
+        })?;
+    let list: Vec<Json_> = enqueued
+        .iter()
+        .map(|e| json!({ "id": e.run.id, "status": e.run.status.as_str(), "created": e.created }))
+        .collect();
+    Ok(Json(json!({ "runs": list })).into_response())
+}

@@ -1,0 +1,217 @@
+//! `POST /api/v1/runs/{id}/cancel`, `/resume` and `/resolve`: an operator steering one
+//! run. Each records the token's name and the reason given in the ledger, in the event
+//! the change writes (see `Ledger::request_cancel_as`), and answers with the run as
+//! `GET /api/v1/runs/{id}` shows it after the change.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use flow_ledger::{Actor, Resolution, Resolve};
+use serde::Deserialize;
+use serde_json::Value as Json_;
+
+use super::now;
+use crate::cli::show::show_json;
+use crate::serve::App;
+use crate::serve::auth::{Authed, Operator};
+use crate::serve::problem::{ApiJson, OptionalJson, Problem};
+
+/// The optional body of `cancel` and `resume`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Why {
+    /// Recorded with the change.
+    reason: Option<String>,
+}
+
+/// The run after a change, as `GET /api/v1/runs/{id}` shows it.
+async fn answer(app: &App, id: &str) -> Result<Response, Problem> {
+    show_json(&app.ledger, id)
+        .await
+        .map(|v| Json(v).into_response())
+        .map_err(|e| Problem::ledger(&e))
+}
+
+/// The problem for a ledger error about run `id`.
+fn refused(e: &flow_ledger::Error, id: &str, what: &str) -> Problem {
+    match e {
+        flow_ledger::Error::NotFound { .. } => Problem::not_found(format!("no run `{id}`")),
+        flow_ledger::Error::Terminal { status } => {
+            Problem::conflict(format!("cannot {what} run `{id}`: it is already {status}"))
+        }
+        e => {
+            let mut p = Problem::ledger(e);
+            p.detail = format!("cannot {what} run `{id}`: {}", p.detail);
+            p
+        }
+    }
+}
+
+/// `POST /api/v1/runs/{id}/cancel`: as `flow cancel`.
+pub async fn cancel(
+    Authed(caller, _): Authed<Operator>,
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    OptionalJson(why): OptionalJson<Why>,
+) -> Result<Response, Problem> {
+    let actor = Actor {
+        by: caller.name,
+        reason: why.reason,
+    };
+    app.ledger
+        .request_cancel_as(&id, Some(actor), now())
+        .await
+        .map_err(|e| refused(&e, &id, "cancel"))?;
+    answer(&app, &id).await
+}
+
+/// `POST /api/v1/runs/{id}/resume`: puts a paused run (or one whose worker is gone)
+/// back on the queue for the daemons, as `flow resume --detach`.
+pub async fn resume(
+    Authed(caller, _): Authed<Operator>,
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    OptionalJson(why): OptionalJson<Why>,
+) -> Result<Response, Problem> {
+    let actor = Actor {
+        by: caller.name,
+        reason: why.reason,
+    };
+    app.ledger
+        .requeue_run_as(&id, Some(actor), now())
+        .await
+        .map_err(|e| refused(&e, &id, "resume"))?;
+    answer(&app, &id).await
+}
+
+/// How to settle a call in doubt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    /// It happened; `output` is its output.
+    Succeeded,
+    /// It did not happen; `error` says why.
+    Failed,
+    /// Re-send with the same idempotency key.
+    Retry,
+}
+
+/// The body of `POST /api/v1/runs/{id}/resolve`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResolveBody {
+    /// The node whose call is in doubt.
+    node: String,
+    /// How it is settled.
+    outcome: Outcome,
+    /// With `succeeded`: the call's output (any JSON value).
+    output: Option<Json_>,
+    /// With `failed`: why.
+    error: Option<String>,
+    /// Recorded with the resolution.
+    reason: Option<String>,
+}
+
+/// The resolution `outcome` with `output`/`error` means; a field that does not go
+/// with the outcome is a 400.
+pub(super) fn resolution(
+    outcome: Outcome,
+    output: Option<Json_>,
+    error: Option<String>,
+) -> Result<Resolution, Problem> {
+    match (outcome, output, error) {
+        (Outcome::Succeeded, Some(v), None) => Ok(Resolution::Succeeded(v)),
+        (Outcome::Succeeded, None, _) => Err(Problem::bad_request(
+            "output: `succeeded` needs the call's output",
+        )),
+        (Outcome::Failed, None, e) => {
+            Ok(Resolution::Failed(e.unwrap_or_else(|| {
+                "resolved as failed by an operator".into()
+            })))
+        }
+        (Outcome::Retry, None, None) => Ok(Resolution::Retry),
+        (_, Some(_), _) => Err(Problem::bad_request(
+            "output: only `succeeded` takes an output",
+        )),
+        (_, None, Some(_)) => Err(Problem::bad_request("error: only `failed` takes an error")),
+    }
+}
+
+/// The problem for a resolve the ledger refused: 404 for an unknown run or node, 409
+/// when the call is not in doubt (or another resolve won the race) or the run ended.
+pub(super) fn resolve_refused(e: &flow_ledger::Error, run: &str, node: &str) -> Problem {
+    use flow_ledger::Error as E;
+    match e {
+        E::NotFound { .. } => Problem::not_found(format!("run `{run}` has no tool call `{node}`")),
+        E::InvalidTransition { from, .. } => Problem::conflict(format!(
+            "call `{node}` of run `{run}` is {from}, not in doubt: nothing was written"
+        )),
+        E::LeaseLost => Problem::conflict(format!(
+            "call `{node}` of run `{run}` was settled by someone else meanwhile"
+        )),
+        E::Terminal { status } => Problem::conflict(format!(
+            "run `{run}` is {status}: its calls stay as recorded"
+        )),
+        e => Problem::ledger(e),
+    }
+}
+
+/// `POST /api/v1/runs/{id}/resolve`: settles one call in doubt (as `flow resume
+/// --resolve`, without executing the run: a `resume` or a daemon continues it). 200
+/// with the run after the change; of two concurrent resolves exactly one gets 200.
+pub async fn resolve(
+    Authed(caller, _): Authed<Operator>,
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ResolveBody>,
+) -> Result<Response, Problem> {
+    let resolution = resolution(body.outcome, body.output, body.error)?;
+    let req = Resolve {
+        run_id: id.clone(),
+        tool_call_id: body.node.clone(),
+        resolution,
+        by: caller.name,
+        note: body.reason,
+    };
+    let actor = Actor {
+        by: req.by.clone(),
+        reason: req.note.clone(),
+    };
+    app.ledger
+        .resolve_call(req, now())
+        .await
+        .map_err(|e| resolve_refused(&e, &id, &body.node))?;
+    requeue_if_settled(&app, &id, actor).await?;
+    answer(&app, &id).await
+}
+
+/// Puts a paused run back on the queue for the daemons once none of its calls is in
+/// doubt any more (what `flow resume --resolve` does by executing it): the resolution
+/// is what the operator decided, continuing is then the daemons' job.
+pub(super) async fn requeue_if_settled(app: &App, id: &str, actor: Actor) -> Result<(), Problem> {
+    let filter = flow_ledger::InDoubtFilter {
+        run_id: Some(id.to_string()),
+        limit: 1,
+        ..Default::default()
+    };
+    let left = app
+        .ledger
+        .list_in_doubt(filter)
+        .await
+        .map_err(|e| Problem::ledger(&e))?;
+    if !left.is_empty() {
+        return Ok(());
+    }
+    match app.ledger.requeue_run_as(id, Some(actor), now()).await {
+        // Someone else continued or ended it meanwhile: the resolution stands.
+        Ok(_)
+        | Err(
+            flow_ledger::Error::Terminal { .. }
+            | flow_ledger::Error::Busy { .. }
+            | flow_ledger::Error::InvalidTransition { .. },
+        ) => Ok(()),
+        Err(e) => Err(Problem::ledger(&e)),
+    }
+}

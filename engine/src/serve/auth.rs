@@ -1,0 +1,221 @@
+//! Bearer tokens and roles of the operator API.
+//!
+//! Tokens are declared in `flow.toml` (`[[api.tokens]] name/role/secret`); a token's
+//! value is the secret it names, so the file can be committed. A request's token is
+//! compared with every declared one in constant time (`subtle`, over SHA-256 digests,
+//! so lengths leak nothing either), and values are never logged or printed: this
+//! module's types print names only.
+//!
+//! Roles are ordered: a viewer reads; an operator also submits, cancels, resumes and
+//! resolves; an admin also runs bulk operations.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::App;
+use super::problem::Problem;
+
+/// What a token may do; each role includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Read runs, calls in doubt, events.
+    Viewer,
+    /// Also submit, cancel, resume and resolve.
+    Operator,
+    /// Also bulk operations.
+    Admin,
+}
+
+impl Role {
+    /// The name in `flow.toml` and in problems.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Viewer => "viewer",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+/// A token with its value, ready for comparison. `Debug` shows the name and role only.
+pub struct Token {
+    /// Recorded as `by` on everything the token does.
+    pub name: String,
+    /// What it may do.
+    pub role: Role,
+    digest: [u8; 32],
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Token")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Token {
+    /// A token named `name` whose value is `value`.
+    pub fn new(name: String, role: Role, value: &str) -> Self {
+        Self {
+            name,
+            role,
+            digest: Sha256::digest(value.as_bytes()).into(),
+        }
+    }
+}
+
+/// How the server authenticates.
+#[derive(Debug)]
+pub enum Tokens {
+    /// Bearer tokens (at least one).
+    Required(Vec<Token>),
+    /// `--insecure-no-auth`: every request acts as admin `anonymous` (loopback only).
+    Insecure,
+}
+
+/// Who made a request: the token's name (what the ledger records) and role.
+#[derive(Debug, Clone)]
+pub struct Caller {
+    /// Token name (`anonymous` without authentication).
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+}
+
+impl Tokens {
+    /// The caller a request's `Authorization` header names, or 401.
+    pub fn authenticate(&self, authorization: Option<&str>) -> Result<Caller, Problem> {
+        let tokens = match self {
+            Tokens::Insecure => {
+                return Ok(Caller {
+                    name: "anonymous".into(),
+                    role: Role::Admin,
+                });
+            }
+            Tokens::Required(tokens) => tokens,
+        };
+        let unauthorized = |detail: &str| Problem::new(StatusCode::UNAUTHORIZED, detail);
+        let Some(value) = authorization else {
+            return Err(unauthorized(
+                "no token: send `Authorization: Bearer <token>`",
+            ));
+        };
+        let Some(presented) = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+        else {
+            return Err(unauthorized(
+                "the Authorization header must be `Bearer <token>`",
+            ));
+        };
+        let digest: [u8; 32] = Sha256::digest(presented.trim().as_bytes()).into();
+        // Every token is compared, whichever matches: the time taken says nothing.
+        let mut found = None;
+        for t in tokens {
+            if bool::from(t.digest.ct_eq(&digest)) {
+                found = Some(t);
+            }
+        }
+        found
+            .map(|t| Caller {
+                name: t.name.clone(),
+                role: t.role,
+            })
+            .ok_or_else(|| unauthorized("unknown token"))
+    }
+}
+
+/// A role an extractor demands (see [`Authed`]).
+pub trait Need {
+    /// The least role allowed.
+    const ROLE: Role;
+}
+
+/// Marker: viewers and above.
+#[derive(Debug)]
+pub struct Viewer;
+/// Marker: operators and admins.
+#[derive(Debug)]
+pub struct Operator;
+/// Marker: admins only.
+#[derive(Debug)]
+pub struct Admin;
+
+impl Need for Viewer {
+    const ROLE: Role = Role::Viewer;
+}
+impl Need for Operator {
+    const ROLE: Role = Role::Operator;
+}
+impl Need for Admin {
+    const ROLE: Role = Role::Admin;
+}
+
+/// The authenticated caller of a handler that needs role `R`: 401 without a valid
+/// token, 403 with one whose role is below `R`. Extracted before the body, so an
+/// unauthenticated request is refused before its body is read.
+#[derive(Debug)]
+pub struct Authed<R: Need>(pub Caller, pub PhantomData<R>);
+
+impl<R: Need> FromRequestParts<Arc<App>> for Authed<R> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Problem> {
+        let header = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let caller = app.tokens.authenticate(header)?;
+        if caller.role < R::ROLE {
+            return Err(Problem::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "token `{}` has role {}; this needs {}",
+                    caller.name,
+                    caller.role.as_str(),
+                    R::ROLE.as_str()
+                ),
+            ));
+        }
+        Ok(Self(caller, PhantomData))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_authenticate_by_value_and_refuse_others() {
+        let tokens = Tokens::Required(vec![
+            Token::new("alice".into(), Role::Operator, "s3cret-a"),
+            Token::new("bob".into(), Role::Viewer, "s3cret-b"),
+        ]);
+        let alice = tokens.authenticate(Some("Bearer s3cret-a")).ok();
+        assert_eq!(
+            alice.map(|c| (c.name, c.role)),
+            Some(("alice".into(), Role::Operator))
+        );
+        for bad in [
+            None,
+            Some("s3cret-a"),
+            Some("Bearer nope"),
+            Some("Basic s3cret-a"),
+        ] {
+            let e = tokens.authenticate(bad).err().map(|p| p.status);
+            assert_eq!(e, Some(StatusCode::UNAUTHORIZED), "{bad:?}");
+        }
+        let shown = format!("{tokens:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+}

@@ -1,0 +1,85 @@
+//! `flow serve` (and `flow daemon --serve`): the operator API over HTTP.
+//!
+//! One axum router: `/healthz` and `/metrics` (the daemon's, `daemon::metrics::router`),
+//! and the JSON API under `/api/v1` (`api/`). Every route's handler names the role it
+//! needs as an extractor (`auth::Authed<Operator>`), so the rule sits next to the
+//! handler; every error is `application/problem+json` (`problem.rs`). The limits that
+//! keep slow or huge requests from exhausting the server are layers here: a body limit
+//! (413), a request timeout (408) and a concurrency limit (requests beyond it wait).
+//!
+//! A server-rendered UI can be added as another router merged in [`router`] (say
+//! `ui/` under `/ui`), calling the same handlers' functions with the same `App`.
+
+pub mod api;
+pub mod auth;
+pub mod openapi;
+pub mod problem;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use flow_ledger::Ledger;
+use tokio_util::sync::CancellationToken;
+
+use crate::daemon::metrics::Metrics;
+
+/// Largest request body (a `runs:batch` of 1,000 runs with their workflow text).
+pub const BODY_LIMIT: usize = 16 * 1024 * 1024;
+/// Longest a request may take before it is answered 408.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Most requests handled at once; more wait for a free slot.
+pub const CONCURRENCY: usize = 64;
+
+/// What every handler shares.
+#[derive(Debug)]
+pub struct App {
+    /// The ledger (any number of servers may share one database).
+    pub ledger: Ledger,
+    /// How callers authenticate.
+    pub tokens: auth::Tokens,
+    /// The metrics `/metrics` reports (a daemon passes its own).
+    pub metrics: Arc<Metrics>,
+}
+
+/// The whole server's routes with their limits.
+pub fn router(app: Arc<App>) -> Router {
+    let metrics = crate::daemon::metrics::router(app.metrics.clone(), app.ledger.clone());
+    api::routes()
+        .with_state(app)
+        .merge(metrics)
+        .fallback(|| async {
+            problem::Problem::not_found("no such route; the API is under /api/v1").into_response()
+        })
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
+        .layer(tower::limit::ConcurrencyLimitLayer::new(CONCURRENCY))
+}
+
+/// Binds `addr` and serves [`router`] until `stop` fires (on a spawned task). Returns
+/// the bound address (port 0 picks a free one) and the task.
+pub async fn serve(
+    addr: SocketAddr,
+    app: Arc<App>,
+    stop: CancellationToken,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let router = router(app);
+    let task = tokio::spawn(async move {
+        let served = axum::serve(listener, router)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(e) = served {
+            tracing::error!(error = %e, "the API server stopped");
+        }
+    });
+    Ok((bound, task))
+}

@@ -1,0 +1,173 @@
+//! Errors of the operator API as RFC 9457 `application/problem+json`, and the body and
+//! query extractors that turn axum's rejections into such problems (naming the field
+//! at fault), so that no error leaves the server in any other shape.
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value as Json, json};
+
+/// One API error: an HTTP status, a one-line `detail` for humans, and extension
+/// members (`errors`, `differs`, …) for programs.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// What went wrong, in one sentence.
+    pub detail: String,
+    /// Extension members, merged into the top-level object.
+    pub extra: Map<String, Json>,
+}
+
+impl Problem {
+    /// A problem with `status` and `detail`.
+    pub fn new(status: StatusCode, detail: impl Into<String>) -> Self {
+        Self {
+            status,
+            detail: detail.into(),
+            extra: Map::new(),
+        }
+    }
+
+    /// Adds the extension member `key`.
+    pub fn with(mut self, key: &str, value: Json) -> Self {
+        self.extra.insert(key.to_string(), value);
+        self
+    }
+
+    /// 400: the request is malformed.
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, detail)
+    }
+
+    /// 404: no such thing.
+    pub fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, detail)
+    }
+
+    /// 409: the request conflicts with the current state.
+    pub fn conflict(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, detail)
+    }
+
+    /// The problem for a ledger error that the handler did not map itself: 404 for a
+    /// missing row, 409 for state conflicts, 400 for an over-large value, 503 when the
+    /// database cannot be used.
+    pub fn ledger(e: &flow_ledger::Error) -> Self {
+        use flow_ledger::Error as E;
+        let status = match e {
+            E::NotFound { .. } => StatusCode::NOT_FOUND,
+            E::Conflict { .. }
+            | E::Busy { .. }
+            | E::LeaseLost
+            | E::InDoubt { .. }
+            | E::InvalidTransition { .. }
+            | E::Terminal { .. } => StatusCode::CONFLICT,
+            E::OutputTooLarge { .. } => StatusCode::BAD_REQUEST,
+            E::ReadOnly { .. } => StatusCode::FORBIDDEN,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        Self::new(status, e.to_string())
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let mut body = Map::new();
+        body.insert("type".into(), json!("about:blank"));
+        body.insert(
+            "title".into(),
+            json!(self.status.canonical_reason().unwrap_or("Error")),
+        );
+        body.insert("status".into(), json!(self.status.as_u16()));
+        body.insert("detail".into(), json!(self.detail));
+        body.extend(self.extra);
+        let mut resp = (
+            self.status,
+            [(header::CONTENT_TYPE, "application/problem+json")],
+            Json::Object(body).to_string(),
+        )
+            .into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            // RFC 6750: a 401 names the scheme it wants.
+            resp.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+        }
+        resp
+    }
+}
+
+/// A JSON body whose rejections (malformed JSON, unknown fields, wrong types, too
+/// large, wrong content type) are problems; axum's message names the field's path.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(Self(v)),
+            Err(e) => Err(json_problem(&e)),
+        }
+    }
+}
+
+/// The problem for a rejected JSON body.
+/// Data that does not fit the type (unknown field, wrong type) is a 400 like malformed
+/// JSON, not axum's 422: 422 is kept for workflows that do not validate.
+fn json_problem(e: &JsonRejection) -> Problem {
+    let status = match e {
+        JsonRejection::JsonDataError(_) | JsonRejection::JsonSyntaxError(_) => {
+            StatusCode::BAD_REQUEST
+        }
+        other => other.status(),
+    };
+    Problem::new(status, e.body_text())
+}
+
+/// An optional JSON body (`cancel`, `resume`): empty is `T::default()`, anything else
+/// must parse as [`ApiJson`] would.
+#[derive(Debug)]
+pub struct OptionalJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJson<T> {
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|e| Problem::new(e.status(), e.body_text()))?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self(T::default()));
+        }
+        match axum::Json::<T>::from_bytes(&bytes) {
+            Ok(axum::Json(v)) => Ok(Self(v)),
+            Err(e) => Err(json_problem(&e)),
+        }
+    }
+}
+
+/// A query string whose rejections are 400 problems naming the parameter.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(Self(v)),
+            Err(e) => Err(query_problem(&e)),
+        }
+    }
+}
+
+fn query_problem(e: &QueryRejection) -> Problem {
+    Problem::bad_request(e.body_text())
+}

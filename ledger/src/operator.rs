@@ -1,0 +1,88 @@
+//! What the operator API (`flow serve`) needs beyond the CLI's operations: who did a
+//! mutation ([`Actor`], recorded in the event the mutation writes anyway, so the audit
+//! trail is the outbox and needs no table of its own), a batch of runs enqueued in one
+//! commit, and the calls in doubt across runs.
+
+use crate::clock::Timestamp;
+use crate::conn::args;
+use crate::error::Error;
+use crate::ledger::Ledger;
+use crate::model::{Actor, Enqueued, NewRun, ToolCall};
+use crate::rows::{CallRow, call_cols};
+use crate::runs::enqueue_in;
+
+/// Most runs [`Ledger::enqueue_batch`] takes at once (the API's documented limit).
+pub const MAX_BATCH: usize = 1_000;
+
+/// Which in-doubt calls [`Ledger::list_in_doubt`] returns (oldest first).
+#[derive(Debug, Clone, Default)]
+pub struct InDoubtFilter {
+    /// Only calls of this run.
+    pub run_id: Option<String>,
+    /// Only calls of this node.
+    pub node: Option<String>,
+    /// Only calls of this tool.
+    pub tool: Option<String>,
+    /// At most this many (0 = 1000).
+    pub limit: u32,
+}
+
+impl Ledger {
+    /// Enqueues every run of `runs` in ONE transaction (one commit, one fsync on
+    /// SQLite): each is idempotent by id as in [`Ledger::enqueue`], and one conflict or
+    /// error rolls the whole batch back. Callers bound its size (the API: [`MAX_BATCH`]).
+    pub async fn enqueue_batch(
+        &self,
+        runs: Vec<NewRun>,
+        actor: Option<Actor>,
+        now: Timestamp,
+    ) -> Result<Vec<Enqueued>, Error> {
+        let ledger = self.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let mut out = Vec::with_capacity(runs.len());
+                for run in &runs {
+                    out.push(enqueue_in(c, &ledger, run, actor.as_ref(), now).await?);
+                }
+                Ok(out)
+            })
+        })
+        .await
+    }
+
+    /// Every call in doubt across runs (this tenant and workspace), oldest first: what
+    /// an operator's inbox lists.
+    pub async fn list_in_doubt(&self, filter: InDoubtFilter) -> Result<Vec<ToolCall>, Error> {
+        let s = self.scope();
+        let limit = if filter.limit == 0 {
+            1000
+        } else {
+            filter.limit
+        };
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<CallRow>(
+                concat!(
+                    "SELECT ",
+                    call_cols!(),
+                    " FROM tool_calls WHERE tenant = $1 AND workspace = $2
+                       AND status = 'in_doubt'
+                       AND ($3 IS NULL OR run_id = $3)
+                       AND ($4 IS NULL OR tool_call_id = $4)
+                       AND ($5 IS NULL OR tool = $5)
+                     ORDER BY in_doubt_at, run_id, tool_call_id LIMIT $6"
+                ),
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    filter.run_id,
+                    filter.node,
+                    filter.tool,
+                    i64::from(limit)
+                ],
+            )
+            .await?;
+        rows.into_iter().map(CallRow::into_call).collect()
+    }
+}
