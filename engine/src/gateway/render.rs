@@ -165,6 +165,7 @@ pub fn render(
                 tool: m.tool.clone(),
                 auth,
                 read_only_override: tool.read_only,
+                elicitation: mcp::Elicitation::Decline,
             })
         }
     };
