@@ -49,7 +49,12 @@ fn each_policy_answers_the_server_over_stdio_and_http() {
             "w.yaml",
             &workflow(&bin.display().to_string(), &server.url()),
         );
-        let out = output(db.flow().arg("run").arg(&file));
+        let out = output(
+            db.flow()
+                .arg("run")
+                .arg(&file)
+                .env("RUST_LOG", "warn,flow_adapters::mcp=info"),
+        );
         assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("output JSON");
         assert_eq!(
@@ -67,6 +72,18 @@ fn each_policy_answers_the_server_over_stdio_and_http() {
             serde_json::json!({"action": "accept", "content": {"name": "bob", "age": 7}})
         );
         assert_eq!(v["d"]["action"], "decline");
+        // Each question and decision is logged, with field names and never the values.
+        let log = stderr(&out);
+        assert!(log.contains("flow testkit asks"), "{log}");
+        assert!(
+            log.contains("elicitation accepted with fields [age, name]"),
+            "{log}"
+        );
+        assert!(
+            log.contains("elicitation declined: the policy is decline"),
+            "{log}"
+        );
+        assert!(!log.contains("bob"), "a value was logged: {log}");
         let s = show(&db, &run_id(&out));
         assert_eq!(call(&s, "c")["status"], "succeeded", "{s:#}");
     }
