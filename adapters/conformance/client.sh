@@ -17,10 +17,11 @@ trap 'rm -rf "$work"' EXIT
 
 field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1]).get(sys.argv[2], ""))' "$context" "$1"; }
 
+elicit=""
 case "$scenario" in
   tools_call) tool=add_numbers; with='{ a: 5, b: 3 }' ;;
   sse-retry) tool=test_reconnection; with='{}' ;;
-  elicitation-*) tool=test_client_elicitation_defaults; with='{}' ;;
+  elicitation-*) tool=test_client_elicitation_defaults; with='{}'; elicit='    elicitation: accept_defaults' ;;
   auth/*) tool=test-tool; with='{}' ;;
   *) tool=none; with='{}' ;;
 esac
@@ -51,6 +52,7 @@ tools:
     tool: $tool
     timeout: 20s
 $auth
+$elicit
 nodes:
   call:
     tool: t

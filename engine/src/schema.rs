@@ -133,6 +133,15 @@ fn tool() -> Value {
                                 "token_endpoint_auth": { "enum": ["client_secret_basic", "client_secret_post"] },
                                 "scope": { "type": "string" } } }
                     }
+                },
+                "elicitation": {
+                    "description": "How the server's elicitation requests are answered; default decline.",
+                    "oneOf": [
+                        { "enum": ["decline", "accept_defaults"] },
+                        { "type": "object", "additionalProperties": false, "required": ["accept"],
+                          "properties": { "accept": { "type": "object",
+                            "additionalProperties": { "type": ["string", "number", "boolean"] } } } }
+                    ]
                 }
             }))
         ]

@@ -7,6 +7,7 @@ mod args;
 mod chaos;
 mod crash;
 mod daemon;
+mod elicit;
 mod events;
 mod flapping;
 mod gateway;

@@ -28,6 +28,11 @@
 //! | timeout after the call was sent (flow then sends `notifications/cancelled`), transport died mid-call (child exited, connection lost) | `Unknown` |
 //! | connection refused before the call was written | `NotSent` |
 //!
+//! # Elicitation
+//! The client declares the `elicitation` capability (form mode) and answers each
+//! `elicitation/create` with the tool's [`Elicitation`] policy (`elicit.rs`); URL-mode
+//! requests are declined. Each question and decision is logged at `info`.
+//!
 //! # Protocol versions
 //! 2025-06-18, 2025-11-25 and 2026-07-28 (and 2025-03-26 from older servers); see `version.rs` for the negotiation. A server
 //! on any other revision is `Permanent`, naming both sides.
@@ -61,6 +66,7 @@
 mod auth;
 mod classify;
 mod discovery;
+mod elicit;
 mod jwt;
 mod pool;
 mod version;
@@ -71,6 +77,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::{BoxFuture, Call, Error, Outcome, SideEffect, Tool};
+pub use elicit::Elicitation;
 pub use pool::Pool;
 
 /// How to reach an MCP server.
@@ -212,6 +219,8 @@ pub struct Spec {
     pub auth: Auth,
     /// The workflow's `read_only:`; overrides the tool's annotations.
     pub read_only_override: Option<bool>,
+    /// How the server's elicitation requests during this tool's calls are answered.
+    pub elicitation: Elicitation,
 }
 
 /// A tool's behaviour hints from `tools/list`, with MCP's defaults applied when the

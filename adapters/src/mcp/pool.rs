@@ -10,8 +10,7 @@ use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::ServiceError;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
-    CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientRequest, Implementation,
-    JsonObject, ServerResult,
+    CancelledNotificationParam, ClientRequest, JsonObject, ServerResult,
 };
 use rmcp::service::ClientServiceExt;
 use rmcp::service::{PeerRequestOptions, RoleClient, RunningService};
@@ -24,6 +23,7 @@ use tokio::time::Instant;
 use super::auth::{self, AuthedClient, Credentials, Token, TokenSlot};
 use super::classify::{self, Failure};
 use super::discovery;
+use super::elicit::{Elicitation, Handler};
 use super::version::{self, Handshake};
 use super::{Annotations, Auth, McpTool, ServerSpec, Spec};
 use crate::command::DEFAULT_ENV_ALLOW;
@@ -32,9 +32,10 @@ use crate::error::tail;
 use crate::process::Group;
 use crate::{Error, Outcome};
 
-/// Sessions are keyed by server and credentials: two workflows using the same server
-/// with different tokens must not share a session.
-type Key = (ServerSpec, Auth);
+/// Sessions are keyed by server, credentials and elicitation policy: two workflows
+/// using the same server with different tokens must not share a session, and the
+/// policy belongs to the session's client handler.
+type Key = (ServerSpec, Auth, Elicitation);
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Session>>>>;
 
@@ -108,7 +109,14 @@ impl Pool {
 
     /// A tool for `spec`, using annotations fetched earlier by [`Pool::annotations`].
     pub fn tool(&self, spec: Spec) -> McpTool {
-        let key = ((spec.server.clone(), spec.auth.clone()), spec.tool.clone());
+        let key = (
+            (
+                spec.server.clone(),
+                spec.auth.clone(),
+                spec.elicitation.clone(),
+            ),
+            spec.tool.clone(),
+        );
         let annotations = self
             .inner
             .annotations
@@ -132,7 +140,11 @@ impl Pool {
         timeout: Duration,
     ) -> Result<Option<Annotations>, Error> {
         let deadline = Instant::now() + timeout;
-        let key: Key = (spec.server.clone(), spec.auth.clone());
+        let key: Key = (
+            spec.server.clone(),
+            spec.auth.clone(),
+            spec.elicitation.clone(),
+        );
         let session = self.session(&key, deadline).await?;
         let what = format!("{} listing tools", session.label);
         let listed = session
@@ -203,7 +215,11 @@ impl Pool {
         arguments: Option<JsonObject>,
         deadline: Instant,
     ) -> Outcome {
-        let key: Key = (spec.server.clone(), spec.auth.clone());
+        let key: Key = (
+            spec.server.clone(),
+            spec.auth.clone(),
+            spec.elicitation.clone(),
+        );
         let session = match self.session(&key, deadline).await {
             Ok(session) => session,
             Err(error) => return Outcome::err(error, 0),
@@ -347,7 +363,7 @@ impl Pool {
 
 /// One running rmcp client session.
 struct Session {
-    client: RunningService<RoleClient, ClientConfig>,
+    client: RunningService<RoleClient, Handler>,
     /// A stdio server's process group, killed when the session is dropped.
     _group: Option<Group>,
     label: String,
@@ -484,17 +500,18 @@ impl Session {
     /// Starts a session with `initialize`, or with `server/discover` when the server
     /// refuses `initialize` for its version (see [`version`]).
     async fn start(key: &Key, cx: &StartCx<'_>) -> Result<Session, Error> {
-        let (server, auth) = key;
+        let (server, auth, policy) = key;
         let label = server.label();
         let mut handshake = Handshake::Initialize;
         loop {
             let tried = handshake;
             let started = match server {
                 ServerSpec::Stdio { command, env, cwd } => {
-                    Self::start_stdio(&label, command, env, cwd.as_deref(), &mut handshake).await
+                    Self::start_stdio(&label, command, env, cwd.as_deref(), policy, &mut handshake)
+                        .await
                 }
                 ServerSpec::Http { url, headers } => {
-                    Self::start_http(&label, url, headers, auth, cx, &mut handshake).await
+                    Self::start_http(&label, url, headers, (auth, policy), cx, &mut handshake).await
                 }
             };
             match started {
@@ -522,6 +539,7 @@ impl Session {
         argv: &[String],
         env: &[(String, String)],
         cwd: Option<&std::path::Path>,
+        policy: &Elicitation,
         handshake: &mut Handshake,
     ) -> Result<Session, Error> {
         let label = label.to_string();
@@ -566,7 +584,7 @@ impl Session {
                 }
             })
         });
-        match client_info(*handshake)
+        match Handler::new(*handshake, policy, &label)
             .serve_with_lifecycle(transport, handshake.lifecycle())
             .await
         {
@@ -602,7 +620,7 @@ impl Session {
         label: &str,
         url: &str,
         headers: &[(String, String)],
-        auth: &Auth,
+        (auth, policy): (&Auth, &Elicitation),
         cx: &StartCx<'_>,
         handshake: &mut Handshake,
     ) -> Result<Session, Error> {
@@ -654,7 +672,7 @@ impl Session {
                 inner: cx.http.clone(),
                 token: slot.clone(),
             };
-            client_info(tried).serve_with_lifecycle(
+            Handler::new(tried, policy, &label).serve_with_lifecycle(
                 StreamableHttpClientTransport::with_client(client, config),
                 tried.lifecycle(),
             )
@@ -717,12 +735,4 @@ struct StartCx<'a> {
     http: &'a reqwest::Client,
     allow: Option<AllowList>,
     deadline: Instant,
-}
-
-fn client_info(handshake: Handshake) -> ClientConfig {
-    ClientConfig::new(
-        ClientCapabilities::default(),
-        Implementation::new("flow", env!("CARGO_PKG_VERSION")),
-    )
-    .with_protocol_version(handshake.requested())
 }

@@ -11,6 +11,8 @@ mod mcp_cancel;
 #[cfg(feature = "testkit")]
 mod mcp_discovery;
 #[cfg(feature = "testkit")]
+mod mcp_elicit;
+#[cfg(feature = "testkit")]
 mod mcp_http;
 #[cfg(feature = "testkit")]
 mod mcp_stdio;

@@ -23,6 +23,7 @@ fn spec(server: &HttpServer, auth: Auth) -> Spec {
         tool: "count".to_string(),
         auth,
         read_only_override: None,
+        elicitation: flow_adapters::mcp::Elicitation::Decline,
     }
 }
 

@@ -16,6 +16,7 @@ fn spec(server: ServerSpec) -> Spec {
         tool: "slow".to_string(),
         auth: Auth::None,
         read_only_override: None,
+        elicitation: flow_adapters::mcp::Elicitation::Decline,
     }
 }
 

@@ -24,6 +24,7 @@ fn spec(server: &HttpServer, client_auth: ClientAuth) -> Spec {
             scope: None,
         },
         read_only_override: None,
+        elicitation: flow_adapters::mcp::Elicitation::Decline,
     }
 }
 

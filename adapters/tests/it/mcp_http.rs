@@ -25,6 +25,7 @@ fn spec(url: &str, tool: &str) -> Spec {
         tool: tool.to_string(),
         auth: Auth::None,
         read_only_override: None,
+        elicitation: flow_adapters::mcp::Elicitation::Decline,
     }
 }
 

@@ -33,6 +33,7 @@ fn spec(server: &ServerSpec, tool: &str) -> Spec {
         tool: tool.to_string(),
         auth: Auth::None,
         read_only_override: None,
+        elicitation: flow_adapters::mcp::Elicitation::Decline,
     }
 }
 

@@ -17,6 +17,7 @@ fn spec(server: ServerSpec) -> Spec {
         tool: "protocol".to_string(),
         auth: Auth::None,
         read_only_override: None,
+        elicitation: flow_adapters::mcp::Elicitation::Decline,
     }
 }
 

@@ -125,6 +125,7 @@ async fn mcp_http_server_with_oauth_from_the_binary() {
             scope: None,
         },
         read_only_override: None,
+        elicitation: flow_adapters::mcp::Elicitation::Decline,
     };
     let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
     let outcome = pool

@@ -12,7 +12,7 @@ use serde_json::{Value as Json, json};
 
 use crate::secrets::Secrets;
 use crate::workflow::expr::{ExprError, Template};
-use crate::workflow::{McpAuth, McpServer, ToolDecl, ToolKind};
+use crate::workflow::{McpAuth, McpElicitation, McpServer, ToolDecl, ToolKind};
 
 /// What a node's call will do, with every template rendered.
 #[derive(Debug, Clone)]
@@ -165,6 +165,11 @@ pub fn render(
                 tool: m.tool.clone(),
                 auth,
                 read_only_override: tool.read_only,
+                elicitation: match &m.elicitation {
+                    McpElicitation::Decline => mcp::Elicitation::Decline,
+                    McpElicitation::AcceptDefaults => mcp::Elicitation::AcceptDefaults,
+                    McpElicitation::Accept(values) => mcp::Elicitation::Accept(values.clone()),
+                },
             })
         }
     };

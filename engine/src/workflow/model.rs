@@ -310,6 +310,21 @@ pub struct McpTool {
     pub tool: String,
     /// How to authenticate.
     pub auth: McpAuth,
+    /// How the server's `elicitation/create` requests are answered (no one is there to ask).
+    pub elicitation: McpElicitation,
+}
+
+/// A tool's `elicitation:` policy: an unattended run answers the server's questions in
+/// advance. Accepted values are literals (no templates), so no secret can reach them.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum McpElicitation {
+    /// `decline` (the default).
+    #[default]
+    Decline,
+    /// `accept_defaults`: the requested schema's defaults.
+    AcceptDefaults,
+    /// `{ accept: { … } }`: these values.
+    Accept(serde_json::Map<String, serde_json::Value>),
 }
 
 /// An MCP server.

@@ -14,6 +14,7 @@
 //! | `texts` | — | two text blocks: `one` and `{"two":2}` | — |
 //! | `crash` | — | over stdio: the process exits(3) before answering; over HTTP: a JSON-RPC internal error | — |
 //! | `protocol` | — | `{protocol_version}`: the version this request was served under | — |
+//! | `elicit` | `{schema?}` | asks the client (`elicitation/create`, message `flow testkit asks`) for `schema` (default: `name` string with default `ada`, required; `age` integer) and returns `{action, content}` from the answer | — |
 //!
 //! [`TestServer::pinned`] narrows the protocol versions the server accepts to one, to
 //! test a client's negotiation against servers of each revision.
@@ -33,8 +34,8 @@ use std::time::Duration;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, InitializeRequestParams, InitializeResult, JsonObject,
-    ProtocolVersion, ServerCapabilities, ServerConfig,
+    CallToolResult, ContentBlock, ElicitRequestParams, InitializeRequestParams, InitializeResult,
+    JsonObject, ProtocolVersion, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{
@@ -129,6 +130,12 @@ struct SlowArgs {
 struct IdArgs {
     /// An id.
     id: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct ElicitArgs {
+    /// The requested schema (an MCP elicitation schema object).
+    schema: Option<Value>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -340,6 +347,36 @@ impl TestServer {
         let version = context.protocol_version().map(|v| v.to_string());
         Ok(CallToolResult::structured(
             json!({"protocol_version": version}),
+        ))
+    }
+
+    #[tool(description = "Asks the client for input and returns its answer.")]
+    async fn elicit(
+        &self,
+        Parameters(args): Parameters<ElicitArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.note("elicit", None);
+        let schema = args.schema.unwrap_or_else(|| {
+            json!({"type": "object", "properties": {
+                "name": {"type": "string", "default": "ada"},
+                "age": {"type": "integer"}
+            }, "required": ["name"]})
+        });
+        let requested_schema = serde_json::from_value(schema)
+            .map_err(|e| ErrorData::invalid_params(format!("bad schema: {e}"), None))?;
+        let params = ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: "flow testkit asks".to_string(),
+            requested_schema,
+        };
+        let answer = context
+            .peer
+            .create_elicitation(params)
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("elicitation failed: {e}"), None))?;
+        Ok(CallToolResult::structured(
+            json!({"action": answer.action, "content": answer.content}),
         ))
     }
 

@@ -11,7 +11,7 @@ use super::{Cx, get};
 use crate::workflow::diagnostic::{Pos, did_you_mean};
 use crate::workflow::expr::Template;
 use crate::workflow::model::{
-    HttpTool, Idempotency, McpAuth, McpServer, McpTool, ToolDecl, ToolKind,
+    HttpTool, Idempotency, McpAuth, McpElicitation, McpServer, McpTool, ToolDecl, ToolKind,
 };
 use crate::workflow::yaml::{Key, Node, Value};
 
@@ -243,11 +243,62 @@ fn mcp_tool(cx: &mut Cx, fields: &[(Key, Node)], server: &Node, tool: &Node) -> 
         None => McpAuth::None,
         Some(n) => mcp_auth(cx, n)?,
     };
+    let elicitation = match get(fields, "elicitation") {
+        None => McpElicitation::Decline,
+        Some(n) => mcp_elicitation(cx, n)?,
+    };
     Some(McpTool {
         server,
         tool: cx.string(tool, "`tool`")?,
         auth,
+        elicitation,
     })
+}
+
+const ELICITATION_HELP: &str =
+    "`elicitation` is `decline`, `accept_defaults` or `{ accept: { field: value, … } }`";
+
+fn mcp_elicitation(cx: &mut Cx, node: &Node) -> Option<McpElicitation> {
+    match &node.value {
+        Value::Str(s) if s == "decline" => Some(McpElicitation::Decline),
+        Value::Str(s) if s == "accept_defaults" => Some(McpElicitation::AcceptDefaults),
+        Value::Map(entries) => {
+            cx.check_keys(entries, &[&["accept"]], "`elicitation`");
+            let Some(values) = get(entries, "accept") else {
+                cx.error(node.pos, ELICITATION_HELP);
+                return None;
+            };
+            let Value::Map(fields) = &values.value else {
+                cx.error(
+                    values.pos,
+                    format!(
+                        "`elicitation.accept` must be a mapping of field to value, found {}",
+                        values.type_name()
+                    ),
+                );
+                return None;
+            };
+            let mut accepted = serde_json::Map::new();
+            for (key, value) in fields {
+                if matches!(value.value, Value::Seq(_) | Value::Map(_) | Value::Null) {
+                    cx.error(
+                        value.pos,
+                        format!(
+                            "`elicitation.accept.{}` must be a string, number or boolean, found {}",
+                            key.name,
+                            value.type_name()
+                        ),
+                    );
+                }
+                accepted.insert(key.name.clone(), value.to_json());
+            }
+            Some(McpElicitation::Accept(accepted))
+        }
+        _ => {
+            cx.error(node.pos, ELICITATION_HELP);
+            None
+        }
+    }
 }
 
 fn mcp_auth(cx: &mut Cx, node: &Node) -> Option<McpAuth> {

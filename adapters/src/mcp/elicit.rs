@@ -1,0 +1,246 @@
+//! The client side of MCP elicitation: a server asking, mid-call, for input from "the
+//! user". flow runs unattended, so a tool's declared [`Elicitation`] policy answers in
+//! the user's place, and every question and answer is logged (target
+//! `flow_adapters::mcp`, `info`) with the message, the decision and the field names —
+//! never the values, which may be secrets.
+
+use rmcp::ErrorData as McpError;
+use rmcp::handler::client::ClientHandler;
+use rmcp::model::{
+    ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction,
+    ElicitationCapability, FormElicitationCapability, Implementation, JsonObject,
+};
+use rmcp::service::{RequestContext, RoleClient};
+use serde_json::Value;
+
+use super::version::Handshake;
+
+/// How flow answers a server's `elicitation/create` for one tool. Unattended runs have
+/// no user to ask, so the workflow decides in advance.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub enum Elicitation {
+    /// Answer `decline`: the server's own no-input path (the default).
+    #[default]
+    Decline,
+    /// Answer `accept` with the defaults of the requested schema; `decline` when a
+    /// required field has no default.
+    AcceptDefaults,
+    /// Answer `accept` with these values, when they fit the requested schema (known
+    /// property names, matching types, every required field present); else `decline`.
+    Accept(JsonObject),
+}
+
+impl Elicitation {
+    /// The policy's name in logs and messages.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Elicitation::Decline => "decline",
+            Elicitation::AcceptDefaults => "accept_defaults",
+            Elicitation::Accept(_) => "accept",
+        }
+    }
+
+    /// The answer to a form request for `schema` (a JSON Schema object with primitive
+    /// `properties`), and why, for the log.
+    pub(crate) fn answer(&self, schema: &Value) -> (ElicitResult, String) {
+        let properties = schema.get("properties").and_then(Value::as_object);
+        let required: Vec<&str> = schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        let content = match self {
+            Elicitation::Decline => Err("the policy is decline".to_string()),
+            Elicitation::AcceptDefaults => defaults(properties, &required),
+            Elicitation::Accept(values) => {
+                fits(values, properties, &required).map(|()| values.clone())
+            }
+        };
+        match content {
+            Ok(content) => {
+                let fields: Vec<&str> = content.keys().map(String::as_str).collect();
+                let why = format!("accepted with fields [{}]", fields.join(", "));
+                let mut result = ElicitResult::new(ElicitationAction::Accept);
+                result.content = Some(Value::Object(content));
+                (result, why)
+            }
+            Err(why) => (
+                ElicitResult::new(ElicitationAction::Decline),
+                format!("declined: {why}"),
+            ),
+        }
+    }
+}
+
+/// The schema's defaults, or why they do not cover every required field.
+fn defaults(properties: Option<&JsonObject>, required: &[&str]) -> Result<JsonObject, String> {
+    let mut content = JsonObject::new();
+    for (name, property) in properties.into_iter().flatten() {
+        if let Some(default) = property.get("default") {
+            content.insert(name.clone(), default.clone());
+        }
+    }
+    match required.iter().find(|r| !content.contains_key(**r)) {
+        Some(missing) => Err(format!("required field `{missing}` has no default")),
+        None => Ok(content),
+    }
+}
+
+/// Whether `values` answer the schema: every name a property, every type right, every
+/// required field given.
+fn fits(
+    values: &JsonObject,
+    properties: Option<&JsonObject>,
+    required: &[&str],
+) -> Result<(), String> {
+    for (name, value) in values {
+        let Some(property) = properties.and_then(|p| p.get(name)) else {
+            return Err(format!("the server did not ask for `{name}`"));
+        };
+        let wanted = property.get("type").and_then(Value::as_str).unwrap_or("");
+        let matches = match wanted {
+            "string" => value.is_string(),
+            "number" => value.is_number(),
+            "integer" => value.is_i64() || value.is_u64(),
+            "boolean" => value.is_boolean(),
+            // Unknown or absent type: nothing to check against.
+            _ => true,
+        };
+        if !matches {
+            return Err(format!("`{name}` should be a {wanted}"));
+        }
+    }
+    match required.iter().find(|r| !values.contains_key(**r)) {
+        Some(missing) => Err(format!(
+            "required field `{missing}` is not among the values"
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The rmcp client handler of one session: flow's client info (with the elicitation
+/// capability) and the policy that answers elicitation requests.
+pub(super) struct Handler {
+    info: ClientConfig,
+    policy: Elicitation,
+    label: String,
+}
+
+impl Handler {
+    /// The handler for a session started with `handshake`, answering with `policy`.
+    pub(super) fn new(handshake: Handshake, policy: &Elicitation, label: &str) -> Self {
+        let mut capabilities = ClientCapabilities::default();
+        capabilities.elicitation =
+            Some(ElicitationCapability::new().with_form(FormElicitationCapability::new()));
+        let info = ClientConfig::new(
+            capabilities,
+            Implementation::new("flow", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(handshake.requested());
+        Handler {
+            info,
+            policy: policy.clone(),
+            label: label.to_string(),
+        }
+    }
+}
+
+impl ClientHandler for Handler {
+    fn get_info(&self) -> ClientConfig {
+        self.info.clone()
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, McpError> {
+        let (message, (result, why)) = match &request {
+            ElicitRequestParams::FormElicitationParams {
+                message,
+                requested_schema,
+                ..
+            } => {
+                let schema = serde_json::to_value(requested_schema).unwrap_or(Value::Null);
+                (message.clone(), self.policy.answer(&schema))
+            }
+            ElicitRequestParams::UrlElicitationParams { message, .. } => (
+                message.clone(),
+                (
+                    ElicitResult::new(ElicitationAction::Decline),
+                    "declined: URL elicitation needs a person at a browser".to_string(),
+                ),
+            ),
+            _ => (
+                String::new(),
+                (
+                    ElicitResult::new(ElicitationAction::Decline),
+                    "declined: unknown elicitation mode".to_string(),
+                ),
+            ),
+        };
+        tracing::info!(target: "flow_adapters::mcp", server = %self.label, policy = self.policy.name(), %message, "elicitation {why}");
+        Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> Value {
+        json!({"type": "object", "properties": {
+            "name": {"type": "string", "default": "ada"},
+            "age": {"type": "integer"}
+        }, "required": ["name"]})
+    }
+
+    fn action(policy: &Elicitation, schema: &Value) -> (ElicitationAction, Option<Value>) {
+        let (result, _) = policy.answer(schema);
+        (result.action, result.content)
+    }
+
+    #[test]
+    fn decline_declines() {
+        assert_eq!(
+            action(&Elicitation::Decline, &schema()),
+            (ElicitationAction::Decline, None)
+        );
+    }
+
+    #[test]
+    fn accept_defaults_uses_the_defaults_and_declines_without_one_for_a_required_field() {
+        assert_eq!(
+            action(&Elicitation::AcceptDefaults, &schema()),
+            (ElicitationAction::Accept, Some(json!({"name": "ada"})))
+        );
+        let strict = json!({"properties": {"age": {"type": "integer"}}, "required": ["age"]});
+        assert_eq!(
+            action(&Elicitation::AcceptDefaults, &strict).0,
+            ElicitationAction::Decline
+        );
+    }
+
+    #[test]
+    fn accept_gives_fitting_values_and_declines_on_a_mismatch() {
+        let values = |v: Value| Elicitation::Accept(v.as_object().cloned().unwrap_or_default());
+        assert_eq!(
+            action(&values(json!({"name": "bob", "age": 7})), &schema()),
+            (
+                ElicitationAction::Accept,
+                Some(json!({"name": "bob", "age": 7}))
+            )
+        );
+        for bad in [
+            json!({"name": 3}),
+            json!({"nick": "b", "name": "x"}),
+            json!({"age": 7}),
+        ] {
+            assert_eq!(
+                action(&values(bad), &schema()).0,
+                ElicitationAction::Decline
+            );
+        }
+    }
+}
