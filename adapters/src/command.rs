@@ -213,7 +213,7 @@ impl Tool for CommandTool {
 
     /// Commands can do anything: an unknown outcome is in doubt.
     fn side_effect(&self) -> SideEffect {
-        SideEffect::None
+        SideEffect::NotIdempotent
     }
 }
 

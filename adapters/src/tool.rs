@@ -70,8 +70,9 @@ impl Outcome {
 /// How safe it is to repeat a tool's call whose outcome is unknown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SideEffect {
-    /// Repeating may repeat the effect: an unknown outcome goes `in_doubt`.
-    None,
+    /// Repeating may repeat the effect: an unknown outcome goes `in_doubt`. (Named for
+    /// what it is, not "no side-effect guarantee": it is the class that *has* effects.)
+    NotIdempotent,
     /// The downstream deduplicates on the `Idempotency-Key`: re-send with the same key.
     IdempotentHeader,
     /// Reading only (GET, MCP `readOnlyHint`/`idempotentHint`, pure functions):

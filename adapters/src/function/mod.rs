@@ -270,7 +270,7 @@ impl Tool for FunctionTool {
         if self.spec.pure {
             SideEffect::ReadOnly
         } else {
-            SideEffect::None
+            SideEffect::NotIdempotent
         }
     }
 }

@@ -446,7 +446,7 @@ impl Tool for HttpTool {
             Some(true) => SideEffect::ReadOnly,
             None if safe => SideEffect::ReadOnly,
             _ if self.spec.idempotent_header => SideEffect::IdempotentHeader,
-            _ => SideEffect::None,
+            _ => SideEffect::NotIdempotent,
         }
     }
 }

@@ -302,10 +302,10 @@ impl Tool for McpTool {
     fn side_effect(&self) -> SideEffect {
         match self.spec.read_only_override {
             Some(true) => SideEffect::ReadOnly,
-            Some(false) => SideEffect::None,
+            Some(false) => SideEffect::NotIdempotent,
             None => match self.annotations {
                 Some(a) if a.read_only || a.idempotent => SideEffect::ReadOnly,
-                _ => SideEffect::None,
+                _ => SideEffect::NotIdempotent,
             },
         }
     }

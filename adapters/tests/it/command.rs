@@ -20,7 +20,7 @@ async fn json_stdout_is_parsed() {
     let outcome = tool.call(call(Value::Null)).await;
     assert_eq!(ok(&outcome), &json!({"total": 42, "ok": true}));
     assert_eq!(outcome.requests_sent, 1);
-    assert_eq!(tool.side_effect(), SideEffect::None);
+    assert_eq!(tool.side_effect(), SideEffect::NotIdempotent);
 }
 
 #[tokio::test]

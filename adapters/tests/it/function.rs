@@ -220,7 +220,7 @@ async fn effectful_functions_count_a_request_and_time_out_unknown() {
     let tool = registry
         .get("acme.send")
         .unwrap_or_else(|| panic!("acme.send"));
-    assert_eq!(tool.side_effect(), SideEffect::None);
+    assert_eq!(tool.side_effect(), SideEffect::NotIdempotent);
     let outcome = tool
         .call(call_within(Value::Null, Duration::from_millis(30)))
         .await;

@@ -37,7 +37,7 @@ async fn ok_json_and_idempotency_key_on_post() {
     assert_eq!(server.count("run-1:refund:1"), 1);
     let log = server.log();
     assert_eq!(log[0].header("content-type"), Some("application/json"));
-    assert_eq!(tool.side_effect(), SideEffect::None);
+    assert_eq!(tool.side_effect(), SideEffect::NotIdempotent);
 }
 
 #[tokio::test]
@@ -424,7 +424,7 @@ async fn read_only_override_wins() {
     assert_eq!(client().tool(spec).side_effect(), SideEffect::ReadOnly);
     let mut spec = Spec::new("GET", format!("{}/tick", server.url()));
     spec.read_only = Some(false);
-    assert_eq!(client().tool(spec).side_effect(), SideEffect::None);
+    assert_eq!(client().tool(spec).side_effect(), SideEffect::NotIdempotent);
 }
 
 #[tokio::test]

@@ -99,7 +99,7 @@ async fn annotations_over_http() {
     );
     assert_eq!(
         pool.tool(spec(&server.url(), "delete_thing")).side_effect(),
-        SideEffect::None
+        SideEffect::NotIdempotent
     );
 }
 

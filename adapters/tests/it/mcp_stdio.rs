@@ -245,22 +245,25 @@ async fn annotations_feed_the_side_effect_class() {
     );
     assert_eq!(
         pool.tool(spec(&server, "delete_thing")).side_effect(),
-        SideEffect::None
+        SideEffect::NotIdempotent
     );
     assert_eq!(
         pool.tool(spec(&server, "echo")).side_effect(),
-        SideEffect::None
+        SideEffect::NotIdempotent
     );
     let mut overridden = spec(&server, "lookup");
     overridden.read_only_override = Some(false);
-    assert_eq!(pool.tool(overridden).side_effect(), SideEffect::None);
+    assert_eq!(
+        pool.tool(overridden).side_effect(),
+        SideEffect::NotIdempotent
+    );
     let mut overridden = spec(&server, "delete_thing");
     overridden.read_only_override = Some(true);
     assert_eq!(pool.tool(overridden).side_effect(), SideEffect::ReadOnly);
     // Without annotations fetched, an unknown tool is not assumed read-only.
     assert_eq!(
         pool.tool(spec(&server, "never_listed")).side_effect(),
-        SideEffect::None
+        SideEffect::NotIdempotent
     );
 }
 

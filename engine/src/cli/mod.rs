@@ -27,7 +27,6 @@ pub(crate) use error::CliError;
 pub(crate) use follow_up::{prefix as flow_command, quote as shell_quote};
 pub(crate) use show::print_json;
 
-use crate::plan::Plan;
 use crate::render::{GraphFormat, render};
 use crate::snapshot::validate_options;
 use crate::workflow::load_file;
@@ -528,11 +527,6 @@ fn graph(
         Ok((wf, _)) => wf,
         Err(diags) => return error::finish(Err(CliError::Diagnostics(diags.to_string())), stderr),
     };
-    match Plan::new(&wf) {
-        Ok(plan) => {
-            let _ = stdout.write_all(render(&wf, &plan, format).as_bytes());
-            exit::OK
-        }
-        Err(_) => exit::INVALID,
-    }
+    let _ = stdout.write_all(render(&wf, wf.plan(), format).as_bytes());
+    exit::OK
 }

@@ -9,7 +9,6 @@ use serde_json::{Value as Json, json};
 use super::table::{first_line, table, terminal_width};
 use super::{Cli, CliError, exit, open_ledger};
 use crate::duration_text::duration_ms;
-use crate::plan::Plan;
 
 /// Arguments of `flow show`.
 #[derive(Debug, Args)]
@@ -257,14 +256,12 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
     let calls = ledger.list_calls(run_id).await?;
     let mut out = run_header(&run, resume);
     let order: Vec<String> = match crate::snapshot::snapshot(&run) {
-        Ok(wf) => match Plan::new(&wf) {
-            Ok(plan) => plan
-                .order()
-                .iter()
-                .map(|&i| wf.nodes[i].id.clone())
-                .collect(),
-            Err(_) => Vec::new(),
-        },
+        Ok(wf) => wf
+            .plan()
+            .order()
+            .iter()
+            .map(|&i| wf.nodes[i].id.clone())
+            .collect(),
         Err(_) => Vec::new(),
     };
     let mut nodes = order;

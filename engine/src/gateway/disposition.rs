@@ -91,8 +91,8 @@ pub fn disposition(observed: Observed, class: SideEffect, history: History) -> D
         (Observed::FoundInDoubt, SideEffect::ReadOnly | SideEffect::IdempotentHeader) => {
             resend_or_doubt
         }
-        (Observed::FoundInDoubt, SideEffect::None) => InDoubt,
-        (Observed::Permanent, SideEffect::ReadOnly | SideEffect::None) => Fail,
+        (Observed::FoundInDoubt, SideEffect::NotIdempotent) => InDoubt,
+        (Observed::Permanent, SideEffect::ReadOnly | SideEffect::NotIdempotent) => Fail,
         // An error answer to a re-send does not say the earlier send had no effect (a
         // downstream may answer 409 "still processing" for its key).
         (Observed::Permanent, SideEffect::IdempotentHeader) if history.unknown_before => InDoubt,
@@ -100,10 +100,10 @@ pub fn disposition(observed: Observed, class: SideEffect, history: History) -> D
         (Observed::Transient | Observed::NotSent | Observed::Unknown, SideEffect::ReadOnly) => {
             NewAttempt
         }
-        (Observed::Unknown, SideEffect::None) => InDoubt,
+        (Observed::Unknown, SideEffect::NotIdempotent) => InDoubt,
         // A side-effecting tool re-sent at all was re-sent on an operator's `retry`
         // resolution: the operator vouched that the earlier send had no effect.
-        (Observed::Transient | Observed::NotSent, SideEffect::None) => NewAttempt,
+        (Observed::Transient | Observed::NotSent, SideEffect::NotIdempotent) => NewAttempt,
         (Observed::Unknown, SideEffect::IdempotentHeader) => resend_or_doubt,
         (Observed::Transient | Observed::NotSent, SideEffect::IdempotentHeader)
             if history.unknown_before =>
@@ -121,7 +121,7 @@ mod tests {
 
     const H: SideEffect = SideEffect::IdempotentHeader;
     const R: SideEffect = SideEffect::ReadOnly;
-    const N: SideEffect = SideEffect::None;
+    const N: SideEffect = SideEffect::NotIdempotent;
 
     /// Every observation × class × (unknown before?, budget left?), spelled out.
     #[test]
