@@ -31,6 +31,7 @@ pub mod inputs;
 pub mod json_line;
 pub mod plan;
 pub mod read_limited;
+pub mod reconcile;
 pub mod render;
 pub mod retry;
 pub mod schema;

@@ -13,6 +13,7 @@ mod flapping;
 mod gateway;
 mod limits;
 mod meta;
+mod reconcile;
 mod retries;
 mod runs;
 mod secrets;

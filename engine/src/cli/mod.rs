@@ -10,6 +10,7 @@ mod events;
 mod follow_up;
 mod logging;
 mod meta;
+mod reconcile;
 mod run;
 mod serve;
 pub(crate) mod show;
@@ -156,6 +157,11 @@ pub enum Command {
         after_help = "Examples:\n  flow resume run_01J...\n  flow resume run_01J... --resolve charge=succeeded --output '{\"id\": \"re_1\"}'\n  flow resume run_01J... --resolve charge=failed --error 'declined upstream'\n  flow resume run_01J... --resolve charge=retry    # re-send with the same idempotency key"
     )]
     Resume(run::ResumeArgs),
+    /// Probe every in-doubt call of a paused run whose tool declares `reconcile:`, and say what each became.
+    #[command(
+        after_help = "Exit codes: 0 done (whatever the probes said), 2 invalid input, 5 could not reach the database.\n\nExamples:\n  flow reconcile\n  flow reconcile --run run_01J... --dry-run\n  flow reconcile --json | jq .outcome.decision"
+    )]
+    Reconcile(reconcile::ReconcileArgs),
     /// Show one run: its nodes, steps, tool calls, and how to resolve what is in doubt.
     #[command(after_help = "Example:\n  flow show run_01J...\n  flow show run_01J... --json")]
     Show(show::ShowArgs),
@@ -298,6 +304,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         Command::Daemon(_) => Some("daemon"),
         Command::Serve(_) => Some("serve"),
         Command::Resume(_) => Some("resume"),
+        Command::Reconcile(args) if !args.dry_run => Some("reconcile"),
         Command::Cancel(_) => Some("cancel"),
         Command::Migrate => Some("migrate"),
         Command::Events(args) => match &args.command {
@@ -307,6 +314,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         },
         Command::Show(_)
         | Command::Runs(_)
+        | Command::Reconcile(_)
         | Command::Validate { .. }
         | Command::Graph { .. }
         | Command::Schema
@@ -320,7 +328,11 @@ fn writing_command(command: &Command) -> Option<&'static str> {
 /// they report it instead of creating an empty database.
 fn needs_existing_ledger(command: &Command) -> bool {
     match command {
-        Command::Show(_) | Command::Runs(_) | Command::Cancel(_) | Command::Resume(_) => true,
+        Command::Show(_)
+        | Command::Runs(_)
+        | Command::Cancel(_)
+        | Command::Resume(_)
+        | Command::Reconcile(_) => true,
         Command::Events(args) => !matches!(args.command, Some(events::EventsCommand::Dispatch(_))),
         _ => false,
     }
@@ -369,6 +381,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
         Ok(()) => match &cli.command {
             Command::Run(args) => run::run(cli, args, stdout, stderr).await,
             Command::Resume(args) => run::resume(cli, args, stdout, stderr).await,
+            Command::Reconcile(args) => reconcile::reconcile(cli, args, stdout, stderr).await,
             Command::Submit(args) => submit::submit(cli, args, stdout, stderr).await,
             Command::Daemon(args) => daemon::daemon(cli, args, stdout, stderr).await,
             Command::Serve(args) => serve::serve(cli, args, stderr).await,

@@ -75,7 +75,21 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
     let steps = ledger.list_steps(run_id).await?;
     let calls = ledger.list_calls(run_id).await?;
     let audit = audit_trail(ledger, run_id).await?;
+    let probes = ledger.list_probes(run_id).await?;
     Ok(json!({
+        "probes": probes.iter().map(|p| json!({
+            "tool_call_id": p.tool_call_id,
+            "probe": p.probe,
+            "key": p.sent_key,
+            "at": p.probed_at.to_rfc3339(),
+            "observed": p.observed.as_str(),
+            "decision": p.decision.as_str(),
+            "http_status": p.http_status,
+            "detail": p.detail,
+            "response": p.response,
+            "next_probe_at": ts(p.next_probe_at),
+            "by": p.by,
+        })).collect::<Vec<_>>(),
         "audit": audit,
         "run": {
             "id": run.id,
@@ -254,6 +268,7 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
     let run = ledger.get_run(run_id).await?;
     let steps = ledger.list_steps(run_id).await?;
     let calls = ledger.list_calls(run_id).await?;
+    let probes = ledger.list_probes(run_id).await?;
     let mut out = run_header(&run, resume);
     let order: Vec<String> = match crate::snapshot::snapshot(&run) {
         Ok(wf) => wf
@@ -294,6 +309,20 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
                     "    resolved {how} by {} at {}",
                     c.resolved_by.as_deref().unwrap_or("?"),
                     c.resolved_at.map_or("?".into(), |t| t.to_rfc3339())
+                );
+            }
+            for p in probes.iter().filter(|p| &p.tool_call_id == node) {
+                let _ = writeln!(
+                    out,
+                    "    probe {}  {}  {} → {}{}",
+                    p.probe,
+                    p.probed_at.to_rfc3339(),
+                    p.observed.as_str(),
+                    p.decision.as_str(),
+                    p.detail
+                        .as_ref()
+                        .map(|d| format!("  ({d})"))
+                        .unwrap_or_default()
                 );
             }
             if c.status == CallStatus::InDoubt {

@@ -17,7 +17,7 @@
 pub mod disposition;
 pub mod lazy;
 mod record;
-mod render;
+pub mod render;
 mod writer;
 
 use std::sync::Arc;
@@ -250,6 +250,12 @@ impl Gateway {
     /// The tools (for validation of function names).
     pub fn tools(&self) -> &Tools {
         &self.inner.tools
+    }
+
+    /// The egress policy, and its list as the HTTP adapter checks it on every redirect
+    /// hop (a reconciliation probe obeys both, as any call does).
+    pub fn egress(&self) -> (&Egress, Option<&flow_adapters::egress::AllowList>) {
+        (&self.inner.egress, self.inner.allow_list.as_ref())
     }
 
     /// Runs one step through the boundary.
