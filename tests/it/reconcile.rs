@@ -600,3 +600,133 @@ fn the_reconcile_example_settles_a_crash() {
         );
     }
 }
+
+/// An MCP tool's probe is another tool of the same server: after a crash after the
+/// response, `count_of` finds the key the `count` call was made with; the node succeeds
+/// with the probe's answer and `count` is not called again.
+fn mcp_probe(backend: Backend) {
+    let rt = runtime();
+    let server = rt
+        .block_on(flow_adapters::testkit::mcp::HttpServer::start(None))
+        .expect("mcp server");
+    let db = TestDb::new(backend);
+    let file = db.write(
+        "mcp.yaml",
+        &format!(
+            r#"name: mcp-pay
+tools:
+  counter:
+    kind: mcp
+    server: {{ url: "{url}" }}
+    tool: count
+    reconcile:
+      tool: count_of
+      with: {{ key: "${{{{ call.request.with.key }}}}" }}
+      found: "${{{{ response.body.count > 0 }}}}"
+      not_found: "${{{{ response.body.count == 0 }}}}"
+      after: 0s
+nodes:
+  charge: {{ tool: counter, with: {{ key: "order-7" }} }}
+"#,
+            url = server.url()
+        ),
+    );
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_FAULT", "after_response:charge"),
+    );
+    let run = run_id(&crashed);
+    assert_eq!(server.stats().count("order-7"), 1, "{backend:?}");
+    let resumed = output(db.flow().args(["resume", &run]));
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{backend:?}: {}",
+        stderr(&resumed)
+    );
+    assert_eq!(
+        server.stats().count("order-7"),
+        1,
+        "{backend:?}: no second effect"
+    );
+    let s = show(&db, &run);
+    assert_eq!(
+        call(&s, "charge")["resolution"]["by"],
+        "reconcile",
+        "{backend:?}"
+    );
+    assert_eq!(s["run"]["output"]["charge"]["count"], 1, "{backend:?}: {s}");
+}
+
+#[test]
+fn an_mcp_tool_is_probed_through_another_tool_of_its_server() {
+    for b in backends() {
+        mcp_probe(b);
+    }
+}
+
+/// A command tool's probe is another program; it reads the call on stdin. The effect
+/// never happened (crash after the outbound mark), so the command runs once.
+fn command_probe(backend: Backend) {
+    let db = TestDb::new(backend);
+    let effects = db.dir.path().join("effects.log");
+    let effects = effects.display();
+    let file = db.write(
+        "cmd.yaml",
+        &format!(
+            r#"name: cmd-pay
+tools:
+  pay:
+    kind: command
+    command: ["sh", "-c", "cat >> {effects}; echo >> {effects}; echo '{{\"paid\": true}}'"]
+    reconcile:
+      command: ["sh", "-c", "cat > /dev/null; if [ -s {effects} ]; then echo '{{\"found\": true}}'; else echo '{{\"found\": false}}'; fi"]
+      found: "${{{{ response.body.found }}}}"
+      not_found: "${{{{ not response.body.found }}}}"
+      after: 0s
+nodes:
+  charge: {{ tool: pay, with: {{ amount: 10 }} }}
+"#
+        ),
+    );
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_FAULT", "after_outbound:charge"),
+    );
+    let run = run_id(&crashed);
+    let resumed = output(db.flow().args(["resume", &run]));
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{backend:?}: {}",
+        stderr(&resumed)
+    );
+    let log = std::fs::read_to_string(db.dir.path().join("effects.log")).unwrap_or_default();
+    assert_eq!(
+        log.lines().filter(|l| !l.is_empty()).count(),
+        1,
+        "{backend:?}: {log:?}"
+    );
+    let s = show(&db, &run);
+    assert_eq!(
+        call(&s, "charge")["resolution"]["how"],
+        "retry",
+        "{backend:?}"
+    );
+    assert_eq!(
+        probes(&s, "charge")[0]["observed"],
+        "not_found",
+        "{backend:?}"
+    );
+}
+
+#[test]
+fn a_command_tool_is_probed_by_another_program() {
+    for b in backends() {
+        command_probe(b);
+    }
+}
