@@ -259,3 +259,96 @@ fn chaos(reconcile: bool) {
         }
     }
 }
+
+/// Daemons SIGKILLed at random while they drain reconcilable runs: each next daemon
+/// takes the dead one's runs over (provably dead on this host), finds their calls in
+/// doubt and probes them. No run ever needs a human, and every effect lands once.
+/// `FLOW_CHAOS_RUNS` submits more (default 20 per backend).
+#[test]
+fn daemons_killed_at_random_leave_nothing_for_a_human() {
+    let seed: u64 = std::env::var("FLOW_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("daemon chaos seed: {seed} (replay with FLOW_TEST_SEED={seed})");
+    let runs: usize = std::env::var("FLOW_CHAOS_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let rt = crate::support::runtime();
+    for backend in backends() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (backend as u64));
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        for node in NODES {
+            server.set(
+                &format!("/effect/{node}"),
+                Behavior::hold(Duration::from_millis(60)),
+            );
+        }
+        let db = TestDb::new(backend);
+        let file = db.write("diamond.yaml", &workflow(&server.url(), true));
+        let ids: Vec<String> = (0..runs).map(|i| format!("dchaos-{i}")).collect();
+        for id in &ids {
+            let out = output(db.flow().arg("submit").arg(&file).args(["--run-id", id]));
+            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        }
+        let ctx = format!("seed {seed} {backend:?}");
+        let start = std::time::Instant::now();
+        let mut kills = 0;
+        loop {
+            let statuses: Vec<String> = ids
+                .iter()
+                .map(|id| {
+                    show(&db, id)["run"]["status"]
+                        .as_str()
+                        .unwrap_or("?")
+                        .to_owned()
+                })
+                .collect();
+            assert!(
+                !statuses.iter().any(|s| s == "paused" || s == "failed"),
+                "{ctx}: a run needs a human: {statuses:?}"
+            );
+            if statuses.iter().all(|s| s == "succeeded") {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(180),
+                "{ctx}: did not converge: {statuses:?}"
+            );
+            let life = Duration::from_millis(rng.random_range(100..800));
+            let (killed, _) = kill_after(&db, &["daemon", "--poll-interval", "100ms"], life);
+            kills += u32::from(killed);
+        }
+        let mut reconciled = 0;
+        for id in &ids {
+            let s = show(&db, id);
+            reconciled += s["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c["resolution"]["by"] == "reconcile")
+                .count();
+            for node in NODES {
+                let arrivals = server
+                    .log()
+                    .iter()
+                    .filter(|r| {
+                        r.path == format!("/effect/{node}")
+                            && r.key
+                                .as_deref()
+                                .is_some_and(|k| k.starts_with(&format!("{id}:")))
+                    })
+                    .count();
+                assert_eq!(
+                    arrivals, 1,
+                    "{ctx}: node {node} of {id} landed {arrivals} times"
+                );
+            }
+        }
+        eprintln!(
+            "{backend:?}: {runs} runs, {kills} daemon kills, {reconciled} calls settled by probes"
+        );
+        assert!(kills > 0, "{ctx}: no daemon was killed");
+    }
+}
