@@ -730,3 +730,70 @@ fn a_command_tool_is_probed_by_another_program() {
         command_probe(b);
     }
 }
+
+/// Every crash point × what the probe can say. A truthful probe settles every in-doubt
+/// point with one effect in all; a probe that cannot answer leaves exactly the in-doubt
+/// points paused (nothing re-sent), and the points that are not in doubt never probe.
+#[test]
+fn crash_points_by_probe_answers() {
+    let rt = runtime();
+    // (point, whether the call is in doubt after it, effects before resume)
+    let points = [
+        ("after_claim", false, 0),
+        ("after_outbound", true, 0),
+        ("after_response", true, 1),
+        ("after_complete", false, 1),
+    ];
+    for backend in backends() {
+        for (point, in_doubt, before) in points {
+            for truthful in [true, false] {
+                let ctx = format!("{backend:?} {point} truthful={truthful}");
+                let server = rt.block_on(CountingServer::start()).expect("server");
+                let broken = rt.block_on(CountingServer::start()).expect("probe server");
+                broken.set("*", Behavior::status(500));
+                let probe = if truthful {
+                    effects(&server)
+                } else {
+                    format!("{}/effects", broken.url())
+                };
+                let db = TestDb::new(backend);
+                let file = db.write("pay.yaml", &workflow(&server.url(), &probe, "0s", 2));
+                let crashed = output(
+                    db.flow()
+                        .arg("run")
+                        .arg(&file)
+                        .env("FLOW_FAULT", format!("{point}:charge")),
+                );
+                let run = run_id(&crashed);
+                let key = format!("{run}:charge:1");
+                assert_eq!(server.count(&key), before, "{ctx}");
+                let resumed = output(db.flow().args(["resume", &run]));
+                let s = show(&db, &run);
+                let probed = probes(&s, "charge").len();
+                if in_doubt && !truthful {
+                    assert_eq!(
+                        resumed.status.code(),
+                        Some(3),
+                        "{ctx}: {}",
+                        stderr(&resumed)
+                    );
+                    assert_eq!(server.count(&key), before, "{ctx}: nothing re-sent");
+                    assert_eq!(probed, 2, "{ctx}");
+                } else {
+                    assert_eq!(
+                        resumed.status.code(),
+                        Some(0),
+                        "{ctx}: {}",
+                        stderr(&resumed)
+                    );
+                    assert_eq!(server.count(&key), 1, "{ctx}: one effect in all");
+                    assert_eq!(
+                        probed,
+                        usize::from(in_doubt),
+                        "{ctx}: probed only when in doubt"
+                    );
+                }
+            }
+        }
+    }
+}
