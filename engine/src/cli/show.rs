@@ -115,7 +115,10 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
 
 /// Who changed the run by hand, when and why: its events that carry a `by` (operator
 /// API mutations, resolutions), oldest first.
-async fn audit_trail(ledger: &Ledger, run_id: &str) -> Result<Vec<Json>, flow_ledger::Error> {
+pub(crate) async fn audit_trail(
+    ledger: &Ledger,
+    run_id: &str,
+) -> Result<Vec<Json>, flow_ledger::Error> {
     let events = ledger
         .list_events(flow_ledger::EventFilter {
             run_id: Some(run_id.to_string()),
