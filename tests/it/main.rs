@@ -18,4 +18,5 @@ mod runs;
 mod secrets;
 mod sessions;
 mod support;
+mod ui;
 mod validate;

@@ -1,0 +1,447 @@
+//! The operator console in a real headless Chromium, driven over WebDriver
+//! (`fantoccini` → a `chromedriver` this test starts on a free loopback port) against a
+//! real `flow serve` on a ledger with runs paused in doubt: sign in as an operator,
+//! resolve a call from the In doubt inbox (a garbage output first: refused, nothing
+//! written), watch the run page refresh itself until the run (continued by a daemon) has
+//! succeeded; a viewer sees no resolve buttons; forged POSTs (no CSRF token, a wrong one,
+//! another session's, a viewer's) are refused with 403 and write nothing.
+//!
+//! Screenshots go to `$CARGO_TARGET_DIR/ui-screenshots/` (or `target/ui-screenshots/`).
+//! Without chromium and chromedriver the test fails when `CI=true`, and otherwise skips
+//! saying why.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use flow_adapters::testkit::http::CountingServer;
+use reqwest::StatusCode;
+use reqwest::redirect::Policy;
+
+use crate::api::{OPERATOR, Server, VIEWER, serve};
+use crate::api_doubt::paused_run;
+use crate::crash::workflow;
+use crate::support::{Backend, TestDb, output, runtime, show, stderr};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+/// A chromedriver child on a free port; killed when dropped.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether the browser is installed; `None` with the reason to skip (a failure on CI).
+fn browser_missing() -> Option<String> {
+    let missing: Vec<&str> = [CHROMIUM, CHROMEDRIVER]
+        .into_iter()
+        .filter(|p| !std::path::Path::new(p).exists())
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "{} not installed (apt-get install chromium chromium-driver; .ci/run does it)",
+            missing.join(" and ")
+        )
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
+}
+
+/// Starts chromedriver and waits until it answers.
+fn driver() -> Driver {
+    let port = free_port();
+    let child = Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {CHROMEDRIVER}: {e}"));
+    let driver = Driver {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "chromedriver did not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    driver
+}
+
+/// A headless Chromium session (`--no-sandbox`: the tests may run as root).
+async fn browser(driver: &Driver) -> Client {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        serde_json::json!({
+            "binary": CHROMIUM,
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1280,1100"],
+        }),
+    );
+    ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+        .capabilities(caps)
+        .connect(&driver.url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot start headless chromium through chromedriver: {e}"))
+}
+
+fn screenshots() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| crate::support::repo().join("target"), PathBuf::from);
+    let dir = target.join("ui-screenshots");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir
+}
+
+async fn snap(c: &Client, name: &str) {
+    let png = c
+        .screenshot()
+        .await
+        .unwrap_or_else(|e| panic!("screenshot: {e}"));
+    let path = screenshots().join(format!("{name}.png"));
+    std::fs::write(&path, png).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+/// The page's HTML once `css` matches an element whose text holds `text` (the page may
+/// be reloading itself meanwhile).
+async fn wait_for(c: &Client, css: &str, text: &str, within: Duration) -> String {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Ok(e) = c.find(Locator::Css(css)).await
+            && e.text().await.is_ok_and(|t| t.contains(text))
+        {
+            return c.source().await.unwrap_or_default();
+        }
+        if Instant::now() > deadline {
+            let page = c.source().await.unwrap_or_default();
+            panic!("no `{css}` with `{text}` within {within:?}:\n{page}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn sign_in(c: &Client, server: &Server, token: &str) {
+    c.goto(&format!("{}/ui", server.base))
+        .await
+        .expect("goto /ui");
+    let url = c.current_url().await.expect("url");
+    assert!(
+        url.path().ends_with("/ui/sign-in"),
+        "not redirected to sign in: {url}"
+    );
+    c.find(Locator::Css("#token"))
+        .await
+        .expect("token field")
+        .send_keys(token)
+        .await
+        .expect("type");
+    c.find(Locator::Css("form button[type=submit]"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("click");
+    wait_for(c, "h1", "Runs", Duration::from_secs(5)).await;
+}
+
+/// The hidden CSRF value of the first form on `html`.
+fn csrf_of(html: &str) -> String {
+    let at =
+        html.find(r#"name="csrf" value=""#).expect("a csrf field") + r#"name="csrf" value=""#.len();
+    html[at..].split('"').next().unwrap_or_default().to_string()
+}
+
+/// A reqwest client that does not follow redirects, signed in with `token` by the
+/// sign-in form; returns it with its cookie header and its session's CSRF token.
+async fn http_session(server: &Server, token: &str) -> (reqwest::Client, String, String) {
+    let http = reqwest::Client::builder()
+        .redirect(Policy::none())
+        .build()
+        .expect("client");
+    let form = http
+        .get(format!("{}/ui/sign-in", server.base))
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("body");
+    let resp = http
+        .post(format!("{}/ui/sign-in", server.base))
+        .form(&[("csrf", csrf_of(&form).as_str()), ("token", token)])
+        .send()
+        .await
+        .expect("sign in");
+    assert_eq!(resp.status(), StatusCode::SEE_OTHER);
+    let set = resp
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    assert!(
+        !set.contains(token),
+        "the cookie must not carry the token: {set}"
+    );
+    let cookie = set.split(';').next().unwrap_or_default().to_string();
+    let page = http
+        .get(format!("{}/ui/in-doubt", server.base))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .expect("inbox");
+    let csrf = csrf_of(&page.text().await.expect("body"));
+    (http, cookie, csrf)
+}
+
+#[test]
+fn the_console_resolves_in_a_real_browser_and_refuses_forgeries() {
+    if let Some(why) = browser_missing() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true and {why}"
+        );
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let rt = runtime();
+    let downstream = rt.block_on(CountingServer::start()).expect("downstream");
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write("pay.yaml", &workflow(&downstream.url()));
+    let runs: Vec<String> = (0..2).map(|_| paused_run(&db, &file)).collect();
+    let server = serve(&db);
+    let chrome = driver();
+    rt.block_on(async {
+        let c = browser(&chrome).await;
+        operator_resolves(&c, &server, &db, &runs[0]).await;
+        viewer_sees_no_buttons(&c, &server).await;
+        forged_posts_are_refused(&server, &db, &runs[1]).await;
+        let _ = c.close().await;
+    });
+    assert_eq!(
+        downstream.count(&format!("{}:charge:1", runs[0])),
+        1,
+        "never re-sent"
+    );
+}
+
+async fn operator_resolves(c: &Client, server: &Server, db: &TestDb, run: &str) {
+    sign_in(c, server, OPERATOR).await;
+    c.goto(&format!("{}/ui/in-doubt", server.base))
+        .await
+        .expect("inbox");
+    let page = wait_for(c, "h1", "In doubt", Duration::from_secs(5)).await;
+    assert!(
+        page.contains(&format!("{run}:charge:1")),
+        "the key is shown"
+    );
+    assert!(
+        page.contains("Resolve as succeeded") && page.contains("Retry"),
+        "operator buttons"
+    );
+    snap(c, "in-doubt-inbox").await;
+    let card = format!("article:has(a[href$='{run}'])");
+    // Garbage output: shown as an error, nothing written.
+    let before = show(db, run)["tool_calls"].clone();
+    let form = c
+        .find(Locator::Css(&format!("{card} form.act.ok")))
+        .await
+        .expect("succeeded form");
+    form.find(Locator::Css("textarea"))
+        .await
+        .expect("output")
+        .send_keys("{not json")
+        .await
+        .expect("type");
+    form.find(Locator::Css("input[type=checkbox]"))
+        .await
+        .expect("confirm")
+        .click()
+        .await
+        .expect("tick");
+    form.find(Locator::Css("button"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("submit");
+    wait_for(c, "#notice", "output: not JSON", Duration::from_secs(5)).await;
+    snap(c, "in-doubt-garbage-refused").await;
+    assert_eq!(show(db, run)["tool_calls"], before, "nothing written");
+    // The real output: the run page comes back with the call resolved.
+    let form = c
+        .find(Locator::Css(&format!("{card} form.act.ok")))
+        .await
+        .expect("succeeded form");
+    let out = form.find(Locator::Css("textarea")).await.expect("output");
+    out.clear().await.expect("clear");
+    out.send_keys(r#"{"count": 1}"#).await.expect("type");
+    form.find(Locator::Css("input[name=reason]"))
+        .await
+        .expect("reason")
+        .send_keys("seen in the pay dashboard")
+        .await
+        .expect("type");
+    form.find(Locator::Css("input[type=checkbox]"))
+        .await
+        .expect("confirm")
+        .click()
+        .await
+        .expect("tick");
+    form.find(Locator::Css("button"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("submit");
+    wait_for(c, "p.info", "resolved", Duration::from_secs(5)).await;
+    let charge = show(db, run)["tool_calls"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["tool_call_id"] == "charge"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(charge["resolution"]["by"], "otto", "{charge}");
+    assert_eq!(
+        charge["resolution"]["reason"], "seen in the pay dashboard",
+        "{charge}"
+    );
+    // A daemon continues the run; the page, refreshing itself, shows it finish.
+    let drained = output(
+        db.flow()
+            .args(["daemon", "--exit-when-idle", "--poll-interval", "50ms"]),
+    );
+    assert_eq!(drained.status.code(), Some(0), "{}", stderr(&drained));
+    let page = wait_for(c, "#run-status", "succeeded", Duration::from_secs(15)).await;
+    assert!(
+        page.contains("otto") && page.contains("tool_call.resolved"),
+        "audit trail"
+    );
+    snap(c, "run-succeeded").await;
+    c.find(Locator::Css("header form button"))
+        .await
+        .expect("sign out")
+        .click()
+        .await
+        .expect("click");
+    wait_for(c, "h1", "Sign in", Duration::from_secs(5)).await;
+}
+
+async fn viewer_sees_no_buttons(c: &Client, server: &Server) {
+    sign_in(c, server, VIEWER).await;
+    c.goto(&format!("{}/ui/in-doubt", server.base))
+        .await
+        .expect("inbox");
+    let page = wait_for(c, "h1", "In doubt", Duration::from_secs(5)).await;
+    assert!(page.contains(":charge:1"), "the viewer sees the call");
+    assert!(
+        !page.contains("Resolve as succeeded") && !page.contains("/ui/in-doubt/resolve"),
+        "no resolve for a viewer"
+    );
+    assert!(!page.contains("Bulk resolve"), "no bulk for a viewer");
+    snap(c, "in-doubt-viewer").await;
+}
+
+async fn forged_posts_are_refused(server: &Server, db: &TestDb, run: &str) {
+    let (http, operator, operator_csrf) = http_session(server, OPERATOR).await;
+    let (_, viewer, viewer_csrf) = http_session(server, VIEWER).await;
+    let before = show(db, run);
+    let url = format!("{}/ui/in-doubt/resolve", server.base);
+    let post = |cookie: &str, csrf: Option<&str>| {
+        let mut fields = vec![
+            ("run", run),
+            ("node", "charge"),
+            ("outcome", "retry"),
+            ("confirm", "yes"),
+        ];
+        if let Some(t) = csrf {
+            fields.push(("csrf", t));
+        }
+        http.post(&url)
+            .header("cookie", cookie)
+            .form(&fields)
+            .send()
+    };
+    let cases = [
+        (
+            "operator, no CSRF token",
+            operator.as_str(),
+            None,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "operator, a wrong token",
+            operator.as_str(),
+            Some("00ff"),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "operator, the viewer's token",
+            operator.as_str(),
+            Some(viewer_csrf.as_str()),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "viewer, its own valid token",
+            viewer.as_str(),
+            Some(viewer_csrf.as_str()),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            "no session",
+            "flow_session=forged",
+            Some(operator_csrf.as_str()),
+            StatusCode::SEE_OTHER,
+        ),
+    ];
+    for (what, cookie, csrf, want) in cases {
+        let resp = post(cookie, csrf).await.expect("post");
+        assert_eq!(resp.status(), want, "{what}");
+    }
+    let bulk = http
+        .post(format!("{}/ui/in-doubt/bulk", server.base))
+        .header("cookie", &operator)
+        .form(&[
+            ("csrf", operator_csrf.as_str()),
+            ("outcome", "retry"),
+            ("confirm", "yes"),
+            ("dry_run", "no"),
+        ])
+        .send()
+        .await
+        .expect("bulk");
+    assert_eq!(bulk.status(), StatusCode::FORBIDDEN, "bulk is for admins");
+    let after = show(db, run);
+    assert_eq!(after["tool_calls"], before["tool_calls"], "nothing written");
+    assert_eq!(after["audit"], before["audit"], "nothing recorded");
+    // The operator's real token works, so the refusals above were about the forgery.
+    let ok = post(&operator, Some(&operator_csrf)).await.expect("post");
+    assert_eq!(ok.status(), StatusCode::SEE_OTHER);
+    let charge = show(db, run)["tool_calls"]
+        .as_array()
+        .and_then(|a| a.iter().find(|t| t["tool_call_id"] == "charge"))
+        .cloned()
+        .unwrap_or_default();
+    assert_ne!(charge["status"], "in_doubt", "{charge}");
+}
