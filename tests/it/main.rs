@@ -5,6 +5,7 @@ mod api;
 mod api_doubt;
 mod args;
 mod chaos;
+mod client;
 mod crash;
 mod daemon;
 mod elicit;

@@ -18,6 +18,9 @@ pub struct ShowArgs {
     /// Print one JSON object: `run`, `steps`, `tool_calls`.
     #[arg(long)]
     pub json: bool,
+    /// Client mode: read through a `flow serve` instead of the database.
+    #[command(flatten)]
+    pub remote: super::remote::Remote,
 }
 
 /// Arguments of `flow runs`.
@@ -46,6 +49,9 @@ pub struct RunsArgs {
     /// Continue a listing after the page that printed this cursor.
     #[arg(long)]
     pub cursor: Option<String>,
+    /// Client mode: list through a `flow serve` instead of the database.
+    #[command(flatten)]
+    pub remote: super::remote::Remote,
 }
 
 /// `--since` / `--until`: an RFC 3339 time, or a duration before `now`.
