@@ -20,7 +20,7 @@ use flow_adapters::testkit::http::CountingServer;
 use reqwest::StatusCode;
 use reqwest::redirect::Policy;
 
-use crate::api::{OPERATOR, Server, VIEWER, serve};
+use crate::api::{ADMIN, OPERATOR, Server, VIEWER, serve};
 use crate::api_doubt::paused_run;
 use crate::crash::workflow;
 use crate::support::{Backend, TestDb, output, runtime, show, stderr};
@@ -444,4 +444,144 @@ async fn forged_posts_are_refused(server: &Server, db: &TestDb, run: &str) {
         .cloned()
         .unwrap_or_default();
     assert_ne!(charge["status"], "in_doubt", "{charge}");
+}
+
+/// The console's forms without a browser: bulk resolve (dry-run count, the confirmation,
+/// then exactly what was counted is settled, recorded as the admin), untrusted run text
+/// escaped, sign-in refusals, and a signed-out cookie that no longer works.
+#[test]
+fn bulk_resolve_escaping_and_sign_out_over_plain_http() {
+    let rt = runtime();
+    let downstream = rt.block_on(CountingServer::start()).expect("downstream");
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write("pay.yaml", &workflow(&downstream.url()));
+    let runs: Vec<String> = (0..2).map(|_| paused_run(&db, &file)).collect();
+    let hi = db.write("hi.yaml", "name: hi\ninputs:\n  who: { type: string }\nnodes:\n  greet: { tool: echo, with: { msg: \"${{ inputs.who }}\" } }\ntools:\n  echo: { kind: function, function: core.echo }\n");
+    let xss = output(db.flow().arg("submit").arg(&hi).args([
+        "--input",
+        "who=<script>alert(1)</script>",
+        "--run-id",
+        "xss",
+    ]));
+    assert_eq!(xss.status.code(), Some(0), "{}", stderr(&xss));
+    let server = serve(&db);
+    rt.block_on(async {
+        let (http, admin, csrf) = http_session(&server, ADMIN).await;
+        let get = |path: &str| {
+            http.get(format!("{}{path}", server.base))
+                .header("cookie", &admin)
+                .send()
+        };
+        let page = get("/ui/runs/xss")
+            .await
+            .expect("run page")
+            .text()
+            .await
+            .expect("body");
+        assert!(
+            page.contains("&lt;script&gt;alert(1)&lt;"),
+            "escaped:\n{page}"
+        );
+        assert!(!page.contains("<script>alert"), "never raw");
+        let root = get("/").await.expect("root");
+        assert_eq!(
+            (root.status(), root.headers()["location"].to_str().ok()),
+            (StatusCode::SEE_OTHER, Some("/ui"))
+        );
+
+        let bulk = |fields: Vec<(&'static str, &'static str)>| {
+            let mut all = vec![
+                ("csrf", csrf.as_str()),
+                ("tool", "pay"),
+                ("outcome", "failed"),
+                ("reason", "refunded by hand"),
+            ];
+            all.extend(fields);
+            http.post(format!("{}/ui/in-doubt/bulk", server.base))
+                .header("cookie", &admin)
+                .form(&all)
+                .send()
+        };
+        let dry = bulk(vec![("dry_run", "yes")]).await.expect("dry");
+        assert_eq!(dry.status(), StatusCode::OK);
+        assert!(
+            dry.text()
+                .await
+                .expect("body")
+                .contains("dry run: 2 call(s) match; nothing was written")
+        );
+        let unconfirmed = bulk(vec![("dry_run", "no")]).await.expect("bulk");
+        assert_eq!(unconfirmed.status(), StatusCode::BAD_REQUEST);
+        for run in &runs {
+            assert_eq!(
+                crate::support::call(&show(&db, run), "charge")["status"],
+                "in_doubt",
+                "nothing written yet"
+            );
+        }
+        let real = bulk(vec![("dry_run", "no"), ("confirm", "yes")])
+            .await
+            .expect("bulk");
+        assert_eq!(real.status(), StatusCode::OK);
+        let body = real.text().await.expect("body");
+        assert!(
+            body.contains("2 of 2 matching call(s) settled as failed"),
+            "{body}"
+        );
+        for run in &runs {
+            let charge = crate::support::call(&show(&db, run), "charge").clone();
+            assert_eq!(
+                (&charge["status"], &charge["resolution"]["by"]),
+                (&serde_json::json!("failed"), &serde_json::json!("ada")),
+                "{charge}"
+            );
+        }
+
+        // Sign-in refusals, then sign-out ends the session for good.
+        let form = http
+            .get(format!("{}/ui/sign-in", server.base))
+            .send()
+            .await
+            .expect("form")
+            .text()
+            .await
+            .expect("body");
+        let wrong = http
+            .post(format!("{}/ui/sign-in", server.base))
+            .form(&[("csrf", csrf_of(&form).as_str()), ("token", "nope")])
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+        assert!(wrong.headers().get("set-cookie").is_none());
+        let forged = http
+            .post(format!("{}/ui/sign-in", server.base))
+            .form(&[("csrf", "x"), ("token", ADMIN)])
+            .send()
+            .await
+            .expect("post");
+        assert_eq!(
+            forged.status(),
+            StatusCode::FORBIDDEN,
+            "the sign-in form has its CSRF token too"
+        );
+        let out = http
+            .post(format!("{}/ui/sign-out", server.base))
+            .header("cookie", &admin)
+            .form(&[("csrf", csrf.as_str())])
+            .send()
+            .await
+            .expect("sign out");
+        assert_eq!(out.status(), StatusCode::SEE_OTHER);
+        assert!(
+            out.headers()["set-cookie"]
+                .to_str()
+                .is_ok_and(|c| c.contains("Max-Age=0"))
+        );
+        let after = get("/ui/runs").await.expect("runs");
+        assert_eq!(
+            (after.status(), after.headers()["location"].to_str().ok()),
+            (StatusCode::SEE_OTHER, Some("/ui/sign-in"))
+        );
+    });
 }
