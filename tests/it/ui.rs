@@ -247,6 +247,25 @@ fn the_console_resolves_in_a_real_browser_and_refuses_forgeries() {
     );
 }
 
+/// Fills the "succeeded" form of the call in `card` with `output` and `reason`, ticks
+/// "I confirm" and submits it.
+async fn submit_succeeded(c: &Client, card: &str, output: &str, reason: &str) {
+    let form = c
+        .find(Locator::Css(&format!("{card} form.act.ok")))
+        .await
+        .expect("succeeded form");
+    let fields = [("textarea", output), ("input[name=reason]", reason)];
+    for (css, text) in fields {
+        let field = form.find(Locator::Css(css)).await.expect("field");
+        field.clear().await.expect("clear");
+        field.send_keys(text).await.expect("type");
+    }
+    for css in ["input[type=checkbox]", "button"] {
+        let e = form.find(Locator::Css(css)).await.expect("control");
+        e.click().await.expect("click");
+    }
+}
+
 async fn operator_resolves(c: &Client, server: &Server, db: &TestDb, run: &str) {
     sign_in(c, server, OPERATOR).await;
     c.goto(&format!("{}/ui/in-doubt", server.base))
@@ -265,57 +284,12 @@ async fn operator_resolves(c: &Client, server: &Server, db: &TestDb, run: &str) 
     let card = format!("article:has(a[href$='{run}'])");
     // Garbage output: shown as an error, nothing written.
     let before = show(db, run)["tool_calls"].clone();
-    let form = c
-        .find(Locator::Css(&format!("{card} form.act.ok")))
-        .await
-        .expect("succeeded form");
-    form.find(Locator::Css("textarea"))
-        .await
-        .expect("output")
-        .send_keys("{not json")
-        .await
-        .expect("type");
-    form.find(Locator::Css("input[type=checkbox]"))
-        .await
-        .expect("confirm")
-        .click()
-        .await
-        .expect("tick");
-    form.find(Locator::Css("button"))
-        .await
-        .expect("button")
-        .click()
-        .await
-        .expect("submit");
+    submit_succeeded(c, &card, "{not json", "").await;
     wait_for(c, "#notice", "output: not JSON", Duration::from_secs(5)).await;
     snap(c, "in-doubt-garbage-refused").await;
     assert_eq!(show(db, run)["tool_calls"], before, "nothing written");
     // The real output: the run page comes back with the call resolved.
-    let form = c
-        .find(Locator::Css(&format!("{card} form.act.ok")))
-        .await
-        .expect("succeeded form");
-    let out = form.find(Locator::Css("textarea")).await.expect("output");
-    out.clear().await.expect("clear");
-    out.send_keys(r#"{"count": 1}"#).await.expect("type");
-    form.find(Locator::Css("input[name=reason]"))
-        .await
-        .expect("reason")
-        .send_keys("seen in the pay dashboard")
-        .await
-        .expect("type");
-    form.find(Locator::Css("input[type=checkbox]"))
-        .await
-        .expect("confirm")
-        .click()
-        .await
-        .expect("tick");
-    form.find(Locator::Css("button"))
-        .await
-        .expect("button")
-        .click()
-        .await
-        .expect("submit");
+    submit_succeeded(c, &card, r#"{"count": 1}"#, "seen in the pay dashboard").await;
     wait_for(c, "p.info", "resolved", Duration::from_secs(5)).await;
     let charge = show(db, run)["tool_calls"]
         .as_array()

@@ -184,29 +184,15 @@ pub(crate) async fn runs(
         let _ = stdout.write_all(table(&header, &rows, terminal_width()).as_bytes());
     }
     if let Some(cursor) = page["next_cursor"].as_str() {
-        let mut next = format!(
+        let mut prefix = format!(
             "{} runs --server {}",
             super::flow_command(cli),
             super::shell_quote(server)
         );
         if args.remote.token_env != "FLOW_TOKEN" {
-            next.push_str(&format!(" --token-env {}", args.remote.token_env));
+            prefix.push_str(&format!(" --token-env {}", args.remote.token_env));
         }
-        for (flag, value) in [
-            ("--status", &args.status),
-            ("--workflow", &args.workflow),
-            ("--since", &args.since),
-        ] {
-            if let Some(v) = value {
-                next.push_str(&format!(" {flag} {}", super::shell_quote(v)));
-            }
-        }
-        if args.limit != 100 {
-            next.push_str(&format!(" --limit {}", args.limit));
-        }
-        if args.json {
-            next.push_str(" --json");
-        }
+        let next = super::show::next_page(prefix, args);
         let _ = writeln!(stderr, "more runs: {next} --cursor {cursor}");
     }
     Ok(exit::OK)

@@ -431,23 +431,7 @@ pub(crate) async fn runs(
         let _ = stdout.write_all(table(&header, &rows, terminal_width()).as_bytes());
     }
     if more && let Some(last) = runs.last() {
-        let mut next = format!("{} runs", super::flow_command(cli));
-        for (flag, value) in [
-            ("--status", args.status.as_deref()),
-            ("--workflow", args.workflow.as_deref()),
-            ("--since", args.since.as_deref()),
-            ("--until", args.until.as_deref()),
-        ] {
-            if let Some(v) = value {
-                next.push_str(&format!(" {flag} {}", super::shell_quote(v)));
-            }
-        }
-        if args.limit != 100 {
-            next.push_str(&format!(" --limit {}", args.limit));
-        }
-        if args.json {
-            next.push_str(" --json");
-        }
+        let next = next_page(format!("{} runs", super::flow_command(cli)), args);
         let cursor = RunCursor::after(last).encode();
         let _ = writeln!(stderr, "more runs: {next} --cursor {cursor}");
     }
@@ -484,6 +468,29 @@ fn time_and_cursor(
         }
     };
     Ok((times, after))
+}
+
+/// The `flow runs` command for the next page (without its `--cursor`): `prefix`, then
+/// the filters, limit and format of `args` (`flow runs` and `flow runs --server`).
+pub(crate) fn next_page(prefix: String, args: &RunsArgs) -> String {
+    let mut next = prefix;
+    for (flag, value) in [
+        ("--status", args.status.as_deref()),
+        ("--workflow", args.workflow.as_deref()),
+        ("--since", args.since.as_deref()),
+        ("--until", args.until.as_deref()),
+    ] {
+        if let Some(v) = value {
+            next.push_str(&format!(" {flag} {}", super::shell_quote(v)));
+        }
+    }
+    if args.limit != 100 {
+        next.push_str(&format!(" --limit {}", args.limit));
+    }
+    if args.json {
+        next.push_str(" --json");
+    }
+    next
 }
 
 /// `text` cut to what fits on a line, pointing at `--json` for the rest.
