@@ -511,51 +511,67 @@ fn bulk_resolve_escaping_and_sign_out_over_plain_http() {
             );
         }
 
-        // Sign-in refusals, then sign-out ends the session for good.
-        let form = http
-            .get(format!("{}/ui/sign-in", server.base))
-            .send()
-            .await
-            .expect("form")
-            .text()
-            .await
-            .expect("body");
-        let wrong = http
-            .post(format!("{}/ui/sign-in", server.base))
-            .form(&[("csrf", csrf_of(&form).as_str()), ("token", "nope")])
-            .send()
-            .await
-            .expect("post");
-        assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
-        assert!(wrong.headers().get("set-cookie").is_none());
-        let forged = http
-            .post(format!("{}/ui/sign-in", server.base))
-            .form(&[("csrf", "x"), ("token", ADMIN)])
-            .send()
-            .await
-            .expect("post");
-        assert_eq!(
-            forged.status(),
-            StatusCode::FORBIDDEN,
-            "the sign-in form has its CSRF token too"
-        );
-        let out = http
-            .post(format!("{}/ui/sign-out", server.base))
-            .header("cookie", &admin)
-            .form(&[("csrf", csrf.as_str())])
-            .send()
-            .await
-            .expect("sign out");
-        assert_eq!(out.status(), StatusCode::SEE_OTHER);
-        assert!(
-            out.headers()["set-cookie"]
-                .to_str()
-                .is_ok_and(|c| c.contains("Max-Age=0"))
-        );
-        let after = get("/ui/runs").await.expect("runs");
-        assert_eq!(
-            (after.status(), after.headers()["location"].to_str().ok()),
-            (StatusCode::SEE_OTHER, Some("/ui/sign-in"))
-        );
+        sign_in_refusals_then_sign_out(&server, &http, &admin, &csrf).await;
     });
+}
+
+/// A wrong token and a forged sign-in form are refused; signing out clears the cookie
+/// and ends the session on the server, so the old cookie no longer signs anyone in.
+async fn sign_in_refusals_then_sign_out(
+    server: &Server,
+    http: &reqwest::Client,
+    admin: &str,
+    csrf: &str,
+) {
+    // Sign-in refusals, then sign-out ends the session for good.
+    let form = http
+        .get(format!("{}/ui/sign-in", server.base))
+        .send()
+        .await
+        .expect("form")
+        .text()
+        .await
+        .expect("body");
+    let wrong = http
+        .post(format!("{}/ui/sign-in", server.base))
+        .form(&[("csrf", csrf_of(&form).as_str()), ("token", "nope")])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
+    assert!(wrong.headers().get("set-cookie").is_none());
+    let forged = http
+        .post(format!("{}/ui/sign-in", server.base))
+        .form(&[("csrf", "x"), ("token", ADMIN)])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(
+        forged.status(),
+        StatusCode::FORBIDDEN,
+        "the sign-in form has its CSRF token too"
+    );
+    let out = http
+        .post(format!("{}/ui/sign-out", server.base))
+        .header("cookie", admin)
+        .form(&[("csrf", csrf)])
+        .send()
+        .await
+        .expect("sign out");
+    assert_eq!(out.status(), StatusCode::SEE_OTHER);
+    assert!(
+        out.headers()["set-cookie"]
+            .to_str()
+            .is_ok_and(|c| c.contains("Max-Age=0"))
+    );
+    let after = http
+        .get(format!("{}/ui/runs", server.base))
+        .header("cookie", admin)
+        .send()
+        .await
+        .expect("runs");
+    assert_eq!(
+        (after.status(), after.headers()["location"].to_str().ok()),
+        (StatusCode::SEE_OTHER, Some("/ui/sign-in"))
+    );
 }

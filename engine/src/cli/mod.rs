@@ -104,6 +104,17 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Where the operator API is, for the commands that can use it instead of `--db`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Remote {
+    /// Talk to the `flow serve` at this URL (http://host:port) instead of opening --db.
+    #[arg(long, env = "FLOW_SERVER", value_name = "URL")]
+    pub server: Option<String>,
+    /// With --server: the environment variable that holds the API token.
+    #[arg(long, value_name = "VAR", default_value = "FLOW_TOKEN")]
+    pub token_env: String,
+}
+
 /// Log line formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {

@@ -10,98 +10,45 @@
 
 use std::io::Write;
 
-use clap::Args;
 use serde_json::{Value as Json, json};
+
+use flow_adapters::api_client::{ApiClient, ApiError};
 
 use super::show::{RunsArgs, ShowArgs};
 use super::submit::SubmitArgs;
 use super::table::{table, terminal_width};
-use super::{Cli, CliError, exit};
+use super::{Cli, CliError, Remote, exit};
 
-/// Where the operator API is, for the commands that can use it instead of `--db`.
-#[derive(Debug, Clone, Args)]
-pub struct Remote {
-    /// Talk to the `flow serve` at this URL (http://host:port) instead of opening --db.
-    #[arg(long, env = "FLOW_SERVER", value_name = "URL")]
-    pub server: Option<String>,
-    /// With --server: the environment variable that holds the API token.
-    #[arg(long, value_name = "VAR", default_value = "FLOW_TOKEN")]
-    pub token_env: String,
+/// The client `--server` and `--token-env` describe (exit 2 for a URL that is not
+/// http(s)).
+fn client(server: &str, remote: &Remote) -> Result<ApiClient, CliError> {
+    let token = std::env::var(&remote.token_env)
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    ApiClient::new(server, token).map_err(|e| failed(&e, false))
 }
 
-/// An API client for one command.
-struct Client {
-    http: reqwest::Client,
-    base: url::Url,
-    token: Option<String>,
-}
-
-impl Client {
-    /// The client `remote` describes (exit 2 for a URL that is not http(s)).
-    fn new(server: &str, remote: &Remote) -> Result<Self, CliError> {
-        let base = url::Url::parse(server)
-            .ok()
-            .filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
-            .ok_or_else(|| {
-                CliError::invalid(format!(
-                    "--server `{server}` is not an http:// or https:// URL"
-                ))
-            })?;
-        let token = std::env::var(&remote.token_env)
-            .ok()
-            .filter(|t| !t.trim().is_empty());
-        let http = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(60))
-            .build()
-            .map_err(|e| CliError::unavailable(format!("cannot set up an HTTP client: {e}")))?;
-        Ok(Self { http, base, token })
-    }
-
-    /// The URL of API path `segments` (each escaped) with `query`.
-    fn url(&self, segments: &[&str], query: &[(&str, String)]) -> url::Url {
-        let mut url = self.base.clone();
-        if let Ok(mut path) = url.path_segments_mut() {
-            path.pop_if_empty().extend(["api", "v1"]).extend(segments);
-        }
-        if !query.is_empty() {
-            url.query_pairs_mut().extend_pairs(query);
-        }
-        url
-    }
-
-    /// Sends `req`; a success's JSON body, or the server's problem as the error.
-    async fn send(&self, req: reqwest::RequestBuilder) -> Result<(u16, Json), CliError> {
-        let req = match &self.token {
-            Some(t) => req.bearer_auth(t.trim()),
-            None => req,
-        };
-        let resp = req.send().await.map_err(|e| {
-            CliError::unavailable(format!("cannot reach the server at {}: {e}", self.base))
-        })?;
-        let status = resp.status();
-        let text = resp.text().await.map_err(|e| {
-            CliError::unavailable(format!("the server at {} broke off: {e}", self.base))
-        })?;
-        let body: Json = serde_json::from_str(&text).unwrap_or(Json::String(text));
-        if status.is_success() {
-            return Ok((status.as_u16(), body));
-        }
-        let title = body["title"]
-            .as_str()
-            .or(status.canonical_reason())
-            .unwrap_or("Error");
-        let mut detail = body["detail"]
-            .as_str()
-            .unwrap_or("no detail given")
-            .to_string();
-        if status.as_u16() == 401 && self.token.is_none() {
-            detail.push_str(" (no token was sent: set the variable --token-env names)");
-        }
-        Err(CliError::Remote {
-            status: status.as_u16(),
-            title: title.to_string(),
+/// The CLI error for a failed request: the server's problem as `<title>: <detail>`
+/// ([`CliError::Remote`]), a bad URL exit 2, no answer exit 5.
+fn failed(e: &ApiError, has_token: bool) -> CliError {
+    match e {
+        ApiError::BadUrl(_) => CliError::invalid(format!("--server {e}")),
+        ApiError::Unreachable { .. } => CliError::unavailable(e.to_string()),
+        ApiError::Problem {
+            status,
+            title,
             detail,
-        })
+        } => {
+            let mut detail = detail.clone();
+            if *status == 401 && !has_token {
+                detail.push_str(" (no token was sent: set the variable --token-env names)");
+            }
+            CliError::Remote {
+                status: *status,
+                title: title.clone(),
+                detail,
+            }
+        }
     }
 }
 
@@ -113,7 +60,7 @@ pub(crate) async fn submit(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    let client = Client::new(server, &args.remote)?;
+    let client = client(server, &args.remote)?;
     let (wf, new) = super::run::check_new_run(
         &args.file,
         &args.inputs,
@@ -121,12 +68,14 @@ pub(crate) async fn submit(
         args.run_id.as_deref(),
     )?;
     let body = json!({"workflow": new.workflow_text, "inputs": new.inputs, "run_id": new.id});
-    let req = client.http.post(client.url(&["runs"], &[])).json(&body);
-    let (_, answer) = client.send(req).await?;
+    let answer = client
+        .post(&["runs"], &body)
+        .await
+        .map_err(|e| failed(&e, client.has_token()))?;
     let id = answer["id"].as_str().unwrap_or(&new.id);
     let _ = writeln!(stdout, "{id}");
     if answer["created"] == json!(true) {
-        let _ = writeln!(stderr, "run {id} queued ({}) on {}", wf.name, client.base);
+        let _ = writeln!(stderr, "run {id} queued ({}) on {}", wf.name, client.base());
     } else {
         let status = answer["status"].as_str().unwrap_or("?");
         let _ = writeln!(
@@ -151,7 +100,7 @@ pub(crate) async fn runs(
             "--until is not available with --server (the API filters by --since only)",
         ));
     }
-    let client = Client::new(server, &args.remote)?;
+    let client = client(server, &args.remote)?;
     let mut query = vec![("limit", args.limit.min(1_000).to_string())];
     for (name, value) in [
         ("status", &args.status),
@@ -163,9 +112,10 @@ pub(crate) async fn runs(
             query.push((name, v.clone()));
         }
     }
-    let (_, page) = client
-        .send(client.http.get(client.url(&["runs"], &query)))
-        .await?;
+    let page = client
+        .get(&["runs"], &query)
+        .await
+        .map_err(|e| failed(&e, client.has_token()))?;
     let list = page["runs"].as_array().cloned().unwrap_or_default();
     if args.json {
         let text = serde_json::to_string_pretty(&list).unwrap_or_default();
@@ -205,21 +155,22 @@ pub(crate) async fn show(
     args: &ShowArgs,
     stdout: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    let client = Client::new(server, &args.remote)?;
-    let (_, v) = client
-        .send(client.http.get(client.url(&["runs", &args.run], &[])))
-        .await?;
+    let client = client(server, &args.remote)?;
+    let v = client
+        .get(&["runs", &args.run], &[])
+        .await
+        .map_err(|e| failed(&e, client.has_token()))?;
     let text = if args.json {
         format!("{}\n", serde_json::to_string_pretty(&v).unwrap_or_default())
     } else {
-        summary(&v, &client.base)
+        summary(&v, client.base())
     };
     let _ = stdout.write_all(text.as_bytes());
     Ok(exit::OK)
 }
 
 /// The human view of a run object: the run, then one line per call and per step.
-fn summary(v: &Json, base: &url::Url) -> String {
+fn summary(v: &Json, base: &str) -> String {
     use std::fmt::Write as _;
     let s = |x: &Json| x.as_str().unwrap_or("-").to_string();
     let run = &v["run"];
@@ -270,9 +221,7 @@ fn summary(v: &Json, base: &url::Url) -> String {
         );
     }
     if in_doubt {
-        let inbox = base
-            .join("ui/in-doubt")
-            .map_or_else(|_| String::new(), |u| u.to_string());
+        let inbox = format!("{}/ui/in-doubt", base.trim_end_matches('/'));
         let _ = writeln!(out, "\nIn doubt: resolve in the console's inbox at {inbox}");
     }
     out

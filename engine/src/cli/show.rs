@@ -20,7 +20,7 @@ pub struct ShowArgs {
     pub json: bool,
     /// Client mode: read through a `flow serve` instead of the database.
     #[command(flatten)]
-    pub remote: super::remote::Remote,
+    pub remote: super::Remote,
 }
 
 /// Arguments of `flow runs`.
@@ -51,7 +51,7 @@ pub struct RunsArgs {
     pub cursor: Option<String>,
     /// Client mode: list through a `flow serve` instead of the database.
     #[command(flatten)]
-    pub remote: super::remote::Remote,
+    pub remote: super::Remote,
 }
 
 /// `--since` / `--until`: an RFC 3339 time, or a duration before `now`.

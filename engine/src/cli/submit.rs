@@ -31,7 +31,7 @@ pub struct SubmitArgs {
     pub run_id: Option<String>,
     /// Client mode: submit through a `flow serve` instead of the database.
     #[command(flatten)]
-    pub remote: super::remote::Remote,
+    pub remote: super::Remote,
 }
 
 /// `flow submit`.
