@@ -575,3 +575,51 @@ async fn sign_in_refusals_then_sign_out(
         (StatusCode::SEE_OTHER, Some("/ui/sign-in"))
     );
 }
+
+/// `--insecure-no-auth`: no sign-in (everyone is admin `anonymous`), yet every form still
+/// needs its CSRF token; and the runs list pages with the API's cursor and filters.
+#[test]
+fn insecure_mode_keeps_csrf_and_the_runs_list_pages() {
+    let db = TestDb::new(Backend::Sqlite);
+    let mut cmd = db.flow();
+    cmd.args(["serve", "--insecure-no-auth", "--addr", "127.0.0.1:0"]);
+    let server = crate::api::start(cmd, "listening on ");
+    let rt = runtime();
+    rt.block_on(async {
+        let http = reqwest::Client::builder().redirect(Policy::none()).build().expect("client");
+        let at = |path: &str| format!("{}{path}", server.base);
+        let runs: Vec<serde_json::Value> = (0..51)
+            .map(|i| serde_json::json!({"workflow": crate::api::HELLO, "run_id": format!("r-{i:02}")}))
+            .collect();
+        let batch = http.post(at("/api/v1/runs:batch")).json(&serde_json::json!({"runs": runs})).send().await.expect("batch");
+        assert_eq!(batch.status(), StatusCode::OK);
+
+        let sign_in = http.get(at("/ui/sign-in")).send().await.expect("sign-in");
+        assert_eq!(sign_in.headers()["location"].to_str().ok(), Some("/ui/runs"), "nothing to sign in to");
+        let first = http.get(at("/ui/runs")).send().await.expect("runs").text().await.expect("body");
+        assert!(first.contains("anonymous"), "{first}");
+        assert_eq!(first.matches("<tr>").count(), 1 + 50, "a header and 50 runs");
+        assert!(first.contains(">r-50<") && !first.contains(">r-00<"), "newest first");
+        let at_next = first.find("cursor=").expect("a next page link") + "cursor=".len();
+        let cursor: String = first[at_next..].chars().take_while(|c| *c != '"').collect();
+        let second = http.get(at(&format!("/ui/runs?status=&cursor={cursor}"))).send().await.expect("page 2").text().await.expect("body");
+        assert_eq!(second.matches("<tr>").count(), 1 + 1, "{second}");
+        assert!(second.contains(">r-00<") && !second.contains("rel=\"next\""), "the last page");
+        let none = http.get(at("/ui/runs?status=succeeded")).send().await.expect("filter").text().await.expect("body");
+        assert!(none.contains("No runs succeeded."), "{none}");
+        let bad = http.get(at("/ui/runs?status=nope")).send().await.expect("bad");
+        assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+
+        let inbox = http.get(at("/ui/in-doubt")).send().await.expect("inbox").text().await.expect("body");
+        assert!(inbox.contains("Bulk resolve"), "anonymous is admin");
+        let csrf = csrf_of(&inbox);
+        let fields = [("run", "r-01"), ("node", "greet"), ("outcome", "retry"), ("confirm", "yes")];
+        let forged = http.post(at("/ui/in-doubt/resolve")).form(&fields).send().await.expect("post");
+        assert_eq!(forged.status(), StatusCode::FORBIDDEN, "no CSRF token, even without auth");
+        let mut with = fields.to_vec();
+        with.push(("csrf", &csrf));
+        let real = http.post(at("/ui/in-doubt/resolve")).form(&with).send().await.expect("post");
+        assert_eq!(real.status(), StatusCode::NOT_FOUND, "past the CSRF check: the run has no call yet");
+        assert!(real.text().await.expect("body").contains("has no tool call `greet`"));
+    });
+}
