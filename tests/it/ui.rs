@@ -446,12 +446,16 @@ fn bulk_resolve_escaping_and_sign_out_over_plain_http() {
                 .header("cookie", &admin)
                 .send()
         };
-        let page = get("/ui/runs/xss")
-            .await
-            .expect("run page")
-            .text()
-            .await
-            .expect("body");
+        let resp = get("/ui/runs/xss").await.expect("run page");
+        let csp = resp.headers()["content-security-policy"]
+            .to_str()
+            .unwrap_or_default();
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("frame-ancestors 'none'"),
+            "{csp}"
+        );
+        assert_eq!(resp.headers()["x-frame-options"], "DENY");
+        let page = resp.text().await.expect("body");
         assert!(
             page.contains("&lt;script&gt;alert(1)&lt;"),
             "escaped:\n{page}"

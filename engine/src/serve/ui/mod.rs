@@ -88,6 +88,10 @@ static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
     env
 });
 
+/// The console's Content-Security-Policy: its own stylesheet, no scripts at all, forms
+/// to itself, never framed.
+pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
 /// What a console handler answers: an HTML page with its status, or a redirect.
 #[derive(Debug)]
 pub enum Page {
@@ -145,6 +149,12 @@ impl IntoResponse for Page {
                 [
                     (header::CONTENT_TYPE, "text/html; charset=utf-8"),
                     (header::CACHE_CONTROL, "no-store"),
+                    // No script runs, nothing loads from elsewhere, forms post only
+                    // here, and no other site may frame the page to trick a click.
+                    (header::CONTENT_SECURITY_POLICY, CSP),
+                    (header::X_FRAME_OPTIONS, "DENY"),
+                    (header::REFERRER_POLICY, "no-referrer"),
+                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
                 ],
                 html,
             )
