@@ -74,6 +74,21 @@ fn ts(t: Option<Timestamp>) -> Json {
     t.map_or(Json::Null, |t| Json::String(t.to_rfc3339()))
 }
 
+/// The `run` member of the `flow show --json` object (also the console's run header).
+pub(crate) fn run_object(run: &flow_ledger::Run) -> Json {
+    json!({
+        "id": run.id,
+        "status": run.status.as_str(),
+        "workflow": run.workflow_name,
+        "created_at": run.created_at.to_rfc3339(),
+        "started_at": ts(run.started_at),
+        "finished_at": ts(run.finished_at),
+        "error": run.error.as_ref().or(run.pause_reason.as_ref()),
+        "inputs": run.inputs,
+        "output": run.output,
+    })
+}
+
 /// The `flow show --json` object (the shape the README's CLI reference documents, plus a
 /// few extra fields).
 pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flow_ledger::Error> {
@@ -83,17 +98,7 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
     let audit = audit_trail(ledger, run_id).await?;
     Ok(json!({
         "audit": audit,
-        "run": {
-            "id": run.id,
-            "status": run.status.as_str(),
-            "workflow": run.workflow_name,
-            "created_at": run.created_at.to_rfc3339(),
-            "started_at": ts(run.started_at),
-            "finished_at": ts(run.finished_at),
-            "error": run.error.or(run.pause_reason),
-            "inputs": run.inputs,
-            "output": run.output,
-        },
+        "run": run_object(&run),
         "steps": steps.iter().map(|s| json!({
             "step_id": s.step_id,
             "node_id": s.node_id,

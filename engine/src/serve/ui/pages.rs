@@ -154,18 +154,15 @@ pub async fn run(
     Ok(Page::render(StatusCode::OK, "run.html", &ctx))
 }
 
+/// The run header: the `flow show --json` run object, inputs and output indented.
 fn run_json(run: &Run) -> Json {
-    json!({
-        "id": run.id,
-        "status": run.status.as_str(),
-        "workflow": run.workflow_name,
-        "created_at": run.created_at.to_rfc3339(),
-        "started_at": ts(run.started_at),
-        "finished_at": ts(run.finished_at),
-        "error": run.error.as_ref().or(run.pause_reason.as_ref()),
-        "inputs": pretty(&run.inputs),
-        "output": run.output.as_ref().map(pretty),
-    })
+    let mut v = crate::cli::show::run_object(run);
+    v["inputs"] = Json::String(pretty(&run.inputs));
+    v["output"] = run
+        .output
+        .as_ref()
+        .map_or(Json::Null, |o| Json::String(pretty(o)));
+    v
 }
 
 /// The run's nodes in plan order (nodes the snapshot does not name, after), each with
