@@ -420,14 +420,20 @@ async fn forged_posts_are_refused(server: &Server, db: &TestDb, run: &str) {
     assert_ne!(charge["status"], "in_doubt", "{charge}");
 }
 
-/// The console's forms without a browser: bulk resolve (dry-run count, the confirmation,
+/// The console's forms without a browser, on SQLite and PostgreSQL: bulk resolve (dry-run count, the confirmation,
 /// then exactly what was counted is settled, recorded as the admin), untrusted run text
 /// escaped, sign-in refusals, and a signed-out cookie that no longer works.
 #[test]
-fn bulk_resolve_escaping_and_sign_out_over_plain_http() {
+fn bulk_resolve_escaping_and_sign_out_on_both_backends() {
+    for backend in crate::support::backends() {
+        bulk_resolve_escaping_and_sign_out(backend);
+    }
+}
+
+fn bulk_resolve_escaping_and_sign_out(backend: Backend) {
     let rt = runtime();
     let downstream = rt.block_on(CountingServer::start()).expect("downstream");
-    let db = TestDb::new(Backend::Sqlite);
+    let db = TestDb::new(backend);
     let file = db.write("pay.yaml", &workflow(&downstream.url()));
     let runs: Vec<String> = (0..2).map(|_| paused_run(&db, &file)).collect();
     let hi = db.write("hi.yaml", "name: hi\ninputs:\n  who: { type: string }\nnodes:\n  greet: { tool: echo, with: { msg: \"${{ inputs.who }}\" } }\ntools:\n  echo: { kind: function, function: core.echo }\n");
