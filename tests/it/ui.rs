@@ -521,6 +521,7 @@ fn bulk_resolve_escaping_and_sign_out(backend: Backend) {
             );
         }
 
+        cancel_from_the_run_page(&server, &http, &admin, &csrf, &db).await;
         sign_in_refusals_then_sign_out(&server, &http, &admin, &csrf).await;
     });
 }
@@ -632,4 +633,62 @@ fn insecure_mode_keeps_csrf_and_the_runs_list_pages() {
         assert_eq!(real.status(), StatusCode::NOT_FOUND, "past the CSRF check: the run has no call yet");
         assert!(real.text().await.expect("body").contains("has no tool call `greet`"));
     });
+}
+
+/// Cancel from a run page (admin `ada`): refused without the confirmation, then recorded
+/// with who and why; a finished run shows no cancel form.
+async fn cancel_from_the_run_page(
+    server: &Server,
+    http: &reqwest::Client,
+    admin: &str,
+    csrf: &str,
+    db: &TestDb,
+) {
+    let cancel = |fields: Vec<(&'static str, &'static str)>| {
+        let mut all = vec![("csrf", csrf), ("reason", "wrong customer")];
+        all.extend(fields);
+        http.post(format!("{}/ui/runs/xss/cancel", server.base))
+            .header("cookie", admin)
+            .form(&all)
+            .send()
+    };
+    assert!(
+        http.get(format!("{}/ui/runs/xss", server.base))
+            .header("cookie", admin)
+            .send()
+            .await
+            .expect("page")
+            .text()
+            .await
+            .expect("body")
+            .contains("Cancel run")
+    );
+    let unconfirmed = cancel(vec![]).await.expect("cancel");
+    assert_eq!(unconfirmed.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        show(db, "xss")["run"]["status"],
+        "queued",
+        "nothing written"
+    );
+    let done = cancel(vec![("confirm", "yes")]).await.expect("cancel");
+    assert_eq!(done.status(), StatusCode::SEE_OTHER);
+    let after = show(db, "xss");
+    assert_eq!(after["run"]["status"], "cancelled", "{after}");
+    let audit = after["audit"].as_array().cloned().unwrap_or_default();
+    assert!(
+        audit
+            .iter()
+            .any(|e| e["by"] == "ada" && e["reason"] == "wrong customer"),
+        "{audit:?}"
+    );
+    let page = http
+        .get(format!("{}/ui/runs/xss", server.base))
+        .header("cookie", admin)
+        .send()
+        .await
+        .expect("page")
+        .text()
+        .await
+        .expect("body");
+    assert!(!page.contains("Cancel run"), "nothing to cancel any more");
 }

@@ -56,15 +56,27 @@ pub async fn cancel(
     Path(id): Path<String>,
     OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
+    cancel_run(&app, &caller, &id, why.reason).await?;
+    answer(&app, &id).await
+}
+
+/// Asks run `id` to stop as `caller`, recording the caller's name and `reason` (as
+/// `flow cancel`): the JSON handler and the console's cancel form both call it.
+pub(crate) async fn cancel_run(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    reason: Option<String>,
+) -> Result<(), Problem> {
     let actor = Actor {
-        by: caller.name,
-        reason: why.reason,
+        by: caller.name.clone(),
+        reason,
     };
     app.ledger
-        .request_cancel_as(&id, Some(actor), now())
+        .request_cancel_as(id, Some(actor), now())
         .await
-        .map_err(|e| refused(&e, &id, "cancel"))?;
-    answer(&app, &id).await
+        .map(|_| ())
+        .map_err(|e| refused(&e, id, "cancel"))
 }
 
 /// `POST /api/v1/runs/{id}/resume`: puts a paused run (or one whose worker is gone)

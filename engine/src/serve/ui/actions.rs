@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use axum::Form;
-use axum::extract::State;
 use axum::extract::rejection::FormRejection;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
@@ -16,7 +16,7 @@ use super::pages::{InboxQuery, inbox, sign_in_page};
 use super::session::{Signed, set_cookie};
 use super::{Page, Ui};
 use crate::serve::api::in_doubt::settle_many;
-use crate::serve::api::steer::{Outcome, resolution, settle};
+use crate::serve::api::steer::{Outcome, cancel_run, resolution, settle};
 use crate::serve::auth::{Role, Tokens};
 use crate::serve::problem::Problem;
 
@@ -181,6 +181,36 @@ pub async fn resolve(
         ))),
         Err(Problem { status, detail, .. }) => again(status, detail).await,
     }
+}
+
+/// The cancel form of a run page.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct CancelForm {
+    csrf: String,
+    reason: String,
+    confirm: String,
+}
+
+/// `POST /ui/runs/{id}/cancel`: asks the run to stop (operators and admins), recorded
+/// with the caller's name and reason, then shows the run again.
+pub async fn cancel(
+    signed: Signed,
+    State(ui): State<Arc<Ui>>,
+    Path(id): Path<String>,
+    f: Result<Form<CancelForm>, FormRejection>,
+) -> Result<Page, Page> {
+    let f = form(f)?;
+    signed.check_csrf(&ui, &f.csrf)?;
+    signed.need(Role::Operator)?;
+    if f.confirm != "yes" {
+        return Err(Page::error(
+            StatusCode::BAD_REQUEST,
+            "tick \"I confirm\" to cancel the run: nothing was written",
+        ));
+    }
+    cancel_run(&ui.app, &signed.caller, &id, reason(&f.reason)).await?;
+    Ok(Page::redirect(format!("/ui/runs/{}", url(&id))))
 }
 
 /// The bulk resolve form (admins).

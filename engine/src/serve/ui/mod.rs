@@ -2,7 +2,8 @@
 //!
 //! - `session.rs`: sign-in with a bearer token, the session cookie, CSRF tokens.
 //! - `pages.rs`: the pages (runs, one run, the In doubt inbox, sign-in).
-//! - `actions.rs`: the forms' POSTs (resolve one call, bulk resolve, sign in and out).
+//! - `actions.rs`: the forms' POSTs (resolve one call, bulk resolve, cancel a run, sign
+//!   in and out).
 //! - `templates/`: minijinja templates, HTML-escaped throughout (run inputs, outputs and
 //!   requests are untrusted text); `assets/console.css` the one stylesheet.
 //!
@@ -51,6 +52,7 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/ui/sign-out", post(actions::sign_out))
         .route("/ui/runs", get(pages::runs))
         .route("/ui/runs/{id}", get(pages::run))
+        .route("/ui/runs/{id}/cancel", post(actions::cancel))
         .route("/ui/in-doubt", get(pages::in_doubt))
         .route("/ui/in-doubt/resolve", post(actions::resolve))
         .route("/ui/in-doubt/bulk", post(actions::bulk))

@@ -146,6 +146,7 @@ pub async fn run(
         "who": who(&signed, &ui),
         "run": run_json(&run),
         "refresh": !run.status.is_terminal(),
+        "run_terminal": run.status.is_terminal(),
         "nodes": nodes(&run, &steps, &calls),
         "audit": audit,
         "in_doubt": in_doubt,
