@@ -11,6 +11,7 @@ mod follow_up;
 mod logging;
 mod meta;
 mod reconcile;
+mod remote;
 mod run;
 mod serve;
 pub(crate) mod show;
@@ -104,6 +105,17 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Where the operator API is, for the commands that can use it instead of `--db`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Remote {
+    /// Talk to the `flow serve` at this URL (http://host:port) instead of opening --db.
+    #[arg(long, env = "FLOW_SERVER", value_name = "URL")]
+    pub server: Option<String>,
+    /// With --server: the environment variable that holds the API token.
+    #[arg(long, value_name = "VAR", default_value = "FLOW_TOKEN")]
+    pub token_env: String,
+}
+
 /// Log line formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -144,7 +156,7 @@ pub enum Command {
     Run(run::RunArgs),
     /// Put a run on the queue for `flow daemon` workers; print its id on stdout.
     #[command(
-        after_help = "Exit codes: 0 queued (or already there with the same file and inputs), 2 invalid input or a --run-id used with other inputs, 5 could not reach the database.\n\nExamples:\n  flow submit workflows/hello.yaml --input name=Ada\n  flow submit workflows/http.yaml --inputs-file order.yaml --run-id refund-42"
+        after_help = "Exit codes: 0 queued (or already there with the same file and inputs), 2 invalid input or a --run-id used with other inputs (with --server: any request the server refused, 4xx), 5 could not reach the database (or the server).\n\nExamples:\n  flow submit workflows/hello.yaml --input name=Ada\n  flow submit workflows/http.yaml --inputs-file order.yaml --run-id refund-42\n  FLOW_TOKEN=... flow submit workflows/hello.yaml --server https://flow.internal:8080"
     )]
     Submit(submit::SubmitArgs),
     /// Execute queued runs: up to --concurrency at once, until stopped (SIGTERM/SIGINT).
@@ -163,10 +175,14 @@ pub enum Command {
     )]
     Reconcile(reconcile::ReconcileArgs),
     /// Show one run: its nodes, steps, tool calls, and how to resolve what is in doubt.
-    #[command(after_help = "Example:\n  flow show run_01J...\n  flow show run_01J... --json")]
+    #[command(
+        after_help = "Examples:\n  flow show run_01J...\n  flow show run_01J... --json\n  FLOW_TOKEN=... flow show run_01J... --server https://flow.internal:8080"
+    )]
     Show(show::ShowArgs),
     /// List runs, newest first.
-    #[command(after_help = "Examples:\n  flow runs\n  flow runs --status paused --json")]
+    #[command(
+        after_help = "Examples:\n  flow runs\n  flow runs --status paused --json\n  FLOW_TOKEN=... flow runs --server https://flow.internal:8080 --status paused"
+    )]
     Runs(show::RunsArgs),
     /// Ask a run to stop: no new steps start; in-flight calls finish; the run ends cancelled.
     #[command(after_help = "Example:\n  flow cancel run_01J...")]
@@ -376,6 +392,9 @@ fn check_ledger_args(cli: &Cli) -> Result<(), CliError> {
 }
 
 async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
+    if let Some(result) = client_mode(cli, stdout, stderr).await {
+        return error::finish(result, stderr);
+    }
     let result = match check_ledger_args(cli) {
         Err(e) => Err(e),
         Ok(()) => match &cli.command {
@@ -399,6 +418,21 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
         },
     };
     error::finish(result, stderr)
+}
+
+/// Client mode (`--server`): `submit`, `runs` and `show` through the operator API; the
+/// server holds the ledger, so nothing local is checked or opened. `None` otherwise.
+async fn client_mode(
+    cli: &Cli,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Option<Result<u8, CliError>> {
+    Some(match &cli.command {
+        Command::Submit(a) => remote::submit(a.remote.server.as_deref()?, a, stdout, stderr).await,
+        Command::Runs(a) => remote::runs(cli, a.remote.server.as_deref()?, a, stdout, stderr).await,
+        Command::Show(a) => remote::show(a.remote.server.as_deref()?, a, stdout).await,
+        _ => return None,
+    })
 }
 
 /// `flow migrate`.

@@ -105,7 +105,7 @@ pub(crate) async fn serve(
     let (bound, task) = start(app, args.addr, handle.graceful().clone()).await?;
     let _ = writeln!(
         stderr,
-        "flow serve listening on http://{bound} ({}, {auth}); API at http://{bound}/api/v1",
+        "flow serve listening on http://{bound} ({}, {auth}); API at http://{bound}/api/v1, console at http://{bound}/ui",
         ledger.url_redacted()
     );
     let signals = tokio::spawn(shutdown::on_signals(handle.clone()));

@@ -4,9 +4,9 @@
 //! - `steer.rs`: cancel, resume (re-queue), resolve one call in doubt.
 //! - `in_doubt.rs`: every call in doubt across runs, bulk resolve, the event feed.
 
-mod in_doubt;
-mod runs;
-mod steer;
+pub(crate) mod in_doubt;
+pub(crate) mod runs;
+pub(crate) mod steer;
 
 use std::sync::Arc;
 
@@ -39,6 +39,6 @@ async fn openapi() -> impl axum::response::IntoResponse {
 }
 
 /// The time every handler writes with.
-fn now() -> flow_ledger::Timestamp {
+pub(crate) fn now() -> flow_ledger::Timestamp {
     flow_ledger::Clock::now(&flow_ledger::SystemClock)
 }
