@@ -15,6 +15,7 @@ mod gateway;
 mod limits;
 mod meta;
 mod reconcile;
+mod reconcile_console;
 mod retries;
 mod runs;
 mod secrets;

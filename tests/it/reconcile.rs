@@ -14,7 +14,7 @@ use crate::support::{
 
 /// A pay workflow whose side effect declares a probe under `probe` (`<base>/_control/effects`:
 /// the downstream's effect record), trusting not_found `after` the request left.
-fn workflow(url: &str, probe: &str, after: &str, max_probes: u32) -> String {
+pub(crate) fn workflow(url: &str, probe: &str, after: &str, max_probes: u32) -> String {
     workflow_every(url, probe, after, max_probes, "100ms")
 }
 

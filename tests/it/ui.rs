@@ -164,7 +164,7 @@ async fn sign_in(c: &Client, server: &Server, token: &str) {
 }
 
 /// The hidden CSRF value of the first form on `html`.
-fn csrf_of(html: &str) -> String {
+pub(crate) fn csrf_of(html: &str) -> String {
     let at =
         html.find(r#"name="csrf" value=""#).expect("a csrf field") + r#"name="csrf" value=""#.len();
     html[at..].split('"').next().unwrap_or_default().to_string()
@@ -172,7 +172,10 @@ fn csrf_of(html: &str) -> String {
 
 /// A reqwest client that does not follow redirects, signed in with `token` by the
 /// sign-in form; returns it with its cookie header and its session's CSRF token.
-async fn http_session(server: &Server, token: &str) -> (reqwest::Client, String, String) {
+pub(crate) async fn http_session(
+    server: &Server,
+    token: &str,
+) -> (reqwest::Client, String, String) {
     let http = reqwest::Client::builder()
         .redirect(Policy::none())
         .build()

@@ -116,15 +116,16 @@ async fn open(
 async fn serve_api(
     cli: &Cli,
     addr: SocketAddr,
-    ledger: &flow_ledger::Ledger,
+    gateway: &crate::gateway::Gateway,
     metrics: &Arc<Metrics>,
     stop: &CancellationToken,
     stderr: &mut dyn Write,
 ) -> Result<(), CliError> {
     let app = crate::serve::App {
-        ledger: ledger.clone(),
+        ledger: gateway.ledger().clone(),
         tokens: super::serve::tokens(cli, addr, false)?,
         metrics: metrics.clone(),
+        gateway: gateway.clone(),
     };
     let (bound, _) = super::serve::start(app, addr, stop.clone()).await?;
     let _ = writeln!(stderr, "flow daemon: API at http://{bound}/api/v1");
@@ -165,7 +166,15 @@ pub(crate) async fn daemon(
         None => None,
     };
     if let Some(addr) = args.serve {
-        serve_api(cli, addr, &ledger, &metrics, &stop_serving, stderr).await?;
+        serve_api(
+            cli,
+            addr,
+            executor.gateway(),
+            &metrics,
+            &stop_serving,
+            stderr,
+        )
+        .await?;
     }
     let wake = wake_description(&config, ledger.backend_name());
     let _ = writeln!(

@@ -101,6 +101,12 @@ pub struct Gateway {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     ledger: Ledger,
     clock: Arc<dyn Clock>,

@@ -46,6 +46,9 @@ pub struct App {
     pub tokens: auth::Tokens,
     /// The metrics `/metrics` reports (a daemon passes its own).
     pub metrics: Arc<Metrics>,
+    /// Tools, secrets and egress for "probe now" (reconciliation): a probe is a request
+    /// like any other, under this process's egress policy and secrets.
+    pub gateway: crate::gateway::Gateway,
 }
 
 /// The whole server's routes with their limits.

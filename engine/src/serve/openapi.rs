@@ -91,6 +91,15 @@ pub const ROUTES: &[Route] = &[
         body: &["node", "outcome", "output", "error", "reason"],
     },
     Route {
+        method: "post",
+        path: "/api/v1/runs/{id}/reconcile",
+        role: Some(Role::Operator),
+        summary: "Probe now: ask the downstream about the paused run's calls in doubt (tools with reconcile:); {probes, run}; 409 when the run is not paused",
+        ok: 200,
+        query: &[],
+        body: &["reason"],
+    },
+    Route {
         method: "get",
         path: "/api/v1/in-doubt",
         role: Some(Role::Viewer),

@@ -2,9 +2,11 @@
 //!
 //! - `runs.rs`: list, show, submit, batch submit.
 //! - `steer.rs`: cancel, resume (re-queue), resolve one call in doubt.
+//! - `probe.rs`: probe a paused run's in-doubt calls now (reconciliation).
 //! - `in_doubt.rs`: every call in doubt across runs, bulk resolve, the event feed.
 
 pub(crate) mod in_doubt;
+pub(crate) mod probe;
 pub(crate) mod runs;
 pub(crate) mod steer;
 
@@ -24,6 +26,7 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/api/v1/runs/{id}/cancel", post(steer::cancel))
         .route("/api/v1/runs/{id}/resume", post(steer::resume))
         .route("/api/v1/runs/{id}/resolve", post(steer::resolve))
+        .route("/api/v1/runs/{id}/reconcile", post(probe::reconcile))
         .route("/api/v1/in-doubt", get(in_doubt::list))
         .route("/api/v1/in-doubt:resolve", post(in_doubt::resolve_many))
         .route("/api/v1/events", get(in_doubt::events))

@@ -23,7 +23,7 @@ use crate::serve::problem::{ApiJson, OptionalJson, Problem};
 #[serde(deny_unknown_fields)]
 pub struct Why {
     /// Recorded with the change.
-    reason: Option<String>,
+    pub(crate) reason: Option<String>,
 }
 
 /// The run after a change, as `GET /api/v1/runs/{id}` shows it.

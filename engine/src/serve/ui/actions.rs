@@ -16,6 +16,7 @@ use super::pages::{InboxQuery, inbox, sign_in_page};
 use super::session::{Signed, set_cookie};
 use super::{Page, Ui};
 use crate::serve::api::in_doubt::settle_many;
+use crate::serve::api::probe::probe_run;
 use crate::serve::api::steer::{Outcome, cancel_run, resolution, settle};
 use crate::serve::auth::{Role, Tokens};
 use crate::serve::problem::Problem;
@@ -211,6 +212,35 @@ pub async fn cancel(
     }
     cancel_run(&ui.app, &signed.caller, &id, reason(&f.reason)).await?;
     Ok(Page::redirect(format!("/ui/runs/{}", url(&id))))
+}
+
+/// The "probe now" form of a run page.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ProbeForm {
+    csrf: String,
+}
+
+/// `POST /ui/runs/{id}/reconcile`: probes the paused run's calls in doubt now
+/// (operators and admins; reconciliation), then shows the run with its probe history.
+pub async fn probe(
+    signed: Signed,
+    State(ui): State<Arc<Ui>>,
+    Path(id): Path<String>,
+    f: Result<Form<ProbeForm>, FormRejection>,
+) -> Result<Page, Page> {
+    let f = form(f)?;
+    signed.check_csrf(&ui, &f.csrf)?;
+    signed.need(Role::Operator)?;
+    let outcomes = probe_run(&ui.app, &signed.caller, &id, None).await?;
+    let settled = outcomes
+        .iter()
+        .filter(|o| o["outcome"]["settled"] == Json::Bool(true))
+        .count();
+    Ok(Page::redirect(format!(
+        "/ui/runs/{}?probed={settled}",
+        url(&id)
+    )))
 }
 
 /// The bulk resolve form (admins).

@@ -53,6 +53,7 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/ui/runs", get(pages::runs))
         .route("/ui/runs/{id}", get(pages::run))
         .route("/ui/runs/{id}/cancel", post(actions::cancel))
+        .route("/ui/runs/{id}/reconcile", post(actions::probe))
         .route("/ui/in-doubt", get(pages::in_doubt))
         .route("/ui/in-doubt/resolve", post(actions::resolve))
         .route("/ui/in-doubt/bulk", post(actions::bulk))

@@ -112,6 +112,9 @@ pub struct RunQuery {
     /// A node whose call this user just resolved (shown as a notice).
     #[serde(default)]
     resolved: String,
+    /// How many calls this user's "probe now" just settled (shown as a notice).
+    #[serde(default)]
+    probed: Option<u32>,
 }
 
 /// `GET /ui/runs/{id}`: the run, its nodes in plan order with their `needs`, steps and
@@ -140,6 +143,20 @@ pub async fn run(
         .iter()
         .filter(|c| c.status == flow_ledger::CallStatus::InDoubt)
         .count();
+    let probes: Vec<Json> = ledger
+        .list_probes(&id)
+        .await
+        .map_err(missing)?
+        .iter()
+        .map(|p| {
+            json!({
+                "node": p.tool_call_id, "probe": p.probe, "key": p.sent_key,
+                "at": p.probed_at.to_rfc3339(), "observed": p.observed.as_str(),
+                "decision": p.decision.as_str(), "http_status": p.http_status,
+                "detail": p.detail, "by": p.by,
+            })
+        })
+        .collect();
     let ctx = json!({
         "title": format!("Run {}", run.id),
         "nav": "runs",
@@ -150,6 +167,9 @@ pub async fn run(
         "nodes": nodes(&run, &steps, &calls),
         "audit": audit,
         "in_doubt": in_doubt,
+        "can_probe": in_doubt > 0 && run.status == flow_ledger::RunStatus::Paused,
+        "probes": probes,
+        "probed": q.probed,
         "resolved": Some(q.resolved).filter(|s| !s.is_empty()),
     });
     Ok(Page::render(StatusCode::OK, "run.html", &ctx))
