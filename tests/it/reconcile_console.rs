@@ -104,8 +104,15 @@ fn probe_now(backend: Backend) {
             "{ctx}: a queued run is not probed on request: {p}"
         );
 
-        // The console: the button, CSRF, the history.
-        let (http, cookie, csrf) = http_session(&server, OPERATOR).await;
+        console(&server, &db, &ui_run, &api_run, &ctx).await;
+    });
+    assert_eq!(downstream.total(), 0, "{ctx}: probing sent no effect");
+}
+
+/// The console: the button, CSRF, the history; a viewer has no button.
+async fn console(server: &crate::api::Server, db: &TestDb, ui_run: &str, api_run: &str, ctx: &str) {
+    {
+        let (http, cookie, csrf) = http_session(server, OPERATOR).await;
         let page_url = format!("{}/ui/runs/{ui_run}", server.base);
         let page = http
             .get(&page_url)
@@ -132,7 +139,7 @@ fn probe_now(backend: Backend) {
             .expect("post");
         assert_eq!(forged.status(), StatusCode::FORBIDDEN, "{ctx}");
         assert_eq!(
-            show(&db, &ui_run)["probes"].as_array().map(Vec::len),
+            show(db, ui_run)["probes"].as_array().map(Vec::len),
             Some(2),
             "{ctx}: a forged POST probes nothing"
         );
@@ -151,14 +158,14 @@ fn probe_now(backend: Backend) {
             .unwrap_or_default()
             .to_string();
         assert!(to.ends_with("?probed=1"), "{ctx}: {to}");
-        let s = show(&db, &ui_run);
+        let s = show(db, ui_run);
         assert_eq!(
             crate::support::call(&s, "charge")["resolution"]["by"],
             "reconcile",
             "{ctx}: {s}"
         );
 
-        let (vhttp, vcookie, _) = http_session(&server, VIEWER).await;
+        let (vhttp, vcookie, _) = http_session(server, VIEWER).await;
         let vpage = vhttp
             .get(format!("{}/ui/runs/{api_run}", server.base))
             .header("cookie", &vcookie)
@@ -173,8 +180,7 @@ fn probe_now(backend: Backend) {
                 .contains("id=\"probe-now\""),
             "{ctx}: a viewer has no button"
         );
-    });
-    assert_eq!(downstream.total(), 0, "{ctx}: probing sent no effect");
+    }
 }
 
 #[test]
