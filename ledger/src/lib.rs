@@ -114,7 +114,7 @@ pub use model::{
     Window,
 };
 pub use operator::{InDoubtFilter, MAX_BATCH};
-pub use probes::{NewProbe, Probe, ProbeDecision, ProbeObserved, ProbeSchedule};
+pub use probes::{NewProbe, PROBE_USAGE, Probe, ProbeDecision, ProbeObserved, ProbeSchedule};
 pub use runs::MAX_CLAIM;
 pub use sqlite::{is_read_only_url, path_of as sqlite_path};
 pub use state::{CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus};

@@ -116,7 +116,17 @@ pub struct NewProbe {
     pub next_probe_at: Option<Timestamp>,
     /// Who probed (worker id, or the operator running `flow reconcile`).
     pub by: String,
+    /// The call's tool (for the usage row).
+    pub tool: String,
+    /// The effect attempt asked about.
+    pub attempt: u32,
+    /// Requests the probe sent (0 when it could not be sent): a `usage` row of kind
+    /// `probe`, so a downstream's bill counts them too.
+    pub requests_sent: u32,
 }
+
+/// The `usage.kind` of a probe's requests (an effect's are `request`).
+pub const PROBE_USAGE: &str = "probe";
 
 /// A probe as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -280,6 +290,27 @@ impl Ledger {
                     ],
                 )
                 .await?;
+                if p.requests_sent > 0 {
+                    c.execute(
+                        "INSERT INTO usage (tenant, workspace, id, run_id, tool_call_id, tool, attempt,
+                            sent_key, kind, quantity, created_at)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            format!("use_{}", ulid::Ulid::generate()),
+                            &p.run_id,
+                            &p.tool_call_id,
+                            &p.tool,
+                            p.attempt,
+                            &p.sent_key,
+                            PROBE_USAGE,
+                            p.requests_sent,
+                            now,
+                        ],
+                    )
+                    .await?;
+                }
                 let payload = json!({
                     "probe": count,
                     "sent_key": p.sent_key,

@@ -797,3 +797,55 @@ fn crash_points_by_probe_answers() {
         }
     }
 }
+
+/// A probe obeys the egress allow-list like any request: a probe to a host outside it is
+/// not sent, the call stays in doubt (nothing settled, nothing re-sent), and the reason
+/// is logged. Probes that are sent count as usage of kind `probe`.
+#[test]
+fn a_probe_outside_the_egress_allow_list_is_not_sent() {
+    let rt = runtime();
+    for backend in backends() {
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        let db = TestDb::new(backend);
+        let config = db.write("flow.toml", "[egress]\nallow = [\"127.0.0.1\"]\n");
+        let outside = effects(&server).replace("127.0.0.1", "localhost");
+        let file = db.write("pay.yaml", &workflow(&server.url(), &outside, "0s", 2));
+        let crashed = output(
+            db.flow()
+                .arg("--config")
+                .arg(&config)
+                .arg("run")
+                .arg(&file)
+                .env("FLOW_FAULT", "after_outbound:charge"),
+        );
+        let run = run_id(&crashed);
+        let resumed = output(
+            db.flow()
+                .arg("--config")
+                .arg(&config)
+                .args(["resume", &run]),
+        );
+        assert_eq!(
+            resumed.status.code(),
+            Some(3),
+            "{backend:?}: {}",
+            stderr(&resumed)
+        );
+        assert!(
+            stderr(&resumed).contains("egress to `localhost` is not allowed"),
+            "{backend:?}: {}",
+            stderr(&resumed)
+        );
+        let s = show(&db, &run);
+        assert!(
+            probes(&s, "charge").is_empty(),
+            "{backend:?}: no probe was sent"
+        );
+        assert_eq!(call(&s, "charge")["status"], "in_doubt", "{backend:?}");
+        assert_eq!(
+            server.total(),
+            0,
+            "{backend:?}: nothing reached the downstream"
+        );
+    }
+}

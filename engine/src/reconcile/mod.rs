@@ -200,6 +200,9 @@ pub async fn reconcile_call(gateway: &Gateway, p: ProbeCall<'_>) -> Result<Recon
                 response: asked.summary.clone(),
                 next_probe_at,
                 by: p.by.to_string(),
+                tool: call.tool.clone(),
+                attempt: call.attempt_count,
+                requests_sent: asked.requests_sent,
             },
             timing.now,
         )

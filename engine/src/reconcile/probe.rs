@@ -31,6 +31,8 @@ pub struct Asked {
     pub http_status: Option<u16>,
     /// The answer as kept in the audit row (scrubbed, capped).
     pub summary: Option<Json>,
+    /// Requests the probe sent.
+    pub requests_sent: u32,
 }
 
 /// Why no probe was sent.
@@ -103,13 +105,15 @@ pub(super) async fn ask(
         .and_then(Json::as_str)
         .unwrap_or_default();
     let call = Call::new(args, key, timeout);
-    let (status, response) = match send(gateway, target, allow_list, call).await {
+    let (sent, answer) = send(gateway, target, allow_list, call).await;
+    let (status, response) = match answer {
         Ok(answer) => answer,
         Err(why) => {
             return Ok(Asked {
                 answer: Answer::Unknown(secrets.scrub(&why)),
                 http_status: None,
                 summary: None,
+                requests_sent: sent,
             });
         }
     };
@@ -123,6 +127,7 @@ pub(super) async fn ask(
         answer: read_answer(r, &read, &response),
         http_status: status,
         summary,
+        requests_sent: sent,
     })
 }
 
@@ -226,34 +231,37 @@ async fn rate_limited(gateway: &Gateway, wf: &Workflow, tool: &ToolDecl) -> Opti
     None
 }
 
-/// Sends the probe; `(HTTP status, response)` or why there is no answer.
+/// Sends the probe: the requests sent, and `(HTTP status, response)` or why there is
+/// no answer.
 async fn send(
     gateway: &Gateway,
     target: Target,
     allow_list: Option<&flow_adapters::egress::AllowList>,
     call: Call,
-) -> Result<(Option<u16>, Json), String> {
+) -> (u32, Result<(Option<u16>, Json), String>) {
     let out = match target {
         Target::Http(mut spec) => {
             spec.allow_hosts = allow_list.cloned();
-            let answer = gateway
-                .tools()
-                .http
-                .tool(spec)
-                .exchange(call)
-                .await
-                .map_err(|(e, _)| e.message)?;
-            return Ok((
-                Some(answer.status),
-                json!({ "status": answer.status, "headers": answer.headers, "body": answer.body }),
-            ));
+            return match gateway.tools().http.tool(spec).exchange(call).await {
+                Ok(a) => (
+                    a.requests_sent,
+                    Ok((
+                        Some(a.status),
+                        json!({ "status": a.status, "headers": a.headers, "body": a.body }),
+                    )),
+                ),
+                Err((e, sent)) => (sent, Err(e.message)),
+            };
         }
         Target::Command(spec) => command::CommandTool::new(spec).call(call).await,
         Target::Mcp(spec) => gateway.tools().mcp.tool(spec).call(call).await,
-        Target::Function { .. } => return Err("a function tool has nothing to probe".into()),
+        Target::Function { .. } => return (0, Err("a function tool has nothing to probe".into())),
     };
-    let body = out.result.map_err(|e| e.message)?;
-    Ok((None, json!({ "status": 0, "body": body })))
+    let sent = out.requests_sent;
+    match out.result {
+        Ok(body) => (sent, Ok((None, json!({ "status": 0, "body": body })))),
+        Err(e) => (sent, Err(e.message)),
+    }
 }
 
 /// The answer through the verdicts: exactly one of `found` / `not_found` must hold.

@@ -62,6 +62,9 @@ fn probe(run_id: &str, decision: ProbeDecision, next: Option<Timestamp>) -> NewP
         response: Some(json!({"status": 503, "body": "busy"})),
         next_probe_at: next,
         by: "host:1:1".into(),
+        tool: "pay".into(),
+        attempt: 1,
+        requests_sent: 1,
     }
 }
 
@@ -111,6 +114,16 @@ async fn probes_are_numbered_recorded_and_scheduled(db: TestDb) {
         types.last().map(String::as_str),
         Some("tool_call.needs_operator"),
         "{types:?}"
+    );
+    // Each probe's request is usage of kind `probe`, beside the effect's `request`.
+    let usage = db.ledger.list_usage("run_a").await.unwrap();
+    assert_eq!(
+        usage
+            .iter()
+            .filter(|u| u.kind == flow_ledger::PROBE_USAGE)
+            .count(),
+        2,
+        "{usage:?}"
     );
     // The call itself is untouched: still in doubt, for a human.
     let call = db.ledger.get_call("run_a", "pay").await.unwrap();
