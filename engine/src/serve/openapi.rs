@@ -128,6 +128,15 @@ pub const ROUTES: &[Route] = &[
     },
     Route {
         method: "get",
+        path: "/api/v1/events:stream",
+        role: Some(Role::Viewer),
+        summary: "The event feed as Server-Sent Events (id = seq; Last-Event-ID resumes); a live view, not a delivery",
+        ok: 200,
+        query: &["after", "run"],
+        body: &[],
+    },
+    Route {
+        method: "get",
         path: "/api/v1/openapi.json",
         role: None,
         summary: "This document",

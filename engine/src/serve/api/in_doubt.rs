@@ -222,20 +222,6 @@ pub async fn events(
         .await
         .map_err(|e| Problem::ledger(&e))?;
     let next = events.last().map_or(q.after, |e| Some(e.seq));
-    let list: Vec<Json_> = events
-        .iter()
-        .map(|e| {
-            json!({
-                "seq": e.seq,
-                "id": e.id,
-                "type": e.event_type.as_str(),
-                "time": e.time.to_rfc3339(),
-                "run": e.run_id,
-                "step": e.step_id,
-                "node": e.tool_call_id,
-                "payload": e.payload,
-            })
-        })
-        .collect();
+    let list: Vec<Json_> = events.iter().map(super::stream::event_json).collect();
     Ok(Json(json!({ "events": list, "next_after": next })).into_response())
 }

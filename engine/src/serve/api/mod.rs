@@ -4,11 +4,13 @@
 //! - `steer.rs`: cancel, resume (re-queue), resolve one call in doubt.
 //! - `probe.rs`: probe a paused run's in-doubt calls now (reconciliation).
 //! - `in_doubt.rs`: every call in doubt across runs, bulk resolve, the event feed.
+//! - `stream.rs`: the event feed as Server-Sent Events.
 
 pub(crate) mod in_doubt;
 pub(crate) mod probe;
 pub(crate) mod runs;
 pub(crate) mod steer;
+pub(crate) mod stream;
 
 use std::sync::Arc;
 
@@ -30,6 +32,7 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/api/v1/in-doubt", get(in_doubt::list))
         .route("/api/v1/in-doubt:resolve", post(in_doubt::resolve_many))
         .route("/api/v1/events", get(in_doubt::events))
+        .route("/api/v1/events:stream", get(stream::stream))
         .route("/api/v1/openapi.json", get(openapi))
 }
 
