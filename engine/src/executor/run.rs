@@ -386,6 +386,7 @@ impl<'a> RunScope<'a> {
         let step_id = step_id.as_str();
         self.progress.step(StepEvent::Finished {
             node: &wf.nodes[node].id,
+            tool: &wf.nodes[node].tool,
             step_id,
             retry,
             took,

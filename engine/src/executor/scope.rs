@@ -152,6 +152,7 @@ impl RunScope<'_> {
             .map_err(wrap)?;
         self.progress.step(StepEvent::Finished {
             node: &decl.id,
+            tool: &decl.tool,
             step_id,
             retry,
             took: Duration::ZERO,
