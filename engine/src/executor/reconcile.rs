@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
+use super::decide::NodeState;
 use super::scope::{RunScope, lease_err};
 use super::state::RunState;
 use crate::gateway;
@@ -91,7 +92,13 @@ impl RunScope<'_> {
                     .await
                     .map_err(|e| lease_err(e, lease))?;
                 *st = RunState::load(self.wf, &steps);
-                return Ok(true);
+                // Decide again only if a node really left doubt: a call that is "not in
+                // doubt" while its step still is (a row settled by hand half-way) must
+                // pause the run, not spin here.
+                let left_doubt = nodes
+                    .iter()
+                    .any(|&i| !matches!(st.nodes[i], NodeState::InDoubt { .. }));
+                return Ok(left_doubt);
             }
             let Some(at) = next else { return Ok(false) };
             let wait = Duration::from_millis(
