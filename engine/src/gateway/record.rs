@@ -193,20 +193,7 @@ impl Gateway {
             return Ok(StepResult::InDoubt);
         }
         let (outcome, next) = self.outcome_of(c, result, next == Disposition::NewAttempt, now);
-        let step = match &outcome {
-            CallOutcome::Succeeded(output) => StepFinish {
-                step_id: c.step_id.clone(),
-                status: StepStatus::Succeeded,
-                output: Some(output.clone()),
-                error: None,
-            },
-            CallOutcome::Failed(error) => StepFinish {
-                step_id: c.step_id.clone(),
-                status: StepStatus::Failed,
-                output: None,
-                error: Some(error.clone()),
-            },
-        };
+        let step = StepFinish::from_outcome(&c.step_id, outcome.clone());
         self.inner
             .ledger
             .complete_call(
@@ -231,24 +218,15 @@ impl Gateway {
         r: Replayed,
     ) -> Result<StepResult, flow_ledger::Error> {
         let result = replayed_result(r);
-        let finish = match &result {
-            StepResult::Succeeded { output } => StepFinish {
-                step_id: c.step_id.clone(),
-                status: StepStatus::Succeeded,
-                output: Some(output.clone()),
-                error: None,
-            },
-            StepResult::Failed { kind, message, .. } => StepFinish {
-                step_id: c.step_id.clone(),
-                status: StepStatus::Failed,
-                output: None,
-                error: Some(StepError {
-                    kind: *kind,
-                    message: message.clone(),
-                }),
-            },
+        let outcome = match &result {
+            StepResult::Succeeded { output } => CallOutcome::Succeeded(output.clone()),
+            StepResult::Failed { kind, message, .. } => CallOutcome::Failed(StepError {
+                kind: *kind,
+                message: message.clone(),
+            }),
             StepResult::InDoubt | StepResult::Deferred { .. } => return Ok(result),
         };
+        let finish = StepFinish::from_outcome(&c.step_id, outcome);
         c.writer.finish_step(finish, self.now()).await?;
         Ok(result)
     }
