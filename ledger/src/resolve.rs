@@ -11,7 +11,7 @@ use crate::events::{EventType, NewEvent, emit};
 use crate::ledger::{Ledger, read_run_shared};
 use crate::model::{Resolution, Resolve, StepError, StepFinish, ToolCall};
 use crate::rows::{CallRow, StepRow, call_cols, step_cols};
-use crate::state::{CallStatus, ErrorKind, StepStatus};
+use crate::state::{CallStatus, CallTransition, ErrorKind, StepStatus};
 use crate::steps::finish_step_in;
 
 impl Ledger {
@@ -54,15 +54,21 @@ impl Ledger {
                     .ok_or_else(|| Error::NotFound {
                         what: format!("tool call {}/{}", req.run_id, req.tool_call_id),
                     })?;
-                let from = row.status()?;
-                if from != CallStatus::InDoubt {
+                let edge = match req.resolution {
+                    Resolution::Retry => CallTransition::ResolveRetry,
+                    Resolution::Succeeded(_) | Resolution::Failed(_) => {
+                        CallTransition::ResolveTerminal
+                    }
+                };
+                let (from, to) = edge.to(status)?;
+                let found = row.status()?;
+                if found != from {
                     return Err(Error::InvalidTransition {
                         what: "tool call",
-                        from: from.as_str().into(),
+                        from: found.as_str().into(),
                         to: format!("resolved {}", req.resolution.as_str()),
                     });
                 }
-                crate::state::check_call_transition(from, status)?;
                 let terminal = status.is_terminal();
                 let row = c
                     .optional::<CallRow>(
@@ -75,7 +81,7 @@ impl Ledger {
                                 lease_expires_at = CASE WHEN $13 THEN NULL ELSE $11 END,
                                 lease_token = lease_token + 1
                              WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-                               AND status = 'in_doubt'
+                               AND status = $14
                              RETURNING ",
                             call_cols!()
                         ),
@@ -84,7 +90,7 @@ impl Ledger {
                             &s.workspace,
                             &req.run_id,
                             &req.tool_call_id,
-                            status.as_str(),
+                            to.as_str(),
                             output.clone(),
                             error.as_ref().map(|e| e.kind.as_str()),
                             error.as_ref().map(|e| e.message.clone()),
@@ -93,6 +99,7 @@ impl Ledger {
                             now,
                             req.note.clone(),
                             terminal,
+                            from.as_str(),
                         ],
                     )
                     .await?
@@ -165,10 +172,18 @@ async fn settle_paused(
             }
             None => {
                 c.execute(
-                    "UPDATE steps SET status = 'pending', updated_at = $5
+                    "UPDATE steps SET status = $6, updated_at = $5
                      WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4
-                       AND status = 'paused'",
-                    args![&s.tenant, &s.workspace, &req.run_id, &step.step_id, now],
+                       AND status = $7",
+                    args![
+                        &s.tenant,
+                        &s.workspace,
+                        &req.run_id,
+                        &step.step_id,
+                        now,
+                        StepStatus::Pending.as_str(),
+                        StepStatus::Paused.as_str(),
+                    ],
                 )
                 .await?;
             }
