@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use flow_adapters::mcp::{Auth, Pool, ServerSpec, Spec};
 use flow_adapters::testkit::mcp::HttpServer;
-use flow_adapters::{ErrorKind, Tool};
+use flow_adapters::{FailureKind, Tool};
 use rmcp::model::ProtocolVersion;
 use serde_json::json;
 
@@ -105,12 +105,12 @@ async fn an_older_version_is_a_permanent_error_naming_both() {
         .await;
     assert_kind(
         &outcome,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "protocol version 2024-11-05",
     );
     assert_kind(
         &outcome,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "flow supports 2025-03-26, 2025-06-18, 2025-11-25, 2026-07-28",
     );
     assert_eq!(outcome.requests_sent, 0);
@@ -123,7 +123,7 @@ async fn an_older_version_is_a_permanent_error_naming_both() {
         .await;
     assert_kind(
         &outcome,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "protocol version 2024-11-05",
     );
 }
@@ -136,10 +136,10 @@ async fn a_newer_unknown_version_is_a_permanent_error_naming_both() {
         .tool(spec(http_spec(&server)))
         .call(call(json!({})))
         .await;
-    assert_kind(&outcome, ErrorKind::Permanent, "2027-01-01");
+    assert_kind(&outcome, FailureKind::Permanent, "2027-01-01");
     assert_kind(
         &outcome,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "flow supports 2025-03-26, 2025-06-18, 2025-11-25, 2026-07-28",
     );
     assert_eq!(server.stats().total_calls(), 0);

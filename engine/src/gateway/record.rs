@@ -1,7 +1,7 @@
 //! Recording what became of a step: opening its row, failing it before or after a claim,
 //! pure results (kept or committed), the outcome of an outbound call and replays.
 
-use flow_adapters::{ErrorKind as AdapterKind, Outcome, SideEffect};
+use flow_adapters::{FailureKind, Outcome, SideEffect};
 use flow_ledger::{
     CallLease, CallOutcome, CompleteCall, ErrorKind, InDoubtReport, NewStep, PureCall,
     PureRecorded, Replayed, StepError, StepFinish, StepStatus, Timestamp,
@@ -136,7 +136,7 @@ impl Gateway {
             Err(e) => {
                 let kind = ledger_kind(&e.kind);
                 let retry_after = match &e.kind {
-                    AdapterKind::Transient { retry_after } => *retry_after,
+                    FailureKind::Transient { retry_after } => *retry_after,
                     _ => None,
                 };
                 let message = secrets.scrub(&e.message);
@@ -177,7 +177,7 @@ impl Gateway {
                 Ok(_) => "no error",
             };
             let message = if unknown_before
-                && !matches!(&result, Err(e) if e.kind == AdapterKind::Unknown)
+                && !matches!(&result, Err(e) if e.kind == FailureKind::Unknown)
             {
                 format!(
                     "outcome unknown: an earlier send of this key may have taken effect, and the re-sends did not settle it (last: {last})"
