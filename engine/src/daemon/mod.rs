@@ -32,9 +32,9 @@ use flow_ledger::WorkerId;
 pub use service::{Service, Stopped};
 pub use shutdown::Handle;
 
-/// How a daemon runs.
+/// How a daemon runs (its command-line settings; `flow.toml` is `config::Config`).
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct Settings {
     /// Most runs executed at once by this process.
     pub concurrency: usize,
     /// How often to look at the queue when no notification arrives (and the most a
@@ -52,7 +52,7 @@ pub struct Config {
     pub worker: WorkerId,
 }
 
-impl Default for Config {
+impl Default for Settings {
     fn default() -> Self {
         Self {
             concurrency: 8,

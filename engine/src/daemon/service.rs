@@ -13,7 +13,7 @@ use tokio::task::JoinSet;
 
 use super::metrics::Metrics;
 use super::worker::{self, Ended, Shared};
-use super::{Config, Handle};
+use super::{Handle, Settings};
 use crate::executor::{Executor, RUN_LEASE};
 
 /// How often leases of provably dead workers on this host are expired, so their runs
@@ -54,7 +54,7 @@ pub enum Stopped {
 
 /// A daemon: the claim loop and the runs it executes.
 pub struct Service {
-    config: Config,
+    config: Settings,
     shared: Arc<Shared>,
     handle: Handle,
 }
@@ -75,7 +75,7 @@ fn backoff() -> ExponentialBackoff {
 impl Service {
     /// A daemon executing runs with `executor` (whose step observer should be a
     /// [`super::metrics::Observer`] over the same `metrics`).
-    pub fn new(executor: Executor, config: Config, metrics: Arc<Metrics>) -> Self {
+    pub fn new(executor: Executor, config: Settings, metrics: Arc<Metrics>) -> Self {
         let handle = Handle::new();
         let shared = Shared::new(executor, metrics, handle.graceful().clone());
         Self {
