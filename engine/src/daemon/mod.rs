@@ -9,7 +9,7 @@
 //! - `service.rs`: the claim loop — batch claims up to the free slots, LISTEN/NOTIFY
 //!   wake-ups with polling as the guarantee, reclaiming dead local workers' runs,
 //!   backoff while the database is unreachable, the idle exit, the graceful drain.
-//! - `worker.rs`: one claimed run: read it, parse its snapshot (cached), execute it,
+//! - `run_task.rs`: one claimed run: read it, parse its snapshot (cached), execute it,
 //!   give it back to the queue when this process cannot go on.
 //! - [`metrics`]: Prometheus text at `/metrics` and `/healthz`, and the step observer
 //!   that counts tool calls and logs them.
@@ -21,9 +21,9 @@
 
 pub mod metrics;
 mod outage;
+mod run_task;
 mod service;
 pub mod shutdown;
-mod worker;
 
 use std::time::Duration;
 

@@ -12,7 +12,7 @@ use flow_ledger::{ClaimRuns, Claimed, Ledger, RunLease, RunStatus};
 use tokio::task::JoinSet;
 
 use super::metrics::Metrics;
-use super::worker::{self, Ended, Shared};
+use super::run_task::{self, Ended, Shared};
 use super::{Handle, Settings};
 use crate::executor::{Executor, RUN_LEASE};
 
@@ -202,7 +202,7 @@ impl Service {
                         backlog = got == free;
                         for claimed in claimed {
                             leases.insert(claimed.lease.run_id.clone(), claimed.lease.clone());
-                            tasks.spawn(worker::execute(self.shared.clone(), claimed));
+                            tasks.spawn(run_task::execute(self.shared.clone(), claimed));
                         }
                         self.shared.metrics.set_in_flight(tasks.len());
                         if backlog {
