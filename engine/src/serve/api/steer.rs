@@ -15,7 +15,7 @@ use serde_json::Value as Json_;
 use super::now;
 use crate::cli::show::show_json;
 use crate::serve::App;
-use crate::serve::auth::{Authed, Operator};
+use crate::serve::auth::{Authed, Caller, Operator};
 use crate::serve::problem::{ApiJson, OptionalJson, Problem};
 
 /// The optional body of `cancel` and `resume`.
@@ -24,6 +24,16 @@ use crate::serve::problem::{ApiJson, OptionalJson, Problem};
 pub struct Why {
     /// Recorded with the change.
     reason: Option<String>,
+}
+
+impl Why {
+    /// Who changed the run and why, for the event the change writes (the audit trail).
+    fn actor(self, caller: Caller) -> Actor {
+        Actor {
+            by: caller.name,
+            reason: self.reason,
+        }
+    }
 }
 
 /// The run after a change, as `GET /api/v1/runs/{id}` shows it.
@@ -56,10 +66,7 @@ pub async fn cancel(
     Path(id): Path<String>,
     OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
-    let actor = Actor {
-        by: caller.name,
-        reason: why.reason,
-    };
+    let actor = why.actor(caller);
     app.ledger
         .request_cancel_as(&id, Some(actor), now())
         .await
@@ -75,10 +82,7 @@ pub async fn resume(
     Path(id): Path<String>,
     OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
-    let actor = Actor {
-        by: caller.name,
-        reason: why.reason,
-    };
+    let actor = why.actor(caller);
     app.ledger
         .requeue_run_as(&id, Some(actor), now())
         .await
