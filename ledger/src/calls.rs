@@ -374,26 +374,32 @@ async fn unknown_sends(c: &mut Conn<'_>, ledger: &Ledger, row: &CallRow) -> Resu
 
 /// A failed call's next attempt, claimed by this run (fenced by the token read;
 /// `CallTransition::RetryFailed`, `$11` → `$12`).
-const CLAIM_NEW_ATTEMPT: &str = concat!(
-    "UPDATE tool_calls SET status = $12, attempt_count = attempt_count + 1,
+const CLAIM_NEW_ATTEMPT: (&str, CallTransition) = (
+    concat!(
+        "UPDATE tool_calls SET status = $12, attempt_count = attempt_count + 1,
             lease_holder = $5, lease_token = lease_token + 1, run_token = $6,
             lease_expires_at = $7, step_id = $8, output = NULL, error_kind = NULL,
             error_message = NULL, finished_at = NULL, updated_at = $9
          WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
            AND status = $11 AND lease_token = $10
          RETURNING ",
-    call_cols!()
+        call_cols!()
+    ),
+    CallTransition::RetryFailed,
 );
 
 /// An abandoned `claimed` call taken over by this run (fenced by the token read;
 /// `CallTransition::Takeover`, `$11` → `$12`).
-const CLAIM_TAKEOVER: &str = concat!(
-    "UPDATE tool_calls SET status = $12, lease_holder = $5, lease_token = lease_token + 1,
+const CLAIM_TAKEOVER: (&str, CallTransition) = (
+    concat!(
+        "UPDATE tool_calls SET status = $12, lease_holder = $5, lease_token = lease_token + 1,
             run_token = $6, lease_expires_at = $7, step_id = $8, updated_at = $9
          WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
            AND status = $11 AND lease_token = $10
          RETURNING ",
-    call_cols!()
+        call_cols!()
+    ),
+    CallTransition::Takeover,
 );
 
 /// The claim of a key that another call holds (another run's, or this run's under
@@ -608,10 +614,8 @@ impl Ledger {
                             take_over_to_in_doubt(c, &ledger, &row, &req.step_id, now).await?;
                             return Ok(CallClaim::InDoubt { since: now });
                         }
-                        ClaimDecision::NewAttempt => {
-                            (CLAIM_NEW_ATTEMPT, CallTransition::RetryFailed)
-                        }
-                        ClaimDecision::Takeover => (CLAIM_TAKEOVER, CallTransition::Takeover),
+                        ClaimDecision::NewAttempt => CLAIM_NEW_ATTEMPT,
+                        ClaimDecision::Takeover => CLAIM_TAKEOVER,
                     };
                     let updated =
                         update_claimed(c, &ledger, &req, sql, row.lease_token, expires_at, now)
