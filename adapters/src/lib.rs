@@ -27,6 +27,7 @@
 //! - [`http`]: one HTTP request through a shared connection pool;
 //! - [`mcp`]: a tool on an MCP server (stdio child or streamable HTTP), one session per
 //!   server reused across calls;
+//! - [`api_client`]: a client of flow's own operator API (the CLI's `--server` mode);
 //! - `testkit` (feature `testkit`): real test servers for this crate's and the engine's
 //!   tests, and the `flow-testkit` binary.
 
@@ -35,6 +36,7 @@ mod process;
 mod redact;
 mod tool;
 
+pub mod api_client;
 pub mod command;
 pub mod egress;
 pub mod function;

@@ -454,7 +454,9 @@ start = "latest"
             [
                 flow_ledger::EventType::RunPaused,
                 flow_ledger::EventType::ToolCallInDoubt,
-                flow_ledger::EventType::ToolCallResolved
+                flow_ledger::EventType::ToolCallResolved,
+                flow_ledger::EventType::ToolCallProbed,
+                flow_ledger::EventType::ToolCallNeedsOperator,
             ]
         );
         assert_eq!(hook.timeout(), Ok(std::time::Duration::from_secs(5)));

@@ -32,6 +32,7 @@ pub mod inputs;
 pub mod json_line;
 pub mod plan;
 pub mod read_limited;
+pub mod reconcile;
 pub mod retry;
 pub mod schema;
 pub mod secrets;

@@ -50,6 +50,39 @@ fn retry_policy() -> Value {
     })
 }
 
+/// A tool's `reconcile:` block (which probe keys apply depends on the kind; `flow
+/// validate` says which).
+fn reconcile() -> Value {
+    let verdict = |what: &str| json!({ "type": ["string", "boolean"], "description": what });
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["found", "not_found"],
+        "description": "How to ask the downstream whether an in-doubt call took effect, before a human is asked.",
+        "properties": {
+            "request": { "type": "object", "additionalProperties": false, "required": ["url"],
+                "description": "http tools: the probe request (sees `call.key`, `call.request`, `call.outbound_at`, `inputs`, secrets).",
+                "properties": {
+                    "method": { "enum": ["GET", "HEAD", "get", "head"] },
+                    "url": { "type": "string" },
+                    "headers": string_map("Probe headers (templated)."),
+                    "query": string_map("Probe query parameters (templated).")
+                } },
+            "tool": { "type": "string", "description": "mcp tools: another tool of the same server." },
+            "with": { "description": "mcp tools: the probe tool's arguments (templated)." },
+            "command": argv("command tools: the probe program; the call arrives as JSON on stdin."),
+            "env": string_map("command tools: the probe program's environment."),
+            "found": verdict("One expression over `response` (`status`, `headers`, `body`): the effect took place."),
+            "not_found": verdict("One expression over `response`: the effect did not take place (trusted only `after` the request left)."),
+            "output": { "description": "The node's output when found (templated over `response`); default the response body." },
+            "after": duration(),
+            "max_probes": { "type": "integer", "minimum": 1, "maximum": 100, "default": 5 },
+            "interval": duration(),
+            "timeout": duration()
+        }
+    })
+}
+
 /// One entry of `tools`: the common keys, then each kind's own under `if kind = …`.
 fn tool() -> Value {
     let common = json!({
@@ -63,7 +96,8 @@ fn tool() -> Value {
             "properties": { "per_day": { "type": "integer", "minimum": 1, "maximum": 100000000 } },
             "description": "Requests per UTC day, counted in the ledger across all workers." },
         "idempotency": { "enum": ["none", "header"], "description": "`header`: the downstream dedupes on the idempotency-key header, so an unknown outcome may be re-sent with the same key." },
-        "read_only": { "type": "boolean", "description": "Safe to repeat: an unknown outcome is retried instead of going in doubt." }
+        "read_only": { "type": "boolean", "description": "Safe to repeat: an unknown outcome is retried instead of going in doubt." },
+        "reconcile": reconcile()
     });
     let with_kind = |kind: &str, required: &[&str], extra: Value| {
         let mut props = common.clone();

@@ -115,7 +115,7 @@ impl DeliveryStatus {
         }
     }
 
-    fn parse(s: &str) -> Result<Self, Error> {
+    pub(crate) fn parse(s: &str) -> Result<Self, Error> {
         match s {
             "pending" => Ok(Self::Pending),
             "delivered" => Ok(Self::Delivered),

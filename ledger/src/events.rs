@@ -55,6 +55,12 @@ pub enum EventType {
     /// An in-doubt tool call was resolved.
     #[serde(rename = "tool_call.resolved")]
     ToolCallResolved,
+    /// A probe asked the downstream about an in-doubt call (reconciliation).
+    #[serde(rename = "tool_call.probed")]
+    ToolCallProbed,
+    /// An in-doubt call's probes are spent, or could not settle it: a human decides.
+    #[serde(rename = "tool_call.needs_operator")]
+    ToolCallNeedsOperator,
 }
 
 impl EventType {
@@ -73,6 +79,8 @@ impl EventType {
         Self::StepRetryScheduled,
         Self::ToolCallInDoubt,
         Self::ToolCallResolved,
+        Self::ToolCallProbed,
+        Self::ToolCallNeedsOperator,
     ];
 
     /// The stored and delivered name, e.g. `tool_call.in_doubt`.
@@ -91,6 +99,8 @@ impl EventType {
             Self::StepRetryScheduled => "step.retry_scheduled",
             Self::ToolCallInDoubt => "tool_call.in_doubt",
             Self::ToolCallResolved => "tool_call.resolved",
+            Self::ToolCallProbed => "tool_call.probed",
+            Self::ToolCallNeedsOperator => "tool_call.needs_operator",
         }
     }
 

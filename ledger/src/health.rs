@@ -45,4 +45,38 @@ impl Ledger {
             .await?;
         Ok(row.map_or(0, |r| r.n))
     }
+
+    /// Event deliveries by consumer and status (pending, delivered, dead): what a
+    /// daemon's `/metrics` reports, so a dead letter is seen without running
+    /// `flow events --failed`.
+    pub async fn count_deliveries(
+        &self,
+    ) -> Result<Vec<(String, crate::deliveries::DeliveryStatus, i64)>, Error> {
+        #[derive(Debug, sqlx::FromRow)]
+        struct Row {
+            consumer: String,
+            status: String,
+            n: i64,
+        }
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<Row>(
+                "SELECT consumer, status, COUNT(*) AS n FROM event_deliveries
+                 WHERE tenant = $1 AND workspace = $2 GROUP BY consumer, status
+                 ORDER BY consumer, status",
+                args![&s.tenant, &s.workspace],
+            )
+            .await?;
+        rows.into_iter()
+            .map(|r| {
+                Ok((
+                    r.consumer,
+                    crate::deliveries::DeliveryStatus::parse(&r.status)?,
+                    r.n,
+                ))
+            })
+            .collect()
+    }
 }

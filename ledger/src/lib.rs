@@ -86,6 +86,7 @@ mod operator;
 mod options;
 mod outbound;
 mod postgres;
+mod probes;
 mod pure;
 mod rate;
 mod reads;
@@ -114,6 +115,7 @@ pub use model::{
     Window,
 };
 pub use operator::{InDoubtFilter, MAX_BATCH};
+pub use probes::{NewProbe, PROBE_USAGE, Probe, ProbeDecision, ProbeObserved, ProbeSchedule};
 pub use runs::MAX_CLAIM;
 pub use sqlite::{is_read_only_url, path_of as sqlite_path};
 pub use state::{CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus};

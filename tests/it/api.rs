@@ -116,7 +116,7 @@ pub(crate) async fn call(
     (status, value)
 }
 
-const HELLO: &str = "name: hello\ninputs:\n  who: { type: string, default: world }\nnodes:\n  greet: { tool: echo, with: { msg: \"${{ inputs.who }}\" } }\ntools:\n  echo: { kind: function, function: core.echo }\n";
+pub(crate) const HELLO: &str = "name: hello\ninputs:\n  who: { type: string, default: world }\nnodes:\n  greet: { tool: echo, with: { msg: \"${{ inputs.who }}\" } }\ntools:\n  echo: { kind: function, function: core.echo }\n";
 
 #[test]
 fn roles_errors_and_submit_on_both_backends() {

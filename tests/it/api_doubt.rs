@@ -13,7 +13,7 @@ use crate::support::{Backend, TestDb, backends, output, run_id, runtime, show, s
 
 /// A run of the pay workflow left paused with `charge` in doubt (the process dies after
 /// the response arrived, the resume finds the call in doubt).
-fn paused_run(db: &TestDb, file: &std::path::Path) -> String {
+pub(crate) fn paused_run(db: &TestDb, file: &std::path::Path) -> String {
     let crashed = output(
         db.flow()
             .arg("run")

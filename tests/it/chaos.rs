@@ -3,8 +3,11 @@
 //! log (arrived → succeeded, not arrived → retry with the same key) and the run resumed
 //! until it succeeds. Then every node's effect must have landed exactly once.
 //!
+//! In reconcile mode the tool declares a probe of the downstream's effect record instead:
+//! no human (no resolve command) is ever needed, and still every effect lands once.
+//!
 //! `FLOW_TEST_SEED` replays a failing sequence; `FLOW_CHAOS_ITERATIONS` runs longer
-//! (default 25 per backend, 50 in all).
+//! (default 25 per backend and mode, 100 in all).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -16,12 +19,31 @@ use crate::support::{TestDb, backends, output, show, stderr};
 
 const NODES: [&str; 5] = ["a", "b", "c", "d", "e"];
 
-fn workflow(url: &str) -> String {
+fn workflow(url: &str, reconcile: bool) -> String {
+    // The probe asks the downstream's own record of arrivals by key; not_found is
+    // trusted a second after the request left (a killed process's bytes have landed).
+    let probe = if reconcile {
+        format!(
+            r#"
+    reconcile:
+      request: {{ url: "{url}/_control/effects/${{{{ call.key }}}}" }}
+      found: "${{{{ response.status == 200 }}}}"
+      not_found: "${{{{ response.status == 404 }}}}"
+      after: 1s
+      interval: 200ms"#
+        )
+    } else {
+        String::new()
+    };
     format!(
         r#"name: diamond
 max_parallel: 4
 tools:
-  effect: {{ kind: http, method: POST, url: "{url}/effect/${{{{ with.node }}}}", timeout: 10s }}
+  effect:
+    kind: http
+    method: POST
+    url: "{url}/effect/${{{{ with.node }}}}"
+    timeout: 10s{probe}
 nodes:
   a: {{ tool: effect, with: {{ node: a }} }}
   b: {{ tool: effect, needs: [a], with: {{ node: b }} }}
@@ -64,17 +86,27 @@ struct Stats {
     kills: u32,
     resolved_arrived: u32,
     resolved_retry: u32,
+    /// Calls settled by a probe (reconcile mode).
+    reconciled: u32,
 }
 
-fn one_run(
+/// One backend's setting: the mode, the kill window, the ledger, the downstream, the file.
+struct Setting<'a> {
+    reconcile: bool,
     window: Duration,
-    db: &TestDb,
-    server: &CountingServer,
-    file: &str,
-    rng: &mut rand::rngs::StdRng,
-    ctx: &str,
-    stats: &mut Stats,
-) {
+    db: &'a TestDb,
+    server: &'a CountingServer,
+    file: &'a str,
+}
+
+fn one_run(c: &Setting<'_>, rng: &mut rand::rngs::StdRng, ctx: &str, stats: &mut Stats) {
+    let Setting {
+        reconcile,
+        window,
+        db,
+        server,
+        file,
+    } = *c;
     let run_id = format!("chaos-{}", rng.random::<u64>());
     // Kill somewhere inside the time an uninterrupted run takes on this backend.
     let kill_at = window.mul_f64(rng.random_range(0.1..1.0));
@@ -95,6 +127,13 @@ fn one_run(
         let out = output(db.flow().args(args));
         match out.status.code() {
             Some(0) => break,
+            Some(3) if reconcile => {
+                panic!(
+                    "{ctx}: run {run_id} paused for a human although its tool reconciles:\n{}\n{:#}",
+                    stderr(&out),
+                    show(db, &run_id)
+                );
+            }
             Some(3) => {
                 let s = show(db, &run_id);
                 for c in s["tool_calls"]
@@ -133,6 +172,12 @@ fn one_run(
     }
     let s = show(db, &run_id);
     assert_eq!(s["run"]["status"], "succeeded", "{ctx}: {s:#}");
+    stats.reconciled += s["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["resolution"]["by"] == "reconcile")
+        .count() as u32;
     for node in NODES {
         let arrivals = server
             .log()
@@ -153,6 +198,15 @@ fn one_run(
 
 #[test]
 fn random_kills_never_duplicate_or_lose_an_effect() {
+    chaos(false);
+}
+
+#[test]
+fn random_kills_with_reconcile_need_no_human_and_duplicate_nothing() {
+    chaos(true);
+}
+
+fn chaos(reconcile: bool) {
     let seed: u64 = std::env::var("FLOW_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -169,7 +223,7 @@ fn random_kills_never_duplicate_or_lose_an_effect() {
             );
         }
         let db = TestDb::new(backend);
-        let file = db.write("diamond.yaml", &workflow(&server.url()));
+        let file = db.write("diamond.yaml", &workflow(&server.url(), reconcile));
         let file = file.display().to_string();
         // How long one uninterrupted run takes here (process start, connect, five calls):
         // the kills are spread over that window so they land while calls are in flight.
@@ -180,12 +234,121 @@ fn random_kills_never_duplicate_or_lose_an_effect() {
         let mut stats = Stats::default();
         for i in 0..iterations() {
             let ctx = format!("seed {seed} {backend:?} iteration {i} (kill window {window:?})");
-            one_run(window, &db, &server, &file, &mut rng, &ctx, &mut stats);
+            let ctx = format!("{ctx}{}", if reconcile { " reconcile mode" } else { "" });
+            let setting = Setting {
+                reconcile,
+                window,
+                db: &db,
+                server: &server,
+                file: &file,
+            };
+            one_run(&setting, &mut rng, &ctx, &mut stats);
         }
         eprintln!("{backend:?}: {stats:?}");
+        let settled = stats.resolved_arrived + stats.resolved_retry + stats.reconciled;
         assert!(
-            stats.kills > 0 && stats.resolved_arrived + stats.resolved_retry > 0,
+            stats.kills > 0 && settled > 0,
             "seed {seed}: the kills never left a call in doubt: {stats:?}"
         );
+        if reconcile {
+            assert_eq!(
+                stats.resolved_arrived + stats.resolved_retry,
+                0,
+                "seed {seed}: no human"
+            );
+        }
+    }
+}
+
+/// Daemons SIGKILLed at random while they drain reconcilable runs: each next daemon
+/// takes the dead one's runs over (provably dead on this host), finds their calls in
+/// doubt and probes them. No run ever needs a human, and every effect lands once.
+/// `FLOW_CHAOS_RUNS` submits more (default 20 per backend).
+#[test]
+fn daemons_killed_at_random_leave_nothing_for_a_human() {
+    let seed: u64 = std::env::var("FLOW_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    eprintln!("daemon chaos seed: {seed} (replay with FLOW_TEST_SEED={seed})");
+    let runs: usize = std::env::var("FLOW_CHAOS_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let rt = crate::support::runtime();
+    for backend in backends() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (backend as u64));
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        for node in NODES {
+            server.set(
+                &format!("/effect/{node}"),
+                Behavior::hold(Duration::from_millis(60)),
+            );
+        }
+        let db = TestDb::new(backend);
+        let file = db.write("diamond.yaml", &workflow(&server.url(), true));
+        let ids: Vec<String> = (0..runs).map(|i| format!("dchaos-{i}")).collect();
+        for id in &ids {
+            let out = output(db.flow().arg("submit").arg(&file).args(["--run-id", id]));
+            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        }
+        let ctx = format!("seed {seed} {backend:?}");
+        let start = std::time::Instant::now();
+        let mut kills = 0;
+        loop {
+            let statuses: Vec<String> = ids
+                .iter()
+                .map(|id| {
+                    show(&db, id)["run"]["status"]
+                        .as_str()
+                        .unwrap_or("?")
+                        .to_owned()
+                })
+                .collect();
+            assert!(
+                !statuses.iter().any(|s| s == "paused" || s == "failed"),
+                "{ctx}: a run needs a human: {statuses:?}"
+            );
+            if statuses.iter().all(|s| s == "succeeded") {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(180),
+                "{ctx}: did not converge: {statuses:?}"
+            );
+            let life = Duration::from_millis(rng.random_range(100..800));
+            let (killed, _) = kill_after(&db, &["daemon", "--poll-interval", "100ms"], life);
+            kills += u32::from(killed);
+        }
+        let mut reconciled = 0;
+        for id in &ids {
+            let s = show(&db, id);
+            reconciled += s["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|c| c["resolution"]["by"] == "reconcile")
+                .count();
+            for node in NODES {
+                let arrivals = server
+                    .log()
+                    .iter()
+                    .filter(|r| {
+                        r.path == format!("/effect/{node}")
+                            && r.key
+                                .as_deref()
+                                .is_some_and(|k| k.starts_with(&format!("{id}:")))
+                    })
+                    .count();
+                assert_eq!(
+                    arrivals, 1,
+                    "{ctx}: node {node} of {id} landed {arrivals} times"
+                );
+            }
+        }
+        eprintln!(
+            "{backend:?}: {runs} runs, {kills} daemon kills, {reconciled} calls settled by probes"
+        );
+        assert!(kills > 0, "{ctx}: no daemon was killed");
     }
 }

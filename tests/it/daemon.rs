@@ -491,7 +491,6 @@ fn metrics_healthz_and_json_logs_carry_the_ids() {
         "flow_queue_depth 0",
         "flow_tool_calls_in_doubt 0",
         "flow_database_up 1",
-        "flow_tool_calls_total{outcome=\"succeeded\"} 6",
         "flow_daemon_runs_finished_total{status=\"succeeded\"} 3",
         "flow_daemon_runs_in_flight 0",
     ] {
@@ -506,15 +505,36 @@ fn metrics_healthz_and_json_logs_carry_the_ids() {
             .any(|l| l.starts_with(&build) && l.ends_with("\"} 1")),
         "no `{build}…` in:\n{body}"
     );
-    for family in [
-        "flow_claim_duration_seconds",
-        "flow_tool_call_duration_seconds",
-    ] {
-        assert!(
-            body.contains(&format!("{family}_bucket{{le=")),
-            "no {family} histogram in:\n{body}"
-        );
-    }
+    // Calls are counted per tool (and outcome): six succeeded in all.
+    let succeeded: u64 = body
+        .lines()
+        .filter(|l| {
+            l.starts_with("flow_tool_calls_total{tool=\"") && l.contains("outcome=\"succeeded\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()))
+        .sum();
+    assert_eq!(succeeded, 6, "{body}");
+    assert!(
+        body.contains("flow_claim_duration_seconds_bucket{le="),
+        "{body}"
+    );
+    assert!(
+        body.contains("flow_tool_call_duration_seconds_count{tool=\"post\"} 6"),
+        "{body}"
+    );
+    let resident = body
+        .lines()
+        .find_map(|l| l.strip_prefix("flow_process_resident_memory_bytes "))
+        .and_then(|v| v.parse::<u64>().ok());
+    assert!(
+        resident.is_some_and(|b| b > 1_000_000),
+        "process memory: {body}"
+    );
+    assert!(
+        body.lines()
+            .any(|l| l.starts_with("flow_process_open_fds ")),
+        "{body}"
+    );
     assert_eq!(http_get(addr, "/healthz").map(|r| r.0), Some(200));
     d.signal("-TERM");
     assert_eq!(d.wait(Duration::from_secs(10)).code(), Some(0));

@@ -3,8 +3,10 @@
 
 mod api;
 mod api_doubt;
+mod api_stream;
 mod args;
 mod chaos;
+mod client;
 mod crash;
 mod daemon;
 mod elicit;
@@ -13,9 +15,12 @@ mod flapping;
 mod gateway;
 mod limits;
 mod meta;
+mod reconcile;
+mod reconcile_console;
 mod retries;
 mod runs;
 mod secrets;
 mod sessions;
 mod support;
+mod ui;
 mod validate;

@@ -63,12 +63,23 @@ fn the_manual_page_renders_and_lists_the_commands() {
     };
     for word in [
         "resume",
+        "reconcile",
         "completions",
         "validate",
         env!("CARGO_PKG_VERSION"),
     ] {
         assert!(text.contains(word), "no `{word}` in:\n{text}");
     }
+    // The committed copy (docs/flow.1, for packagers) is the page this build prints.
+    let committed_path = repo().join("docs/flow.1");
+    if std::env::var_os("FLOW_BLESS").is_some() {
+        std::fs::write(&committed_path, &page).expect("write docs/flow.1");
+    }
+    let committed = std::fs::read_to_string(&committed_path).unwrap_or_default();
+    assert!(
+        committed == page,
+        "docs/flow.1 is stale: run `FLOW_BLESS=1 cargo nextest run -E 'test(/manual_page/)'`"
+    );
 }
 
 /// `flow version` says the version and commit, the schema this build expects, and the

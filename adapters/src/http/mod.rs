@@ -29,6 +29,9 @@
 //! `IdempotentHeader`; anything else is `None`.
 
 pub(crate) mod classify;
+mod exchange;
+
+pub use exchange::Exchange;
 
 use std::time::Duration;
 
@@ -167,6 +170,14 @@ fn is_safe(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS)
 }
 
+/// The first answer that is not a redirect, with what is needed to read it.
+struct Answer {
+    hop: Hop,
+    response: reqwest::Response,
+    deadline: Instant,
+    sent: u32,
+}
+
 /// One hop of a request, rebuilt for every send.
 struct Hop {
     method: Method,
@@ -264,23 +275,44 @@ impl HttpTool {
     }
 
     async fn run(&self, call: Call) -> Outcome {
+        match self.final_response(&call).await {
+            Ok(Answer {
+                hop,
+                response,
+                deadline,
+                sent,
+            }) => self.finish(&hop, response, deadline, sent).await,
+            Err(outcome) => outcome,
+        }
+    }
+
+    /// Sends the call and follows redirects as the spec allows, up to the first answer
+    /// that is not a redirect; an error is the call's outcome already.
+    async fn final_response(&self, call: &Call) -> Result<Answer, Outcome> {
         if call.timeout.is_zero() {
-            return Outcome::err(Error::permanent("http: the timeout must be positive"), 0);
+            return Err(Outcome::err(
+                Error::permanent("http: the timeout must be positive"),
+                0,
+            ));
         }
         let deadline = Instant::now() + call.timeout;
-        let mut hop = match self.first_hop(&call) {
-            Ok(hop) => hop,
-            Err(error) => return Outcome::err(error, 0),
-        };
+        let mut hop = self
+            .first_hop(call)
+            .map_err(|error| Outcome::err(error, 0))?;
         let mut sent = 0_u32;
         for hops in 0..=MAX_REDIRECTS {
             let response = match self.send(&hop, deadline, &mut sent).await {
                 Ok(response) => response,
-                Err(error) => return Outcome::err(error, sent),
+                Err(error) => return Err(Outcome::err(error, sent)),
             };
             let status = response.status();
             if !status.is_redirection() {
-                return self.finish(&hop, response, deadline, sent).await;
+                return Ok(Answer {
+                    hop,
+                    response,
+                    deadline,
+                    sent,
+                });
             }
             let location = response
                 .headers()
@@ -293,14 +325,14 @@ impl HttpTool {
                     "{}: answered HTTP {status} redirecting to {to}; redirects are not followed unless the tool sets follow_redirects",
                     hop.describe()
                 );
-                return Outcome::err(Error::permanent(message), sent);
+                return Err(Outcome::err(Error::permanent(message), sent));
             }
             let Some(next) = location.and_then(|l| hop.url.join(&l).ok()) else {
                 let message = format!(
                     "{}: HTTP {status} without a usable Location",
                     hop.describe()
                 );
-                return Outcome::err(Error::permanent(message), sent);
+                return Err(Outcome::err(Error::permanent(message), sent));
             };
             if hops == MAX_REDIRECTS {
                 break;
@@ -310,12 +342,12 @@ impl HttpTool {
                     "{}: answered HTTP {status} redirecting to {next}; not followed: {why}",
                     hop.describe()
                 );
-                return Outcome::err(Error::permanent(message), sent);
+                return Err(Outcome::err(Error::permanent(message), sent));
             }
             hop = redirect(hop, status, next);
         }
         let message = format!("{}: more than {MAX_REDIRECTS} redirects", hop.describe());
-        Outcome::err(Error::permanent(message), sent)
+        Err(Outcome::err(Error::permanent(message), sent))
     }
 
     /// Whether a redirect to `next` may be followed: HTTP(S) only, and to a host the

@@ -11,7 +11,9 @@
 //! `POST /_control/set {"path": "/x", "behavior": {"type": "status", "status": 503}}`.
 //! Other control endpoints: `POST /_control/release` (release held requests),
 //! `POST /_control/reset` (forget counts and behaviours), `GET /_control/state`
-//! (`{"total", "counts": {key: n}, "completed": {key: n}, "log": [...]}`).
+//! (`{"total", "counts": {key: n}, "completed": {key: n}, "log": [...]}`), and
+//! `GET /_control/effects/{key}` (200 when requests with that key arrived, else 404: what
+//! a reconciliation probe asks).
 //!
 //! [`Behavior::EchoBody`] sends the request body back in a chosen [`EchoEncoding`].
 //!
@@ -352,6 +354,7 @@ impl CountingServer {
             .route("/_control/release", post(control_release))
             .route("/_control/reset", post(control_reset))
             .route("/_control/state", get(control_state))
+            .route("/_control/effects/{key}", get(control_effect))
             .fallback(handle)
             .with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -649,6 +652,23 @@ async fn control_release(State(shared): State<Arc<Shared>>) -> StatusCode {
 async fn control_reset(State(shared): State<Arc<Shared>>) -> StatusCode {
     *shared.lock() = Record::default();
     StatusCode::NO_CONTENT
+}
+
+/// A reconciliation probe's answer: 200 `{"key", "count", "completed"}` when requests
+/// with this `Idempotency-Key` arrived (the effect took place), 404 when none did.
+async fn control_effect(
+    State(shared): State<Arc<Shared>>,
+    axum::extract::Path(key): axum::extract::Path<String>,
+) -> Response {
+    let record = shared.lock();
+    match record.counts.get(&key) {
+        Some(&count) if count > 0 => {
+            let completed = record.completed.get(&key).copied().unwrap_or(0);
+            axum::Json(json!({ "key": key, "count": count, "completed": completed }))
+                .into_response()
+        }
+        _ => (StatusCode::NOT_FOUND, axum::Json(json!({ "key": key }))).into_response(),
+    }
 }
 
 async fn control_state(State(shared): State<Arc<Shared>>) -> axum::Json<Value> {

@@ -112,19 +112,36 @@ async fn open(
     Ok((executor, consumers))
 }
 
+/// `--metrics-addr ADDR`: `/metrics` and `/healthz` until `stop` fires; the bound address.
+async fn serve_metrics(
+    args: &DaemonArgs,
+    metrics: &Arc<Metrics>,
+    ledger: &flow_ledger::Ledger,
+    stop: &CancellationToken,
+) -> Result<Option<SocketAddr>, CliError> {
+    let Some(addr) = args.metrics_addr else {
+        return Ok(None);
+    };
+    metrics::serve(addr, metrics.clone(), ledger.clone(), stop.clone())
+        .await
+        .map(Some)
+        .map_err(|e| CliError::unavailable(format!("cannot serve metrics on {addr}: {e}")))
+}
+
 /// `--serve ADDR`: the operator API beside the workers, until `stop` fires.
 async fn serve_api(
     cli: &Cli,
     addr: SocketAddr,
-    ledger: &flow_ledger::Ledger,
+    gateway: &crate::gateway::Gateway,
     metrics: &Arc<Metrics>,
     stop: &CancellationToken,
     stderr: &mut dyn Write,
 ) -> Result<(), CliError> {
     let app = crate::serve::App {
-        ledger: ledger.clone(),
+        ledger: gateway.ledger().clone(),
         tokens: super::serve::tokens(cli, addr, false)?,
         metrics: metrics.clone(),
+        gateway: gateway.clone(),
     };
     let (bound, _) = super::serve::start(app, addr, stop.clone()).await?;
     let _ = writeln!(stderr, "flow daemon: API at http://{bound}/api/v1");
@@ -150,22 +167,17 @@ pub(crate) async fn daemon(
         worker: WorkerId::current(),
     };
     let stop_serving = CancellationToken::new();
-    let served = match args.metrics_addr {
-        Some(addr) => {
-            match metrics::serve(addr, metrics.clone(), ledger.clone(), stop_serving.clone()).await
-            {
-                Ok(bound) => Some(bound),
-                Err(e) => {
-                    return Err(CliError::unavailable(format!(
-                        "cannot serve metrics on {addr}: {e}"
-                    )));
-                }
-            }
-        }
-        None => None,
-    };
+    let served = serve_metrics(args, &metrics, &ledger, &stop_serving).await?;
     if let Some(addr) = args.serve {
-        serve_api(cli, addr, &ledger, &metrics, &stop_serving, stderr).await?;
+        serve_api(
+            cli,
+            addr,
+            executor.gateway(),
+            &metrics,
+            &stop_serving,
+            stderr,
+        )
+        .await?;
     }
     let wake = wake_description(&config, ledger.backend_name());
     let _ = writeln!(

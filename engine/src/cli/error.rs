@@ -53,6 +53,17 @@ pub(crate) enum CliError {
     /// The secrets file could not be loaded (exit 5; 2 when it is over the size limit).
     #[error(transparent)]
     Secrets(#[from] crate::secrets::Error),
+    /// The operator API refused a client-mode request (`--server`): its problem's title
+    /// and detail. Exit 2 for a 4xx (what was sent can be corrected), 5 for 5xx, 408, 429.
+    #[error("{title}: {detail}")]
+    Remote {
+        /// The HTTP status.
+        status: u16,
+        /// The problem's `title`.
+        title: String,
+        /// The problem's `detail`.
+        detail: String,
+    },
 }
 
 impl CliError {
@@ -72,6 +83,12 @@ impl CliError {
             Self::Invalid(_) | Self::Diagnostics(_) | Self::MissingSecrets { .. } => exit::INVALID,
             Self::Config(e) if e.is_invalid_input() => exit::INVALID,
             Self::Secrets(crate::secrets::Error::TooLarge { .. }) => exit::INVALID,
+            Self::Remote { status, .. }
+                if (400..500).contains(status) && !matches!(status, 408 | 429) =>
+            {
+                exit::INVALID
+            }
+            Self::Remote { .. } => exit::UNAVAILABLE,
             Self::Unavailable(_)
             | Self::NoLedger { .. }
             | Self::OpenLedger { .. }
@@ -127,6 +144,14 @@ pub(crate) fn finish(result: Result<u8, CliError>, stderr: &mut dyn Write) -> u8
 mod tests {
     use super::*;
 
+    fn remote(status: u16) -> CliError {
+        CliError::Remote {
+            status,
+            title: "T".into(),
+            detail: "d".into(),
+        }
+    }
+
     #[test]
     fn each_kind_has_its_documented_exit_code() {
         let too_large = crate::secrets::Error::TooLarge {
@@ -146,6 +171,11 @@ mod tests {
             (CliError::Secrets(too_large), 2),
             (CliError::unavailable("x"), 5),
             (CliError::NoLedger { path: "p".into() }, 5),
+            (remote(404), 2),
+            (remote(409), 2),
+            (remote(401), 2),
+            (remote(429), 5),
+            (remote(503), 5),
         ];
         for (e, code) in cases {
             assert_eq!(e.exit_code(), code, "{e:?}");

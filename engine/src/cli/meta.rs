@@ -30,9 +30,11 @@ pub(crate) fn completions(shell: clap_complete::Shell, stdout: &mut dyn Write) -
 
 /// `flow man`: the manual page (roff) on stdout: synopsis, global options, every
 /// subcommand with its summary, examples, version (`flow COMMAND --help` has the rest).
+/// The page names the release, not the commit, so the committed copy (`docs/flow.1`)
+/// changes only when the interface or the version does.
 pub(crate) fn man(stdout: &mut dyn Write) -> Result<u8, CliError> {
     let mut out = Vec::new();
-    clap_mangen::Man::new(Cli::command())
+    clap_mangen::Man::new(Cli::command().version(env!("CARGO_PKG_VERSION")))
         .render(&mut out)
         .map_err(|e| CliError::unavailable(format!("cannot render the manual page: {e}")))?;
     let _ = stdout.write_all(&out);

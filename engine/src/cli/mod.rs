@@ -10,6 +10,8 @@ mod events;
 mod follow_up;
 mod logging;
 mod meta;
+mod reconcile;
+mod remote;
 mod run;
 mod serve;
 pub(crate) mod show;
@@ -103,6 +105,17 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// Where the operator API is, for the commands that can use it instead of `--db`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Remote {
+    /// Talk to the `flow serve` at this URL (http://host:port) instead of opening --db.
+    #[arg(long, env = "FLOW_SERVER", value_name = "URL")]
+    pub server: Option<String>,
+    /// With --server: the environment variable that holds the API token.
+    #[arg(long, value_name = "VAR", default_value = "FLOW_TOKEN")]
+    pub token_env: String,
+}
+
 /// Log line formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -143,7 +156,7 @@ pub enum Command {
     Run(run::RunArgs),
     /// Put a run on the queue for `flow daemon` workers; print its id on stdout.
     #[command(
-        after_help = "Exit codes: 0 queued (or already there with the same file and inputs), 2 invalid input or a --run-id used with other inputs, 5 could not reach the database.\n\nExamples:\n  flow submit workflows/hello.yaml --input name=Ada\n  flow submit workflows/http.yaml --inputs-file order.yaml --run-id refund-42"
+        after_help = "Exit codes: 0 queued (or already there with the same file and inputs), 2 invalid input or a --run-id used with other inputs (with --server: any request the server refused, 4xx), 5 could not reach the database (or the server).\n\nExamples:\n  flow submit workflows/hello.yaml --input name=Ada\n  flow submit workflows/http.yaml --inputs-file order.yaml --run-id refund-42\n  FLOW_TOKEN=... flow submit workflows/hello.yaml --server https://flow.internal:8080"
     )]
     Submit(submit::SubmitArgs),
     /// Execute queued runs: up to --concurrency at once, until stopped (SIGTERM/SIGINT).
@@ -156,11 +169,20 @@ pub enum Command {
         after_help = "Examples:\n  flow resume run_01J...\n  flow resume run_01J... --resolve charge=succeeded --output '{\"id\": \"re_1\"}'\n  flow resume run_01J... --resolve charge=failed --error 'declined upstream'\n  flow resume run_01J... --resolve charge=retry    # re-send with the same idempotency key"
     )]
     Resume(run::ResumeArgs),
+    /// Probe every in-doubt call of a paused run whose tool declares `reconcile:`, and say what each became.
+    #[command(
+        after_help = "Exit codes: 0 done (whatever the probes said), 2 invalid input, 5 could not reach the database.\n\nExamples:\n  flow reconcile\n  flow reconcile --run run_01J... --dry-run\n  flow reconcile --json | jq .outcome.decision"
+    )]
+    Reconcile(reconcile::ReconcileArgs),
     /// Show one run: its nodes, steps, tool calls, and how to resolve what is in doubt.
-    #[command(after_help = "Example:\n  flow show run_01J...\n  flow show run_01J... --json")]
+    #[command(
+        after_help = "Examples:\n  flow show run_01J...\n  flow show run_01J... --json\n  FLOW_TOKEN=... flow show run_01J... --server https://flow.internal:8080"
+    )]
     Show(show::ShowArgs),
     /// List runs, newest first.
-    #[command(after_help = "Examples:\n  flow runs\n  flow runs --status paused --json")]
+    #[command(
+        after_help = "Examples:\n  flow runs\n  flow runs --status paused --json\n  FLOW_TOKEN=... flow runs --server https://flow.internal:8080 --status paused"
+    )]
     Runs(show::RunsArgs),
     /// Ask a run to stop: no new steps start; in-flight calls finish; the run ends cancelled.
     #[command(after_help = "Example:\n  flow cancel run_01J...")]
@@ -298,6 +320,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         Command::Daemon(_) => Some("daemon"),
         Command::Serve(_) => Some("serve"),
         Command::Resume(_) => Some("resume"),
+        Command::Reconcile(args) if !args.dry_run => Some("reconcile"),
         Command::Cancel(_) => Some("cancel"),
         Command::Migrate => Some("migrate"),
         Command::Events(args) => match &args.command {
@@ -307,6 +330,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         },
         Command::Show(_)
         | Command::Runs(_)
+        | Command::Reconcile(_)
         | Command::Validate { .. }
         | Command::Graph { .. }
         | Command::Schema
@@ -320,7 +344,11 @@ fn writing_command(command: &Command) -> Option<&'static str> {
 /// they report it instead of creating an empty database.
 fn needs_existing_ledger(command: &Command) -> bool {
     match command {
-        Command::Show(_) | Command::Runs(_) | Command::Cancel(_) | Command::Resume(_) => true,
+        Command::Show(_)
+        | Command::Runs(_)
+        | Command::Cancel(_)
+        | Command::Resume(_)
+        | Command::Reconcile(_) => true,
         Command::Events(args) => !matches!(args.command, Some(events::EventsCommand::Dispatch(_))),
         _ => false,
     }
@@ -364,11 +392,15 @@ fn check_ledger_args(cli: &Cli) -> Result<(), CliError> {
 }
 
 async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
+    if let Some(result) = client_mode(cli, stdout, stderr).await {
+        return error::finish(result, stderr);
+    }
     let result = match check_ledger_args(cli) {
         Err(e) => Err(e),
         Ok(()) => match &cli.command {
             Command::Run(args) => run::run(cli, args, stdout, stderr).await,
             Command::Resume(args) => run::resume(cli, args, stdout, stderr).await,
+            Command::Reconcile(args) => reconcile::reconcile(cli, args, stdout, stderr).await,
             Command::Submit(args) => submit::submit(cli, args, stdout, stderr).await,
             Command::Daemon(args) => daemon::daemon(cli, args, stdout, stderr).await,
             Command::Serve(args) => serve::serve(cli, args, stderr).await,
@@ -386,6 +418,21 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
         },
     };
     error::finish(result, stderr)
+}
+
+/// Client mode (`--server`): `submit`, `runs` and `show` through the operator API; the
+/// server holds the ledger, so nothing local is checked or opened. `None` otherwise.
+async fn client_mode(
+    cli: &Cli,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Option<Result<u8, CliError>> {
+    Some(match &cli.command {
+        Command::Submit(a) => remote::submit(a.remote.server.as_deref()?, a, stdout, stderr).await,
+        Command::Runs(a) => remote::runs(cli, a.remote.server.as_deref()?, a, stdout, stderr).await,
+        Command::Show(a) => remote::show(a.remote.server.as_deref()?, a, stdout).await,
+        _ => return None,
+    })
 }
 
 /// `flow migrate`.

@@ -83,15 +83,37 @@ pub(crate) async fn start(
         .map_err(|e| CliError::unavailable(format!("cannot serve the API on {addr}: {e}")))
 }
 
+/// The tools, secrets and egress policy "probe now" sends its probes with: this
+/// process's, as a daemon's worker would use them.
+fn probe_gateway(
+    cli: &Cli,
+    ledger: &flow_ledger::Ledger,
+    secrets: Secrets,
+) -> Result<crate::gateway::Gateway, CliError> {
+    let config = Config::load(cli.config.as_deref())?;
+    let tools = crate::gateway::Tools::new()
+        .map_err(|e| CliError::unavailable(format!("cannot set up tool clients: {e}")))?;
+    Ok(crate::gateway::Gateway::new(
+        ledger.clone(),
+        Arc::new(flow_ledger::SystemClock),
+        tools,
+        secrets,
+        config.egress,
+        crate::fault::Faults::from_env(),
+    ))
+}
+
 /// `flow serve`: serves until SIGTERM/SIGINT, then finishes the requests in flight.
 pub(crate) async fn serve(
     cli: &Cli,
     args: &ServeArgs,
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    logging::init(cli.log_format, &Secrets::default());
+    let secrets = Secrets::load(cli.secrets_file.as_deref())?;
+    logging::init(cli.log_format, &secrets);
     let tokens = tokens(cli, args.addr, args.insecure_no_auth)?;
     let ledger = open_ledger(cli).await?;
+    let gateway = probe_gateway(cli, &ledger, secrets)?;
     let auth = match &tokens {
         Tokens::Insecure => "WITHOUT authentication".to_string(),
         Tokens::Required(t) => format!("{} token(s)", t.len()),
@@ -100,12 +122,13 @@ pub(crate) async fn serve(
         ledger: ledger.clone(),
         tokens,
         metrics: Arc::new(Metrics::new()),
+        gateway,
     };
     let handle = shutdown::Handle::new();
     let (bound, task) = start(app, args.addr, handle.graceful().clone()).await?;
     let _ = writeln!(
         stderr,
-        "flow serve listening on http://{bound} ({}, {auth}); API at http://{bound}/api/v1",
+        "flow serve listening on http://{bound} ({}, {auth}); API at http://{bound}/api/v1, console at http://{bound}/ui",
         ledger.url_redacted()
     );
     let signals = tokio::spawn(shutdown::on_signals(handle.clone()));

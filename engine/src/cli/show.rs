@@ -18,6 +18,9 @@ pub struct ShowArgs {
     /// Print one JSON object: `run`, `steps`, `tool_calls`.
     #[arg(long)]
     pub json: bool,
+    /// Client mode: read through a `flow serve` instead of the database.
+    #[command(flatten)]
+    pub remote: super::Remote,
 }
 
 /// Arguments of `flow runs`.
@@ -46,6 +49,9 @@ pub struct RunsArgs {
     /// Continue a listing after the page that printed this cursor.
     #[arg(long)]
     pub cursor: Option<String>,
+    /// Client mode: list through a `flow serve` instead of the database.
+    #[command(flatten)]
+    pub remote: super::Remote,
 }
 
 /// `--since` / `--until`: an RFC 3339 time, or a duration before `now`.
@@ -68,6 +74,21 @@ fn ts(t: Option<Timestamp>) -> Json {
     t.map_or(Json::Null, |t| Json::String(t.to_rfc3339()))
 }
 
+/// The `run` member of the `flow show --json` object (also the console's run header).
+pub(crate) fn run_object(run: &flow_ledger::Run) -> Json {
+    json!({
+        "id": run.id,
+        "status": run.status.as_str(),
+        "workflow": run.workflow_name,
+        "created_at": run.created_at.to_rfc3339(),
+        "started_at": ts(run.started_at),
+        "finished_at": ts(run.finished_at),
+        "error": run.error.as_ref().or(run.pause_reason.as_ref()),
+        "inputs": run.inputs,
+        "output": run.output,
+    })
+}
+
 /// The `flow show --json` object (the shape the README's CLI reference documents, plus a
 /// few extra fields).
 pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flow_ledger::Error> {
@@ -75,19 +96,23 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
     let steps = ledger.list_steps(run_id).await?;
     let calls = ledger.list_calls(run_id).await?;
     let audit = audit_trail(ledger, run_id).await?;
+    let probes = ledger.list_probes(run_id).await?;
     Ok(json!({
+        "probes": probes.iter().map(|p| json!({
+            "tool_call_id": p.tool_call_id,
+            "probe": p.probe,
+            "key": p.sent_key,
+            "at": p.probed_at.to_rfc3339(),
+            "observed": p.observed.as_str(),
+            "decision": p.decision.as_str(),
+            "http_status": p.http_status,
+            "detail": p.detail,
+            "response": p.response,
+            "next_probe_at": ts(p.next_probe_at),
+            "by": p.by,
+        })).collect::<Vec<_>>(),
         "audit": audit,
-        "run": {
-            "id": run.id,
-            "status": run.status.as_str(),
-            "workflow": run.workflow_name,
-            "created_at": run.created_at.to_rfc3339(),
-            "started_at": ts(run.started_at),
-            "finished_at": ts(run.finished_at),
-            "error": run.error.or(run.pause_reason),
-            "inputs": run.inputs,
-            "output": run.output,
-        },
+        "run": run_object(&run),
         "steps": steps.iter().map(|s| json!({
             "step_id": s.step_id,
             "node_id": s.node_id,
@@ -115,7 +140,10 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
 
 /// Who changed the run by hand, when and why: its events that carry a `by` (operator
 /// API mutations, resolutions), oldest first.
-async fn audit_trail(ledger: &Ledger, run_id: &str) -> Result<Vec<Json>, flow_ledger::Error> {
+pub(crate) async fn audit_trail(
+    ledger: &Ledger,
+    run_id: &str,
+) -> Result<Vec<Json>, flow_ledger::Error> {
     let events = ledger
         .list_events(flow_ledger::EventFilter {
             run_id: Some(run_id.to_string()),
@@ -254,6 +282,7 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
     let run = ledger.get_run(run_id).await?;
     let steps = ledger.list_steps(run_id).await?;
     let calls = ledger.list_calls(run_id).await?;
+    let probes = ledger.list_probes(run_id).await?;
     let mut out = run_header(&run, resume);
     let order: Vec<String> = match crate::snapshot::snapshot(&run) {
         Ok(wf) => wf
@@ -294,6 +323,20 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
                     "    resolved {how} by {} at {}",
                     c.resolved_by.as_deref().unwrap_or("?"),
                     c.resolved_at.map_or("?".into(), |t| t.to_rfc3339())
+                );
+            }
+            for p in probes.iter().filter(|p| &p.tool_call_id == node) {
+                let _ = writeln!(
+                    out,
+                    "    probe {}  {}  {} → {}{}",
+                    p.probe,
+                    p.probed_at.to_rfc3339(),
+                    p.observed.as_str(),
+                    p.decision.as_str(),
+                    p.detail
+                        .as_ref()
+                        .map(|d| format!("  ({d})"))
+                        .unwrap_or_default()
                 );
             }
             if c.status == CallStatus::InDoubt {
@@ -422,23 +465,7 @@ pub(crate) async fn runs(
         let _ = stdout.write_all(table(&header, &rows, terminal_width()).as_bytes());
     }
     if more && let Some(last) = runs.last() {
-        let mut next = format!("{} runs", super::flow_command(cli));
-        for (flag, value) in [
-            ("--status", args.status.as_deref()),
-            ("--workflow", args.workflow.as_deref()),
-            ("--since", args.since.as_deref()),
-            ("--until", args.until.as_deref()),
-        ] {
-            if let Some(v) = value {
-                next.push_str(&format!(" {flag} {}", super::shell_quote(v)));
-            }
-        }
-        if args.limit != 100 {
-            next.push_str(&format!(" --limit {}", args.limit));
-        }
-        if args.json {
-            next.push_str(" --json");
-        }
+        let next = next_page(format!("{} runs", super::flow_command(cli)), args);
         let cursor = RunCursor::after(last).encode();
         let _ = writeln!(stderr, "more runs: {next} --cursor {cursor}");
     }
@@ -475,6 +502,29 @@ fn time_and_cursor(
         }
     };
     Ok((times, after))
+}
+
+/// The `flow runs` command for the next page (without its `--cursor`): `prefix`, then
+/// the filters, limit and format of `args` (`flow runs` and `flow runs --server`).
+pub(crate) fn next_page(prefix: String, args: &RunsArgs) -> String {
+    let mut next = prefix;
+    for (flag, value) in [
+        ("--status", args.status.as_deref()),
+        ("--workflow", args.workflow.as_deref()),
+        ("--since", args.since.as_deref()),
+        ("--until", args.until.as_deref()),
+    ] {
+        if let Some(v) = value {
+            next.push_str(&format!(" {flag} {}", super::shell_quote(v)));
+        }
+    }
+    if args.limit != 100 {
+        next.push_str(&format!(" --limit {}", args.limit));
+    }
+    if args.json {
+        next.push_str(" --json");
+    }
+    next
 }
 
 /// `text` cut to what fits on a line, pointing at `--json` for the rest.

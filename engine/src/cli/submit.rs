@@ -29,6 +29,9 @@ pub struct SubmitArgs {
     /// Run id, making the submit idempotent: the same file and inputs return that run.
     #[arg(long)]
     pub run_id: Option<String>,
+    /// Client mode: submit through a `flow serve` instead of the database.
+    #[command(flatten)]
+    pub remote: super::Remote,
 }
 
 /// `flow submit`.

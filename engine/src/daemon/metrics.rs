@@ -29,6 +29,16 @@ use crate::executor::progress::{Progress, StepEvent};
 use crate::gateway::StepResult;
 
 type Label = [(&'static str, &'static str); 1];
+/// Labels whose values come from workflows (tool names) or the ledger (consumer names).
+type Labels = Vec<(&'static str, String)>;
+
+/// Most distinct tool names labelled; later ones are counted as `other`, so a stream of
+/// generated workflows cannot grow the metrics without bound.
+const MAX_TOOL_LABELS: usize = 64;
+
+fn call_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 18))
+}
 
 /// How long a scrape waits for the database before reporting it down.
 const DB_TIMEOUT: Duration = Duration::from_secs(2);
@@ -44,9 +54,14 @@ pub struct Metrics {
     runs_claimed: Counter,
     runs_finished: Family<Label, Counter>,
     runs_in_flight: Gauge,
-    tool_calls: Family<Label, Counter>,
+    tool_calls: Family<Labels, Counter>,
     claim_seconds: Histogram,
-    call_seconds: Histogram,
+    call_seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    tools_seen: std::sync::Mutex<std::collections::HashSet<String>>,
+    deliveries: Family<Labels, Gauge>,
+    resident_bytes: Gauge,
+    cpu_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    open_fds: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -72,9 +87,45 @@ impl Metrics {
         let runs_claimed = Counter::default();
         let runs_finished = Family::<Label, Counter>::default();
         let runs_in_flight = Gauge::default();
-        let tool_calls = Family::<Label, Counter>::default();
+        let tool_calls = Family::<Labels, Counter>::default();
         let claim_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
-        let call_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 18));
+        let call_seconds: Family<Labels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(call_histogram);
+        let deliveries = Family::<Labels, Gauge>::default();
+        let resident_bytes = Gauge::default();
+        let cpu_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        let open_fds = Gauge::default();
+        let start_time = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        start_time.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory of this process (read at scrape time from /proc)",
+            resident_bytes.clone(),
+        );
+        registry.register(
+            "process_cpu_seconds",
+            "CPU time this process has used, user and system (read at scrape time)",
+            cpu_seconds.clone(),
+        );
+        registry.register(
+            "process_open_fds",
+            "Open file descriptors of this process (read at scrape time)",
+            open_fds.clone(),
+        );
+        registry.register(
+            "process_start_time_seconds",
+            "When this process started its metrics, in seconds since the epoch",
+            start_time,
+        );
+        registry.register(
+            "event_deliveries",
+            "Event deliveries by consumer and status; dead = dead letters (read at scrape time)",
+            deliveries.clone(),
+        );
         // Always 1: the labels say which build answers, for dashboards and alerts that
         // compare versions across hosts (the commit comes from `build.rs`).
         let build_info = Family::<[(&'static str, &'static str); 2], Gauge>::default();
@@ -126,7 +177,7 @@ impl Metrics {
         );
         registry.register(
             "tool_calls",
-            "Tool-call steps finished in this daemon by outcome",
+            "Tool-call steps finished in this daemon by tool and outcome",
             tool_calls.clone(),
         );
         registry.register(
@@ -136,7 +187,7 @@ impl Metrics {
         );
         registry.register(
             "tool_call_duration_seconds",
-            "Duration of one tool-call step, ledger writes included",
+            "Duration of one tool-call step by tool, ledger writes included",
             call_seconds.clone(),
         );
         Self {
@@ -151,6 +202,68 @@ impl Metrics {
             tool_calls,
             claim_seconds,
             call_seconds,
+            tools_seen: std::sync::Mutex::new(std::collections::HashSet::new()),
+            deliveries,
+            resident_bytes,
+            cpu_seconds,
+            open_fds,
+        }
+    }
+
+    /// The label value for `tool`: itself while fewer than [`MAX_TOOL_LABELS`] names
+    /// were seen, else `other`.
+    fn tool_label(&self, tool: &str) -> String {
+        let mut seen = self.tools_seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.contains(tool) {
+            return tool.to_string();
+        }
+        if seen.len() < MAX_TOOL_LABELS {
+            seen.insert(tool.to_string());
+            return tool.to_string();
+        }
+        "other".to_string()
+    }
+
+    /// Records one finished tool-call step.
+    pub fn call_finished(&self, tool: &str, outcome: &'static str, took: Duration) {
+        let tool = self.tool_label(tool);
+        self.tool_calls
+            .get_or_create(&vec![
+                ("tool", tool.clone()),
+                ("outcome", outcome.to_string()),
+            ])
+            .inc();
+        self.call_seconds
+            .get_or_create(&vec![("tool", tool)])
+            .observe(took.as_secs_f64());
+    }
+
+    /// Reads this process's memory, CPU time and open files from `/proc` (Linux; left
+    /// at 0 elsewhere).
+    fn refresh_process(&self) {
+        if let Ok(status) = std::fs::read_to_string("/proc/self/status")
+            && let Some(kb) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+        {
+            self.resident_bytes.set(kb.saturating_mul(1024));
+        }
+        // Fields 14 and 15 of /proc/self/stat (after the parenthesised name): utime and
+        // stime in clock ticks, which Linux reports at USER_HZ = 100 per second.
+        if let Ok(stat) = std::fs::read_to_string("/proc/self/stat")
+            && let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r)
+        {
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks: f64 = [11, 12]
+                .iter()
+                .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<f64>().ok()))
+                .sum();
+            self.cpu_seconds.set(ticks / 100.0);
+        }
+        if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
+            self.open_fds
+                .set(i64::try_from(dir.count()).unwrap_or(i64::MAX));
         }
     }
 
@@ -176,13 +289,23 @@ impl Metrics {
 
     /// Reads the shared gauges from the database; returns whether it answered.
     pub async fn refresh(&self, ledger: &Ledger) -> bool {
+        self.refresh_process();
         let read = async {
             let by_status = ledger.count_runs_by_status().await?;
             let in_doubt = ledger.count_calls_in_doubt().await?;
-            Ok::<_, flow_ledger::Error>((by_status, in_doubt))
+            let deliveries = ledger.count_deliveries().await?;
+            Ok::<_, flow_ledger::Error>((by_status, in_doubt, deliveries))
         };
         match tokio::time::timeout(DB_TIMEOUT, read).await {
-            Ok(Ok((by_status, in_doubt))) => {
+            Ok(Ok((by_status, in_doubt, deliveries))) => {
+                for (consumer, status, n) in deliveries {
+                    self.deliveries
+                        .get_or_create(&vec![
+                            ("consumer", consumer),
+                            ("status", status.as_str().to_string()),
+                        ])
+                        .set(n);
+                }
                 for (status, n) in by_status {
                     self.runs
                         .get_or_create(&[("status", status.as_str())])
@@ -241,6 +364,7 @@ impl Progress for Observer {
             }
             StepEvent::Finished {
                 node,
+                tool,
                 step_id,
                 retry,
                 took,
@@ -252,11 +376,7 @@ impl Progress for Observer {
                     StepResult::InDoubt => "in_doubt",
                     StepResult::Deferred { .. } => "deferred",
                 };
-                self.metrics
-                    .tool_calls
-                    .get_or_create(&[("outcome", outcome)])
-                    .inc();
-                self.metrics.call_seconds.observe(took.as_secs_f64());
+                self.metrics.call_finished(tool, outcome, took);
                 let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);
                 match result {
                     StepResult::InDoubt => tracing::warn!(

@@ -187,6 +187,7 @@ impl Service {
                 if last_expire.is_none_or(|t| t.elapsed() >= EXPIRE_EVERY) {
                     let started = Instant::now();
                     last_expire = Some(started);
+                    self.requeue_due_probes().await;
                     if let Err(e) = self.ledger().expire_dead_local_workers(self.now()).await {
                         wait = self.db_failed(&mut delays, started, &e);
                         self.pause(wait, &mut tasks, &mut leases).await;
@@ -295,6 +296,38 @@ impl Service {
                 "refreshed the planner statistics of tables that outgrew them"
             ),
             Err(e) => tracing::debug!(error = %e, "cannot check the planner statistics"),
+        }
+    }
+
+    /// The reconciler: paused runs with an in-doubt call whose next probe is due go
+    /// back on the queue, so the worker that claims one (one per run, by its lease)
+    /// probes the call before it would pause again. A failure is only logged: the
+    /// claim that follows finds out whether the database is down.
+    async fn requeue_due_probes(&self) {
+        let runs = match self.ledger().runs_with_due_probes(self.now(), 100).await {
+            Ok(runs) => runs,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot look for due probes");
+                return;
+            }
+        };
+        for run in runs {
+            let actor = flow_ledger::Actor {
+                by: crate::reconcile::RESOLVED_BY.into(),
+                reason: Some("a probe of a call in doubt is due".into()),
+            };
+            match self
+                .ledger()
+                .requeue_run_as(&run, Some(actor), self.now())
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(run = %run, "re-queued for a due probe of its call in doubt")
+                }
+                Err(e) => {
+                    tracing::debug!(run = %run, error = %e, "cannot re-queue for a due probe")
+                }
+            }
         }
     }
 

@@ -2,11 +2,13 @@
 //! loop in [`run`] performs it against the ledger and the gateway; [`progress`] reports.
 //! Beside the loop: `state` (node states loaded from the ledger's steps), `scope` (what
 //! one execution passes around, and the writes that settle a node without a call) and
-//! `start` (a node's `if`, deadline, timeout, next retry and expression context).
+//! `start` (a node's `if`, deadline, timeout, next retry and expression context) and
+//! `reconcile` (probing in-doubt calls before the run pauses).
 
 pub mod decide;
 mod heartbeat;
 pub mod progress;
+mod reconcile;
 pub mod run;
 mod scope;
 mod start;

@@ -29,6 +29,8 @@ pub enum StepEvent<'a> {
     Finished {
         /// Node id.
         node: &'a str,
+        /// The node's tool (metrics label calls by it).
+        tool: &'a str,
         /// Step id.
         step_id: &'a str,
         /// Retry number.
@@ -67,6 +69,7 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
         StepEvent::Skipped { node, why } => Some(format!("- {node} skipped ({why})")),
         StepEvent::Finished {
             node,
+            tool: _,
             step_id,
             retry,
             took,

@@ -238,6 +238,13 @@ impl<'a> RunScope<'a> {
                     actions.push(Action::Wait { until: None });
                 }
             }
+            // Before pausing on calls in doubt, ask the downstreams that can say.
+            if let [Action::Pause { in_doubt }] = actions.as_slice()
+                && !stop.is_cancelled()
+                && self.reconcile(st, in_doubt, cancel, lost).await?
+            {
+                continue;
+            }
             let mut wait_until = None;
             let mut progressed = false;
             for action in actions {
@@ -379,6 +386,7 @@ impl<'a> RunScope<'a> {
         let step_id = step_id.as_str();
         self.progress.step(StepEvent::Finished {
             node: &wf.nodes[node].id,
+            tool: &wf.nodes[node].tool,
             step_id,
             retry,
             took,

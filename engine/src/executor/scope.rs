@@ -14,7 +14,7 @@ use super::progress::{Progress, StepEvent};
 use super::state::RunState;
 use crate::gateway::{self, Gateway, RunWriter, StepOrigin, StepResult};
 use crate::plan::Plan;
-use crate::workflow::{ValidWorkflow, Workflow, expr};
+use crate::workflow::{ValidWorkflow, expr};
 
 /// Everything an execution reads but does not change, borrowed for its length: one
 /// value instead of the same eight arguments on every function of the loop.
@@ -26,7 +26,7 @@ pub(super) struct RunScope<'a> {
     /// The run's writes: its lease (every write is fenced by it) and its kept pure
     /// results (written before every other write).
     pub(super) writer: &'a RunWriter,
-    pub(super) wf: &'a Workflow,
+    pub(super) wf: &'a ValidWorkflow,
     pub(super) plan: &'a Plan,
     pub(super) prepared: &'a Prepared,
     /// The run's inputs, as expressions read them.
@@ -152,6 +152,7 @@ impl RunScope<'_> {
             .map_err(wrap)?;
         self.progress.step(StepEvent::Finished {
             node: &decl.id,
+            tool: &decl.tool,
             step_id,
             retry,
             took: Duration::ZERO,

@@ -17,7 +17,7 @@
 pub mod disposition;
 pub mod lazy;
 mod record;
-mod render;
+pub mod render;
 mod writer;
 
 use std::sync::Arc;
@@ -97,6 +97,12 @@ impl Tools {
 #[derive(Clone)]
 pub struct Gateway {
     inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").finish_non_exhaustive()
+    }
 }
 
 struct Inner {
@@ -248,6 +254,12 @@ impl Gateway {
     /// The tools (for validation of function names).
     pub fn tools(&self) -> &Tools {
         &self.inner.tools
+    }
+
+    /// The egress policy, and its list as the HTTP adapter checks it on every redirect
+    /// hop (a reconciliation probe obeys both, as any call does).
+    pub fn egress(&self) -> (&Egress, Option<&flow_adapters::egress::AllowList>) {
+        (&self.inner.egress, self.inner.allow_list.as_ref())
     }
 
     /// Runs one step through the boundary.

@@ -7,13 +7,15 @@
 //! keep slow or huge requests from exhausting the server are layers here: a body limit
 //! (413), a request timeout (408) and a concurrency limit (requests beyond it wait).
 //!
-//! A server-rendered UI can be added as another router merged in [`router`] (say
-//! `ui/` under `/ui`), calling the same handlers' functions with the same `App`.
+//! The operator console (`ui/`, server-rendered HTML under `/ui`, `/` redirecting to it)
+//! is another router merged in [`router`]; it calls the API handlers' functions with
+//! the same `App`, and signs browsers in with session cookies instead of bearer headers.
 
 pub mod api;
 pub mod auth;
 pub mod openapi;
 pub mod problem;
+pub mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -44,13 +46,17 @@ pub struct App {
     pub tokens: auth::Tokens,
     /// The metrics `/metrics` reports (a daemon passes its own).
     pub metrics: Arc<Metrics>,
+    /// Tools, secrets and egress for "probe now" (reconciliation): a probe is a request
+    /// like any other, under this process's egress policy and secrets.
+    pub gateway: crate::gateway::Gateway,
 }
 
 /// The whole server's routes with their limits.
 pub fn router(app: Arc<App>) -> Router {
     let metrics = crate::daemon::metrics::router(app.metrics.clone(), app.ledger.clone());
     api::routes()
-        .with_state(app)
+        .with_state(app.clone())
+        .merge(ui::routes(app))
         .merge(metrics)
         .fallback(|| async {
             problem::Problem::not_found("no such route; the API is under /api/v1").into_response()

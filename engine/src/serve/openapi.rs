@@ -91,6 +91,15 @@ pub const ROUTES: &[Route] = &[
         body: &["node", "outcome", "output", "error", "reason"],
     },
     Route {
+        method: "post",
+        path: "/api/v1/runs/{id}/reconcile",
+        role: Some(Role::Operator),
+        summary: "Probe now: ask the downstream about the paused run's calls in doubt (tools with reconcile:); {probes, run}; 409 when the run is not paused",
+        ok: 200,
+        query: &[],
+        body: &["reason"],
+    },
+    Route {
         method: "get",
         path: "/api/v1/in-doubt",
         role: Some(Role::Viewer),
@@ -115,6 +124,15 @@ pub const ROUTES: &[Route] = &[
         summary: "Outbox events, oldest first: {events, next_after}",
         ok: 200,
         query: &["after", "limit", "run"],
+        body: &[],
+    },
+    Route {
+        method: "get",
+        path: "/api/v1/events:stream",
+        role: Some(Role::Viewer),
+        summary: "The event feed as Server-Sent Events (id = seq; Last-Event-ID resumes); a live view, not a delivery",
+        ok: 200,
+        query: &["after", "run"],
         body: &[],
     },
     Route {

@@ -84,6 +84,9 @@ impl Workflow {
             templates.extend(node.idempotency_key.iter());
             if let Some(tool) = self.tools.get(&node.tool) {
                 templates.extend(tool.kind.templates());
+                if let Some(r) = &tool.reconcile {
+                    templates.extend(r.request_templates());
+                }
             }
         }
         super::expr::secret_names(templates)
@@ -241,6 +244,102 @@ pub struct ToolDecl {
     pub idempotency: Idempotency,
     /// `read_only:` override (`None` = infer: GET is read-only, MCP annotations).
     pub read_only: Option<bool>,
+    /// `reconcile:`: how to ask the downstream whether an in-doubt call took effect.
+    pub reconcile: Option<Reconcile>,
+}
+
+/// Default `reconcile.after`: a `not_found` is trusted only this long after the request
+/// left, so a request still in flight (or queued downstream) is not taken for lost.
+pub const DEFAULT_RECONCILE_AFTER: Duration = Duration::from_secs(10);
+/// Default `reconcile.max_probes`: then a human is asked.
+pub const DEFAULT_MAX_PROBES: u32 = 5;
+/// Default `reconcile.interval`: the wait before the second probe (doubling after).
+pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(2);
+
+/// A tool's `reconcile:` block. When a call of the tool is in doubt (the request may or
+/// may not have taken effect), flow asks the downstream with this read-only probe before
+/// it pages a human; `gateway::reconcile` decides what the answer means.
+#[derive(Debug, Clone)]
+pub struct Reconcile {
+    /// Where `reconcile:` is written.
+    pub pos: Pos,
+    /// The request that asks.
+    pub probe: Probe,
+    /// True when the answer says the effect took place (one expression).
+    pub found: Template,
+    /// True when the answer says it did not (one expression).
+    pub not_found: Template,
+    /// The node's output when found (default: the answer's body).
+    pub output: Option<TValue>,
+    /// How long after the request left a `not_found` is trusted.
+    pub after: Duration,
+    /// Probes before a human is asked.
+    pub max_probes: u32,
+    /// Wait before the second probe; doubles, up to a minute.
+    pub interval: Duration,
+    /// Per-probe timeout (default: the tool's).
+    pub timeout: Option<Duration>,
+}
+
+/// How a probe asks: always another request than the tool's own.
+#[derive(Debug, Clone)]
+pub enum Probe {
+    /// An HTTP request (`reconcile.request`).
+    Http {
+        /// Upper-case method (default GET).
+        method: String,
+        /// URL template.
+        url: Template,
+        /// Header templates.
+        headers: Vec<(String, Template)>,
+        /// Query parameter templates.
+        query: Vec<(String, Template)>,
+    },
+    /// Another tool of the same MCP server (`reconcile.tool`, `reconcile.with`).
+    Mcp {
+        /// The tool's name on the server.
+        tool: String,
+        /// Its arguments.
+        with: TValue,
+    },
+    /// A local program (`reconcile.command`, `reconcile.env`); it gets the call as JSON
+    /// on stdin.
+    Command {
+        /// Program and arguments.
+        command: Vec<Template>,
+        /// Declared environment.
+        env: Vec<(String, Template)>,
+    },
+}
+
+impl Reconcile {
+    /// The templates of the probe request (they may read secrets).
+    pub fn request_templates(&self) -> Vec<&Template> {
+        match &self.probe {
+            Probe::Http {
+                url,
+                headers,
+                query,
+                ..
+            } => std::iter::once(url)
+                .chain(headers.iter().map(|(_, t)| t))
+                .chain(query.iter().map(|(_, t)| t))
+                .collect(),
+            Probe::Mcp { with, .. } => with.templates(),
+            Probe::Command { command, env } => {
+                command.iter().chain(env.iter().map(|(_, t)| t)).collect()
+            }
+        }
+    }
+
+    /// The templates that read the answer (stored and logged: no secrets).
+    pub fn answer_templates(&self) -> Vec<&Template> {
+        let mut out = vec![&self.found, &self.not_found];
+        if let Some(o) = &self.output {
+            out.extend(o.templates());
+        }
+        out
+    }
 }
 
 /// The four tool kinds.

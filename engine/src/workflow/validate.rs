@@ -17,7 +17,15 @@ enum Scope<'a> {
     NodeField { node: usize, field: &'a str },
     /// A tool's spec: inputs, `with`, run, secrets; node outputs come in through `with`.
     Tool,
+    /// A tool's `reconcile` request: inputs, run, `call`, secrets.
+    Probe { tool: &'a str },
+    /// A tool's `reconcile` verdicts and output: inputs, run, `call`, `response`; no
+    /// secrets (what they produce is stored).
+    ProbeAnswer { tool: &'a str },
 }
+
+/// What `call.…` offers a probe (`gateway::reconcile` builds it).
+const CALL_FIELDS: &[&str] = &["key", "request", "outbound_at", "attempt", "tool"];
 
 /// Options for validation that depend on the embedding program.
 #[derive(Debug, Clone, Default)]
@@ -135,6 +143,15 @@ pub(crate) fn check(
         for t in tool.kind.templates() {
             checker.template(t, Scope::Tool);
         }
+        if let Some(r) = &tool.reconcile {
+            let name = tool.name.as_str();
+            for t in r.request_templates() {
+                checker.template(t, Scope::Probe { tool: name });
+            }
+            for t in r.answer_templates() {
+                checker.template(t, Scope::ProbeAnswer { tool: name });
+            }
+        }
     }
     plan
 }
@@ -199,7 +216,8 @@ impl RefChecker<'_> {
                 || paths
                     .iter()
                     .any(|p| p == "secrets" || p.starts_with("secrets."));
-            if reads_secret && !matches!(scope, Scope::NodeField { .. }) && !is_plain_secret(src) {
+            let no_secrets = matches!(scope, Scope::NodeField { .. } | Scope::ProbeAnswer { .. });
+            if reads_secret && !no_secrets && !is_plain_secret(src) {
                 let where_ = self.where_(scope);
                 self.error(
                     t.pos,
@@ -210,7 +228,7 @@ impl RefChecker<'_> {
             let listed = paths
                 .iter()
                 .any(|p| p == "secrets" || p.starts_with("secrets."));
-            if reads_secret && !listed && matches!(scope, Scope::NodeField { .. }) {
+            if reads_secret && !listed && no_secrets {
                 self.reference(t.pos, src, "secrets.?", scope);
             }
             for path in paths {
@@ -226,6 +244,8 @@ impl RefChecker<'_> {
                 format!("`{field}` of node `{}`", self.wf.nodes[node].id)
             }
             Scope::Tool => "a tool spec".to_string(),
+            Scope::Probe { tool } => format!("`reconcile.request` of tool `{tool}`"),
+            Scope::ProbeAnswer { tool } => format!("`reconcile` of tool `{tool}`"),
         }
     }
 
@@ -330,8 +350,24 @@ impl RefChecker<'_> {
                 ),
             },
             "nodes" => self.node_reference(pos, src, path, scope),
+            "call" => self.call_reference(pos, src, second, scope),
+            "response" => {
+                if !matches!(scope, Scope::ProbeAnswer { .. }) {
+                    self.error(
+                        pos,
+                        format!("`{src}` in {where_} reads `response`, which only `reconcile.found`, `not_found` and `output` can see"),
+                        None,
+                    );
+                }
+            }
             "secrets" => {
-                if let Scope::NodeField { field, .. } = scope {
+                if let Scope::ProbeAnswer { .. } = scope {
+                    self.error(
+                        pos,
+                        format!("`{src}` in {where_} reads a secret; a probe's verdicts and output are stored, so they must not hold secrets"),
+                        Some("secrets may appear in `reconcile.request` (url, headers, query)".into()),
+                    );
+                } else if let Scope::NodeField { field, .. } = scope {
                     self.error(
                         pos,
                         format!("`{src}` in {where_} reads a secret; secrets are only visible in `with` and tool specs"),
@@ -365,22 +401,58 @@ impl RefChecker<'_> {
             }
             other if LANGUAGE_GLOBALS.contains(&other) => {}
             other => {
-                let roots = if matches!(scope, Scope::Tool) {
-                    "inputs, with, run, secrets"
-                } else {
-                    "inputs, nodes, run, secrets"
+                let roots = match scope {
+                    Scope::Tool => "inputs, with, run, secrets",
+                    Scope::Probe { .. } => "inputs, run, call, secrets",
+                    Scope::ProbeAnswer { .. } => "inputs, run, call, response",
+                    _ => "inputs, nodes, run, secrets",
                 };
-                let help = did_you_mean(other, ["inputs", "nodes", "run", "secrets", "with"])
-                    .map_or_else(
-                        || format!("expressions here can read: {roots}"),
-                        |n| format!("did you mean `{n}`?"),
-                    );
+                let help = did_you_mean(
+                    other,
+                    [
+                        "inputs", "nodes", "run", "secrets", "with", "call", "response",
+                    ],
+                )
+                .map_or_else(
+                    || format!("expressions here can read: {roots}"),
+                    |n| format!("did you mean `{n}`?"),
+                );
                 self.error(
                     pos,
                     format!("`{src}` in {where_} reads unknown name `{other}`"),
                     Some(help),
                 );
             }
+        }
+    }
+
+    /// A `call.<field>` reference: only a probe sees the call it asks about.
+    fn call_reference(&mut self, pos: Pos, src: &str, field: Option<&str>, scope: Scope<'_>) {
+        let where_ = self.where_(scope);
+        if !matches!(scope, Scope::Probe { .. } | Scope::ProbeAnswer { .. }) {
+            self.error(
+                pos,
+                format!(
+                    "`{src}` in {where_} reads `call`, which only a tool's `reconcile` can see"
+                ),
+                None,
+            );
+            return;
+        }
+        match field {
+            Some(f) if CALL_FIELDS.contains(&f) => {}
+            _ => self.error(
+                pos,
+                format!(
+                    "`{src}` in {where_}: a call exposes {}",
+                    CALL_FIELDS
+                        .iter()
+                        .map(|f| format!("`call.{f}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+                None,
+            ),
         }
     }
 }

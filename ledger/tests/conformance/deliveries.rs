@@ -227,6 +227,11 @@ async fn dead_letters_and_redelivery(db: TestDb) {
         )
         .await
         .unwrap();
+    // What /metrics reports: the dead letter, by consumer.
+    assert_eq!(
+        db.ledger.count_deliveries().await.unwrap(),
+        [("hook".to_string(), DeliveryStatus::Dead, 1)]
+    );
     let dead = db
         .ledger
         .list_deliveries(DeliveryFilter {

@@ -9,6 +9,7 @@ mod deliveries;
 mod differential;
 mod events;
 mod open;
+mod probes;
 mod pure;
 mod races;
 mod rate;

@@ -236,6 +236,27 @@ impl TestServer {
         ))
     }
 
+    #[tool(
+        description = "How many times `count` was called with this key (reads only): what a reconciliation probe asks.",
+        annotations(read_only_hint = true)
+    )]
+    async fn count_of(
+        &self,
+        Parameters(args): Parameters<KeyArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let count = self
+            .stats
+            .keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&args.key)
+            .copied()
+            .unwrap_or(0);
+        Ok(CallToolResult::structured(
+            json!({"key": args.key, "count": count}),
+        ))
+    }
+
     #[tool(description = "Always reports an error.")]
     async fn fail(
         &self,

@@ -8,17 +8,17 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use flow_ledger::{Actor, EventFilter, InDoubtFilter, Resolve, ToolCall};
+use flow_ledger::{Actor, EventFilter, InDoubtFilter, Resolution, Resolve, ToolCall};
 use serde::Deserialize;
 use serde_json::{Value as Json_, json};
 
 use super::steer::{Outcome, requeue_if_settled, resolution, resolve_refused};
 use crate::serve::App;
-use crate::serve::auth::{Admin, Authed, Viewer};
+use crate::serve::auth::{Admin, Authed, Caller, Viewer};
 use crate::serve::problem::{ApiJson, ApiQuery, Problem};
 
 /// Most calls one bulk resolve settles (and one listing shows).
-const MAX_CALLS: u32 = 1_000;
+pub(crate) const MAX_CALLS: u32 = 1_000;
 
 /// The pause between two settlements of a bulk resolve: at most 50 a second, so a
 /// bulk operation cannot crowd the daemons' writes out of the database.
@@ -29,15 +29,16 @@ const SETTLE_PACE: Duration = Duration::from_millis(20);
 #[serde(deny_unknown_fields)]
 pub struct CallFilter {
     /// Only calls of this run.
-    run: Option<String>,
+    pub(crate) run: Option<String>,
     /// Only calls of this node.
-    node: Option<String>,
+    pub(crate) node: Option<String>,
     /// Only calls of this tool.
-    tool: Option<String>,
+    pub(crate) tool: Option<String>,
 }
 
 impl CallFilter {
-    fn ledger(self) -> InDoubtFilter {
+    /// The ledger's filter (at most [`MAX_CALLS`] calls).
+    pub(crate) fn ledger(self) -> InDoubtFilter {
         InDoubtFilter {
             run_id: self.run,
             node: self.node,
@@ -109,16 +110,50 @@ pub async fn resolve_many(
     ApiJson(body): ApiJson<Bulk>,
 ) -> Result<Response, Problem> {
     let how = resolution(body.outcome, body.output, body.error)?;
+    let done = settle_many(&app, &caller, body.filter, &how, body.reason, body.dry_run).await?;
+    let body = if body.dry_run {
+        json!({ "matched": done.matched, "dry_run": true })
+    } else {
+        json!({ "matched": done.matched, "settled": done.settled, "skipped": done.skipped, "dry_run": false })
+    };
+    Ok(Json(body).into_response())
+}
+
+/// What a bulk resolve did (or, dry, would do).
+#[derive(Debug)]
+pub(crate) struct Settled {
+    /// Calls the filter matched.
+    pub(crate) matched: usize,
+    /// Calls settled (0 on a dry run).
+    pub(crate) settled: usize,
+    /// `{run, node, detail}` of each call someone else settled meanwhile.
+    pub(crate) skipped: Vec<Json_>,
+}
+
+/// Settles every call in doubt `filter` matches as `how` (paced, see [`SETTLE_PACE`]),
+/// recording `caller` and `reason`; with `dry_run` only counts them. Shared by the JSON
+/// bulk resolve and the console's, so both count and settle exactly alike.
+pub(crate) async fn settle_many(
+    app: &App,
+    caller: &Caller,
+    filter: CallFilter,
+    how: &Resolution,
+    reason: Option<String>,
+    dry_run: bool,
+) -> Result<Settled, Problem> {
     let calls = app
         .ledger
-        .list_in_doubt(body.filter.ledger())
+        .list_in_doubt(filter.ledger())
         .await
         .map_err(|e| Problem::ledger(&e))?;
-    if body.dry_run {
-        return Ok(Json(json!({ "matched": calls.len(), "dry_run": true })).into_response());
+    let mut done = Settled {
+        matched: calls.len(),
+        settled: 0,
+        skipped: Vec::new(),
+    };
+    if dry_run {
+        return Ok(done);
     }
-    let mut settled = 0usize;
-    let mut skipped = Vec::new();
     for (i, c) in calls.iter().enumerate() {
         if i > 0 {
             tokio::time::sleep(SETTLE_PACE).await;
@@ -128,29 +163,28 @@ pub async fn resolve_many(
             tool_call_id: c.tool_call_id.clone(),
             resolution: how.clone(),
             by: caller.name.clone(),
-            note: body.reason.clone(),
+            note: reason.clone(),
         };
         match app.ledger.resolve_call(req, super::now()).await {
             Ok(_) => {
-                settled += 1;
+                done.settled += 1;
                 let actor = Actor {
                     by: caller.name.clone(),
-                    reason: body.reason.clone(),
+                    reason: reason.clone(),
                 };
-                requeue_if_settled(&app, &c.run_id, actor).await?;
+                requeue_if_settled(app, &c.run_id, actor).await?;
             }
             Err(e) => {
                 let p = resolve_refused(&e, &c.run_id, &c.tool_call_id);
                 if p.status.is_server_error() {
                     return Err(p);
                 }
-                skipped.push(json!({"run": c.run_id, "node": c.tool_call_id, "detail": p.detail}));
+                done.skipped
+                    .push(json!({"run": c.run_id, "node": c.tool_call_id, "detail": p.detail}));
             }
         }
     }
-    let body =
-        json!({ "matched": calls.len(), "settled": settled, "skipped": skipped, "dry_run": false });
-    Ok(Json(body).into_response())
+    Ok(done)
 }
 
 /// The query of `GET /api/v1/events`.
@@ -188,20 +222,6 @@ pub async fn events(
         .await
         .map_err(|e| Problem::ledger(&e))?;
     let next = events.last().map_or(q.after, |e| Some(e.seq));
-    let list: Vec<Json_> = events
-        .iter()
-        .map(|e| {
-            json!({
-                "seq": e.seq,
-                "id": e.id,
-                "type": e.event_type.as_str(),
-                "time": e.time.to_rfc3339(),
-                "run": e.run_id,
-                "step": e.step_id,
-                "node": e.tool_call_id,
-                "payload": e.payload,
-            })
-        })
-        .collect();
+    let list: Vec<Json_> = events.iter().map(super::stream::event_json).collect();
     Ok(Json(json!({ "events": list, "next_after": next })).into_response())
 }

@@ -2,11 +2,15 @@
 //!
 //! - `runs.rs`: list, show, submit, batch submit.
 //! - `steer.rs`: cancel, resume (re-queue), resolve one call in doubt.
+//! - `probe.rs`: probe a paused run's in-doubt calls now (reconciliation).
 //! - `in_doubt.rs`: every call in doubt across runs, bulk resolve, the event feed.
+//! - `stream.rs`: the event feed as Server-Sent Events.
 
-mod in_doubt;
-mod runs;
-mod steer;
+pub(crate) mod in_doubt;
+pub(crate) mod probe;
+pub(crate) mod runs;
+pub(crate) mod steer;
+pub(crate) mod stream;
 
 use std::sync::Arc;
 
@@ -24,9 +28,11 @@ pub fn routes() -> Router<Arc<App>> {
         .route("/api/v1/runs/{id}/cancel", post(steer::cancel))
         .route("/api/v1/runs/{id}/resume", post(steer::resume))
         .route("/api/v1/runs/{id}/resolve", post(steer::resolve))
+        .route("/api/v1/runs/{id}/reconcile", post(probe::reconcile))
         .route("/api/v1/in-doubt", get(in_doubt::list))
         .route("/api/v1/in-doubt:resolve", post(in_doubt::resolve_many))
         .route("/api/v1/events", get(in_doubt::events))
+        .route("/api/v1/events:stream", get(stream::stream))
         .route("/api/v1/openapi.json", get(openapi))
 }
 
@@ -39,6 +45,6 @@ async fn openapi() -> impl axum::response::IntoResponse {
 }
 
 /// The time every handler writes with.
-fn now() -> flow_ledger::Timestamp {
+pub(crate) fn now() -> flow_ledger::Timestamp {
     flow_ledger::Clock::now(&flow_ledger::SystemClock)
 }

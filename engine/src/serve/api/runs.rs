@@ -25,19 +25,19 @@ use crate::snapshot::{validate_options, workflow_hash};
 const MAX_PAGE: u32 = 1_000;
 
 /// The query of `GET /api/v1/runs`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only runs in this state.
-    status: Option<String>,
+    pub(crate) status: Option<String>,
     /// Only runs of this workflow (its `name:`).
-    workflow: Option<String>,
+    pub(crate) workflow: Option<String>,
     /// Only runs created at or after: RFC 3339 or a duration ago (`2h`).
-    since: Option<String>,
+    pub(crate) since: Option<String>,
     /// Page size, 1 to 1,000 (default 100).
-    limit: Option<u32>,
+    pub(crate) limit: Option<u32>,
     /// `next_cursor` of the previous page.
-    cursor: Option<String>,
+    pub(crate) cursor: Option<String>,
 }
 
 /// `GET /api/v1/runs`: newest first, keyset-paged (`next_cursor`, null on the last
@@ -47,6 +47,18 @@ pub async fn list(
     State(app): State<Arc<App>>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Response, Problem> {
+    let (page, next) = page(&app, q).await?;
+    let list: Vec<Json_> = page.iter().map(run_summary).collect();
+    Ok(Json(json!({ "runs": list, "next_cursor": next })).into_response())
+}
+
+/// One page of runs as `q` asks (checked: 400 naming the parameter at fault) and the
+/// cursor of the next page (`None` on the last). Shared by the JSON listing and the
+/// console's runs page.
+pub(crate) async fn page(
+    app: &App,
+    q: ListQuery,
+) -> Result<(Vec<flow_ledger::Run>, Option<String>), Problem> {
     let status = q
         .status
         .as_deref()
@@ -95,12 +107,13 @@ pub async fn list(
         })
         .await
         .map_err(|e| Problem::ledger(&e))?;
-    let page = &runs[..runs.len().min(limit as usize)];
-    let next = (runs.len() > page.len())
-        .then(|| page.last().map(|r| RunCursor::after(r).encode()))
+    let mut runs = runs;
+    let more = runs.len() > limit as usize;
+    runs.truncate(limit as usize);
+    let next = more
+        .then(|| runs.last().map(|r| RunCursor::after(r).encode()))
         .flatten();
-    let list: Vec<Json_> = page.iter().map(run_summary).collect();
-    Ok(Json(json!({ "runs": list, "next_cursor": next })).into_response())
+    Ok((runs, next))
 }
 
 /// `GET /api/v1/runs/{id}`: exactly the `flow show --json` object.

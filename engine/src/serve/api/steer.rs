@@ -23,16 +23,14 @@ use crate::serve::problem::{ApiJson, OptionalJson, Problem};
 #[serde(deny_unknown_fields)]
 pub struct Why {
     /// Recorded with the change.
-    reason: Option<String>,
+    pub(crate) reason: Option<String>,
 }
 
-impl Why {
-    /// Who changed the run and why, for the event the change writes (the audit trail).
-    fn actor(self, caller: Caller) -> Actor {
-        Actor {
-            by: caller.name,
-            reason: self.reason,
-        }
+/// Who changed the run and why, for the event the change writes (the audit trail).
+fn actor(caller: &Caller, reason: Option<String>) -> Actor {
+    Actor {
+        by: caller.name.clone(),
+        reason,
     }
 }
 
@@ -66,12 +64,24 @@ pub async fn cancel(
     Path(id): Path<String>,
     OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
-    let actor = why.actor(caller);
-    app.ledger
-        .request_cancel_as(&id, Some(actor), now())
-        .await
-        .map_err(|e| refused(&e, &id, "cancel"))?;
+    cancel_run(&app, &caller, &id, why.reason).await?;
     answer(&app, &id).await
+}
+
+/// Asks run `id` to stop as `caller`, recording the caller's name and `reason` (as
+/// `flow cancel`): the JSON handler and the console's cancel form both call it.
+pub(crate) async fn cancel_run(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    reason: Option<String>,
+) -> Result<(), Problem> {
+    let actor = actor(caller, reason);
+    app.ledger
+        .request_cancel_as(id, Some(actor), now())
+        .await
+        .map(|_| ())
+        .map_err(|e| refused(&e, id, "cancel"))
 }
 
 /// `POST /api/v1/runs/{id}/resume`: puts a paused run (or one whose worker is gone)
@@ -82,7 +92,7 @@ pub async fn resume(
     Path(id): Path<String>,
     OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
-    let actor = why.actor(caller);
+    let actor = actor(&caller, why.reason);
     app.ledger
         .requeue_run_as(&id, Some(actor), now())
         .await
@@ -120,7 +130,7 @@ pub struct ResolveBody {
 
 /// The resolution `outcome` with `output`/`error` means; a field that does not go
 /// with the outcome is a 400.
-pub(super) fn resolution(
+pub(crate) fn resolution(
     outcome: Outcome,
     output: Option<Json_>,
     error: Option<String>,
@@ -145,7 +155,7 @@ pub(super) fn resolution(
 
 /// The problem for a resolve the ledger refused: 404 for an unknown run or node, 409
 /// when the call is not in doubt (or another resolve won the race) or the run ended.
-pub(super) fn resolve_refused(e: &flow_ledger::Error, run: &str, node: &str) -> Problem {
+pub(crate) fn resolve_refused(e: &flow_ledger::Error, run: &str, node: &str) -> Problem {
     use flow_ledger::Error as E;
     match e {
         E::NotFound { .. } => Problem::not_found(format!("run `{run}` has no tool call `{node}`")),
@@ -172,12 +182,27 @@ pub async fn resolve(
     ApiJson(body): ApiJson<ResolveBody>,
 ) -> Result<Response, Problem> {
     let resolution = resolution(body.outcome, body.output, body.error)?;
+    settle(&app, &caller, &id, &body.node, resolution, body.reason).await?;
+    answer(&app, &id).await
+}
+
+/// Settles call `node` of run `run` as `caller` decided, recording the caller's name and
+/// `reason`, then re-queues the run once nothing of it is in doubt. The one way a single
+/// call is resolved over HTTP: the JSON handler and the console's forms both call it.
+pub(crate) async fn settle(
+    app: &App,
+    caller: &Caller,
+    run: &str,
+    node: &str,
+    resolution: Resolution,
+    reason: Option<String>,
+) -> Result<(), Problem> {
     let req = Resolve {
-        run_id: id.clone(),
-        tool_call_id: body.node.clone(),
+        run_id: run.to_string(),
+        tool_call_id: node.to_string(),
         resolution,
-        by: caller.name,
-        note: body.reason,
+        by: caller.name.clone(),
+        note: reason,
     };
     let actor = Actor {
         by: req.by.clone(),
@@ -186,15 +211,14 @@ pub async fn resolve(
     app.ledger
         .resolve_call(req, now())
         .await
-        .map_err(|e| resolve_refused(&e, &id, &body.node))?;
-    requeue_if_settled(&app, &id, actor).await?;
-    answer(&app, &id).await
+        .map_err(|e| resolve_refused(&e, run, node))?;
+    requeue_if_settled(app, run, actor).await
 }
 
 /// Puts a paused run back on the queue for the daemons once none of its calls is in
 /// doubt any more (what `flow resume --resolve` does by executing it): the resolution
 /// is what the operator decided, continuing is then the daemons' job.
-pub(super) async fn requeue_if_settled(app: &App, id: &str, actor: Actor) -> Result<(), Problem> {
+pub(crate) async fn requeue_if_settled(app: &App, id: &str, actor: Actor) -> Result<(), Problem> {
     let filter = flow_ledger::InDoubtFilter {
         run_id: Some(id.to_string()),
         limit: 1,

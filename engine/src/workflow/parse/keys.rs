@@ -47,7 +47,23 @@ pub(super) const TOOL_COMMON_KEYS: &[&str] = &[
     "quota",
     "idempotency",
     "read_only",
+    "reconcile",
 ];
+pub(super) const RECONCILE_KEYS: &[&str] = &[
+    "request",
+    "tool",
+    "with",
+    "command",
+    "env",
+    "found",
+    "not_found",
+    "output",
+    "after",
+    "max_probes",
+    "interval",
+    "timeout",
+];
+pub(super) const RECONCILE_REQUEST_KEYS: &[&str] = &["method", "url", "headers", "query"];
 pub(super) const FUNCTION_KEYS: &[&str] = &["function"];
 pub(super) const COMMAND_KEYS: &[&str] = &["command", "env", "cwd", "env_allow"];
 pub(super) const HTTP_KEYS: &[&str] = &[

@@ -10,6 +10,7 @@
 mod keys;
 mod names;
 mod nodes;
+mod reconcile;
 mod root;
 mod tools;
 mod values;

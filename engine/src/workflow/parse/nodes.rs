@@ -60,7 +60,7 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
             }
         },
     };
-    let condition = get(fields, "if").and_then(|n| condition(cx, n));
+    let condition = get(fields, "if").and_then(|n| condition(cx, n, "if"));
     Some(NodeDecl {
         id,
         pos: key.pos,
@@ -92,7 +92,7 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
 /// (`if: inputs.go`, `if: "false"`). Text mixed with expressions (`"${{ a }} and
 /// ${{ b }}"`, `"x ${{ a }}"`), an empty string and numbers are refused: each used to be
 /// a non-empty string, which is always true.
-fn condition(cx: &mut Cx, n: &Node) -> Option<Template> {
+pub(super) fn condition(cx: &mut Cx, n: &Node, field: &str) -> Option<Template> {
     let text = match &n.value {
         Value::Bool(b) => return Template::expression(&b.to_string(), n.pos).ok(),
         Value::Str(s) => s.trim(),
@@ -100,10 +100,12 @@ fn condition(cx: &mut Cx, n: &Node) -> Option<Template> {
             cx.error_help(
                 n.pos,
                 format!(
-                    "`if` must be true, false or an expression, found {}",
+                    "`{field}` must be true, false or an expression, found {}",
                     n.type_name()
                 ),
-                "write `if: true`, `if: false` or `if: ${{ inputs.go }}`",
+                format!(
+                    "write `{field}: true`, `{field}: false` or `{field}: ${{{{ inputs.go }}}}`"
+                ),
             );
             return None;
         }
@@ -111,15 +113,22 @@ fn condition(cx: &mut Cx, n: &Node) -> Option<Template> {
     if text.is_empty() {
         cx.error_help(
             n.pos,
-            "`if` is empty",
-            "write `if: true`, `if: false` or an expression; remove `if` to always run",
+            format!("`{field}` is empty"),
+            format!(
+                "write `{field}: true`, `{field}: false` or an expression{}",
+                if field == "if" {
+                    "; remove `if` to always run"
+                } else {
+                    ""
+                }
+            ),
         );
         return None;
     }
     let template = match Template::parse(text, n.pos) {
         Ok(t) => t,
         Err(e) => {
-            cx.error(n.pos, format!("`if`: {e}"));
+            cx.error(n.pos, format!("`{field}`: {e}"));
             return None;
         }
     };
@@ -129,7 +138,7 @@ fn condition(cx: &mut Cx, n: &Node) -> Option<Template> {
         (None, true) => {
             cx.error_help(
                 n.pos,
-                format!("`if` must be one expression, found `{text}`"),
+                format!("`{field}` must be one expression, found `{text}`"),
                 "text around or between `${{ }}` makes a string, which is always true; put the whole condition in one `${{ … }}`, e.g. `${{ a and b }}`",
             );
             return None;
@@ -138,7 +147,7 @@ fn condition(cx: &mut Cx, n: &Node) -> Option<Template> {
     match Template::expression(&src, n.pos) {
         Ok(t) => Some(t),
         Err(e) => {
-            cx.error(n.pos, format!("`if`: {e}"));
+            cx.error(n.pos, format!("`{field}`: {e}"));
             None
         }
     }

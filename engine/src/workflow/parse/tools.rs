@@ -6,6 +6,7 @@ use super::keys::{
     TOOL_KINDS,
 };
 use super::names::is_tool_name;
+use super::reconcile::reconcile;
 use super::values::string_list;
 use super::{Cx, get};
 use crate::workflow::diagnostic::{Pos, did_you_mean};
@@ -119,6 +120,7 @@ pub(super) fn tool(cx: &mut Cx, key: &Key, spec: &Node) -> Option<ToolDecl> {
     let description = get(fields, "description").and_then(|n| cx.text(n, "`description`"));
     let timeout = get(fields, "timeout").and_then(|n| cx.duration(n, "`timeout`", MAX_TIMEOUT));
     let read_only = get(fields, "read_only").and_then(|n| cx.bool(n, "`read_only`"));
+    let reconcile = get(fields, "reconcile").and_then(|n| reconcile(cx, n, &kind_name));
     Some(ToolDecl {
         name: key.name.clone(),
         pos: key.pos,
@@ -129,6 +131,7 @@ pub(super) fn tool(cx: &mut Cx, key: &Key, spec: &Node) -> Option<ToolDecl> {
         quota_per_day,
         idempotency,
         read_only,
+        reconcile,
     })
 }
 

@@ -1,0 +1,228 @@
+//! Client mode: `flow submit`, `flow runs` and `flow show` with `--server URL` talk to a
+//! `flow serve` over its JSON API instead of opening the database, so an operator's
+//! laptop needs a token, not database credentials.
+//!
+//! The token is read from the environment variable `--token-env` names (`FLOW_TOKEN` by
+//! default), never from a flag: flags end up in shell history and `ps`. The server's
+//! errors (`application/problem+json`) are printed as `error: <title>: <detail>`; a
+//! refused request (4xx: bad input, unknown run, a `--run-id` taken, a bad or
+//! too-weak token) exits 2, an unreachable or failing server (5xx, 408, 429) exits 5.
+
+use std::io::Write;
+
+use serde_json::{Value as Json, json};
+
+use flow_adapters::api_client::{ApiClient, ApiError};
+
+use super::show::{RunsArgs, ShowArgs};
+use super::submit::SubmitArgs;
+use super::table::{table, terminal_width};
+use super::{Cli, CliError, Remote, exit};
+
+/// The client `--server` and `--token-env` describe (exit 2 for a URL that is not
+/// http(s)).
+fn client(server: &str, remote: &Remote) -> Result<ApiClient, CliError> {
+    let token = std::env::var(&remote.token_env)
+        .ok()
+        .filter(|t| !t.trim().is_empty());
+    ApiClient::new(server, token).map_err(|e| failed(&e, false))
+}
+
+/// The CLI error for a failed request: the server's problem as `<title>: <detail>`
+/// ([`CliError::Remote`]), a bad URL exit 2, no answer exit 5.
+fn failed(e: &ApiError, has_token: bool) -> CliError {
+    match e {
+        ApiError::BadUrl(_) => CliError::invalid(format!("--server {e}")),
+        ApiError::Unreachable { .. } => CliError::unavailable(e.to_string()),
+        ApiError::Problem {
+            status,
+            title,
+            detail,
+        } => {
+            let mut detail = detail.clone();
+            if *status == 401 && !has_token {
+                detail.push_str(" (no token was sent: set the variable --token-env names)");
+            }
+            CliError::Remote {
+                status: *status,
+                title: title.clone(),
+                detail,
+            }
+        }
+    }
+}
+
+/// `flow submit --server`: checks the file and inputs here as `flow submit` does, then
+/// posts the run; prints its id.
+pub(crate) async fn submit(
+    server: &str,
+    args: &SubmitArgs,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let client = client(server, &args.remote)?;
+    let (wf, new) = super::run::check_new_run(
+        &args.file,
+        &args.inputs,
+        args.inputs_file.as_deref(),
+        args.run_id.as_deref(),
+    )?;
+    let body = json!({"workflow": new.workflow_text, "inputs": new.inputs, "run_id": new.id});
+    let answer = client
+        .post(&["runs"], &body)
+        .await
+        .map_err(|e| failed(&e, client.has_token()))?;
+    let id = answer["id"].as_str().unwrap_or(&new.id);
+    let _ = writeln!(stdout, "{id}");
+    if answer["created"] == json!(true) {
+        let _ = writeln!(stderr, "run {id} queued ({}) on {}", wf.name, client.base());
+    } else {
+        let status = answer["status"].as_str().unwrap_or("?");
+        let _ = writeln!(
+            stderr,
+            "run {id} exists with the same workflow and inputs ({status})"
+        );
+    }
+    Ok(exit::OK)
+}
+
+/// `flow runs --server`: one page of the API's listing; the command for the next page
+/// (with the server's cursor) on stderr.
+pub(crate) async fn runs(
+    cli: &Cli,
+    server: &str,
+    args: &RunsArgs,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<u8, CliError> {
+    if args.until.is_some() {
+        return Err(CliError::invalid(
+            "--until is not available with --server (the API filters by --since only)",
+        ));
+    }
+    let client = client(server, &args.remote)?;
+    let mut query = vec![("limit", args.limit.min(1_000).to_string())];
+    for (name, value) in [
+        ("status", &args.status),
+        ("workflow", &args.workflow),
+        ("since", &args.since),
+        ("cursor", &args.cursor),
+    ] {
+        if let Some(v) = value {
+            query.push((name, v.clone()));
+        }
+    }
+    let page = client
+        .get(&["runs"], &query)
+        .await
+        .map_err(|e| failed(&e, client.has_token()))?;
+    let list = page["runs"].as_array().cloned().unwrap_or_default();
+    if args.json {
+        let text = serde_json::to_string_pretty(&list).unwrap_or_default();
+        let _ = writeln!(stdout, "{text}");
+    } else {
+        let cell = |r: &Json, k: &str| r[k].as_str().unwrap_or("-").to_string();
+        let rows: Vec<Vec<String>> = list
+            .iter()
+            .map(|r| {
+                ["id", "status", "workflow", "created_at", "finished_at"]
+                    .map(|k| cell(r, k))
+                    .to_vec()
+            })
+            .collect();
+        let header = ["RUN", "STATUS", "WORKFLOW", "CREATED", "FINISHED"];
+        let _ = stdout.write_all(table(&header, &rows, terminal_width()).as_bytes());
+    }
+    if let Some(cursor) = page["next_cursor"].as_str() {
+        let mut prefix = format!(
+            "{} runs --server {}",
+            super::flow_command(cli),
+            super::shell_quote(server)
+        );
+        if args.remote.token_env != "FLOW_TOKEN" {
+            prefix.push_str(&format!(" --token-env {}", args.remote.token_env));
+        }
+        let next = super::show::next_page(prefix, args);
+        let _ = writeln!(stderr, "more runs: {next} --cursor {cursor}");
+    }
+    Ok(exit::OK)
+}
+
+/// `flow show --server`: the API's run object (`--json`: exactly `flow show --json`'s),
+/// or a summary of it.
+pub(crate) async fn show(
+    server: &str,
+    args: &ShowArgs,
+    stdout: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let client = client(server, &args.remote)?;
+    let v = client
+        .get(&["runs", &args.run], &[])
+        .await
+        .map_err(|e| failed(&e, client.has_token()))?;
+    let text = if args.json {
+        format!("{}\n", serde_json::to_string_pretty(&v).unwrap_or_default())
+    } else {
+        summary(&v, client.base())
+    };
+    let _ = stdout.write_all(text.as_bytes());
+    Ok(exit::OK)
+}
+
+/// The human view of a run object: the run, then one line per call and per step.
+fn summary(v: &Json, base: &str) -> String {
+    use std::fmt::Write as _;
+    let s = |x: &Json| x.as_str().unwrap_or("-").to_string();
+    let run = &v["run"];
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "run {}  {}  workflow {}",
+        s(&run["id"]),
+        s(&run["status"]),
+        s(&run["workflow"])
+    );
+    let _ = writeln!(
+        out,
+        "  created {}  started {}  finished {}",
+        s(&run["created_at"]),
+        s(&run["started_at"]),
+        s(&run["finished_at"])
+    );
+    let _ = writeln!(out, "  inputs {}", run["inputs"]);
+    if !run["output"].is_null() {
+        let _ = writeln!(out, "  output {}", run["output"]);
+    }
+    if let Some(e) = run["error"].as_str() {
+        let _ = writeln!(out, "  {e}");
+    }
+    let _ = writeln!(out);
+    for step in v["steps"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            out,
+            "{}  step {}  {}",
+            s(&step["node_id"]),
+            s(&step["step_id"]),
+            s(&step["status"])
+        );
+    }
+    let mut in_doubt = false;
+    for c in v["tool_calls"].as_array().into_iter().flatten() {
+        in_doubt |= c["status"] == "in_doubt";
+        let _ = writeln!(
+            out,
+            "{}  call {}  tool {}  attempts {}  requests sent {}  key {}",
+            s(&c["tool_call_id"]),
+            s(&c["status"]),
+            s(&c["tool"]),
+            c["attempt_count"],
+            c["outbound_requests"],
+            s(&c["current_key"])
+        );
+    }
+    if in_doubt {
+        let inbox = format!("{}/ui/in-doubt", base.trim_end_matches('/'));
+        let _ = writeln!(out, "\nIn doubt: resolve in the console's inbox at {inbox}");
+    }
+    out
+}

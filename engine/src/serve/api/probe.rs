@@ -1,0 +1,95 @@
+//! `POST /api/v1/runs/{id}/reconcile`: "probe now" — ask the downstream about every
+//! in-doubt call of a paused run whose tool declares `reconcile:` (as `flow reconcile
+//! --run`), and re-queue the run once nothing of it is in doubt. The probes are recorded
+//! like any other (`by`: the token's name), so the run's probe history shows who asked.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use flow_ledger::{Actor, RunStatus};
+use serde_json::{Value as Json_, json};
+
+use super::steer::{Why, requeue_if_settled};
+use crate::cli::show::show_json;
+use crate::reconcile::{ProbeCall, Reconciled, reconcile_call};
+use crate::serve::App;
+use crate::serve::auth::{Authed, Caller, Operator};
+use crate::serve::problem::{OptionalJson, Problem};
+
+/// `POST /api/v1/runs/{id}/reconcile`: 200 `{ "probes": [{node, key, outcome}], "run": … }`;
+/// 404 unknown run; 409 when the run is not paused (its holder probes its own calls).
+pub async fn reconcile(
+    Authed(caller, _): Authed<Operator>,
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    OptionalJson(why): OptionalJson<Why>,
+) -> Result<Response, Problem> {
+    let probes = probe_run(&app, &caller, &id, why.reason).await?;
+    let run = show_json(&app.ledger, &id)
+        .await
+        .map_err(|e| Problem::ledger(&e))?;
+    Ok(Json(json!({ "probes": probes, "run": run })).into_response())
+}
+
+/// Probes the in-doubt calls of paused run `id` now, as `caller`; what each came to.
+/// The one way the API and the console probe.
+pub(crate) async fn probe_run(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    reason: Option<String>,
+) -> Result<Vec<Json_>, Problem> {
+    let run = app.ledger.get_run(id).await.map_err(|e| match e {
+        flow_ledger::Error::NotFound { .. } => Problem::not_found(format!("no run `{id}`")),
+        e => Problem::ledger(&e),
+    })?;
+    if run.status != RunStatus::Paused {
+        return Err(Problem::conflict(format!(
+            "run `{id}` is {}: only a paused run's calls are probed on request (a running run's holder probes its own)",
+            run.status
+        )));
+    }
+    let wf = crate::snapshot::snapshot(&run)
+        .map_err(|e| Problem::ledger(&flow_ledger::Error::Corrupt { what: e }))?;
+    let filter = flow_ledger::InDoubtFilter {
+        run_id: Some(id.to_string()),
+        ..Default::default()
+    };
+    let calls = app
+        .ledger
+        .list_in_doubt(filter)
+        .await
+        .map_err(|e| Problem::ledger(&e))?;
+    let by = format!("{} (probe now)", caller.name);
+    let mut out = Vec::with_capacity(calls.len());
+    let mut settled = false;
+    for c in &calls {
+        let Some(node) = wf.node(&c.tool_call_id) else {
+            continue;
+        };
+        let call = ProbeCall {
+            wf: &wf,
+            node,
+            run_id: id,
+            inputs: &run.inputs,
+            by: &by,
+            now_regardless: true,
+            dry_run: false,
+        };
+        let outcome = reconcile_call(&app.gateway, call)
+            .await
+            .map_err(|crate::reconcile::Error::Ledger(e)| Problem::ledger(&e))?;
+        settled |= matches!(outcome, Reconciled::Probed { settled: true, .. });
+        out.push(json!({ "node": c.tool_call_id, "key": c.current_key, "outcome": outcome }));
+    }
+    if settled {
+        let actor = Actor {
+            by: caller.name.clone(),
+            reason: reason.or_else(|| Some("settled by a probe".into())),
+        };
+        requeue_if_settled(app, id, actor).await?;
+    }
+    Ok(out)
+}

@@ -1,0 +1,361 @@
+//! The console's POSTs. Each checks, in this order, the session (or redirects to the
+//! sign-in form), the form's CSRF token (403), the caller's role (403), then the form's
+//! values (400, shown on the page) — and only then acts, through the API's functions.
+//! A refused POST writes nothing.
+
+use std::sync::Arc;
+
+use axum::Form;
+use axum::extract::rejection::FormRejection;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use serde::Deserialize;
+use serde_json::{Value as Json, json};
+
+use super::pages::{InboxQuery, inbox, sign_in_page};
+use super::session::{Signed, set_cookie};
+use super::{Page, Ui};
+use crate::serve::api::in_doubt::settle_many;
+use crate::serve::api::probe::probe_run;
+use crate::serve::api::steer::{Outcome, cancel_run, resolution, settle};
+use crate::serve::auth::{Role, Tokens};
+use crate::serve::problem::Problem;
+
+/// A form body, its rejection a 400 page.
+fn form<T>(f: Result<Form<T>, FormRejection>) -> Result<T, Page> {
+    f.map(|Form(v)| v)
+        .map_err(|e| Page::error(StatusCode::BAD_REQUEST, e.body_text()))
+}
+
+/// `s` for a URL's query or path segment.
+pub(super) fn url(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// The sign-in form.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct SignIn {
+    csrf: String,
+    token: String,
+}
+
+/// `POST /ui/sign-in`: a valid token opens a session (cookie), anything else shows the
+/// form again with why (401).
+pub async fn sign_in(
+    State(ui): State<Arc<Ui>>,
+    f: Result<Form<SignIn>, FormRejection>,
+) -> Result<Page, Page> {
+    if matches!(ui.app.tokens, Tokens::Insecure) {
+        return Ok(Page::redirect("/ui/runs"));
+    }
+    let f = form(f)?;
+    if !ui.sessions.csrf_ok("sign-in", "", &f.csrf) {
+        return Err(Page::error(
+            StatusCode::FORBIDDEN,
+            "the sign-in form's CSRF token is not this server's: reload the page and try again",
+        ));
+    }
+    let token = f.token.trim();
+    let caller = match ui.app.tokens.authenticate(Some(&format!("Bearer {token}"))) {
+        Ok(c) => c,
+        Err(_) => {
+            let why = "that token is not one this server knows: paste the value of an [[api.tokens]] secret";
+            return Ok(sign_in_page(&ui, StatusCode::UNAUTHORIZED, Some(why)));
+        }
+    };
+    tracing::info!(token = %caller.name, role = caller.role.as_str(), "console sign-in");
+    let id = ui.sessions.open(caller);
+    Ok(Page::Redirect("/ui/runs".into(), Some(set_cookie(&id))))
+}
+
+/// A form that carries only its CSRF token.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct Plain {
+    csrf: String,
+}
+
+/// `POST /ui/sign-out`: ends the session and clears the cookie.
+pub async fn sign_out(
+    signed: Signed,
+    State(ui): State<Arc<Ui>>,
+    f: Result<Form<Plain>, FormRejection>,
+) -> Result<Page, Page> {
+    let f = form(f)?;
+    signed.check_csrf(&ui, &f.csrf)?;
+    ui.sessions.close(&signed.session);
+    Ok(Page::Redirect("/ui/sign-in".into(), Some(set_cookie(""))))
+}
+
+/// The resolve form of one call.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ResolveForm {
+    csrf: String,
+    run: String,
+    node: String,
+    /// `succeeded`, `failed` or `retry`.
+    outcome: String,
+    /// With `succeeded`: the output, JSON text.
+    output: String,
+    /// Recorded with the resolution; with `failed` also the node's error.
+    reason: String,
+    /// The required "I confirm" checkbox (`yes`).
+    confirm: String,
+}
+
+/// The outcome a form names, or 400.
+fn outcome(text: &str) -> Result<Outcome, String> {
+    match text {
+        "succeeded" => Ok(Outcome::Succeeded),
+        "failed" => Ok(Outcome::Failed),
+        "retry" => Ok(Outcome::Retry),
+        other => Err(format!(
+            "outcome: `{other}` is not succeeded, failed or retry"
+        )),
+    }
+}
+
+/// The resolution a form asks for, checked as the JSON API checks it (the output must
+/// be JSON; `failed` records the reason as the error).
+fn how(outcome_text: &str, output: &str, reason: &str) -> Result<flow_ledger::Resolution, String> {
+    let outcome = outcome(outcome_text)?;
+    let output = match outcome {
+        Outcome::Succeeded => Some(serde_json::from_str::<Json>(output).map_err(|e| {
+            format!("output: not JSON ({e}); give the call's output, e.g. {{\"id\": \"re_1\"}}")
+        })?),
+        _ => None,
+    };
+    let error = (outcome == Outcome::Failed && !reason.trim().is_empty())
+        .then(|| reason.trim().to_string());
+    resolution(outcome, output, error).map_err(|p| p.detail)
+}
+
+fn reason(text: &str) -> Option<String> {
+    Some(text.trim().to_string()).filter(|s| !s.is_empty())
+}
+
+/// `POST /ui/in-doubt/resolve`: settles one call (operators and admins), then shows its
+/// run; a refused form shows the inbox again with why, nothing written.
+pub async fn resolve(
+    signed: Signed,
+    State(ui): State<Arc<Ui>>,
+    f: Result<Form<ResolveForm>, FormRejection>,
+) -> Result<Page, Page> {
+    let f = form(f)?;
+    signed.check_csrf(&ui, &f.csrf)?;
+    signed.need(Role::Operator)?;
+    let q = InboxQuery::default();
+    let again = |status: StatusCode, error: String| {
+        let notice = json!({"error": error, "run": f.run, "node": f.node, "output": f.output, "reason": f.reason});
+        inbox(&ui, &signed, &q, status, notice)
+    };
+    if f.confirm != "yes" {
+        let why = "tick \"I confirm\" to resolve the call: nothing was written".to_string();
+        return again(StatusCode::BAD_REQUEST, why).await;
+    }
+    let resolution = match how(&f.outcome, &f.output, &f.reason) {
+        Ok(r) => r,
+        Err(why) => {
+            return again(
+                StatusCode::BAD_REQUEST,
+                format!("{why}: nothing was written"),
+            )
+            .await;
+        }
+    };
+    let settled = settle(
+        &ui.app,
+        &signed.caller,
+        &f.run,
+        &f.node,
+        resolution,
+        reason(&f.reason),
+    )
+    .await;
+    match settled {
+        Ok(()) => Ok(Page::redirect(format!(
+            "/ui/runs/{}?resolved={}",
+            url(&f.run),
+            url(&f.node)
+        ))),
+        Err(Problem { status, detail, .. }) => again(status, detail).await,
+    }
+}
+
+/// The cancel form of a run page.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct CancelForm {
+    csrf: String,
+    reason: String,
+    confirm: String,
+}
+
+/// `POST /ui/runs/{id}/cancel`: asks the run to stop (operators and admins), recorded
+/// with the caller's name and reason, then shows the run again.
+pub async fn cancel(
+    signed: Signed,
+    State(ui): State<Arc<Ui>>,
+    Path(id): Path<String>,
+    f: Result<Form<CancelForm>, FormRejection>,
+) -> Result<Page, Page> {
+    let f = form(f)?;
+    signed.check_csrf(&ui, &f.csrf)?;
+    signed.need(Role::Operator)?;
+    if f.confirm != "yes" {
+        return Err(Page::error(
+            StatusCode::BAD_REQUEST,
+            "tick \"I confirm\" to cancel the run: nothing was written",
+        ));
+    }
+    cancel_run(&ui.app, &signed.caller, &id, reason(&f.reason)).await?;
+    Ok(Page::redirect(format!("/ui/runs/{}", url(&id))))
+}
+
+/// The "probe now" form of a run page.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ProbeForm {
+    csrf: String,
+}
+
+/// `POST /ui/runs/{id}/reconcile`: probes the paused run's calls in doubt now
+/// (operators and admins; reconciliation), then shows the run with its probe history.
+pub async fn probe(
+    signed: Signed,
+    State(ui): State<Arc<Ui>>,
+    Path(id): Path<String>,
+    f: Result<Form<ProbeForm>, FormRejection>,
+) -> Result<Page, Page> {
+    let f = form(f)?;
+    signed.check_csrf(&ui, &f.csrf)?;
+    signed.need(Role::Operator)?;
+    let outcomes = probe_run(&ui.app, &signed.caller, &id, None).await?;
+    let settled = outcomes
+        .iter()
+        .filter(|o| o["outcome"]["settled"] == Json::Bool(true))
+        .count();
+    Ok(Page::redirect(format!(
+        "/ui/runs/{}?probed={settled}",
+        url(&id)
+    )))
+}
+
+/// The bulk resolve form (admins).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct BulkForm {
+    csrf: String,
+    run: String,
+    node: String,
+    tool: String,
+    outcome: String,
+    output: String,
+    reason: String,
+    confirm: String,
+    /// `yes`: only count.
+    dry_run: String,
+}
+
+/// `POST /ui/in-doubt/bulk`: with `dry_run`, shows how many calls the filter matches;
+/// otherwise (confirmed) settles them all as the JSON bulk resolve does.
+pub async fn bulk(
+    signed: Signed,
+    State(ui): State<Arc<Ui>>,
+    f: Result<Form<BulkForm>, FormRejection>,
+) -> Result<Page, Page> {
+    let f = form(f)?;
+    signed.check_csrf(&ui, &f.csrf)?;
+    signed.need(Role::Admin)?;
+    let q = InboxQuery {
+        run: f.run.clone(),
+        node: f.node.clone(),
+        tool: f.tool.clone(),
+    };
+    let dry = f.dry_run == "yes";
+    let keep = json!({"bulk_outcome": f.outcome, "bulk_output": f.output, "bulk_reason": f.reason});
+    let with = |mut notice: Json| {
+        if let (Some(n), Some(k)) = (notice.as_object_mut(), keep.as_object()) {
+            n.extend(k.clone());
+        }
+        notice
+    };
+    if !dry && f.confirm != "yes" {
+        let notice = with(
+            json!({"error": "tick \"I confirm\" to resolve every matching call: nothing was written"}),
+        );
+        return inbox(&ui, &signed, &q, StatusCode::BAD_REQUEST, notice).await;
+    }
+    let how = match how(&f.outcome, &f.output, &f.reason) {
+        Ok(h) => h,
+        Err(why) => {
+            let notice = with(json!({"error": format!("{why}: nothing was written")}));
+            return inbox(&ui, &signed, &q, StatusCode::BAD_REQUEST, notice).await;
+        }
+    };
+    match settle_many(
+        &ui.app,
+        &signed.caller,
+        q.filter(),
+        &how,
+        reason(&f.reason),
+        dry,
+    )
+    .await
+    {
+        Ok(done) if dry => {
+            let info = format!(
+                "dry run: {} call(s) match; nothing was written",
+                done.matched
+            );
+            inbox(
+                &ui,
+                &signed,
+                &q,
+                StatusCode::OK,
+                with(json!({"info": info, "matched": done.matched})),
+            )
+            .await
+        }
+        Ok(done) => {
+            let info = format!(
+                "{} of {} matching call(s) settled as {}; {} skipped (settled by someone else meanwhile)",
+                done.settled,
+                done.matched,
+                f.outcome,
+                done.skipped.len()
+            );
+            inbox(&ui, &signed, &q, StatusCode::OK, json!({"info": info})).await
+        }
+        Err(p) => inbox(&ui, &signed, &q, p.status, with(json!({"error": p.detail}))).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forms_resolve_as_the_api_does() {
+        assert!(matches!(
+            how("succeeded", r#"{"id": 1}"#, ""),
+            Ok(flow_ledger::Resolution::Succeeded(v)) if v == json!({"id": 1})
+        ));
+        assert!(
+            how("succeeded", "{not json", "").is_err_and(|e| e.starts_with("output: not JSON"))
+        );
+        assert!(how("succeeded", "", "").is_err());
+        assert!(matches!(
+            how("failed", "", " declined "),
+            Ok(flow_ledger::Resolution::Failed(e)) if e == "declined"
+        ));
+        assert!(matches!(
+            how("retry", "", ""),
+            Ok(flow_ledger::Resolution::Retry)
+        ));
+        assert!(how("maybe", "", "").is_err_and(|e| e.contains("`maybe`")));
+        assert_eq!(url("run 1/&"), "run+1%2F%26");
+    }
+}

@@ -1,0 +1,190 @@
+//! The operator console: a server-rendered web UI under `/ui` (`/` redirects to it).
+//!
+//! - `session.rs`: sign-in with a bearer token, the session cookie, CSRF tokens.
+//! - `pages.rs`: the pages (runs, one run, the In doubt inbox, sign-in).
+//! - `actions.rs`: the forms' POSTs (resolve one call, bulk resolve, cancel a run, sign
+//!   in and out).
+//! - `templates/`: minijinja templates, HTML-escaped throughout (run inputs, outputs and
+//!   requests are untrusted text); `assets/console.css` the one stylesheet.
+//!
+//! Pages read with the same ledger reads the JSON API uses, and the forms act through the
+//! API's own functions (`api::steer::settle`, `api::in_doubt::settle_many`), so a
+//! resolution made here is recorded exactly as one made over JSON: `by` is the token's
+//! name, the reason the one given. No JavaScript: a page of a run still moving refreshes
+//! itself (`<meta http-equiv="refresh">`), confirmations are required checkboxes.
+
+mod actions;
+mod pages;
+pub mod session;
+
+use std::sync::{Arc, LazyLock};
+
+use axum::Router;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use minijinja::Environment;
+use serde_json::Value as Json;
+
+use super::App;
+use super::problem::Problem;
+
+/// The console's state: the API's, plus the sessions.
+#[derive(Debug)]
+pub struct Ui {
+    /// What the API handlers share (ledger, tokens).
+    pub app: Arc<App>,
+    /// Who is signed in.
+    pub sessions: session::Sessions,
+}
+
+/// The console's routes.
+pub fn routes(app: Arc<App>) -> Router {
+    let ui = Arc::new(Ui {
+        app,
+        sessions: session::Sessions::default(),
+    });
+    Router::new()
+        .route("/", get(|| async { Redirect::to("/ui") }))
+        .route("/ui", get(|| async { Redirect::to("/ui/runs") }))
+        .route("/ui/console.css", get(css))
+        .route("/ui/sign-in", get(pages::sign_in).post(actions::sign_in))
+        .route("/ui/sign-out", post(actions::sign_out))
+        .route("/ui/runs", get(pages::runs))
+        .route("/ui/runs/{id}", get(pages::run))
+        .route("/ui/runs/{id}/cancel", post(actions::cancel))
+        .route("/ui/runs/{id}/reconcile", post(actions::probe))
+        .route("/ui/in-doubt", get(pages::in_doubt))
+        .route("/ui/in-doubt/resolve", post(actions::resolve))
+        .route("/ui/in-doubt/bulk", post(actions::bulk))
+        .with_state(ui)
+}
+
+async fn css() -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        include_str!("assets/console.css"),
+    )
+}
+
+/// The templates, parsed once. Names end in `.html`, so minijinja escapes every value
+/// for HTML unless a template says otherwise (none does).
+static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
+    let mut env = Environment::new();
+    env.add_filter("url", |s: String| actions::url(&s));
+    let sources = [
+        ("layout.html", include_str!("templates/layout.html")),
+        ("error.html", include_str!("templates/error.html")),
+        ("sign_in.html", include_str!("templates/sign_in.html")),
+        ("runs.html", include_str!("templates/runs.html")),
+        ("run.html", include_str!("templates/run.html")),
+        ("in_doubt.html", include_str!("templates/in_doubt.html")),
+    ];
+    for (name, text) in sources {
+        if let Err(e) = env.add_template(name, text) {
+            tracing::error!(template = name, error = %e, "a console template does not parse");
+        }
+    }
+    env
+});
+
+/// The console's Content-Security-Policy: its own stylesheet, no scripts at all, forms
+/// to itself, never framed.
+pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+
+/// What a console handler answers: an HTML page with its status, or a redirect.
+#[derive(Debug)]
+pub enum Page {
+    /// A rendered page.
+    Html(StatusCode, String),
+    /// 303 See Other to this path (after a form, or to the sign-in page).
+    Redirect(String, Option<String>),
+}
+
+impl Page {
+    /// Template `name` rendered with `ctx` (a JSON object), answered with `status`.
+    pub fn render(status: StatusCode, name: &str, ctx: &Json) -> Page {
+        let rendered = TEMPLATES
+            .get_template(name)
+            .and_then(|t| t.render(minijinja::Value::from(minijinja::value::Serde(ctx))));
+        match rendered {
+            Ok(html) => Page::Html(status, html),
+            Err(e) => {
+                tracing::error!(template = name, error = %e, "cannot render a console page");
+                Page::Html(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "<!doctype html><title>flow</title><p>this page could not be rendered; the server log says why</p>".into(),
+                )
+            }
+        }
+    }
+
+    /// An error page saying `message`.
+    pub fn error(status: StatusCode, message: impl Into<String>) -> Page {
+        let ctx = serde_json::json!({
+            "title": status.canonical_reason().unwrap_or("Error"),
+            "status": status.as_u16(),
+            "message": message.into(),
+        });
+        Page::render(status, "error.html", &ctx)
+    }
+
+    /// 303 to `path`.
+    pub fn redirect(path: impl Into<String>) -> Page {
+        Page::Redirect(path.into(), None)
+    }
+}
+
+impl From<Problem> for Page {
+    fn from(p: Problem) -> Self {
+        Page::error(p.status, p.detail)
+    }
+}
+
+impl IntoResponse for Page {
+    fn into_response(self) -> Response {
+        match self {
+            Page::Html(status, html) => (
+                status,
+                [
+                    (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+                    (header::CACHE_CONTROL, "no-store"),
+                    // No script runs, nothing loads from elsewhere, forms post only
+                    // here, and no other site may frame the page to trick a click.
+                    (header::CONTENT_SECURITY_POLICY, CSP),
+                    (header::X_FRAME_OPTIONS, "DENY"),
+                    (header::REFERRER_POLICY, "no-referrer"),
+                    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+                ],
+                html,
+            )
+                .into_response(),
+            Page::Redirect(to, cookie) => {
+                let mut resp = Redirect::to(&to).into_response();
+                if let Some(c) = cookie
+                    && let Ok(v) = header::HeaderValue::from_str(&c)
+                {
+                    resp.headers_mut().insert(header::SET_COOKIE, v);
+                }
+                resp
+            }
+        }
+    }
+}
+
+/// What every page's layout shows of the caller: name, role, what they may do, and the
+/// CSRF token of the sign-out form.
+fn who(s: &session::Signed, ui: &Ui) -> Json {
+    use crate::serve::auth::Role;
+    serde_json::json!({
+        "name": s.caller.name,
+        "role": s.caller.role.as_str(),
+        "can_resolve": s.caller.role >= Role::Operator,
+        "can_bulk": s.caller.role >= Role::Admin,
+        "signed_in": !matches!(ui.app.tokens, crate::serve::auth::Tokens::Insecure),
+        "csrf": s.csrf,
+    })
+}

@@ -1,0 +1,219 @@
+//! Reconciliation's record: probes of an in-doubt call, its schedule, and the runs a
+//! reconciler re-queues.
+
+use std::time::Duration;
+
+use flow_ledger::{
+    CallStatus, Error, InDoubtReport, NewProbe, ProbeDecision, ProbeObserved, Resolution, Resolve,
+    RunLease, Timestamp,
+};
+use serde_json::json;
+
+use crate::common::*;
+
+crate::conformance!(
+    probes_are_numbered_recorded_and_scheduled,
+    a_probe_of_a_call_not_in_doubt_is_refused_and_records_nothing,
+    due_probes_name_only_paused_runs_with_a_due_call_in_doubt,
+);
+
+async fn in_doubt(db: &TestDb, run_id: &str, pause: bool) -> RunLease {
+    let run = running(db, run_id, &worker("1")).await;
+    db.ledger
+        .create_step(&run, step("pay", "pay", 0), db.now())
+        .await
+        .unwrap();
+    let lease = claimed(
+        db.ledger
+            .claim_call(
+                claim(&run, "pay", "pay", &format!("{run_id}-k"), json!({})),
+                db.now(),
+            )
+            .await
+            .unwrap(),
+    );
+    db.ledger.mark_outbound(&lease, db.now()).await.unwrap();
+    let report = InDoubtReport {
+        requests_sent: 1,
+        message: "timed out".into(),
+    };
+    db.ledger
+        .mark_in_doubt(&lease, report, db.now())
+        .await
+        .unwrap();
+    if pause {
+        db.ledger
+            .pause_run(&run, "pay in doubt", db.now())
+            .await
+            .unwrap();
+    }
+    run
+}
+
+fn probe(run_id: &str, decision: ProbeDecision, next: Option<Timestamp>) -> NewProbe {
+    NewProbe {
+        run_id: run_id.into(),
+        tool_call_id: "pay".into(),
+        sent_key: format!("{run_id}-k:1"),
+        observed: ProbeObserved::Unknown,
+        decision,
+        http_status: Some(503),
+        detail: Some("neither verdict holds (HTTP 503)".into()),
+        response: Some(json!({"status": 503, "body": "busy"})),
+        next_probe_at: next,
+        by: "host:1:1".into(),
+        tool: "pay".into(),
+        attempt: 1,
+        requests_sent: 1,
+    }
+}
+
+async fn probes_are_numbered_recorded_and_scheduled(db: TestDb) {
+    in_doubt(&db, "run_a", true).await;
+    let s = db.ledger.probe_schedule("run_a", "pay").await.unwrap();
+    assert_eq!((s.probes, s.next_probe_at), (0, None));
+    let later = Timestamp(db.now().0 + 5_000);
+    let n = db
+        .ledger
+        .record_probe(
+            probe("run_a", ProbeDecision::ProbeAgain, Some(later)),
+            db.now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let n = db
+        .ledger
+        .record_probe(probe("run_a", ProbeDecision::NeedsOperator, None), db.now())
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+    let s = db.ledger.probe_schedule("run_a", "pay").await.unwrap();
+    assert_eq!(
+        (s.probes, s.next_probe_at),
+        (2, None),
+        "spent: nothing scheduled"
+    );
+    let probes = db.ledger.list_probes("run_a").await.unwrap();
+    assert_eq!(probes.len(), 2);
+    assert_eq!(probes[0].probe, 1);
+    assert_eq!(probes[0].next_probe_at, Some(later));
+    assert_eq!(probes[0].http_status, Some(503));
+    assert_eq!(
+        probes[0].response,
+        Some(json!({"status": 503, "body": "busy"}))
+    );
+    assert_eq!(probes[1].decision, ProbeDecision::NeedsOperator);
+    let types = event_types(&db, "run_a").await;
+    assert_eq!(
+        types.iter().filter(|t| *t == "tool_call.probed").count(),
+        2,
+        "{types:?}"
+    );
+    assert_eq!(
+        types.last().map(String::as_str),
+        Some("tool_call.needs_operator"),
+        "{types:?}"
+    );
+    // Each probe's request is usage of kind `probe`, beside the effect's `request`.
+    let usage = db.ledger.list_usage("run_a").await.unwrap();
+    assert_eq!(
+        usage
+            .iter()
+            .filter(|u| u.kind == flow_ledger::PROBE_USAGE)
+            .count(),
+        2,
+        "{usage:?}"
+    );
+    // The call itself is untouched: still in doubt, for a human.
+    let call = db.ledger.get_call("run_a", "pay").await.unwrap();
+    assert_eq!(call.status, CallStatus::InDoubt);
+}
+
+async fn a_probe_of_a_call_not_in_doubt_is_refused_and_records_nothing(db: TestDb) {
+    in_doubt(&db, "run_a", true).await;
+    let resolve = Resolve {
+        run_id: "run_a".into(),
+        tool_call_id: "pay".into(),
+        resolution: Resolution::Succeeded(json!({"id": 1})),
+        by: "alice".into(),
+        note: None,
+    };
+    db.ledger.resolve_call(resolve, db.now()).await.unwrap();
+    let before = event_types(&db, "run_a").await;
+    let err = db
+        .ledger
+        .record_probe(probe("run_a", ProbeDecision::ProbeAgain, None), db.now())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidTransition { .. }), "{err:?}");
+    assert!(db.ledger.list_probes("run_a").await.unwrap().is_empty());
+    assert_eq!(
+        db.ledger
+            .probe_schedule("run_a", "pay")
+            .await
+            .unwrap()
+            .probes,
+        0
+    );
+    assert_eq!(event_types(&db, "run_a").await, before);
+    let missing = db
+        .ledger
+        .record_probe(probe("run_zz", ProbeDecision::ProbeAgain, None), db.now())
+        .await
+        .unwrap_err();
+    assert!(matches!(missing, Error::NotFound { .. }), "{missing:?}");
+}
+
+async fn due_probes_name_only_paused_runs_with_a_due_call_in_doubt(db: TestDb) {
+    let soon = Timestamp(db.now().0 + 1_000);
+    // Paused, probe due soon: named once due.
+    in_doubt(&db, "run_due", true).await;
+    db.ledger
+        .record_probe(
+            probe("run_due", ProbeDecision::ProbeAgain, Some(soon)),
+            db.now(),
+        )
+        .await
+        .unwrap();
+    // Paused, probes spent: never named.
+    in_doubt(&db, "run_spent", true).await;
+    db.ledger
+        .record_probe(
+            probe("run_spent", ProbeDecision::NeedsOperator, None),
+            db.now(),
+        )
+        .await
+        .unwrap();
+    // Due, but the run is still held (running): its holder probes, not the reconciler.
+    in_doubt(&db, "run_held", false).await;
+    db.ledger
+        .record_probe(
+            probe("run_held", ProbeDecision::ProbeAgain, Some(soon)),
+            db.now(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        db.ledger
+            .runs_with_due_probes(db.now(), 100)
+            .await
+            .unwrap()
+            .is_empty(),
+        "not due yet"
+    );
+    db.advance(Duration::from_secs(2));
+    assert_eq!(
+        db.ledger.runs_with_due_probes(db.now(), 100).await.unwrap(),
+        ["run_due"]
+    );
+    db.ledger.requeue_run("run_due", db.now()).await.unwrap();
+    assert!(
+        db.ledger
+            .runs_with_due_probes(db.now(), 100)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a re-queued run is not named again"
+    );
+}

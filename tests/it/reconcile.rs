@@ -1,0 +1,851 @@
+//! Reconciliation through the real binary, on both backends: a downstream that records
+//! effects per Idempotency-Key and answers the probe `GET /_control/effects/{key}` (200
+//! when requests with the key arrived, 404 when none did). Every case checks the effect
+//! count at the downstream, the probe rows and the call's resolution.
+
+use std::time::Duration;
+
+use flow_adapters::testkit::http::{Behavior, CountingServer};
+use serde_json::Value as Json;
+
+use crate::support::{
+    Backend, TestDb, backends, call, output, repo, run_id, runtime, show, stderr, stdout,
+};
+
+/// A pay workflow whose side effect declares a probe under `probe` (`<base>/_control/effects`:
+/// the downstream's effect record), trusting not_found `after` the request left.
+pub(crate) fn workflow(url: &str, probe: &str, after: &str, max_probes: u32) -> String {
+    workflow_every(url, probe, after, max_probes, "100ms")
+}
+
+/// [`workflow`] with probes `interval` apart.
+fn workflow_every(url: &str, probe: &str, after: &str, max_probes: u32, interval: &str) -> String {
+    format!(
+        r#"name: pay
+tools:
+  echo: {{ kind: function, function: core.echo }}
+  pay:
+    kind: http
+    method: POST
+    url: "{url}/pay"
+    timeout: 400ms
+    reconcile:
+      request: {{ method: GET, url: "{probe}/${{{{ call.key }}}}" }}
+      found: "${{{{ response.status == 200 }}}}"
+      not_found: "${{{{ response.status == 404 }}}}"
+      after: {after}
+      max_probes: {max_probes}
+      interval: {interval}
+nodes:
+  prepare: {{ tool: echo, with: {{ amount: 10 }} }}
+  charge:
+    needs: [prepare]
+    tool: pay
+    with: {{ amount: "${{{{ nodes.prepare.output.amount }}}}" }}
+  receipt:
+    needs: [charge]
+    tool: echo
+    with: {{ paid: "${{{{ nodes.charge.output.count }}}}" }}
+"#
+    )
+}
+
+fn effects(server: &CountingServer) -> String {
+    format!("{}/_control/effects", server.url())
+}
+
+fn probes<'a>(s: &'a Json, node: &str) -> Vec<&'a Json> {
+    s["probes"]
+        .as_array()
+        .map(|a| a.iter().filter(|p| p["tool_call_id"] == node).collect())
+        .unwrap_or_default()
+}
+
+/// The run's audited event types (probes and resolutions carry a `by`).
+fn audited(s: &Json) -> Vec<String> {
+    s["audit"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e["event"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A crash after the outbound mark: the request never left. `flow resume` probes, the
+/// downstream has no such key, so the call is re-sent once with the same key.
+fn not_sent_is_resent_once(backend: Backend) {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let db = TestDb::new(backend);
+    let file = db.write(
+        "pay.yaml",
+        &workflow(&server.url(), &effects(&server), "0s", 3),
+    );
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_FAULT", "after_outbound:charge"),
+    );
+    assert_eq!(
+        crashed.status.code(),
+        None,
+        "{backend:?}: {}",
+        stderr(&crashed)
+    );
+    let run = run_id(&crashed);
+    let key = format!("{run}:charge:1");
+    assert_eq!(
+        server.count(&key),
+        0,
+        "{backend:?}: nothing left before the crash"
+    );
+
+    let resumed = output(db.flow().args(["resume", &run]));
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{backend:?}: {}",
+        stderr(&resumed)
+    );
+    assert_eq!(
+        server.count(&key),
+        1,
+        "{backend:?}: re-sent exactly once, same key"
+    );
+    let s = show(&db, &run);
+    assert_eq!(s["run"]["status"], "succeeded", "{backend:?}");
+    let c = call(&s, "charge");
+    assert_eq!(c["status"], "succeeded", "{backend:?}");
+    assert_eq!(c["resolution"]["how"], "retry", "{backend:?}");
+    assert_eq!(c["resolution"]["by"], "reconcile", "{backend:?}");
+    let p = probes(&s, "charge");
+    assert_eq!(p.len(), 1, "{backend:?}: {p:?}");
+    assert_eq!(p[0]["observed"], "not_found", "{backend:?}");
+    assert_eq!(p[0]["decision"], "resend", "{backend:?}");
+    assert_eq!(p[0]["key"], key, "{backend:?}");
+    assert_eq!(p[0]["http_status"], 404, "{backend:?}");
+    assert!(
+        audited(&s).contains(&"tool_call.probed".to_owned()),
+        "{backend:?}: {s}"
+    );
+}
+
+#[test]
+fn after_outbound_probe_not_found_resends_once() {
+    for b in backends() {
+        not_sent_is_resent_once(b);
+    }
+}
+
+/// A crash after the response: the effect took place. The probe finds it, the node
+/// succeeds with the probe's output and nothing is re-sent.
+fn happened_is_found(backend: Backend) {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let db = TestDb::new(backend);
+    let file = db.write(
+        "pay.yaml",
+        &workflow(&server.url(), &effects(&server), "0s", 3),
+    );
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_FAULT", "after_response:charge"),
+    );
+    assert_eq!(
+        crashed.status.code(),
+        None,
+        "{backend:?}: {}",
+        stderr(&crashed)
+    );
+    let run = run_id(&crashed);
+    let key = format!("{run}:charge:1");
+    assert_eq!(server.count(&key), 1, "{backend:?}");
+
+    let resumed = output(db.flow().args(["resume", &run]));
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{backend:?}: {}",
+        stderr(&resumed)
+    );
+    assert_eq!(server.count(&key), 1, "{backend:?}: no re-send");
+    let s = show(&db, &run);
+    assert_eq!(s["run"]["status"], "succeeded", "{backend:?}");
+    let c = call(&s, "charge");
+    assert_eq!(c["resolution"]["how"], "succeeded", "{backend:?}");
+    assert_eq!(c["resolution"]["by"], "reconcile", "{backend:?}");
+    // The probe's answer body is the node's output: the receipt reads its count.
+    assert_eq!(s["run"]["output"]["receipt"]["paid"], 1, "{backend:?}: {s}");
+    let p = probes(&s, "charge");
+    assert_eq!(p.len(), 1, "{backend:?}");
+    assert_eq!(p[0]["observed"], "found", "{backend:?}");
+    assert_eq!(p[0]["decision"], "succeed", "{backend:?}");
+    assert_eq!(
+        p[0]["response"]["body"]["key"], key,
+        "{backend:?}: the answer is kept"
+    );
+}
+
+#[test]
+fn after_response_probe_found_succeeds_without_resend() {
+    for b in backends() {
+        happened_is_found(b);
+    }
+}
+
+/// A timeout after the request was sent (the downstream holds it): `flow run` itself
+/// probes before pausing, finds the effect, and the run succeeds in the same process.
+fn timeout_is_found_in_the_same_run(backend: Backend) {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    server.set("/pay", Behavior::hold(Duration::from_secs(3)));
+    let db = TestDb::new(backend);
+    let file = db.write(
+        "pay.yaml",
+        &workflow(&server.url(), &effects(&server), "0s", 3),
+    );
+    let out = output(db.flow().arg("run").arg(&file));
+    assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
+    let run = run_id(&out);
+    let key = format!("{run}:charge:1");
+    assert_eq!(server.count(&key), 1, "{backend:?}: sent once, never again");
+    let s = show(&db, &run);
+    assert_eq!(
+        call(&s, "charge")["resolution"]["by"],
+        "reconcile",
+        "{backend:?}"
+    );
+    assert_eq!(probes(&s, "charge")[0]["observed"], "found", "{backend:?}");
+}
+
+#[test]
+fn timeout_after_send_probe_found() {
+    for b in backends() {
+        timeout_is_found_in_the_same_run(b);
+    }
+}
+
+/// A probe that cannot answer (HTTP 500) leaves the call in doubt: probed again with
+/// backoff, then `tool_call.needs_operator` after `max_probes`; never re-sent, never
+/// failed; a later `flow resume` does not probe a spent call again.
+fn failing_probe_needs_an_operator(backend: Backend) {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let broken = rt.block_on(CountingServer::start()).expect("probe server");
+    broken.set("*", Behavior::status(500));
+    let db = TestDb::new(backend);
+    let file = db.write(
+        "pay.yaml",
+        &workflow(&server.url(), &format!("{}/effects", broken.url()), "0s", 3),
+    );
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_FAULT", "after_response:charge"),
+    );
+    let run = run_id(&crashed);
+    let key = format!("{run}:charge:1");
+    let resumed = output(db.flow().args(["resume", &run]));
+    assert_eq!(
+        resumed.status.code(),
+        Some(3),
+        "{backend:?}: paused in doubt\n{}",
+        stderr(&resumed)
+    );
+    assert_eq!(server.count(&key), 1, "{backend:?}: never re-sent");
+    assert_eq!(broken.total(), 3, "{backend:?}: three probes");
+    let s = show(&db, &run);
+    assert_eq!(call(&s, "charge")["status"], "in_doubt", "{backend:?}");
+    let p = probes(&s, "charge");
+    let decisions: Vec<&str> = p.iter().filter_map(|p| p["decision"].as_str()).collect();
+    assert_eq!(
+        decisions,
+        ["probe_again", "probe_again", "needs_operator"],
+        "{backend:?}"
+    );
+    assert!(p.iter().all(|p| p["observed"] == "unknown"), "{backend:?}");
+    assert!(
+        audited(&s).contains(&"tool_call.needs_operator".to_owned()),
+        "{backend:?}: {s}"
+    );
+
+    let again = output(db.flow().args(["resume", &run]));
+    assert_eq!(again.status.code(), Some(3), "{backend:?}");
+    assert_eq!(
+        broken.total(),
+        3,
+        "{backend:?}: a spent call is not probed again"
+    );
+    // The operator still settles it by hand.
+    let settled = output(db.flow().args([
+        "resume",
+        &run,
+        "--resolve",
+        "charge=succeeded",
+        "--output",
+        r#"{"count": 1}"#,
+    ]));
+    assert_eq!(
+        settled.status.code(),
+        Some(0),
+        "{backend:?}: {}",
+        stderr(&settled)
+    );
+}
+
+#[test]
+fn probe_error_stays_in_doubt_then_needs_operator() {
+    for b in backends() {
+        failing_probe_needs_an_operator(b);
+    }
+}
+
+/// `not_found` before `after` is not trusted: the next probe waits until it can be,
+/// and only then is the call re-sent.
+fn early_not_found_is_not_trusted(backend: Backend) {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let db = TestDb::new(backend);
+    let file = db.write(
+        "pay.yaml",
+        &workflow(&server.url(), &effects(&server), "3s", 3),
+    );
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_FAULT", "after_outbound:charge"),
+    );
+    let run = run_id(&crashed);
+    let key = format!("{run}:charge:1");
+    let resumed = output(db.flow().args(["resume", &run]));
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{backend:?}: {}",
+        stderr(&resumed)
+    );
+    assert_eq!(server.count(&key), 1, "{backend:?}");
+    let s = show(&db, &run);
+    let p = probes(&s, "charge");
+    assert_eq!(p.len(), 2, "{backend:?}: {p:?}");
+    assert_eq!(p[0]["observed"], "not_found", "{backend:?}");
+    assert_eq!(
+        p[0]["decision"], "probe_again",
+        "{backend:?}: too early to trust"
+    );
+    assert_eq!(p[1]["decision"], "resend", "{backend:?}");
+    // The first probe scheduled the second for when `after` has passed since the
+    // request left; the second came no earlier.
+    let ms = |v: &Json| {
+        v.as_str()
+            .and_then(|t| humantime::parse_rfc3339(t).ok())
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map(|d| d.as_millis())
+            .unwrap_or_else(|| panic!("{backend:?}: not a time: {v}"))
+    };
+    let (first, due, second) = (ms(&p[0]["at"]), ms(&p[0]["next_probe_at"]), ms(&p[1]["at"]));
+    assert!(
+        due > first,
+        "{backend:?}: the next probe was scheduled later"
+    );
+    assert!(
+        second >= due,
+        "{backend:?}: not trusted before `after` ({second} < {due})"
+    );
+}
+
+#[test]
+fn not_found_before_after_is_not_trusted() {
+    for b in backends() {
+        early_not_found_is_not_trusted(b);
+    }
+}
+
+/// A paused run whose probe said nothing useful (HTTP 500, probes spent): `flow reconcile
+/// --dry-run` reports what a probe would do now and changes nothing; `flow reconcile`
+/// settles the call and prints how to continue; `flow resume` then re-sends once.
+fn reconcile_command(backend: Backend) {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let probe = rt.block_on(CountingServer::start()).expect("probe server");
+    probe.set("*", Behavior::status(500));
+    let db = TestDb::new(backend);
+    let file = db.write(
+        "pay.yaml",
+        &workflow(&server.url(), &format!("{}/effects", probe.url()), "0s", 2),
+    );
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_FAULT", "after_outbound:charge"),
+    );
+    let run = run_id(&crashed);
+    let key = format!("{run}:charge:1");
+    let paused = output(db.flow().args(["resume", &run]));
+    assert_eq!(
+        paused.status.code(),
+        Some(3),
+        "{backend:?}: {}",
+        stderr(&paused)
+    );
+    assert_eq!(probes(&show(&db, &run), "charge").len(), 2, "{backend:?}");
+
+    // The downstream can answer now: it has no such charge.
+    probe.set(
+        "*",
+        Behavior::Json {
+            status: 404,
+            body: serde_json::json!({"error": "no such charge"}),
+        },
+    );
+    let dry = output(db.flow().args(["reconcile", "--dry-run", "--json"]));
+    assert_eq!(dry.status.code(), Some(0), "{backend:?}: {}", stderr(&dry));
+    let line: Json = serde_json::from_str(stdout(&dry).trim()).expect("one JSON line");
+    assert_eq!(line["run"], run.as_str(), "{backend:?}");
+    assert_eq!(line["key"], key.as_str(), "{backend:?}");
+    assert_eq!(line["outcome"]["decision"], "resend", "{backend:?}: {line}");
+    assert_eq!(line["outcome"]["settled"], false, "{backend:?}");
+    let s = show(&db, &run);
+    assert_eq!(
+        probes(&s, "charge").len(),
+        2,
+        "{backend:?}: a dry run records nothing"
+    );
+    assert_eq!(
+        call(&s, "charge")["status"],
+        "in_doubt",
+        "{backend:?}: and settles nothing"
+    );
+
+    let real = output(db.flow().args(["reconcile"]));
+    assert_eq!(
+        real.status.code(),
+        Some(0),
+        "{backend:?}: {}",
+        stderr(&real)
+    );
+    assert!(
+        stdout(&real).contains("not_found → resend"),
+        "{backend:?}: {}",
+        stdout(&real)
+    );
+    assert!(
+        stderr(&real).contains(&format!("resume {run}")),
+        "{backend:?}: the command to continue is printed: {}",
+        stderr(&real)
+    );
+    assert_eq!(
+        server.count(&key),
+        0,
+        "{backend:?}: reconcile itself sends no effect"
+    );
+    let resumed = output(db.flow().args(["resume", &run]));
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{backend:?}: {}",
+        stderr(&resumed)
+    );
+    assert_eq!(
+        server.count(&key),
+        1,
+        "{backend:?}: re-sent once with the same key"
+    );
+    let s = show(&db, &run);
+    assert_eq!(
+        call(&s, "charge")["resolution"]["by"],
+        "reconcile",
+        "{backend:?}"
+    );
+    assert_eq!(probes(&s, "charge").len(), 3, "{backend:?}");
+}
+
+#[test]
+fn flow_reconcile_dry_run_changes_nothing_then_settles() {
+    for b in backends() {
+        reconcile_command(b);
+    }
+}
+
+/// A probe due later than `flow resume` waits for: the run pauses with the probe
+/// scheduled, and a daemon's reconciler re-queues it when due; the worker that claims
+/// it probes, finds the effect, and the run succeeds with no second request.
+fn daemon_probes_when_due(backend: Backend) {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let probe = rt.block_on(CountingServer::start()).expect("probe server");
+    probe.set("*", Behavior::status(503));
+    let db = TestDb::new(backend);
+    let file = db.write(
+        "pay.yaml",
+        &workflow_every(
+            &server.url(),
+            &format!("{}/effects", probe.url()),
+            "0s",
+            3,
+            "12s",
+        ),
+    );
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_FAULT", "after_response:charge"),
+    );
+    let run = run_id(&crashed);
+    let key = format!("{run}:charge:1");
+    let paused = output(db.flow().args(["resume", &run]));
+    assert_eq!(
+        paused.status.code(),
+        Some(3),
+        "{backend:?}: {}",
+        stderr(&paused)
+    );
+    let s = show(&db, &run);
+    let p = probes(&s, "charge");
+    assert_eq!(
+        p.len(),
+        1,
+        "{backend:?}: one probe, the next beyond the in-process wait"
+    );
+    assert_eq!(p[0]["decision"], "probe_again", "{backend:?}");
+
+    // The downstream recovers; it has the charge.
+    probe.set(
+        "*",
+        Behavior::Json {
+            status: 200,
+            body: serde_json::json!({"key": key, "count": 1}),
+        },
+    );
+    let log = db.dir.path().join("daemon.log");
+    let mut daemon = db
+        .flow()
+        .args(["daemon", "--poll-interval", "200ms"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn daemon");
+    let start = std::time::Instant::now();
+    let status = loop {
+        let s = show(&db, &run);
+        if s["run"]["status"] == "succeeded" || start.elapsed() > Duration::from_secs(40) {
+            break s["run"]["status"].clone();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    let log = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status, "succeeded", "{backend:?}: daemon log:\n{log}");
+    assert_eq!(server.count(&key), 1, "{backend:?}: never re-sent");
+    let s = show(&db, &run);
+    let p = probes(&s, "charge");
+    assert_eq!(p.len(), 2, "{backend:?}");
+    assert_eq!(p[1]["decision"], "succeed", "{backend:?}");
+    assert!(
+        audited(&s).contains(&"run.queued".to_owned()),
+        "{backend:?}: the re-queue is audited: {s}"
+    );
+}
+
+#[test]
+fn the_daemon_reconciler_probes_when_due() {
+    for b in backends() {
+        daemon_probes_when_due(b);
+    }
+}
+
+/// The example runs offline against the testkit server and settles a crash by probing.
+#[test]
+fn the_reconcile_example_settles_a_crash() {
+    let rt = runtime();
+    for backend in backends() {
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        let db = TestDb::new(backend);
+        let example = repo().join("workflows/reconcile.yaml");
+        let base = format!("base_url={}", server.url());
+        let crashed = output(
+            db.flow()
+                .arg("run")
+                .arg(&example)
+                .args(["--input", "order_id=42", "--input", &base])
+                .env("FLOW_FAULT", "after_response:charge"),
+        );
+        let run = run_id(&crashed);
+        let resumed = output(db.flow().args(["resume", &run]));
+        assert_eq!(
+            resumed.status.code(),
+            Some(0),
+            "{backend:?}: {}",
+            stderr(&resumed)
+        );
+        let v: Json = serde_json::from_slice(&resumed.stdout).expect("output JSON");
+        assert_eq!(
+            v["receipt"]["payment_key"], "charge-42:1",
+            "{backend:?}: {v}"
+        );
+        assert_eq!(
+            server.count("charge-42:1"),
+            1,
+            "{backend:?}: no second charge"
+        );
+    }
+}
+
+/// An MCP tool's probe is another tool of the same server: after a crash after the
+/// response, `count_of` finds the key the `count` call was made with; the node succeeds
+/// with the probe's answer and `count` is not called again.
+fn mcp_probe(backend: Backend) {
+    let rt = runtime();
+    let server = rt
+        .block_on(flow_adapters::testkit::mcp::HttpServer::start(None))
+        .expect("mcp server");
+    let db = TestDb::new(backend);
+    let file = db.write(
+        "mcp.yaml",
+        &format!(
+            r#"name: mcp-pay
+tools:
+  counter:
+    kind: mcp
+    server: {{ url: "{url}" }}
+    tool: count
+    reconcile:
+      tool: count_of
+      with: {{ key: "${{{{ call.request.with.key }}}}" }}
+      found: "${{{{ response.body.count > 0 }}}}"
+      not_found: "${{{{ response.body.count == 0 }}}}"
+      after: 0s
+nodes:
+  charge: {{ tool: counter, with: {{ key: "order-7" }} }}
+"#,
+            url = server.url()
+        ),
+    );
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_FAULT", "after_response:charge"),
+    );
+    let run = run_id(&crashed);
+    assert_eq!(server.stats().count("order-7"), 1, "{backend:?}");
+    let resumed = output(db.flow().args(["resume", &run]));
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{backend:?}: {}",
+        stderr(&resumed)
+    );
+    assert_eq!(
+        server.stats().count("order-7"),
+        1,
+        "{backend:?}: no second effect"
+    );
+    let s = show(&db, &run);
+    assert_eq!(
+        call(&s, "charge")["resolution"]["by"],
+        "reconcile",
+        "{backend:?}"
+    );
+    assert_eq!(s["run"]["output"]["charge"]["count"], 1, "{backend:?}: {s}");
+}
+
+#[test]
+fn an_mcp_tool_is_probed_through_another_tool_of_its_server() {
+    for b in backends() {
+        mcp_probe(b);
+    }
+}
+
+/// A command tool's probe is another program; it reads the call on stdin. The effect
+/// never happened (crash after the outbound mark), so the command runs once.
+fn command_probe(backend: Backend) {
+    let db = TestDb::new(backend);
+    let effects = db.dir.path().join("effects.log");
+    let effects = effects.display();
+    let file = db.write(
+        "cmd.yaml",
+        &format!(
+            r#"name: cmd-pay
+tools:
+  pay:
+    kind: command
+    command: ["sh", "-c", "cat >> {effects}; echo >> {effects}; echo '{{\"paid\": true}}'"]
+    reconcile:
+      command: ["sh", "-c", "cat > /dev/null; if [ -s {effects} ]; then echo '{{\"found\": true}}'; else echo '{{\"found\": false}}'; fi"]
+      found: "${{{{ response.body.found }}}}"
+      not_found: "${{{{ not response.body.found }}}}"
+      after: 0s
+nodes:
+  charge: {{ tool: pay, with: {{ amount: 10 }} }}
+"#
+        ),
+    );
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_FAULT", "after_outbound:charge"),
+    );
+    let run = run_id(&crashed);
+    let resumed = output(db.flow().args(["resume", &run]));
+    assert_eq!(
+        resumed.status.code(),
+        Some(0),
+        "{backend:?}: {}",
+        stderr(&resumed)
+    );
+    let log = std::fs::read_to_string(db.dir.path().join("effects.log")).unwrap_or_default();
+    assert_eq!(
+        log.lines().filter(|l| !l.is_empty()).count(),
+        1,
+        "{backend:?}: {log:?}"
+    );
+    let s = show(&db, &run);
+    assert_eq!(
+        call(&s, "charge")["resolution"]["how"],
+        "retry",
+        "{backend:?}"
+    );
+    assert_eq!(
+        probes(&s, "charge")[0]["observed"],
+        "not_found",
+        "{backend:?}"
+    );
+}
+
+#[test]
+fn a_command_tool_is_probed_by_another_program() {
+    for b in backends() {
+        command_probe(b);
+    }
+}
+
+/// Every crash point × what the probe can say. A truthful probe settles every in-doubt
+/// point with one effect in all; a probe that cannot answer leaves exactly the in-doubt
+/// points paused (nothing re-sent), and the points that are not in doubt never probe.
+#[test]
+fn crash_points_by_probe_answers() {
+    let rt = runtime();
+    // (point, whether the call is in doubt after it, effects before resume)
+    let points = [
+        ("after_claim", false, 0),
+        ("after_outbound", true, 0),
+        ("after_response", true, 1),
+        ("after_complete", false, 1),
+    ];
+    for backend in backends() {
+        for (point, in_doubt, before) in points {
+            for truthful in [true, false] {
+                let ctx = format!("{backend:?} {point} truthful={truthful}");
+                let server = rt.block_on(CountingServer::start()).expect("server");
+                let broken = rt.block_on(CountingServer::start()).expect("probe server");
+                broken.set("*", Behavior::status(500));
+                let probe = if truthful {
+                    effects(&server)
+                } else {
+                    format!("{}/effects", broken.url())
+                };
+                let db = TestDb::new(backend);
+                let file = db.write("pay.yaml", &workflow(&server.url(), &probe, "0s", 2));
+                let crashed = output(
+                    db.flow()
+                        .arg("run")
+                        .arg(&file)
+                        .env("FLOW_FAULT", format!("{point}:charge")),
+                );
+                let run = run_id(&crashed);
+                let key = format!("{run}:charge:1");
+                assert_eq!(server.count(&key), before, "{ctx}");
+                let resumed = output(db.flow().args(["resume", &run]));
+                let s = show(&db, &run);
+                let probed = probes(&s, "charge").len();
+                if in_doubt && !truthful {
+                    assert_eq!(
+                        resumed.status.code(),
+                        Some(3),
+                        "{ctx}: {}",
+                        stderr(&resumed)
+                    );
+                    assert_eq!(server.count(&key), before, "{ctx}: nothing re-sent");
+                    assert_eq!(probed, 2, "{ctx}");
+                } else {
+                    assert_eq!(
+                        resumed.status.code(),
+                        Some(0),
+                        "{ctx}: {}",
+                        stderr(&resumed)
+                    );
+                    assert_eq!(server.count(&key), 1, "{ctx}: one effect in all");
+                    assert_eq!(
+                        probed,
+                        usize::from(in_doubt),
+                        "{ctx}: probed only when in doubt"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A probe obeys the egress allow-list like any request: a probe to a host outside it is
+/// not sent, the call stays in doubt (nothing settled, nothing re-sent), and the reason
+/// is logged. Probes that are sent count as usage of kind `probe`.
+#[test]
+fn a_probe_outside_the_egress_allow_list_is_not_sent() {
+    let rt = runtime();
+    for backend in backends() {
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        let db = TestDb::new(backend);
+        let config = db.write("flow.toml", "[egress]\nallow = [\"127.0.0.1\"]\n");
+        let outside = effects(&server).replace("127.0.0.1", "localhost");
+        let file = db.write("pay.yaml", &workflow(&server.url(), &outside, "0s", 2));
+        let crashed = output(
+            db.flow()
+                .arg("--config")
+                .arg(&config)
+                .arg("run")
+                .arg(&file)
+                .env("FLOW_FAULT", "after_outbound:charge"),
+        );
+        let run = run_id(&crashed);
+        let resumed = output(
+            db.flow()
+                .arg("--config")
+                .arg(&config)
+                .args(["resume", &run]),
+        );
+        assert_eq!(
+            resumed.status.code(),
+            Some(3),
+            "{backend:?}: {}",
+            stderr(&resumed)
+        );
+        assert!(
+            stderr(&resumed).contains("egress to `localhost` is not allowed"),
+            "{backend:?}: {}",
+            stderr(&resumed)
+        );
+        let s = show(&db, &run);
+        assert!(
+            probes(&s, "charge").is_empty(),
+            "{backend:?}: no probe was sent"
+        );
+        assert_eq!(call(&s, "charge")["status"], "in_doubt", "{backend:?}");
+        assert_eq!(
+            server.total(),
+            0,
+            "{backend:?}: nothing reached the downstream"
+        );
+    }
+}
