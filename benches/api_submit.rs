@@ -22,13 +22,6 @@ use serde_json::json;
 
 const ONE_NODE: &str = "name: one\ninputs:\n  i: { type: integer, required: true }\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  echo: { tool: e, with: { i: \"${{ inputs.i }}\" } }\n";
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn flow(url: &str, args: &[&str], stderr: Stdio) -> Child {
     Command::new(env!("CARGO_BIN_EXE_flow"))
         .env("FLOW_DATABASE_URL", url)
@@ -138,11 +131,8 @@ async fn first_start(ledger: &Ledger) -> i64 {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let runs = env_usize("FLOW_BENCH_RUNS", 10_000);
+    let rt = common::runtime();
+    let runs = common::env_usize("FLOW_BENCH_RUNS", 10_000);
     let dir = tempfile::tempdir().expect("tempdir");
     let floor = common::fsync_floor(dir.path());
     println!(
@@ -208,7 +198,7 @@ fn main() {
         ledger.close().await;
 
         // 3. Listing pages of a large ledger.
-        let big = env_usize("FLOW_BENCH_LIST_RUNS", 100_000);
+        let big = common::env_usize("FLOW_BENCH_LIST_RUNS", 100_000);
         let url = format!("sqlite://{}", dir.path().join("list.db").display());
         let ledger = open(&url).await;
         fill(&ledger, "list", big).await;

@@ -32,13 +32,6 @@ use rand::{Rng, SeedableRng};
 
 const ONE_NODE: &str = "name: one\ninputs:\n  i: { type: integer, required: true }\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  echo: { tool: e, with: { i: \"${{ inputs.i }}\" } }\n";
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn new_run(i: usize) -> NewRun {
     NewRun {
         id: format!("bench-{i:06}"),
@@ -92,7 +85,7 @@ struct Drain {
 /// Starts `daemons` daemons with `--exit-when-idle` on a queue of `runs` runs and waits
 /// for all of them to exit; checks that every run succeeded.
 async fn drain(url: &str, ledger: &Ledger, daemons: usize, runs: usize) -> Drain {
-    let concurrency = env_usize("FLOW_BENCH_CONCURRENCY", 64).to_string();
+    let concurrency = common::env_usize("FLOW_BENCH_CONCURRENCY", 64).to_string();
     let started = Instant::now();
     let mut children: Vec<Child> = (0..daemons)
         .map(|_| daemon(url, &["--exit-when-idle", "--concurrency", &concurrency]))
@@ -141,25 +134,6 @@ fn report(what: &str, runs: usize, d: &Drain, target: f64) {
     );
 }
 
-fn psql(db: &str, sql: &str) -> bool {
-    let host = std::env::var("FLOW_TEST_PG_HOST").unwrap_or_else(|_| "127.0.0.1".into());
-    let port = std::env::var("FLOW_TEST_PG_PORT").unwrap_or_else(|_| "5432".into());
-    Command::new("psql")
-        .args([
-            "-h", &host, "-p", &port, "-U", "postgres", "-d", db, "-qc", sql,
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-fn pg_url(name: &str) -> String {
-    let host = std::env::var("FLOW_TEST_PG_HOST").unwrap_or_else(|_| "127.0.0.1".into());
-    let port = std::env::var("FLOW_TEST_PG_PORT").unwrap_or_else(|_| "5432".into());
-    format!("postgres://postgres@{host}:{port}/{name}")
-}
-
 /// Submit-to-start latency: `samples` runs submitted one at a time to one idle daemon
 /// started with `args`, each after the previous one started and a random 20–1,000 ms
 /// pause (so a submit finds the daemon waiting, at a random point of its 1 s poll); p50
@@ -196,11 +170,8 @@ async fn latency(url: &str, ledger: &Ledger, args: &[&str], samples: usize) -> (
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let runs = env_usize("FLOW_BENCH_RUNS", 10_000);
+    let rt = common::runtime();
+    let runs = common::env_usize("FLOW_BENCH_RUNS", 10_000);
     let dir = tempfile::tempdir().expect("tempdir");
     let floor = common::fsync_floor(dir.path());
     println!(
@@ -249,11 +220,11 @@ fn postgres(rt: &tokio::runtime::Runtime, runs: usize) {
         "flow_bench_{}",
         ulid::Ulid::generate().to_string().to_lowercase()
     );
-    if !psql("test", &format!("CREATE DATABASE {name}")) {
+    if !common::psql("test", &format!("CREATE DATABASE {name}")) {
         println!("postgres: not reachable (psql -h 127.0.0.1 -U postgres); skipped");
         return;
     }
-    let url = pg_url(&name);
+    let url = common::pg_url(&name);
     rt.block_on(async {
         let ledger = Ledger::open(&url, OpenOptions::default())
             .await
@@ -266,13 +237,13 @@ fn postgres(rt: &tokio::runtime::Runtime, runs: usize) {
         if std::env::var_os("FLOW_BENCH_NO_ANALYZE").is_none() {
             fill_with(&ledger, 2_000, "warm").await;
             let _ = drain(&url, &ledger, 4, 0).await;
-            assert!(psql(&name, "ANALYZE"), "ANALYZE failed");
+            assert!(common::psql(&name, "ANALYZE"), "ANALYZE failed");
         }
         fill(&ledger, runs).await;
         let d = drain(&url, &ledger, 4, runs).await;
         report("postgres, 4 daemons", runs, &d, 1500.0);
         // `FLOW_BENCH_LATENCY_SAMPLES=0` measures throughput only.
-        let samples = env_usize("FLOW_BENCH_LATENCY_SAMPLES", 60);
+        let samples = common::env_usize("FLOW_BENCH_LATENCY_SAMPLES", 60);
         if samples > 0 {
             let (p50, p99) = latency(&url, &ledger, &[], samples).await;
             println!(
@@ -285,7 +256,7 @@ fn postgres(rt: &tokio::runtime::Runtime, runs: usize) {
         }
         ledger.close().await;
     });
-    psql(
+    common::psql(
         "test",
         &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
     );

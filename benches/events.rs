@@ -107,10 +107,7 @@ async fn bench(label: &str, url: &str, floor: Duration) {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = common::runtime();
     let dir = tempfile::tempdir().expect("tempdir");
     let floor = common::fsync_floor(dir.path());
     println!(

@@ -5,6 +5,8 @@
 //! `cargo bench --bench executor`. Targets (issue 5): chain ≤ 1.0× the floor per node;
 //! fan-out < 50 MB peak RSS. Set `FLOW_BENCH_PG=postgres://…/db` to add PostgreSQL.
 
+mod common;
+
 use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -19,20 +21,6 @@ use flow::secrets::Secrets;
 use flow::workflow::parse_str;
 use flow_ledger::{Clock, Ledger, NewRun, OpenOptions, SystemClock, WorkerId};
 use rand::SeedableRng;
-
-fn chain(n: usize) -> String {
-    let mut t = String::from(
-        "name: chain\nmax_parallel: 1\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n",
-    );
-    t.push_str("  n0: { tool: e, with: { i: 0 } }\n");
-    for i in 1..n {
-        t.push_str(&format!(
-            "  n{i}: {{ tool: e, needs: [n{}], with: {{ i: {i} }} }}\n",
-            i - 1
-        ));
-    }
-    t
-}
 
 fn fan_out(n: usize) -> String {
     let mut t = String::from(
@@ -127,10 +115,7 @@ fn peak_rss_kib() -> u64 {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = common::runtime();
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--fanout-child") {
         let url = &args[2];
@@ -148,7 +133,7 @@ fn main() {
             "sqlite://{}",
             dir.path().join(format!("chain{i}.db")).display()
         );
-        let took = rt.block_on(run_once(&url, &chain(1000)));
+        let took = rt.block_on(run_once(&url, &common::chain(1000)));
         per_node.push(took / 1000);
     }
     per_node.sort();
@@ -177,7 +162,7 @@ fn main() {
     );
 
     if let Ok(pg) = std::env::var("FLOW_BENCH_PG") {
-        let took = rt.block_on(run_once(&pg, &chain(1000)));
+        let took = rt.block_on(run_once(&pg, &common::chain(1000)));
         println!("postgres: 1,000-node chain: {:?} per node", took / 1000);
     }
 }

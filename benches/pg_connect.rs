@@ -17,39 +17,6 @@ mod common;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn pg_host_port() -> (String, String) {
-    let host = std::env::var("FLOW_TEST_PG_HOST").unwrap_or_else(|_| "127.0.0.1".into());
-    let port = std::env::var("FLOW_TEST_PG_PORT").unwrap_or_else(|_| "5432".into());
-    (host, port)
-}
-
-fn psql(db: &str, sql: &str) -> bool {
-    let (host, port) = pg_host_port();
-    Command::new("psql")
-        .args([
-            "-h", &host, "-p", &port, "-U", "postgres", "-d", db, "-qc", sql,
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// 200 nodes, each needing the previous one: the executor bench's chain.
-fn chain(n: usize) -> String {
-    let mut t = String::from(
-        "name: chain\nmax_parallel: 1\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n",
-    );
-    t.push_str("  n0: { tool: e, with: { i: 0 } }\n");
-    for i in 1..n {
-        t.push_str(&format!(
-            "  n{i}: {{ tool: e, needs: [n{}], with: {{ i: {i} }} }}\n",
-            i - 1
-        ));
-    }
-    t
-}
-
 /// Median wall time of `samples` runs of `flow --db url args…`, each a new process.
 fn median(url: &str, args: &[&str], samples: usize) -> Duration {
     let mut times: Vec<Duration> = (0..samples)
@@ -90,15 +57,15 @@ fn main() {
         "flow_bench_connect_{}",
         ulid::Ulid::generate().to_string().to_lowercase()
     );
-    if !psql("test", &format!("CREATE DATABASE {name}")) {
+    if !common::psql("test", &format!("CREATE DATABASE {name}")) {
         println!("postgres: not reachable (psql -h 127.0.0.1 -U postgres); skipped");
         return;
     }
-    let (host, port) = pg_host_port();
+    let (host, port) = common::pg_host_port();
     let tls = format!("postgres://postgres@{host}:{port}/{name}");
     let plain = format!("{tls}?sslmode=disable");
     let file = dir.path().join("chain200.yaml");
-    std::fs::write(&file, chain(200)).expect("write chain");
+    std::fs::write(&file, common::chain(200)).expect("write chain");
     let file = file.display().to_string();
 
     // Migrate (and warm the server's caches) before measuring.
@@ -116,7 +83,7 @@ fn main() {
     println!(
         "postgres: `flow run` of a 200-node chain, median of {samples}: default URL {chain_tls:.1?} (target <= 150ms), sslmode=disable {chain_plain:.1?}"
     );
-    psql(
+    common::psql(
         "test",
         &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
     );

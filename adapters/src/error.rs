@@ -5,9 +5,10 @@ use std::time::Duration;
 
 /// What the engine may do after a failed call. Decided by the adapter, which is the
 /// only place that knows whether the request left the process and how the downstream
-/// answered (errors keep their kind).
+/// answered (errors keep their kind). Named apart from the ledger's `ErrorKind`, the
+/// stored kind of a step's error, which the gateway maps this to (`ledger_kind`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
+pub enum FailureKind {
     /// Retrying cannot help: bad configuration or arguments, a 4xx answer, a non-zero
     /// exit, an MCP tool that reported `isError`. The downstream may have been reached.
     Permanent,
@@ -26,23 +27,23 @@ pub enum ErrorKind {
     NotSent,
 }
 
-impl ErrorKind {
+impl FailureKind {
     /// A stable lower-case name, for storage and logs (`permanent`, `transient`,
     /// `unknown`, `not_sent`), so the mapping to text lives in one place.
     pub fn as_str(&self) -> &'static str {
         match self {
-            ErrorKind::Permanent => "permanent",
-            ErrorKind::Transient { .. } => "transient",
-            ErrorKind::Unknown => "unknown",
-            ErrorKind::NotSent => "not_sent",
+            FailureKind::Permanent => "permanent",
+            FailureKind::Transient { .. } => "transient",
+            FailureKind::Unknown => "unknown",
+            FailureKind::NotSent => "not_sent",
         }
     }
 }
 
-impl fmt::Display for ErrorKind {
+impl fmt::Display for FailureKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ErrorKind::Transient {
+            FailureKind::Transient {
                 retry_after: Some(delay),
             } => write!(f, "transient (retry after {}ms)", delay.as_millis()),
             other => f.write_str(other.as_str()),
@@ -59,38 +60,38 @@ impl fmt::Display for ErrorKind {
 #[error("{kind}: {message}")]
 pub struct Error {
     /// How the engine may react.
-    pub kind: ErrorKind,
+    pub kind: FailureKind,
     /// What happened, for operators.
     pub message: String,
 }
 
 impl Error {
     /// An error of the given kind.
-    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Self {
         Error {
             kind,
             message: message.into(),
         }
     }
 
-    /// A [`ErrorKind::Permanent`] error.
+    /// A [`FailureKind::Permanent`] error.
     pub fn permanent(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::Permanent, message)
+        Self::new(FailureKind::Permanent, message)
     }
 
-    /// A [`ErrorKind::Transient`] error with the downstream's retry hint.
+    /// A [`FailureKind::Transient`] error with the downstream's retry hint.
     pub fn transient(message: impl Into<String>, retry_after: Option<Duration>) -> Self {
-        Self::new(ErrorKind::Transient { retry_after }, message)
+        Self::new(FailureKind::Transient { retry_after }, message)
     }
 
-    /// An [`ErrorKind::Unknown`] error: the outcome is in doubt.
+    /// An [`FailureKind::Unknown`] error: the outcome is in doubt.
     pub fn unknown(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::Unknown, message)
+        Self::new(FailureKind::Unknown, message)
     }
 
-    /// A [`ErrorKind::NotSent`] error: nothing left the process.
+    /// A [`FailureKind::NotSent`] error: nothing left the process.
     pub fn not_sent(message: impl Into<String>) -> Self {
-        Self::new(ErrorKind::NotSent, message)
+        Self::new(FailureKind::NotSent, message)
     }
 }
 

@@ -3,16 +3,16 @@
 //! Every node of a workflow calls one [`Tool`]. The engine renders the node's `with`
 //! (templates and secrets) into a [`Call`], hands it to a tool, and gets back an
 //! [`Outcome`]: the JSON output or a classified [`Error`], plus how many requests
-//! actually left the process. The classification ([`ErrorKind`]) is decided here,
+//! actually left the process. The classification ([`FailureKind`]) is decided here,
 //! where the knowledge is, so that the engine can tell "never sent" from "sent, outcome
 //! unknown" without guessing:
 //!
 //! | kind | meaning | engine's reaction |
 //! |---|---|---|
-//! | [`ErrorKind::Permanent`] | config, validation, 4xx, non-zero exit, MCP `isError` | fail; retrying cannot help |
-//! | [`ErrorKind::Transient`] | 408/425/429/5xx, MCP HTTP 429/5xx | retry by policy, honouring `retry_after` |
-//! | [`ErrorKind::Unknown`] | the request may have been processed (timeout or lost connection after it was written) | in doubt: never re-sent blindly |
-//! | [`ErrorKind::NotSent`] | provably never left (connect refused, DNS, spawn failure) | safe to send again |
+//! | [`FailureKind::Permanent`] | config, validation, 4xx, non-zero exit, MCP `isError` | fail; retrying cannot help |
+//! | [`FailureKind::Transient`] | 408/425/429/5xx, MCP HTTP 429/5xx | retry by policy, honouring `retry_after` |
+//! | [`FailureKind::Unknown`] | the request may have been processed (timeout or lost connection after it was written) | in doubt: never re-sent blindly |
+//! | [`FailureKind::NotSent`] | provably never left (connect refused, DNS, spawn failure) | safe to send again |
 //!
 //! No adapter turns an error into a success value, and none retries behind the engine's
 //! back except the two documented cases, both counted in [`Outcome::requests_sent`]: an
@@ -46,5 +46,5 @@ pub mod mcp;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use error::{Error, ErrorKind};
+pub use error::{Error, FailureKind};
 pub use tool::{BoxFuture, Call, Outcome, SideEffect, Tool};

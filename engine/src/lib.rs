@@ -5,7 +5,7 @@
 //! - [`workflow`]: workflow files: safe reading, the model, validation with positions.
 //! - [`plan`]: the DAG (petgraph), topological order and the ready set.
 //! - [`executor`]: running a run: decisions (pure) and the loop that performs them.
-//! - [`render`]: drawing a workflow as Mermaid or Graphviz.
+//! - [`diagram`]: drawing a workflow as Mermaid or Graphviz (`flow graph`).
 //! - [`schema`]: the JSON Schema of workflow files, for editors.
 //! - [`inputs`]: run inputs from `--input` and `--inputs-file`, typed by declaration.
 //! - [`secrets`]: secret values (environment, dotenv file), redaction and scrubbing.
@@ -22,6 +22,7 @@
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod diagram;
 pub mod duration_text;
 pub mod events;
 pub mod executor;
@@ -32,7 +33,6 @@ pub mod json_line;
 pub mod plan;
 pub mod read_limited;
 pub mod reconcile;
-pub mod render;
 pub mod retry;
 pub mod schema;
 pub mod secrets;

@@ -15,7 +15,10 @@ use crate::events::{EventType, NewEvent, emit};
 use crate::ledger::{Ledger, check_run_lease};
 use crate::model::{CallClaim, CallLease, ClaimCall};
 use crate::rows::{CallRow, call_cols};
-use crate::state::{ClaimDecision, attempt_key, decide_claim, decide_foreign_claim};
+use crate::state::{
+    CallStatus, CallTransition, ClaimDecision, StepStatus, attempt_key, decide_claim,
+    decide_foreign_claim,
+};
 use crate::steps::pause_steps_in;
 use crate::worker::WorkerId;
 
@@ -282,12 +285,13 @@ async fn take_over_to_in_doubt(
     now: Timestamp,
 ) -> Result<(), Error> {
     let s = ledger.scope();
+    let (from, to) = CallTransition::ToInDoubt.states();
     let n = c
         .execute(
-            "UPDATE tool_calls SET status = 'in_doubt', in_doubt_at = $5, lease_holder = NULL,
+            "UPDATE tool_calls SET status = $7, in_doubt_at = $5, lease_holder = NULL,
                 lease_expires_at = NULL, lease_token = lease_token + 1, updated_at = $5
              WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-               AND status = 'outbound' AND lease_token = $6",
+               AND status = $8 AND lease_token = $6",
             args![
                 &s.tenant,
                 &s.workspace,
@@ -295,6 +299,8 @@ async fn take_over_to_in_doubt(
                 &row.tool_call_id,
                 now,
                 row.lease_token,
+                to.as_str(),
+                from.as_str(),
             ],
         )
         .await?;
@@ -366,26 +372,34 @@ async fn unknown_sends(c: &mut Conn<'_>, ledger: &Ledger, row: &CallRow) -> Resu
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
-/// A failed call's next attempt, claimed by this run (fenced by the token read).
-const CLAIM_NEW_ATTEMPT: &str = concat!(
-    "UPDATE tool_calls SET status = 'claimed', attempt_count = attempt_count + 1,
+/// A failed call's next attempt, claimed by this run (fenced by the token read;
+/// `CallTransition::RetryFailed`, `$11` → `$12`).
+const CLAIM_NEW_ATTEMPT: (&str, CallTransition) = (
+    concat!(
+        "UPDATE tool_calls SET status = $12, attempt_count = attempt_count + 1,
             lease_holder = $5, lease_token = lease_token + 1, run_token = $6,
             lease_expires_at = $7, step_id = $8, output = NULL, error_kind = NULL,
             error_message = NULL, finished_at = NULL, updated_at = $9
          WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-           AND status = 'failed' AND lease_token = $10
+           AND status = $11 AND lease_token = $10
          RETURNING ",
-    call_cols!()
+        call_cols!()
+    ),
+    CallTransition::RetryFailed,
 );
 
-/// An abandoned `claimed` call taken over by this run (fenced by the token read).
-const CLAIM_TAKEOVER: &str = concat!(
-    "UPDATE tool_calls SET lease_holder = $5, lease_token = lease_token + 1,
+/// An abandoned `claimed` call taken over by this run (fenced by the token read;
+/// `CallTransition::Takeover`, `$11` → `$12`).
+const CLAIM_TAKEOVER: (&str, CallTransition) = (
+    concat!(
+        "UPDATE tool_calls SET status = $12, lease_holder = $5, lease_token = lease_token + 1,
             run_token = $6, lease_expires_at = $7, step_id = $8, updated_at = $9
          WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
-           AND status = 'claimed' AND lease_token = $10
+           AND status = $11 AND lease_token = $10
          RETURNING ",
-    call_cols!()
+        call_cols!()
+    ),
+    CallTransition::Takeover,
 );
 
 /// The claim of a key that another call holds (another run's, or this run's under
@@ -441,7 +455,7 @@ async fn insert_claimed(
                 step_id, tool, idempotency_key, request, request_hash, status,
                 attempt_count, outbound_requests, lease_holder, lease_token,
                 run_token, lease_expires_at, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'claimed', 1, 0,
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $14, 1, 0,
                 $10, 1, $11, $12, $13, $13)
              ON CONFLICT DO NOTHING
              RETURNING ",
@@ -461,6 +475,7 @@ async fn insert_claimed(
             run.token,
             expires_at,
             now,
+            CallStatus::Claimed.as_str(),
         ],
     )
     .await
@@ -472,13 +487,14 @@ async fn update_claimed(
     c: &mut Conn<'_>,
     ledger: &Ledger,
     req: &ClaimCall<'_>,
-    sql: &'static str,
+    (sql, edge): (&'static str, CallTransition),
     lease_token: i64,
     expires_at: Timestamp,
     now: Timestamp,
 ) -> Result<Option<CallRow>, Error> {
     let s = ledger.scope();
     let run = req.run;
+    let (from, to) = edge.states();
     c.optional::<CallRow>(
         sql,
         args![
@@ -492,6 +508,8 @@ async fn update_claimed(
             &req.step_id,
             now,
             lease_token,
+            from.as_str(),
+            to.as_str(),
         ],
     )
     .await
@@ -659,9 +677,11 @@ impl Ledger {
         now: Timestamp,
     ) -> Result<(), Error> {
         let s = self.scope();
+        // `StepStatus::on_claim`, applied without reading the row.
+        let moved = StepStatus::MOVED_BY_CLAIM;
         c.execute(
             "UPDATE steps SET tool_call_id = $5, updated_at = $6,
-                status = CASE WHEN status IN ('pending', 'paused') THEN 'running' ELSE status END,
+                status = CASE WHEN status IN ($7, $8) THEN $9 ELSE status END,
                 started_at = COALESCE(started_at, $6)
              WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4",
             args![
@@ -671,6 +691,9 @@ impl Ledger {
                 &req.step_id,
                 &req.tool_call_id,
                 now,
+                moved[0].as_str(),
+                moved[1].as_str(),
+                StepStatus::Running.as_str(),
             ],
         )
         .await?;

@@ -2,7 +2,7 @@
 //! opens with are in `options.rs`, which the backends read without importing this).
 //!
 //! The operations themselves live in `runs.rs`, `steps.rs`, `calls.rs`, `resolve.rs`,
-//! `rate.rs` and `reads.rs`, each an `impl Ledger` block over the same backend-neutral
+//! `pure/`, `rate.rs` and `reads.rs`, each an `impl Ledger` block over the same backend-neutral
 //! [`crate::conn::Conn`].
 
 use std::sync::Arc;

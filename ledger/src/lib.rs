@@ -18,8 +18,9 @@
 //! - [`Error`]: one enum; sqlx errors are mapped at the boundary.
 //! - the operations, each one transaction: `runs.rs` (queue), `steps.rs`, `calls.rs`
 //!   (claim), `outbound.rs` (mark_outbound, complete, in doubt, release), `resolve.rs`
-//!   (operator resolution, pure calls the general way), `pure.rs` (pure calls in one
-//!   statement, batches of kept pure results), `rate.rs`, `reads.rs`; `writer.rs`: the
+//!   (operator resolution), `pure/` (every way a pure result is written: one statement
+//!   for a brand-new call in `fresh.rs`, batches of kept results in `batch.rs`, the
+//!   general way in `general.rs`), `rate.rs`, `reads.rs`; `writer.rs`: the
 //!   SQLite group commit they all go through.
 //! - backend specifics: `sqlite.rs`, `postgres.rs` (connecting, migrations) and the
 //!   `FOR UPDATE` / `SKIP LOCKED` variants picked in place; `db.rs` runs shared SQL on
@@ -59,7 +60,7 @@
 //! Measured (benches/ledger_cycles.rs, `perf`): on SQLite the CPU, not the fsync, is the
 //! limit — most of the time is the kernel switching between tokio workers and
 //! sqlx-sqlite's per-connection thread, twice per statement. So hot paths do their
-//! common case in one statement (`pure.rs`: a brand-new pure call is one script of
+//! common case in one statement (`pure/fresh.rs`: a brand-new pure call is one script of
 //! chained inserts on SQLite, one statement of data-modifying CTEs on PostgreSQL), and
 //! [`Ledger::record_pure_calls`] writes many pure results the engine kept in memory in
 //! one transaction (see ARCHITECTURE.md, "Lazy pure results": losing them in a crash

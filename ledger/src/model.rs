@@ -251,6 +251,29 @@ pub struct StepFinish {
     pub error: Option<StepError>,
 }
 
+impl StepFinish {
+    /// The step finish a call's terminal outcome means: the one conversion of an outcome
+    /// into a step's end, so a completed call, a pure call and a replay finish their
+    /// step alike.
+    pub fn from_outcome(step_id: impl Into<String>, outcome: CallOutcome) -> Self {
+        let step_id = step_id.into();
+        match outcome {
+            CallOutcome::Succeeded(v) => Self {
+                step_id,
+                status: StepStatus::Succeeded,
+                output: Some(v),
+                error: None,
+            },
+            CallOutcome::Failed(e) => Self {
+                step_id,
+                status: StepStatus::Failed,
+                output: None,
+                error: Some(e),
+            },
+        }
+    }
+}
+
 /// A step as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Step {

@@ -8,6 +8,7 @@ use crate::conn::args;
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::model::{Actor, Enqueued, NewRun, ToolCall};
+use crate::reads::page_limit;
 use crate::rows::{CallRow, call_cols};
 use crate::runs::enqueue_in;
 
@@ -54,11 +55,7 @@ impl Ledger {
     /// an operator's inbox lists.
     pub async fn list_in_doubt(&self, filter: InDoubtFilter) -> Result<Vec<ToolCall>, Error> {
         let s = self.scope();
-        let limit = if filter.limit == 0 {
-            1000
-        } else {
-            filter.limit
-        };
+        let limit = page_limit(filter.limit, 1000);
         let mut pc = self.pool().acquire().await?;
         let rows = pc
             .conn()
@@ -79,7 +76,7 @@ impl Ledger {
                     filter.run_id,
                     filter.node,
                     filter.tool,
-                    i64::from(limit)
+                    limit
                 ],
             )
             .await?;

@@ -15,7 +15,7 @@ use crate::fence::{Fence, call_fence, live_call_fence};
 use crate::ledger::Ledger;
 use crate::model::{CallLease, CompleteCall, InDoubtReport};
 use crate::rows::{CallRow, call_cols};
-use crate::state::ErrorKind;
+use crate::state::{CallTransition, ErrorKind};
 use crate::steps::{create_step_in, finish_step_in, pause_steps_in};
 
 use crate::calls::{AttemptRecord, emit_in_doubt, insert_attempt, insert_usage, read_call};
@@ -37,15 +37,16 @@ impl Ledger {
         self.write_statement(move |c| {
             Box::pin(async move {
                 let lease = &lease;
+                let (from, to) = CallTransition::MarkOutbound.states();
                 let mut a = fence_args(&ledger, lease);
-                a.push(now.into());
+                a.extend(args![now, to.as_str(), from.as_str()]);
                 let n = c
                     .execute(
                         concat!(
-                            "UPDATE tool_calls SET status = 'outbound', outbound_started_at = $8,
+                            "UPDATE tool_calls SET status = $9, outbound_started_at = $8,
                                 updated_at = $8 WHERE",
                             live_call_fence!(),
-                            "AND status = 'claimed'"
+                            "AND status = $10"
                         ),
                         a,
                     )
@@ -111,6 +112,7 @@ impl Ledger {
     /// changed (the call is `in_doubt`) and this is `LeaseLost`.
     pub async fn complete_call(&self, req: CompleteCall<'_>, now: Timestamp) -> Result<(), Error> {
         let (status, output, error) = self.outcome_columns(&req.outcome);
+        let (from, to) = CallTransition::Complete.to(status)?;
         let ledger = self.clone();
         let CompleteCall {
             lease,
@@ -132,12 +134,13 @@ impl Ledger {
                 let lease = req.lease;
                 let mut a = fence_args(&ledger, lease);
                 a.extend(args![
-                    status.as_str(),
+                    to.as_str(),
                     output,
                     error.as_ref().map(|e| e.kind.as_str()),
                     error.as_ref().map(|e| e.message.clone()),
                     req.requests_sent,
                     now,
+                    from.as_str(),
                 ]);
                 let row = c
                     .optional::<CallRow>(
@@ -148,7 +151,7 @@ impl Ledger {
                                 lease_expires_at = NULL",
                             " WHERE",
                             call_fence!(),
-                            " AND status = 'outbound' RETURNING ",
+                            " AND status = $14 RETURNING ",
                             call_cols!()
                         ),
                         a,
@@ -211,19 +214,27 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let lease = &lease;
+                let (from, to) = CallTransition::ToInDoubt.states();
                 let mut a = fence_args(&ledger, lease);
-                a.extend(args![report.message.clone(), report.requests_sent, now]);
+                a.extend(args![
+                    report.message.clone(),
+                    report.requests_sent,
+                    now,
+                    to.as_str(),
+                    from.as_str(),
+                    ErrorKind::Unknown.as_str(),
+                ]);
                 let row = c
                     .optional::<CallRow>(
                         concat!(
-                            "UPDATE tool_calls SET status = 'in_doubt', in_doubt_at = $10,
-                                error_kind = 'unknown', error_message = $8,
+                            "UPDATE tool_calls SET status = $11, in_doubt_at = $10,
+                                error_kind = $13, error_message = $8,
                                 outbound_requests = outbound_requests + $9, updated_at = $10,
                                 lease_holder = NULL, lease_expires_at = NULL,
                                 lease_token = lease_token + 1",
                             " WHERE",
                             call_fence!(),
-                            " AND status = 'outbound' RETURNING ",
+                            " AND status = $12 RETURNING ",
                             call_cols!()
                         ),
                         a,
@@ -274,15 +285,16 @@ impl Ledger {
         let lease = lease.clone();
         self.write_statement(move |c| {
             Box::pin(async move {
+                let (from, _) = CallTransition::Release.states();
                 let mut a = fence_args(&ledger, &lease);
-                a.push(now.into());
+                a.extend(args![now, from.as_str()]);
                 let n = c
                     .execute(
                         concat!(
                             "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $8,
                                 updated_at = $8 WHERE",
                             call_fence!(),
-                            "AND status = 'claimed'"
+                            "AND status = $9"
                         ),
                         a,
                     )

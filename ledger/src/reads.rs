@@ -12,6 +12,12 @@ use crate::rows::{
 };
 use crate::state::RunStatus;
 
+/// The `LIMIT` a listing binds: what the filter asks for, or the listing's default when it
+/// asks for none (`0`, a filter's default).
+pub(crate) fn page_limit(asked: u32, default: u32) -> i64 {
+    i64::from(if asked == 0 { default } else { asked })
+}
+
 impl Ledger {
     /// One run.
     pub async fn get_run(&self, run_id: &str) -> Result<Run, Error> {
@@ -58,7 +64,7 @@ impl Ledger {
     /// Runs, newest first.
     pub async fn list_runs(&self, filter: RunFilter) -> Result<Vec<Run>, Error> {
         let s = self.scope();
-        let limit = if filter.limit == 0 { 100 } else { filter.limit };
+        let limit = page_limit(filter.limit, 100);
         let mut pc = self.pool().acquire().await?;
         let rows = pc
             .conn()
@@ -79,7 +85,7 @@ impl Ledger {
                     &s.tenant,
                     &s.workspace,
                     filter.status.map(|st| st.as_str()),
-                    i64::from(limit),
+                    limit,
                     filter.workflow.as_deref(),
                     filter.since,
                     filter.until,
@@ -199,11 +205,7 @@ impl Ledger {
     /// Outbox events, oldest first.
     pub async fn list_events(&self, filter: EventFilter) -> Result<Vec<Event>, Error> {
         let s = self.scope();
-        let limit = if filter.limit == 0 {
-            1000
-        } else {
-            filter.limit
-        };
+        let limit = page_limit(filter.limit, 1000);
         let mut pc = self.pool().acquire().await?;
         let rows = pc
             .conn()
@@ -217,7 +219,7 @@ impl Ledger {
                     &s.workspace,
                     filter.run_id,
                     filter.after_seq.unwrap_or(-1),
-                    i64::from(limit),
+                    limit,
                 ],
             )
             .await?;

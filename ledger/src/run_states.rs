@@ -133,15 +133,15 @@ impl Ledger {
             Box::pin(async move {
                 let scope = ledger.scope();
                 let reason = reason.as_str();
-                RunTransition::Pause.check(RunStatus::Running, RunStatus::Paused)?;
+                let to = RunTransition::Pause.check(RunStatus::Running, RunStatus::Paused)?;
                 let n = c
                     .execute(
                         concat!(
-                            "UPDATE runs SET status = 'paused', pause_reason = $6,
+                            "UPDATE runs SET status = $8, pause_reason = $6,
                                 lease_expires_at = NULL, updated_at = $7 WHERE",
                             run_fence!()
                         ),
-                        [Fence::run(scope, &lease), args![reason, now]].concat(),
+                        [Fence::run(scope, &lease), args![reason, now, to.as_str()]].concat(),
                     )
                     .await?;
                 if n == 0 {
@@ -191,14 +191,14 @@ impl Ledger {
                 if from == RunStatus::Queued {
                     return row.into_run();
                 }
-                RunTransition::Requeue.check(from, RunStatus::Queued)?;
+                let to = RunTransition::Requeue.check(from, RunStatus::Queued)?;
                 if from == RunStatus::Running {
                     row.check_not_held(now)?;
                 }
                 let row = c
                     .optional::<RunRow>(
                         concat!(
-                            "UPDATE runs SET status = 'queued', worker = NULL, lease_expires_at = NULL,
+                            "UPDATE runs SET status = $6, worker = NULL, lease_expires_at = NULL,
                                 lease_token = lease_token + 1, pause_reason = NULL, updated_at = $4,
                                 not_before = CASE WHEN not_before > $4 THEN $4 ELSE not_before END
                              WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $5
@@ -210,7 +210,8 @@ impl Ledger {
                             &scope.workspace,
                             run_id,
                             now,
-                            row.lease_token
+                            row.lease_token,
+                            to.as_str()
                         ],
                     )
                     .await?
@@ -262,7 +263,7 @@ impl Ledger {
                 if status == RunStatus::Cancelled {
                     return row.into_run();
                 }
-                RunTransition::Cancel.check(status, RunStatus::Cancelled)?;
+                let to = RunTransition::Cancel.check(status, RunStatus::Cancelled)?;
                 // A running run whose holder is gone (lease ended, or its process is
                 // provably dead) has nobody to see the request: it is cancelled at once.
                 let held = status == RunStatus::Running && row.check_not_held(now).is_err();
@@ -291,13 +292,13 @@ impl Ledger {
                         let row = c
                             .optional::<RunRow>(
                                 concat!(
-                                    "UPDATE runs SET cancel_requested = TRUE, status = 'cancelled',
+                                    "UPDATE runs SET cancel_requested = TRUE, status = $5,
                                         error = 'cancelled', finished_at = $4, updated_at = $4,
                                         lease_expires_at = NULL
                                      WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
                                     run_cols!()
                                 ),
-                                args![&scope.tenant, &scope.workspace, run_id, now],
+                                args![&scope.tenant, &scope.workspace, run_id, now, to.as_str()],
                             )
                             .await?
                             .ok_or(Error::LeaseLost)?;

@@ -433,14 +433,14 @@ impl Ledger {
                 let (run_id, worker) = (run_id.as_str(), &worker);
                 let row = run_for_update(c, scope, run_id).await?;
                 let status = row.status()?;
-                RunTransition::Claim.check(status, RunStatus::Running)?;
+                let to = RunTransition::Claim.check(status, RunStatus::Running)?;
                 if status == RunStatus::Running {
                     row.check_not_held(now)?;
                 }
                 let row = c
                     .optional::<RunRow>(
                         concat!(
-                            "UPDATE runs SET status = 'running', worker = $4, lease_token = lease_token + 1,
+                            "UPDATE runs SET status = $8, worker = $4, lease_token = lease_token + 1,
                                 lease_expires_at = $5, started_at = COALESCE(started_at, $6),
                                 updated_at = $6, pause_reason = NULL
                              WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $7
@@ -455,6 +455,7 @@ impl Ledger {
                             now.plus(lease),
                             now,
                             row.lease_token,
+                            to.as_str(),
                         ],
                     )
                     .await?
@@ -510,18 +511,18 @@ impl Ledger {
     pub async fn release_run(&self, lease: &RunLease, now: Timestamp) -> Result<(), Error> {
         let ledger = self.clone();
         let lease = lease.clone();
-        RunTransition::Release.check(RunStatus::Running, RunStatus::Queued)?;
+        let to = RunTransition::Release.check(RunStatus::Running, RunStatus::Queued)?;
         self.write_statement(move |c| {
             Box::pin(async move {
                 let scope = ledger.scope();
                 let n = c
                     .execute(
                         concat!(
-                            "UPDATE runs SET status = 'queued', worker = NULL,
+                            "UPDATE runs SET status = $7, worker = NULL,
                                 lease_expires_at = NULL, updated_at = $6 WHERE",
                             run_fence!()
                         ),
-                        [Fence::run(scope, &lease), args![now]].concat(),
+                        [Fence::run(scope, &lease), args![now, to.as_str()]].concat(),
                     )
                     .await?;
                 if n == 0 {

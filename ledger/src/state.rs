@@ -117,12 +117,13 @@ impl RunTransition {
         }
     }
 
-    /// `Ok` if this transition may move a run from `from` to `to`, else
-    /// `InvalidTransition` naming both (a finished run is `Terminal`).
-    pub fn check(self, from: RunStatus, to: RunStatus) -> Result<(), Error> {
+    /// `Ok(to)`, the status the write binds, if this transition may move a run from
+    /// `from` to `to`, else `InvalidTransition` naming both (a finished run is
+    /// `Terminal`).
+    pub fn check(self, from: RunStatus, to: RunStatus) -> Result<RunStatus, Error> {
         let (froms, tos) = self.edge();
         if froms.contains(&from) && tos.contains(&to) {
-            return Ok(());
+            return Ok(to);
         }
         if from.is_terminal() {
             return Err(Error::Terminal { status: from });
@@ -163,6 +164,22 @@ impl StepStatus {
             Self::Succeeded | Self::Failed | Self::Skipped | Self::Cancelled
         )
     }
+
+    /// What claiming its call does to a step: a step that holds a claim is executing, so
+    /// `pending` and `paused` (re-claimed after an operator's `retry`) become `running`;
+    /// any other state stays. `tie_step` applies it to a row it does not read (reading it
+    /// would cost every claim a statement), binding [`StepStatus::MOVED_BY_CLAIM`] and
+    /// `Running`.
+    pub fn on_claim(self) -> StepStatus {
+        if Self::MOVED_BY_CLAIM.contains(&self) {
+            StepStatus::Running
+        } else {
+            self
+        }
+    }
+
+    /// The states [`StepStatus::on_claim`] moves to `running`.
+    pub const MOVED_BY_CLAIM: [StepStatus; 2] = [StepStatus::Pending, StepStatus::Paused];
 
     /// The legal step transitions. Finishing a step with the status it already has is
     /// idempotent (a worker that crashed after the commit may repeat it).
@@ -234,19 +251,42 @@ pub enum CallTransition {
 }
 
 impl CallTransition {
-    /// The states this transition may start from, and the state it ends in.
-    pub fn edge(self) -> (&'static [CallStatus], CallStatus) {
+    /// The state this transition leaves from, and the states it may end in.
+    pub fn edge(self) -> (CallStatus, &'static [CallStatus]) {
         use CallStatus::*;
         match self {
-            Self::MarkOutbound => (&[Claimed], Outbound),
-            Self::Complete => (&[Outbound], Succeeded),
-            Self::ToInDoubt => (&[Outbound], InDoubt),
-            Self::ResolveTerminal => (&[InDoubt], Succeeded),
-            Self::ResolveRetry => (&[InDoubt], Claimed),
-            Self::RetryFailed => (&[Failed], Claimed),
-            Self::Takeover => (&[Claimed], Claimed),
-            Self::Release => (&[Claimed], Claimed),
+            Self::MarkOutbound => (Claimed, &[Outbound]),
+            Self::Complete => (Outbound, &[Succeeded, Failed]),
+            Self::ToInDoubt => (Outbound, &[InDoubt]),
+            Self::ResolveTerminal => (InDoubt, &[Succeeded, Failed]),
+            Self::ResolveRetry => (InDoubt, &[Claimed]),
+            Self::RetryFailed => (Failed, &[Claimed]),
+            Self::Takeover => (Claimed, &[Claimed]),
+            Self::Release => (Claimed, &[Claimed]),
         }
+    }
+
+    /// The `(from, to)` a write taking this edge to `to` binds (`from.as_str()` in its
+    /// `WHERE`, `to.as_str()` in its `SET`), so no call write spells a state itself;
+    /// `InvalidTransition` if this edge cannot end in `to`.
+    pub fn to(self, to: CallStatus) -> Result<(CallStatus, CallStatus), Error> {
+        let (from, ends) = self.edge();
+        if ends.contains(&to) {
+            Ok((from, to))
+        } else {
+            Err(Error::InvalidTransition {
+                what: "tool call",
+                from: from.as_str().to_owned(),
+                to: to.as_str().to_owned(),
+            })
+        }
+    }
+
+    /// [`CallTransition::to`] for the edges that end in one state (all but `Complete`
+    /// and `ResolveTerminal`, which end in the outcome).
+    pub fn states(self) -> (CallStatus, CallStatus) {
+        let (from, ends) = self.edge();
+        (from, ends[0])
     }
 }
 
@@ -456,7 +496,7 @@ mod tests {
     }
 
     #[test]
-    fn call_transitions_are_exactly_design_section_7() {
+    fn call_transitions_are_exactly_the_documented_edges() {
         use CallStatus::*;
         let legal = [
             (Claimed, Outbound),
@@ -476,20 +516,42 @@ mod tests {
                 assert_eq!(got, want, "{from} -> {to}");
             }
         }
+        // Each named edge: exactly its ends are accepted, and each is a legal pair.
+        use CallTransition as T;
+        #[rustfmt::skip]
+        let named: &[(T, CallStatus, CallStatus)] = &[
+            (T::MarkOutbound, Claimed, Outbound),
+            (T::Complete, Outbound, Succeeded), (T::Complete, Outbound, Failed),
+            (T::ToInDoubt, Outbound, InDoubt),
+            (T::ResolveTerminal, InDoubt, Succeeded), (T::ResolveTerminal, InDoubt, Failed),
+            (T::ResolveRetry, InDoubt, Claimed),
+            (T::RetryFailed, Failed, Claimed),
+            (T::Takeover, Claimed, Claimed),
+            (T::Release, Claimed, Claimed),
+        ];
         for t in [
-            CallTransition::MarkOutbound,
-            CallTransition::Complete,
-            CallTransition::ToInDoubt,
-            CallTransition::ResolveTerminal,
-            CallTransition::ResolveRetry,
-            CallTransition::RetryFailed,
-            CallTransition::Takeover,
-            CallTransition::Release,
+            T::MarkOutbound,
+            T::Complete,
+            T::ToInDoubt,
+            T::ResolveTerminal,
+            T::ResolveRetry,
+            T::RetryFailed,
+            T::Takeover,
+            T::Release,
         ] {
-            let (froms, to) = t.edge();
-            for from in froms {
-                assert!(check_call_transition(*from, to).is_ok(), "{t:?}");
+            for &to in CallStatus::ALL {
+                let want = named.iter().find(|(n, _, end)| *n == t && *end == to);
+                match (t.to(to), want) {
+                    (Ok(pair), Some(&(_, from, end))) => {
+                        assert_eq!(pair, (from, end), "{t:?}");
+                        assert!(check_call_transition(from, end).is_ok(), "{t:?}");
+                    }
+                    (Err(Error::InvalidTransition { .. }), None) => {}
+                    (got, want) => panic!("{t:?} -> {to}: {got:?}, want {want:?}"),
+                }
             }
+            let (from, to) = t.states();
+            assert!(named.contains(&(t, from, to)), "{t:?} states");
         }
     }
 
@@ -513,6 +575,22 @@ mod tests {
         ];
         for (from, to, want) in cases {
             assert_eq!(from.check_transition(to).is_ok(), want, "{from} -> {to}");
+        }
+    }
+
+    /// A claim moves exactly `pending` and `paused` steps, to `running`, along legal edges.
+    #[test]
+    fn a_claim_runs_its_step() {
+        use StepStatus::*;
+        for &s in StepStatus::ALL {
+            let want = match s {
+                Pending | Paused => Running,
+                other => other,
+            };
+            assert_eq!(s.on_claim(), want, "{s}");
+            if want != s {
+                assert!(s.check_transition(want).is_ok(), "{s} -> {want}");
+            }
         }
     }
 

@@ -245,9 +245,9 @@ pub(crate) async fn pause_steps_in(
 ) -> Result<(), Error> {
     let s = ledger.scope();
     c.execute(
-        "UPDATE steps SET status = 'paused', tool_call_id = $6, updated_at = $7
+        "UPDATE steps SET status = $8, tool_call_id = $6, updated_at = $7
          WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id IN ($4, $5)
-           AND status IN ('pending', 'running')",
+           AND status IN ($9, $10)",
         args![
             &s.tenant,
             &s.workspace,
@@ -256,6 +256,9 @@ pub(crate) async fn pause_steps_in(
             step_ids[1],
             tool_call_id,
             now,
+            StepStatus::Paused.as_str(),
+            StepStatus::Pending.as_str(),
+            StepStatus::Running.as_str(),
         ],
     )
     .await?;
@@ -313,7 +316,7 @@ impl Ledger {
                 let row = c
                     .optional::<StepRow>(
                         concat!(
-                            "UPDATE steps SET status = 'running', started_at = COALESCE(started_at, $5),
+                            "UPDATE steps SET status = $7, started_at = COALESCE(started_at, $5),
                                 updated_at = $5
                              WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4
                                AND status = $6
@@ -326,7 +329,8 @@ impl Ledger {
                             &lease.run_id,
                             step_id,
                             now,
-                            from.as_str()
+                            from.as_str(),
+                            StepStatus::Running.as_str()
                         ],
                     )
                     .await?

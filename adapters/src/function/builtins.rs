@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde_json::{Map, Number, Value, json};
 
 use super::{FunctionSpec, Registry};
-use crate::{Error, ErrorKind};
+use crate::{Error, FailureKind};
 
 /// A synchronous built-in.
 type Builtin = fn(Value) -> Result<Value, Error>;
@@ -145,10 +145,10 @@ fn fail(args: Value) -> Result<Value, Error> {
         })?)),
     };
     let kind = match map.get("kind").map(|k| k.as_str()) {
-        None | Some(Some("permanent")) => ErrorKind::Permanent,
-        Some(Some("transient")) => ErrorKind::Transient { retry_after },
-        Some(Some("unknown")) => ErrorKind::Unknown,
-        Some(Some("not_sent")) => ErrorKind::NotSent,
+        None | Some(Some("permanent")) => FailureKind::Permanent,
+        Some(Some("transient")) => FailureKind::Transient { retry_after },
+        Some(Some("unknown")) => FailureKind::Unknown,
+        Some(Some("not_sent")) => FailureKind::NotSent,
         Some(_) => {
             return Err(Error::permanent(format!(
                 "{name}: `kind` must be one of permanent, transient, unknown, not_sent"

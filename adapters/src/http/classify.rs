@@ -1,4 +1,4 @@
-//! How an HTTP answer or a transport failure becomes an [`ErrorKind`].
+//! How an HTTP answer or a transport failure becomes an [`FailureKind`].
 
 use std::time::{Duration, SystemTime};
 
@@ -6,19 +6,19 @@ use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, RETRY_AFTER};
 
 use crate::error::chain;
-use crate::{Error, ErrorKind};
+use crate::{Error, FailureKind};
 
 /// The kind of a non-2xx, non-3xx status: the retryable statuses of RFC 9110 (408
 /// Request Timeout, 425 Too Early, 429 Too Many Requests, every 5xx) are `Transient`,
 /// every other 4xx is `Permanent`.
-pub(crate) fn status_kind(status: StatusCode, headers: &HeaderMap) -> ErrorKind {
+pub(crate) fn status_kind(status: StatusCode, headers: &HeaderMap) -> FailureKind {
     let code = status.as_u16();
     if matches!(code, 408 | 425 | 429) || status.is_server_error() {
-        ErrorKind::Transient {
+        FailureKind::Transient {
             retry_after: retry_after(headers),
         }
     } else {
-        ErrorKind::Permanent
+        FailureKind::Permanent
     }
 }
 
@@ -103,13 +103,13 @@ mod tests {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
             assert_eq!(
                 status_kind(status, &none),
-                ErrorKind::Transient { retry_after: None },
+                FailureKind::Transient { retry_after: None },
                 "{code}"
             );
         }
         for code in [400, 401, 403, 404, 409, 410, 422] {
             let status = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
-            assert_eq!(status_kind(status, &none), ErrorKind::Permanent, "{code}");
+            assert_eq!(status_kind(status, &none), FailureKind::Permanent, "{code}");
         }
     }
 }

@@ -23,7 +23,7 @@ use super::ClientAuth;
 use crate::error::head;
 use crate::http::classify::detail;
 use crate::http::classify::status_kind;
-use crate::{Error, ErrorKind};
+use crate::{Error, FailureKind};
 
 /// The current bearer token of one session, read by the transport on every request.
 #[derive(Clone, Default)]
@@ -316,8 +316,8 @@ pub(crate) async fn fetch_token(
         let detail = head(&body, 300);
         let message = format!("{what}: HTTP {status}: {detail}");
         let kind = match kind {
-            ErrorKind::Transient { .. } => kind,
-            _ => ErrorKind::Permanent,
+            FailureKind::Transient { .. } => kind,
+            _ => FailureKind::Permanent,
         };
         return Err(Error::new(kind, message));
     }

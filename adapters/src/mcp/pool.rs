@@ -275,8 +275,8 @@ impl Pool {
                             // A call already left (and was refused): nothing of it was
                             // processed, but it did count, so this is not `NotSent`.
                             let kind = match token_error.kind {
-                                crate::ErrorKind::NotSent => {
-                                    crate::ErrorKind::Transient { retry_after: None }
+                                crate::FailureKind::NotSent => {
+                                    crate::FailureKind::Transient { retry_after: None }
                                 }
                                 kind => kind,
                             };

@@ -109,7 +109,7 @@ mod tests {
         assert!(check(&ProtocolVersion::V_2025_06_18, "s").is_ok());
         assert!(check(&ProtocolVersion::V_2026_07_28, "s").is_ok());
         let error = check(&ProtocolVersion::V_2024_11_05, "MCP server x").unwrap_err();
-        assert_eq!(error.kind, crate::ErrorKind::Permanent);
+        assert_eq!(error.kind, crate::FailureKind::Permanent);
         assert!(error.message.contains("2024-11-05"), "{}", error.message);
         assert!(
             error

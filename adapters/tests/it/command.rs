@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use flow_adapters::command::{CommandTool, DEFAULT_ENV_ALLOW, Spec};
-use flow_adapters::{ErrorKind, SideEffect, Tool};
+use flow_adapters::{FailureKind, SideEffect, Tool};
 use serde_json::{Value, json};
 
 use crate::support::{assert_kind, call, call_within, ok};
@@ -44,8 +44,8 @@ async fn stdin_receives_with_as_json_then_eof() {
 async fn nonzero_exit_is_permanent_with_the_stderr_tail() {
     let tool = CommandTool::new(sh("echo 'bad input' >&2; exit 3"));
     let outcome = tool.call(call(Value::Null)).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "exited with code 3");
-    assert_kind(&outcome, ErrorKind::Permanent, "bad input");
+    assert_kind(&outcome, FailureKind::Permanent, "exited with code 3");
+    assert_kind(&outcome, FailureKind::Permanent, "bad input");
     assert_eq!(outcome.requests_sent, 1);
 
     // A long stderr is cut to its end.
@@ -53,7 +53,7 @@ async fn nonzero_exit_is_permanent_with_the_stderr_tail() {
         "i=0; while [ $i -lt 400 ]; do echo 'noise noise noise noise' >&2; i=$((i+1)); done; echo 'THE END' >&2; exit 1",
     ));
     let outcome = tool.call(call(Value::Null)).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "THE END");
+    assert_kind(&outcome, FailureKind::Permanent, "THE END");
     let message = &crate::support::err(&outcome).message;
     assert!(
         message.len() < 2600,
@@ -85,7 +85,7 @@ async fn timeout_kills_the_whole_process_group() {
     let outcome = tool
         .call(call_within(json!({"x": 1}), Duration::from_millis(500)))
         .await;
-    assert_kind(&outcome, ErrorKind::Unknown, "timed out after 500ms");
+    assert_kind(&outcome, FailureKind::Unknown, "timed out after 500ms");
     assert_eq!(outcome.requests_sent, 1);
     assert!(
         started.elapsed() < Duration::from_secs(5),
@@ -163,7 +163,7 @@ async fn missing_or_unexecutable_program_is_not_sent() {
     let outcome = tool.call(call(Value::Null)).await;
     assert_kind(
         &outcome,
-        ErrorKind::NotSent,
+        FailureKind::NotSent,
         "cannot start `/nonexistent/flow-test-program`",
     );
     assert_eq!(outcome.requests_sent, 0);
@@ -175,13 +175,13 @@ async fn missing_or_unexecutable_program_is_not_sent() {
         .unwrap_or_else(|e| panic!("{e}"));
     let tool = CommandTool::new(Spec::new([script.to_string_lossy().to_string()]));
     let outcome = tool.call(call(Value::Null)).await;
-    assert_kind(&outcome, ErrorKind::NotSent, "ermission denied");
+    assert_kind(&outcome, FailureKind::NotSent, "ermission denied");
     assert_eq!(outcome.requests_sent, 0);
 
     let tool = CommandTool::new(Spec::new(Vec::<String>::new()));
     assert_kind(
         &tool.call(call(Value::Null)).await,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "empty",
     );
 }
@@ -204,5 +204,5 @@ async fn stdout_over_the_cap_is_permanent_and_named() {
     );
     spec.max_output_bytes = 1000;
     let outcome = CommandTool::new(spec).call(call(Value::Null)).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "1000-byte stdout cap");
+    assert_kind(&outcome, FailureKind::Permanent, "1000-byte stdout cap");
 }

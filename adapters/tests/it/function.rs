@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use flow_adapters::function::{FunctionSpec, RegisterError, Registry};
-use flow_adapters::{Error, ErrorKind, SideEffect, Tool};
+use flow_adapters::{Error, FailureKind, SideEffect, Tool};
 use serde_json::{Value, json};
 
 use crate::support::{TRANSIENT, assert_kind, call, call_within, ok};
@@ -58,11 +58,11 @@ async fn sleep_accepts_duration_or_ms() {
     let outcome = run("core.sleep", json!({"ms": 5})).await;
     assert_eq!(ok(&outcome), &json!({"slept_ms": 5}));
     let outcome = run("core.sleep", json!({"duration": "soon"})).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "bad `duration`");
+    assert_kind(&outcome, FailureKind::Permanent, "bad `duration`");
     let outcome = run("core.sleep", json!({"seconds": 1})).await;
     assert_kind(
         &outcome,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "unknown argument(s) `seconds`",
     );
 }
@@ -93,16 +93,16 @@ async fn fail_fails_with_each_kind() {
     .await;
     assert_eq!(
         outcome.result.map_err(|e| e.kind),
-        Err(ErrorKind::Transient {
+        Err(FailureKind::Transient {
             retry_after: Some(Duration::from_millis(1500))
         })
     );
     let outcome = run("core.fail", json!({"kind": "unknown"})).await;
-    assert_kind(&outcome, ErrorKind::Unknown, "core.fail");
+    assert_kind(&outcome, FailureKind::Unknown, "core.fail");
     let outcome = run("core.fail", json!({"kind": "not_sent"})).await;
-    assert_kind(&outcome, ErrorKind::NotSent, "core.fail");
+    assert_kind(&outcome, FailureKind::NotSent, "core.fail");
     let outcome = run("core.fail", json!({"kind": "weird"})).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "`kind` must be one of");
+    assert_kind(&outcome, FailureKind::Permanent, "`kind` must be one of");
 }
 
 #[tokio::test]
@@ -120,7 +120,7 @@ async fn merge_is_shallow_and_later_wins() {
     .await;
     assert_eq!(ok(&outcome), &json!({"a": 2, "c": 3}));
     let outcome = run("core.merge", json!({"objects": [{"a": 1}, 5]})).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "item 1 is a number");
+    assert_kind(&outcome, FailureKind::Permanent, "item 1 is a number");
 }
 
 #[tokio::test]
@@ -129,7 +129,11 @@ async fn template_and_format_return_the_text() {
         let outcome = run(name, json!({"text": "refund 42 done"})).await;
         assert_eq!(ok(&outcome), &json!("refund 42 done"));
         let outcome = run(name, json!({"txt": "typo"})).await;
-        assert_kind(&outcome, ErrorKind::Permanent, "unknown argument(s) `txt`");
+        assert_kind(
+            &outcome,
+            FailureKind::Permanent,
+            "unknown argument(s) `txt`",
+        );
     }
 }
 
@@ -145,7 +149,7 @@ async fn sum_adds_integers_and_floats() {
     );
     assert_eq!(ok(&run("core.sum", json!({"values": []})).await), &json!(0));
     let outcome = run("core.sum", json!({"values": [1, "2"]})).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "values[1] is a string");
+    assert_kind(&outcome, FailureKind::Permanent, "values[1] is a string");
 }
 
 #[tokio::test]
@@ -167,7 +171,7 @@ async fn pick_get_and_json_parse() {
     let outcome = run("core.json_parse", json!({"text": "{\"n\": [1]}"})).await;
     assert_eq!(ok(&outcome), &json!({"n": [1]}));
     let outcome = run("core.json_parse", json!({"text": "{nope"})).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "not valid JSON");
+    assert_kind(&outcome, FailureKind::Permanent, "not valid JSON");
 }
 
 async fn greet(args: Value) -> Result<Value, Error> {
@@ -191,7 +195,7 @@ async fn custom_async_fn_registers_and_runs() {
         &json!({"greeting": "hello, ada"})
     );
     let outcome = tool.call(call(json!({"name": 1}))).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "`name` must be a string");
+    assert_kind(&outcome, FailureKind::Permanent, "`name` must be a string");
 
     assert_eq!(
         registry.register("acme.greet", FunctionSpec::pure("again"), greet),
@@ -224,7 +228,7 @@ async fn effectful_functions_count_a_request_and_time_out_unknown() {
     let outcome = tool
         .call(call_within(Value::Null, Duration::from_millis(30)))
         .await;
-    assert_kind(&outcome, ErrorKind::Unknown, "timed out");
+    assert_kind(&outcome, FailureKind::Unknown, "timed out");
     assert_eq!(outcome.requests_sent, 1);
 }
 
@@ -247,7 +251,7 @@ async fn a_panicking_function_is_an_error_not_a_crash() {
         .get("acme.boom")
         .unwrap_or_else(|| panic!("acme.boom"));
     let outcome = tool.call(call(Value::Null)).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "panicked: boom");
+    assert_kind(&outcome, FailureKind::Permanent, "panicked: boom");
 }
 
 #[tokio::test]

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use flow_adapters::http::{Client, Spec};
 use flow_adapters::testkit::http::{Behavior, CountingServer};
-use flow_adapters::{Call, ErrorKind, SideEffect, Tool};
+use flow_adapters::{Call, FailureKind, SideEffect, Tool};
 use serde_json::{Value, json};
 
 use crate::support::{TRANSIENT, assert_kind, err, ok};
@@ -132,7 +132,7 @@ async fn client_errors_are_permanent_with_status_and_body() {
         .await;
     assert_kind(
         &outcome,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "HTTP 400 Bad Request: amount must be positive",
     );
     assert_eq!(outcome.requests_sent, 1);
@@ -142,7 +142,7 @@ async fn client_errors_are_permanent_with_status_and_body() {
             .tool(Spec::new("POST", format!("{}/x", server.url())))
             .call(keyed(json!({}), "k"))
             .await;
-        assert_kind(&outcome, ErrorKind::Permanent, &format!("HTTP {status}"));
+        assert_kind(&outcome, FailureKind::Permanent, &format!("HTTP {status}"));
     }
 }
 
@@ -156,7 +156,7 @@ async fn retryable_statuses_are_transient_and_honour_retry_after() {
         let outcome = tool.call(keyed(json!({}), "k")).await;
         assert_eq!(
             err(&outcome).kind,
-            ErrorKind::Transient { retry_after: None },
+            FailureKind::Transient { retry_after: None },
             "status {status}"
         );
         assert_eq!(outcome.requests_sent, 1);
@@ -165,7 +165,7 @@ async fn retryable_statuses_are_transient_and_honour_retry_after() {
     let outcome = tool.call(keyed(json!({}), "k")).await;
     assert_eq!(
         err(&outcome).kind,
-        ErrorKind::Transient {
+        FailureKind::Transient {
             retry_after: Some(Duration::from_secs(7))
         }
     );
@@ -174,7 +174,7 @@ async fn retryable_statuses_are_transient_and_honour_retry_after() {
     server.set("/x", Behavior::status_retry_after(503, date));
     let outcome = tool.call(keyed(json!({}), "k")).await;
     match err(&outcome).kind {
-        ErrorKind::Transient {
+        FailureKind::Transient {
             retry_after: Some(delay),
         } => {
             assert!(
@@ -226,7 +226,7 @@ async fn connect_refused_is_not_sent_with_nothing_counted() {
         format!("http://127.0.0.1:{port}/refunds?token=s3cret"),
     ));
     let outcome = tool.call(keyed(json!({}), "k")).await;
-    assert_kind(&outcome, ErrorKind::NotSent, "could not connect");
+    assert_kind(&outcome, FailureKind::NotSent, "could not connect");
     assert_eq!(outcome.requests_sent, 0);
     assert!(
         !err(&outcome).message.contains("s3cret"),
@@ -242,7 +242,7 @@ async fn dns_failure_is_not_sent() {
     let outcome = tool
         .call(Call::new(json!({}), "k", Duration::from_secs(25)))
         .await;
-    assert_kind(&outcome, ErrorKind::NotSent, "could not connect");
+    assert_kind(&outcome, FailureKind::NotSent, "could not connect");
     assert_eq!(outcome.requests_sent, 0);
 }
 
@@ -254,7 +254,7 @@ async fn timeout_while_held_is_unknown_and_was_counted() {
     let outcome = tool
         .call(Call::new(json!({}), "held:1", Duration::from_millis(1000)))
         .await;
-    assert_kind(&outcome, ErrorKind::Unknown, "timed out");
+    assert_kind(&outcome, FailureKind::Unknown, "timed out");
     assert_eq!(outcome.requests_sent, 1);
     assert_eq!(server.count("held:1"), 1, "the request arrived");
     assert_eq!(server.completed("held:1"), 0, "and was not answered");
@@ -275,7 +275,7 @@ async fn slow_body_past_the_timeout_is_unknown() {
     let outcome = tool
         .call(Call::new(Value::Null, "k", Duration::from_millis(350)))
         .await;
-    assert_kind(&outcome, ErrorKind::Unknown, "");
+    assert_kind(&outcome, FailureKind::Unknown, "");
     assert_eq!(outcome.requests_sent, 1);
 }
 
@@ -287,7 +287,7 @@ async fn dropped_mid_response_is_unknown() {
     let outcome = tool.call(keyed(json!({}), "drop:1")).await;
     assert_kind(
         &outcome,
-        ErrorKind::Unknown,
+        FailureKind::Unknown,
         "while reading the HTTP 200 OK body",
     );
     assert_eq!(outcome.requests_sent, 1);
@@ -310,7 +310,7 @@ async fn redirects_are_refused_unless_asked_for() {
         .tool(Spec::new("GET", format!("{}/old", server.url())))
         .call(keyed(Value::Null, "k"))
         .await;
-    assert_kind(&outcome, ErrorKind::Permanent, "redirecting to /new");
+    assert_kind(&outcome, FailureKind::Permanent, "redirecting to /new");
     assert_eq!(server.total(), 1, "not followed");
 
     let mut spec = Spec::new("POST", format!("{}/old", server.url()));
@@ -380,7 +380,7 @@ async fn oversized_body_is_permanent_naming_the_cap() {
     let mut spec = Spec::new("GET", format!("{}/big", server.url()));
     spec.max_response_bytes = 1024;
     let outcome = client().tool(spec).call(keyed(Value::Null, "k")).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "1024-byte cap");
+    assert_kind(&outcome, FailureKind::Permanent, "1024-byte cap");
     assert_eq!(outcome.requests_sent, 1);
 }
 
@@ -398,7 +398,7 @@ async fn invalid_specs_are_permanent_and_never_sent() {
     ];
     for (spec, text) in cases {
         let outcome = client.tool(spec).call(keyed(Value::Null, "k")).await;
-        assert_kind(&outcome, ErrorKind::Permanent, text);
+        assert_kind(&outcome, FailureKind::Permanent, text);
         assert_eq!(outcome.requests_sent, 0);
     }
     let mut spec = Spec::new("GET", server.url());
@@ -406,7 +406,7 @@ async fn invalid_specs_are_permanent_and_never_sent() {
     let outcome = client.tool(spec).call(keyed(Value::Null, "k")).await;
     assert_kind(
         &outcome,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "invalid value for header `Authorization`",
     );
     assert!(

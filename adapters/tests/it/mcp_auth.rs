@@ -1,6 +1,6 @@
 //! MCP authorization: bearer tokens and OAuth client credentials with a scope challenge.
 
-use flow_adapters::ErrorKind;
+use flow_adapters::FailureKind;
 use flow_adapters::mcp::{Auth, ClientAuth, Pool, ServerSpec, Spec};
 use flow_adapters::testkit::mcp::{AuthOptions, HttpServer};
 use flow_adapters::{Outcome, Tool};
@@ -58,7 +58,7 @@ async fn bearer_token_is_sent_and_its_absence_refused() {
     let outcome = count(&pool, &spec(&server, Auth::None)).await;
     assert_kind(
         &outcome,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "refused the credentials while initializing",
     );
     assert_eq!(outcome.requests_sent, 0);
@@ -67,7 +67,7 @@ async fn bearer_token_is_sent_and_its_absence_refused() {
     // A bearer token without the scope: challenged, and no credentials to re-auth with.
     let weak = server.issue_token("tools:read");
     let outcome = count(&pool, &spec(&server, Auth::Bearer(weak))).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "insufficient_scope");
+    assert_kind(&outcome, FailureKind::Permanent, "insufficient_scope");
     assert_eq!(outcome.requests_sent, 1);
     assert_eq!(server.stats().count("k"), 1);
 }
@@ -130,7 +130,7 @@ async fn a_second_challenge_is_not_retried() {
     let outcome = count(&pool, &spec).await;
     assert_kind(
         &outcome,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "still refused after one re-authentication",
     );
     assert_eq!(outcome.requests_sent, 2);
@@ -147,7 +147,7 @@ async fn bad_client_credentials_are_permanent_and_nothing_is_sent() {
         &spec(&server, credentials(&server, "wrong-secret", None)),
     )
     .await;
-    assert_kind(&outcome, ErrorKind::Permanent, "invalid_client");
+    assert_kind(&outcome, FailureKind::Permanent, "invalid_client");
     assert_eq!(outcome.requests_sent, 0);
     assert!(
         !crate::support::err(&outcome)
@@ -173,6 +173,6 @@ async fn an_unreachable_token_endpoint_is_not_sent() {
         scope: None,
     };
     let outcome = count(&pool(), &spec(&server, auth)).await;
-    assert_kind(&outcome, ErrorKind::NotSent, "could not connect");
+    assert_kind(&outcome, FailureKind::NotSent, "could not connect");
     assert_eq!(outcome.requests_sent, 0);
 }

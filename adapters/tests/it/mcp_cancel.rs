@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use flow_adapters::mcp::{Auth, Pool, ServerSpec, Spec};
 use flow_adapters::testkit::mcp::{HttpServer, read_count_file};
-use flow_adapters::{ErrorKind, Tool};
+use flow_adapters::{FailureKind, Tool};
 use serde_json::json;
 
 use crate::support::{assert_kind, call_within};
@@ -47,7 +47,7 @@ async fn a_timed_out_call_over_http_is_cancelled_and_in_doubt() {
             Duration::from_millis(700),
         ))
         .await;
-    assert_kind(&outcome, ErrorKind::Unknown, "notifications/cancelled");
+    assert_kind(&outcome, FailureKind::Unknown, "notifications/cancelled");
     assert_eq!(outcome.requests_sent, 1);
     assert_eq!(server.stats().calls("slow"), 1);
     assert!(
@@ -75,7 +75,7 @@ async fn a_timed_out_call_over_stdio_is_cancelled_and_in_doubt() {
     let outcome = tool
         .call(call_within(json!({"ms": 30_000}), Duration::from_secs(3)))
         .await;
-    assert_kind(&outcome, ErrorKind::Unknown, "notifications/cancelled");
+    assert_kind(&outcome, FailureKind::Unknown, "notifications/cancelled");
     assert_eq!(outcome.requests_sent, 1);
     let cancelled = || {
         read_count_file(&count_file)

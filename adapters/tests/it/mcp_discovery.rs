@@ -5,7 +5,7 @@
 use flow_adapters::egress::AllowList;
 use flow_adapters::mcp::{Auth, ClientAuth, Pool, ServerSpec, Spec};
 use flow_adapters::testkit::mcp::{AuthOptions, HttpServer};
-use flow_adapters::{ErrorKind, Tool};
+use flow_adapters::{FailureKind, Tool};
 use serde_json::json;
 
 use crate::support::{assert_kind, call, ok};
@@ -77,7 +77,7 @@ async fn client_secret_post_and_wrong_secrets() {
         .tool(spec(&server, ClientAuth::Secret("wrong".to_string())))
         .call(call(json!({"key": "w"})))
         .await;
-    assert_kind(&outcome, ErrorKind::Permanent, "invalid_client");
+    assert_kind(&outcome, FailureKind::Permanent, "invalid_client");
     assert!(!crate::support::err(&outcome).message.contains("wrong"));
     assert_eq!(outcome.requests_sent, 0);
     assert_eq!(server.stats().count("w"), 0);
@@ -94,7 +94,7 @@ async fn discovered_urls_pass_the_egress_allow_list() {
         .await;
     assert_kind(
         &outcome,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "egress to `127.0.0.1` is not allowed",
     );
     assert_eq!(server.http().metadata_requests(), 0);

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use flow_adapters::mcp::{Auth, Pool, ServerSpec, Spec};
 use flow_adapters::testkit::http::{Behavior, CountingServer};
 use flow_adapters::testkit::mcp::HttpServer;
-use flow_adapters::{Call, ErrorKind, SideEffect, Tool};
+use flow_adapters::{Call, FailureKind, SideEffect, Tool};
 use serde_json::json;
 
 use crate::support::{TRANSIENT, assert_kind, call, call_within, err, ok};
@@ -62,7 +62,7 @@ async fn results_over_http() {
         .tool(spec(&url, "fail"))
         .call(call(json!({"message": "quota exceeded"})))
         .await;
-    assert_kind(&outcome, ErrorKind::Permanent, "quota exceeded");
+    assert_kind(&outcome, FailureKind::Permanent, "quota exceeded");
     assert_eq!(outcome.requests_sent, 1);
 }
 
@@ -117,7 +117,7 @@ async fn timeout_during_a_call_is_unknown() {
         .await;
     assert_kind(
         &outcome,
-        ErrorKind::Unknown,
+        FailureKind::Unknown,
         "timed out after the call was sent",
     );
     assert_eq!(outcome.requests_sent, 1);
@@ -133,7 +133,7 @@ async fn rate_limits_and_server_errors_are_transient() {
     let outcome = tool.call(call(json!({"key": "k"}))).await;
     assert_eq!(
         err(&outcome).kind,
-        ErrorKind::Transient {
+        FailureKind::Transient {
             retry_after: Some(Duration::from_secs(3))
         }
     );
@@ -185,7 +185,7 @@ async fn a_stopped_server_is_not_sent_and_a_restarted_one_gets_a_new_session() {
     server.shutdown().await;
 
     let outcome = tool.call(call(json!({"key": "k"}))).await;
-    assert_kind(&outcome, ErrorKind::NotSent, "could not");
+    assert_kind(&outcome, FailureKind::NotSent, "could not");
     assert_eq!(outcome.requests_sent, 0);
 
     let again = HttpServer::start_on(addr, None, None)
@@ -214,7 +214,11 @@ async fn connect_refused_is_not_sent() {
     drop(listener);
     let url = format!("http://127.0.0.1:{port}/mcp");
     let outcome = pool().tool(spec(&url, "echo")).call(call(json!({}))).await;
-    assert_kind(&outcome, ErrorKind::NotSent, "could not start the session");
+    assert_kind(
+        &outcome,
+        FailureKind::NotSent,
+        "could not start the session",
+    );
     assert_eq!(outcome.requests_sent, 0);
 }
 
@@ -231,7 +235,7 @@ async fn a_server_that_never_answers_initialize_is_not_sent_within_the_timeout()
         .await;
     assert_kind(
         &outcome,
-        ErrorKind::NotSent,
+        FailureKind::NotSent,
         "timed out starting the session",
     );
     assert_eq!(outcome.requests_sent, 0);
@@ -254,6 +258,6 @@ async fn a_url_that_is_not_mcp_is_permanent() {
         .tool(spec(&format!("{}/mcp", plain.url()), "echo"))
         .call(call(json!({})))
         .await;
-    assert_kind(&outcome, ErrorKind::Permanent, "404");
+    assert_kind(&outcome, FailureKind::Permanent, "404");
     assert_eq!(outcome.requests_sent, 0);
 }

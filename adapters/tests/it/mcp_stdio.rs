@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use flow_adapters::mcp::{Auth, Pool, ServerSpec, Spec};
 use flow_adapters::testkit::mcp::read_count_file;
-use flow_adapters::{Call, ErrorKind, SideEffect, Tool};
+use flow_adapters::{Call, FailureKind, SideEffect, Tool};
 use serde_json::{Value, json};
 
 use crate::support::{assert_kind, call, call_within, ok};
@@ -86,7 +86,7 @@ async fn is_error_is_permanent_with_the_tools_text() {
         .await;
     assert_kind(
         &outcome,
-        ErrorKind::Permanent,
+        FailureKind::Permanent,
         "ticket system is read-only today",
     );
     assert_eq!(outcome.requests_sent, 1);
@@ -101,13 +101,13 @@ async fn unknown_tool_and_bad_args_are_permanent() {
         .tool(spec(&server, "no_such_tool"))
         .call(call(json!({})))
         .await;
-    assert_kind(&outcome, ErrorKind::Permanent, "JSON-RPC error");
+    assert_kind(&outcome, FailureKind::Permanent, "JSON-RPC error");
     assert_eq!(outcome.requests_sent, 1);
     let outcome = pool
         .tool(spec(&server, "echo"))
         .call(call(json!([1, 2])))
         .await;
-    assert_kind(&outcome, ErrorKind::Permanent, "must be an object");
+    assert_kind(&outcome, FailureKind::Permanent, "must be an object");
     assert_eq!(outcome.requests_sent, 0);
 }
 
@@ -178,7 +178,7 @@ async fn a_server_dying_mid_call_is_unknown_then_restarted() {
         .tool(spec(&server, "crash"))
         .call(call(json!({})))
         .await;
-    assert_kind(&outcome, ErrorKind::Unknown, "may have been processed");
+    assert_kind(&outcome, FailureKind::Unknown, "may have been processed");
     assert_eq!(outcome.requests_sent, 1);
     let outcome = pool
         .tool(spec(&server, "echo"))
@@ -203,7 +203,7 @@ async fn timeout_during_a_call_is_unknown() {
         .await;
     assert_kind(
         &outcome,
-        ErrorKind::Unknown,
+        FailureKind::Unknown,
         "timed out after the call was sent",
     );
     assert_eq!(outcome.requests_sent, 1);
@@ -281,7 +281,7 @@ async fn a_server_that_never_initializes_is_not_sent_within_the_timeout() {
         .await;
     assert_kind(
         &outcome,
-        ErrorKind::NotSent,
+        FailureKind::NotSent,
         "timed out starting the session",
     );
     assert_eq!(outcome.requests_sent, 0);
@@ -305,7 +305,7 @@ async fn a_server_that_exits_or_cannot_start_is_not_sent() {
     };
     let pool = pool();
     let outcome = pool.tool(spec(&exits, "echo")).call(call(json!({}))).await;
-    assert_kind(&outcome, ErrorKind::NotSent, "missing config file");
+    assert_kind(&outcome, FailureKind::NotSent, "missing config file");
     assert_eq!(outcome.requests_sent, 0);
 
     let missing = ServerSpec::Stdio {
@@ -319,7 +319,7 @@ async fn a_server_that_exits_or_cannot_start_is_not_sent() {
         .await;
     assert_kind(
         &outcome,
-        ErrorKind::NotSent,
+        FailureKind::NotSent,
         "cannot start `/nonexistent/mcp-server`",
     );
     assert_eq!(outcome.requests_sent, 0);

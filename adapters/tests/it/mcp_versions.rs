@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 
 use flow_adapters::mcp::{Auth, Pool, ServerSpec, Spec};
 use flow_adapters::testkit::mcp::HttpServer;
-use flow_adapters::{ErrorKind, Tool};
+use flow_adapters::{FailureKind, Outcome, Tool};
 use rmcp::model::ProtocolVersion;
 use serde_json::json;
 
@@ -56,18 +56,36 @@ fn http_spec(server: &HttpServer) -> ServerSpec {
 
 const FLOW_VERSIONS: [&str; 4] = ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"];
 
+/// One `protocol` call to `server` on a fresh pool, closed after it.
+async fn call_once(server: ServerSpec) -> Outcome {
+    let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
+    let outcome = pool.tool(spec(server)).call(call(json!({}))).await;
+    pool.close().await;
+    outcome
+}
+
+/// A server speaking only `version` is refused before any call: a permanent error naming
+/// its version and flow's.
+fn assert_refused(outcome: &Outcome, version: &str) {
+    assert_kind(outcome, FailureKind::Permanent, version);
+    assert_kind(
+        outcome,
+        FailureKind::Permanent,
+        "flow supports 2025-03-26, 2025-06-18, 2025-11-25, 2026-07-28",
+    );
+    assert_eq!(outcome.requests_sent, 0, "{version}");
+}
+
 #[tokio::test]
 async fn every_supported_version_over_stdio() {
     for version in FLOW_VERSIONS {
-        let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
-        let outcome = pool.tool(spec(stdio(version))).call(call(json!({}))).await;
+        let outcome = call_once(stdio(version)).await;
         assert_eq!(
             ok(&outcome),
             &json!({"protocol_version": version}),
             "{version}"
         );
         assert_eq!(outcome.requests_sent, 1);
-        pool.close().await;
     }
 }
 
@@ -98,49 +116,14 @@ async fn every_supported_version_over_http() {
 #[tokio::test]
 async fn an_older_version_is_a_permanent_error_naming_both() {
     let server = http("2024-11-05").await;
-    let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
-    let outcome = pool
-        .tool(spec(http_spec(&server)))
-        .call(call(json!({})))
-        .await;
-    assert_kind(
-        &outcome,
-        ErrorKind::Permanent,
-        "protocol version 2024-11-05",
-    );
-    assert_kind(
-        &outcome,
-        ErrorKind::Permanent,
-        "flow supports 2025-03-26, 2025-06-18, 2025-11-25, 2026-07-28",
-    );
-    assert_eq!(outcome.requests_sent, 0);
+    assert_refused(&call_once(http_spec(&server)).await, "2024-11-05");
     assert_eq!(server.stats().total_calls(), 0);
-
-    let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
-    let outcome = pool
-        .tool(spec(stdio("2024-11-05")))
-        .call(call(json!({})))
-        .await;
-    assert_kind(
-        &outcome,
-        ErrorKind::Permanent,
-        "protocol version 2024-11-05",
-    );
+    assert_refused(&call_once(stdio("2024-11-05")).await, "2024-11-05");
 }
 
 #[tokio::test]
 async fn a_newer_unknown_version_is_a_permanent_error_naming_both() {
     let server = http("2027-01-01").await;
-    let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
-    let outcome = pool
-        .tool(spec(http_spec(&server)))
-        .call(call(json!({})))
-        .await;
-    assert_kind(&outcome, ErrorKind::Permanent, "2027-01-01");
-    assert_kind(
-        &outcome,
-        ErrorKind::Permanent,
-        "flow supports 2025-03-26, 2025-06-18, 2025-11-25, 2026-07-28",
-    );
+    assert_refused(&call_once(http_spec(&server)).await, "2027-01-01");
     assert_eq!(server.stats().total_calls(), 0);
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use flow_adapters::{Call, Error, ErrorKind, Outcome};
+use flow_adapters::{Call, Error, FailureKind, Outcome};
 use serde_json::Value;
 
 /// A call with a 10 s timeout and key `k-1`.
@@ -33,7 +33,7 @@ pub fn err(outcome: &Outcome) -> &Error {
 
 /// Asserts the error's kind (ignoring `retry_after`) and that the message contains `text`.
 #[track_caller]
-pub fn assert_kind(outcome: &Outcome, kind: ErrorKind, text: &str) {
+pub fn assert_kind(outcome: &Outcome, kind: FailureKind, text: &str) {
     let error = err(outcome);
     let same = std::mem::discriminant(&error.kind) == std::mem::discriminant(&kind);
     assert!(same, "expected {kind:?}, got {error}");
@@ -44,4 +44,4 @@ pub fn assert_kind(outcome: &Outcome, kind: ErrorKind, text: &str) {
 }
 
 /// `Transient` with any retry hint.
-pub const TRANSIENT: ErrorKind = ErrorKind::Transient { retry_after: None };
+pub const TRANSIENT: FailureKind = FailureKind::Transient { retry_after: None };

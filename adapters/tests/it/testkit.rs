@@ -8,7 +8,7 @@ use flow_adapters::http::{Client, Spec as HttpSpec};
 use flow_adapters::mcp::{Auth, ClientAuth, Pool, ServerSpec, Spec};
 use flow_adapters::testkit::http::{Behavior, Remote, read_log_file};
 use flow_adapters::testkit::{self};
-use flow_adapters::{ErrorKind, Tool};
+use flow_adapters::{FailureKind, Tool};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -60,7 +60,7 @@ async fn http_server_is_controlled_from_another_process_and_logs_to_a_file() {
     let outcome = tool.call(call(json!({"n": 1}))).await;
     assert_eq!(
         crate::support::err(&outcome).kind,
-        ErrorKind::Transient {
+        FailureKind::Transient {
             retry_after: Some(Duration::from_secs(1))
         }
     );
@@ -140,5 +140,5 @@ async fn mcp_http_server_with_oauth_from_the_binary() {
         ..spec
     };
     let outcome = pool.tool(wrong).call(call(json!({"key": "x"}))).await;
-    assert_kind(&outcome, ErrorKind::Permanent, "invalid_token");
+    assert_kind(&outcome, FailureKind::Permanent, "invalid_token");
 }

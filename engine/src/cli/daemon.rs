@@ -12,9 +12,9 @@ use rand::SeedableRng;
 use tokio_util::sync::CancellationToken;
 
 use super::{Cli, CliError, exit, logging};
-use crate::config::Config as FileConfig;
+use crate::config::Config;
 use crate::daemon::metrics::{self, Metrics, Observer};
-use crate::daemon::{Config, Service, Stopped, shutdown};
+use crate::daemon::{Service, Settings, Stopped, shutdown};
 use crate::executor::Executor;
 use crate::fault::Faults;
 use crate::gateway::{Gateway, Tools};
@@ -65,7 +65,7 @@ async fn open(
 ) -> Result<(Executor, Vec<crate::events::Consumer>), CliError> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     logging::init(cli.log_format, &secrets);
-    let config = FileConfig::load(cli.config.as_deref())?;
+    let config = Config::load(cli.config.as_deref())?;
     // Runs hold a connection only for the length of one transaction, so a few serve many
     // runs; a connection per run would exhaust PostgreSQL's `max_connections` (100 by
     // default) with a handful of daemons, and refused connections cost far more than a
@@ -158,7 +158,7 @@ pub(crate) async fn daemon(
     let metrics = Arc::new(Metrics::new());
     let (executor, consumers) = open(cli, args, metrics.clone()).await?;
     let ledger = executor.gateway().ledger().clone();
-    let config = Config {
+    let config = Settings {
         concurrency: usize::try_from(args.concurrency).unwrap_or(1),
         poll_interval: args.poll_interval,
         exit_when_idle: args.exit_when_idle,
@@ -263,7 +263,7 @@ pub(crate) async fn daemon(
 
 /// How the daemon learns of new runs, for its first line: NOTIFY only on PostgreSQL
 /// (and unless `--no-listen`), polling always.
-fn wake_description(config: &Config, backend: &str) -> String {
+fn wake_description(config: &Settings, backend: &str) -> String {
     let every = humantime::format_duration(config.poll_interval);
     if config.listen && backend == "postgres" {
         format!("LISTEN/NOTIFY, polling every {every}")

@@ -29,7 +29,7 @@ pub(crate) use error::CliError;
 pub(crate) use follow_up::{prefix as flow_command, quote as shell_quote};
 pub(crate) use show::print_json;
 
-use crate::render::{GraphFormat, render};
+use crate::diagram::{GraphFormat, draw};
 use crate::snapshot::validate_options;
 use crate::workflow::load_file;
 
@@ -574,6 +574,6 @@ fn graph(
         Ok((wf, _)) => wf,
         Err(diags) => return error::finish(Err(CliError::Diagnostics(diags.to_string())), stderr),
     };
-    let _ = stdout.write_all(render(&wf, wf.plan(), format).as_bytes());
+    let _ = stdout.write_all(draw(&wf, wf.plan(), format).as_bytes());
     exit::OK
 }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::error::CliError;
 use super::{Cli, exit, logging, open_ledger};
-use crate::config::Config as FileConfig;
+use crate::config::Config;
 use crate::daemon::metrics::Metrics;
 use crate::daemon::shutdown;
 use crate::secrets::Secrets;
@@ -37,7 +37,7 @@ pub struct ServeArgs {
 /// address or flag (exit 2), a bad installation — unreadable config, a token whose
 /// secret is missing (exit 5).
 pub(crate) fn tokens(cli: &Cli, addr: SocketAddr, insecure: bool) -> Result<Tokens, CliError> {
-    let config = FileConfig::load(cli.config.as_deref())?;
+    let config = Config::load(cli.config.as_deref())?;
     let declared = config.api.tokens;
     if declared.is_empty() {
         if !insecure {
@@ -90,7 +90,7 @@ fn probe_gateway(
     ledger: &flow_ledger::Ledger,
     secrets: Secrets,
 ) -> Result<crate::gateway::Gateway, CliError> {
-    let config = FileConfig::load(cli.config.as_deref())?;
+    let config = Config::load(cli.config.as_deref())?;
     let tools = crate::gateway::Tools::new()
         .map_err(|e| CliError::unavailable(format!("cannot set up tool clients: {e}")))?;
     Ok(crate::gateway::Gateway::new(

@@ -9,7 +9,7 @@
 //! - `service.rs`: the claim loop — batch claims up to the free slots, LISTEN/NOTIFY
 //!   wake-ups with polling as the guarantee, reclaiming dead local workers' runs,
 //!   backoff while the database is unreachable, the idle exit, the graceful drain.
-//! - `worker.rs`: one claimed run: read it, parse its snapshot (cached), execute it,
+//! - `run_task.rs`: one claimed run: read it, parse its snapshot (cached), execute it,
 //!   give it back to the queue when this process cannot go on.
 //! - [`metrics`]: Prometheus text at `/metrics` and `/healthz`, and the step observer
 //!   that counts tool calls and logs them.
@@ -21,9 +21,9 @@
 
 pub mod metrics;
 mod outage;
+mod run_task;
 mod service;
 pub mod shutdown;
-mod worker;
 
 use std::time::Duration;
 
@@ -32,9 +32,9 @@ use flow_ledger::WorkerId;
 pub use service::{Service, Stopped};
 pub use shutdown::Handle;
 
-/// How a daemon runs.
+/// How a daemon runs (its command-line settings; `flow.toml` is `config::Config`).
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct Settings {
     /// Most runs executed at once by this process.
     pub concurrency: usize,
     /// How often to look at the queue when no notification arrives (and the most a
@@ -52,7 +52,7 @@ pub struct Config {
     pub worker: WorkerId,
 }
 
-impl Default for Config {
+impl Default for Settings {
     fn default() -> Self {
         Self {
             concurrency: 8,

@@ -12,8 +12,8 @@ use flow_ledger::{ClaimRuns, Claimed, Ledger, RunLease, RunStatus};
 use tokio::task::JoinSet;
 
 use super::metrics::Metrics;
-use super::worker::{self, Ended, Shared};
-use super::{Config, Handle};
+use super::run_task::{self, Ended, Shared};
+use super::{Handle, Settings};
 use crate::executor::{Executor, RUN_LEASE};
 
 /// How often leases of provably dead workers on this host are expired, so their runs
@@ -54,7 +54,7 @@ pub enum Stopped {
 
 /// A daemon: the claim loop and the runs it executes.
 pub struct Service {
-    config: Config,
+    config: Settings,
     shared: Arc<Shared>,
     handle: Handle,
 }
@@ -75,7 +75,7 @@ fn backoff() -> ExponentialBackoff {
 impl Service {
     /// A daemon executing runs with `executor` (whose step observer should be a
     /// [`super::metrics::Observer`] over the same `metrics`).
-    pub fn new(executor: Executor, config: Config, metrics: Arc<Metrics>) -> Self {
+    pub fn new(executor: Executor, config: Settings, metrics: Arc<Metrics>) -> Self {
         let handle = Handle::new();
         let shared = Shared::new(executor, metrics, handle.graceful().clone());
         Self {
@@ -203,7 +203,7 @@ impl Service {
                         backlog = got == free;
                         for claimed in claimed {
                             leases.insert(claimed.lease.run_id.clone(), claimed.lease.clone());
-                            tasks.spawn(worker::execute(self.shared.clone(), claimed));
+                            tasks.spawn(run_task::execute(self.shared.clone(), claimed));
                         }
                         self.shared.metrics.set_in_flight(tasks.len());
                         if backlog {

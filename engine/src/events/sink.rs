@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use flow_adapters::http::{Client, Spec};
-use flow_adapters::{Call, ErrorKind, Tool};
+use flow_adapters::{Call, FailureKind, Tool};
 use flow_ledger::{Delivery, Scope};
 use futures::StreamExt;
 
@@ -98,7 +98,7 @@ impl Webhook {
             Ok(_) => Ok(()),
             Err(e) => {
                 let retry_after = match e.kind {
-                    ErrorKind::Transient { retry_after } => retry_after,
+                    FailureKind::Transient { retry_after } => retry_after,
                     _ => None,
                 };
                 Err(Failure {

@@ -12,7 +12,7 @@
 //! the *same* key again while the node's budget lasts, then the call goes in doubt. A new
 //! key would let a downstream that honours keys perform the effect twice.
 
-use flow_adapters::{ErrorKind as AdapterKind, SideEffect};
+use flow_adapters::{FailureKind, SideEffect};
 
 /// What the adapter reported for one send of the current effect attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,10 +38,10 @@ impl Observed {
         match result {
             Ok(_) => Self::Succeeded,
             Err(e) => match e.kind {
-                AdapterKind::Permanent => Self::Permanent,
-                AdapterKind::Transient { .. } => Self::Transient,
-                AdapterKind::NotSent => Self::NotSent,
-                AdapterKind::Unknown => Self::Unknown,
+                FailureKind::Permanent => Self::Permanent,
+                FailureKind::Transient { .. } => Self::Transient,
+                FailureKind::NotSent => Self::NotSent,
+                FailureKind::Unknown => Self::Unknown,
             },
         }
     }

@@ -23,9 +23,7 @@ mod writer;
 use std::sync::Arc;
 use std::time::Duration;
 
-use flow_adapters::{
-    Call, ErrorKind as AdapterKind, Outcome, SideEffect, Tool, function, http, mcp,
-};
+use flow_adapters::{Call, FailureKind, Outcome, SideEffect, Tool, function, http, mcp};
 use flow_ledger::{
     CallClaim, CallLease, ClaimCall, Clock, ErrorKind, Ledger, RateAcquire, RateDecision,
     Resolution, Resolve, RunLease, StepStatus, Timestamp, Window, canonical_hash,
@@ -204,12 +202,12 @@ pub enum StepResult {
 }
 
 /// The ledger's name for an adapter error kind.
-pub fn ledger_kind(kind: &AdapterKind) -> ErrorKind {
+pub fn ledger_kind(kind: &FailureKind) -> ErrorKind {
     match kind {
-        AdapterKind::Permanent => ErrorKind::Permanent,
-        AdapterKind::Transient { .. } => ErrorKind::Transient,
-        AdapterKind::Unknown => ErrorKind::Unknown,
-        AdapterKind::NotSent => ErrorKind::NotSent,
+        FailureKind::Permanent => ErrorKind::Permanent,
+        FailureKind::Transient { .. } => ErrorKind::Transient,
+        FailureKind::Unknown => ErrorKind::Unknown,
+        FailureKind::NotSent => ErrorKind::NotSent,
     }
 }
 
@@ -542,7 +540,7 @@ impl Gateway {
                 // Same key, same effect attempt: the downstream dedupes.
                 let retry_after = match &out.result {
                     Err(e) => match e.kind {
-                        AdapterKind::Transient { retry_after } => retry_after,
+                        FailureKind::Transient { retry_after } => retry_after,
                         _ => None,
                     },
                     Ok(_) => None,

@@ -1,7 +1,7 @@
 //! Recording what became of a step: opening its row, failing it before or after a claim,
 //! pure results (kept or committed), the outcome of an outbound call and replays.
 
-use flow_adapters::{ErrorKind as AdapterKind, Outcome, SideEffect};
+use flow_adapters::{FailureKind, Outcome, SideEffect};
 use flow_ledger::{
     CallLease, CallOutcome, CompleteCall, ErrorKind, InDoubtReport, NewStep, PureCall,
     PureRecorded, Replayed, StepError, StepFinish, StepStatus, Timestamp,
@@ -136,7 +136,7 @@ impl Gateway {
             Err(e) => {
                 let kind = ledger_kind(&e.kind);
                 let retry_after = match &e.kind {
-                    AdapterKind::Transient { retry_after } => *retry_after,
+                    FailureKind::Transient { retry_after } => *retry_after,
                     _ => None,
                 };
                 let message = secrets.scrub(&e.message);
@@ -177,7 +177,7 @@ impl Gateway {
                 Ok(_) => "no error",
             };
             let message = if unknown_before
-                && !matches!(&result, Err(e) if e.kind == AdapterKind::Unknown)
+                && !matches!(&result, Err(e) if e.kind == FailureKind::Unknown)
             {
                 format!(
                     "outcome unknown: an earlier send of this key may have taken effect, and the re-sends did not settle it (last: {last})"
@@ -193,20 +193,7 @@ impl Gateway {
             return Ok(StepResult::InDoubt);
         }
         let (outcome, next) = self.outcome_of(c, result, next == Disposition::NewAttempt, now);
-        let step = match &outcome {
-            CallOutcome::Succeeded(output) => StepFinish {
-                step_id: c.step_id.clone(),
-                status: StepStatus::Succeeded,
-                output: Some(output.clone()),
-                error: None,
-            },
-            CallOutcome::Failed(error) => StepFinish {
-                step_id: c.step_id.clone(),
-                status: StepStatus::Failed,
-                output: None,
-                error: Some(error.clone()),
-            },
-        };
+        let step = StepFinish::from_outcome(&c.step_id, outcome.clone());
         self.inner
             .ledger
             .complete_call(
@@ -231,24 +218,15 @@ impl Gateway {
         r: Replayed,
     ) -> Result<StepResult, flow_ledger::Error> {
         let result = replayed_result(r);
-        let finish = match &result {
-            StepResult::Succeeded { output } => StepFinish {
-                step_id: c.step_id.clone(),
-                status: StepStatus::Succeeded,
-                output: Some(output.clone()),
-                error: None,
-            },
-            StepResult::Failed { kind, message, .. } => StepFinish {
-                step_id: c.step_id.clone(),
-                status: StepStatus::Failed,
-                output: None,
-                error: Some(StepError {
-                    kind: *kind,
-                    message: message.clone(),
-                }),
-            },
+        let outcome = match &result {
+            StepResult::Succeeded { output } => CallOutcome::Succeeded(output.clone()),
+            StepResult::Failed { kind, message, .. } => CallOutcome::Failed(StepError {
+                kind: *kind,
+                message: message.clone(),
+            }),
             StepResult::InDoubt | StepResult::Deferred { .. } => return Ok(result),
         };
+        let finish = StepFinish::from_outcome(&c.step_id, outcome);
         c.writer.finish_step(finish, self.now()).await?;
         Ok(result)
     }

@@ -26,6 +26,14 @@ pub struct Why {
     pub(crate) reason: Option<String>,
 }
 
+/// Who changed the run and why, for the event the change writes (the audit trail).
+fn actor(caller: &Caller, reason: Option<String>) -> Actor {
+    Actor {
+        by: caller.name.clone(),
+        reason,
+    }
+}
+
 /// The run after a change, as `GET /api/v1/runs/{id}` shows it.
 async fn answer(app: &App, id: &str) -> Result<Response, Problem> {
     show_json(&app.ledger, id)
@@ -68,10 +76,7 @@ pub(crate) async fn cancel_run(
     id: &str,
     reason: Option<String>,
 ) -> Result<(), Problem> {
-    let actor = Actor {
-        by: caller.name.clone(),
-        reason,
-    };
+    let actor = actor(caller, reason);
     app.ledger
         .request_cancel_as(id, Some(actor), now())
         .await
@@ -87,10 +92,7 @@ pub async fn resume(
     Path(id): Path<String>,
     OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
-    let actor = Actor {
-        by: caller.name,
-        reason: why.reason,
-    };
+    let actor = actor(&caller, why.reason);
     app.ledger
         .requeue_run_as(&id, Some(actor), now())
         .await

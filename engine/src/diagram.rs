@@ -25,7 +25,7 @@ fn label(wf: &Workflow, i: usize) -> String {
 }
 
 /// Renders the plan in the given format; nodes appear in topological order.
-pub fn render(wf: &Workflow, plan: &Plan, format: GraphFormat) -> String {
+pub fn draw(wf: &Workflow, plan: &Plan, format: GraphFormat) -> String {
     let mut out = String::new();
     match format {
         GraphFormat::Mermaid => {
@@ -100,9 +100,9 @@ mod tests {
         )
         .expect("valid");
         let plan = Plan::new(&wf).expect("acyclic");
-        let m = render(&wf, &plan, GraphFormat::Mermaid);
+        let m = draw(&wf, &plan, GraphFormat::Mermaid);
         assert!(m.contains("n_a --> n_b__2"), "{m}");
-        let d = render(&wf, &plan, GraphFormat::Dot);
+        let d = draw(&wf, &plan, GraphFormat::Dot);
         assert!(d.contains("\"a\" -> \"b-2\";"), "{d}");
         assert!(d.starts_with("digraph \"x\" {"), "{d}");
     }

@@ -1,116 +1,23 @@
-//! Pure function calls in as few statements as possible.
-//!
-//! A pure call never leaves the process, so it needs no claim and no outbound mark: its
-//! step, call, attempt row and two events are written together. The common case — a
-//! node's first attempt, with no step and no call yet — is ONE statement per call here:
-//! on SQLite a script of chained inserts run in one command on the connection's thread
-//! (each insert happens only if the one before it did, through `changes()`), on
-//! PostgreSQL one statement of data-modifying CTEs (atomic without `BEGIN`/`COMMIT`).
-//! Every other case (a step that exists, a call to replay, a key used elsewhere, a lost
-//! lease) writes nothing here and goes the general way (`resolve.rs`), which decides it.
-//!
-//! [`Ledger::record_pure_calls`] records many such first attempts in one transaction,
-//! all or nothing: the engine keeps consecutive pure results in memory and flushes them
-//! before anything else is written for the run (see ARCHITECTURE.md, "Lazy pure
-//! results").
-
-use serde_json::json;
+//! Many kept pure results in one statement, all or nothing, and the run's finish with
+//! them: the first attempts the engine kept in memory (`PureLog`), written before any
+//! other write of the run (see ARCHITECTURE.md, "Lazy pure results").
 
 use crate::clock::Timestamp;
 use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
 use crate::fence::{Fence, live_run_fence, run_fence};
 use crate::ledger::{Ledger, check_run_lease};
-use crate::model::{
-    CallOutcome, PureBatchRecorded, PureCall, PureRecorded, PureResult, Run, RunFinish, RunLease,
-};
+use crate::model::{PureBatchRecorded, PureResult, Run, RunFinish, RunLease};
 use crate::rows::{IntRow, RunRow, run_cols};
 use crate::run_states::finish_run_in;
-use crate::state::{StepStatus, attempt_key};
+use crate::state::StepStatus;
+
+use super::fresh::{Fresh, write_fresh};
 
 /// The reason a batch op rolls itself back with when a node is not new: an error is what
 /// undoes the writes before it, and this one is turned into `NotNew` (no other
 /// `Conflict` can come out of that op).
 const NOT_NEW: &str = "not new: record it the general way";
-
-/// The outbox columns written here mirror `events::emit`: same table, same meaning.
-const SQLITE_FRESH: &str = concat!(
-    "
-INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, created_at,
-    updated_at, started_at, finished_at, output, error_kind, error_message, tool_call_id)
-SELECT $1, $2, $3, $7, $8, $9, $15, $21, $22, $21, $22, $16, $17, $18, $10
-WHERE EXISTS (SELECT 1 FROM runs WHERE",
-    live_run_fence!(),
-    ")
-    AND NOT EXISTS (SELECT 1 FROM tool_calls WHERE tenant = $1 AND workspace = $2
-        AND run_id = $3 AND tool_call_id = $10)
-    AND NOT EXISTS (SELECT 1 FROM tool_calls WHERE tenant = $1 AND workspace = $2
-        AND idempotency_key = $12)
-ON CONFLICT DO NOTHING;
-INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id, step_id, tool,
-    idempotency_key, request, request_hash, status, attempt_count, outbound_requests, output,
-    error_kind, error_message, lease_token, run_token, created_at, updated_at, finished_at)
-SELECT $1, $2, $3, $10, $7, $11, $12, $13, $14, $15, 1, 0, $16, $17, $18, 1, $5, $21, $22, $22
-WHERE changes() = 1;
-INSERT INTO tool_call_attempts (tenant, workspace, id, run_id, tool_call_id, step_id, attempt,
-    sent_key, outbound_started_at, finished_at, outcome, error_kind, error_message,
-    requests_sent)
-SELECT $1, $2, $19, $3, $10, $7, 1, $20, NULL, $22, $15, $17, $18, 0
-WHERE changes() = 1;
-INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id, payload)
-SELECT $1, $2, $23, 'step.started', $21, $3, $7, NULL, $24
-WHERE changes() = 1;
-INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id, payload)
-SELECT $1, $2, $25, $26, $22, $3, $7, $10, $27
-WHERE changes() = 1
-RETURNING 1 AS n;
-"
-);
-
-/// The same on PostgreSQL. `FOR SHARE` keeps the run lease fenced for the statement (a
-/// concurrent claim that bumps the token waits), as `check_run_lease` does; a racing
-/// writer of the same step or call makes it fail with a unique violation, and then the
-/// general way decides.
-const POSTGRES_FRESH: &str = concat!(
-    "
-WITH ok AS (
-    SELECT 1 AS one FROM runs
-    WHERE",
-    live_run_fence!(),
-    "AND NOT EXISTS (SELECT 1 FROM tool_calls WHERE tenant = $1 AND workspace = $2
-          AND run_id = $3 AND tool_call_id = $10)
-      AND NOT EXISTS (SELECT 1 FROM tool_calls WHERE tenant = $1 AND workspace = $2
-          AND idempotency_key = $12)
-      AND NOT EXISTS (SELECT 1 FROM steps WHERE tenant = $1 AND workspace = $2
-          AND run_id = $3 AND step_id = $7)
-    FOR SHARE),
-s AS (
-    INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, created_at,
-        updated_at, started_at, finished_at, output, error_kind, error_message, tool_call_id)
-    SELECT $1, $2, $3, $7, $8, $9, $15, $21, $22, $21, $22, $16, $17, $18, $10 FROM ok),
-c AS (
-    INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id, step_id, tool,
-        idempotency_key, request, request_hash, status, attempt_count, outbound_requests,
-        output, error_kind, error_message, lease_token, run_token, created_at, updated_at,
-        finished_at)
-    SELECT $1, $2, $3, $10, $7, $11, $12, $13, $14, $15, 1, 0, $16, $17, $18, 1, $5, $21, $22,
-        $22 FROM ok),
-a AS (
-    INSERT INTO tool_call_attempts (tenant, workspace, id, run_id, tool_call_id, step_id,
-        attempt, sent_key, outbound_started_at, finished_at, outcome, error_kind,
-        error_message, requests_sent)
-    SELECT $1, $2, $19, $3, $10, $7, 1, $20, NULL, $22, $15, $17, $18, 0 FROM ok),
-e AS (
-    INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
-        payload, txid)
-    SELECT $1, $2, v.id, v.type, v.time, $3, $7, v.call, v.payload,
-        pg_current_xact_id()::text::bigint
-    FROM ok, (VALUES ($23, 'step.started', $21, NULL::text, $24, 1),
-                     ($25, $26, $22, $10, $27, 2)) AS v(id, type, time, call, payload, k)
-    ORDER BY v.k)
-SELECT COUNT(*) AS n FROM ok
-"
-);
 
 /// Many succeeded first attempts at once (`$7`: a JSON array of `Fresh::batch_item`,
 /// `$8`: its length): the same rows and events as `SQLITE_FRESH` for each, in one
@@ -273,178 +180,7 @@ SELECT ",
     " FROM r"
 );
 
-/// One brand-new pure call, ready to bind.
-struct Fresh {
-    step_id: String,
-    node_id: String,
-    retry: u32,
-    tool_call_id: String,
-    tool: String,
-    key: String,
-    request: String,
-    request_hash: String,
-    status: StepStatus,
-    output: Option<String>,
-    error: Option<crate::model::StepError>,
-    started_at: Timestamp,
-    finished_at: Timestamp,
-}
-
-impl Fresh {
-    fn args(&self, ledger: &Ledger, run: &RunLease, now: Timestamp) -> Vec<Arg> {
-        let s = ledger.scope();
-        let error_kind = self.error.as_ref().map(|e| e.kind.as_str());
-        let error = self.error.as_ref().map(|e| e.message.clone());
-        let event = match self.status {
-            StepStatus::Succeeded => "step.succeeded",
-            _ => "step.failed",
-        };
-        let (started, done) = self.payloads();
-        let own = args![
-            now,
-            &self.step_id,
-            &self.node_id,
-            self.retry,
-            &self.tool_call_id,
-            &self.tool,
-            &self.key,
-            &self.request,
-            &self.request_hash,
-            self.status.as_str(),
-            self.output.clone(),
-            error_kind,
-            error,
-            format!("att_{}", ulid::Ulid::generate()),
-            attempt_key(&self.key, 1),
-            self.started_at,
-            self.finished_at,
-            format!("evt_{}", ulid::Ulid::generate()),
-            started,
-            format!("evt_{}", ulid::Ulid::generate()),
-            event,
-            done,
-        ];
-        [Fence::run(s, run), own].concat()
-    }
-
-    /// The payloads `create_step_in` (`step.started`) and `finish_step_in` would write.
-    fn payloads(&self) -> (String, String) {
-        let started = json!({
-            "node_id": self.node_id,
-            "retry": self.retry,
-            "not_before": Option::<Timestamp>::None,
-        });
-        let done = json!({
-            "node_id": self.node_id,
-            "retry": self.retry,
-            "error_kind": self.error.as_ref().map(|e| e.kind.as_str()),
-            "error": self.error.as_ref().map(|e| e.message.clone()),
-        });
-        (started.to_string(), done.to_string())
-    }
-
-    /// This call as an element of the batch statements' JSON array (a succeeded first
-    /// attempt: `SQLITE_BATCH` / `POSTGRES_BATCH` write exactly what `*_FRESH` would).
-    fn batch_item(&self) -> serde_json::Value {
-        let (p0, p1) = self.payloads();
-        json!({
-            "step": self.step_id,
-            "node": self.node_id,
-            "tool": self.tool,
-            "key": self.key,
-            "req": self.request,
-            "hash": self.request_hash,
-            "out": self.output,
-            "att": format!("att_{}", ulid::Ulid::generate()),
-            "sk": attempt_key(&self.key, 1),
-            "t0": self.started_at.0,
-            "t1": self.finished_at.0,
-            "e0": format!("evt_{}", ulid::Ulid::generate()),
-            "p0": p0,
-            "e1": format!("evt_{}", ulid::Ulid::generate()),
-            "p1": p1,
-        })
-    }
-}
-
-/// Writes one brand-new pure call in one statement; `false` (nothing written) when the
-/// step or call exists, the key is taken or the run lease does not hold.
-async fn write_fresh(
-    c: &mut Conn<'_>,
-    ledger: &Ledger,
-    run: &RunLease,
-    fresh: &Fresh,
-    now: Timestamp,
-) -> Result<bool, Error> {
-    let sql = c.pick(SQLITE_FRESH, POSTGRES_FRESH);
-    let rows = c.all::<IntRow>(sql, fresh.args(ledger, run, now)).await?;
-    Ok(rows.first().is_some_and(|r| r.n == 1))
-}
-
 impl Ledger {
-    /// Records a pure in-process function's call in ONE commit: creates the step if
-    /// missing, writes the call terminal with its attempt row (no outbound mark and no
-    /// usage: nothing leaves the process), finishes the step from the outcome and creates
-    /// `next_step` if given. If the call is already terminal, replay semantics apply (a
-    /// succeeded call is never overwritten; a failed one only with `retry_failed`): the
-    /// step is finished with the stored outcome, which is returned.
-    pub async fn record_pure_call(
-        &self,
-        req: PureCall<'_>,
-        now: Timestamp,
-    ) -> Result<PureRecorded, Error> {
-        if let Some(fresh) = self.fresh_of(&req, now) {
-            let ledger = self.clone();
-            let run = req.run.clone();
-            let written = self
-                .write_statement(move |c| {
-                    Box::pin(async move { write_fresh(c, &ledger, &run, &fresh, now).await })
-                })
-                .await;
-            // Anything but a clean write (a step or call that exists, a lost lease, a
-            // racing writer's unique violation) is decided by the general way.
-            if matches!(written, Ok(true)) {
-                return Ok(PureRecorded::Recorded);
-            }
-        }
-        self.record_pure_call_in_steps(req, now).await
-    }
-
-    /// The one-statement form of `req`, when it is a brand-new step with nothing else
-    /// to do (no retry step to create, an output within the limit).
-    fn fresh_of(&self, req: &PureCall<'_>, now: Timestamp) -> Option<Fresh> {
-        if req.step.status != StepStatus::Running
-            || req.step.not_before.is_some()
-            || req.next_step.is_some()
-            || req.step.step_id.is_empty()
-        {
-            return None;
-        }
-        let (status, output, error) = match &req.outcome {
-            CallOutcome::Succeeded(v) => (
-                StepStatus::Succeeded,
-                Some(self.checked_json(v).ok()?),
-                None,
-            ),
-            CallOutcome::Failed(e) => (StepStatus::Failed, None, Some(e.clone())),
-        };
-        Some(Fresh {
-            step_id: req.step.step_id.clone(),
-            node_id: req.step.node_id.clone(),
-            retry: req.step.retry,
-            tool_call_id: req.tool_call_id.clone(),
-            tool: req.tool.clone(),
-            key: req.idempotency_key.clone(),
-            request: req.request.to_string(),
-            request_hash: req.request_hash.clone(),
-            status,
-            output,
-            error,
-            started_at: now,
-            finished_at: now,
-        })
-    }
-
     /// Records pure results the engine kept in memory, in ONE transaction and all or
     /// nothing: each becomes a new succeeded step and call with its attempt row and its
     /// `step.started` / `step.succeeded` events, exactly as `record_pure_call` would
@@ -496,7 +232,6 @@ impl Ledger {
         }
     }
 }
-
 /// The bound values of `SQLITE_BATCH` / `POSTGRES_BATCH`, and how many results.
 fn batch_args(ledger: &Ledger, run: &RunLease, fresh: &[Fresh], now: Timestamp) -> (Vec<Arg>, i64) {
     let items = serde_json::Value::Array(fresh.iter().map(Fresh::batch_item).collect());
