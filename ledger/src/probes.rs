@@ -218,6 +218,39 @@ pub struct ProbeSchedule {
     pub next_probe_at: Option<Timestamp>,
 }
 
+/// The usage row of a probe's requests (none when it sent nothing).
+async fn insert_usage(
+    c: &mut crate::conn::Conn<'_>,
+    ledger: &Ledger,
+    p: &NewProbe,
+    now: Timestamp,
+) -> Result<(), Error> {
+    if p.requests_sent == 0 {
+        return Ok(());
+    }
+    let s = ledger.scope();
+    c.execute(
+        "INSERT INTO usage (tenant, workspace, id, run_id, tool_call_id, tool, attempt,
+            sent_key, kind, quantity, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        args![
+            &s.tenant,
+            &s.workspace,
+            format!("use_{}", ulid::Ulid::generate()),
+            &p.run_id,
+            &p.tool_call_id,
+            &p.tool,
+            p.attempt,
+            &p.sent_key,
+            PROBE_USAGE,
+            p.requests_sent,
+            now,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
 impl Ledger {
     /// Records one probe of an in-doubt call: its row, the call's schedule and a
     /// `tool_call.probed` event (and `tool_call.needs_operator` when the probes are
@@ -290,27 +323,7 @@ impl Ledger {
                     ],
                 )
                 .await?;
-                if p.requests_sent > 0 {
-                    c.execute(
-                        "INSERT INTO usage (tenant, workspace, id, run_id, tool_call_id, tool, attempt,
-                            sent_key, kind, quantity, created_at)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-                        args![
-                            &s.tenant,
-                            &s.workspace,
-                            format!("use_{}", ulid::Ulid::generate()),
-                            &p.run_id,
-                            &p.tool_call_id,
-                            &p.tool,
-                            p.attempt,
-                            &p.sent_key,
-                            PROBE_USAGE,
-                            p.requests_sent,
-                            now,
-                        ],
-                    )
-                    .await?;
-                }
+                insert_usage(c, &ledger, &p, now).await?;
                 let payload = json!({
                     "probe": count,
                     "sent_key": p.sent_key,

@@ -17,6 +17,7 @@ mod limits;
 mod meta;
 mod reconcile;
 mod reconcile_console;
+mod reconcile_kinds;
 mod retries;
 mod runs;
 mod secrets;

@@ -59,9 +59,53 @@ pub struct Metrics {
     call_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     tools_seen: std::sync::Mutex<std::collections::HashSet<String>>,
     deliveries: Family<Labels, Gauge>,
+    process: ProcessGauges,
+}
+
+/// This process's resources, read from `/proc` at scrape time.
+struct ProcessGauges {
     resident_bytes: Gauge,
     cpu_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     open_fds: Gauge,
+}
+
+impl ProcessGauges {
+    fn register(registry: &mut Registry) -> Self {
+        let resident_bytes = Gauge::default();
+        let cpu_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        let open_fds = Gauge::default();
+        let start_time = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        start_time.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64()),
+        );
+        registry.register(
+            "process_resident_memory_bytes",
+            "Resident memory of this process (read at scrape time from /proc)",
+            resident_bytes.clone(),
+        );
+        registry.register(
+            "process_cpu_seconds",
+            "CPU time this process has used, user and system (read at scrape time)",
+            cpu_seconds.clone(),
+        );
+        registry.register(
+            "process_open_fds",
+            "Open file descriptors of this process (read at scrape time)",
+            open_fds.clone(),
+        );
+        registry.register(
+            "process_start_time_seconds",
+            "When this process started its metrics, in seconds since the epoch",
+            start_time,
+        );
+        Self {
+            resident_bytes,
+            cpu_seconds,
+            open_fds,
+        }
+    }
 }
 
 impl std::fmt::Debug for Metrics {
@@ -92,35 +136,7 @@ impl Metrics {
         let call_seconds: Family<Labels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(call_histogram);
         let deliveries = Family::<Labels, Gauge>::default();
-        let resident_bytes = Gauge::default();
-        let cpu_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        let open_fds = Gauge::default();
-        let start_time = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        start_time.set(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0.0, |d| d.as_secs_f64()),
-        );
-        registry.register(
-            "process_resident_memory_bytes",
-            "Resident memory of this process (read at scrape time from /proc)",
-            resident_bytes.clone(),
-        );
-        registry.register(
-            "process_cpu_seconds",
-            "CPU time this process has used, user and system (read at scrape time)",
-            cpu_seconds.clone(),
-        );
-        registry.register(
-            "process_open_fds",
-            "Open file descriptors of this process (read at scrape time)",
-            open_fds.clone(),
-        );
-        registry.register(
-            "process_start_time_seconds",
-            "When this process started its metrics, in seconds since the epoch",
-            start_time,
-        );
+        let process = ProcessGauges::register(&mut registry);
         registry.register(
             "event_deliveries",
             "Event deliveries by consumer and status; dead = dead letters (read at scrape time)",
@@ -204,9 +220,7 @@ impl Metrics {
             call_seconds,
             tools_seen: std::sync::Mutex::new(std::collections::HashSet::new()),
             deliveries,
-            resident_bytes,
-            cpu_seconds,
-            open_fds,
+            process,
         }
     }
 
@@ -247,7 +261,7 @@ impl Metrics {
                 .find_map(|l| l.strip_prefix("VmRSS:"))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
         {
-            self.resident_bytes.set(kb.saturating_mul(1024));
+            self.process.resident_bytes.set(kb.saturating_mul(1024));
         }
         // Fields 14 and 15 of /proc/self/stat (after the parenthesised name): utime and
         // stime in clock ticks, which Linux reports at USER_HZ = 100 per second.
@@ -259,10 +273,11 @@ impl Metrics {
                 .iter()
                 .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<f64>().ok()))
                 .sum();
-            self.cpu_seconds.set(ticks / 100.0);
+            self.process.cpu_seconds.set(ticks / 100.0);
         }
         if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
-            self.open_fds
+            self.process
+                .open_fds
                 .set(i64::try_from(dir.count()).unwrap_or(i64::MAX));
         }
     }
