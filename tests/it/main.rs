@@ -12,6 +12,7 @@ mod daemon;
 mod elicit;
 mod events;
 mod flapping;
+mod follow_up;
 mod gateway;
 mod limits;
 mod meta;

@@ -165,6 +165,7 @@ pub(crate) async fn daemon(
         grace: args.grace,
         listen: !args.no_listen,
         worker: WorkerId::current(),
+        flow: super::flow_command(cli),
     };
     let stop_serving = CancellationToken::new();
     let served = serve_metrics(args, &metrics, &ledger, &stop_serving).await?;

@@ -50,6 +50,10 @@ pub struct Settings {
     pub listen: bool,
     /// This process's worker id (lease holder).
     pub worker: WorkerId,
+    /// `flow` with the global options that differ from their defaults (`--db`,
+    /// `--tenant`, …), for the commands the daemon's log lines suggest, so a pasted one
+    /// reaches this daemon's ledger.
+    pub flow: String,
 }
 
 impl Default for Settings {
@@ -61,6 +65,7 @@ impl Default for Settings {
             grace: Duration::from_secs(30),
             listen: true,
             worker: WorkerId::current(),
+            flow: "flow".into(),
         }
     }
 }

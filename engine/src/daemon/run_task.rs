@@ -29,12 +29,20 @@ pub(crate) struct Shared {
     /// Whether the database answers, reported by the claim loop and every run task.
     pub outage: Outage,
     workflows: Mutex<HashMap<String, Arc<ValidWorkflow>>>,
+    /// `flow` and the non-default global options, for the commands log lines suggest.
+    pub flow: String,
 }
 
 impl Shared {
-    pub fn new(executor: Executor, metrics: Arc<Metrics>, stop: CancellationToken) -> Arc<Self> {
+    pub fn new(
+        executor: Executor,
+        metrics: Arc<Metrics>,
+        stop: CancellationToken,
+        flow: String,
+    ) -> Arc<Self> {
         let ledger = executor.gateway().ledger().clone();
         Arc::new(Self {
+            flow,
             outage: Outage::new(ledger.url_redacted()),
             ledger,
             executor,
@@ -133,7 +141,7 @@ async fn execute_inner(shared: &Shared, claimed: Claimed) -> &'static str {
                     run = %run.id,
                     workflow = %run.workflow_name,
                     reason = outcome.error.as_deref().unwrap_or("in doubt"),
-                    "run paused: see `flow show {}`", run.id
+                    "run paused: see `{} show {}`", shared.flow, run.id
                 ),
                 RunStatus::Queued => tracing::info!(
                     run = %run.id,

@@ -77,7 +77,12 @@ impl Service {
     /// [`super::metrics::Observer`] over the same `metrics`).
     pub fn new(executor: Executor, config: Settings, metrics: Arc<Metrics>) -> Self {
         let handle = Handle::new();
-        let shared = Shared::new(executor, metrics, handle.graceful().clone());
+        let shared = Shared::new(
+            executor,
+            metrics,
+            handle.graceful().clone(),
+            config.flow.clone(),
+        );
         Self {
             config,
             shared,
