@@ -172,12 +172,12 @@ fn one_run(c: &Setting<'_>, rng: &mut rand::rngs::StdRng, ctx: &str, stats: &mut
     }
     let s = show(db, &run_id);
     assert_eq!(s["run"]["status"], "succeeded", "{ctx}: {s:#}");
-    stats.reconciled += s["tool_calls"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|c| c["resolution"]["by"] == "reconcile")
-        .count() as u32;
+    stats.reconciled += landed_once(server, &s, &run_id, ctx);
+}
+
+/// Checks that every node's effect of `run` landed at the downstream exactly once;
+/// returns how many of its calls a probe settled.
+fn landed_once(server: &CountingServer, show: &serde_json::Value, run: &str, ctx: &str) -> u32 {
     for node in NODES {
         let arrivals = server
             .log()
@@ -186,14 +186,21 @@ fn one_run(c: &Setting<'_>, rng: &mut rand::rngs::StdRng, ctx: &str, stats: &mut
                 r.path == format!("/effect/{node}")
                     && r.key
                         .as_deref()
-                        .is_some_and(|k| k.starts_with(&format!("{run_id}:")))
+                        .is_some_and(|k| k.starts_with(&format!("{run}:")))
             })
             .count();
         assert_eq!(
             arrivals, 1,
-            "{ctx}: node {node} of {run_id} landed {arrivals} times"
+            "{ctx}: node {node} of {run} landed {arrivals} times"
         );
     }
+    let reconciled = show["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["resolution"]["by"] == "reconcile")
+        .count();
+    u32::try_from(reconciled).unwrap_or(u32::MAX)
 }
 
 #[test]
@@ -322,29 +329,7 @@ fn daemons_killed_at_random_leave_nothing_for_a_human() {
         }
         let mut reconciled = 0;
         for id in &ids {
-            let s = show(&db, id);
-            reconciled += s["tool_calls"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|c| c["resolution"]["by"] == "reconcile")
-                .count();
-            for node in NODES {
-                let arrivals = server
-                    .log()
-                    .iter()
-                    .filter(|r| {
-                        r.path == format!("/effect/{node}")
-                            && r.key
-                                .as_deref()
-                                .is_some_and(|k| k.starts_with(&format!("{id}:")))
-                    })
-                    .count();
-                assert_eq!(
-                    arrivals, 1,
-                    "{ctx}: node {node} of {id} landed {arrivals} times"
-                );
-            }
+            reconciled += landed_once(&server, &show(&db, id), id, &ctx);
         }
         eprintln!(
             "{backend:?}: {runs} runs, {kills} daemon kills, {reconciled} calls settled by probes"

@@ -182,3 +182,65 @@ fn client_mode_reports_an_unreachable_or_bad_server() {
         stderr(&until)
     );
 }
+
+/// `flow resume --server`: a garbage `--output` is refused here and writes nothing; a
+/// viewer's token is refused by the server (exit 2); an operator's resolve settles the
+/// call as that token's name and the server re-queues the run for its daemons; without
+/// `--resolve` a paused run is re-queued.
+#[test]
+fn resume_resolves_and_requeues_through_the_server() {
+    let rt = crate::support::runtime();
+    let downstream = rt
+        .block_on(flow_adapters::testkit::http::CountingServer::start())
+        .expect("downstream");
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write("pay.yaml", &crate::crash::workflow(&downstream.url()));
+    let run = crate::api_doubt::paused_run(&db, &file);
+    let server = serve(&db);
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let (dir, base) = (elsewhere.path(), server.base.as_str());
+    let resolve = |token, output: &str| {
+        let args = [
+            "resume",
+            run.as_str(),
+            "--resolve",
+            "charge=succeeded",
+            "--output",
+            output,
+        ];
+        client(dir, base, Some(token), &args)
+    };
+    let garbage = resolve(OPERATOR, "{not json");
+    assert_eq!(garbage.status.code(), Some(2), "{}", stderr(&garbage));
+    let viewer = resolve(VIEWER, r#"{"count": 1}"#);
+    assert_eq!(viewer.status.code(), Some(2), "{}", stderr(&viewer));
+    assert!(
+        stderr(&viewer).starts_with("error: "),
+        "{}",
+        stderr(&viewer)
+    );
+    assert_eq!(
+        crate::support::call(&show(&db, &run), "charge")["status"],
+        "in_doubt",
+        "nothing written"
+    );
+    let ok = resolve(OPERATOR, r#"{"count": 1}"#);
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+    assert_eq!(stdout(&ok).trim(), run);
+    let s = show(&db, &run);
+    assert_eq!(
+        crate::support::call(&s, "charge")["resolution"]["by"],
+        "otto",
+        "{s}"
+    );
+    assert_eq!(
+        s["run"]["status"], "queued",
+        "re-queued for the daemons: {s}"
+    );
+
+    // Without --resolve: a paused run goes back on the queue.
+    let second = crate::api_doubt::paused_run(&db, &file);
+    let requeued = client(dir, base, Some(OPERATOR), &["resume", &second]);
+    assert_eq!(requeued.status.code(), Some(0), "{}", stderr(&requeued));
+    assert_eq!(show(&db, &second)["run"]["status"], "queued");
+}

@@ -50,6 +50,26 @@ nodes:
     )
 }
 
+/// Runs `file` until `FLOW_FAULT=<point>:charge` kills it: the run and the key of the
+/// charge's first effect attempt.
+pub(crate) fn crash_at(db: &TestDb, file: &std::path::Path, point: &str) -> (String, String) {
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(file)
+            .env("FLOW_FAULT", format!("{point}:charge")),
+    );
+    assert_eq!(
+        crashed.status.code(),
+        None,
+        "the fault must abort the process: {}",
+        stderr(&crashed)
+    );
+    let run = run_id(&crashed);
+    let key = format!("{run}:charge:1");
+    (run, key)
+}
+
 pub(crate) fn effects(server: &CountingServer) -> String {
     format!("{}/_control/effects", server.url())
 }
@@ -83,20 +103,7 @@ fn not_sent_is_resent_once(backend: Backend) {
         "pay.yaml",
         &workflow(&server.url(), &effects(&server), "0s", 3),
     );
-    let crashed = output(
-        db.flow()
-            .arg("run")
-            .arg(&file)
-            .env("FLOW_FAULT", "after_outbound:charge"),
-    );
-    assert_eq!(
-        crashed.status.code(),
-        None,
-        "{backend:?}: {}",
-        stderr(&crashed)
-    );
-    let run = run_id(&crashed);
-    let key = format!("{run}:charge:1");
+    let (run, key) = crash_at(&db, &file, "after_outbound");
     assert_eq!(
         server.count(&key),
         0,
@@ -150,20 +157,7 @@ fn happened_is_found(backend: Backend) {
         "pay.yaml",
         &workflow(&server.url(), &effects(&server), "0s", 3),
     );
-    let crashed = output(
-        db.flow()
-            .arg("run")
-            .arg(&file)
-            .env("FLOW_FAULT", "after_response:charge"),
-    );
-    assert_eq!(
-        crashed.status.code(),
-        None,
-        "{backend:?}: {}",
-        stderr(&crashed)
-    );
-    let run = run_id(&crashed);
-    let key = format!("{run}:charge:1");
+    let (run, key) = crash_at(&db, &file, "after_response");
     assert_eq!(server.count(&key), 1, "{backend:?}");
 
     let resumed = output(db.flow().args(["resume", &run]));
@@ -243,14 +237,7 @@ fn failing_probe_needs_an_operator(backend: Backend) {
         "pay.yaml",
         &workflow(&server.url(), &format!("{}/effects", broken.url()), "0s", 3),
     );
-    let crashed = output(
-        db.flow()
-            .arg("run")
-            .arg(&file)
-            .env("FLOW_FAULT", "after_response:charge"),
-    );
-    let run = run_id(&crashed);
-    let key = format!("{run}:charge:1");
+    let (run, key) = crash_at(&db, &file, "after_response");
     let resumed = output(db.flow().args(["resume", &run]));
     assert_eq!(
         resumed.status.code(),
@@ -316,14 +303,7 @@ fn early_not_found_is_not_trusted(backend: Backend) {
         "pay.yaml",
         &workflow(&server.url(), &effects(&server), "3s", 3),
     );
-    let crashed = output(
-        db.flow()
-            .arg("run")
-            .arg(&file)
-            .env("FLOW_FAULT", "after_outbound:charge"),
-    );
-    let run = run_id(&crashed);
-    let key = format!("{run}:charge:1");
+    let (run, key) = crash_at(&db, &file, "after_outbound");
     let resumed = output(db.flow().args(["resume", &run]));
     assert_eq!(
         resumed.status.code(),
@@ -381,14 +361,7 @@ fn reconcile_command(backend: Backend) {
         "pay.yaml",
         &workflow(&server.url(), &format!("{}/effects", probe.url()), "0s", 2),
     );
-    let crashed = output(
-        db.flow()
-            .arg("run")
-            .arg(&file)
-            .env("FLOW_FAULT", "after_outbound:charge"),
-    );
-    let run = run_id(&crashed);
-    let key = format!("{run}:charge:1");
+    let (run, key) = crash_at(&db, &file, "after_outbound");
     let paused = output(db.flow().args(["resume", &run]));
     assert_eq!(
         paused.status.code(),
@@ -494,14 +467,7 @@ fn daemon_probes_when_due(backend: Backend) {
             "12s",
         ),
     );
-    let crashed = output(
-        db.flow()
-            .arg("run")
-            .arg(&file)
-            .env("FLOW_FAULT", "after_response:charge"),
-    );
-    let run = run_id(&crashed);
-    let key = format!("{run}:charge:1");
+    let (run, key) = crash_at(&db, &file, "after_response");
     let paused = output(db.flow().args(["resume", &run]));
     assert_eq!(
         paused.status.code(),

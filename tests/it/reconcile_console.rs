@@ -6,19 +6,13 @@ use reqwest::StatusCode;
 use serde_json::json;
 
 use crate::api::{OPERATOR, VIEWER, call, serve};
-use crate::reconcile::workflow;
-use crate::support::{Backend, TestDb, backends, output, run_id, runtime, show, stderr};
+use crate::reconcile::{crash_at, workflow};
+use crate::support::{Backend, TestDb, backends, output, runtime, show, stderr};
 use crate::ui::http_session;
 
 /// A run paused with `charge` in doubt after two probes the downstream could not answer.
 fn paused(db: &TestDb, file: &std::path::Path) -> String {
-    let crashed = output(
-        db.flow()
-            .arg("run")
-            .arg(file)
-            .env("FLOW_FAULT", "after_outbound:charge"),
-    );
-    let run = run_id(&crashed);
+    let (run, _) = crash_at(db, file, "after_outbound");
     let resumed = output(db.flow().args(["resume", &run]));
     assert_eq!(resumed.status.code(), Some(3), "{}", stderr(&resumed));
     run

@@ -4,7 +4,7 @@
 
 use flow_adapters::testkit::http::{Behavior, CountingServer};
 
-use crate::reconcile::{effects, probes, workflow};
+use crate::reconcile::{crash_at, effects, probes, workflow};
 use crate::support::{Backend, TestDb, backends, call, output, run_id, runtime, show, stderr};
 
 /// An MCP tool's probe is another tool of the same server: after a crash after the
@@ -37,13 +37,7 @@ nodes:
             url = server.url()
         ),
     );
-    let crashed = output(
-        db.flow()
-            .arg("run")
-            .arg(&file)
-            .env("FLOW_FAULT", "after_response:charge"),
-    );
-    let run = run_id(&crashed);
+    let (run, _) = crash_at(&db, &file, "after_response");
     assert_eq!(server.stats().count("order-7"), 1, "{backend:?}");
     let resumed = output(db.flow().args(["resume", &run]));
     assert_eq!(
@@ -97,13 +91,7 @@ nodes:
 "#
         ),
     );
-    let crashed = output(
-        db.flow()
-            .arg("run")
-            .arg(&file)
-            .env("FLOW_FAULT", "after_outbound:charge"),
-    );
-    let run = run_id(&crashed);
+    let (run, _) = crash_at(&db, &file, "after_outbound");
     let resumed = output(db.flow().args(["resume", &run]));
     assert_eq!(
         resumed.status.code(),

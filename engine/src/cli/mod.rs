@@ -420,7 +420,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
     error::finish(result, stderr)
 }
 
-/// Client mode (`--server`): `submit`, `runs` and `show` through the operator API; the
+/// Client mode (`--server`): `submit`, `runs`, `show` and `resume` through the operator API; the
 /// server holds the ledger, so nothing local is checked or opened. `None` otherwise.
 async fn client_mode(
     cli: &Cli,
@@ -431,6 +431,7 @@ async fn client_mode(
         Command::Submit(a) => remote::submit(a.remote.server.as_deref()?, a, stdout, stderr).await,
         Command::Runs(a) => remote::runs(cli, a.remote.server.as_deref()?, a, stdout, stderr).await,
         Command::Show(a) => remote::show(a.remote.server.as_deref()?, a, stdout).await,
+        Command::Resume(a) => remote::resume(a.remote.server.as_deref()?, a, stdout, stderr).await,
         _ => return None,
     })
 }

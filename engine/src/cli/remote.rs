@@ -1,4 +1,4 @@
-//! Client mode: `flow submit`, `flow runs` and `flow show` with `--server URL` talk to a
+//! Client mode: `flow submit`, `flow runs`, `flow show` and `flow resume` with `--server URL` talk to a
 //! `flow serve` over its JSON API instead of opening the database, so an operator's
 //! laptop needs a token, not database credentials.
 //!
@@ -14,6 +14,7 @@ use serde_json::{Value as Json, json};
 
 use flow_adapters::api_client::{ApiClient, ApiError};
 
+use super::run::ResumeArgs;
 use super::show::{RunsArgs, ShowArgs};
 use super::submit::SubmitArgs;
 use super::table::{table, terminal_width};
@@ -84,6 +85,105 @@ pub(crate) async fn submit(
         );
     }
     Ok(exit::OK)
+}
+
+/// `flow resume --server`: settles the call `--resolve` names (the server re-queues the
+/// run once nothing of it is in doubt) or, without `--resolve`, re-queues the run; the
+/// server's daemons continue it, so this is always `--detach`. Prints the run id (or,
+/// with `--json`, the run object after the change).
+pub(crate) async fn resume(
+    server: &str,
+    args: &ResumeArgs,
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> Result<u8, CliError> {
+    let client = client(server, &args.remote)?;
+    let answer = match &args.resolve {
+        Some(spec) => {
+            let body = resolve_body(spec, args)?;
+            let v = client
+                .post(&["runs", &args.run, "resolve"], &body)
+                .await
+                .map_err(|e| failed(&e, client.has_token()))?;
+            let _ = writeln!(
+                stderr,
+                "resolved {} as {} on {}",
+                body["node"].as_str().unwrap_or("?"),
+                body["outcome"].as_str().unwrap_or("?"),
+                client.base()
+            );
+            v
+        }
+        None => {
+            if args.output.is_some() || args.error.is_some() {
+                return Err(CliError::invalid(
+                    "--output and --error only go with --resolve",
+                ));
+            }
+            let v = client
+                .post(&["runs", &args.run, "resume"], &json!({}))
+                .await
+                .map_err(|e| failed(&e, client.has_token()))?;
+            let _ = writeln!(
+                stderr,
+                "run {} queued for the daemons of {}",
+                args.run,
+                client.base()
+            );
+            v
+        }
+    };
+    if args.json {
+        let _ = writeln!(
+            stdout,
+            "{}",
+            serde_json::to_string_pretty(&answer).unwrap_or_default()
+        );
+    } else {
+        let _ = writeln!(stdout, "{}", args.run);
+    }
+    Ok(exit::OK)
+}
+
+/// The API's resolve body for `--resolve NODE=succeeded|failed|retry` with `--output` /
+/// `--error` (the same rules as a local resume; the server checks the node).
+fn resolve_body(spec: &str, args: &ResumeArgs) -> Result<Json, CliError> {
+    let (node, how) = spec.split_once('=').ok_or_else(|| {
+        CliError::invalid(format!(
+            "--resolve `{spec}`: expected NODE=succeeded|failed|retry"
+        ))
+    })?;
+    let mut body = json!({ "node": node, "outcome": how });
+    match how {
+        "succeeded" => {
+            let text = args.output.as_deref().ok_or_else(|| {
+                CliError::invalid(
+                    "--resolve NODE=succeeded needs --output JSON (the call's output)",
+                )
+            })?;
+            let output: Json = serde_json::from_str(text)
+                .map_err(|e| CliError::invalid(format!("--output is not valid JSON: {e}")))?;
+            body["output"] = output;
+        }
+        "failed" => {
+            if let Some(error) = &args.error {
+                body["error"] = json!(error);
+            }
+        }
+        "retry" => {}
+        other => {
+            return Err(CliError::invalid(format!(
+                "--resolve: unknown resolution `{other}`; use succeeded, failed or retry"
+            )));
+        }
+    }
+    if how != "succeeded" && args.output.is_some() {
+        return Err(CliError::invalid("--output goes with NODE=succeeded only"));
+    }
+    if how != "failed" && args.error.is_some() {
+        return Err(CliError::invalid("--error goes with NODE=failed only"));
+    }
+    Ok(body)
 }
 
 /// `flow runs --server`: one page of the API's listing; the command for the next page

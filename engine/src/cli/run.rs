@@ -62,6 +62,10 @@ pub struct ResumeArgs {
     /// Print the `flow show --json` object instead of the run's output.
     #[arg(long)]
     pub json: bool,
+    /// `--server`: settle or re-queue through the operator API instead of `--db` (the
+    /// server's daemons continue the run).
+    #[command(flatten)]
+    pub remote: super::Remote,
 }
 
 /// The pieces every executing command needs.
