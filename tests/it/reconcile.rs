@@ -70,6 +70,38 @@ pub(crate) fn crash_at(db: &TestDb, file: &std::path::Path, point: &str) -> (Str
     (run, key)
 }
 
+/// A downstream, a probe server answering 500 to everything, and the pay workflow
+/// probing it at most `max_probes` times, written into `db`'s directory.
+fn failing_probe(
+    rt: &tokio::runtime::Runtime,
+    db: &TestDb,
+    max_probes: u32,
+) -> (CountingServer, CountingServer, std::path::PathBuf) {
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let probe = rt.block_on(CountingServer::start()).expect("probe server");
+    probe.set("*", Behavior::status(500));
+    let text = workflow(
+        &server.url(),
+        &format!("{}/effects", probe.url()),
+        "0s",
+        max_probes,
+    );
+    let file = db.write("pay.yaml", &text);
+    (server, probe, file)
+}
+
+/// `flow resume RUN`, which must exit `code` (`ctx` names the case).
+pub(crate) fn resume_expect(db: &TestDb, run: &str, code: i32, ctx: &str) -> std::process::Output {
+    let out = output(db.flow().args(["resume", run]));
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "{ctx}: resume of {run}\n{}",
+        stderr(&out)
+    );
+    out
+}
+
 pub(crate) fn effects(server: &CountingServer) -> String {
     format!("{}/_control/effects", server.url())
 }
@@ -110,13 +142,7 @@ fn not_sent_is_resent_once(backend: Backend) {
         "{backend:?}: nothing left before the crash"
     );
 
-    let resumed = output(db.flow().args(["resume", &run]));
-    assert_eq!(
-        resumed.status.code(),
-        Some(0),
-        "{backend:?}: {}",
-        stderr(&resumed)
-    );
+    resume_expect(&db, &run, 0, &format!("{backend:?}"));
     assert_eq!(
         server.count(&key),
         1,
@@ -160,13 +186,7 @@ fn happened_is_found(backend: Backend) {
     let (run, key) = crash_at(&db, &file, "after_response");
     assert_eq!(server.count(&key), 1, "{backend:?}");
 
-    let resumed = output(db.flow().args(["resume", &run]));
-    assert_eq!(
-        resumed.status.code(),
-        Some(0),
-        "{backend:?}: {}",
-        stderr(&resumed)
-    );
+    resume_expect(&db, &run, 0, &format!("{backend:?}"));
     assert_eq!(server.count(&key), 1, "{backend:?}: no re-send");
     let s = show(&db, &run);
     assert_eq!(s["run"]["status"], "succeeded", "{backend:?}");
@@ -229,22 +249,10 @@ fn timeout_after_send_probe_found() {
 /// failed; a later `flow resume` does not probe a spent call again.
 fn failing_probe_needs_an_operator(backend: Backend) {
     let rt = runtime();
-    let server = rt.block_on(CountingServer::start()).expect("server");
-    let broken = rt.block_on(CountingServer::start()).expect("probe server");
-    broken.set("*", Behavior::status(500));
     let db = TestDb::new(backend);
-    let file = db.write(
-        "pay.yaml",
-        &workflow(&server.url(), &format!("{}/effects", broken.url()), "0s", 3),
-    );
+    let (server, broken, file) = failing_probe(&rt, &db, 3);
     let (run, key) = crash_at(&db, &file, "after_response");
-    let resumed = output(db.flow().args(["resume", &run]));
-    assert_eq!(
-        resumed.status.code(),
-        Some(3),
-        "{backend:?}: paused in doubt\n{}",
-        stderr(&resumed)
-    );
+    resume_expect(&db, &run, 3, &format!("{backend:?}"));
     assert_eq!(server.count(&key), 1, "{backend:?}: never re-sent");
     assert_eq!(broken.total(), 3, "{backend:?}: three probes");
     let s = show(&db, &run);
@@ -304,13 +312,7 @@ fn early_not_found_is_not_trusted(backend: Backend) {
         &workflow(&server.url(), &effects(&server), "3s", 3),
     );
     let (run, key) = crash_at(&db, &file, "after_outbound");
-    let resumed = output(db.flow().args(["resume", &run]));
-    assert_eq!(
-        resumed.status.code(),
-        Some(0),
-        "{backend:?}: {}",
-        stderr(&resumed)
-    );
+    resume_expect(&db, &run, 0, &format!("{backend:?}"));
     assert_eq!(server.count(&key), 1, "{backend:?}");
     let s = show(&db, &run);
     let p = probes(&s, "charge");
@@ -353,22 +355,10 @@ fn not_found_before_after_is_not_trusted() {
 /// settles the call and prints how to continue; `flow resume` then re-sends once.
 fn reconcile_command(backend: Backend) {
     let rt = runtime();
-    let server = rt.block_on(CountingServer::start()).expect("server");
-    let probe = rt.block_on(CountingServer::start()).expect("probe server");
-    probe.set("*", Behavior::status(500));
     let db = TestDb::new(backend);
-    let file = db.write(
-        "pay.yaml",
-        &workflow(&server.url(), &format!("{}/effects", probe.url()), "0s", 2),
-    );
+    let (server, probe, file) = failing_probe(&rt, &db, 2);
     let (run, key) = crash_at(&db, &file, "after_outbound");
-    let paused = output(db.flow().args(["resume", &run]));
-    assert_eq!(
-        paused.status.code(),
-        Some(3),
-        "{backend:?}: {}",
-        stderr(&paused)
-    );
+    resume_expect(&db, &run, 3, &format!("{backend:?}"));
     assert_eq!(probes(&show(&db, &run), "charge").len(), 2, "{backend:?}");
 
     // The downstream can answer now: it has no such charge.
@@ -420,13 +410,7 @@ fn reconcile_command(backend: Backend) {
         0,
         "{backend:?}: reconcile itself sends no effect"
     );
-    let resumed = output(db.flow().args(["resume", &run]));
-    assert_eq!(
-        resumed.status.code(),
-        Some(0),
-        "{backend:?}: {}",
-        stderr(&resumed)
-    );
+    resume_expect(&db, &run, 0, &format!("{backend:?}"));
     assert_eq!(
         server.count(&key),
         1,
@@ -468,13 +452,7 @@ fn daemon_probes_when_due(backend: Backend) {
         ),
     );
     let (run, key) = crash_at(&db, &file, "after_response");
-    let paused = output(db.flow().args(["resume", &run]));
-    assert_eq!(
-        paused.status.code(),
-        Some(3),
-        "{backend:?}: {}",
-        stderr(&paused)
-    );
+    resume_expect(&db, &run, 3, &format!("{backend:?}"));
     let s = show(&db, &run);
     let p = probes(&s, "charge");
     assert_eq!(
@@ -547,13 +525,7 @@ fn the_reconcile_example_settles_a_crash() {
                 .env("FLOW_FAULT", "after_response:charge"),
         );
         let run = run_id(&crashed);
-        let resumed = output(db.flow().args(["resume", &run]));
-        assert_eq!(
-            resumed.status.code(),
-            Some(0),
-            "{backend:?}: {}",
-            stderr(&resumed)
-        );
+        let resumed = resume_expect(&db, &run, 0, &format!("{backend:?}"));
         let v: Json = serde_json::from_slice(&resumed.stdout).expect("output JSON");
         assert_eq!(
             v["receipt"]["payment_key"], "charge-42:1",

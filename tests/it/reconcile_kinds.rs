@@ -4,7 +4,7 @@
 
 use flow_adapters::testkit::http::{Behavior, CountingServer};
 
-use crate::reconcile::{crash_at, effects, probes, workflow};
+use crate::reconcile::{crash_at, effects, probes, resume_expect, workflow};
 use crate::support::{Backend, TestDb, backends, call, output, run_id, runtime, show, stderr};
 
 /// An MCP tool's probe is another tool of the same server: after a crash after the
@@ -39,13 +39,7 @@ nodes:
     );
     let (run, _) = crash_at(&db, &file, "after_response");
     assert_eq!(server.stats().count("order-7"), 1, "{backend:?}");
-    let resumed = output(db.flow().args(["resume", &run]));
-    assert_eq!(
-        resumed.status.code(),
-        Some(0),
-        "{backend:?}: {}",
-        stderr(&resumed)
-    );
+    resume_expect(&db, &run, 0, &format!("{backend:?}"));
     assert_eq!(
         server.stats().count("order-7"),
         1,
@@ -92,13 +86,7 @@ nodes:
         ),
     );
     let (run, _) = crash_at(&db, &file, "after_outbound");
-    let resumed = output(db.flow().args(["resume", &run]));
-    assert_eq!(
-        resumed.status.code(),
-        Some(0),
-        "{backend:?}: {}",
-        stderr(&resumed)
-    );
+    resume_expect(&db, &run, 0, &format!("{backend:?}"));
     let log = std::fs::read_to_string(db.dir.path().join("effects.log")).unwrap_or_default();
     assert_eq!(
         log.lines().filter(|l| !l.is_empty()).count(),
