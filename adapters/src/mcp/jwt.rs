@@ -140,4 +140,50 @@ mod tests {
         let bad = assertion("c", "a", "not a key", "ES256").unwrap_err();
         assert!(!bad.message.contains("not a key"), "{}", bad.message);
     }
+
+    #[test]
+    fn rs256_assertions_verify_and_refuse_a_p256_key() {
+        use aws_lc_rs::encoding::AsDer;
+        use aws_lc_rs::rsa::KeySize;
+        use aws_lc_rs::signature::RSA_PKCS1_2048_8192_SHA256;
+        let key = RsaKeyPair::generate(KeySize::Rsa2048).unwrap_or_else(|e| panic!("{e}"));
+        let pkcs8 = key.as_der().unwrap_or_else(|e| panic!("{e}"));
+        let pem = format!(
+            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+            STANDARD.encode(pkcs8.as_ref())
+        );
+        let jwt = assertion("client-2", "https://as.example", &pem, "RS256")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let parts: Vec<&str> = jwt.split('.').collect();
+        let header: serde_json::Value = serde_json::from_slice(
+            &URL_SAFE_NO_PAD
+                .decode(parts[0])
+                .unwrap_or_else(|e| panic!("{e}")),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(header["alg"], "RS256");
+        let public = UnparsedPublicKey::new(&RSA_PKCS1_2048_8192_SHA256, key.public_key().as_ref());
+        let signature = URL_SAFE_NO_PAD
+            .decode(parts[2])
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            public
+                .verify(format!("{}.{}", parts[0], parts[1]).as_bytes(), &signature)
+                .is_ok()
+        );
+        // A P-256 key declared RS256 is refused, naming what was expected.
+        let rng = SystemRandom::new();
+        let ec = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let ec_pem = format!(
+            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+            STANDARD.encode(ec.as_ref())
+        );
+        let err = assertion("c", "a", &ec_pem, "RS256").unwrap_err();
+        assert!(
+            err.message.contains("not an RSA PKCS#8 key"),
+            "{}",
+            err.message
+        );
+    }
 }
