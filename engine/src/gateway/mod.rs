@@ -327,7 +327,7 @@ impl Gateway {
         self.inner.faults.hit(Point::AfterClaim, node_id);
 
         // 4. Rate limit and quota, counted across workers.
-        if let Some(until) = self.rate_limited(&c).await? {
+        if let Some(until) = self.rate_limited(c.workflow, c.tool).await? {
             self.inner.ledger.release_call(&lease, self.now()).await?;
             return Ok(StepResult::Deferred { until });
         }
@@ -642,14 +642,18 @@ impl Gateway {
     }
 
     /// `Some(when)` if the tool's rate limit or daily quota has no room now.
-    async fn rate_limited(
+    ///
+    /// Every request to the tool's downstream takes a slot here: the tool's own calls
+    /// and its reconciliation probes (`reconcile::probe`).
+    pub async fn rate_limited(
         &self,
-        c: &StepCall<'_>,
+        workflow: &Workflow,
+        tool: &ToolDecl,
     ) -> Result<Option<Timestamp>, flow_ledger::Error> {
-        let key = format!("{}/{}", c.workflow.name, c.tool.name);
+        let key = format!("{}/{}", workflow.name, tool.name);
         let limits = [
-            (c.tool.quota_per_day, Window::Day),
-            (c.tool.rate_limit_per_minute, Window::Minute),
+            (tool.quota_per_day, Window::Day),
+            (tool.rate_limit_per_minute, Window::Minute),
         ];
         // The day quota is checked first: when it is exhausted the minute window is not
         // touched. (When the minute window then refuses, the day slot taken stays used:

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use flow_adapters::{Call, Tool, command, http, mcp};
-use flow_ledger::{RateAcquire, RateDecision, Timestamp, ToolCall, Window};
+use flow_ledger::{Timestamp, ToolCall};
 use serde_json::{Map, Value as Json, json};
 
 use super::decide::Answer;
@@ -206,29 +206,16 @@ fn build(
     })
 }
 
-/// `Some(when)` when the tool's rate limit or quota has no room for a probe now.
+/// `Some(when)` when the tool's rate limit or quota has no room for a probe now (the
+/// gateway's own count, shared with the tool's calls); a ledger error means later.
 async fn rate_limited(gateway: &Gateway, wf: &Workflow, tool: &ToolDecl) -> Option<Timestamp> {
-    let key = format!("{}/{}", wf.name, tool.name);
-    for (limit, window) in [
-        (tool.quota_per_day, Window::Day),
-        (tool.rate_limit_per_minute, Window::Minute),
-    ] {
-        let Some(limit) = limit else { continue };
-        let acquire = RateAcquire {
-            key: key.clone(),
-            window,
-            limit,
-        };
-        match gateway.ledger().rate_acquire(acquire, gateway.now()).await {
-            Ok(RateDecision::Limited { retry_at }) => return Some(retry_at),
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!(tool = tool.name, error = %e, "cannot count the probe against the rate limit; probing later");
-                return Some(Timestamp(gateway.now().0 + 1_000));
-            }
+    match gateway.rate_limited(wf, tool).await {
+        Ok(until) => until,
+        Err(e) => {
+            tracing::warn!(tool = tool.name, error = %e, "cannot count the probe against the rate limit; probing later");
+            Some(Timestamp(gateway.now().0 + 1_000))
         }
     }
-    None
 }
 
 /// Sends the probe: the requests sent, and `(HTTP status, response)` or why there is
