@@ -104,15 +104,20 @@ mod tests {
     use super::*;
     use aws_lc_rs::signature::{ECDSA_P256_SHA256_FIXED, KeyPair, UnparsedPublicKey};
 
+    /// A PKCS#8 DER key as the PEM a workflow's `private_key` holds.
+    fn to_pem(der: &[u8]) -> String {
+        format!(
+            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+            STANDARD.encode(der)
+        )
+    }
+
     #[test]
     fn es256_assertions_verify_and_carry_the_claims() {
         let rng = SystemRandom::new();
         let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
             .unwrap_or_else(|e| panic!("{e}"));
-        let pem = format!(
-            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
-            STANDARD.encode(pkcs8.as_ref())
-        );
+        let pem = to_pem(pkcs8.as_ref());
         let jwt = assertion("client-1", "https://as.example", &pem, "ES256")
             .unwrap_or_else(|e| panic!("{e}"));
         let parts: Vec<&str> = jwt.split('.').collect();
@@ -148,10 +153,7 @@ mod tests {
         use aws_lc_rs::signature::RSA_PKCS1_2048_8192_SHA256;
         let key = RsaKeyPair::generate(KeySize::Rsa2048).unwrap_or_else(|e| panic!("{e}"));
         let pkcs8 = key.as_der().unwrap_or_else(|e| panic!("{e}"));
-        let pem = format!(
-            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
-            STANDARD.encode(pkcs8.as_ref())
-        );
+        let pem = to_pem(pkcs8.as_ref());
         let jwt = assertion("client-2", "https://as.example", &pem, "RS256")
             .unwrap_or_else(|e| panic!("{e}"));
         let parts: Vec<&str> = jwt.split('.').collect();
@@ -175,10 +177,7 @@ mod tests {
         let rng = SystemRandom::new();
         let ec = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng)
             .unwrap_or_else(|e| panic!("{e}"));
-        let ec_pem = format!(
-            "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
-            STANDARD.encode(ec.as_ref())
-        );
+        let ec_pem = to_pem(ec.as_ref());
         let err = assertion("c", "a", &ec_pem, "RS256").unwrap_err();
         assert!(
             err.message.contains("not an RSA PKCS#8 key"),
