@@ -69,7 +69,6 @@ fn new_run(prefix: &str, i: usize) -> NewRun {
         id: format!("{prefix}-{i:06}"),
         workflow_name: "one".into(),
         workflow_text: ONE_NODE.into(),
-        workflow_hash: "bench-api".into(),
         inputs: json!({ "i": i }),
         priority: 0,
         not_before: None,

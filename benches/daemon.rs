@@ -37,7 +37,6 @@ fn new_run(i: usize) -> NewRun {
         id: format!("bench-{i:06}"),
         workflow_name: "one".into(),
         workflow_text: ONE_NODE.into(),
-        workflow_hash: "bench-daemon".into(),
         inputs: serde_json::json!({ "i": i }),
         priority: 0,
         not_before: None,

@@ -62,7 +62,6 @@ async fn bench(label: &str, url: &str, floor: Duration) {
             id: format!("run_bench_{i}"),
             workflow_name: "bench".into(),
             workflow_text: "name: bench\nnodes: {}\n".into(),
-            workflow_hash: "bench".into(),
             inputs: serde_json::json!({}),
             priority: 0,
             not_before: None,

@@ -81,7 +81,6 @@ async fn run_once(url: &str, text: &str) -> Duration {
         id: id.clone(),
         workflow_name: wf.name.clone(),
         workflow_text: text.to_string(),
-        workflow_hash: "bench".into(),
         inputs: serde_json::json!({}),
         priority: 0,
         not_before: None,

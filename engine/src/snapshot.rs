@@ -1,12 +1,12 @@
 //! The workflow a run carries: the text stored with it when it was created, parsed and
 //! re-validated whenever the run is resumed or claimed by a daemon (the file on disk may
-//! have changed since), and the hash that is a run's identity with its inputs.
+//! have changed since). The text's hash, a run's identity with its inputs and the key
+//! of its one stored copy, is the ledger's (`flow_ledger::workflow_hash`).
 //!
 //! Here rather than in the CLI because the daemon needs it too, and the daemon stands
 //! below the commands that start it.
 
 use flow_ledger::Run;
-use sha2::{Digest, Sha256};
 
 use crate::workflow::{ValidWorkflow, ValidateOptions, parse_with};
 
@@ -36,9 +36,4 @@ pub fn snapshot(run: &Run) -> Result<ValidWorkflow, String> {
             run.id
         )
     })
-}
-
-/// sha256 of the workflow text: a run's identity together with its inputs.
-pub fn workflow_hash(text: &str) -> String {
-    format!("{:x}", Sha256::digest(text.as_bytes()))
 }

@@ -20,6 +20,21 @@ pub fn canonical_hash(v: &Value) -> String {
     hex
 }
 
+/// SHA-256 of a workflow's exact text, lowercase hex: a run's identity together with its
+/// inputs (idempotent enqueue compares it) and the key of the one stored copy of that
+/// text (`workflow_texts`). The ledger computes it from the text itself rather than take
+/// it from the caller, so two different texts can never share a stored copy. The same
+/// digest flow always stored in `runs.workflow_hash`, so runs from before migration 0006
+/// compare equal to a re-submit of the same text.
+pub fn workflow_hash(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    let mut hex = String::with_capacity(64);
+    for b in digest {
+        hex.push_str(&format!("{b:02x}"));
+    }
+    hex
+}
+
 /// The canonical JSON text of `v`.
 pub fn canonical_json(v: &Value) -> String {
     let mut out = String::new();
@@ -71,5 +86,19 @@ mod tests {
         assert_ne!(canonical_hash(&a), canonical_hash(&json!({"b": 2})));
         assert!(canonical_hash(&a).starts_with("sha256:"));
         assert_eq!(canonical_hash(&a).len(), 7 + 64);
+    }
+
+    #[test]
+    fn a_workflow_hash_is_the_plain_sha256_hex_of_the_exact_text() {
+        // The digest runs created before migration 0006 carry: it must not change.
+        assert_eq!(
+            workflow_hash(""),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        );
+        assert_eq!(
+            workflow_hash("abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_ne!(workflow_hash("name: a\n"), workflow_hash("name: a\n "));
     }
 }

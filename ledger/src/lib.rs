@@ -98,7 +98,7 @@ mod sqlite;
 mod steps;
 mod writer;
 
-pub use canonical::{canonical_hash, canonical_json};
+pub use canonical::{canonical_hash, canonical_json, workflow_hash};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use deliveries::{
     Delivery, DeliveryFilter, DeliveryOutcome, DeliveryStatus, FinishDelivery, LeaseDeliveries,

@@ -42,10 +42,10 @@ pub struct NewRun {
     /// The workflow's `name`.
     pub workflow_name: String,
     /// The YAML text the run will execute (a snapshot: editing the file later does not
-    /// change a queued or paused run).
+    /// change a queued or paused run). Stored once per distinct text (`workflow_texts`);
+    /// its hash ([`crate::workflow_hash`], computed by the ledger) is what an idempotent
+    /// re-submit compares.
     pub workflow_text: String,
-    /// Hash of `workflow_text`, compared on idempotent re-submit.
-    pub workflow_hash: String,
     /// The run's inputs.
     pub inputs: Value,
     /// Higher runs first.
@@ -72,9 +72,10 @@ pub struct Run {
     pub status: RunStatus,
     /// Workflow name.
     pub workflow_name: String,
-    /// Workflow YAML snapshot.
+    /// Workflow YAML snapshot (resolved from `workflow_texts` when the run row does not
+    /// hold it inline).
     pub workflow_text: String,
-    /// Hash of the snapshot.
+    /// SHA-256 hex of the snapshot ([`crate::workflow_hash`]).
     pub workflow_hash: String,
     /// Inputs.
     pub inputs: Value,

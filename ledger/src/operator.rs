@@ -10,7 +10,7 @@ use crate::ledger::Ledger;
 use crate::model::{Actor, Enqueued, NewRun, ToolCall};
 use crate::reads::page_limit;
 use crate::rows::{CallRow, call_cols};
-use crate::runs::enqueue_in;
+use crate::runs::{StoredTexts, enqueue_in};
 
 /// Most runs [`Ledger::enqueue_batch`] takes at once (the API's documented limit).
 pub const MAX_BATCH: usize = 1_000;
@@ -31,7 +31,8 @@ pub struct InDoubtFilter {
 impl Ledger {
     /// Enqueues every run of `runs` in ONE transaction (one commit, one fsync on
     /// SQLite): each is idempotent by id as in [`Ledger::enqueue`], and one conflict or
-    /// error rolls the whole batch back. Callers bound its size (the API: [`MAX_BATCH`]).
+    /// error rolls the whole batch back. Each distinct workflow text is stored once.
+    /// Callers bound its size (the API: [`MAX_BATCH`]).
     pub async fn enqueue_batch(
         &self,
         runs: Vec<NewRun>,
@@ -42,8 +43,10 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let mut out = Vec::with_capacity(runs.len());
+                let mut stored = StoredTexts::new();
                 for run in &runs {
-                    out.push(enqueue_in(c, &ledger, run, actor.as_ref(), now).await?);
+                    let enq = enqueue_in(c, &ledger, run, actor.as_ref(), now, &mut stored);
+                    out.push(enq.await?);
                 }
                 Ok(out)
             })

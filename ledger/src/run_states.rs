@@ -13,7 +13,7 @@ use crate::events::{EventType, NewEvent, audited, emit};
 use crate::fence::{Fence, run_fence};
 use crate::ledger::Ledger;
 use crate::model::{Actor, Run, RunFinish, RunLease};
-use crate::rows::{RunRow, run_cols};
+use crate::rows::{RunRow, run_cols, run_fields};
 use crate::runs::run_for_update;
 use crate::state::{RunStatus, RunTransition};
 
@@ -48,7 +48,7 @@ const FINISH_RUN: (&str, &str) = (
             SELECT $1, $2, $10, $11, $9, $3, NULL, NULL, $12,
                 pg_current_xact_id()::text::bigint FROM r)
          SELECT ",
-        run_cols!(),
+        run_fields!(),
         " FROM r"
     ),
 );

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::canonical::canonical_hash;
+use crate::canonical::{canonical_hash, workflow_hash};
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
@@ -17,7 +17,7 @@ use crate::events::{EventType, NewEvent, audited, emit};
 use crate::fence::{Fence, run_fence};
 use crate::ledger::Ledger;
 use crate::model::{Actor, ClaimRuns, Claimed, Enqueued, HeartbeatAck, NewRun, RunLease};
-use crate::rows::{RunRow, TextRow, run_cols};
+use crate::rows::{RunRow, TextRow, run_cols, run_fields};
 use crate::state::{RunStatus, RunTransition};
 use crate::worker::WorkerId;
 
@@ -49,31 +49,40 @@ pub(crate) async fn run_for_update(
         })
 }
 
+/// Hashes of the workflow texts a transaction has already stored: a batch of 1,000 runs
+/// of one workflow writes its text once.
+pub(crate) type StoredTexts = std::collections::HashSet<String>;
+
 /// One run onto the queue in the caller's transaction (see [`Ledger::enqueue`]); a
-/// batch calls it once per run inside one transaction.
+/// batch calls it once per run inside one transaction, with one `stored` for all.
+///
+/// The run row holds an empty `workflow_text`; the text goes once into
+/// `workflow_texts` under its SHA-256 (insert-if-absent, in this transaction), and every
+/// read resolves it there (`rows::run_cols`).
 pub(crate) async fn enqueue_in(
     c: &mut Conn<'_>,
     ledger: &Ledger,
     run: &NewRun,
     actor: Option<&Actor>,
     now: Timestamp,
+    stored: &mut StoredTexts,
 ) -> Result<Enqueued, Error> {
     let inputs_hash = canonical_hash(&run.inputs);
+    let hash = workflow_hash(&run.workflow_text);
     let scope = ledger.scope();
     let inserted = c
         .execute(
             "INSERT INTO runs (tenant, workspace, id, workflow_name, workflow_text,
                 workflow_hash, inputs, inputs_hash, status, priority, not_before,
                 created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'queued', $9, $10, $11, $11)
+             VALUES ($1, $2, $3, $4, '', $5, $6, $7, 'queued', $8, $9, $10, $10)
              ON CONFLICT DO NOTHING",
             args![
                 &scope.tenant,
                 &scope.workspace,
                 &run.id,
                 &run.workflow_name,
-                &run.workflow_text,
-                &run.workflow_hash,
+                &hash,
                 run.inputs.to_string(),
                 &inputs_hash,
                 run.priority,
@@ -82,10 +91,26 @@ pub(crate) async fn enqueue_in(
             ],
         )
         .await?;
+    if inserted == 1 && !stored.contains(&hash) {
+        c.execute(
+            "INSERT INTO workflow_texts (tenant, workspace, hash, text, created_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT DO NOTHING",
+            args![
+                &scope.tenant,
+                &scope.workspace,
+                &hash,
+                &run.workflow_text,
+                now
+            ],
+        )
+        .await?;
+        stored.insert(hash.clone());
+    }
     let row = run_for_update(c, scope, &run.id).await?;
     if inserted == 0 {
-        if row.workflow_hash != run.workflow_hash || row.inputs_hash != inputs_hash {
-            let what = if row.workflow_hash != run.workflow_hash {
+        if row.workflow_hash != hash || row.inputs_hash != inputs_hash {
+            let what = if row.workflow_hash != hash {
                 "workflow"
             } else {
                 "set of inputs"
@@ -103,7 +128,7 @@ pub(crate) async fn enqueue_in(
     }
     let payload = json!({
         "workflow_name": run.workflow_name,
-        "workflow_hash": run.workflow_hash,
+        "workflow_hash": hash,
         "priority": run.priority,
         "not_before": run.not_before,
     });
@@ -213,7 +238,7 @@ const CLAIM_NEXT: (&str, &str) = (
                 pg_current_xact_id()::text::bigint
             FROM o ORDER BY o.n)
          SELECT ",
-        run_cols!(),
+        run_fields!(),
         " FROM u"
     ),
 );
@@ -333,7 +358,10 @@ impl Ledger {
     ) -> Result<Enqueued, Error> {
         let ledger = self.clone();
         self.write(move |c| {
-            Box::pin(async move { enqueue_in(c, &ledger, &run, actor.as_ref(), now).await })
+            Box::pin(async move {
+                let mut stored = StoredTexts::new();
+                enqueue_in(c, &ledger, &run, actor.as_ref(), now, &mut stored).await
+            })
         })
         .await
     }

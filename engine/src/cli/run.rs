@@ -18,7 +18,7 @@ use crate::executor::{Executor, RUN_LEASE, RunOutcome, progress};
 use crate::fault::Faults;
 use crate::gateway::{Gateway, Tools};
 use crate::secrets::Secrets;
-use crate::snapshot::{snapshot, validate_options, workflow_hash};
+use crate::snapshot::{snapshot, validate_options};
 use crate::workflow::{ValidWorkflow, Workflow, load_file};
 
 /// Arguments of `flow run`.
@@ -365,7 +365,6 @@ pub(super) fn check_new_run(
     let new = NewRun {
         id,
         workflow_name: wf.name.clone(),
-        workflow_hash: workflow_hash(&source.text),
         workflow_text: source.text,
         inputs,
         priority: 0,

@@ -280,7 +280,6 @@ mod tests {
             id: "run_a".into(),
             workflow_name: "w".into(),
             workflow_text: "name: w".into(),
-            workflow_hash: "h".into(),
             inputs: json!({}),
             priority: 0,
             not_before: None,

@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::fence::{Fence, live_run_fence, run_fence};
 use crate::ledger::{Ledger, check_run_lease};
 use crate::model::{PureBatchRecorded, PureResult, Run, RunFinish, RunLease};
-use crate::rows::{IntRow, RunRow, run_cols};
+use crate::rows::{IntRow, RunRow, run_cols, run_fields};
 use crate::run_states::finish_run_in;
 use crate::state::StepStatus;
 
@@ -176,7 +176,7 @@ e AS (
         SELECT $13, $14, $12, NULL, NULL, $15, $8 + 1, 0 FROM r) AS x
     ORDER BY x.k, x.i)
 SELECT ",
-    run_cols!(),
+    run_fields!(),
     " FROM r"
 );
 

@@ -127,6 +127,37 @@ fn unreachable_pg(reason: &str) -> Option<(String, String)> {
     None
 }
 
+/// An empty database nothing has opened yet: its URL and what removes it at the end.
+/// For tests that first shape a database the way an older flow left it.
+pub struct EmptyDb {
+    pub url: String,
+    _dir: Option<tempfile::TempDir>,
+    _pg: PgDrop,
+}
+
+/// A fresh, empty database on `backend`, or `None` when PostgreSQL is skipped.
+pub async fn empty_database(backend: Backend) -> Option<EmptyDb> {
+    match backend {
+        Backend::Sqlite => {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let url = format!("sqlite://{}/flow.db", dir.path().display());
+            Some(EmptyDb {
+                url,
+                _dir: Some(dir),
+                _pg: PgDrop(None),
+            })
+        }
+        Backend::Postgres => {
+            let (url, name) = fresh_pg_database().await?;
+            Some(EmptyDb {
+                url,
+                _dir: None,
+                _pg: PgDrop(Some(name)),
+            })
+        }
+    }
+}
+
 pub fn options() -> OpenOptions {
     OpenOptions::default()
 }
@@ -202,7 +233,6 @@ pub fn new_run(id: &str) -> NewRun {
         id: id.to_owned(),
         workflow_name: "wf".into(),
         workflow_text: "name: wf\nnodes: {}\n".into(),
-        workflow_hash: "sha256:wf".into(),
         inputs: json!({"order": 42}),
         priority: 0,
         not_before: None,

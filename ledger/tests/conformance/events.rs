@@ -87,7 +87,7 @@ async fn refused_changes_write_no_events(db: TestDb) {
     ));
     // A conflicting enqueue writes nothing either.
     let mut other = new_run("run_a");
-    other.workflow_hash = "sha256:x".into();
+    other.workflow_text = "name: x\n".into();
     assert!(db.ledger.enqueue(other, db.now()).await.is_err());
     assert_eq!(event_types(&db, "run_a").await, before);
     db.ledger.pause_run(&r2, "x", db.now()).await.unwrap();

@@ -7,7 +7,7 @@ use flow_ledger::{
 };
 use serde_json::json;
 
-use crate::common::{LEASE, TestDb, event_types, running, step, worker};
+use crate::common::{LEASE, TestDb, event_types, new_run, running, step, worker};
 
 crate::conformance!(
     fresh_pure_call_matches_the_general_way,
@@ -413,6 +413,8 @@ async fn finish_run_with_records_kept_results_and_the_finish_together(db: TestDb
         .collect();
     assert_eq!(types, expected, "events in the order they happened");
     assert_eq!(got.output, Some(json!({ "b": { "out": "b" } })));
+    // The one-statement finish resolves the run's stored text like every other read.
+    assert_eq!(got.workflow_text, new_run("run_a").workflow_text);
     // A lost lease is reported as such.
     let b = running(&db, "run_b", &worker("1")).await;
     let later = db.advance(LEASE + std::time::Duration::from_secs(1));

@@ -54,7 +54,7 @@ async fn enqueue_is_idempotent_by_id(db: TestDb) {
         other => panic!("expected Conflict, got {other:?}"),
     }
     let mut other_wf = new_run("run_a");
-    other_wf.workflow_hash = "sha256:other".into();
+    other_wf.workflow_text = "name: other\n".into();
     assert!(matches!(
         db.ledger.enqueue(other_wf, now).await,
         Err(Error::Conflict { .. })

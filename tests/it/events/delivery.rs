@@ -164,7 +164,6 @@ fn schedule_and_cap(backend: Backend) {
         id: "run_capped".into(),
         workflow_name: "wf".into(),
         workflow_text: "name: wf\nnodes: {}\n".into(),
-        workflow_hash: "sha256:wf".into(),
         inputs: serde_json::json!({}),
         priority: 0,
         not_before: None,

@@ -330,7 +330,6 @@ fn tail_from_start_reads_a_backlog_larger_than_a_page() {
                 id: format!("run_{i:05}"),
                 workflow_name: "wf".into(),
                 workflow_text: "name: wf\nnodes: {}\n".into(),
-                workflow_hash: "sha256:wf".into(),
                 inputs: serde_json::json!({}),
                 priority: 0,
                 not_before: None,

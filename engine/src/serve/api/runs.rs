@@ -10,7 +10,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use flow_ledger::{Actor, NewRun, RunCursor, RunFilter, RunStatus};
+use flow_ledger::{Actor, NewRun, RunCursor, RunFilter, RunStatus, workflow_hash};
 use serde::Deserialize;
 use serde_json::{Map, Value as Json_, json};
 
@@ -19,7 +19,7 @@ use crate::cli::show::{parse_time, run_summary, show_json};
 use crate::serve::App;
 use crate::serve::auth::{Authed, Operator, Viewer};
 use crate::serve::problem::{ApiJson, ApiQuery, Problem};
-use crate::snapshot::{validate_options, workflow_hash};
+use crate::snapshot::validate_options;
 
 /// Most runs one page lists.
 const MAX_PAGE: u32 = 1_000;
@@ -170,7 +170,6 @@ fn check(req: SubmitRun, at: &str, parsed: &mut Parsed) -> Result<NewRun, Proble
     Ok(NewRun {
         id,
         workflow_name: wf.name.clone(),
-        workflow_hash: hash,
         workflow_text: req.workflow,
         inputs,
         priority: 0,
