@@ -186,11 +186,12 @@ pub(crate) struct CallRow {
     pub resolution_note: Option<String>,
     pub created_at: i64,
     pub finished_at: Option<i64>,
+    pub remote_task: Option<String>,
 }
 
 macro_rules! call_cols {
     () => {
-        "run_id, tool_call_id, step_id, tool, idempotency_key, request, request_hash, status, attempt_count, outbound_requests, lease_holder, lease_token, run_token, lease_expires_at, outbound_started_at, in_doubt_at, output, error_kind, error_message, resolution, resolved_by, resolved_at, resolution_note, created_at, finished_at"
+        "run_id, tool_call_id, step_id, tool, idempotency_key, request, request_hash, status, attempt_count, outbound_requests, lease_holder, lease_token, run_token, lease_expires_at, outbound_started_at, in_doubt_at, output, error_kind, error_message, resolution, resolved_by, resolved_at, resolution_note, created_at, finished_at, remote_task"
     };
 }
 pub(crate) use call_cols;
@@ -209,6 +210,7 @@ impl CallRow {
                 run_token: self.run_token,
             },
             in_doubt_at: ts(self.in_doubt_at),
+            remote_task: self.remote_task.is_some(),
         })
     }
 
@@ -263,6 +265,7 @@ impl CallRow {
             request_hash: self.request_hash,
             created_at: Timestamp(self.created_at),
             finished_at: ts(self.finished_at),
+            remote_task: self.remote_task,
         })
     }
 }

@@ -17,3 +17,4 @@ mod resolve;
 mod runs;
 mod steps;
 mod takeover;
+mod tasks;
