@@ -47,4 +47,4 @@ pub mod mcp;
 pub mod testkit;
 
 pub use error::{Error, FailureKind};
-pub use tool::{BoxFuture, Call, Outcome, SideEffect, Tool};
+pub use tool::{BoxFuture, Call, Outcome, Report, Reports, SideEffect, Tool};

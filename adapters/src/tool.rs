@@ -12,6 +12,45 @@ use crate::Error;
 /// `Box<dyn Tool>` built from a workflow's tool spec).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// What an adapter reports while a call is under way, before its outcome: facts the
+/// engine records on the call the moment they happen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    /// The downstream started a remote task for the call (an MCP task id,
+    /// `resultType: "task"`); the adapter goes on waiting for it. Recorded durably, so
+    /// that after a crash or a timeout the call is collected by that id instead of
+    /// being in doubt.
+    Task(String),
+    /// The server asked for input mid-call (MCP elicitation) and the tool's policy
+    /// answered: `{message, requested, action, content, decided_by, why}`. Values are
+    /// as sent; the engine scrubs secrets before it stores them.
+    Elicited(Value),
+}
+
+/// Where an adapter sends its [`Report`]s for one call.
+#[derive(Debug, Clone)]
+pub struct Reports(tokio::sync::mpsc::UnboundedSender<Report>);
+
+impl Reports {
+    /// A sink and the receiver the engine reads reports from.
+    pub fn channel() -> (Reports, tokio::sync::mpsc::UnboundedReceiver<Report>) {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        (Reports(tx), rx)
+    }
+
+    /// Sends `report`. A receiver that is gone is not the adapter's problem: the call
+    /// goes on either way.
+    pub fn send(&self, report: Report) {
+        let _ = self.0.send(report);
+    }
+}
+
+impl PartialEq for Reports {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.same_channel(&other.0)
+    }
+}
+
 /// One call of a tool, fully rendered: the engine has already substituted every
 /// `${{ }}` expression and secret, so adapters never see templates.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +62,9 @@ pub struct Call {
     pub idempotency_key: String,
     /// Per-attempt timeout. Always set: no request leaves without one.
     pub timeout: Duration,
+    /// Where to send what happens during the call (`None`: nobody records it; a
+    /// remote task is then waited for all the same).
+    pub reports: Option<Reports>,
 }
 
 impl Call {
@@ -32,7 +74,14 @@ impl Call {
             args,
             idempotency_key: idempotency_key.into(),
             timeout,
+            reports: None,
         }
+    }
+
+    /// The same call, sending its reports to `reports`.
+    pub fn with_reports(mut self, reports: Reports) -> Self {
+        self.reports = Some(reports);
+        self
     }
 }
 
@@ -47,6 +96,10 @@ pub struct Outcome {
     pub result: Result<Value, Error>,
     /// Requests that left the process during this call.
     pub requests_sent: u32,
+    /// A remote task still working when the call returned (its time ran out, or the
+    /// connection to it was lost while it worked): the result is then an `Unknown`
+    /// error, and the task is what [`Tool::collect`] asks about later.
+    pub task: Option<String>,
 }
 
 impl Outcome {
@@ -55,6 +108,7 @@ impl Outcome {
         Outcome {
             result: Ok(value),
             requests_sent,
+            task: None,
         }
     }
 
@@ -63,6 +117,16 @@ impl Outcome {
         Outcome {
             result: Err(error),
             requests_sent,
+            task: None,
+        }
+    }
+
+    /// A call whose remote task `task` was still working when it returned.
+    pub fn task_working(task: &str, message: impl Into<String>, requests_sent: u32) -> Self {
+        Outcome {
+            result: Err(Error::unknown(message)),
+            requests_sent,
+            task: Some(task.to_owned()),
         }
     }
 }
@@ -89,4 +153,14 @@ pub trait Tool: Send + Sync {
 
     /// The side-effect class, which decides how an unknown outcome is resolved.
     fn side_effect(&self) -> SideEffect;
+
+    /// Asks for the outcome of remote task `task_id`, which an earlier call of this
+    /// tool started (and the engine recorded from its [`Report::Task`]), under `call.timeout`
+    /// and without calling the tool again. Tools that never start remote tasks keep
+    /// this default: the outcome is unknown.
+    fn collect(&self, call: Call, task_id: &str) -> BoxFuture<'_, Outcome> {
+        let _ = call;
+        let message = format!("this tool cannot collect remote task {task_id}");
+        Box::pin(std::future::ready(Outcome::err(Error::unknown(message), 0)))
+    }
 }

@@ -457,6 +457,8 @@ start = "latest"
                 flow_ledger::EventType::ToolCallResolved,
                 flow_ledger::EventType::ToolCallProbed,
                 flow_ledger::EventType::ToolCallNeedsOperator,
+                flow_ledger::EventType::ToolCallTaskStarted,
+                flow_ledger::EventType::ToolCallElicited,
             ]
         );
         assert_eq!(hook.timeout(), Ok(std::time::Duration::from_secs(5)));

@@ -1,7 +1,7 @@
 //! Bytes on disk per run: 10,000 runs of one ~5 KB workflow enqueued through
 //! `enqueue_batch` (batches of 1,000, as `POST /api/v1/runs:batch` does) on a fresh SQLite
 //! file, then the file's size (database + WAL, after the ledger is closed). The figure
-//! behind migration 0006 (`workflow_texts`: one copy of a text per hash, not per run).
+//! behind migration 0007 (`workflow_texts`: one copy of a text per hash, not per run).
 //!
 //! Run: `cargo bench -p flow-ledger --bench text_storage` (a few seconds; the size does
 //! not depend on the profile, so `--profile dev` gives the same figure without a release

@@ -402,6 +402,43 @@ const CLAIM_TAKEOVER: (&str, CallTransition) = (
     CallTransition::Takeover,
 );
 
+/// An abandoned `outbound` call with a recorded remote task, taken over by this run to
+/// collect the task (fenced by the token read; `CallTransition::Collect`, `$11` → `$12`):
+/// still outbound, same attempt and key, and the request is not sent again.
+const CLAIM_COLLECT: (&str, CallTransition) = (
+    concat!(
+        "UPDATE tool_calls SET status = $12, lease_holder = $5, lease_token = lease_token + 1,
+            run_token = $6, lease_expires_at = $7, step_id = $8, updated_at = $9
+         WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+           AND status = $11 AND lease_token = $10 AND remote_task IS NOT NULL
+         RETURNING ",
+        call_cols!()
+    ),
+    CallTransition::Collect,
+);
+
+/// The lease a claim that updated `row` as `decision` said hands back: a takeover
+/// carries the sends whose outcome stayed unknown, a collection its remote task.
+async fn lease_after(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    row: &CallRow,
+    worker: &WorkerId,
+    decision: &ClaimDecision,
+) -> Result<CallLease, Error> {
+    let prior_sends = match decision {
+        ClaimDecision::Takeover => unknown_sends(c, ledger, row).await?,
+        // A collected call's request left once; its outcome is not known yet.
+        ClaimDecision::Collect => 1,
+        _ => 0,
+    };
+    let mut lease = ledger.lease_from(row, worker, prior_sends)?;
+    if *decision == ClaimDecision::Collect {
+        lease.remote_task.clone_from(&row.remote_task);
+    }
+    Ok(lease)
+}
+
 /// The claim of a key that another call holds (another run's, or this run's under
 /// another node): that call's outcome, `Busy` while it is leased, or in doubt with it
 /// (this step paused too).
@@ -588,7 +625,7 @@ impl Ledger {
                     let facts = row.facts()?;
                     let decision =
                         decide_claim(&facts, req.retry_failed, run.token, row.holder_dead(), now);
-                    let takeover = matches!(decision, ClaimDecision::Takeover);
+                    let decided = decision.clone();
                     let sql = match decision {
                         ClaimDecision::Replay => {
                             return Ok(CallClaim::Replay(row.replayed(None)?));
@@ -616,17 +653,14 @@ impl Ledger {
                         }
                         ClaimDecision::NewAttempt => CLAIM_NEW_ATTEMPT,
                         ClaimDecision::Takeover => CLAIM_TAKEOVER,
+                        ClaimDecision::Collect => CLAIM_COLLECT,
                     };
                     let updated =
                         update_claimed(c, &ledger, &req, sql, row.lease_token, expires_at, now)
                             .await?;
                     if let Some(updated) = updated {
-                        let prior_sends = if takeover {
-                            unknown_sends(c, &ledger, &updated).await?
-                        } else {
-                            0
-                        };
-                        let lease = ledger.lease_from(&updated, &run.worker, prior_sends)?;
+                        let lease =
+                            lease_after(c, &ledger, &updated, &run.worker, &decided).await?;
                         ledger.tie_step(c, &req, now).await?;
                         return Ok(CallClaim::Claimed(lease));
                     }
@@ -664,6 +698,7 @@ impl Ledger {
             run_token: row.run_token,
             expires_at: Timestamp(row.lease_expires_at.unwrap_or(0)),
             prior_sends,
+            remote_task: None,
         })
     }
 

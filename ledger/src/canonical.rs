@@ -24,7 +24,7 @@ pub fn canonical_hash(v: &Value) -> String {
 /// inputs (idempotent enqueue compares it) and the key of the one stored copy of that
 /// text (`workflow_texts`). The ledger computes it from the text itself rather than take
 /// it from the caller, so two different texts can never share a stored copy. The same
-/// digest flow always stored in `runs.workflow_hash`, so runs from before migration 0006
+/// digest flow always stored in `runs.workflow_hash`, so runs from before migration 0007
 /// compare equal to a re-submit of the same text.
 pub fn workflow_hash(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());
@@ -90,7 +90,7 @@ mod tests {
 
     #[test]
     fn a_workflow_hash_is_the_plain_sha256_hex_of_the_exact_text() {
-        // The digest runs created before migration 0006 carry: it must not change.
+        // The digest runs created before migration 0007 carry: it must not change.
         assert_eq!(
             workflow_hash(""),
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"

@@ -61,6 +61,14 @@ pub enum EventType {
     /// An in-doubt call's probes are spent, or could not settle it: a human decides.
     #[serde(rename = "tool_call.needs_operator")]
     ToolCallNeedsOperator,
+    /// The downstream started a remote task for a call (an MCP task); its id is
+    /// recorded, and the call is collected by it after a crash or a timeout.
+    #[serde(rename = "tool_call.task_started")]
+    ToolCallTaskStarted,
+    /// A server asked for input during a call (MCP elicitation) and the tool's policy
+    /// answered: the question, the answer (secrets scrubbed) and who decided.
+    #[serde(rename = "tool_call.elicited")]
+    ToolCallElicited,
 }
 
 impl EventType {
@@ -81,6 +89,8 @@ impl EventType {
         Self::ToolCallResolved,
         Self::ToolCallProbed,
         Self::ToolCallNeedsOperator,
+        Self::ToolCallTaskStarted,
+        Self::ToolCallElicited,
     ];
 
     /// The stored and delivered name, e.g. `tool_call.in_doubt`.
@@ -101,6 +111,8 @@ impl EventType {
             Self::ToolCallResolved => "tool_call.resolved",
             Self::ToolCallProbed => "tool_call.probed",
             Self::ToolCallNeedsOperator => "tool_call.needs_operator",
+            Self::ToolCallTaskStarted => "tool_call.task_started",
+            Self::ToolCallElicited => "tool_call.elicited",
         }
     }
 

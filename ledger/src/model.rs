@@ -360,6 +360,10 @@ pub struct CallLease {
     /// fresh attempt. Such an attempt may have taken effect: a later "not sent" on a
     /// re-send never makes it safe to change the key.
     pub prior_sends: u32,
+    /// The remote task this attempt already started (an MCP task id recorded by
+    /// `record_task`), when the claim took the call over to collect it: the holder
+    /// asks for the task's result and must not send the call again.
+    pub remote_task: Option<String>,
 }
 
 /// A terminal outcome returned without calling the tool.
@@ -601,6 +605,10 @@ pub struct ToolCall {
     pub created_at: Timestamp,
     /// Terminal time.
     pub finished_at: Option<Timestamp>,
+    /// The remote task the downstream started for the current attempt (an MCP task
+    /// id), if any: what a later holder collects instead of sending again, and what an
+    /// operator looks up before resolving the call by hand.
+    pub remote_task: Option<String>,
 }
 
 /// One effect attempt that reached an outcome.

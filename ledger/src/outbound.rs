@@ -8,6 +8,8 @@
 
 use std::time::Duration;
 
+use serde_json::{Value, json};
+
 use crate::clock::Timestamp;
 use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
@@ -19,6 +21,26 @@ use crate::state::{CallTransition, ErrorKind};
 use crate::steps::{create_step_in, finish_step_in, pause_steps_in};
 
 use crate::calls::{AttemptRecord, emit_in_doubt, insert_attempt, insert_usage, read_call};
+use crate::events::{EventType, NewEvent, emit};
+
+/// An event about the call `lease` holds.
+async fn call_event(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    lease: &CallLease,
+    event_type: EventType,
+    payload: Value,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let event = NewEvent {
+        event_type,
+        run_id: &lease.run_id,
+        step_id: Some(&lease.step_id),
+        tool_call_id: Some(&lease.tool_call_id),
+        payload,
+    };
+    emit(c, ledger.scope(), now, event).await
+}
 
 /// `$1..$7` of the holder's writes (`crate::fence`).
 fn fence_args(ledger: &Ledger, lease: &CallLease) -> Vec<Arg> {
@@ -31,6 +53,7 @@ impl Ledger {
     /// lease, unexpired, checked in the same statement. (On PostgreSQL a run takeover
     /// that commits while this statement runs is still safe: the new holder's claim locks
     /// the call row, sees `outbound` under an older run token and makes it `in_doubt`.)
+    /// A fresh send forgets any remote task of an earlier send of the key.
     pub async fn mark_outbound(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
         let ledger = self.clone();
         let lease = lease.clone();
@@ -44,7 +67,7 @@ impl Ledger {
                     .execute(
                         concat!(
                             "UPDATE tool_calls SET status = $9, outbound_started_at = $8,
-                                updated_at = $8 WHERE",
+                                remote_task = NULL, updated_at = $8 WHERE",
                             live_call_fence!(),
                             "AND status = $10"
                         ),
@@ -303,6 +326,125 @@ impl Ledger {
                     return Err(Error::LeaseLost);
                 }
                 Ok(())
+            })
+        })
+        .await
+    }
+
+    /// Records the remote task the downstream started for this outbound call (an MCP
+    /// task id), durably, the moment the adapter reports it, with a
+    /// `tool_call.task_started` event. From then on a crash or a timeout does not leave
+    /// the call in doubt: the next holder collects the task (`ClaimDecision::Collect`).
+    /// Fenced like every holder write; `LeaseLost` if this worker no longer holds the
+    /// call.
+    pub async fn record_task(
+        &self,
+        lease: &CallLease,
+        task_id: &str,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let ledger = self.clone();
+        let lease = lease.clone();
+        let task_id = task_id.to_owned();
+        self.write(move |c| {
+            Box::pin(async move {
+                let (from, _) = CallTransition::Collect.states();
+                let mut a = fence_args(&ledger, &lease);
+                a.extend(args![now, from.as_str(), &task_id]);
+                let n = c
+                    .execute(
+                        concat!(
+                            "UPDATE tool_calls SET remote_task = $10, updated_at = $8 WHERE",
+                            call_fence!(),
+                            "AND status = $9"
+                        ),
+                        a,
+                    )
+                    .await?;
+                if n == 0 {
+                    return Err(Error::LeaseLost);
+                }
+                let payload = json!({"task_id": task_id, "sent_key": lease.key});
+                call_event(
+                    c,
+                    &ledger,
+                    &lease,
+                    EventType::ToolCallTaskStarted,
+                    payload,
+                    now,
+                )
+                .await
+            })
+        })
+        .await
+    }
+
+    /// Records what a server asked during this call and how the tool's policy answered
+    /// (`record`, already scrubbed of secrets by the caller) as a `tool_call.elicited`
+    /// event on the call. Fenced by the call lease.
+    pub async fn record_elicitation(
+        &self,
+        lease: &CallLease,
+        record: Value,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write(move |c| {
+            Box::pin(async move {
+                let a = fence_args(&ledger, &lease);
+                let held = c
+                    .optional::<(i64,)>(
+                        concat!("SELECT lease_token FROM tool_calls WHERE", call_fence!()),
+                        a,
+                    )
+                    .await?;
+                if held.is_none() {
+                    return Err(Error::LeaseLost);
+                }
+                call_event(c, &ledger, &lease, EventType::ToolCallElicited, record, now).await
+            })
+        })
+        .await
+    }
+
+    /// Lets go of an outbound call whose remote task still works (the attempt's time
+    /// is up, the task is not): the call stays `outbound` with its task id, no holder
+    /// and an expired lease, so the next claim collects the task instead of sending
+    /// again or putting the call in doubt. Refused (`InvalidTransition`) for a call with
+    /// no recorded task, and `LeaseLost` for a holder that lost the call.
+    pub async fn release_task(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write_statement(move |c| {
+            Box::pin(async move {
+                let (from, _) = CallTransition::Collect.states();
+                let mut a = fence_args(&ledger, &lease);
+                a.extend(args![now, from.as_str()]);
+                let n = c
+                    .execute(
+                        concat!(
+                            "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $8,
+                                updated_at = $8 WHERE",
+                            call_fence!(),
+                            "AND status = $9 AND remote_task IS NOT NULL"
+                        ),
+                        a,
+                    )
+                    .await?;
+                if n == 1 {
+                    return Ok(());
+                }
+                match read_call(c, &ledger, &lease.run_id, &lease.tool_call_id).await? {
+                    Some(row) if row.lease_token == lease.token && row.remote_task.is_none() => {
+                        Err(Error::InvalidTransition {
+                            what: "tool call without a remote task",
+                            from: row.status,
+                            to: from.as_str().to_owned(),
+                        })
+                    }
+                    _ => Err(Error::LeaseLost),
+                }
             })
         })
         .await

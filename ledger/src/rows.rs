@@ -62,7 +62,7 @@ pub(crate) struct RunRow {
 /// The columns a [`RunRow`] reads, for a statement whose rows come from the `runs` table
 /// itself (`SELECT … FROM runs`, `UPDATE runs … RETURNING`). The workflow text is
 /// resolved here, in the same statement: a run's own inline text when it has one (runs
-/// enqueued before migration 0006), else the one shared copy in `workflow_texts` by the
+/// enqueued before migration 0007), else the one shared copy in `workflow_texts` by the
 /// run's hash, which the enqueue wrote in the run's transaction. A correlated subquery
 /// rather than a join so that `FOR UPDATE`/`FOR SHARE` lock only the run row and the
 /// same text serves `RETURNING` on both backends (SQLite evaluates subqueries on other
@@ -213,11 +213,12 @@ pub(crate) struct CallRow {
     pub resolution_note: Option<String>,
     pub created_at: i64,
     pub finished_at: Option<i64>,
+    pub remote_task: Option<String>,
 }
 
 macro_rules! call_cols {
     () => {
-        "run_id, tool_call_id, step_id, tool, idempotency_key, request, request_hash, status, attempt_count, outbound_requests, lease_holder, lease_token, run_token, lease_expires_at, outbound_started_at, in_doubt_at, output, error_kind, error_message, resolution, resolved_by, resolved_at, resolution_note, created_at, finished_at"
+        "run_id, tool_call_id, step_id, tool, idempotency_key, request, request_hash, status, attempt_count, outbound_requests, lease_holder, lease_token, run_token, lease_expires_at, outbound_started_at, in_doubt_at, output, error_kind, error_message, resolution, resolved_by, resolved_at, resolution_note, created_at, finished_at, remote_task"
     };
 }
 pub(crate) use call_cols;
@@ -236,6 +237,7 @@ impl CallRow {
                 run_token: self.run_token,
             },
             in_doubt_at: ts(self.in_doubt_at),
+            remote_task: self.remote_task.is_some(),
         })
     }
 
@@ -290,6 +292,7 @@ impl CallRow {
             request_hash: self.request_hash,
             created_at: Timestamp(self.created_at),
             finished_at: ts(self.finished_at),
+            remote_task: self.remote_task,
         })
     }
 }

@@ -248,6 +248,10 @@ pub enum CallTransition {
     Takeover,
     /// claimed → claimed with no holder and an expired lease (`release_call`).
     Release,
+    /// outbound → outbound, for a call whose remote task is recorded: a new holder
+    /// takes it over to collect the task, or its holder lets it go while the task
+    /// still works (`release_task`). The request is never sent again on this edge.
+    Collect,
 }
 
 impl CallTransition {
@@ -263,6 +267,7 @@ impl CallTransition {
             Self::RetryFailed => (Failed, &[Claimed]),
             Self::Takeover => (Claimed, &[Claimed]),
             Self::Release => (Claimed, &[Claimed]),
+            Self::Collect => (Outbound, &[Outbound]),
         }
     }
 
@@ -302,6 +307,7 @@ pub fn check_call_transition(from: CallStatus, to: CallStatus) -> Result<CallTra
         (InDoubt, Claimed) => CallTransition::ResolveRetry,
         (Failed, Claimed) => CallTransition::RetryFailed,
         (Claimed, Claimed) => CallTransition::Takeover,
+        (Outbound, Outbound) => CallTransition::Collect,
         _ => {
             return Err(Error::InvalidTransition {
                 what: "tool call",
@@ -356,6 +362,9 @@ pub struct CallFacts {
     pub lease: LeaseView,
     /// When it became in doubt (for `InDoubt { since }`).
     pub in_doubt_at: Option<Timestamp>,
+    /// Whether the downstream started a remote task for the current attempt (its id
+    /// is recorded): an abandoned `outbound` call is then collected, not in doubt.
+    pub remote_task: bool,
 }
 
 /// What a claim must do with an existing row of *this* run's call (same tool_call_id).
@@ -369,6 +378,9 @@ pub enum ClaimDecision {
     Takeover,
     /// outbound by an expired / dead / fenced-out holder: becomes in doubt.
     ToInDoubt,
+    /// outbound by an expired / dead / fenced-out holder, with a remote task recorded:
+    /// take it over, still outbound, to ask for the task's result (nothing is re-sent).
+    Collect,
     /// Already in doubt since the given time.
     InDoubt(Option<Timestamp>),
     /// A live lease held by someone else (never two senders).
@@ -402,6 +414,7 @@ pub fn decide_claim(
         CallStatus::Failed => ClaimDecision::Replay,
         CallStatus::InDoubt => ClaimDecision::InDoubt(facts.in_doubt_at),
         CallStatus::Claimed if abandoned => ClaimDecision::Takeover,
+        CallStatus::Outbound if abandoned && facts.remote_task => ClaimDecision::Collect,
         CallStatus::Outbound if abandoned => ClaimDecision::ToInDoubt,
         CallStatus::Claimed | CallStatus::Outbound => ClaimDecision::Busy {
             holder: lease.holder.clone().unwrap_or_default(),
@@ -508,6 +521,7 @@ mod tests {
             (InDoubt, Claimed),
             (Failed, Claimed),
             (Claimed, Claimed),
+            (Outbound, Outbound),
         ];
         for from in CallStatus::ALL {
             for to in CallStatus::ALL {
@@ -528,6 +542,7 @@ mod tests {
             (T::RetryFailed, Failed, Claimed),
             (T::Takeover, Claimed, Claimed),
             (T::Release, Claimed, Claimed),
+            (T::Collect, Outbound, Outbound),
         ];
         for t in [
             T::MarkOutbound,
@@ -538,6 +553,7 @@ mod tests {
             T::RetryFailed,
             T::Takeover,
             T::Release,
+            T::Collect,
         ] {
             for &to in CallStatus::ALL {
                 let want = named.iter().find(|(n, _, end)| *n == t && *end == to);
@@ -603,6 +619,50 @@ mod tests {
                 run_token: tok,
             },
             in_doubt_at: Some(Timestamp(5)),
+            remote_task: false,
+        }
+    }
+
+    /// An abandoned outbound call whose remote task is recorded is collected, never put
+    /// in doubt; a live holder still makes it busy, and a task changes nothing else.
+    #[test]
+    fn a_recorded_task_is_collected_not_doubted() {
+        let now = Timestamp(100);
+        let with_task = |status, holder: Option<&str>, exp| CallFacts {
+            remote_task: true,
+            ..facts(status, holder, exp, 1)
+        };
+        let abandoned = [
+            (Some("w"), Some(99), false, 1),
+            (Some("w"), Some(200), true, 1),
+            (Some("w"), Some(200), false, 2),
+            (None, None, false, 1),
+        ];
+        for (holder, exp, dead, caller) in abandoned {
+            let f = with_task(CallStatus::Outbound, holder, exp);
+            assert_eq!(
+                decide_claim(&f, false, caller, dead, now),
+                ClaimDecision::Collect,
+                "{holder:?} {exp:?} dead={dead} caller={caller}"
+            );
+        }
+        let live = with_task(CallStatus::Outbound, Some("w"), Some(200));
+        assert!(matches!(
+            decide_claim(&live, false, 1, false, now),
+            ClaimDecision::Busy { .. }
+        ));
+        for status in [
+            CallStatus::Succeeded,
+            CallStatus::InDoubt,
+            CallStatus::Claimed,
+        ] {
+            let f = with_task(status, None, None);
+            let plain = facts(status, None, None, 1);
+            assert_eq!(
+                decide_claim(&f, false, 1, false, now),
+                decide_claim(&plain, false, 1, false, now),
+                "{status}"
+            );
         }
     }
 
@@ -615,138 +675,22 @@ mod tests {
             until: Timestamp(200),
         };
         // (status, holder, expiry, row run token, retry_failed, caller token, dead, want)
+        #[rustfmt::skip]
         let cases = [
-            (
-                Succeeded,
-                None,
-                None,
-                1,
-                false,
-                1,
-                false,
-                ClaimDecision::Replay,
-            ),
-            (
-                Succeeded,
-                None,
-                None,
-                1,
-                true,
-                1,
-                false,
-                ClaimDecision::Replay,
-            ),
-            (
-                Failed,
-                None,
-                None,
-                1,
-                false,
-                1,
-                false,
-                ClaimDecision::Replay,
-            ),
-            (
-                Failed,
-                None,
-                None,
-                1,
-                true,
-                1,
-                false,
-                ClaimDecision::NewAttempt,
-            ),
-            (
-                Claimed,
-                Some("w"),
-                Some(200),
-                1,
-                false,
-                1,
-                false,
-                busy.clone(),
-            ),
-            (
-                Claimed,
-                Some("w"),
-                Some(100),
-                1,
-                false,
-                1,
-                false,
-                ClaimDecision::Takeover,
-            ),
-            (
-                Claimed,
-                Some("w"),
-                Some(200),
-                1,
-                false,
-                1,
-                true,
-                ClaimDecision::Takeover,
-            ),
-            (
-                Claimed,
-                Some("w"),
-                Some(200),
-                1,
-                false,
-                2,
-                false,
-                ClaimDecision::Takeover,
-            ),
-            (
-                Claimed,
-                None,
-                Some(100),
-                1,
-                false,
-                1,
-                false,
-                ClaimDecision::Takeover,
-            ),
+            (Succeeded, None, None, 1, false, 1, false, ClaimDecision::Replay),
+            (Succeeded, None, None, 1, true, 1, false, ClaimDecision::Replay),
+            (Failed, None, None, 1, false, 1, false, ClaimDecision::Replay),
+            (Failed, None, None, 1, true, 1, false, ClaimDecision::NewAttempt),
+            (Claimed, Some("w"), Some(200), 1, false, 1, false, busy.clone()),
+            (Claimed, Some("w"), Some(100), 1, false, 1, false, ClaimDecision::Takeover),
+            (Claimed, Some("w"), Some(200), 1, false, 1, true, ClaimDecision::Takeover),
+            (Claimed, Some("w"), Some(200), 1, false, 2, false, ClaimDecision::Takeover),
+            (Claimed, None, Some(100), 1, false, 1, false, ClaimDecision::Takeover),
             (Outbound, Some("w"), Some(200), 1, false, 1, false, busy),
-            (
-                Outbound,
-                Some("w"),
-                Some(99),
-                1,
-                false,
-                1,
-                false,
-                ClaimDecision::ToInDoubt,
-            ),
-            (
-                Outbound,
-                Some("w"),
-                Some(200),
-                1,
-                false,
-                1,
-                true,
-                ClaimDecision::ToInDoubt,
-            ),
-            (
-                Outbound,
-                Some("w"),
-                Some(200),
-                1,
-                false,
-                3,
-                false,
-                ClaimDecision::ToInDoubt,
-            ),
-            (
-                InDoubt,
-                None,
-                None,
-                1,
-                true,
-                1,
-                false,
-                ClaimDecision::InDoubt(Some(Timestamp(5))),
-            ),
+            (Outbound, Some("w"), Some(99), 1, false, 1, false, ClaimDecision::ToInDoubt),
+            (Outbound, Some("w"), Some(200), 1, false, 1, true, ClaimDecision::ToInDoubt),
+            (Outbound, Some("w"), Some(200), 1, false, 3, false, ClaimDecision::ToInDoubt),
+            (InDoubt, None, None, 1, true, 1, false, ClaimDecision::InDoubt(Some(Timestamp(5)))),
         ];
         for (status, holder, exp, tok, retry, caller, dead, want) in cases {
             let f = facts(status, holder, exp, tok);

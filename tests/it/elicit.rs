@@ -88,3 +88,76 @@ fn each_policy_answers_the_server_over_stdio_and_http() {
         assert_eq!(call(&s, "c")["status"], "succeeded", "{s:#}");
     }
 }
+
+/// Each elicitation is recorded on the call that was asked (over stdio, the session's
+/// one call in flight; over HTTP, the call whose response stream carried it): the
+/// question, the answer and the policy that decided, with a secret the answer carries
+/// scrubbed — in `flow show` and in everything stored.
+#[test]
+fn each_answer_is_recorded_on_its_call_with_secrets_scrubbed() {
+    let rt = runtime();
+    let server = rt.block_on(HttpServer::start(None)).expect("mcp server");
+    let bin = flow_adapters::testkit::bin_path();
+    let secret = "tok-s3cret-9f2";
+    for backend in backends() {
+        let db = TestDb::new(backend);
+        let file = db.write(
+            "w.yaml",
+            &format!(
+                r#"name: mcp-elicit-recorded
+tools:
+  declines:
+    kind: mcp
+    server: {{ command: ["{bin}", "mcp-stdio"] }}
+    tool: elicit
+  defaults:
+    kind: mcp
+    server: {{ url: "{url}" }}
+    tool: elicit
+    elicitation: accept_defaults
+nodes:
+  asked:
+    tool: declines
+  token:
+    tool: defaults
+    with:
+      schema:
+        type: object
+        properties:
+          token: {{ type: string, default: "${{{{ secrets.API_TOKEN }}}}" }}
+        required: [token]
+"#,
+                bin = bin.display(),
+                url = server.url()
+            ),
+        );
+        let out = output(
+            db.flow()
+                .arg("run")
+                .arg(&file)
+                .env("FLOW_SECRET_API_TOKEN", secret),
+        );
+        assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
+        let run = run_id(&out);
+        let s = show(&db, &run);
+        let asked = &call(&s, "asked")["elicitations"];
+        assert_eq!(asked.as_array().map(Vec::len), Some(1), "{s:#}");
+        assert_eq!(asked[0]["message"], "flow testkit asks");
+        assert_eq!(asked[0]["action"], "decline");
+        assert_eq!(asked[0]["decided_by"], "policy decline");
+        assert!(
+            asked[0]["requested"]["properties"]["name"].is_object(),
+            "{s:#}"
+        );
+        let token = &call(&s, "token")["elicitations"];
+        assert_eq!(token.as_array().map(Vec::len), Some(1), "{s:#}");
+        assert_eq!(token[0]["action"], "accept");
+        assert_eq!(token[0]["decided_by"], "policy accept_defaults");
+        assert_eq!(
+            token[0]["content"]["token"], r#"{"$secret":"API_TOKEN"}"#,
+            "{s:#}"
+        );
+        let shown = stdout(&output(db.flow().args(["show", &run, "--json"])));
+        assert!(!shown.contains(secret), "a secret was stored: {shown}");
+    }
+}

@@ -24,5 +24,6 @@ mod runs;
 mod secrets;
 mod sessions;
 mod support;
+mod tasks;
 mod ui;
 mod validate;

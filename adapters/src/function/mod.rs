@@ -257,6 +257,7 @@ impl FunctionTool {
         Outcome {
             result,
             requests_sent: sent,
+            task: None,
         }
     }
 }

@@ -1,19 +1,31 @@
 //! The client side of MCP elicitation: a server asking, mid-call, for input from "the
 //! user". flow runs unattended, so a tool's declared [`Elicitation`] policy answers in
-//! the user's place, and every question and answer is logged (target
-//! `flow_adapters::mcp`, `info`) with the message, the decision and the field names —
-//! never the values, which may be secrets.
+//! the user's place. Every question and answer is logged (target `flow_adapters::mcp`,
+//! `info`) with the message, the decision and the field names — never the values — and
+//! reported to the call that was asked ([`Report::Elicited`]), which the engine records
+//! on the call with secrets scrubbed.
+//!
+//! Which call was asked: over streamable HTTP the request arrives on the response
+//! stream of that call's POST (rmcp's `InboundStreamOrigin`); over stdio, where streams
+//! are not separated, it is the session's only call in flight. When neither tells (two
+//! calls in flight on one stdio session), the question is answered and logged but
+//! recorded on no call.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use rmcp::ErrorData as McpError;
 use rmcp::handler::client::ClientHandler;
 use rmcp::model::{
     ClientCapabilities, ClientConfig, ElicitRequestParams, ElicitResult, ElicitationAction,
-    ElicitationCapability, FormElicitationCapability, Implementation, JsonObject,
+    ElicitationCapability, ExtensionCapabilities, FormElicitationCapability, Implementation,
+    JsonObject, RequestId, TASKS_EXTENSION_ID,
 };
-use rmcp::service::{RequestContext, RoleClient};
-use serde_json::Value;
+use rmcp::service::{InboundStreamOrigin, RequestContext, RoleClient};
+use serde_json::{Value, json};
 
 use super::version::Handshake;
+use crate::{Report, Reports};
 
 /// How flow answers a server's `elicitation/create` for one tool. Unattended runs have
 /// no user to ask, so the workflow decides in advance.
@@ -118,18 +130,92 @@ fn fits(
     }
 }
 
+/// The calls of one session waiting for their answer, by JSON-RPC request id, with
+/// where each one's reports go: what an elicitation is attributed to.
+#[derive(Clone, Default)]
+pub(super) struct Inflight(Arc<Mutex<HashMap<RequestId, Option<Reports>>>>);
+
+/// Removes its call from [`Inflight`] when the call's wait ends, however it ends.
+pub(super) struct InflightGuard {
+    calls: Inflight,
+    id: RequestId,
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.calls.lock().remove(&self.id);
+    }
+}
+
+impl Inflight {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RequestId, Option<Reports>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers call `id` (reporting to `reports`) until the guard drops.
+    pub(super) fn enter(&self, id: RequestId, reports: Option<Reports>) -> InflightGuard {
+        self.lock().insert(id.clone(), reports);
+        InflightGuard {
+            calls: self.clone(),
+            id,
+        }
+    }
+
+    /// Where a request that arrived for `origin` (if the transport knows) reports:
+    /// that call, else the only call in flight; `Err` when it cannot be told.
+    fn reports_for(&self, origin: Option<&RequestId>) -> Result<Option<Reports>, usize> {
+        let calls = self.lock();
+        if let Some(reports) = origin.and_then(|id| calls.get(id)) {
+            return Ok(reports.clone());
+        }
+        match calls.len() {
+            1 => Ok(calls.values().next().cloned().flatten()),
+            n => Err(n),
+        }
+    }
+}
+
+/// What one elicitation came to, as recorded on the call.
+pub(super) fn record(
+    message: &str,
+    requested: &Value,
+    policy: &Elicitation,
+    result: &ElicitResult,
+    why: &str,
+) -> Value {
+    let action = match result.action {
+        ElicitationAction::Accept => "accept",
+        ElicitationAction::Decline => "decline",
+        _ => "cancel",
+    };
+    json!({
+        "message": message,
+        "requested": requested,
+        "action": action,
+        "content": result.content,
+        "decided_by": format!("policy {}", policy.name()),
+        "why": why,
+    })
+}
+
 /// The rmcp client handler of one session: flow's client info (with the elicitation
-/// capability) and the policy that answers elicitation requests.
+/// capability), the policy that answers elicitation requests, and the calls in flight
+/// they are recorded on.
 pub(super) struct Handler {
     info: ClientConfig,
     policy: Elicitation,
     label: String,
+    inflight: Inflight,
 }
 
 impl Handler {
     /// The handler for a session started with `handshake`, answering with `policy`.
     pub(super) fn new(handshake: Handshake, policy: &Elicitation, label: &str) -> Self {
         let mut capabilities = ClientCapabilities::default();
+        // The tasks extension (`task.rs`): a server may answer a call with a task.
+        let mut extensions = ExtensionCapabilities::new();
+        extensions.insert(TASKS_EXTENSION_ID.to_string(), JsonObject::new());
+        capabilities.extensions = Some(extensions);
         capabilities.elicitation =
             Some(ElicitationCapability::new().with_form(FormElicitationCapability::new()));
         let info = ClientConfig::new(
@@ -141,7 +227,13 @@ impl Handler {
             info,
             policy: policy.clone(),
             label: label.to_string(),
+            inflight: Inflight::default(),
         }
+    }
+
+    /// The calls in flight on this handler's session.
+    pub(super) fn inflight(&self) -> &Inflight {
+        &self.inflight
     }
 }
 
@@ -153,35 +245,65 @@ impl ClientHandler for Handler {
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, McpError> {
-        let (message, (result, why)) = match &request {
-            ElicitRequestParams::FormElicitationParams {
-                message,
-                requested_schema,
-                ..
-            } => {
-                let schema = serde_json::to_value(requested_schema).unwrap_or(Value::Null);
-                (message.clone(), self.policy.answer(&schema))
-            }
-            ElicitRequestParams::UrlElicitationParams { message, .. } => (
-                message.clone(),
-                (
-                    ElicitResult::new(ElicitationAction::Decline),
-                    "declined: URL elicitation needs a person at a browser".to_string(),
-                ),
-            ),
-            _ => (
-                String::new(),
-                (
-                    ElicitResult::new(ElicitationAction::Decline),
-                    "declined: unknown elicitation mode".to_string(),
-                ),
-            ),
+        let origin = match context.extensions.get::<InboundStreamOrigin>() {
+            Some(InboundStreamOrigin::OutboundRequest(id)) => Some(id.clone()),
+            _ => None,
         };
+        let (message, requested, result, why) = answer_request(&self.policy, &request);
         tracing::info!(target: "flow_adapters::mcp", server = %self.label, policy = self.policy.name(), %message, "elicitation {why}");
+        match self.inflight.reports_for(origin.as_ref()) {
+            Ok(Some(reports)) => reports.send(Report::Elicited(record(
+                &message,
+                &requested,
+                &self.policy,
+                &result,
+                &why,
+            ))),
+            Ok(None) => {}
+            Err(n) => {
+                tracing::info!(target: "flow_adapters::mcp", server = %self.label, "the elicitation is recorded on no call: {n} calls are in flight and the transport does not say which one asked");
+            }
+        }
         Ok(result)
     }
+}
+
+/// The policy's answer to one request: its message, the requested schema, the result
+/// and why.
+pub(super) fn answer_request(
+    policy: &Elicitation,
+    request: &ElicitRequestParams,
+) -> (String, Value, ElicitResult, String) {
+    let (message, requested, (result, why)) = match request {
+        ElicitRequestParams::FormElicitationParams {
+            message,
+            requested_schema,
+            ..
+        } => {
+            let schema = serde_json::to_value(requested_schema).unwrap_or(Value::Null);
+            let answer = policy.answer(&schema);
+            (message.clone(), schema, answer)
+        }
+        ElicitRequestParams::UrlElicitationParams { message, url, .. } => (
+            message.clone(),
+            json!({"url": url}),
+            (
+                ElicitResult::new(ElicitationAction::Decline),
+                "declined: URL elicitation needs a person at a browser".to_string(),
+            ),
+        ),
+        _ => (
+            String::new(),
+            Value::Null,
+            (
+                ElicitResult::new(ElicitationAction::Decline),
+                "declined: unknown elicitation mode".to_string(),
+            ),
+        ),
+    };
+    (message, requested, result, why)
 }
 
 #[cfg(test)]

@@ -27,11 +27,21 @@
 //! | HTTP 404 for the session (server restarted) | `Transient`; the next call starts a new session (rmcp's silent re-initialize-and-resend is turned off) |
 //! | timeout after the call was sent (flow then sends `notifications/cancelled`), transport died mid-call (child exited, connection lost) | `Unknown` |
 //! | connection refused before the call was written | `NotSent` |
+//! | a task (`resultType: "task"`) | reported at once ([`crate::Report::Task`]), then waited for with `tasks/get`; see `task.rs` |
+//!
+//! # Tasks
+//! The client declares the tasks extension. A task's id is reported the moment it
+//! arrives, and `tasks/get` is asked until the task ends or the attempt's deadline: a
+//! task still working then comes back `Unknown` *with* [`Outcome::task`] set, which the
+//! engine does not treat as in doubt but collects later through [`Tool::collect`]
+//! (`McpTool::collect`, `Pool::collect`), without calling the tool again.
 //!
 //! # Elicitation
 //! The client declares the `elicitation` capability (form mode) and answers each
 //! `elicitation/create` with the tool's [`Elicitation`] policy (`elicit.rs`); URL-mode
-//! requests are declined. Each question and decision is logged at `info`.
+//! requests are declined. Each question and decision is logged at `info` and reported
+//! to the call that was asked ([`crate::Report::Elicited`]; `elicit.rs` says how the call
+//! is found).
 //!
 //! # Protocol versions
 //! 2025-06-18, 2025-11-25 and 2026-07-28 (and 2025-03-26 from older servers); see `version.rs` for the negotiation. A server
@@ -69,6 +79,7 @@ mod discovery;
 mod elicit;
 mod jwt;
 mod pool;
+mod task;
 mod version;
 
 use std::path::PathBuf;
@@ -290,13 +301,29 @@ impl McpTool {
             }
         };
         let deadline = Instant::now() + call.timeout;
-        self.pool.call(&self.spec, arguments, deadline).await
+        self.pool
+            .call(&self.spec, arguments, deadline, call.reports.as_ref())
+            .await
+    }
+
+    async fn collect_task(&self, call: Call, task_id: String) -> Outcome {
+        if call.timeout.is_zero() {
+            return Outcome::err(Error::permanent("mcp: the timeout must be positive"), 0);
+        }
+        let deadline = Instant::now() + call.timeout;
+        self.pool
+            .collect(&self.spec, &task_id, deadline, call.reports.as_ref())
+            .await
     }
 }
 
 impl Tool for McpTool {
     fn call(&self, call: Call) -> BoxFuture<'_, Outcome> {
         Box::pin(self.run(call))
+    }
+
+    fn collect(&self, call: Call, task_id: &str) -> BoxFuture<'_, Outcome> {
+        Box::pin(self.collect_task(call, task_id.to_owned()))
     }
 
     fn side_effect(&self) -> SideEffect {

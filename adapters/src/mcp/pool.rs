@@ -24,18 +24,19 @@ use super::auth::{self, AuthedClient, Credentials, Token, TokenSlot};
 use super::classify::{self, Failure};
 use super::discovery;
 use super::elicit::{Elicitation, Handler};
+use super::task::{self, Wait};
 use super::version::{self, Handshake};
 use super::{Annotations, Auth, McpTool, ServerSpec, Spec};
 use crate::command::DEFAULT_ENV_ALLOW;
 use crate::egress::AllowList;
 use crate::error::tail;
 use crate::process::Group;
-use crate::{Error, Outcome};
+use crate::{Error, Outcome, Report, Reports};
 
 /// Sessions are keyed by server, credentials and elicitation policy: two workflows
 /// using the same server with different tokens must not share a session, and the
 /// policy belongs to the session's client handler.
-type Key = (ServerSpec, Auth, Elicitation);
+pub(super) type Key = (ServerSpec, Auth, Elicitation);
 
 type Slot = Arc<tokio::sync::Mutex<Option<Arc<Session>>>>;
 
@@ -208,18 +209,16 @@ impl Pool {
         }
     }
 
-    /// Performs one `tools/call` (and at most one re-send after an auth challenge).
+    /// Performs one `tools/call` (and at most one re-send after an auth challenge),
+    /// waiting for the task if the server answers with one (`task.rs`).
     pub(super) async fn call(
         &self,
         spec: &Spec,
         arguments: Option<JsonObject>,
         deadline: Instant,
+        reports: Option<&Reports>,
     ) -> Outcome {
-        let key: Key = (
-            spec.server.clone(),
-            spec.auth.clone(),
-            spec.elicitation.clone(),
-        );
+        let key = Self::key(spec);
         let session = match self.session(&key, deadline).await {
             Ok(session) => session,
             Err(error) => return Outcome::err(error, 0),
@@ -235,12 +234,30 @@ impl Pool {
             if let Some(arguments) = &arguments {
                 params = params.with_arguments(arguments.clone());
             }
-            let failure = match session.call_tool(params, deadline).await {
+            let failure = match session.call_tool(params, deadline, reports).await {
                 Ok(CallEnd::Answered(result)) => {
                     return Outcome {
                         result: classify::output(result, &what),
                         requests_sent: sent + 1,
+                        task: None,
                     };
+                }
+                Ok(CallEnd::Task(task)) => {
+                    tracing::info!(target: "flow_adapters::mcp", server = %session.label, task = task.task_id, "the server started a task");
+                    if let Some(reports) = reports {
+                        reports.send(Report::Task(task.task_id.clone()));
+                    }
+                    let wait = Wait {
+                        peer: session.client.peer(),
+                        policy: &spec.elicitation,
+                        task_id: &task.task_id,
+                        poll_ms: task.poll_interval_ms,
+                        deadline,
+                        what: &what,
+                        reports,
+                        sent: sent + 1,
+                    };
+                    return self.wait(&key, &session, wait).await;
                 }
                 Ok(CallEnd::TimedOut { cancelled }) => {
                     let told = if cancelled {
@@ -300,8 +317,34 @@ impl Pool {
         }
     }
 
+    /// Waits for a task on `session`, replacing the session if its transport failed.
+    pub(super) async fn wait(&self, key: &Key, session: &Arc<Session>, wait: Wait<'_>) -> Outcome {
+        let ended = task::wait(wait).await;
+        if ended.discard {
+            self.discard(key, session).await;
+        }
+        ended.outcome
+    }
+
+    pub(super) fn key(spec: &Spec) -> Key {
+        (
+            spec.server.clone(),
+            spec.auth.clone(),
+            spec.elicitation.clone(),
+        )
+    }
+
+    /// The HTTP client sessions and token requests use.
+    pub(super) fn http(&self) -> &reqwest::Client {
+        &self.inner.http
+    }
+
     /// The live session for `key`, started if there is none or the last one died.
-    async fn session(&self, key: &Key, deadline: Instant) -> Result<Arc<Session>, Error> {
+    pub(super) async fn session(
+        &self,
+        key: &Key,
+        deadline: Instant,
+    ) -> Result<Arc<Session>, Error> {
         let label = key.0.label();
         let slot: Slot = self
             .inner
@@ -362,11 +405,11 @@ impl Pool {
 }
 
 /// One running rmcp client session.
-struct Session {
-    client: RunningService<RoleClient, Handler>,
+pub(super) struct Session {
+    pub(super) client: RunningService<RoleClient, Handler>,
     /// A stdio server's process group, killed when the session is dropped.
     _group: Option<Group>,
-    label: String,
+    pub(super) label: String,
     auth: Option<TokenState>,
     tools: OnceCell<HashMap<String, Annotations>>,
 }
@@ -410,6 +453,8 @@ impl TokenState {
 enum CallEnd {
     /// The server answered.
     Answered(CallToolResult),
+    /// The server started a task for the call (`resultType: "task"`).
+    Task(rmcp::model::Task),
     /// The deadline passed first; `cancelled` says whether `notifications/cancelled`
     /// went out. Either way the outcome is unknown: the server may have acted already.
     TimedOut { cancelled: bool },
@@ -426,6 +471,7 @@ impl Session {
         &self,
         params: CallToolRequestParams,
         deadline: Instant,
+        reports: Option<&Reports>,
     ) -> Result<CallEnd, ServiceError> {
         let peer = self.client.peer();
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
@@ -436,8 +482,15 @@ impl Session {
             Err(_) => return Ok(CallEnd::TimedOut { cancelled: false }),
         };
         let id = handle.id.clone();
+        // Elicitation requests that arrive for this call are recorded on it.
+        let _inflight = self
+            .client
+            .service()
+            .inflight()
+            .enter(id.clone(), reports.cloned());
         match tokio::time::timeout_at(deadline, handle.await_response()).await {
             Ok(Ok(ServerResult::CallToolResult(result))) => Ok(CallEnd::Answered(result)),
+            Ok(Ok(ServerResult::CreateTaskResult(created))) => Ok(CallEnd::Task(created.task)),
             // `{}`: a result without content, as rmcp's own `call_tool` reads it.
             Ok(Ok(ServerResult::EmptyResult(_))) => {
                 Ok(CallEnd::Answered(CallToolResult::success(Vec::new())))
@@ -466,7 +519,11 @@ impl Session {
         self.auth.is_some()
     }
 
-    async fn renew_if_stale(&self, http: &reqwest::Client, deadline: Instant) -> Result<(), Error> {
+    pub(super) async fn renew_if_stale(
+        &self,
+        http: &reqwest::Client,
+        deadline: Instant,
+    ) -> Result<(), Error> {
         let Some(state) = &self.auth else {
             return Ok(());
         };

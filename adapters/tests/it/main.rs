@@ -17,6 +17,8 @@ mod mcp_http;
 #[cfg(feature = "testkit")]
 mod mcp_stdio;
 #[cfg(feature = "testkit")]
+mod mcp_tasks;
+#[cfg(feature = "testkit")]
 mod mcp_versions;
 mod support;
 #[cfg(feature = "testkit")]

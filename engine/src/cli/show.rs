@@ -97,6 +97,7 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
     let calls = ledger.list_calls(run_id).await?;
     let audit = audit_trail(ledger, run_id).await?;
     let probes = ledger.list_probes(run_id).await?;
+    let elicited = elicitations(ledger, run_id).await?;
     Ok(json!({
         "probes": probes.iter().map(|p| json!({
             "tool_call_id": p.tool_call_id,
@@ -134,8 +135,35 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
             "outbound_started_at": ts(c.outbound_started_at),
             "error": c.error_message.as_ref().map(|m| json!({"kind": c.error_kind.map(|k| k.as_str()), "message": m})),
             "resolution": c.resolution.as_ref().map(|r| json!({"how": r, "by": c.resolved_by, "at": ts(c.resolved_at), "reason": c.resolution_note})),
+            "remote_task": c.remote_task,
+            "elicitations": elicited.iter().filter(|(call, _)| call == &c.tool_call_id).map(|(_, e)| e).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     }))
+}
+
+/// What servers asked during the run's calls and how each tool's policy answered
+/// (`tool_call.elicited` events, secrets already scrubbed), by call, oldest first.
+async fn elicitations(
+    ledger: &Ledger,
+    run_id: &str,
+) -> Result<Vec<(String, Json)>, flow_ledger::Error> {
+    let events = ledger
+        .list_events(flow_ledger::EventFilter {
+            run_id: Some(run_id.to_string()),
+            ..Default::default()
+        })
+        .await?;
+    Ok(events
+        .into_iter()
+        .filter(|e| e.event_type == flow_ledger::EventType::ToolCallElicited)
+        .map(|e| {
+            let mut record = e.payload;
+            if let Json::Object(map) = &mut record {
+                map.insert("at".into(), json!(e.time.to_rfc3339()));
+            }
+            (e.tool_call_id.unwrap_or_default(), record)
+        })
+        .collect())
 }
 
 /// Who changed the run by hand, when and why: its events that carry a `by` (operator
@@ -317,6 +345,9 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
                 "    call {}  tool {}  attempts {}  requests sent {}  key {}",
                 c.status, c.tool, c.attempt_count, c.outbound_requests, c.current_key
             );
+            if let Some(task) = &c.remote_task {
+                let _ = writeln!(out, "    remote task {task}");
+            }
             if let Some(how) = &c.resolution {
                 let _ = writeln!(
                     out,

@@ -390,6 +390,7 @@ impl Progress for Observer {
                     StepResult::Failed { .. } => "failed",
                     StepResult::InDoubt => "in_doubt",
                     StepResult::Deferred { .. } => "deferred",
+                    StepResult::TaskWorking { .. } => "task_working",
                 };
                 self.metrics.call_finished(tool, outcome, took);
                 let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);

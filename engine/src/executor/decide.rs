@@ -23,9 +23,10 @@ pub enum NodeState {
         /// When it may start.
         not_before: Timestamp,
     },
-    /// A rate limit or quota deferred the step's attempt: its row is still `running`
-    /// (the attempt was never sent), and it starts again, keeping that row, once `until`
-    /// has passed.
+    /// A rate limit or quota deferred the step's attempt (never sent), or its call's
+    /// remote task was still working at the attempt's timeout (sent; the task is asked
+    /// about, the call is not sent again): its row is still `running`, and it starts
+    /// again, keeping that row, once `until` has passed.
     Deferred {
         /// The step id.
         step_id: String,

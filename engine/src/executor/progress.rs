@@ -105,6 +105,9 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
                     "… {node} ({attempt}): rate limited; waiting until {}",
                     until.to_rfc3339()
                 ),
+                StepResult::TaskWorking { task, .. } => format!(
+                    "… {node} ({attempt}) {took}: remote task {task} still working; asking again"
+                ),
             })
         }
     }

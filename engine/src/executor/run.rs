@@ -410,11 +410,13 @@ impl<'a> RunScope<'a> {
             StepResult::InDoubt => NodeState::InDoubt {
                 step_id: step_id.to_string(),
             },
-            StepResult::Deferred { until } => NodeState::Deferred {
-                step_id: step_id.to_string(),
-                retry,
-                until,
-            },
+            StepResult::Deferred { until } | StepResult::TaskWorking { until, .. } => {
+                NodeState::Deferred {
+                    step_id: step_id.to_string(),
+                    retry,
+                    until,
+                }
+            }
         };
     }
 

@@ -18,6 +18,7 @@ pub mod disposition;
 pub mod lazy;
 mod record;
 pub mod render;
+mod task;
 mod writer;
 
 use std::sync::Arc;
@@ -199,6 +200,15 @@ pub enum StepResult {
         /// When to try again.
         until: Timestamp,
     },
+    /// The call's remote task was still working when the attempt's time ran out: the
+    /// call stays outbound with its task (not in doubt); start the step again at
+    /// `until` to ask how the task ended.
+    TaskWorking {
+        /// The task id.
+        task: String,
+        /// When to ask again.
+        until: Timestamp,
+    },
 }
 
 /// The ledger's name for an adapter error kind.
@@ -326,6 +336,15 @@ impl Gateway {
         };
         self.inner.faults.hit(Point::AfterClaim, node_id);
 
+        // A call already sent whose remote task is recorded: ask how it ended.
+        if let Some(task) = lease.remote_task.clone() {
+            let collected = self
+                .collect(&c, &lease, tool.as_ref(), &rendered.args, (&task, class))
+                .await?;
+            self.inner.faults.hit(Point::AfterComplete, node_id);
+            return Ok(collected);
+        }
+
         // 4. Rate limit and quota, counted across workers.
         if let Some(until) = self.rate_limited(c.workflow, c.tool).await? {
             self.inner.ledger.release_call(&lease, self.now()).await?;
@@ -346,6 +365,9 @@ impl Gateway {
         self.inner.faults.hit(Point::AfterResponse, node_id);
         if sent > 1 {
             self.count_extra_requests(&c, sent - 1).await?;
+        }
+        if let Some(task) = &outcome.task {
+            return self.task_working(&c, &lease, task).await;
         }
         let result = self
             .complete(&c, &lease, next, outcome.result, sent, unknown_before)
@@ -524,10 +546,15 @@ impl Gateway {
                     lease,
                     tool,
                     Call::new(args.clone(), lease.key.clone(), c.timeout),
+                    None,
                 )
                 .await;
             sent += out.requests_sent;
             sends += 1;
+            if out.task.is_some() {
+                // A remote task still works: nothing is decided until it ends.
+                break (out, Disposition::InDoubt);
+            }
             let observed = Observed::of(&out.result);
             let history = History {
                 unknown_before,
@@ -700,27 +727,6 @@ impl Gateway {
                 .await?;
         }
         Ok(())
-    }
-
-    /// Calls the adapter, renewing the call lease every third of its length meanwhile.
-    async fn call_renewing(&self, lease: &CallLease, tool: &dyn Tool, call: Call) -> Outcome {
-        let hard_limit = call.timeout + Duration::from_secs(5);
-        let fut = tokio::time::timeout(hard_limit, tool.call(call));
-        tokio::pin!(fut);
-        let mut tick = tokio::time::interval(CALL_LEASE / 3);
-        tick.tick().await;
-        loop {
-            tokio::select! {
-                out = &mut fut => {
-                    return out.unwrap_or_else(|_| Outcome::err(flow_adapters::Error::unknown("the tool did not return within its timeout"), 1));
-                }
-                _ = tick.tick() => {
-                    if let Err(e) = self.inner.ledger.renew_call_lease(lease, CALL_LEASE, self.now()).await {
-                        tracing::warn!(call = lease.tool_call_id, error = %e, "could not renew the call lease; the outcome may be refused");
-                    }
-                }
-            }
-        }
     }
 }
 

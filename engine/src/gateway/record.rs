@@ -224,7 +224,9 @@ impl Gateway {
                 kind: *kind,
                 message: message.clone(),
             }),
-            StepResult::InDoubt | StepResult::Deferred { .. } => return Ok(result),
+            StepResult::InDoubt | StepResult::Deferred { .. } | StepResult::TaskWorking { .. } => {
+                return Ok(result);
+            }
         };
         let finish = StepFinish::from_outcome(&c.step_id, outcome);
         c.writer.finish_step(finish, self.now()).await?;

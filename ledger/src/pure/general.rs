@@ -84,7 +84,7 @@ impl Ledger {
                                     since: since.unwrap_or(now),
                                 });
                             }
-                            ClaimDecision::ToInDoubt => {
+                            ClaimDecision::ToInDoubt | ClaimDecision::Collect => {
                                 return Err(Error::InvalidTransition {
                                     what: "tool call",
                                     from: "outbound".into(),

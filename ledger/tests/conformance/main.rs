@@ -17,4 +17,5 @@ mod resolve;
 mod runs;
 mod steps;
 mod takeover;
+mod tasks;
 mod texts;

@@ -1,4 +1,4 @@
-//! Workflow texts stored once per hash (migration 0006): a batch writes each distinct
+//! Workflow texts stored once per hash (migration 0007): a batch writes each distinct
 //! text once, every read of a run gets its full text back, re-submits still compare the
 //! hash, and runs written before the migration keep reading their inline text.
 
@@ -220,17 +220,17 @@ async fn each_scope_stores_its_own_copy(db: TestDb) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_runs_from_before_migration_0006_keep_their_inline_text() {
+async fn sqlite_runs_from_before_migration_0007_keep_their_inline_text() {
     runs_from_before_the_migration_keep_their_inline_text(Backend::Sqlite).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_runs_from_before_migration_0006_keep_their_inline_text() {
+async fn postgres_runs_from_before_migration_0007_keep_their_inline_text() {
     runs_from_before_the_migration_keep_their_inline_text(Backend::Postgres).await;
 }
 
-/// Two runs as flow wrote them before migration 0006 (text inline, hash = SHA-256 of
-/// it), on a database migrated to 0005 only.
+/// Two runs as flow wrote them before migration 0007 (text inline, hash = SHA-256 of
+/// it), on a database migrated to 0006 only.
 fn old_runs_sql(text: &str) -> String {
     let inputs = json!({"order": 42});
     let mut sql = String::new();
@@ -262,7 +262,7 @@ async fn runs_from_before_the_migration_keep_their_inline_text(backend: Backend)
             .await
             .expect("connect");
         let old = sqlx::migrate!("../migrations/sqlite");
-        old.run_to(5, &mut c).await.expect("migrate to 0005");
+        old.run_to(6, &mut c).await.expect("migrate to 0006");
         sqlx::raw_sql(sql).execute(&mut c).await.expect("old rows");
         c.close().await.expect("close");
     } else {
@@ -270,11 +270,11 @@ async fn runs_from_before_the_migration_keep_their_inline_text(backend: Backend)
             .await
             .expect("connect");
         let old = sqlx::migrate!("../migrations/postgres");
-        old.run_to(5, &mut c).await.expect("migrate to 0005");
+        old.run_to(6, &mut c).await.expect("migrate to 0006");
         sqlx::raw_sql(sql).execute(&mut c).await.expect("old rows");
         c.close().await.expect("close");
     }
-    // Opening migrates to 0006; the old rows are left as they are.
+    // Opening migrates to 0007; the old rows are left as they are.
     let ledger = Ledger::open(&empty.url, options()).await.expect("open");
     assert_eq!(stored_texts(&empty.url).await, 0);
     let old = ledger.get_run("run_old1").await.expect("old run");

@@ -14,6 +14,7 @@
 //! | `texts` | — | two text blocks: `one` and `{"two":2}` | — |
 //! | `crash` | — | over stdio: the process exits(3) before answering; over HTTP: a JSON-RPC internal error | — |
 //! | `protocol` | — | `{protocol_version}`: the version this request was served under | — |
+//! | `task` | `{key, ms, fail?}` | counted under `key` when the call arrives (the effect), then answered with a task (`resultType: "task"`, poll interval 50 ms) that completes after `ms` with `{key, count, slept_ms}` — or fails with a JSON-RPC error when `fail` — when the client declared the tasks extension; else the same answer after the sleep, inline. Tasks outlive the session that started them (a new client may ask `tasks/get`); `tasks/get` requests are counted ([`Stats::task_gets`]) | — |
 //! | `elicit` | `{schema?}` | asks the client (`elicitation/create`, message `flow testkit asks`) for `schema` (default: `name` string with default `ada`, required; `age` integer) and returns `{action, content}` from the answer | — |
 //!
 //! [`TestServer::pinned`] narrows the protocol versions the server accepts to one, to
@@ -34,10 +35,12 @@ use std::time::Duration;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, ElicitRequestParams, InitializeRequestParams, InitializeResult,
+    CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, CreateTaskResult,
+    ElicitRequestParams, GetTaskParams, GetTaskResult, InitializeRequestParams, InitializeResult,
     JsonObject, ProtocolVersion, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
+use rmcp::task_manager::{TaskExit, TaskManager, TaskOptions};
 use rmcp::{
     ErrorData, RoleServer, ServerHandler, ServiceExt, schemars, tool, tool_handler, tool_router,
 };
@@ -51,6 +54,7 @@ pub use http::{AuthOptions, HttpServer, HttpStats};
 pub struct Stats {
     initializes: AtomicU32,
     cancelled: AtomicU32,
+    task_gets: AtomicU32,
     calls: Mutex<HashMap<String, u32>>,
     keys: Mutex<HashMap<String, u32>>,
 }
@@ -64,6 +68,11 @@ impl Stats {
     /// Calls the client cancelled (`notifications/cancelled`) while they ran.
     pub fn cancelled(&self) -> u32 {
         self.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// `tasks/get` requests answered (any task, known or not).
+    pub fn task_gets(&self) -> u32 {
+        self.task_gets.load(Ordering::SeqCst)
     }
 
     /// Calls of `tool` that reached the tool.
@@ -106,6 +115,28 @@ pub struct TestServer {
     may_exit: bool,
     /// The only protocol version accepted, if pinned.
     pinned: Option<ProtocolVersion>,
+    /// The tasks of every session (clones share them).
+    tasks: Tasks,
+}
+
+/// The server's tasks, shared by every session of one server.
+#[derive(Clone, Default)]
+struct Tasks(TaskManager);
+
+impl std::fmt::Debug for Tasks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Tasks")
+    }
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct TaskArgs {
+    /// The key the call's effect is counted under.
+    key: String,
+    /// How long the task works, in milliseconds.
+    ms: u64,
+    /// Whether the task ends in failure.
+    fail: Option<bool>,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -166,6 +197,7 @@ impl TestServer {
             count_file,
             may_exit,
             pinned: None,
+            tasks: Tasks::default(),
         }
     }
 
@@ -255,6 +287,46 @@ impl TestServer {
         Ok(CallToolResult::structured(
             json!({"key": args.key, "count": count}),
         ))
+    }
+
+    #[tool(description = "Counts the call under `key`, then works `ms` milliseconds as a task.")]
+    async fn task(
+        &self,
+        Parameters(args): Parameters<TaskArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let count = self.note("task", Some(&args.key));
+        let answer = json!({"key": args.key, "count": count, "slept_ms": args.ms});
+        let fail = args.fail.unwrap_or(false);
+        let work = async move {
+            tokio::time::sleep(Duration::from_millis(args.ms)).await;
+            if fail {
+                Err(TaskExit::Error(ErrorData::internal_error(
+                    "the task failed",
+                    None,
+                )))
+            } else {
+                Ok(CallToolResult::structured(answer))
+            }
+        };
+        let declared = context
+            .peer
+            .peer_info()
+            .is_some_and(|info| info.capabilities.supports_tasks())
+            || context
+                .meta
+                .client_capabilities()
+                .is_some_and(|caps| caps.supports_tasks());
+        if !declared {
+            return match work.await {
+                Ok(result) => Ok(result.into()),
+                Err(_) => Err(ErrorData::internal_error("the task failed", None)),
+            };
+        }
+        let options = TaskOptions::new().with_poll_interval_ms(50);
+        let task = self.tasks.0.spawn(options, |_| Box::pin(work));
+        self.append(json!({"event": "task", "task": task.task_id, "pid": std::process::id()}));
+        Ok(CallToolResponse::Task(CreateTaskResult::new(task)))
     }
 
     #[tool(description = "Always reports an error.")]
@@ -417,7 +489,11 @@ impl TestServer {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for TestServer {
     fn get_info(&self) -> ServerConfig {
-        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tasks()
+            .build();
+        let mut info = ServerConfig::new(capabilities)
             .with_instructions("flow's MCP test server: tools that count their calls");
         if let Some(version) = &self.pinned {
             info.protocol_version = version.clone();
@@ -430,6 +506,26 @@ impl ServerHandler for TestServer {
             Some(version) => std::borrow::Cow::Owned(vec![version.clone()]),
             None => std::borrow::Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS),
         }
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.stats.task_gets.fetch_add(1, Ordering::SeqCst);
+        self.tasks
+            .0
+            .get_task(&request.task_id)
+            .map(GetTaskResult::new)
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.tasks.0.cancel_task(&request.task_id)
     }
 
     async fn initialize(
