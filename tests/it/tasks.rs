@@ -219,3 +219,118 @@ fn a_failed_task_fails_its_node() {
         fails(b);
     }
 }
+
+/// Starts `flow` with `args` and SIGKILLs it after `after` unless it ended first;
+/// whether it was killed.
+fn kill_after(db: &TestDb, args: &[&str], after: Duration) -> bool {
+    let mut child = db
+        .flow()
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn flow");
+    std::thread::sleep(after);
+    let running = matches!(child.try_wait(), Ok(None));
+    if running {
+        let _ = child.kill();
+    }
+    let _ = child.wait();
+    running
+}
+
+/// Seeded random SIGKILLs of `flow run` and `flow resume` on a chain of three task
+/// nodes whose tasks outlive their 300 ms timeout: whatever the moment of each kill, no
+/// key's tool is called twice, a run ends succeeded with every effect once, and a call
+/// is only ever in doubt when no task id was recorded for it. `FLOW_TASK_CHAOS_RUNS` sets the
+/// runs per backend (default 6); the figures print with `--no-capture`.
+#[test]
+fn random_kills_during_tasks_never_call_twice() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("FLOW_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    let runs: usize = std::env::var("FLOW_TASK_CHAOS_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(6);
+    eprintln!("task chaos seed: {seed} (replay with FLOW_TEST_SEED={seed})");
+    let rt = runtime();
+    for backend in backends() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (backend as u64));
+        let server = rt.block_on(HttpServer::start(None)).expect("mcp server");
+        let db = TestDb::new(backend);
+        let (mut kills, mut succeeded, mut doubted) = (0, 0, 0);
+        for i in 0..runs {
+            let ms: [u64; 3] = std::array::from_fn(|_| rng.random_range(100..700));
+            let run = format!("run_tasks_{i}");
+            let text = format!(
+                r#"name: task-chain
+tools:
+  job: {{ kind: mcp, server: {{ url: "{url}" }}, tool: task, timeout: 300ms }}
+nodes:
+  a: {{ tool: job, with: {{ key: "{run}-a", ms: {} }} }}
+  b: {{ tool: job, needs: [a], with: {{ key: "{run}-b", ms: {} }} }}
+  c: {{ tool: job, needs: [b], with: {{ key: "{run}-c", ms: {} }} }}
+"#,
+                ms[0],
+                ms[1],
+                ms[2],
+                url = server.url()
+            );
+            let file = db.write(&format!("{run}.yaml"), &text);
+            let file = file.display().to_string();
+            let start = ["run", file.as_str(), "--run-id", run.as_str()];
+            let at = Duration::from_millis(rng.random_range(0..1500));
+            kills += u32::from(kill_after(&db, &start, at));
+            for _ in 0..4 {
+                let at = Duration::from_millis(rng.random_range(0..900));
+                kills += u32::from(kill_after(&db, &continue_args(&db, &start), at));
+            }
+            let last = output(db.flow().args(continue_args(&db, &start)));
+            let s = show(&db, &run);
+            let ctx = format!("{backend:?} {run} (seed {seed}): {}", stderr(&last));
+            for node in ["a", "b", "c"] {
+                let key = format!("{run}-{node}");
+                assert!(server.stats().count(&key) <= 1, "{ctx}: {key} called twice");
+            }
+            match s["run"]["status"].as_str() {
+                Some("succeeded") => {
+                    succeeded += 1;
+                    for node in ["a", "b", "c"] {
+                        assert_eq!(server.stats().count(&format!("{run}-{node}")), 1, "{ctx}");
+                    }
+                }
+                Some("paused") => {
+                    doubted += 1;
+                    let calls = s["tool_calls"].as_array().cloned().unwrap_or_default();
+                    let stuck: Vec<_> =
+                        calls.iter().filter(|c| c["status"] == "in_doubt").collect();
+                    assert_eq!(stuck.len(), 1, "{ctx}: {s:#}");
+                    assert!(
+                        stuck[0]["remote_task"].is_null(),
+                        "{ctx}: a recorded task went in doubt: {s:#}"
+                    );
+                }
+                other => panic!("{ctx}: run ended {other:?}: {s:#}"),
+            }
+        }
+        eprintln!(
+            "{backend:?}: {runs} runs, {kills} SIGKILLs, {succeeded} succeeded, {doubted} in doubt (a kill before the task id was written), {} tools/call for {} keys",
+            server.stats().calls("task"),
+            3 * runs
+        );
+    }
+}
+
+/// `flow resume RUN` once the run exists; `start` again while a kill came before the
+/// run was even created.
+fn continue_args<'a>(db: &TestDb, start: &[&'a str; 4]) -> Vec<&'a str> {
+    let exists = output(db.flow().args(["show", start[3]])).status.code() == Some(0);
+    if exists {
+        vec!["resume", start[3]]
+    } else {
+        start.to_vec()
+    }
+}

@@ -87,7 +87,7 @@ use std::path::PathBuf;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::{BoxFuture, Call, Error, Outcome, SideEffect, Tool};
+use crate::{BoxFuture, Call, Error, Outcome, Reports, SideEffect, Tool};
 pub use elicit::Elicitation;
 pub use pool::Pool;
 
@@ -335,5 +335,43 @@ impl Tool for McpTool {
                 _ => SideEffect::NotIdempotent,
             },
         }
+    }
+}
+
+impl Pool {
+    /// Asks for the end of task `task_id`, which an earlier call of `spec` started,
+    /// until `deadline`, without calling the tool again. A session that cannot start
+    /// means flow cannot ask: `Unknown`, without the task (in doubt).
+    pub(super) async fn collect(
+        &self,
+        spec: &Spec,
+        task_id: &str,
+        deadline: Instant,
+        reports: Option<&Reports>,
+    ) -> Outcome {
+        let key = Pool::key(spec);
+        let session = match self.session(&key, deadline).await {
+            Ok(session) => session,
+            Err(error) => {
+                let message = format!("cannot ask about task {task_id}: {}", error.message);
+                return Outcome::err(Error::unknown(message), 0);
+            }
+        };
+        if let Err(error) = session.renew_if_stale(self.http(), deadline).await {
+            let message = format!("cannot ask about task {task_id}: {}", error.message);
+            return Outcome::err(Error::unknown(message), 0);
+        }
+        let what = format!("{} tool `{}`", session.label, spec.tool);
+        let wait = task::Wait {
+            peer: session.client.peer(),
+            policy: &spec.elicitation,
+            task_id,
+            poll_ms: None,
+            deadline,
+            what: &what,
+            reports,
+            sent: 0,
+        };
+        self.wait(&key, &session, wait).await
     }
 }

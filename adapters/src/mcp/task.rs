@@ -31,10 +31,8 @@ use rmcp::service::{Peer, RoleClient};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::Spec;
 use super::classify;
 use super::elicit::{self, Elicitation};
-use super::pool::Pool;
 use crate::{Error, Outcome, Report, Reports};
 
 /// The shortest wait between two polls, whatever the server suggests.
@@ -232,44 +230,6 @@ async fn answer_inputs(
         .await
     {
         tracing::warn!(target: "flow_adapters::mcp", task = task_id, error = %e, "tasks/update failed");
-    }
-}
-
-impl Pool {
-    /// Asks for the end of task `task_id`, which an earlier call of `spec` started,
-    /// until `deadline`, without calling the tool again. A session that cannot start
-    /// means flow cannot ask: `Unknown`, without the task (in doubt).
-    pub(super) async fn collect(
-        &self,
-        spec: &Spec,
-        task_id: &str,
-        deadline: Instant,
-        reports: Option<&Reports>,
-    ) -> Outcome {
-        let key = Pool::key(spec);
-        let session = match self.session(&key, deadline).await {
-            Ok(session) => session,
-            Err(error) => {
-                let message = format!("cannot ask about task {task_id}: {}", error.message);
-                return Outcome::err(Error::unknown(message), 0);
-            }
-        };
-        if let Err(error) = session.renew_if_stale(self.http(), deadline).await {
-            let message = format!("cannot ask about task {task_id}: {}", error.message);
-            return Outcome::err(Error::unknown(message), 0);
-        }
-        let what = format!("{} tool `{}`", session.label, spec.tool);
-        let wait = Wait {
-            peer: session.client.peer(),
-            policy: &spec.elicitation,
-            task_id,
-            poll_ms: None,
-            deadline,
-            what: &what,
-            reports,
-            sent: 0,
-        };
-        self.wait(&key, &session, wait).await
     }
 }
 

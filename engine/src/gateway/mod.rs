@@ -366,8 +366,8 @@ impl Gateway {
         if sent > 1 {
             self.count_extra_requests(&c, sent - 1).await?;
         }
-        if let Some(task) = &outcome.task {
-            return self.task_working(&c, &lease, task).await;
+        if outcome.task.is_some() {
+            return self.task_working(&c, &lease, outcome, sent).await;
         }
         let result = self
             .complete(&c, &lease, next, outcome.result, sent, unknown_before)

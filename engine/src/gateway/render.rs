@@ -63,6 +63,33 @@ impl Target {
     }
 }
 
+/// Renders a spec's templates against one context, describing a failure without any
+/// secret value: what a call's tool spec and a reconciliation probe's spec share.
+pub struct Renderer<'a> {
+    ctx: &'a Json,
+    secrets: &'a Secrets,
+}
+
+impl<'a> Renderer<'a> {
+    /// Templates rendered against `ctx`, errors described with `secrets` scrubbed.
+    pub fn new(ctx: &'a Json, secrets: &'a Secrets) -> Self {
+        Renderer { ctx, secrets }
+    }
+
+    /// One template as a string.
+    pub fn string(&self, t: &Template) -> Result<String, String> {
+        t.render_string(self.ctx)
+            .map_err(|e| describe(&e, self.secrets))
+    }
+
+    /// Name–template pairs (headers, query, environment) as name–string pairs.
+    pub fn pairs(&self, list: &[(String, Template)]) -> Result<Vec<(String, String)>, String> {
+        list.iter()
+            .map(|(k, t)| Ok((k.clone(), self.string(t)?)))
+            .collect()
+    }
+}
+
 /// Renders a tool spec for one call. `args` are the node's rendered `with`.
 pub fn render(
     tool: &ToolDecl,
@@ -74,10 +101,9 @@ pub fn render(
     if let Json::Object(map) = &mut ctx {
         map.insert("with".into(), args.clone());
     }
-    let s = |t: &Template| t.render_string(&ctx).map_err(|e| describe(&e, secrets));
-    let pairs = |list: &[(String, Template)]| -> Result<Vec<(String, String)>, String> {
-        list.iter().map(|(k, t)| Ok((k.clone(), s(t)?))).collect()
-    };
+    let r = Renderer::new(&ctx, secrets);
+    let s = |t: &Template| r.string(t);
+    let pairs = |list: &[(String, Template)]| r.pairs(list);
     let target = match &tool.kind {
         ToolKind::Function { function } => Target::Function {
             name: function.clone(),

@@ -20,7 +20,9 @@ use flow_adapters::{Call, Outcome, Report, Reports, SideEffect, Tool};
 use flow_ledger::CallLease;
 use serde_json::Value as Json;
 
-use super::{CALL_LEASE, Gateway, History, Observed, StepCall, StepResult, disposition};
+use super::{
+    CALL_LEASE, Disposition, Gateway, History, Observed, StepCall, StepResult, disposition,
+};
 
 /// How soon a step whose remote task was still working starts again (it then waits
 /// for the task for up to its timeout).
@@ -45,8 +47,8 @@ impl Gateway {
         );
         let call = Call::new(args.clone(), lease.key.clone(), c.timeout);
         let out = self.call_renewing(lease, tool, call, Some(task_id)).await;
-        if let Some(task) = &out.task {
-            return self.task_working(c, lease, task).await;
+        if out.task.is_some() {
+            return self.task_working(c, lease, out, 1).await;
         }
         let history = History {
             unknown_before: true,
@@ -58,24 +60,36 @@ impl Gateway {
         self.complete(c, lease, next, out.result, 1, true).await
     }
 
-    /// The attempt's time ran out while remote task `task` works: the call stays
-    /// outbound with its task and no holder, and the step starts again shortly.
+    /// The attempt's time ran out while the remote task of `out` works: the call stays
+    /// outbound with its task and no holder, and the step starts again shortly. If the
+    /// task id never reached the ledger (its write failed), there is nothing to collect
+    /// by after all: the call is in doubt, as any unknown outcome.
     pub(super) async fn task_working(
         &self,
         c: &StepCall<'_>,
         lease: &CallLease,
-        task: &str,
+        out: Outcome,
+        sent: u32,
     ) -> Result<StepResult, flow_ledger::Error> {
-        self.inner.ledger.release_task(lease, self.now()).await?;
-        tracing::info!(
-            node = c.node.id.as_str(),
-            task,
-            "the remote task is still working; asking again"
-        );
-        Ok(StepResult::TaskWorking {
-            task: task.to_owned(),
-            until: self.now().plus(TASK_RECHECK),
-        })
+        let task = out.task.clone().unwrap_or_default();
+        match self.inner.ledger.release_task(lease, self.now()).await {
+            Ok(()) => {
+                tracing::info!(
+                    node = c.node.id.as_str(),
+                    task,
+                    "the remote task is still working; asking again"
+                );
+                Ok(StepResult::TaskWorking {
+                    task,
+                    until: self.now().plus(TASK_RECHECK),
+                })
+            }
+            Err(flow_ledger::Error::InvalidTransition { .. }) => {
+                self.complete(c, lease, Disposition::InDoubt, out.result, sent, true)
+                    .await
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Writes what the adapter reported during a call: a task id (durably, before the

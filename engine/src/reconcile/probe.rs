@@ -139,13 +139,9 @@ fn build(
     ctx: &Json,
 ) -> Result<(Target, Json), String> {
     let secrets = gateway.secrets();
-    let s = |t: &Template| {
-        t.render_string(ctx)
-            .map_err(|e| render::describe(&e, secrets))
-    };
-    let pairs = |list: &[(String, Template)]| -> Result<Vec<(String, String)>, String> {
-        list.iter().map(|(k, t)| Ok((k.clone(), s(t)?))).collect()
-    };
+    let templates = render::Renderer::new(ctx, secrets);
+    let s = |t: &Template| templates.string(t);
+    let pairs = |list: &[(String, Template)]| templates.pairs(list);
     Ok(match &r.probe {
         Probe::Http {
             method,

@@ -61,6 +61,9 @@ fn call_json(c: &ToolCall) -> Json_ {
         "request": c.request,
         "attempts": c.attempt_count,
         "requests_sent": c.outbound_requests,
+        // The MCP task the server may still know (a server that forgot it put the call
+        // here): what to look up before settling by hand.
+        "remote_task": c.remote_task,
     })
 }
 
