@@ -27,6 +27,7 @@
 //! | HTTP 404 for the session (server restarted) | `Transient`; the next call starts a new session (rmcp's silent re-initialize-and-resend is turned off) |
 //! | timeout after the call was sent (flow then sends `notifications/cancelled`), transport died mid-call (child exited, connection lost) | `Unknown` |
 //! | connection refused before the call was written | `NotSent` |
+//! | `input_required` (2026-07-28) | answered (`call.rs`) and sent again with the answers, each round a request; sampling asked for → `Permanent` |
 //! | a task (`resultType: "task"`) | reported at once ([`crate::Report::Task`]), then waited for with `tasks/get`; see `task.rs` |
 //!
 //! # Tasks
@@ -74,6 +75,7 @@
 //! `readOnlyHint` or `idempotentHint` (fetched with [`Pool::annotations`]); else `None`.
 
 mod auth;
+mod call;
 mod classify;
 mod discovery;
 mod elicit;

@@ -7,13 +7,9 @@ use std::time::Duration;
 
 use process_wrap::tokio::{CommandWrap, ProcessGroup};
 use reqwest::header::{HeaderName, HeaderValue};
-use rmcp::ServiceError;
-use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotification,
-    CancelledNotificationParam, ClientRequest, JsonObject, ServerResult,
-};
+use rmcp::model::JsonObject;
 use rmcp::service::ClientServiceExt;
-use rmcp::service::{PeerRequestOptions, RoleClient, RunningService};
+use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -21,6 +17,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::auth::{self, AuthedClient, Credentials, Token, TokenSlot};
+use super::call::{self, CallEnd};
 use super::classify::{self, Failure};
 use super::discovery;
 use super::elicit::{Elicitation, Handler};
@@ -227,14 +224,29 @@ impl Pool {
             return Outcome::err(error, 0);
         }
         let what = format!("{} tool `{}`", session.label, spec.tool);
-        let mut sent = 0_u32;
-        let mut reauthenticated = false;
+        let (mut sent, mut reauthenticated) = (0_u32, false);
+        // The answers and state of the last `input_required` round, sent with the next.
+        let (mut answered, mut rounds) = (call::Answered::default(), 0_u32);
         loop {
-            let mut params = CallToolRequestParams::new(spec.tool.clone());
-            if let Some(arguments) = &arguments {
-                params = params.with_arguments(arguments.clone());
-            }
-            let failure = match session.call_tool(params, deadline, reports).await {
+            let params = call::params(
+                &spec.tool,
+                arguments.as_ref(),
+                std::mem::take(&mut answered),
+            );
+            let end = call::call_tool(&session.client, &session.label, params, deadline, reports);
+            let failure = match end.await {
+                Ok(CallEnd::InputRequired(asked)) => {
+                    sent += 1;
+                    match call::next_round(&spec.elicitation, asked, reports, &mut rounds) {
+                        Ok(next) => {
+                            answered = next;
+                            continue;
+                        }
+                        Err(why) => {
+                            return Outcome::err(Error::permanent(format!("{what}: {why}")), sent);
+                        }
+                    }
+                }
                 Ok(CallEnd::Answered(result)) => {
                     return Outcome {
                         result: classify::output(result, &what),
@@ -449,68 +461,7 @@ impl TokenState {
     }
 }
 
-/// How a `tools/call` on a live session ended without a transport error.
-enum CallEnd {
-    /// The server answered.
-    Answered(CallToolResult),
-    /// The server started a task for the call (`resultType: "task"`).
-    Task(rmcp::model::Task),
-    /// The deadline passed first; `cancelled` says whether `notifications/cancelled`
-    /// went out. Either way the outcome is unknown: the server may have acted already.
-    TimedOut { cancelled: bool },
-}
-
-/// How long sending `notifications/cancelled` may take after a timeout.
-const CANCEL_GRACE: Duration = Duration::from_secs(2);
-
 impl Session {
-    /// Sends `tools/call` and waits for its answer until `deadline`. On timeout the
-    /// request is cancelled (MCP `notifications/cancelled` with its id, awaited up to
-    /// [`CANCEL_GRACE`]) so the server may stop working on it.
-    async fn call_tool(
-        &self,
-        params: CallToolRequestParams,
-        deadline: Instant,
-        reports: Option<&Reports>,
-    ) -> Result<CallEnd, ServiceError> {
-        let peer = self.client.peer();
-        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        let send = peer.send_request_with_option(request, PeerRequestOptions::no_options());
-        let handle = match tokio::time::timeout_at(deadline, send).await {
-            Ok(handle) => handle?,
-            // Still writing when the time ran out: the request may have left.
-            Err(_) => return Ok(CallEnd::TimedOut { cancelled: false }),
-        };
-        let id = handle.id.clone();
-        // Elicitation requests that arrive for this call are recorded on it.
-        let _inflight = self
-            .client
-            .service()
-            .inflight()
-            .enter(id.clone(), reports.cloned());
-        match tokio::time::timeout_at(deadline, handle.await_response()).await {
-            Ok(Ok(ServerResult::CallToolResult(result))) => Ok(CallEnd::Answered(result)),
-            Ok(Ok(ServerResult::CreateTaskResult(created))) => Ok(CallEnd::Task(created.task)),
-            // `{}`: a result without content, as rmcp's own `call_tool` reads it.
-            Ok(Ok(ServerResult::EmptyResult(_))) => {
-                Ok(CallEnd::Answered(CallToolResult::success(Vec::new())))
-            }
-            Ok(Ok(_)) => Err(ServiceError::UnexpectedResponse),
-            Ok(Err(error)) => Err(error),
-            Err(_) => {
-                let notification = CancelledNotification::new(CancelledNotificationParam::new(
-                    Some(id),
-                    Some("flow: the attempt timed out".to_string()),
-                ));
-                let cancel = peer.send_notification(notification.into());
-                let cancelled =
-                    matches!(tokio::time::timeout(CANCEL_GRACE, cancel).await, Ok(Ok(())));
-                tracing::debug!(target: "flow_adapters::mcp", server = %self.label, cancelled, "tools/call timed out; cancellation sent");
-                Ok(CallEnd::TimedOut { cancelled })
-            }
-        }
-    }
-
     fn is_alive(&self) -> bool {
         !self.client.is_closed() && !self.client.peer().is_transport_closed()
     }

@@ -15,6 +15,8 @@ mod mcp_elicit;
 #[cfg(feature = "testkit")]
 mod mcp_http;
 #[cfg(feature = "testkit")]
+mod mcp_input;
+#[cfg(feature = "testkit")]
 mod mcp_stdio;
 #[cfg(feature = "testkit")]
 mod mcp_tasks;

@@ -15,6 +15,7 @@
 //! | `crash` | — | over stdio: the process exits(3) before answering; over HTTP: a JSON-RPC internal error | — |
 //! | `protocol` | — | `{protocol_version}`: the version this request was served under | — |
 //! | `task` | `{key, ms, fail?}` | counted under `key` when the call arrives (the effect), then answered with a task (`resultType: "task"`, poll interval 50 ms) that completes after `ms` with `{key, count, slept_ms}` — or fails with a JSON-RPC error when `fail` — when the client declared the tasks extension; else the same answer after the sleep, inline. Tasks outlive the session that started them (a new client may ask `tasks/get`); `tasks/get` requests are counted ([`Stats::task_gets`]) | — |
+//! | `ask` | `{key}` | needs a name before it acts: without `inputResponses` it answers `input_required` (one elicitation `q`, message `flow testkit asks first`, schema as `elicit`'s default); with them it counts the call under `key` (the effect) and returns `{key, count, answer}` | — |
 //! | `elicit` | `{schema?}` | asks the client (`elicitation/create`, message `flow testkit asks`) for `schema` (default: `name` string with default `ada`, required; `age` integer) and returns `{action, content}` from the answer | — |
 //!
 //! [`TestServer::pinned`] narrows the protocol versions the server accepts to one, to
@@ -33,12 +34,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::InputResponses;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock, CreateTaskResult,
     ElicitRequestParams, GetTaskParams, GetTaskResult, InitializeRequestParams, InitializeResult,
     JsonObject, ProtocolVersion, ServerCapabilities, ServerConfig,
 };
+use rmcp::model::{ElicitRequest, InputRequest, InputRequests, InputRequiredResult};
 use rmcp::service::RequestContext;
 use rmcp::task_manager::{TaskExit, TaskManager, TaskOptions};
 use rmcp::{
@@ -470,6 +473,38 @@ impl TestServer {
             .map_err(|e| ErrorData::internal_error(format!("elicitation failed: {e}"), None))?;
         Ok(CallToolResult::structured(
             json!({"action": answer.action, "content": answer.content}),
+        ))
+    }
+
+    #[tool(description = "Asks for a name through an input_required result before it acts.")]
+    async fn ask(
+        &self,
+        InputResponses(responses): InputResponses,
+        Parameters(args): Parameters<KeyArgs>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        if let Some(answer) = responses.and_then(|mut r| r.remove("q")) {
+            let count = self.note("ask", Some(&args.key));
+            let result = json!({"key": args.key, "count": count, "answer": answer});
+            return Ok(CallToolResult::structured(result).into());
+        }
+        let schema = json!({"type": "object", "properties": {
+            "name": {"type": "string", "default": "ada"},
+            "age": {"type": "integer"}
+        }, "required": ["name"]});
+        let requested_schema = serde_json::from_value(schema)
+            .map_err(|e| ErrorData::internal_error(format!("bad schema: {e}"), None))?;
+        let params = ElicitRequestParams::FormElicitationParams {
+            meta: None,
+            message: "flow testkit asks first".to_string(),
+            requested_schema,
+        };
+        let mut asked = InputRequests::new();
+        asked.insert(
+            "q".to_string(),
+            InputRequest::Elicitation(ElicitRequest::new(params)),
+        );
+        Ok(CallToolResponse::InputRequired(
+            InputRequiredResult::from_input_requests(asked),
         ))
     }
 
