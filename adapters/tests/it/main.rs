@@ -17,6 +17,8 @@ mod mcp_http;
 #[cfg(feature = "testkit")]
 mod mcp_input;
 #[cfg(feature = "testkit")]
+mod mcp_pinned;
+#[cfg(feature = "testkit")]
 mod mcp_stdio;
 #[cfg(feature = "testkit")]
 mod mcp_tasks;

@@ -5,37 +5,16 @@
 
 use std::time::Duration;
 
-use flow_adapters::mcp::{Auth, Pool, ServerSpec, Spec};
-use flow_adapters::testkit::mcp::HttpServer;
+use flow_adapters::mcp::{Elicitation, Pool, ServerSpec, Spec};
 use flow_adapters::{FailureKind, Report, Reports, Tool};
-use rmcp::model::ProtocolVersion;
 use serde_json::json;
 
+use crate::mcp_pinned::{self as pinned, VERSIONS, http, http_spec, stdio};
 use crate::support::{assert_kind, call, call_within, ok};
 
-const VERSIONS: [&str; 4] = ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"];
-
+/// The testkit's `task` tool of `server`.
 fn spec(server: ServerSpec) -> Spec {
-    Spec {
-        server,
-        tool: "task".to_string(),
-        auth: Auth::None,
-        read_only_override: None,
-        elicitation: flow_adapters::mcp::Elicitation::Decline,
-    }
-}
-
-fn stdio(version: &str) -> ServerSpec {
-    ServerSpec::Stdio {
-        command: vec![
-            env!("CARGO_BIN_EXE_flow-testkit").to_string(),
-            "mcp-stdio".to_string(),
-            "--protocol".to_string(),
-            version.to_string(),
-        ],
-        env: vec![],
-        cwd: None,
-    }
+    pinned::spec(server, "task", Elicitation::Decline)
 }
 
 /// The task id reported for a call, which must come before its outcome.
@@ -98,20 +77,8 @@ async fn tasks_over_stdio_on_every_revision() {
 #[tokio::test]
 async fn tasks_over_http_on_every_revision_outlive_the_session() {
     for version in VERSIONS {
-        let pinned: ProtocolVersion =
-            serde_json::from_value(json!(version)).unwrap_or_else(|e| panic!("{e}"));
-        let server = HttpServer::start_pinned(
-            std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            None,
-            None,
-            Some(pinned),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-        let url = ServerSpec::Http {
-            url: server.url(),
-            headers: vec![],
-        };
+        let server = http(version).await;
+        let url = http_spec(&server);
         let ctx = format!("http {version}");
         let id = tasks_on(url.clone(), &ctx).await;
         // Another process's pool (a resumed run): a new session asks for the same task.

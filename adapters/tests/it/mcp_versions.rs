@@ -1,60 +1,17 @@
 //! Protocol version negotiation against testkit servers pinned to one revision each,
 //! over stdio and streamable HTTP.
 
-use std::net::SocketAddr;
-
-use flow_adapters::mcp::{Auth, Pool, ServerSpec, Spec};
-use flow_adapters::testkit::mcp::HttpServer;
+use flow_adapters::mcp::{Elicitation, Pool, ServerSpec, Spec};
 use flow_adapters::{FailureKind, Outcome, Tool};
-use rmcp::model::ProtocolVersion;
 use serde_json::json;
 
+use crate::mcp_pinned::{self as pinned, VERSIONS, http, http_spec, stdio};
 use crate::support::{assert_kind, call, ok};
 
+/// The testkit's `protocol` tool of `server`.
 fn spec(server: ServerSpec) -> Spec {
-    Spec {
-        server,
-        tool: "protocol".to_string(),
-        auth: Auth::None,
-        read_only_override: None,
-        elicitation: flow_adapters::mcp::Elicitation::Decline,
-    }
+    pinned::spec(server, "protocol", Elicitation::Decline)
 }
-
-fn stdio(version: &str) -> ServerSpec {
-    ServerSpec::Stdio {
-        command: vec![
-            env!("CARGO_BIN_EXE_flow-testkit").to_string(),
-            "mcp-stdio".to_string(),
-            "--protocol".to_string(),
-            version.to_string(),
-        ],
-        env: vec![],
-        cwd: None,
-    }
-}
-
-async fn http(version: &str) -> HttpServer {
-    let version: ProtocolVersion =
-        serde_json::from_value(json!(version)).unwrap_or_else(|e| panic!("{e}"));
-    HttpServer::start_pinned(
-        SocketAddr::from(([127, 0, 0, 1], 0)),
-        None,
-        None,
-        Some(version),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn http_spec(server: &HttpServer) -> ServerSpec {
-    ServerSpec::Http {
-        url: server.url(),
-        headers: vec![],
-    }
-}
-
-const FLOW_VERSIONS: [&str; 4] = ["2025-03-26", "2025-06-18", "2025-11-25", "2026-07-28"];
 
 /// One `protocol` call to `server` on a fresh pool, closed after it.
 async fn call_once(server: ServerSpec) -> Outcome {
@@ -78,7 +35,7 @@ fn assert_refused(outcome: &Outcome, version: &str) {
 
 #[tokio::test]
 async fn every_supported_version_over_stdio() {
-    for version in FLOW_VERSIONS {
+    for version in VERSIONS {
         let outcome = call_once(stdio(version)).await;
         assert_eq!(
             ok(&outcome),
@@ -91,7 +48,7 @@ async fn every_supported_version_over_stdio() {
 
 #[tokio::test]
 async fn every_supported_version_over_http() {
-    for version in FLOW_VERSIONS {
+    for version in VERSIONS {
         let server = http(version).await;
         let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
         let tool = pool.tool(spec(http_spec(&server)));
