@@ -15,17 +15,22 @@ crate::conformance!(
     an_elicitation_is_an_event_on_its_call,
 );
 
+/// The `pay` call of `run` (key `k`), claimed.
+async fn claim_pay(db: &TestDb, run: &flow_ledger::RunLease) -> flow_ledger::CallLease {
+    claimed(
+        db.ledger
+            .claim_call(claim(run, "pay", "pay", "k", json!({})), db.now())
+            .await
+            .unwrap(),
+    )
+}
+
 /// Worker 1 sends, records the task and dies; worker 2's claim takes the call over
 /// still outbound with the task (no in doubt, same key), and completes it.
 async fn a_recorded_task_is_collected_after_the_holder_dies(db: TestDb) {
     let (w1, w2) = (worker("1"), worker("2"));
     let r1 = running(&db, "run_a", &w1).await;
-    let c1 = claimed(
-        db.ledger
-            .claim_call(claim(&r1, "pay", "pay", "k", json!({})), db.now())
-            .await
-            .unwrap(),
-    );
+    let c1 = claim_pay(&db, &r1).await;
     db.ledger.mark_outbound(&c1, db.now()).await.unwrap();
     db.ledger
         .record_task(&c1, "task-1", db.now())
@@ -45,12 +50,7 @@ async fn a_recorded_task_is_collected_after_the_holder_dies(db: TestDb) {
         .claim_run("run_a", &w2, LEASE, db.now())
         .await
         .unwrap();
-    let c2 = claimed(
-        db.ledger
-            .claim_call(claim(&r2, "pay", "pay", "k", json!({})), db.now())
-            .await
-            .unwrap(),
-    );
+    let c2 = claim_pay(&db, &r2).await;
     assert_eq!(c2.remote_task.as_deref(), Some("task-1"));
     assert_eq!((c2.attempt, c2.key.as_str(), c2.prior_sends), (1, "k:1", 1));
     assert!(c2.token > c1.token);
@@ -84,12 +84,7 @@ async fn a_recorded_task_is_collected_after_the_holder_dies(db: TestDb) {
 async fn a_released_task_call_is_collected_by_the_same_run(db: TestDb) {
     let w = worker("1");
     let run = running(&db, "run_a", &w).await;
-    let c1 = claimed(
-        db.ledger
-            .claim_call(claim(&run, "pay", "pay", "k", json!({})), db.now())
-            .await
-            .unwrap(),
-    );
+    let c1 = claim_pay(&db, &run).await;
     db.ledger.mark_outbound(&c1, db.now()).await.unwrap();
     db.ledger
         .record_task(&c1, "task-2", db.now())
@@ -101,12 +96,7 @@ async fn a_released_task_call_is_collected_by_the_same_run(db: TestDb) {
         (call.status, call.lease_holder),
         (CallStatus::Outbound, None)
     );
-    let c2 = claimed(
-        db.ledger
-            .claim_call(claim(&run, "pay", "pay", "k", json!({})), db.now())
-            .await
-            .unwrap(),
-    );
+    let c2 = claim_pay(&db, &run).await;
     assert_eq!(c2.remote_task.as_deref(), Some("task-2"));
     // The released lease can no longer write.
     assert!(matches!(
@@ -119,12 +109,7 @@ async fn a_released_task_call_is_collected_by_the_same_run(db: TestDb) {
 async fn task_writes_are_fenced_and_need_an_outbound_call(db: TestDb) {
     let w = worker("1");
     let run = running(&db, "run_a", &w).await;
-    let c = claimed(
-        db.ledger
-            .claim_call(claim(&run, "pay", "pay", "k", json!({})), db.now())
-            .await
-            .unwrap(),
-    );
+    let c = claim_pay(&db, &run).await;
     // Claimed, not yet outbound: nothing can have started a task.
     assert!(matches!(
         db.ledger.record_task(&c, "task-3", db.now()).await,
@@ -148,12 +133,7 @@ async fn task_writes_are_fenced_and_need_an_outbound_call(db: TestDb) {
 async fn a_fresh_send_forgets_the_task_of_an_earlier_one(db: TestDb) {
     let (w1, w2) = (worker("1"), worker("2"));
     let r1 = running(&db, "run_a", &w1).await;
-    let c1 = claimed(
-        db.ledger
-            .claim_call(claim(&r1, "pay", "pay", "k", json!({})), db.now())
-            .await
-            .unwrap(),
-    );
+    let c1 = claim_pay(&db, &r1).await;
     db.ledger.mark_outbound(&c1, db.now()).await.unwrap();
     db.ledger
         .record_task(&c1, "task-4", db.now())
@@ -183,12 +163,7 @@ async fn a_fresh_send_forgets_the_task_of_an_earlier_one(db: TestDb) {
         )
         .await
         .unwrap();
-    let c2 = claimed(
-        db.ledger
-            .claim_call(claim(&r1, "pay", "pay", "k", json!({})), db.now())
-            .await
-            .unwrap(),
-    );
+    let c2 = claim_pay(&db, &r1).await;
     assert_eq!(c2.remote_task, None);
     db.ledger.mark_outbound(&c2, db.now()).await.unwrap();
     assert_eq!(
@@ -218,12 +193,7 @@ async fn a_fresh_send_forgets_the_task_of_an_earlier_one(db: TestDb) {
 async fn an_elicitation_is_an_event_on_its_call(db: TestDb) {
     let w = worker("1");
     let run = running(&db, "run_a", &w).await;
-    let c = claimed(
-        db.ledger
-            .claim_call(claim(&run, "pay", "pay", "k", json!({})), db.now())
-            .await
-            .unwrap(),
-    );
+    let c = claim_pay(&db, &run).await;
     db.ledger.mark_outbound(&c, db.now()).await.unwrap();
     let record = json!({"message": "who?", "action": "decline", "decided_by": "policy decline"});
     db.ledger
