@@ -23,7 +23,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::elicit::{self, Elicitation, Handler};
-use crate::{Report, Reports};
+use crate::Reports;
 
 /// The most `input_required` rounds one call may take before it is refused.
 pub(super) const MAX_INPUT_ROUNDS: u32 = 8;
@@ -75,15 +75,8 @@ pub(super) fn answers(
     for (key, request) in asked.input_requests.iter().flatten() {
         let response = match request {
             InputRequest::Elicitation(request) => {
-                let (message, requested, result, why) =
-                    elicit::answer_request(policy, &request.params);
-                tracing::info!(target: "flow_adapters::mcp", policy = policy.name(), %message, "elicitation (input_required) {why}");
-                if let Some(reports) = reports {
-                    reports.send(Report::Elicited(elicit::record(
-                        &message, &requested, policy, &result, &why,
-                    )));
-                }
-                serde_json::to_value(&result).map_err(|e| e.to_string())?
+                elicit::answer_inline(policy, &request.params, reports, "(input_required)")
+                    .map_err(|e| e.to_string())?
             }
             InputRequest::ListRoots(_) => json!({"roots": []}),
             InputRequest::CreateMessage(_) => {

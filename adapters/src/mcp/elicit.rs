@@ -270,6 +270,25 @@ impl ClientHandler for Handler {
     }
 }
 
+/// The policy's answer to a question that came inside a result rather than as a
+/// request of its own (a task's `inputRequests`, a 2026-07-28 `input_required` round):
+/// logged and reported like one (`where_` names it in the log line), as JSON.
+pub(super) fn answer_inline(
+    policy: &Elicitation,
+    request: &ElicitRequestParams,
+    reports: Option<&Reports>,
+    where_: &str,
+) -> Result<Value, serde_json::Error> {
+    let (message, requested, result, why) = answer_request(policy, request);
+    tracing::info!(target: "flow_adapters::mcp", policy = policy.name(), %message, "elicitation {where_} {why}");
+    if let Some(reports) = reports {
+        reports.send(Report::Elicited(record(
+            &message, &requested, policy, &result, &why,
+        )));
+    }
+    serde_json::to_value(&result)
+}
+
 /// The policy's answer to one request: its message, the requested schema, the result
 /// and why.
 pub(super) fn answer_request(

@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 use super::classify;
 use super::elicit::{self, Elicitation};
-use crate::{Error, Outcome, Report, Reports};
+use crate::{Error, Outcome, Reports};
 
 /// The shortest wait between two polls, whatever the server suggests.
 pub(super) const MIN_POLL: Duration = Duration::from_millis(50);
@@ -205,14 +205,8 @@ async fn answer_inputs(
         let InputRequest::Elicitation(request) = request else {
             continue;
         };
-        let (message, requested, result, why) = elicit::answer_request(policy, &request.params);
-        tracing::info!(target: "flow_adapters::mcp", task = task_id, policy = policy.name(), %message, "elicitation in a task {why}");
-        if let Some(reports) = reports {
-            reports.send(Report::Elicited(elicit::record(
-                &message, &requested, policy, &result, &why,
-            )));
-        }
-        match serde_json::to_value(&result) {
+        let where_ = format!("in task {task_id}");
+        match elicit::answer_inline(policy, &request.params, reports, &where_) {
             Ok(value) => {
                 responses.insert(key.clone(), value);
                 answered.insert(key.clone());
