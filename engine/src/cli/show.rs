@@ -95,9 +95,10 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
     let run = ledger.get_run(run_id).await?;
     let steps = ledger.list_steps(run_id).await?;
     let calls = ledger.list_calls(run_id).await?;
-    let audit = audit_trail(ledger, run_id).await?;
+    let events = run_events(ledger, run_id).await?;
+    let audit = audit_of(&events);
     let probes = ledger.list_probes(run_id).await?;
-    let elicited = elicitations(ledger, run_id).await?;
+    let elicited = elicitations(&events);
     Ok(json!({
         "probes": probes.iter().map(|p| json!({
             "tool_call_id": p.tool_call_id,
@@ -143,27 +144,18 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
 
 /// What servers asked during the run's calls and how each tool's policy answered
 /// (`tool_call.elicited` events, secrets already scrubbed), by call, oldest first.
-async fn elicitations(
-    ledger: &Ledger,
-    run_id: &str,
-) -> Result<Vec<(String, Json)>, flow_ledger::Error> {
-    let events = ledger
-        .list_events(flow_ledger::EventFilter {
-            run_id: Some(run_id.to_string()),
-            ..Default::default()
-        })
-        .await?;
-    Ok(events
-        .into_iter()
+fn elicitations(events: &[flow_ledger::Event]) -> Vec<(String, Json)> {
+    events
+        .iter()
         .filter(|e| e.event_type == flow_ledger::EventType::ToolCallElicited)
         .map(|e| {
-            let mut record = e.payload;
+            let mut record = e.payload.clone();
             if let Json::Object(map) = &mut record {
                 map.insert("at".into(), json!(e.time.to_rfc3339()));
             }
-            (e.tool_call_id.unwrap_or_default(), record)
+            (e.tool_call_id.clone().unwrap_or_default(), record)
         })
-        .collect())
+        .collect()
 }
 
 /// Who changed the run by hand, when and why: its events that carry a `by` (operator
@@ -172,13 +164,26 @@ pub(crate) async fn audit_trail(
     ledger: &Ledger,
     run_id: &str,
 ) -> Result<Vec<Json>, flow_ledger::Error> {
-    let events = ledger
+    Ok(audit_of(&run_events(ledger, run_id).await?))
+}
+
+/// The run's events, oldest first (what the audit trail and the elicitations are read
+/// from: one query for both).
+async fn run_events(
+    ledger: &Ledger,
+    run_id: &str,
+) -> Result<Vec<flow_ledger::Event>, flow_ledger::Error> {
+    ledger
         .list_events(flow_ledger::EventFilter {
             run_id: Some(run_id.to_string()),
             ..Default::default()
         })
-        .await?;
-    Ok(events
+        .await
+}
+
+/// [`audit_trail`] of events already read.
+fn audit_of(events: &[flow_ledger::Event]) -> Vec<Json> {
+    events
         .iter()
         .filter(|e| e.payload["by"].is_string())
         .map(|e| {
@@ -191,7 +196,7 @@ pub(crate) async fn audit_trail(
                 "reason": reason.cloned().unwrap_or(Json::Null),
             })
         })
-        .collect())
+        .collect()
 }
 
 /// One run of a listing (`flow runs --json`, the API's `GET /api/v1/runs`).
