@@ -76,7 +76,10 @@ fn reconcile() -> Value {
             "not_found": verdict("One expression over `response`: the effect did not take place (trusted only `after` the request left)."),
             "output": { "description": "The node's output when found (templated over `response`); default the response body." },
             "after": duration(),
-            "max_probes": { "type": "integer", "minimum": 1, "maximum": 100, "default": 5 },
+            "max_probes": { "type": "integer", "minimum": 1, "maximum": 100, "default": 5,
+                "description": "Probes with an unknown answer before a human is asked." },
+            "max_resends": { "type": "integer", "minimum": 0, "maximum": 10, "default": 1,
+                "description": "Re-sends of the same key on a trusted `not_found` before a human is asked (counted in the ledger across processes)." },
             "interval": duration(),
             "timeout": duration()
         }

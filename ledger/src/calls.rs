@@ -289,7 +289,8 @@ async fn take_over_to_in_doubt(
     let n = c
         .execute(
             "UPDATE tool_calls SET status = $7, in_doubt_at = $5, lease_holder = NULL,
-                lease_expires_at = NULL, lease_token = lease_token + 1, updated_at = $5
+                lease_expires_at = NULL, lease_token = lease_token + 1, updated_at = $5,
+                uncounted_sends = uncounted_sends + 1
              WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
                AND status = $8 AND lease_token = $6",
             args![

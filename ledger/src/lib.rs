@@ -110,12 +110,14 @@ pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
 pub use model::{
     Actor, Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,
     Enqueued, HeartbeatAck, InDoubtReport, NewRun, NewStep, PureBatchRecorded, PureCall,
-    PureRecorded, PureResult, RateAcquire, RateDecision, Replayed, Resolution, Resolve, Run,
-    RunCursor, RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage,
-    Window,
+    PureRecorded, PureResult, RateAcquire, RateDecision, Replayed, RequestsSent, Resolution,
+    Resolve, Run, RunCursor, RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish,
+    ToolCall, Usage, Window,
 };
 pub use operator::{InDoubtFilter, MAX_BATCH};
-pub use probes::{NewProbe, PROBE_USAGE, Probe, ProbeDecision, ProbeObserved, ProbeSchedule};
+pub use probes::{
+    NewProbe, PROBE_USAGE, Probe, ProbeDecision, ProbeObserved, ProbeSchedule, RecordedProbe,
+};
 pub use runs::MAX_CLAIM;
 pub use sqlite::{is_read_only_url, path_of as sqlite_path};
 pub use state::{CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus};

@@ -609,6 +609,55 @@ pub struct ToolCall {
     /// id), if any: what a later holder collects instead of sending again, and what an
     /// operator looks up before resolving the call by hand.
     pub remote_task: Option<String>,
+    /// Sends whose request count is unknown (the holder died after the outbound mark):
+    /// each may have sent at least one request beyond `outbound_requests`.
+    pub uncounted_sends: u32,
+}
+
+impl ToolCall {
+    /// How many requests left, as far as the ledger knows: an exact count, or a lower
+    /// bound when a send's count is unknown. What `flow show`, the API and the console
+    /// print, so that nobody reads "0 sent" above "the request left".
+    pub fn requests_sent(&self) -> RequestsSent {
+        RequestsSent {
+            known: self.outbound_requests,
+            uncounted_sends: self.uncounted_sends,
+        }
+    }
+}
+
+/// A call's count of requests sent ([`ToolCall::requests_sent`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestsSent {
+    /// Requests known to have left.
+    pub known: u32,
+    /// Sends whose count is unknown (each may have sent at least one request).
+    pub uncounted_sends: u32,
+}
+
+impl RequestsSent {
+    /// The exact count, or `None` when some send's count is unknown.
+    pub fn exact(self) -> Option<u32> {
+        (self.uncounted_sends == 0).then_some(self.known)
+    }
+}
+
+impl std::fmt::Display for RequestsSent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.uncounted_sends {
+            0 => write!(f, "{}", self.known),
+            1 => write!(
+                f,
+                "{} known + 1 send unknown (at least 1 may have left)",
+                self.known
+            ),
+            n => write!(
+                f,
+                "{} known + {n} sends unknown (at least 1 each may have left)",
+                self.known
+            ),
+        }
+    }
 }
 
 /// One effect attempt that reached an outcome.

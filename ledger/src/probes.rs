@@ -123,6 +123,21 @@ pub struct NewProbe {
     /// Requests the probe sent (0 when it could not be sent): a `usage` row of kind
     /// `probe`, so a downstream's bill counts them too.
     pub requests_sent: u32,
+    /// The call's re-send budget (`reconcile.max_resends`). A `Resend` decision is
+    /// checked against it in the recording transaction, after the call's schedule row
+    /// is locked: two probers that both read "one left" cannot both re-send. Past the
+    /// budget the probe is recorded as `NeedsOperator`.
+    pub max_resends: u32,
+}
+
+/// What [`Ledger::record_probe`] recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordedProbe {
+    /// The probe's number (1-based, per call).
+    pub number: u32,
+    /// The decision as recorded: the caller's, except a `Resend` past the budget, which
+    /// is recorded (and must be carried out) as `NeedsOperator`.
+    pub decision: ProbeDecision,
 }
 
 /// The `usage.kind` of a probe's requests (an effect's are `request`).
@@ -216,6 +231,38 @@ pub struct ProbeSchedule {
     pub probes: u32,
     /// When the next is due (`None`: not scheduled — a human decides, or never probed).
     pub next_probe_at: Option<Timestamp>,
+    /// Probes decided `resend` so far: what `reconcile.max_resends` is counted against.
+    pub resends: u32,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct ResendsRow {
+    resends: i64,
+}
+
+/// Probes of a call decided `resend` (in `c`'s transaction).
+async fn count_resends(
+    c: &mut crate::conn::Conn<'_>,
+    ledger: &Ledger,
+    run_id: &str,
+    tool_call_id: &str,
+) -> Result<u32, Error> {
+    let s = ledger.scope();
+    let row = c
+        .optional::<ResendsRow>(
+            "SELECT COUNT(*) AS resends FROM call_probes
+             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
+               AND decision = $5",
+            args![
+                &s.tenant,
+                &s.workspace,
+                run_id,
+                tool_call_id,
+                ProbeDecision::Resend.as_str()
+            ],
+        )
+        .await?;
+    Ok(row.map_or(0, |r| u32::try_from(r.resends).unwrap_or(u32::MAX)))
 }
 
 /// The usage row of a probe's requests (none when it sent nothing).
@@ -254,10 +301,11 @@ async fn insert_usage(
 impl Ledger {
     /// Records one probe of an in-doubt call: its row, the call's schedule and a
     /// `tool_call.probed` event (and `tool_call.needs_operator` when the probes are
-    /// spent), in one transaction. Returns the probe's number. Refused with
-    /// `InvalidTransition` when the call is no longer in doubt (someone settled it
-    /// meanwhile: the answer is moot).
-    pub async fn record_probe(&self, p: NewProbe, now: Timestamp) -> Result<u32, Error> {
+    /// spent), in one transaction. Returns the probe's number and decision (a `Resend`
+    /// past `max_resends` becomes `NeedsOperator`). Refused with `InvalidTransition`
+    /// when the call is no longer in doubt (someone settled it meanwhile: the answer is
+    /// moot).
+    pub async fn record_probe(&self, p: NewProbe, now: Timestamp) -> Result<RecordedProbe, Error> {
         let ledger = self.clone();
         self.write(move |c| {
             Box::pin(async move {
@@ -298,6 +346,26 @@ impl Ledger {
                     )
                     .await?
                     .map_or(1, |r| r.probes);
+                // The upsert above holds the schedule row's lock until commit, so this
+                // count sees every other prober's committed re-send.
+                let mut p = p;
+                if p.decision == ProbeDecision::Resend
+                    && count_resends(c, &ledger, &p.run_id, &p.tool_call_id).await?
+                        >= p.max_resends
+                {
+                    p.decision = ProbeDecision::NeedsOperator;
+                    p.next_probe_at = None;
+                    p.detail = Some(format!(
+                        "not found, but the re-send budget (reconcile.max_resends = {}) is spent: a downstream whose status lags its effects may have executed every re-send",
+                        p.max_resends
+                    ));
+                    c.execute(
+                        "UPDATE call_reconcile SET next_probe_at = NULL
+                         WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4",
+                        args![&s.tenant, &s.workspace, &p.run_id, &p.tool_call_id],
+                    )
+                    .await?;
+                }
                 let response = p.response.as_ref().map(Json::to_string);
                 c.execute(
                     "INSERT INTO call_probes (tenant, workspace, id, run_id, tool_call_id, probe,
@@ -353,7 +421,10 @@ impl Ledger {
                     )
                     .await?;
                 }
-                Ok(u32::try_from(count).unwrap_or(u32::MAX))
+                Ok(RecordedProbe {
+                    number: u32::try_from(count).unwrap_or(u32::MAX),
+                    decision: p.decision,
+                })
             })
         })
         .await
@@ -380,14 +451,17 @@ impl Ledger {
                 args![&s.tenant, &s.workspace, run_id, tool_call_id],
             )
             .await?;
+        let resends = count_resends(&mut pc.conn(), self, run_id, tool_call_id).await?;
         Ok(row.map_or(
             ProbeSchedule {
                 probes: 0,
                 next_probe_at: None,
+                resends,
             },
             |r| ProbeSchedule {
                 probes: u32::try_from(r.probes).unwrap_or(u32::MAX),
                 next_probe_at: r.next_probe_at.map(Timestamp),
+                resends,
             },
         ))
     }

@@ -8,21 +8,26 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
-use crate::ledger::{Ledger, read_run_shared};
-use crate::model::{Resolution, Resolve, StepError, StepFinish, ToolCall};
+use crate::ledger::Ledger;
+use crate::model::{Actor, Resolution, Resolve, StepError, StepFinish, ToolCall};
 use crate::rows::{CallRow, StepRow, call_cols, step_cols};
-use crate::state::{CallStatus, CallTransition, ErrorKind, StepStatus};
+use crate::run_states::requeue_in;
+use crate::runs::run_for_update;
+use crate::state::{CallStatus, CallTransition, ErrorKind, RunStatus, RunTransition, StepStatus};
 use crate::steps::finish_step_in;
 
 impl Ledger {
     /// Settles an in-doubt call (`flow resume --resolve`), recording who, when and how.
-    /// Only from `in_doubt`; any other state is `InvalidTransition` naming it, and only
-    /// while the run is not finished (`Terminal` naming its status: a cancelled run's
-    /// in-doubt call stays as recorded).
+    /// Only from `in_doubt`; any other state is `InvalidTransition` naming it.
     /// `Succeeded`/`Failed` make the call terminal and finish its paused steps the same
-    /// way; `Retry` makes it `claimed` with no holder and an expired lease (same attempt,
-    /// same key), so the next claim takes it over and re-sends that key, and puts its
-    /// paused steps back to `pending`. Emits `tool_call.resolved`. One transaction.
+    /// way — also on a finished run (a cancelled run's call whose money moved must be
+    /// recordable); `Retry` makes it `claimed` with no holder and an expired lease (same
+    /// attempt, same key), so the next claim takes it over and re-sends that key, and
+    /// puts its paused steps back to `pending` — refused with `Terminal` on a finished
+    /// run, which has nobody left to send. Emits `tool_call.resolved`. When this settles
+    /// the last doubt of a paused run, the run goes back on the queue (`run.queued`) in
+    /// the same transaction, so whoever settles it — CLI, API, console, reconciler —
+    /// leaves no run paused with nothing in doubt. One transaction.
     pub async fn resolve_call(&self, req: Resolve, now: Timestamp) -> Result<ToolCall, Error> {
         let (status, output, error) = match &req.resolution {
             Resolution::Succeeded(v) => (CallStatus::Succeeded, Some(self.checked_json(v)?), None),
@@ -40,13 +45,14 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
-                // A finished run (cancelled, failed, succeeded) is a record: settling one
-                // of its calls would change it after the fact, and `retry` would make the
+                // `retry` on a finished run (cancelled, failed, succeeded) would make the
                 // call claimable with no run left to claim it. Checked in the same
-                // transaction as the update, so every caller is covered.
-                let run = read_run_shared(c, s, &req.run_id).await?;
+                // transaction as the update, so every caller is covered. The run row is
+                // locked first (before the call), so two resolutions of one run's calls
+                // agree on whether the last doubt is gone.
+                let run = run_for_update(c, s, &req.run_id).await?;
                 let run_status = run.status()?;
-                if run_status.is_terminal() {
+                if run_status.is_terminal() && matches!(req.resolution, Resolution::Retry) {
                     return Err(Error::Terminal { status: run_status });
                 }
                 let row = read_call(c, &ledger, &req.run_id, &req.tool_call_id)
@@ -136,11 +142,43 @@ impl Ledger {
                     },
                 )
                 .await?;
+                if run_status == RunStatus::Paused && !any_in_doubt(c, &ledger, &req.run_id).await?
+                {
+                    let to = RunTransition::Requeue.check(run_status, RunStatus::Queued)?;
+                    let actor = Actor {
+                        by: req.by.clone(),
+                        reason: req.note.clone(),
+                    };
+                    requeue_in(c, s, &run, to, Some(&actor), now).await?;
+                }
                 row.into_call()
             })
         })
         .await
     }
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct Left {
+    n: i64,
+}
+
+/// Whether any call of the run is still in doubt (in the caller's transaction).
+async fn any_in_doubt(c: &mut Conn<'_>, ledger: &Ledger, run_id: &str) -> Result<bool, Error> {
+    let s = ledger.scope();
+    let left = c
+        .optional::<Left>(
+            "SELECT COUNT(*) AS n FROM tool_calls
+             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND status = $4",
+            args![
+                &s.tenant,
+                &s.workspace,
+                run_id,
+                CallStatus::InDoubt.as_str()
+            ],
+        )
+        .await?;
+    Ok(left.is_some_and(|l| l.n > 0))
 }
 
 /// Finishes the steps paused on a resolved call as the resolution says (`retry` puts

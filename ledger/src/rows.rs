@@ -214,11 +214,12 @@ pub(crate) struct CallRow {
     pub created_at: i64,
     pub finished_at: Option<i64>,
     pub remote_task: Option<String>,
+    pub uncounted_sends: i64,
 }
 
 macro_rules! call_cols {
     () => {
-        "run_id, tool_call_id, step_id, tool, idempotency_key, request, request_hash, status, attempt_count, outbound_requests, lease_holder, lease_token, run_token, lease_expires_at, outbound_started_at, in_doubt_at, output, error_kind, error_message, resolution, resolved_by, resolved_at, resolution_note, created_at, finished_at, remote_task"
+        "run_id, tool_call_id, step_id, tool, idempotency_key, request, request_hash, status, attempt_count, outbound_requests, lease_holder, lease_token, run_token, lease_expires_at, outbound_started_at, in_doubt_at, output, error_kind, error_message, resolution, resolved_by, resolved_at, resolution_note, created_at, finished_at, remote_task, uncounted_sends"
     };
 }
 pub(crate) use call_cols;
@@ -293,6 +294,7 @@ impl CallRow {
             created_at: Timestamp(self.created_at),
             finished_at: ts(self.finished_at),
             remote_task: self.remote_task,
+            uncounted_sends: count(self.uncounted_sends),
         })
     }
 }

@@ -195,39 +195,7 @@ impl Ledger {
                 if from == RunStatus::Running {
                     row.check_not_held(now)?;
                 }
-                let row = c
-                    .optional::<RunRow>(
-                        concat!(
-                            "UPDATE runs SET status = $6, worker = NULL, lease_expires_at = NULL,
-                                lease_token = lease_token + 1, pause_reason = NULL, updated_at = $4,
-                                not_before = CASE WHEN not_before > $4 THEN $4 ELSE not_before END
-                             WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $5
-                             RETURNING ",
-                            run_cols!()
-                        ),
-                        args![
-                            &scope.tenant,
-                            &scope.workspace,
-                            run_id,
-                            now,
-                            row.lease_token,
-                            to.as_str()
-                        ],
-                    )
-                    .await?
-                    .ok_or(Error::LeaseLost)?;
-                emit(
-                    c,
-                    scope,
-                    now,
-                    NewEvent::run(
-                        EventType::RunQueued,
-                        run_id,
-                        audited(json!({ "requeued": true }), actor.as_ref()),
-                    ),
-                )
-                .await?;
-                crate::notify::notify_queued(c, scope).await?;
+                let row = requeue_in(c, scope, &row, to, actor.as_ref(), now).await?;
                 row.into_run()
             })
         })
@@ -321,4 +289,53 @@ impl Ledger {
         })
         .await
     }
+}
+
+/// Puts the locked run `row` back on the queue as `to` (queued) in the caller's
+/// transaction: the holder is cleared and fenced out (token bumped), `run.queued` is
+/// written (with `actor`, the audit trail) and the daemons are woken. Shared by
+/// [`Ledger::requeue_run_as`] and the resolution that settles a paused run's last doubt.
+pub(crate) async fn requeue_in(
+    c: &mut Conn<'_>,
+    scope: &crate::model::Scope,
+    row: &RunRow,
+    to: RunStatus,
+    actor: Option<&Actor>,
+    now: Timestamp,
+) -> Result<RunRow, Error> {
+    let run_id = row.id.as_str();
+    let row = c
+        .optional::<RunRow>(
+            concat!(
+                "UPDATE runs SET status = $6, worker = NULL, lease_expires_at = NULL,
+                    lease_token = lease_token + 1, pause_reason = NULL, updated_at = $4,
+                    not_before = CASE WHEN not_before > $4 THEN $4 ELSE not_before END
+                 WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $5
+                 RETURNING ",
+                run_cols!()
+            ),
+            args![
+                &scope.tenant,
+                &scope.workspace,
+                run_id,
+                now,
+                row.lease_token,
+                to.as_str()
+            ],
+        )
+        .await?
+        .ok_or(Error::LeaseLost)?;
+    emit(
+        c,
+        scope,
+        now,
+        NewEvent::run(
+            EventType::RunQueued,
+            run_id,
+            audited(json!({ "requeued": true }), actor),
+        ),
+    )
+    .await?;
+    crate::notify::notify_queued(c, scope).await?;
+    Ok(row)
 }

@@ -9,6 +9,7 @@ mod chaos;
 mod client;
 mod crash;
 mod daemon;
+mod doubt_budget;
 mod elicit;
 mod events;
 mod flapping;

@@ -90,7 +90,10 @@ fn probe_now(backend: Backend) {
             .cloned()
             .unwrap_or_default();
         assert_eq!(probes.len(), 3, "{ctx}");
-        assert_eq!(probes[2]["by"], "otto (probe now)", "{ctx}: {probes:?}");
+        assert_eq!(
+            probes[2]["by"], "otto (probe now: downstream is back)",
+            "{ctx}: who asked and why: {probes:?}"
+        );
         let (s, p) = call(&server, "POST", &path, Some(OPERATOR), None).await;
         assert_eq!(
             s,

@@ -495,7 +495,7 @@ fn bulk_resolve_escaping_and_sign_out(backend: Backend) {
             dry.text()
                 .await
                 .expect("body")
-                .contains("dry run: 2 call(s) match; nothing was written")
+                .contains("dry run: 2 call(s) match, 2 would be settled, 0 skipped")
         );
         let unconfirmed = bulk(vec![("dry_run", "no")]).await.expect("bulk");
         assert_eq!(unconfirmed.status(), StatusCode::BAD_REQUEST);

@@ -3,8 +3,10 @@
 //!
 //! Only calls of paused runs are probed: a running run's holder probes its own calls
 //! before it pauses, and two probers of one call would only waste the downstream's time
-//! (they could not both settle it). A settled call's run is left paused: the command
-//! prints how to continue it, so that continuing stays the operator's choice.
+//! (they could not both settle it). A paused run whose last doubt a probe settles is
+//! re-queued by the ledger's resolution (the daemons continue it); the command prints
+//! how to continue it here instead. A finished run's calls are probed too: found is
+//! recorded as succeeded, and nothing is ever re-sent for them.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -58,7 +60,10 @@ pub(crate) async fn reconcile(
             .get_run(&c.run_id)
             .await
             .map_err(|e| CliError::unavailable(format!("cannot read run {}: {e}", c.run_id)))?;
-        let outcome = if run.status != flow_ledger::RunStatus::Paused {
+        // A running run's holder probes its own calls; a paused run's and a finished
+        // run's (whose outcome is still to be recorded, never re-sent) are probed here.
+        let finished = run.status.is_terminal();
+        let outcome = if run.status != flow_ledger::RunStatus::Paused && !finished {
             None
         } else {
             let wf = snapshot(&run).map_err(CliError::Invalid)?;
@@ -73,6 +78,7 @@ pub(crate) async fn reconcile(
                 by: &by,
                 now_regardless: true,
                 dry_run: args.dry_run,
+                run_live: !finished,
             };
             Some(
                 reconcile_call(session.executor.gateway(), call)
@@ -88,7 +94,7 @@ pub(crate) async fn reconcile(
         if matches!(outcome, Some(Reconciled::Probed { .. })) {
             probed += 1;
         }
-        if matches!(outcome, Some(Reconciled::Probed { settled: true, .. })) {
+        if !finished && matches!(outcome, Some(Reconciled::Probed { settled: true, .. })) {
             settled_runs.insert(c.run_id.clone());
         }
         print(
@@ -111,7 +117,11 @@ pub(crate) async fn reconcile(
         }
     );
     for run in settled_runs {
-        let _ = writeln!(stderr, "continue with: {} resume {run}", session.flow);
+        let _ = writeln!(
+            stderr,
+            "run {run} is queued for the daemons; or continue it here with: {} resume {run}",
+            session.flow
+        );
     }
     Ok(exit::OK)
 }
@@ -130,7 +140,7 @@ fn print(
         return;
     }
     let what = match outcome {
-        None => "not probed: the run is not paused (its holder probes it)".to_string(),
+        None => "not probed: the run is running (its holder probes it)".to_string(),
         Some(Reconciled::NotReconcilable) => "not probed: its tool declares no `reconcile`".into(),
         Some(Reconciled::NotInDoubt) => "settled meanwhile by someone else".into(),
         Some(Reconciled::NotDue { at }) => format!("next probe due at {}", at.to_rfc3339()),

@@ -316,7 +316,7 @@ fn summary(v: &Json, base: &str) -> String {
             s(&c["status"]),
             s(&c["tool"]),
             c["attempt_count"],
-            c["outbound_requests"],
+            requests_sent(c),
             s(&c["current_key"])
         );
     }
@@ -325,4 +325,14 @@ fn summary(v: &Json, base: &str) -> String {
         let _ = writeln!(out, "\nIn doubt: resolve in the console's inbox at {inbox}");
     }
     out
+}
+
+/// A call's requests sent as `flow show` prints them locally (a lower bound when a
+/// send's count is unknown), from the API's fields.
+fn requests_sent(c: &Json) -> flow_ledger::RequestsSent {
+    let n = |v: &Json| v.as_u64().and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
+    flow_ledger::RequestsSent {
+        known: n(&c["outbound_requests_known"]).max(n(&c["outbound_requests"])),
+        uncounted_sends: n(&c["uncounted_sends"]),
+    }
 }

@@ -517,15 +517,24 @@ pub(crate) async fn resume(
     if !args.detach {
         check_secrets(&wf, session.executor.gateway().secrets())?;
     }
+    let mut resolved = false;
     if let Some((node, resolution)) = parse_resolution(args, &wf).map_err(CliError::Invalid)? {
         resolve(&session, &run.id, node, resolution, stderr).await?;
+        resolved = true;
     }
     if args.detach {
-        session
-            .ledger
-            .requeue_run(&run.id, session.now())
-            .await
-            .map_err(|e| CliError::unavailable(format!("cannot re-queue run {}: {e}", run.id)))?;
+        match session.ledger.requeue_run(&run.id, session.now()).await {
+            Ok(_) => {}
+            // The resolution settled the run's last doubt and re-queued it in the same
+            // transaction; a daemon may hold it already: what --detach asked for.
+            Err(flow_ledger::Error::Busy { .. }) if resolved => {}
+            Err(e) => {
+                return Err(CliError::unavailable(format!(
+                    "cannot re-queue run {}: {e}",
+                    run.id
+                )));
+            }
+        }
         let _ = writeln!(stdout, "{}", run.id);
         let _ = writeln!(stderr, "run {} queued for the daemons", run.id);
         return Ok(exit::OK);
@@ -558,7 +567,7 @@ async fn resolve(
             "node `{node}` has no tool call in run {run_id}"
         ))),
         Err(flow_ledger::Error::Terminal { status }) => Err(CliError::invalid(format!(
-            "cannot resolve `{node}`: run {run_id} is {status}, so its calls stay as recorded; nothing was written"
+            "cannot resolve `{node}` as retry: run {run_id} is {status}, so nothing can re-send it; record what happened with `--resolve {node}=succeeded --output JSON` or `--resolve {node}=failed`; nothing was written"
         ))),
         Err(e @ flow_ledger::Error::InvalidTransition { .. }) => Err(CliError::invalid(format!(
             "cannot resolve `{node}`: {e} (only calls in doubt can be resolved)"

@@ -130,7 +130,11 @@ pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flo
             "tool": c.tool,
             "status": c.status.as_str(),
             "attempt_count": c.attempt_count,
-            "outbound_requests": c.outbound_requests,
+            // `null` when a send's count is unknown (a crash after the outbound mark):
+            // never a bare 0 beside "the request left"; `_known` is the lower bound.
+            "outbound_requests": c.requests_sent().exact(),
+            "outbound_requests_known": c.outbound_requests,
+            "uncounted_sends": c.uncounted_sends,
             "idempotency_key": c.idempotency_key,
             "current_key": c.current_key,
             "outbound_started_at": ts(c.outbound_started_at),
@@ -348,7 +352,11 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
             let _ = writeln!(
                 out,
                 "    call {}  tool {}  attempts {}  requests sent {}  key {}",
-                c.status, c.tool, c.attempt_count, c.outbound_requests, c.current_key
+                c.status,
+                c.tool,
+                c.attempt_count,
+                c.requests_sent(),
+                c.current_key
             );
             if let Some(task) = &c.remote_task {
                 let _ = writeln!(out, "    remote task {task}");
@@ -573,6 +581,30 @@ fn shorten(text: &str) -> String {
     format!("{cut}… (in full: --json)")
 }
 
+/// After a cancel: the run's calls still in doubt, and how to settle each. Cancelling
+/// does not settle them — the request may have taken effect — so an operator who
+/// cancels must hear that they remain, and that only `succeeded` or `failed` is left.
+async fn warn_in_doubt(ledger: &flow_ledger::Ledger, run: &str, stderr: &mut dyn Write) {
+    let filter = flow_ledger::InDoubtFilter {
+        run_id: Some(run.to_string()),
+        ..Default::default()
+    };
+    let Ok(calls) = ledger.list_in_doubt(filter).await else {
+        return;
+    };
+    for c in &calls {
+        let _ = writeln!(
+            stderr,
+            "warning: call `{}` (tool {}, key {}) is still in doubt: its request may have taken effect (requests sent {}); cancelling does not settle it. Record what happened with `flow resume {run} --resolve {node}=succeeded --output JSON` (or `{node}=failed`), or ask the downstream with `flow reconcile --run {run}`",
+            c.tool_call_id,
+            c.tool,
+            c.current_key,
+            c.requests_sent(),
+            node = c.tool_call_id,
+        );
+    }
+}
+
 /// `flow cancel`.
 pub(crate) async fn cancel(
     cli: &Cli,
@@ -609,6 +641,7 @@ pub(crate) async fn cancel(
                     run.id
                 );
             }
+            warn_in_doubt(&ledger, &run.id, stderr).await;
             Ok(exit::OK)
         }
         Err(flow_ledger::Error::Terminal { status }) => Err(CliError::invalid(format!(

@@ -64,6 +64,7 @@ impl RunScope<'_> {
                     by: &by,
                     now_regardless: false,
                     dry_run: false,
+                    run_live: true,
                 };
                 let outcome = reconcile_call(self.gateway, call)
                     .await

@@ -652,7 +652,11 @@ impl Gateway {
         let call = self.inner.ledger.get_call(&c.run().run_id, node_id).await?;
         let history = History {
             unknown_before: true,
-            resends_left: (1 + c.resend_budget).saturating_sub(call.outbound_requests),
+            // A crash after the outbound mark counts as a send too (its requests are
+            // uncounted): a process killed at that point again and again must not
+            // re-send without end.
+            resends_left: (1 + c.resend_budget)
+                .saturating_sub(call.outbound_requests.saturating_add(call.uncounted_sends)),
         };
         if disposition(Observed::FoundInDoubt, class, history) != Disposition::ResendSameKey {
             return Ok(false);

@@ -4,13 +4,18 @@
 //! | the answer | when | verdict |
 //! |---|---|---|
 //! | found | any time | succeed with the probe's output (no re-send) |
-//! | not found | `after` has passed since the request left | re-send with the **same** key |
-//! | not found | before `after` | not trusted: probe again when `after` has passed |
+//! | not found | before `after` (measured from the latest send) | not trusted: probe again when `after` has passed |
+//! | not found | trusted, re-sends left, run not finished | re-send with the **same** key |
+//! | not found | trusted, `max_resends` spent | a human decides (`tool_call.needs_operator`) |
+//! | not found | trusted, the run is finished (cancelled, failed) | a human decides: nothing is re-sent for a finished run |
 //! | unknown (error, timeout, neither or both verdicts) | probes left | probe again, backing off |
 //! | unknown | last probe | a human decides (`tool_call.needs_operator`) |
 //!
 //! No answer ever makes a call `failed`: "not there yet" and "cannot tell" are not
-//! "did not happen", and only the downstream or a human may say it did not.
+//! "did not happen", and only the downstream or a human may say it did not. And no
+//! answer re-sends without a budget: a downstream whose status endpoint lags its effect
+//! endpoint says `not_found` about effects it has, so every re-send may be executed;
+//! `max_resends` (counted in the ledger) bounds them.
 
 use std::time::Duration;
 
@@ -56,6 +61,13 @@ pub struct Timing {
     pub probe: u32,
     /// `reconcile.max_probes`.
     pub max_probes: u32,
+    /// Re-sends reconciliation already decided for this call (the ledger's count).
+    pub resends: u32,
+    /// `reconcile.max_resends`.
+    pub max_resends: u32,
+    /// Whether the call's run can still send (false once it is finished: a cancelled
+    /// run's call is settled, never re-sent).
+    pub run_live: bool,
     /// `reconcile.interval`: the wait after probe 1; doubling, at most a minute.
     pub interval: Duration,
 }
@@ -96,13 +108,15 @@ pub fn verdict(answer: &Answer, t: &Timing) -> Verdict {
             let trusted_from = t
                 .outbound_at
                 .map_or(Timestamp(i64::MIN), |at| plus(at, t.after));
-            if t.now >= trusted_from {
-                Verdict::Resend
-            } else {
+            if t.now < trusted_from {
                 // Too early to believe: the request may still be on its way. One probe
                 // at the moment it can be believed, whatever the budget says: this
                 // answer is not a failure to answer.
                 Verdict::ProbeAgain { at: trusted_from }
+            } else if t.run_live && t.resends < t.max_resends {
+                Verdict::Resend
+            } else {
+                Verdict::NeedsOperator
             }
         }
         Answer::Unknown(_) if t.probe >= t.max_probes => Verdict::NeedsOperator,
@@ -136,8 +150,15 @@ mod tests {
             after: Duration::from_secs(10),
             probe,
             max_probes: 3,
+            resends: 0,
+            max_resends: 1,
+            run_live: true,
             interval: Duration::from_secs(2),
         }
+    }
+
+    fn resent(t: Timing, resends: u32) -> Timing {
+        Timing { resends, ..t }
     }
 
     #[test]
@@ -167,6 +188,62 @@ mod tests {
                 Answer::NotFound,
                 timing(500 * S, 3),
                 Verdict::Resend,
+            ),
+            (
+                "not found, the re-send budget spent",
+                Answer::NotFound,
+                resent(timing(10 * S, 1), 1),
+                Verdict::NeedsOperator,
+            ),
+            (
+                "not found, past the re-send budget",
+                Answer::NotFound,
+                resent(timing(500 * S, 2), 7),
+                Verdict::NeedsOperator,
+            ),
+            (
+                "not found, no re-sends allowed",
+                Answer::NotFound,
+                Timing {
+                    max_resends: 0,
+                    ..timing(10 * S, 1)
+                },
+                Verdict::NeedsOperator,
+            ),
+            (
+                "not found, budget of three, two used",
+                Answer::NotFound,
+                Timing {
+                    max_resends: 3,
+                    ..resent(timing(10 * S, 1), 2)
+                },
+                Verdict::Resend,
+            ),
+            (
+                "not found, the run is finished",
+                Answer::NotFound,
+                Timing {
+                    run_live: false,
+                    ..timing(10 * S, 1)
+                },
+                Verdict::NeedsOperator,
+            ),
+            (
+                "found, the run is finished",
+                Answer::Found(json!(1)),
+                Timing {
+                    run_live: false,
+                    ..timing(10 * S, 1)
+                },
+                Verdict::Succeed(json!(1)),
+            ),
+            (
+                "not found too early, re-send budget spent",
+                Answer::NotFound,
+                resent(timing(3 * S, 1), 1),
+                Verdict::ProbeAgain {
+                    at: Timestamp(10 * S),
+                },
             ),
             (
                 "not found too early",
@@ -235,6 +312,21 @@ mod tests {
                     matches!(v, Verdict::Resend | Verdict::ProbeAgain { .. }),
                     "not_found at {now} probe {probe} gave {v:?}"
                 );
+                // Whatever the timing, a spent budget or a finished run never re-sends.
+                for t in [
+                    resent(t, 1),
+                    Timing {
+                        run_live: false,
+                        ..t
+                    },
+                ] {
+                    let v = verdict(&Answer::NotFound, &t);
+                    assert_ne!(
+                        v,
+                        Verdict::Resend,
+                        "not_found at {now} probe {probe}: {t:?}"
+                    );
+                }
             }
         }
     }

@@ -54,6 +54,9 @@ pub struct ProbeCall<'a> {
     pub now_regardless: bool,
     /// Probe and report, but record and settle nothing (`flow reconcile --dry-run`).
     pub dry_run: bool,
+    /// Whether the run can still continue (queued, running, paused). A finished run's
+    /// call is probed so that its outcome can be recorded, but never re-sent.
+    pub run_live: bool,
 }
 
 /// What became of one call.
@@ -156,17 +159,13 @@ pub async fn reconcile_call(gateway: &Gateway, p: ProbeCall<'_>) -> Result<Recon
         after: r.after,
         probe: number,
         max_probes: r.max_probes,
+        resends: schedule.resends,
+        max_resends: r.max_resends,
+        run_live: p.run_live,
         interval: r.interval,
     };
     let v = verdict(&asked.answer, &timing);
-    let detail = match &asked.answer {
-        Answer::Unknown(why) => Some(why.clone()),
-        Answer::NotFound if matches!(v, Verdict::ProbeAgain { .. }) => Some(format!(
-            "not found, but not trusted until {} after the request left (reconcile.after)",
-            crate::duration_text::duration(r.after)
-        )),
-        _ => None,
-    };
+    let detail = detail_of(&asked.answer, &v, &timing, r);
     let next_probe_at = match &v {
         Verdict::ProbeAgain { at } => Some(*at),
         // Due at once should the call be in doubt again (a re-send whose outcome is
@@ -174,18 +173,19 @@ pub async fn reconcile_call(gateway: &Gateway, p: ProbeCall<'_>) -> Result<Recon
         Verdict::Succeed(_) | Verdict::Resend => Some(timing.now),
         Verdict::NeedsOperator => None,
     };
-    let report = |probe: u32, settled: bool| Reconciled::Probed {
-        probe,
-        key: call.current_key.clone(),
-        observed: asked.answer.observed(),
-        decision: v.decision(),
-        http_status: asked.http_status,
-        detail: detail.clone(),
-        next_probe_at: next_probe_at.filter(|_| matches!(v, Verdict::ProbeAgain { .. })),
-        settled,
-    };
+    let report =
+        |probe: u32, v: &Verdict, detail: &Option<String>, settled: bool| Reconciled::Probed {
+            probe,
+            key: call.current_key.clone(),
+            observed: asked.answer.observed(),
+            decision: v.decision(),
+            http_status: asked.http_status,
+            detail: detail.clone(),
+            next_probe_at: next_probe_at.filter(|_| matches!(v, Verdict::ProbeAgain { .. })),
+            settled,
+        };
     if p.dry_run {
-        return Ok(report(number, false));
+        return Ok(report(number, &v, &detail, false));
     }
     let recorded = ledger
         .record_probe(
@@ -203,23 +203,71 @@ pub async fn reconcile_call(gateway: &Gateway, p: ProbeCall<'_>) -> Result<Recon
                 tool: call.tool.clone(),
                 attempt: call.attempt_count,
                 requests_sent: asked.requests_sent,
+                max_resends: r.max_resends,
             },
             timing.now,
         )
         .await;
-    let number = match recorded {
+    let recorded = match recorded {
         Ok(n) => n,
         Err(flow_ledger::Error::InvalidTransition { .. } | flow_ledger::Error::NotFound { .. }) => {
             return Ok(Reconciled::NotInDoubt);
         }
         Err(e) => return Err(e.into()),
     };
+    // Another prober's re-send may have spent the budget meanwhile: the ledger's
+    // decision is the one carried out.
+    let (v, detail) = if recorded.decision == flow_ledger::ProbeDecision::NeedsOperator
+        && v != Verdict::NeedsOperator
+    {
+        let spent = timing_spent(&timing);
+        let detail = detail_of(&asked.answer, &Verdict::NeedsOperator, &spent, r);
+        (Verdict::NeedsOperator, detail)
+    } else {
+        (v, detail)
+    };
+    let number = recorded.number;
     match settle(gateway, &p, &v, number, &call.current_key).await? {
         None => Ok(report(
             number,
+            &v,
+            &detail,
             !matches!(v, Verdict::ProbeAgain { .. } | Verdict::NeedsOperator),
         )),
         Some(other) => Ok(other),
+    }
+}
+
+/// `t` with its re-send budget spent (what the ledger found when it refused a re-send).
+fn timing_spent(t: &Timing) -> Timing {
+    Timing {
+        resends: t.max_resends,
+        ..*t
+    }
+}
+
+/// Why an answer settled nothing, in the words `flow show` and the inbox print.
+fn detail_of(
+    answer: &Answer,
+    v: &Verdict,
+    t: &Timing,
+    r: &crate::workflow::Reconcile,
+) -> Option<String> {
+    match (answer, v) {
+        (Answer::Unknown(why), _) => Some(why.clone()),
+        (Answer::NotFound, Verdict::ProbeAgain { .. }) => Some(format!(
+            "not found, but not trusted until {} after the latest send (reconcile.after)",
+            crate::duration_text::duration(r.after)
+        )),
+        (Answer::NotFound, Verdict::NeedsOperator) if !t.run_live => Some(
+            "not found, but the run is finished: nothing is re-sent; resolve the call as failed if it did not happen"
+                .into(),
+        ),
+        (Answer::NotFound, Verdict::NeedsOperator) => Some(format!(
+            "not found, but the re-send budget is spent ({} of reconcile.max_resends = {}): a downstream whose status lags its effects may have executed each send; a human decides",
+            t.resends, t.max_resends
+        )),
+        _ => None,
     }
 }
 

@@ -253,6 +253,12 @@ pub struct ToolDecl {
 pub const DEFAULT_RECONCILE_AFTER: Duration = Duration::from_secs(10);
 /// Default `reconcile.max_probes`: then a human is asked.
 pub const DEFAULT_MAX_PROBES: u32 = 5;
+/// Default `reconcile.max_resends`: how many times reconciliation may re-send a call's
+/// key on a trusted `not_found` before a human decides. A downstream whose status
+/// endpoint lags its effect endpoint answers `not_found` for an effect it has (or is
+/// about to have): each re-send could be executed, so the budget is small and counted
+/// in the ledger, not per process.
+pub const DEFAULT_MAX_RESENDS: u32 = 1;
 /// Default `reconcile.interval`: the wait before the second probe (doubling after).
 pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -273,8 +279,11 @@ pub struct Reconcile {
     pub output: Option<TValue>,
     /// How long after the request left a `not_found` is trusted.
     pub after: Duration,
-    /// Probes before a human is asked.
+    /// Probes with an unknown answer before a human is asked.
     pub max_probes: u32,
+    /// Re-sends of the key on a trusted `not_found` before a human is asked (counted
+    /// across processes and crashes: `call_probes` rows decided `resend`).
+    pub max_resends: u32,
     /// Wait before the second probe; doubles, up to a minute.
     pub interval: Duration,
     /// Per-probe timeout (default: the tool's).

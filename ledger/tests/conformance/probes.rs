@@ -15,7 +15,104 @@ crate::conformance!(
     probes_are_numbered_recorded_and_scheduled,
     a_probe_of_a_call_not_in_doubt_is_refused_and_records_nothing,
     due_probes_name_only_paused_runs_with_a_due_call_in_doubt,
+    the_resend_budget_is_counted_in_the_ledger,
+    two_probers_at_once_cannot_both_resend_past_the_budget,
 );
+
+fn resend(run_id: &str, max_resends: u32) -> NewProbe {
+    NewProbe {
+        observed: ProbeObserved::NotFound,
+        detail: None,
+        http_status: Some(404),
+        next_probe_at: None,
+        max_resends,
+        ..probe(run_id, ProbeDecision::Resend, None)
+    }
+}
+
+/// A re-send decided by one process counts for every later one: past
+/// `max_resends`, the ledger records `needs_operator` instead, whatever the caller read.
+async fn the_resend_budget_is_counted_in_the_ledger(db: TestDb) {
+    in_doubt(&db, "run_a", true).await;
+    let first = db
+        .ledger
+        .record_probe(resend("run_a", 1), db.now())
+        .await
+        .unwrap();
+    assert_eq!(first.decision, ProbeDecision::Resend);
+    assert_eq!(
+        db.ledger
+            .probe_schedule("run_a", "pay")
+            .await
+            .unwrap()
+            .resends,
+        1
+    );
+    // A second process that still believed one re-send was left (it read the schedule
+    // before the first committed) asks for another: refused, recorded for a human.
+    let second = db
+        .ledger
+        .record_probe(resend("run_a", 1), db.now())
+        .await
+        .unwrap();
+    assert_eq!(
+        (second.number, second.decision),
+        (2, ProbeDecision::NeedsOperator)
+    );
+    let s = db.ledger.probe_schedule("run_a", "pay").await.unwrap();
+    assert_eq!((s.resends, s.next_probe_at), (1, None), "nothing scheduled");
+    let probes = db.ledger.list_probes("run_a").await.unwrap();
+    assert_eq!(probes[1].decision, ProbeDecision::NeedsOperator);
+    assert!(
+        probes[1]
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains("max_resends")),
+        "{:?}",
+        probes[1].detail
+    );
+    let types = event_types(&db, "run_a").await;
+    assert_eq!(
+        types.last().map(String::as_str),
+        Some("tool_call.needs_operator"),
+        "{types:?}"
+    );
+    // A budget of 0: not even one.
+    in_doubt(&db, "run_b", true).await;
+    let none = db
+        .ledger
+        .record_probe(resend("run_b", 0), db.now())
+        .await
+        .unwrap();
+    assert_eq!(none.decision, ProbeDecision::NeedsOperator);
+}
+
+/// Two probers that record a re-send of one call at the same moment: exactly one gets
+/// it (SQLite serializes writers; PostgreSQL locks the call's schedule row first).
+async fn two_probers_at_once_cannot_both_resend_past_the_budget(db: TestDb) {
+    for round in 0..5 {
+        let run_id = format!("run_{round}");
+        in_doubt(&db, &run_id, true).await;
+        let (a, b) = tokio::join!(
+            db.ledger.record_probe(resend(&run_id, 1), db.now()),
+            db.ledger.record_probe(resend(&run_id, 1), db.now()),
+        );
+        let decisions = [a.unwrap().decision, b.unwrap().decision];
+        let resends = decisions
+            .iter()
+            .filter(|d| **d == ProbeDecision::Resend)
+            .count();
+        assert_eq!(resends, 1, "round {round}: {decisions:?}");
+        assert_eq!(
+            db.ledger
+                .probe_schedule(&run_id, "pay")
+                .await
+                .unwrap()
+                .resends,
+            1
+        );
+    }
+}
 
 async fn in_doubt(db: &TestDb, run_id: &str, pause: bool) -> RunLease {
     let run = running(db, run_id, &worker("1")).await;
@@ -65,6 +162,7 @@ fn probe(run_id: &str, decision: ProbeDecision, next: Option<Timestamp>) -> NewP
         tool: "pay".into(),
         attempt: 1,
         requests_sent: 1,
+        max_resends: 1,
     }
 }
 
@@ -81,13 +179,13 @@ async fn probes_are_numbered_recorded_and_scheduled(db: TestDb) {
         )
         .await
         .unwrap();
-    assert_eq!(n, 1);
+    assert_eq!((n.number, n.decision), (1, ProbeDecision::ProbeAgain));
     let n = db
         .ledger
         .record_probe(probe("run_a", ProbeDecision::NeedsOperator, None), db.now())
         .await
         .unwrap();
-    assert_eq!(n, 2);
+    assert_eq!((n.number, n.decision), (2, ProbeDecision::NeedsOperator));
     let s = db.ledger.probe_schedule("run_a", "pay").await.unwrap();
     assert_eq!(
         (s.probes, s.next_probe_at),

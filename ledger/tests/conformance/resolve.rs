@@ -13,7 +13,8 @@ crate::conformance!(
     resolve_failed_fails_the_step,
     resolve_retry_resends_the_same_key,
     resolve_only_from_in_doubt,
-    resolve_refuses_a_finished_run_and_records_nothing,
+    a_finished_runs_call_settles_as_succeeded_or_failed_never_retry,
+    settling_the_last_doubt_requeues_a_paused_run,
     pure_call_is_one_commit_and_replays,
     pure_call_failed_then_retry_failed,
 );
@@ -46,38 +47,147 @@ async fn in_doubt(db: &TestDb) -> RunLease {
     run
 }
 
-/// A cancelled run keeps its in-doubt call as a record; settling it would change a run
-/// that is over (and `retry` would make the call claimable with nobody to claim it).
-async fn resolve_refuses_a_finished_run_and_records_nothing(db: TestDb) {
+/// A cancelled run's in-doubt call stays settleable: an operator who learns that the
+/// money moved must be able to record it. `retry` is refused (nothing is left to send
+/// it) and writes nothing; `succeeded` is recorded, audited and leaves the run cancelled.
+async fn a_finished_runs_call_settles_as_succeeded_or_failed_never_retry(db: TestDb) {
     in_doubt(&db).await;
     db.ledger.request_cancel("run_a", db.now()).await.unwrap();
     let events_before = db.ledger.list_events(EventFilter::default()).await.unwrap();
-    for resolution in [
-        Resolution::Retry,
-        Resolution::Succeeded(json!({"id": "x"})),
-        Resolution::Failed("no".into()),
-    ] {
-        let err = db
-            .ledger
-            .resolve_call(resolve(resolution), db.now())
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                Error::Terminal {
-                    status: flow_ledger::RunStatus::Cancelled
-                }
-            ),
-            "{err}"
-        );
-    }
+    let err = db
+        .ledger
+        .resolve_call(resolve(Resolution::Retry), db.now())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Terminal {
+                status: flow_ledger::RunStatus::Cancelled
+            }
+        ),
+        "{err}"
+    );
     let call = db.ledger.get_call("run_a", "pay").await.unwrap();
-    assert_eq!(call.status, CallStatus::InDoubt);
-    assert_eq!(call.resolution, None);
-    assert_eq!(call.resolved_by, None);
-    let events_after = db.ledger.list_events(EventFilter::default()).await.unwrap();
-    assert_eq!(events_after.len(), events_before.len(), "no event recorded");
+    assert_eq!((call.status, call.resolution), (CallStatus::InDoubt, None));
+    let events = db.ledger.list_events(EventFilter::default()).await.unwrap();
+    assert_eq!(
+        events.len(),
+        events_before.len(),
+        "a refused retry records nothing"
+    );
+
+    let call = db
+        .ledger
+        .resolve_call(
+            resolve(Resolution::Succeeded(json!({"id": "rf_1"}))),
+            db.now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(call.status, CallStatus::Succeeded);
+    assert_eq!(call.resolved_by.as_deref(), Some("alice"));
+    let run = db.ledger.get_run("run_a").await.unwrap();
+    assert_eq!(
+        run.status,
+        flow_ledger::RunStatus::Cancelled,
+        "the run stays as it ended"
+    );
+    let types = event_types(&db, "run_a").await;
+    assert_eq!(
+        types.last().map(String::as_str),
+        Some("tool_call.resolved"),
+        "{types:?}"
+    );
+    let left = db
+        .ledger
+        .list_in_doubt(flow_ledger::InDoubtFilter::default())
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Settling the last doubt of a paused run puts it back on the queue in the same
+/// transaction; settling one of two leaves it paused.
+async fn settling_the_last_doubt_requeues_a_paused_run(db: TestDb) {
+    let run = running(&db, "run_a", &worker("1")).await;
+    for node in ["pay", "ship"] {
+        db.ledger
+            .create_step(&run, step(node, node, 0), db.now())
+            .await
+            .unwrap();
+        let lease = claimed(
+            db.ledger
+                .claim_call(
+                    claim(&run, node, node, &format!("k-{node}"), json!({})),
+                    db.now(),
+                )
+                .await
+                .unwrap(),
+        );
+        db.ledger.mark_outbound(&lease, db.now()).await.unwrap();
+        let report = InDoubtReport {
+            requests_sent: 1,
+            message: "connection reset".into(),
+        };
+        db.ledger
+            .mark_in_doubt(&lease, report, db.now())
+            .await
+            .unwrap();
+    }
+    db.ledger
+        .pause_run(&run, "pay, ship in doubt", db.now())
+        .await
+        .unwrap();
+    let mut first = resolve(Resolution::Retry);
+    first.tool_call_id = "ship".into();
+    db.ledger.resolve_call(first, db.now()).await.unwrap();
+    let r = db.ledger.get_run("run_a").await.unwrap();
+    assert_eq!(
+        r.status,
+        flow_ledger::RunStatus::Paused,
+        "pay is still in doubt"
+    );
+    db.ledger
+        .resolve_call(resolve(Resolution::Succeeded(json!({"id": 1}))), db.now())
+        .await
+        .unwrap();
+    let r = db.ledger.get_run("run_a").await.unwrap();
+    assert_eq!(
+        r.status,
+        flow_ledger::RunStatus::Queued,
+        "nothing left in doubt"
+    );
+    let events = db
+        .ledger
+        .list_events(EventFilter {
+            run_id: Some("run_a".into()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let queued = events
+        .iter()
+        .filter(|e| e.event_type == EventType::RunQueued && e.payload["requeued"] == json!(true))
+        .collect::<Vec<_>>();
+    assert_eq!(queued.len(), 1, "{events:?}");
+    assert_eq!(queued[0].payload["by"], json!("alice"), "audited");
+    // A daemon can take it now.
+    let w = worker("2");
+    let claimed = db
+        .ledger
+        .claim_next(
+            flow_ledger::ClaimRuns {
+                worker: &w,
+                lease: LEASE,
+                limit: 10,
+            },
+            db.now(),
+        )
+        .await
+        .unwrap();
+    let ids: Vec<_> = claimed.iter().map(|l| l.run_id.as_str()).collect();
+    assert_eq!(ids, ["run_a"]);
 }
 
 fn resolve(resolution: Resolution) -> Resolve {
@@ -171,7 +281,12 @@ async fn resolve_failed_fails_the_step(db: TestDb) {
     );
     let types = event_types(&db, "run_a").await;
     assert!(
-        types.ends_with(&["step.failed".to_owned(), "tool_call.resolved".to_owned()]),
+        types.ends_with(&[
+            "step.failed".to_owned(),
+            "tool_call.resolved".to_owned(),
+            // Its last doubt settled, the paused run is back on the queue.
+            "run.queued".to_owned()
+        ]),
         "{types:?}"
     );
 }

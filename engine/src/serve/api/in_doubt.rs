@@ -8,11 +8,11 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use flow_ledger::{Actor, EventFilter, InDoubtFilter, Resolution, Resolve, ToolCall};
+use flow_ledger::{EventFilter, InDoubtFilter, Resolution, Resolve, ToolCall};
 use serde::Deserialize;
 use serde_json::{Value as Json_, json};
 
-use super::steer::{Outcome, requeue_if_settled, resolution, resolve_refused};
+use super::steer::{Outcome, resolution, resolve_refused};
 use crate::serve::App;
 use crate::serve::auth::{Admin, Authed, Caller, Viewer};
 use crate::serve::problem::{ApiJson, ApiQuery, Problem};
@@ -60,7 +60,12 @@ fn call_json(c: &ToolCall) -> Json_ {
         "in_doubt_at": ts(c.in_doubt_at),
         "request": c.request,
         "attempts": c.attempt_count,
-        "requests_sent": c.outbound_requests,
+        // `null` when a send's count is unknown (a crash after the outbound mark):
+        // never a bare 0 beside "the request left"; `requests_known` is the lower bound.
+        "requests_sent": c.requests_sent().exact(),
+        "requests_known": c.outbound_requests,
+        "uncounted_sends": c.uncounted_sends,
+        "requests_text": c.requests_sent().to_string(),
         // The MCP task the server may still know (a server that forgot it put the call
         // here): what to look up before settling by hand.
         "remote_task": c.remote_task,
@@ -115,7 +120,7 @@ pub async fn resolve_many(
     let how = resolution(body.outcome, body.output, body.error)?;
     let done = settle_many(&app, &caller, body.filter, &how, body.reason, body.dry_run).await?;
     let body = if body.dry_run {
-        json!({ "matched": done.matched, "dry_run": true })
+        json!({ "matched": done.matched, "would_settle": done.settled, "would_skip": done.skipped, "dry_run": true })
     } else {
         json!({ "matched": done.matched, "settled": done.settled, "skipped": done.skipped, "dry_run": false })
     };
@@ -155,6 +160,12 @@ pub(crate) async fn settle_many(
         skipped: Vec::new(),
     };
     if dry_run {
+        // Count exactly what the real one would settle: a `retry` of a finished run's
+        // call is refused (nothing is left to send it), so it is listed as skipped.
+        if matches!(how, Resolution::Retry) {
+            done.skipped = finished_runs_calls(app, &calls).await?;
+        }
+        done.settled = done.matched - done.skipped.len();
         return Ok(done);
     }
     for (i, c) in calls.iter().enumerate() {
@@ -169,14 +180,8 @@ pub(crate) async fn settle_many(
             note: reason.clone(),
         };
         match app.ledger.resolve_call(req, super::now()).await {
-            Ok(_) => {
-                done.settled += 1;
-                let actor = Actor {
-                    by: caller.name.clone(),
-                    reason: reason.clone(),
-                };
-                requeue_if_settled(app, &c.run_id, actor).await?;
-            }
+            // The ledger re-queues a paused run whose last doubt this settles.
+            Ok(_) => done.settled += 1,
             Err(e) => {
                 let p = resolve_refused(&e, &c.run_id, &c.tool_call_id);
                 if p.status.is_server_error() {
@@ -188,6 +193,33 @@ pub(crate) async fn settle_many(
         }
     }
     Ok(done)
+}
+
+/// `{run, node, detail}` of each call in `calls` whose run is finished: what a bulk
+/// `retry` skips.
+async fn finished_runs_calls(app: &App, calls: &[ToolCall]) -> Result<Vec<Json_>, Problem> {
+    let mut finished = std::collections::BTreeMap::new();
+    let mut out = Vec::new();
+    for c in calls {
+        let status = match finished.get(&c.run_id) {
+            Some(s) => *s,
+            None => {
+                let run = app
+                    .ledger
+                    .get_run(&c.run_id)
+                    .await
+                    .map_err(|e| Problem::ledger(&e))?;
+                finished.insert(c.run_id.clone(), run.status);
+                run.status
+            }
+        };
+        if status.is_terminal() {
+            let refused = flow_ledger::Error::Terminal { status };
+            let p = resolve_refused(&refused, &c.run_id, &c.tool_call_id);
+            out.push(json!({"run": c.run_id, "node": c.tool_call_id, "detail": p.detail}));
+        }
+    }
+    Ok(out)
 }
 
 /// The query of `GET /api/v1/events`.

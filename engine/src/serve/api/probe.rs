@@ -1,6 +1,7 @@
 //! `POST /api/v1/runs/{id}/reconcile`: "probe now" — ask the downstream about every
-//! in-doubt call of a paused run whose tool declares `reconcile:` (as `flow reconcile
-//! --run`), and re-queue the run once nothing of it is in doubt. The probes are recorded
+//! in-doubt call of a paused or finished run whose tool declares `reconcile:` (as `flow
+//! reconcile --run`); a paused run whose last doubt a probe settles is re-queued by the
+//! ledger's resolution. The probes are recorded
 //! like any other (`by`: the token's name), so the run's probe history shows who asked.
 
 use std::sync::Arc;
@@ -8,12 +9,12 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
-use flow_ledger::{Actor, RunStatus};
+use flow_ledger::RunStatus;
 use serde_json::{Value as Json_, json};
 
-use super::steer::{Why, requeue_if_settled};
+use super::steer::Why;
 use crate::cli::show::show_json;
-use crate::reconcile::{ProbeCall, Reconciled, reconcile_call};
+use crate::reconcile::{ProbeCall, reconcile_call};
 use crate::serve::App;
 use crate::serve::auth::{Authed, Caller, Operator};
 use crate::serve::problem::{OptionalJson, Problem};
@@ -45,9 +46,11 @@ pub(crate) async fn probe_run(
         flow_ledger::Error::NotFound { .. } => Problem::not_found(format!("no run `{id}`")),
         e => Problem::ledger(&e),
     })?;
-    if run.status != RunStatus::Paused {
+    // A finished run's calls in doubt are probed too: their outcome is still to be
+    // recorded (found → succeeded), though nothing is re-sent for them.
+    if !(run.status == RunStatus::Paused || run.status.is_terminal()) {
         return Err(Problem::conflict(format!(
-            "run `{id}` is {}: only a paused run's calls are probed on request (a running run's holder probes its own)",
+            "run `{id}` is {}: only a paused or finished run's calls are probed on request (a running run's holder probes its own)",
             run.status
         )));
     }
@@ -62,9 +65,12 @@ pub(crate) async fn probe_run(
         .list_in_doubt(filter)
         .await
         .map_err(|e| Problem::ledger(&e))?;
-    let by = format!("{} (probe now)", caller.name);
+    // Who asked (and why) is the probes' `by`: the run's probe history shows it.
+    let by = match reason {
+        Some(why) => format!("{} (probe now: {why})", caller.name),
+        None => format!("{} (probe now)", caller.name),
+    };
     let mut out = Vec::with_capacity(calls.len());
-    let mut settled = false;
     for c in &calls {
         let Some(node) = wf.node(&c.tool_call_id) else {
             continue;
@@ -77,19 +83,13 @@ pub(crate) async fn probe_run(
             by: &by,
             now_regardless: true,
             dry_run: false,
+            run_live: !run.status.is_terminal(),
         };
         let outcome = reconcile_call(&app.gateway, call)
             .await
             .map_err(|crate::reconcile::Error::Ledger(e)| Problem::ledger(&e))?;
-        settled |= matches!(outcome, Reconciled::Probed { settled: true, .. });
         out.push(json!({ "node": c.tool_call_id, "key": c.current_key, "outcome": outcome }));
     }
-    if settled {
-        let actor = Actor {
-            by: caller.name.clone(),
-            reason: reason.or_else(|| Some("settled by a probe".into())),
-        };
-        requeue_if_settled(app, id, actor).await?;
-    }
+    // A settled last doubt re-queued the run in the ledger's resolution.
     Ok(out)
 }

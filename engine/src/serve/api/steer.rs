@@ -166,7 +166,7 @@ pub(crate) fn resolve_refused(e: &flow_ledger::Error, run: &str, node: &str) -> 
             "call `{node}` of run `{run}` was settled by someone else meanwhile"
         )),
         E::Terminal { status } => Problem::conflict(format!(
-            "run `{run}` is {status}: its calls stay as recorded"
+            "run `{run}` is {status}: nothing can re-send its calls, so `retry` is refused; settle call `{node}` as `succeeded` or `failed` (nothing was written)"
         )),
         e => Problem::ledger(e),
     }
@@ -187,8 +187,9 @@ pub async fn resolve(
 }
 
 /// Settles call `node` of run `run` as `caller` decided, recording the caller's name and
-/// `reason`, then re-queues the run once nothing of it is in doubt. The one way a single
-/// call is resolved over HTTP: the JSON handler and the console's forms both call it.
+/// `reason` (the ledger re-queues a paused run whose last doubt this settles, in the
+/// same transaction). The one way a single call is resolved over HTTP: the JSON handler
+/// and the console's forms both call it.
 pub(crate) async fn settle(
     app: &App,
     caller: &Caller,
@@ -204,42 +205,9 @@ pub(crate) async fn settle(
         by: caller.name.clone(),
         note: reason,
     };
-    let actor = Actor {
-        by: req.by.clone(),
-        reason: req.note.clone(),
-    };
     app.ledger
         .resolve_call(req, now())
         .await
-        .map_err(|e| resolve_refused(&e, run, node))?;
-    requeue_if_settled(app, run, actor).await
-}
-
-/// Puts a paused run back on the queue for the daemons once none of its calls is in
-/// doubt any more (what `flow resume --resolve` does by executing it): the resolution
-/// is what the operator decided, continuing is then the daemons' job.
-pub(crate) async fn requeue_if_settled(app: &App, id: &str, actor: Actor) -> Result<(), Problem> {
-    let filter = flow_ledger::InDoubtFilter {
-        run_id: Some(id.to_string()),
-        limit: 1,
-        ..Default::default()
-    };
-    let left = app
-        .ledger
-        .list_in_doubt(filter)
-        .await
-        .map_err(|e| Problem::ledger(&e))?;
-    if !left.is_empty() {
-        return Ok(());
-    }
-    match app.ledger.requeue_run_as(id, Some(actor), now()).await {
-        // Someone else continued or ended it meanwhile: the resolution stands.
-        Ok(_)
-        | Err(
-            flow_ledger::Error::Terminal { .. }
-            | flow_ledger::Error::Busy { .. }
-            | flow_ledger::Error::InvalidTransition { .. },
-        ) => Ok(()),
-        Err(e) => Err(Problem::ledger(&e)),
-    }
+        .map(|_| ())
+        .map_err(|e| resolve_refused(&e, run, node))
 }

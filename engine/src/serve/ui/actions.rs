@@ -307,8 +307,10 @@ pub async fn bulk(
     {
         Ok(done) if dry => {
             let info = format!(
-                "dry run: {} call(s) match; nothing was written",
-                done.matched
+                "dry run: {} call(s) match, {} would be settled, {} skipped (a retry of a finished run's call is refused); nothing was written",
+                done.matched,
+                done.settled,
+                done.skipped.len()
             );
             inbox(
                 &ui,
@@ -321,7 +323,7 @@ pub async fn bulk(
         }
         Ok(done) => {
             let info = format!(
-                "{} of {} matching call(s) settled as {}; {} skipped (settled by someone else meanwhile)",
+                "{} of {} matching call(s) settled as {}; {} skipped (settled by someone else meanwhile, or a retry of a finished run's call)",
                 done.settled,
                 done.matched,
                 f.outcome,

@@ -245,7 +245,12 @@ pub(super) fn call_json(c: &ToolCall) -> Json {
         "tool": c.tool,
         "status": c.status.as_str(),
         "attempts": c.attempt_count,
-        "requests_sent": c.outbound_requests,
+        // `null` when a send's count is unknown (a crash after the outbound mark):
+        // never a bare 0 beside "the request left"; `requests_known` is the lower bound.
+        "requests_sent": c.requests_sent().exact(),
+        "requests_known": c.outbound_requests,
+        "uncounted_sends": c.uncounted_sends,
+        "requests_text": c.requests_sent().to_string(),
         "key": c.current_key,
         "outbound_at": ts(c.outbound_started_at),
         "in_doubt_at": ts(c.in_doubt_at),

@@ -60,6 +60,7 @@ pub(super) const RECONCILE_KEYS: &[&str] = &[
     "output",
     "after",
     "max_probes",
+    "max_resends",
     "interval",
     "timeout",
 ];

@@ -6,7 +6,8 @@ use super::nodes::condition;
 use super::values::parse_duration;
 use super::{Cx, get};
 use crate::workflow::model::{
-    DEFAULT_MAX_PROBES, DEFAULT_PROBE_INTERVAL, DEFAULT_RECONCILE_AFTER, Probe, Reconcile,
+    DEFAULT_MAX_PROBES, DEFAULT_MAX_RESENDS, DEFAULT_PROBE_INTERVAL, DEFAULT_RECONCILE_AFTER,
+    Probe, Reconcile,
 };
 use crate::workflow::yaml::{Node, Value};
 use std::time::Duration;
@@ -14,6 +15,8 @@ use std::time::Duration;
 /// Most probes a block may declare: a probe is cheap, but a call stuck in doubt for a
 /// thousand probes needs a human long before.
 const MAX_PROBES: u64 = 100;
+/// Most `reconcile.max_resends`: each re-send may be executed by a lagging downstream.
+const MAX_RESENDS: u64 = 10;
 
 /// `reconcile:` of a tool of kind `kind` (`http`, `mcp`, `command`; `function` tools run
 /// in flow's own process and have nothing to ask).
@@ -119,6 +122,10 @@ pub(super) fn reconcile(cx: &mut Cx, node: &Node, kind: &str) -> Option<Reconcil
         Some(n) => u32::try_from(cx.count(n, "`reconcile.max_probes`", 1, MAX_PROBES)?).ok()?,
         None => DEFAULT_MAX_PROBES,
     };
+    let max_resends = match get(fields, "max_resends") {
+        Some(n) => u32::try_from(cx.count(n, "`reconcile.max_resends`", 0, MAX_RESENDS)?).ok()?,
+        None => DEFAULT_MAX_RESENDS,
+    };
     let timeout =
         get(fields, "timeout").and_then(|n| cx.duration(n, "`reconcile.timeout`", MAX_TIMEOUT));
     Some(Reconcile {
@@ -129,6 +136,7 @@ pub(super) fn reconcile(cx: &mut Cx, node: &Node, kind: &str) -> Option<Reconcil
         output: get(fields, "output").map(|n| cx.tvalue(n, "`reconcile.output`")),
         after,
         max_probes,
+        max_resends,
         interval,
         timeout,
     })
