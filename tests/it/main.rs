@@ -17,6 +17,7 @@ mod follow_up;
 mod gateway;
 mod limits;
 mod meta;
+mod readme;
 mod reconcile;
 mod reconcile_console;
 mod reconcile_kinds;

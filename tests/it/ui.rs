@@ -49,7 +49,7 @@ fn browser_missing() -> Option<String> {
         .collect();
     (!missing.is_empty()).then(|| {
         format!(
-            "{} not installed (apt-get install chromium chromium-driver; .ci/run does it)",
+            "{} not installed (apt-get install chromium chromium-driver; .ci/test does it)",
             missing.join(" and ")
         )
     })

@@ -258,3 +258,110 @@ fn validate_reads_directories_and_standard_input() {
         stderr(&out)
     );
 }
+
+/// Every string field a workflow can hold either evaluates `${{ }}` (and then checks what
+/// the expression reads) or refuses it: none keeps it as literal text. The test walks
+/// every string value of the examples and of a file that uses the rarer keys
+/// (`elicitation.accept`, input defaults, reconcile, auth), puts an expression reading an
+/// undeclared input there, and requires `flow validate`'s checks to fail.
+#[test]
+fn no_string_field_keeps_an_expression_as_literal_text() {
+    const EXPR: &str = "${{ inputs.zz_not_declared }}";
+    let mut docs: Vec<(String, String)> = files(&repo().join("workflows"), "yaml")
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).expect("example");
+            (f.display().to_string(), text)
+        })
+        .collect();
+    docs.push(("rare keys".into(), RARE_KEYS.into()));
+    let mut walked = 0;
+    let mut kept = Vec::new();
+    for (name, text) in &docs {
+        flow::workflow::parse_str(text, name).unwrap_or_else(|d| panic!("{name}: {d:?}"));
+        let doc: yaml_serde::Value = yaml_serde::from_str(text).expect("yaml");
+        let mut paths = Vec::new();
+        string_leaves(&doc, &mut Vec::new(), &mut paths);
+        for path in paths {
+            let mut mutated = doc.clone();
+            set_leaf(&mut mutated, &path, EXPR);
+            let text = yaml_serde::to_string(&mutated).expect("yaml out");
+            walked += 1;
+            if flow::workflow::parse_str(&text, name).is_ok() {
+                kept.push(format!("{name}: {}", path.join(".")));
+            }
+        }
+    }
+    assert!(walked > 100, "walked only {walked} fields");
+    assert!(
+        kept.is_empty(),
+        "these fields keep `${{{{` as literal text:\n{}",
+        kept.join("\n")
+    );
+}
+
+/// A workflow with the keys the examples do not use.
+const RARE_KEYS: &str = r#"
+name: rare
+inputs:
+  who: { type: string, default: "ada", description: "free ${{ text }}" }
+  tags: { type: array, default: ["a", "b"] }
+tools:
+  ask:
+    kind: mcp
+    server: { command: ["flow-testkit", "mcp-stdio"] }
+    tool: ask
+    elicitation: { accept: { confirm: "yes", note: "ok" } }
+  pay:
+    kind: http
+    method: POST
+    url: "https://pay.example/charges"
+    headers: { X-Who: "${{ inputs.who }}" }
+    reconcile:
+      request: { method: GET, url: "https://pay.example/charges/${{ call.key }}" }
+      found: "${{ response.status == 200 }}"
+      not_found: "${{ response.status == 404 }}"
+nodes:
+  a: { tool: ask, with: { q: "${{ inputs.who }}" } }
+  b: { needs: [a], tool: pay, with: { amount: 1 } }
+"#;
+
+fn string_leaves(v: &yaml_serde::Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+    match v {
+        yaml_serde::Value::String(_) if path.last().is_none_or(|k| k != "description") => {
+            out.push(path.clone());
+        }
+        yaml_serde::Value::Sequence(items) => {
+            for (i, item) in items.iter().enumerate() {
+                path.push(i.to_string());
+                string_leaves(item, path, out);
+                path.pop();
+            }
+        }
+        yaml_serde::Value::Mapping(map) => {
+            for (k, item) in map {
+                path.push(k.as_str().unwrap_or_default().to_string());
+                string_leaves(item, path, out);
+                path.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+fn set_leaf(v: &mut yaml_serde::Value, path: &[String], to: &str) {
+    let Some((first, rest)) = path.split_first() else {
+        *v = yaml_serde::Value::String(to.to_string());
+        return;
+    };
+    let next = match v {
+        yaml_serde::Value::Sequence(items) => {
+            first.parse::<usize>().ok().and_then(|i| items.get_mut(i))
+        }
+        yaml_serde::Value::Mapping(map) => map.get_mut(first.as_str()),
+        _ => None,
+    };
+    if let Some(next) = next {
+        set_leaf(next, rest, to);
+    }
+}

@@ -121,6 +121,7 @@ fn inputs(cx: &mut Cx, node: &Node) -> Vec<InputDecl> {
             .unwrap_or(false);
         let default = get(fields, "default").map(|d| {
             cx.check_duplicates_deep(d, "`default`");
+            cx.constant(d, &format!("the default of {what}"));
             (d.pos, d.to_json())
         });
         if let (Some(ty), Some((pos, value))) = (ty, &default)

@@ -293,6 +293,7 @@ fn mcp_elicitation(cx: &mut Cx, node: &Node) -> Option<McpElicitation> {
                         ),
                     );
                 }
+                cx.constant(value, &format!("`elicitation.accept.{}`", key.name));
                 accepted.insert(key.name.clone(), value.to_json());
             }
             Some(McpElicitation::Accept(accepted))

@@ -26,6 +26,29 @@ impl Cx {
         Some(s)
     }
 
+    /// A constant value (an input's `default`, `elicitation.accept`): never rendered, so
+    /// every string inside it that holds `${{` is refused, as [`Cx::string`] does for a
+    /// plain string field. Returns whether the value is free of expressions.
+    pub(super) fn constant(&mut self, node: &Node, what: &str) -> bool {
+        match &node.value {
+            Value::Str(s) if s.contains("${{") => {
+                self.error_help(
+                    node.pos,
+                    format!("{what} does not take expressions, found `{s}`"),
+                    "this value is used as written, so `${{ }}` would be sent as literal text; put the expression in a templated field (`with`, a tool's url, headers, body…)",
+                );
+                false
+            }
+            Value::Seq(items) => items
+                .iter()
+                .fold(true, |ok, i| self.constant(i, what) && ok),
+            Value::Map(entries) => entries
+                .iter()
+                .fold(true, |ok, (_, v)| self.constant(v, what) && ok),
+            _ => true,
+        }
+    }
+
     /// Free text (`description`): anything goes, it is never evaluated.
     pub(super) fn text(&mut self, node: &Node, what: &str) -> Option<String> {
         match &node.value {
