@@ -275,6 +275,39 @@ pub(crate) async fn insert_usage(
     Ok(())
 }
 
+/// Every call of run `run_id` left `outbound` goes to `in_doubt`, as a takeover would
+/// put it (attempt row, `uncounted_sends`, event), in the caller's transaction. For a run
+/// cancelled while nobody held it: no later claim will take its calls over, so without
+/// this a crashed send would stay `outbound` for ever — in no inbox, no gauge.
+pub(crate) async fn abandoned_to_in_doubt(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    run_id: &str,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let s = ledger.scope();
+    let rows = c
+        .all::<CallRow>(
+            concat!(
+                "SELECT ",
+                call_cols!(),
+                " FROM tool_calls WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+                   AND status = $4"
+            ),
+            args![
+                &s.tenant,
+                &s.workspace,
+                run_id,
+                CallStatus::Outbound.as_str()
+            ],
+        )
+        .await?;
+    for row in rows {
+        take_over_to_in_doubt(c, ledger, &row, &row.step_id, now).await?;
+    }
+    Ok(())
+}
+
 /// Moves an abandoned `outbound` call to `in_doubt` (takeover), with its attempt row,
 /// paused steps and event.
 async fn take_over_to_in_doubt(

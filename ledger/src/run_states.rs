@@ -281,6 +281,9 @@ impl Ledger {
                             ),
                         )
                         .await?;
+                        // Nobody holds the run, so nobody will record what its calls
+                        // left outbound did: they are in doubt now, not silently lost.
+                        crate::calls::abandoned_to_in_doubt(c, &ledger, run_id, now).await?;
                         row
                     }
                 };

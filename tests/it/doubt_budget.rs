@@ -446,3 +446,42 @@ fn settling_the_last_doubt_requeues_the_run_for_the_daemons() {
         settled_requeues(b);
     }
 }
+
+/// A run killed while its charge was outbound, then cancelled before anyone resumed it:
+/// the send is in doubt (not left `outbound` for ever, in no inbox and no gauge), and
+/// `flow cancel` says so.
+fn cancelled_while_outbound(backend: Backend) {
+    let ctx = format!("{backend:?}");
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let db = TestDb::new(backend);
+    let file = db.write("pay.yaml", &crate::crash::workflow(&server.url()));
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(&file)
+            .env("FLOW_FAULT", "after_response:charge"),
+    );
+    assert_eq!(crashed.status.code(), None, "{ctx}: {}", stderr(&crashed));
+    let run = run_id(&crashed);
+    let cancel = output(db.flow().args(["cancel", &run]));
+    assert_eq!(cancel.status.code(), Some(0), "{ctx}: {}", stderr(&cancel));
+    assert!(
+        stderr(&cancel).contains("`charge`") && stderr(&cancel).contains("still in doubt"),
+        "{ctx}: {}",
+        stderr(&cancel)
+    );
+    let s = show(&db, &run);
+    assert_eq!(s["run"]["status"], "cancelled", "{ctx}");
+    let c = call(&s, "charge");
+    assert_eq!(c["status"], "in_doubt", "{ctx}: {s}");
+    assert_eq!(c["uncounted_sends"], json!(1), "{ctx}: {c}");
+    assert_eq!(server.total(), 1, "{ctx}");
+}
+
+#[test]
+fn cancelling_a_crashed_run_puts_its_outbound_call_in_doubt() {
+    for b in backends() {
+        cancelled_while_outbound(b);
+    }
+}
