@@ -163,6 +163,56 @@ nodes:
     assert_eq!(server.total(), 2);
 }
 
+/// A secret shorter than the documented minimum (5 bytes) cannot be scrubbed without
+/// mangling output: every command that loads secrets refuses it at start with exit 2,
+/// naming the secret and never its value, before the ledger is opened.
+#[test]
+fn a_secret_under_five_bytes_is_refused_at_start_by_name() {
+    let db = TestDb::new(Backend::Sqlite);
+    let hello = crate::support::repo().join("workflows/hello.yaml");
+    let hello = hello.display().to_string();
+    db.write("secrets.env", "FILE_PIN=Zq9x\n");
+    for (args, env) in [
+        (vec!["run", &hello], Some("Zq9x")),
+        (vec!["daemon", "--exit-when-idle"], Some("Zq9x")),
+        (
+            vec!["serve", "--insecure-no-auth", "--addr", "127.0.0.1:0"],
+            Some("Zq9x"),
+        ),
+        (vec!["events", "dispatch", "--once"], Some("Zq9x")),
+        (vec!["--secrets-file", "secrets.env", "run", &hello], None),
+    ] {
+        let mut cmd = db.flow();
+        cmd.args(&args);
+        if let Some(value) = env {
+            cmd.env("FLOW_SECRET_PIN", value);
+        }
+        let out = output(&mut cmd);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        let name = if env.is_some() { "PIN" } else { "FILE_PIN" };
+        assert!(
+            err.contains(&format!("secret `{name}` is shorter than 5 bytes")),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !err.contains("Zq9x"),
+            "{args:?}: the value was shown: {err}"
+        );
+        assert!(
+            !db.dir.path().join("flow.db").exists(),
+            "{args:?}: the ledger was opened"
+        );
+    }
+    // Five bytes is enough.
+    let ok = output(
+        db.flow()
+            .args(["run", &hello])
+            .env("FLOW_SECRET_PIN", "Zq9xy"),
+    );
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+}
+
 #[test]
 fn resume_checks_every_secret_before_it_claims() {
     let rt = runtime();
