@@ -54,6 +54,11 @@ fn every_invalid_workflow_gives_exactly_its_golden_diagnostics() {
 /// test binary runs the golden test again with both set, and nothing may change.
 #[test]
 fn bless_under_ci_fails_and_rewrites_nothing() {
+    if flow_adapters::testkit::flags::env_flag("FLOW_BLESS") {
+        // This very run rewrites the goldens, concurrently: "nothing changed" cannot hold.
+        eprintln!("skipped: FLOW_BLESS is set for this run");
+        return;
+    }
     let goldens = files(&repo().join("workflows/invalid"), "expected");
     let read_all = || -> Vec<String> {
         goldens
