@@ -5,10 +5,13 @@
 //! exception is listed here with the reason, and the test fails once the exception is no
 //! longer needed, so the lists only shrink.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use regex::Regex;
+
+#[path = "tidy/imports.rs"]
+mod imports;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -68,24 +71,52 @@ fn migration_file_lists_are_identical() {
     assert_eq!(sqlite, names("migrations/postgres"));
 }
 
+/// The runtime dependencies of a manifest's text: its `[dependencies]` table only.
+fn runtime_dependencies(manifest: &str) -> String {
+    manifest
+        .split("\n[")
+        .filter(|t| t.starts_with("dependencies]"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The lines of Rust source `text` that name one of `forbidden` outside a line comment:
+/// `(line, name)`.
+fn forbidden_names(text: &str, forbidden: &[&str]) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("//") {
+            continue;
+        }
+        for f in forbidden {
+            if line.contains(f) {
+                out.push((i + 1, (*f).to_string()));
+            }
+        }
+    }
+    out
+}
+
 /// Crate direction: `flow` → {`flow-ledger`, `flow-adapters`}; the two leaves never
 /// depend on each other, and only `ledger/` names sqlx, only `adapters/` reqwest and rmcp.
 #[test]
 fn crates_depend_in_one_direction() {
-    let deps = |manifest: &str| -> String {
-        let text = read(Path::new(manifest));
-        // Runtime dependencies only: everything before the first non-`[dependencies]` table.
-        text.split("\n[")
-            .filter(|t| t.starts_with("dependencies]"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
+    // The checker itself can fail: a made-up leaf naming the other leaf and sqlx.
+    let manifest = "[package]\nname = \"x\"\n[dependencies]\nflow-adapters = \"1\"\n\
+                    [dev-dependencies]\nflow = { path = \"..\" }\n";
+    assert!(runtime_dependencies(manifest).contains("flow-adapters"));
+    assert!(!runtime_dependencies(manifest).contains("flow ="));
+    let source = "use sqlx::Pool;\n// sqlx:: in a comment\nfn f() { reqwest::get(); }\n";
+    assert_eq!(
+        forbidden_names(source, &["sqlx::", "reqwest::"]),
+        [(1, "sqlx::".to_string()), (3, "reqwest::".to_string())]
+    );
     let mut offenders = Vec::new();
     for (manifest, forbidden) in [
         ("ledger/Cargo.toml", ["flow-adapters", "flow ="]),
         ("adapters/Cargo.toml", ["flow-ledger", "flow ="]),
     ] {
-        let d = deps(manifest);
+        let d = runtime_dependencies(&read(Path::new(manifest)));
         for f in forbidden {
             if d.contains(f) {
                 offenders.push(format!("{manifest} depends on {f}"));
@@ -102,49 +133,60 @@ fn crates_depend_in_one_direction() {
     ];
     for (dir, forbidden) in names {
         for path in files(dir, ".rs") {
-            for (i, line) in read(&path).lines().enumerate() {
-                if line.trim_start().starts_with("//") {
-                    continue;
-                }
-                for f in forbidden {
-                    if line.contains(f) {
-                        offenders.push(format!("{}:{}: names {f}", path.display(), i + 1));
-                    }
-                }
+            for (line, f) in forbidden_names(&read(&path), forbidden) {
+                offenders.push(format!("{}:{line}: names {f}", path.display()));
             }
         }
     }
     report("dependency direction broken", &offenders);
 }
 
+/// The lines of `text` (Rust or SQL) that read the database's clock, from 1.
+fn database_clock_lines(text: &str) -> Vec<usize> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let lower = line.to_lowercase();
+        // `.now()` / `::now()` are Rust calls on a clock; anything else is SQL.
+        let sql_now = lower.match_indices("now()").any(|(at, _)| {
+            at == 0 || !matches!(lower.as_bytes()[at - 1], b'.' | b':' | b'_' | b'a'..=b'z')
+        });
+        let other = [
+            "current_timestamp",
+            "datetime(",
+            "strftime(",
+            "clock_timestamp",
+            "statement_timestamp",
+            "localtimestamp",
+        ]
+        .iter()
+        .any(|f| lower.contains(f));
+        if sql_now || other {
+            out.push(i + 1);
+        }
+    }
+    out
+}
+
 /// No SQL reads the database clock: `now` is always an argument, so tests drive time and
 /// every worker schedules by the same rule.
 #[test]
 fn no_sql_reads_the_database_clock() {
+    // The checker itself can fail: SQL clocks are found, Rust clocks are not.
+    let made_up = "let t = clock.now();\n\
+                   sqlx::query(\"UPDATE runs SET at = NOW() WHERE id = $1\")\n\
+                   let u = SystemClock::now();\n\
+                   \"SELECT datetime('now')\"\n\
+                   \"DEFAULT CURRENT_TIMESTAMP\"\n";
+    assert_eq!(database_clock_lines(made_up), [2, 4, 5]);
     let mut offenders = Vec::new();
     let paths = files("ledger/src", ".rs")
         .into_iter()
         .chain(files("migrations", ".sql"));
     for path in paths {
-        for (i, line) in read(&path).lines().enumerate() {
-            let lower = line.to_lowercase();
-            // `.now()` / `::now()` are Rust calls on a clock; anything else is SQL.
-            let sql_now = lower.match_indices("now()").any(|(at, _)| {
-                at == 0 || !matches!(lower.as_bytes()[at - 1], b'.' | b':' | b'_' | b'a'..=b'z')
-            });
-            let other = [
-                "current_timestamp",
-                "datetime(",
-                "strftime(",
-                "clock_timestamp",
-                "statement_timestamp",
-                "localtimestamp",
-            ]
-            .iter()
-            .any(|f| lower.contains(f));
-            if sql_now || other {
-                offenders.push(format!("{}:{}: {line}", path.display(), i + 1));
-            }
+        let text = read(&path);
+        let lines: Vec<&str> = text.lines().collect();
+        for n in database_clock_lines(&text) {
+            offenders.push(format!("{}:{n}: {}", path.display(), lines[n - 1]));
         }
     }
     report("database clock used", &offenders);
@@ -260,35 +302,101 @@ fn every_fence_is_written_in_fence_rs() {
 /// true. Empty now; kept so a file that must grow past the limit is listed, not hidden.
 const LONG_FILES: &[&str] = &[];
 
-/// No source file over 800 lines: past that a reader cannot hold a module in mind.
-#[test]
-fn no_source_file_is_over_800_lines() {
+/// What the file-size rule says of `sources` (`(path, text)`) given the exceptions
+/// `long`: each file over `max` lines not excepted, each exception that fits now or is
+/// gone.
+fn file_size_offenders(sources: &[(String, String)], long: &[&str], max: usize) -> Vec<String> {
     let mut offenders = Vec::new();
-    let mut fits = Vec::new();
-    for path in rust_sources() {
-        let lines = read(&path).lines().count();
-        let name = path.to_string_lossy().replace('\\', "/");
-        let excepted = LONG_FILES.contains(&name.as_str());
-        if lines > 800 && !excepted {
+    for (name, text) in sources {
+        let lines = text.lines().count();
+        let excepted = long.contains(&name.as_str());
+        if lines > max && !excepted {
             offenders.push(format!("{name}: {lines} lines"));
         }
-        if lines <= 800 && excepted {
-            fits.push(format!(
+        if lines <= max && excepted {
+            offenders.push(format!(
                 "{name} fits now ({lines} lines): drop it from LONG_FILES"
             ));
         }
     }
-    let sources: Vec<String> = rust_sources()
-        .iter()
-        .map(|p| p.to_string_lossy().replace('\\', "/"))
-        .collect();
-    for listed in LONG_FILES {
-        if !sources.iter().any(|s| s == listed) {
-            fits.push(format!("{listed} is gone: drop it from LONG_FILES"));
+    for listed in long {
+        if !sources.iter().any(|(s, _)| s == listed) {
+            offenders.push(format!("{listed} is gone: drop it from LONG_FILES"));
         }
     }
-    offenders.extend(fits);
-    report("file size", &offenders);
+    offenders
+}
+
+/// No source file over 800 lines: past that a reader cannot hold a module in mind.
+#[test]
+fn no_source_file_is_over_800_lines() {
+    // The checker itself can fail: a made-up long file, an exception that fits, one gone.
+    let made_up = [
+        ("long.rs".to_string(), "x\n".repeat(801)),
+        ("fits.rs".to_string(), "x\n".repeat(800)),
+    ];
+    assert_eq!(
+        file_size_offenders(&made_up, &["fits.rs", "gone.rs"], 800),
+        [
+            "long.rs: 801 lines",
+            "fits.rs fits now (800 lines): drop it from LONG_FILES",
+            "gone.rs is gone: drop it from LONG_FILES",
+        ]
+    );
+    let sources: Vec<(String, String)> = rust_sources()
+        .iter()
+        .map(|p| (p.to_string_lossy().replace('\\', "/"), read(p)))
+        .collect();
+    report("file size", &file_size_offenders(&sources, LONG_FILES, 800));
+}
+
+/// The text of `fn name` in `text`, from its `fn` to the first line that is only `}`.
+fn function_text<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let start = text.find(&format!("fn {name}("))?;
+    let len = text[start..].find("\n}\n")? + 2;
+    Some(&text[start..start + len])
+}
+
+/// `CI` and `FLOW_BLESS` are read by one rule: the ledger's conformance tests may not
+/// depend on the adapters' testkit, so they hold a copy of `flag_on`, which must stay the
+/// same text as the original.
+#[test]
+fn the_environment_flag_rule_is_one_text() {
+    let original = read(Path::new("adapters/src/testkit/flags.rs"));
+    let copy = read(Path::new("ledger/tests/conformance/common.rs"));
+    let original = function_text(&original, "flag_on").expect("flag_on in the testkit");
+    assert!(original.contains("\"false\""), "{original}");
+    assert_eq!(
+        function_text(&copy, "flag_on"),
+        Some(original),
+        "ledger/tests/conformance/common.rs's flag_on differs from adapters/src/testkit/flags.rs's"
+    );
+    // No other file reads `CI` or `FLOW_BLESS` by a rule of its own.
+    let readers = [
+        "var(\"CI\")",
+        "var_os(\"CI\")",
+        "var(\"FLOW_BLESS\")",
+        "var_os(\"FLOW_BLESS\")",
+    ];
+    let mut offenders = Vec::new();
+    for path in rust_sources() {
+        let name = path.to_string_lossy().replace('\\', "/");
+        if [
+            "tests/tidy.rs",
+            "adapters/src/testkit/flags.rs",
+            "ledger/tests/conformance/common.rs",
+        ]
+        .contains(&name.as_str())
+        {
+            continue;
+        }
+        for (i, line) in read(&path).lines().enumerate() {
+            if readers.iter().any(|r| line.contains(r)) {
+                offenders.push(format!("{}:{}: {}", path.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    report("CI or FLOW_BLESS read by another rule", &offenders);
 }
 
 /// No reference to documents that are not in this repository: the contract the code
@@ -320,269 +428,6 @@ fn no_references_to_documents_outside_the_repository() {
         }
     }
     report("references to documents outside the repository", &offenders);
-}
-
-/// The module a source file is, as a path from its crate root (`lib.rs` is `[]`).
-fn module_of(src: &Path, path: &Path) -> Vec<String> {
-    let rel = path.strip_prefix(src).unwrap_or(path);
-    let mut parts: Vec<String> = rel
-        .iter()
-        .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
-        .collect();
-    if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
-        parts.pop();
-    }
-    parts
-}
-
-/// The paths a file refers to: `crate::a::b`, `super::x`, grouped `{…}` imports
-/// expanded, and a parent's `child::x` for its own `mod child;`. Comments and `pub use`
-/// re-exports (a module's face, not a dependency of its code) are skipped.
-fn references(text: &str, module: &[String]) -> Vec<Vec<String>> {
-    let children: BTreeSet<String> =
-        Regex::new(r"(?m)^\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+([a-z_0-9]+)\s*;")
-            .expect("regex")
-            .captures_iter(text)
-            .map(|c| c[1].to_string())
-            .collect();
-    let code: String = text
-        .lines()
-        .map(|l| {
-            let t = l.trim_start();
-            if t.starts_with("//") || t.starts_with("pub use") || t.starts_with("pub(crate) use") {
-                ""
-            } else {
-                l
-            }
-        })
-        .collect::<Vec<_>>()
-        .join("\n");
-    let start = Regex::new(r"\b(crate|super|self|[a-z_][a-z_0-9]*)::").expect("regex");
-    let mut out = Vec::new();
-    for m in start.find_iter(&code) {
-        // Only a path's first segment: skip `a::b::` continuations.
-        let before = &code[..m.start()];
-        if before.ends_with("::") {
-            continue;
-        }
-        let head = m.as_str().trim_end_matches("::");
-        let base: Vec<String> = match head {
-            "crate" => Vec::new(),
-            "super" | "self" => {
-                // `a/b.rs` is module a::b and `a/mod.rs` module a: `super` drops one
-                // segment of either.
-                let mut m = module.to_vec();
-                if head == "super" {
-                    m.pop();
-                }
-                m
-            }
-            child if children.contains(child) => {
-                let mut m = module.to_vec();
-                m.push(child.to_string());
-                m
-            }
-            _ => continue,
-        };
-        for tail in expand(&code[m.end()..]) {
-            let mut p = base.clone();
-            p.extend(tail);
-            out.push(p);
-        }
-    }
-    out
-}
-
-/// The paths spelled at the start of `rest` (after `crate::`): `a::b`, `{a, b::c}`.
-fn expand(rest: &str) -> Vec<Vec<String>> {
-    let rest = rest.trim_start();
-    if let Some(inner) = rest.strip_prefix('{') {
-        let mut depth = 0usize;
-        let mut end = inner.len();
-        for (i, ch) in inner.char_indices() {
-            match ch {
-                '{' => depth += 1,
-                '}' if depth == 0 => {
-                    end = i;
-                    break;
-                }
-                '}' => depth -= 1,
-                _ => {}
-            }
-        }
-        let body = &inner[..end];
-        let mut items = Vec::new();
-        let (mut depth, mut from) = (0usize, 0usize);
-        for (i, ch) in body.char_indices() {
-            match ch {
-                '{' => depth += 1,
-                '}' => depth -= 1,
-                ',' if depth == 0 => {
-                    items.push(&body[from..i]);
-                    from = i + 1;
-                }
-                _ => {}
-            }
-        }
-        items.push(&body[from..]);
-        return items.into_iter().flat_map(expand).collect();
-    }
-    let mut path = Vec::new();
-    let mut s = rest;
-    loop {
-        let ident: String = s
-            .chars()
-            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-            .collect();
-        if ident.is_empty() {
-            break;
-        }
-        path.push(ident.clone());
-        s = &s[ident.len()..];
-        match s.strip_prefix("::") {
-            Some(next) if next.starts_with('{') => {
-                return expand(next)
-                    .into_iter()
-                    .map(|t| path.iter().cloned().chain(t).collect())
-                    .collect();
-            }
-            Some(next) => s = next,
-            None => break,
-        }
-    }
-    vec![path]
-}
-
-/// No import circles between the modules of a crate: each module stands above all it
-/// imports, so a reader can learn the code bottom-up. A file's use of its ancestors'
-/// `mod.rs` (the shared items of the folder it belongs to) does not count.
-#[test]
-fn no_import_cycles_between_modules() {
-    // The checker itself can fail: a two-file circle in a made-up crate.
-    let edges = BTreeMap::from([
-        ("a".to_string(), BTreeSet::from(["b".to_string()])),
-        ("b".to_string(), BTreeSet::from(["a".to_string()])),
-    ]);
-    assert!(!cycles(&edges).is_empty());
-    let mut offenders = Vec::new();
-    for src in ["engine/src", "ledger/src", "adapters/src"] {
-        let sources: Vec<PathBuf> = files(src, ".rs")
-            .into_iter()
-            .filter(|p| !p.ends_with("main.rs") && !p.to_string_lossy().contains("/bin/"))
-            .collect();
-        let modules: BTreeMap<Vec<String>, String> = sources
-            .iter()
-            .map(|p| {
-                (
-                    module_of(Path::new(src), p),
-                    p.to_string_lossy().into_owned(),
-                )
-            })
-            .collect();
-        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for path in &sources {
-            let module = module_of(Path::new(src), path);
-            let text = read(path);
-            // Test modules may reach anywhere.
-            let text = text.split("#[cfg(test)]").next().unwrap_or_default();
-            let from = path.to_string_lossy().into_owned();
-            for target in references(text, &module) {
-                // The longest prefix of the path that is a file of this crate.
-                let to = (0..=target.len())
-                    .rev()
-                    .find_map(|n| modules.get(&target[..n]))
-                    .cloned();
-                // A file's use of its own folder's `mod.rs` (or the crate root) — the
-                // shared items of the unit it belongs to — is not counted; the folder's
-                // use of its files is.
-                let ancestor = modules
-                    .iter()
-                    .find(|(_, f)| Some(*f) == to.as_ref())
-                    .is_some_and(|(m, _)| m.len() < module.len() && module.starts_with(m));
-                if let Some(to) = to
-                    && to != from
-                    && !ancestor
-                {
-                    edges.entry(from.clone()).or_default().insert(to);
-                }
-            }
-        }
-        offenders.extend(cycles(&edges));
-    }
-    report("import circles", &offenders);
-}
-
-/// The strongly connected components of more than one file (Tarjan's algorithm).
-fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
-    struct State<'a> {
-        edges: &'a BTreeMap<String, BTreeSet<String>>,
-        index: BTreeMap<&'a str, usize>,
-        low: BTreeMap<&'a str, usize>,
-        stack: Vec<&'a str>,
-        on_stack: BTreeSet<&'a str>,
-        found: Vec<String>,
-    }
-    fn visit<'a>(s: &mut State<'a>, v: &'a str) {
-        let n = s.index.len();
-        s.index.insert(v, n);
-        s.low.insert(v, n);
-        s.stack.push(v);
-        s.on_stack.insert(v);
-        if let Some(next) = s.edges.get(v) {
-            for w in next {
-                let w = w.as_str();
-                if !s.index.contains_key(w) {
-                    visit(s, w);
-                    let lw = s.low[w];
-                    let lv = s.low[v];
-                    s.low.insert(v, lv.min(lw));
-                } else if s.on_stack.contains(w) {
-                    let iw = s.index[w];
-                    let lv = s.low[v];
-                    s.low.insert(v, lv.min(iw));
-                }
-            }
-        }
-        if s.low[v] == s.index[v] {
-            let mut component = Vec::new();
-            while let Some(w) = s.stack.pop() {
-                s.on_stack.remove(w);
-                component.push(w);
-                if w == v {
-                    break;
-                }
-            }
-            if component.len() > 1 {
-                component.sort_unstable();
-                let ties: Vec<String> = component
-                    .iter()
-                    .flat_map(|a| {
-                        s.edges
-                            .get(*a)
-                            .into_iter()
-                            .flatten()
-                            .filter(|b| component.contains(&b.as_str()))
-                            .map(move |b| format!("{a} -> {b}"))
-                    })
-                    .collect();
-                s.found.push(format!("circle: {}", ties.join(", ")));
-            }
-        }
-    }
-    let mut s = State {
-        edges,
-        index: BTreeMap::new(),
-        low: BTreeMap::new(),
-        stack: Vec::new(),
-        on_stack: BTreeSet::new(),
-        found: Vec::new(),
-    };
-    for v in edges.keys() {
-        if !s.index.contains_key(v.as_str()) {
-            visit(&mut s, v);
-        }
-    }
-    s.found
 }
 
 /// `text` with every comment, string and character literal blanked out (newlines kept),

@@ -5,6 +5,12 @@
 //! `after_outbound` (outbound committed, request not sent), `after_response` (response
 //! arrived, outcome not recorded), `after_complete` (outcome recorded). The crash tests
 //! use it to prove each window is safe; in production the variable is simply unset.
+//!
+//! Release builds read it too (the crash tests run the real binary), so a stray value in
+//! a daemon's environment would abort it at that node on every run that reaches it.
+//! Every command that runs workflows (`run`, `resume`, `daemon`, `serve`) therefore says
+//! so on stderr at start ([`start_warning`]): a `warning:` line naming the point and the
+//! node, or that the value was ignored.
 
 /// The points where the gateway may be stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +35,29 @@ impl Point {
             _ => return None,
         })
     }
+
+    /// The point as `FLOW_FAULT` spells it, for the start warning.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::AfterClaim => "after_claim",
+            Self::AfterOutbound => "after_outbound",
+            Self::AfterResponse => "after_response",
+            Self::AfterComplete => "after_complete",
+        }
+    }
+}
+
+/// Why a `FLOW_FAULT` value configures no fault.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// Not `<point>:<node>` with a known point and a non-empty node.
+    #[error(
+        "ignoring FLOW_FAULT={spec:?} (expected <after_claim|after_outbound|after_response|after_complete>:<node>)"
+    )]
+    Unparsable {
+        /// The value as set.
+        spec: String,
+    },
 }
 
 /// The configured fault, read once from `FLOW_FAULT`.
@@ -38,23 +67,24 @@ pub struct Faults {
 }
 
 impl Faults {
-    /// Reads `FLOW_FAULT`; an unparsable value is reported on stderr and ignored.
+    /// Reads `FLOW_FAULT` (unset or empty: no fault). An unparsable value configures no
+    /// fault; [`start_warning`] is what reports it, once per command.
     pub fn from_env() -> Self {
-        let Ok(spec) = std::env::var("FLOW_FAULT") else {
-            return Self::default();
-        };
-        match spec
-            .split_once(':')
-            .and_then(|(p, node)| Point::parse(p).map(|p| (p, node.to_string())))
-        {
-            Some(fault) => Self { fault: Some(fault) },
-            None => {
-                eprintln!(
-                    "flow: ignoring FLOW_FAULT={spec:?} (expected <after_claim|after_outbound|after_response|after_complete>:<node>)"
-                );
-                Self::default()
-            }
+        match std::env::var("FLOW_FAULT") {
+            Ok(spec) if !spec.is_empty() => Self::parse(&spec).unwrap_or_default(),
+            _ => Self::default(),
         }
+    }
+
+    /// `<point>:<node>` → the fault.
+    pub fn parse(spec: &str) -> Result<Self, Error> {
+        spec.split_once(':')
+            .filter(|(_, node)| !node.is_empty())
+            .and_then(|(p, node)| Point::parse(p).map(|p| (p, node.to_string())))
+            .map(|fault| Self { fault: Some(fault) })
+            .ok_or_else(|| Error::Unparsable {
+                spec: spec.to_string(),
+            })
     }
 
     /// Aborts the process if the fault for `node` at `point` is configured.
@@ -65,6 +95,61 @@ impl Faults {
         {
             eprintln!("flow: FLOW_FAULT {point:?} at node {node}: aborting");
             std::process::abort();
+        }
+    }
+}
+
+/// The line a command that runs workflows prints on stderr at start when `FLOW_FAULT`
+/// is set and not empty: a stray value would otherwise abort a daemon at that node
+/// again and again without a word of why. `None` when it is unset.
+pub fn start_warning() -> Option<String> {
+    notice(std::env::var("FLOW_FAULT").ok().as_deref())
+}
+
+fn notice(spec: Option<&str>) -> Option<String> {
+    let spec = spec.filter(|s| !s.is_empty())?;
+    Some(match Faults::parse(spec) {
+        Ok(Faults {
+            fault: Some((point, node)),
+        }) => format!(
+            "warning: FLOW_FAULT={spec} is set: this process aborts when node `{node}` reaches {} (a crash-test hook; unset FLOW_FAULT outside tests)",
+            point.as_str()
+        ),
+        Ok(Faults { fault: None }) => return None,
+        Err(e) => format!("warning: {e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_warning_names_the_point_and_the_node() {
+        assert_eq!(notice(None), None);
+        assert_eq!(notice(Some("")), None);
+        let set = notice(Some("after_outbound:charge")).expect("a warning");
+        assert!(
+            set.starts_with("warning: FLOW_FAULT=after_outbound:charge is set"),
+            "{set}"
+        );
+        assert!(
+            set.contains("node `charge` reaches after_outbound"),
+            "{set}"
+        );
+        for bad in ["bogus", "after_claim", "after_claim:", "before_claim:x"] {
+            let said = notice(Some(bad)).expect("a warning");
+            assert!(said.starts_with("warning: ignoring FLOW_FAULT="), "{said}");
+            assert!(Faults::parse(bad).is_err(), "{bad}");
+        }
+        for point in [
+            "after_claim",
+            "after_outbound",
+            "after_response",
+            "after_complete",
+        ] {
+            let parsed = Faults::parse(&format!("{point}:n")).expect("parses");
+            assert_eq!(parsed.fault.map(|(p, _)| p.as_str()), Some(point));
         }
     }
 }

@@ -39,6 +39,18 @@ pub enum Error {
         /// What went wrong (never a value).
         reason: String,
     },
+    /// Values shorter than [`MIN_SECRET_BYTES`]: too short to scrub (exit 2). Names
+    /// only, never values.
+    #[error(
+        "{} shorter than {min} bytes: too short to scrub from logs and stored output without also replacing unrelated text; use a longer value",
+        names.iter().map(|n| format!("secret `{n}` is")).collect::<Vec<_>>().join(", ")
+    )]
+    TooShort {
+        /// The secrets whose values are too short, sorted.
+        names: Vec<String>,
+        /// [`MIN_SECRET_BYTES`].
+        min: usize,
+    },
     /// The secrets file is over [`crate::read_limited::MAX_FILE_BYTES`] (1 MiB); reading
     /// stopped there (`--secrets-file /dev/zero` is refused at once; exit 2).
     #[error("secrets file {path} is larger than the limit of {limit} bytes (1 MiB)")]
@@ -185,6 +197,18 @@ fn replace_bytes(text: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     }
     out
 }
+
+/// The shortest secret value [`Secrets::load`] accepts, in bytes (UTF-8); shorter ones,
+/// empty included, stop the command (exit 2).
+///
+/// Scrubbing is textual: every occurrence of every form of a value is replaced,
+/// wherever it is. A value of one to three bytes is a letter, a digit or a short word
+/// that ordinary output is full of, so scrubbing it would mangle every log line and
+/// stored output; and below five bytes the base64 forms cannot be looked for at all
+/// (a value needs five bytes for each of the three alignments to have a core of
+/// [`MIN_BASE64_CORE`] characters), so a downstream echoing it base64-encoded would
+/// leak it. Five bytes is the least at which every form is found.
+pub const MIN_SECRET_BYTES: usize = 5;
 
 /// Shortest start of a secret replaced at the end of a cut text: shorter ones would hit
 /// unrelated text too often and reveal little.
@@ -421,10 +445,22 @@ impl Secrets {
                 values.insert(name.to_string(), value);
             }
         }
+        let short: Vec<String> = values
+            .iter()
+            .filter(|(_, v)| v.len() < MIN_SECRET_BYTES)
+            .map(|(n, _)| n.clone())
+            .collect();
+        if !short.is_empty() {
+            return Err(Error::TooShort {
+                names: short,
+                min: MIN_SECRET_BYTES,
+            });
+        }
         Ok(Self::from_values(values))
     }
 
-    /// Secrets from explicit pairs (embedders, tests).
+    /// Secrets from explicit pairs (embedders, tests). Unlike [`Secrets::load`] it does
+    /// not refuse values under [`MIN_SECRET_BYTES`]: the embedder chose them.
     pub fn from_pairs<I: IntoIterator<Item = (String, String)>>(pairs: I) -> Self {
         Self::from_values(pairs.into_iter().collect())
     }
@@ -647,14 +683,48 @@ mod tests {
         assert_eq!(s.missing(["A", "B"]), Some("B"));
     }
 
+    /// The minimum is where scrubbing can look for every form: from it on each of the
+    /// three base64 alignments, in both alphabets, has a core; one byte less and not.
+    #[test]
+    fn the_minimum_is_the_shortest_value_with_every_base64_form() {
+        assert_eq!(base64_cores(&[b'x'; MIN_SECRET_BYTES]).len(), 6);
+        assert!(base64_cores(&[b'x'; MIN_SECRET_BYTES - 1]).len() < 6);
+    }
+
+    #[test]
+    fn values_under_the_minimum_are_refused_by_name_only() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("secrets.env");
+        std::fs::write(&path, "PIN=7319\nEMPTY=\nOK=73195\n").expect("write");
+        let err = Secrets::load(Some(&path)).expect_err("too short");
+        let Error::TooShort { names, min } = &err else {
+            panic!("{err:?}");
+        };
+        assert_eq!(
+            (names.as_slice(), *min),
+            (["EMPTY".to_string(), "PIN".to_string()].as_slice(), 5)
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("secret `PIN` is") && text.contains("secret `EMPTY` is"),
+            "{text}"
+        );
+        assert!(!text.contains("7319"), "{text}");
+        std::fs::write(&path, "OK=73195\n").expect("write");
+        assert_eq!(
+            Secrets::load(Some(&path)).expect("loads").get("OK"),
+            Some("73195")
+        );
+    }
+
     #[test]
     fn dotenv_file_and_debug_never_show_values() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("secrets.env");
-        std::fs::write(&path, "API_TOKEN=abc123\nFLOW_SECRET_OTHER=\"q w\"\n").expect("write");
+        std::fs::write(&path, "API_TOKEN=abc123\nFLOW_SECRET_OTHER=\"q w e\"\n").expect("write");
         let s = Secrets::load(Some(&path)).expect("loads");
         assert_eq!(s.get("API_TOKEN"), Some("abc123"));
-        assert_eq!(s.get("OTHER"), Some("q w"));
+        assert_eq!(s.get("OTHER"), Some("q w e"));
         assert!(!format!("{s:?}").contains("abc123"));
         std::fs::write(&path, "GOOD=1\nBAD LINE=oops-secret\n").expect("write");
         let err = Secrets::load(Some(&path))

@@ -176,11 +176,47 @@ mod tests {
         assert!(!me.is_provably_dead());
     }
 
+    /// Whether `start` has the shape `process_start` writes on Linux:
+    /// `b<boot time>.<start ticks>.n<pid namespace>`, all three decimal.
+    fn linux_start_shape(start: &str) -> bool {
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        let Some(rest) = start.strip_prefix('b') else {
+            return false;
+        };
+        let parts: Vec<&str> = rest.split('.').collect();
+        matches!(parts.as_slice(), [boot, ticks, ns]
+            if digits(boot) && digits(ticks) && ns.strip_prefix('n').is_some_and(digits))
+    }
+
+    #[test]
+    fn linux_start_shape_is_checked() {
+        assert!(linux_start_shape("b1700000000.123.n4026531836"));
+        for bad in [
+            "t1700000000",
+            "b1.2",
+            "b1.2.3",
+            "b.2.n3",
+            "b1.x.n3",
+            "b1.2.n",
+            "",
+        ] {
+            assert!(!linux_start_shape(bad), "{bad}");
+        }
+    }
+
+    /// On Linux the id must carry a `/proc` start time: a broken parse falls back to
+    /// the `t…` form, which is never provably dead, and would switch the proofs below
+    /// off without a word. Elsewhere there is no `/proc` and nothing to prove.
     #[test]
     fn dead_only_with_proof() {
         let me = WorkerId::current();
         let (host, pid, start) = me.parts().expect("shape");
-        if start.starts_with('b') {
+        #[cfg(target_os = "linux")]
+        assert!(
+            linux_start_shape(start),
+            "on Linux the worker id must carry /proc's start time: {me}"
+        );
+        if cfg!(target_os = "linux") {
             let ns = pid_namespace().expect("pid namespace");
             // Same pid, other start time: the pid was reused, the holder is gone.
             let reused = format!("b1.1.n{ns}");

@@ -489,12 +489,8 @@ async fn openapi_is_committed(server: &Server) {
     let doc: Value = serde_json::from_str(&served).expect("openapi is JSON");
     assert_eq!(doc["openapi"], "3.1.0");
     let path = crate::support::repo().join("docs/openapi.json");
-    if std::env::var("FLOW_BLESS").is_ok() {
-        std::fs::write(&path, &served).expect("bless");
-    }
-    let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
-        committed == served,
+        crate::support::golden(&path, &served).is_ok(),
         "docs/openapi.json is stale: run `FLOW_BLESS=1 cargo nextest run -E 'test(/^api::roles/)'`"
     );
 }

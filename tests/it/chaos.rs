@@ -80,6 +80,38 @@ fn kill_after(db: &TestDb, args: &[&str], after: Duration) -> (bool, Option<i32>
     (killed, status.code())
 }
 
+/// Starts `flow daemon` and SIGKILLs it while one of its calls is outbound: every
+/// effect path holds its requests until released, so the first request to arrive is
+/// still in flight when the kill lands (the call was marked outbound before it left).
+/// Then the paths answer after `hold` again and the held requests are let go.
+fn kill_daemon_mid_call(db: &TestDb, server: &CountingServer, hold: Duration) {
+    for node in NODES {
+        server.set(&format!("/effect/{node}"), Behavior::HoldUntilReleased);
+    }
+    let before = server.total();
+    let mut child = db
+        .flow()
+        .args(["daemon", "--poll-interval", "100ms"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn flow daemon");
+    let start = std::time::Instant::now();
+    while server.total() == before {
+        if start.elapsed() > Duration::from_secs(60) || !matches!(child.try_wait(), Ok(None)) {
+            let _ = child.kill();
+            panic!("the daemon sent no request within 60 s (or exited)");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    for node in NODES {
+        server.set(&format!("/effect/{node}"), Behavior::hold(hold));
+    }
+    server.release();
+}
+
 /// What the kills produced, to show the test exercised the in-doubt paths.
 #[derive(Debug, Default)]
 struct Stats {
@@ -175,9 +207,21 @@ fn one_run(c: &Setting<'_>, rng: &mut rand::rngs::StdRng, ctx: &str, stats: &mut
     stats.reconciled += landed_once(server, &s, &run_id, ctx);
 }
 
-/// Checks that every node's effect of `run` landed at the downstream exactly once;
-/// returns how many of its calls a probe settled.
+/// Checks that every node's effect of `run` landed at the downstream exactly once, and
+/// that no effect request at all came without an `Idempotency-Key` (such a request
+/// belongs to no run's count, so it would be a duplicate nobody sees); returns how many
+/// of the run's calls a probe settled.
 fn landed_once(server: &CountingServer, show: &serde_json::Value, run: &str, ctx: &str) -> u32 {
+    let keyless: Vec<String> = server
+        .log()
+        .iter()
+        .filter(|r| r.path.starts_with("/effect/") && r.key.is_none())
+        .map(|r| format!("#{} {} {}", r.seq, r.method, r.path))
+        .collect();
+    assert!(
+        keyless.is_empty(),
+        "{ctx}: effect requests without an Idempotency-Key: {keyless:?}"
+    );
     for node in NODES {
         let arrivals = server
             .log()
@@ -301,7 +345,9 @@ fn daemons_killed_at_random_leave_nothing_for_a_human() {
         }
         let ctx = format!("seed {seed} {backend:?}");
         let start = std::time::Instant::now();
-        let mut kills = 0;
+        // The first kill lands mid-call for certain; the later ones wherever they fall.
+        kill_daemon_mid_call(&db, &server, Duration::from_millis(60));
+        let mut kills = 1;
         loop {
             let statuses: Vec<String> = ids
                 .iter()
@@ -335,5 +381,10 @@ fn daemons_killed_at_random_leave_nothing_for_a_human() {
             "{backend:?}: {runs} runs, {kills} daemon kills, {reconciled} calls settled by probes"
         );
         assert!(kills > 0, "{ctx}: no daemon was killed");
+        // The mid-call kill left a call in doubt, and a probe (no human) settled it.
+        assert!(
+            reconciled > 0,
+            "{ctx}: no call was in flight at a kill ({kills} kills)"
+        );
     }
 }

@@ -324,3 +324,59 @@ fn retrying_a_call_of_a_cancelled_run_is_refused_and_records_nothing() {
         assert_eq!(server.count(&format!("{run}:charge:1")), 0, "never sent");
     }
 }
+
+/// `FLOW_FAULT` is read by release builds too, so a stray value would abort a daemon at
+/// that node again and again: every command that runs workflows (`run`, `resume`,
+/// `daemon`, `serve`) names the point and the node in a `warning:` line at start, before
+/// anything else can fail; commands that run nothing stay quiet.
+#[test]
+fn a_set_flow_fault_is_announced_at_start() {
+    let db = TestDb::new(Backend::Sqlite);
+    let hello = crate::support::repo().join("workflows/hello.yaml");
+    let hello = hello.display().to_string();
+    // `serve` stops at once on an address in use, after its start warning.
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let busy = busy.local_addr().expect("addr").to_string();
+    let warning = "warning: FLOW_FAULT=after_claim:nowhere is set: this process aborts when node `nowhere` reaches after_claim";
+    let with_fault = |args: &[&str]| {
+        let out = output(
+            db.flow()
+                .args(args)
+                .env("FLOW_FAULT", "after_claim:nowhere"),
+        );
+        (out.status.code(), stderr(&out))
+    };
+    let (code, err) = with_fault(&["run", &hello]);
+    assert_eq!(code, Some(0), "{err}");
+    let warned = |err: &str| err.lines().next().is_some_and(|l| l.starts_with(warning));
+    assert!(warned(&err), "{err}");
+    for args in [
+        &["resume", "run_missing"][..],
+        &["daemon", "--exit-when-idle"],
+        &["serve", "--insecure-no-auth", "--addr", &busy],
+    ] {
+        let (_, err) = with_fault(args);
+        assert!(warned(&err), "{args:?}: {err}");
+    }
+    for args in [&["validate", &hello][..], &["submit", &hello], &["runs"]] {
+        let (code, err) = with_fault(args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        assert!(!err.contains("FLOW_FAULT"), "{args:?} runs nothing: {err}");
+    }
+    // In JSON log mode the warning is a JSON line at level WARN.
+    let (code, err) = with_fault(&["--log-format", "json", "run", &hello]);
+    assert_eq!(code, Some(0), "{err}");
+    let first: serde_json::Value =
+        serde_json::from_str(err.lines().next().unwrap_or_default()).expect("a JSON line");
+    assert_eq!(first["level"], "WARN", "{err}");
+    let message = first["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with(warning), "{err}");
+    // A value that configures no fault is reported too, and the run goes on.
+    let out = output(db.flow().args(["run", &hello]).env("FLOW_FAULT", "bogus"));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stderr(&out).starts_with("warning: ignoring FLOW_FAULT=\"bogus\""),
+        "{}",
+        stderr(&out)
+    );
+}

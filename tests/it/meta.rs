@@ -72,12 +72,8 @@ fn the_manual_page_renders_and_lists_the_commands() {
     }
     // The committed copy (docs/flow.1, for packagers) is the page this build prints.
     let committed_path = repo().join("docs/flow.1");
-    if std::env::var_os("FLOW_BLESS").is_some() {
-        std::fs::write(&committed_path, &page).expect("write docs/flow.1");
-    }
-    let committed = std::fs::read_to_string(&committed_path).unwrap_or_default();
     assert!(
-        committed == page,
+        crate::support::golden(&committed_path, &page).is_ok(),
         "docs/flow.1 is stale: run `FLOW_BLESS=1 cargo nextest run -E 'test(/manual_page/)'`"
     );
 }

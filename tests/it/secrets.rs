@@ -163,6 +163,56 @@ nodes:
     assert_eq!(server.total(), 2);
 }
 
+/// A secret shorter than the documented minimum (5 bytes) cannot be scrubbed without
+/// mangling output: every command that loads secrets refuses it at start with exit 2,
+/// naming the secret and never its value, before the ledger is opened.
+#[test]
+fn a_secret_under_five_bytes_is_refused_at_start_by_name() {
+    let db = TestDb::new(Backend::Sqlite);
+    let hello = crate::support::repo().join("workflows/hello.yaml");
+    let hello = hello.display().to_string();
+    db.write("secrets.env", "FILE_PIN=Zq9x\n");
+    for (args, env) in [
+        (vec!["run", &hello], Some("Zq9x")),
+        (vec!["daemon", "--exit-when-idle"], Some("Zq9x")),
+        (
+            vec!["serve", "--insecure-no-auth", "--addr", "127.0.0.1:0"],
+            Some("Zq9x"),
+        ),
+        (vec!["events", "dispatch", "--once"], Some("Zq9x")),
+        (vec!["--secrets-file", "secrets.env", "run", &hello], None),
+    ] {
+        let mut cmd = db.flow();
+        cmd.args(&args);
+        if let Some(value) = env {
+            cmd.env("FLOW_SECRET_PIN", value);
+        }
+        let out = output(&mut cmd);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        let name = if env.is_some() { "PIN" } else { "FILE_PIN" };
+        assert!(
+            err.contains(&format!("secret `{name}` is shorter than 5 bytes")),
+            "{args:?}: {err}"
+        );
+        assert!(
+            !err.contains("Zq9x"),
+            "{args:?}: the value was shown: {err}"
+        );
+        assert!(
+            !db.dir.path().join("flow.db").exists(),
+            "{args:?}: the ledger was opened"
+        );
+    }
+    // Five bytes is enough.
+    let ok = output(
+        db.flow()
+            .args(["run", &hello])
+            .env("FLOW_SECRET_PIN", "Zq9xy"),
+    );
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+}
+
 #[test]
 fn resume_checks_every_secret_before_it_claims() {
     let rt = runtime();
@@ -342,6 +392,36 @@ fn leaks(text: &[u8], shapes: &[(&str, &str)]) -> Vec<String> {
     hits
 }
 
+/// `leaks` finds what it is for: each shape planted raw, JSON-escaped, percent-encoded
+/// and base64-encoded (at each of the three alignments) inside other text, and nothing
+/// in a text that only holds the stand-ins. Without this a broken `needles` would make
+/// the scans above pass while finding nothing.
+#[test]
+fn leaks_finds_a_planted_secret_in_every_form() {
+    use base64::Engine as _;
+    assert!(leaks(br#"{"password":{"$secret":"SHORT"}} HTTP 400"#, SHAPES).is_empty());
+    for (name, secret) in SHAPES {
+        let one = [(*name, *secret)];
+        let mut planted = vec![
+            secret.to_string(),
+            json_escaped(secret),
+            percent(secret, true, false),
+            html_escaped(secret),
+        ];
+        for pad in ["", "x", "xy"] {
+            let text = format!("{pad}{secret}!");
+            planted.push(base64::engine::general_purpose::STANDARD.encode(text));
+        }
+        for form in planted {
+            let text = format!("error: downstream said <{form}> at 12:00");
+            assert!(
+                !leaks(text.as_bytes(), &one).is_empty(),
+                "{name}: {form:?} was not found"
+            );
+        }
+    }
+}
+
 /// One node per shape × echo encoding × outcome (200 or 400); every node POSTs its
 /// secret in the JSON body and in the query string.
 fn matrix_workflow(url: &str, shapes: &[(&str, &str)]) -> String {
@@ -391,6 +471,26 @@ fn with_secrets(cmd: &mut std::process::Command, shapes: &[(&str, &str)]) {
     for (name, value) in shapes {
         cmd.env(format!("FLOW_SECRET_{name}"), value);
     }
+}
+
+/// The SQLite files in `dir` (`flow.db` and its `-wal`/`-shm`), read for a raw scan.
+/// The scan must have something to read: `flow.db` is there and not empty.
+fn sqlite_files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("list the test directory") {
+        let path = entry.expect("directory entry").path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        if let Some(name) = name.filter(|n| n.starts_with("flow.db")) {
+            let bytes = std::fs::read(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+            found.push((name, bytes));
+        }
+    }
+    assert!(
+        found.iter().any(|(n, b)| n == "flow.db" && !b.is_empty()),
+        "no non-empty flow.db to scan in {}",
+        dir.display()
+    );
+    found
 }
 
 /// Runs the matrix on `db` and checks every place flow writes; `files` also reads the
@@ -472,21 +572,15 @@ fn check_matrix(db: &TestDb, shapes: &[(&str, &str)], files: bool) {
         "events expected"
     );
     check("`events --json`", &events.stdout);
-    check(
-        "the events file",
-        &std::fs::read(&audit).unwrap_or_default(),
+    let audit_bytes = std::fs::read(&audit).unwrap_or_else(|e| panic!("{}: {e}", audit.display()));
+    assert!(
+        !audit_bytes.is_empty(),
+        "the events file is empty: nothing was scanned"
     );
+    check("the events file", &audit_bytes);
     if files {
-        for entry in std::fs::read_dir(db.dir.path())
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let path = entry.path();
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-            if let Some(name) = name.filter(|n| n.starts_with("flow.db")) {
-                check(&name, &std::fs::read(&path).unwrap_or_default());
-            }
+        for (name, bytes) in sqlite_files(db.dir.path()) {
+            check(&name, &bytes);
         }
     } else {
         let name = db.url.rsplit('/').next().unwrap_or_default().to_string();

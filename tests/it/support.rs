@@ -5,9 +5,36 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use flow_adapters::testkit::flags;
+
 /// The repository root (where `workflows/` lives).
 pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Whether committed goldens are to be rewritten: `FLOW_BLESS` on (the same rule as
+/// `CI`, `flow_adapters::testkit::flags`). Under CI that is a failure: CI checks the
+/// committed files, and a rewrite there would let whatever the code printed pass.
+pub fn bless() -> bool {
+    let bless = flags::env_flag("FLOW_BLESS");
+    assert!(
+        !(bless && flags::ci()),
+        "FLOW_BLESS is set under CI: CI checks the committed goldens and never rewrites them"
+    );
+    bless
+}
+
+/// Checks the committed file `path` (a golden) against `actual`, after rewriting it
+/// with it when [`bless`] says so. `Err` says what differs, for the caller's report.
+pub fn golden(path: &Path, actual: &str) -> Result<(), String> {
+    if bless() {
+        std::fs::write(path, actual).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+    }
+    match std::fs::read_to_string(path) {
+        Ok(want) if want == actual => Ok(()),
+        Ok(want) => Err(format!("--- want\n{want}--- got\n{actual}")),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
 }
 
 /// A `flow` command run from the repository root with a clean flow environment.
@@ -210,13 +237,13 @@ fn psql(sql: &str) -> Result<(), String> {
 }
 
 /// Whether PostgreSQL answers. Without it a local run skips the PostgreSQL half loudly;
-/// under `CI=true` that is a failure.
+/// under `CI` (`flags::ci`) that is a failure.
 pub fn postgres_available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *AVAILABLE.get_or_init(|| match psql("SELECT 1") {
         Ok(()) => true,
         Err(e) => {
-            assert!(std::env::var("CI").is_err(), "CI=true but PostgreSQL is not reachable: {e}");
+            assert!(!flags::ci(), "CI is set but PostgreSQL is not reachable: {e}");
             eprintln!("\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n!! PostgreSQL is not reachable ({e}).\n!! SKIPPING the PostgreSQL half of the end-to-end tests. CI always runs it.\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n");
             false
         }

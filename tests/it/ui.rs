@@ -7,8 +7,8 @@
 //! another session's, a viewer's) are refused with 403 and write nothing.
 //!
 //! Screenshots go to `$CARGO_TARGET_DIR/ui-screenshots/` (or `target/ui-screenshots/`).
-//! Without chromium and chromedriver the test fails when `CI=true`, and otherwise skips
-//! saying why.
+//! Without chromium and chromedriver the test fails under `CI` (set and not empty, `0` or
+//! `false`: `flow_adapters::testkit::flags`), and otherwise skips saying why.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -222,10 +222,7 @@ pub(crate) async fn http_session(
 #[test]
 fn the_console_resolves_in_a_real_browser_and_refuses_forgeries() {
     if let Some(why) = browser_missing() {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true and {why}"
-        );
+        assert!(!flow_adapters::testkit::flags::ci(), "CI is set and {why}");
         eprintln!("skipped: {why}");
         return;
     }

@@ -2,7 +2,7 @@
 //!
 //! Golden files: each `workflows/invalid/X.yaml` has `X.expected`, the exact stderr of
 //! `flow validate workflows/invalid/X.yaml`. Set `FLOW_BLESS=1` to rewrite them after a
-//! deliberate change of wording, then review the diff.
+//! deliberate change of wording, then review the diff (under `CI` that is a failure).
 
 use crate::support::{Backend, TestDb, files, flow, output, repo, stderr, stdout};
 
@@ -25,7 +25,6 @@ fn every_example_workflow_validates() {
 
 #[test]
 fn every_invalid_workflow_gives_exactly_its_golden_diagnostics() {
-    let bless = std::env::var_os("FLOW_BLESS").is_some();
     let invalid = files(&repo().join("workflows/invalid"), "yaml");
     assert!(invalid.len() >= 10, "found {invalid:?}");
     let mut failures = Vec::new();
@@ -44,21 +43,48 @@ fn every_invalid_workflow_gives_exactly_its_golden_diagnostics() {
         if !stdout(&out).is_empty() {
             failures.push(format!("{}: stdout should be empty", rel.display()));
         }
-        if bless {
-            std::fs::write(&golden, &got)
-                .unwrap_or_else(|e| panic!("write {}: {e}", golden.display()));
-            continue;
-        }
-        let want = std::fs::read_to_string(&golden)
-            .unwrap_or_else(|e| panic!("{}: {e} (run with FLOW_BLESS=1)", golden.display()));
-        if got != want {
-            failures.push(format!(
-                "{}:\n--- want\n{want}--- got\n{got}",
-                rel.display()
-            ));
+        if let Err(diff) = crate::support::golden(&golden, &got) {
+            failures.push(format!("{}:\n{diff}", rel.display()));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// `FLOW_BLESS` under `CI` fails the golden test instead of rewriting the goldens: this
+/// test binary runs the golden test again with both set, and nothing may change.
+#[test]
+fn bless_under_ci_fails_and_rewrites_nothing() {
+    if flow_adapters::testkit::flags::env_flag("FLOW_BLESS") {
+        // This very run rewrites the goldens, concurrently: "nothing changed" cannot hold.
+        eprintln!("skipped: FLOW_BLESS is set for this run");
+        return;
+    }
+    let goldens = files(&repo().join("workflows/invalid"), "expected");
+    let read_all = || -> Vec<String> {
+        goldens
+            .iter()
+            .map(|g| std::fs::read_to_string(g).unwrap_or_else(|e| panic!("{}: {e}", g.display())))
+            .collect()
+    };
+    let before = read_all();
+    let exe = std::env::current_exe().expect("this test binary");
+    let out = output(
+        std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "validate::every_invalid_workflow_gives_exactly_its_golden_diagnostics",
+            ])
+            .env("FLOW_BLESS", "1")
+            .env("CI", "1"),
+    );
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(!out.status.success(), "bless under CI passed:\n{said}");
+    assert!(said.contains("FLOW_BLESS is set under CI"), "{said}");
+    assert!(
+        said.contains("1 failed"),
+        "the golden test did not run:\n{said}"
+    );
+    assert!(read_all() == before, "a golden was rewritten under CI");
 }
 
 #[test]

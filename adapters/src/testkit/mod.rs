@@ -13,6 +13,7 @@
 //!   streamable HTTP ([`mcp::HttpServer`], in-process or the binary), with an OAuth
 //!   mode that challenges for a scope until a token from its own `/token` carries it.
 //! - [`bin_path`]: where the `flow-testkit` binary is, building it once if needed.
+//! - [`flags`]: `CI` and `FLOW_BLESS`, read by one rule in every crate's tests.
 //!
 //! # The `flow-testkit` binary
 //!
@@ -34,6 +35,7 @@
 //!
 //! Example workflows (`workflows/`) use `flow-testkit http --addr 127.0.0.1:8080`.
 
+pub mod flags;
 pub mod http;
 pub mod mcp;
 

@@ -82,7 +82,9 @@ impl CliError {
         match self {
             Self::Invalid(_) | Self::Diagnostics(_) | Self::MissingSecrets { .. } => exit::INVALID,
             Self::Config(e) if e.is_invalid_input() => exit::INVALID,
-            Self::Secrets(crate::secrets::Error::TooLarge { .. }) => exit::INVALID,
+            Self::Secrets(
+                crate::secrets::Error::TooLarge { .. } | crate::secrets::Error::TooShort { .. },
+            ) => exit::INVALID,
             Self::Remote { status, .. }
                 if (400..500).contains(status) && !matches!(status, 408 | 429) =>
             {
@@ -169,6 +171,13 @@ mod tests {
                 2,
             ),
             (CliError::Secrets(too_large), 2),
+            (
+                CliError::Secrets(crate::secrets::Error::TooShort {
+                    names: vec!["PIN".into()],
+                    min: crate::secrets::MIN_SECRET_BYTES,
+                }),
+                2,
+            ),
             (CliError::unavailable("x"), 5),
             (CliError::NoLedger { path: "p".into() }, 5),
             (remote(404), 2),

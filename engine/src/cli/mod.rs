@@ -340,6 +340,15 @@ fn writing_command(command: &Command) -> Option<&'static str> {
     }
 }
 
+/// Commands whose process may execute workflows through the gateway, where `FLOW_FAULT`
+/// aborts: they announce a set `FLOW_FAULT` at start (`fault::start_warning`).
+fn runs_workflows(command: &Command) -> bool {
+    matches!(
+        command,
+        Command::Run(_) | Command::Resume(_) | Command::Daemon(_) | Command::Serve(_)
+    )
+}
+
 /// Commands that only look at (or steer) what is already in a ledger: on a missing one
 /// they report it instead of creating an empty database.
 fn needs_existing_ledger(command: &Command) -> bool {
@@ -394,6 +403,11 @@ fn check_ledger_args(cli: &Cli) -> Result<(), CliError> {
 async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
     if let Some(result) = client_mode(cli, stdout, stderr).await {
         return error::finish(result, stderr);
+    }
+    if runs_workflows(&cli.command)
+        && let Some(warning) = crate::fault::start_warning()
+    {
+        let _ = writeln!(stderr, "{warning}");
     }
     let result = match check_ledger_args(cli) {
         Err(e) => Err(e),

@@ -119,8 +119,46 @@ pub async fn fresh_pg_database() -> Option<(String, String)> {
     Some((with_database(&admin, &name), name))
 }
 
+/// Whether a flag's value turns it on: set, and not `""`, `"0"` or `"false"` (any case).
+///
+/// A copy of `flow_adapters::testkit::flags::flag_on` (the ledger may not depend on the
+/// adapters, not even in tests); `tests/tidy.rs` checks that the two are identical, so
+/// `CI` means the same here as in every other test.
+pub fn flag_on(value: Option<&str>) -> bool {
+    value.is_some_and(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false"))
+}
+
+/// Whether the tests run in CI (`CI` on, by [`flag_on`]): a skip there is a failure.
+pub fn ci() -> bool {
+    flag_on(std::env::var("CI").ok().as_deref())
+}
+
+/// An id of a worker on this host that is provably dead: this process's host and pid
+/// with another start time (the pid was reused). `None` (and a message) where `/proc`
+/// cannot prove a death (not Linux). On Linux the start time must have the shape
+/// `b<boot>.<ticks>.n<namespace>`: a broken `/proc` parse is a failure, not a skip that
+/// would switch the provable-death tests off.
+pub fn dead_local_worker() -> Option<WorkerId> {
+    let me = WorkerId::current();
+    let (host, pid, start) = me.parts().expect("worker id shape");
+    if !cfg!(target_os = "linux") {
+        eprintln!("not Linux: provable death is not testable here");
+        return None;
+    }
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    let parts: Vec<&str> = start.strip_prefix('b').unwrap_or("").split('.').collect();
+    let ns = match parts.as_slice() {
+        [boot, ticks, ns] if digits(boot) && digits(ticks) => ns.strip_prefix('n'),
+        _ => None,
+    };
+    let ns = ns
+        .filter(|ns| digits(ns))
+        .unwrap_or_else(|| panic!("on Linux the worker id must carry /proc's start time: {me}"));
+    Some(WorkerId::new(host, pid, &format!("b1.1.n{ns}")))
+}
+
 fn unreachable_pg(reason: &str) -> Option<(String, String)> {
-    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+    if ci() {
         panic!("PostgreSQL is unreachable in CI: {reason}");
     }
     skip_loudly(reason);

@@ -339,17 +339,10 @@ async fn claim_run_rules(db: TestDb) {
 
 async fn claim_run_takes_over_a_provably_dead_local_worker(db: TestDb) {
     let me = WorkerId::current();
-    let (host, pid, start) = me.parts().unwrap();
-    if !start.starts_with('b') {
-        eprintln!("not Linux: provable death is not testable here");
-        return;
-    }
     // Same pid, another start time: that process is gone.
-    let ns = start
-        .rsplit_once(".n")
-        .map(|(_, ns)| ns)
-        .expect("namespace");
-    let dead = WorkerId::new(host, pid, &format!("b1.1.n{ns}"));
+    let Some(dead) = dead_local_worker() else {
+        return;
+    };
     assert!(dead.is_provably_dead());
     db.ledger.enqueue(new_run("run_a"), db.now()).await.unwrap();
     db.ledger
@@ -606,15 +599,10 @@ async fn finish_run_emits_and_limits_output(db: TestDb) {
 
 async fn expire_dead_local_workers_frees_runs_and_calls(db: TestDb) {
     let me = WorkerId::current();
-    let (host, pid, start) = me.parts().unwrap();
-    if !start.starts_with('b') {
+    // Same pid, another start time: that process is gone.
+    let Some(dead) = dead_local_worker() else {
         return;
-    }
-    let ns = start
-        .rsplit_once(".n")
-        .map(|(_, ns)| ns)
-        .expect("namespace");
-    let dead = WorkerId::new(host, pid, &format!("b1.1.n{ns}"));
+    };
     let l = running(&db, "run_a", &dead).await;
     db.ledger
         .create_step(&l, step("pay", "pay", 0), db.now())
