@@ -39,12 +39,21 @@ impl Cx {
                 );
                 false
             }
-            Value::Seq(items) => items
-                .iter()
-                .fold(true, |ok, i| self.constant(i, what) && ok),
-            Value::Map(entries) => entries
-                .iter()
-                .fold(true, |ok, (_, v)| self.constant(v, what) && ok),
+            // Every item is checked (no short circuit), so each one is reported.
+            Value::Seq(items) => {
+                let mut ok = true;
+                for i in items {
+                    ok &= self.constant(i, what);
+                }
+                ok
+            }
+            Value::Map(entries) => {
+                let mut ok = true;
+                for (_, v) in entries {
+                    ok &= self.constant(v, what);
+                }
+                ok
+            }
             _ => true,
         }
     }
