@@ -224,6 +224,35 @@ struct RunIdRow {
     run_id: String,
 }
 
+/// Turns a `Resend` past the call's `max_resends` into `NeedsOperator` (with nothing
+/// scheduled and a detail that says why), in the recording transaction, after the
+/// schedule row is locked.
+async fn enforce_resend_budget(
+    c: &mut crate::conn::Conn<'_>,
+    ledger: &Ledger,
+    p: &mut NewProbe,
+) -> Result<(), Error> {
+    if p.decision != ProbeDecision::Resend
+        || count_resends(c, ledger, &p.run_id, &p.tool_call_id).await? < p.max_resends
+    {
+        return Ok(());
+    }
+    p.decision = ProbeDecision::NeedsOperator;
+    p.next_probe_at = None;
+    p.detail = Some(format!(
+        "not found, but the re-send budget (reconcile.max_resends = {}) is spent: a downstream whose status lags its effects may have executed every re-send",
+        p.max_resends
+    ));
+    let s = ledger.scope();
+    c.execute(
+        "UPDATE call_reconcile SET next_probe_at = NULL
+         WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4",
+        args![&s.tenant, &s.workspace, &p.run_id, &p.tool_call_id],
+    )
+    .await?;
+    Ok(())
+}
+
 /// A call's probe schedule ([`Ledger::probe_schedule`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProbeSchedule {
@@ -346,26 +375,10 @@ impl Ledger {
                     )
                     .await?
                     .map_or(1, |r| r.probes);
-                // The upsert above holds the schedule row's lock until commit, so this
-                // count sees every other prober's committed re-send.
+                // The upsert above holds the schedule row's lock until commit, so the
+                // budget check sees every other prober's committed re-send.
                 let mut p = p;
-                if p.decision == ProbeDecision::Resend
-                    && count_resends(c, &ledger, &p.run_id, &p.tool_call_id).await?
-                        >= p.max_resends
-                {
-                    p.decision = ProbeDecision::NeedsOperator;
-                    p.next_probe_at = None;
-                    p.detail = Some(format!(
-                        "not found, but the re-send budget (reconcile.max_resends = {}) is spent: a downstream whose status lags its effects may have executed every re-send",
-                        p.max_resends
-                    ));
-                    c.execute(
-                        "UPDATE call_reconcile SET next_probe_at = NULL
-                         WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4",
-                        args![&s.tenant, &s.workspace, &p.run_id, &p.tool_call_id],
-                    )
-                    .await?;
-                }
+                enforce_resend_budget(c, &ledger, &mut p).await?;
                 let response = p.response.as_ref().map(Json::to_string);
                 c.execute(
                     "INSERT INTO call_probes (tenant, workspace, id, run_id, tool_call_id, probe,

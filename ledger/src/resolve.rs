@@ -29,18 +29,7 @@ impl Ledger {
     /// the same transaction, so whoever settles it — CLI, API, console, reconciler —
     /// leaves no run paused with nothing in doubt. One transaction.
     pub async fn resolve_call(&self, req: Resolve, now: Timestamp) -> Result<ToolCall, Error> {
-        let (status, output, error) = match &req.resolution {
-            Resolution::Succeeded(v) => (CallStatus::Succeeded, Some(self.checked_json(v)?), None),
-            Resolution::Failed(m) => (
-                CallStatus::Failed,
-                None,
-                Some(StepError {
-                    kind: ErrorKind::Permanent,
-                    message: m.clone(),
-                }),
-            ),
-            Resolution::Retry => (CallStatus::Claimed, None, None),
-        };
+        let (status, output, error) = self.resolved_columns(&req.resolution)?;
         let ledger = self.clone();
         self.write(move |c| {
             Box::pin(async move {
@@ -142,20 +131,56 @@ impl Ledger {
                     },
                 )
                 .await?;
-                if run_status == RunStatus::Paused && !any_in_doubt(c, &ledger, &req.run_id).await?
-                {
-                    let to = RunTransition::Requeue.check(run_status, RunStatus::Queued)?;
-                    let actor = Actor {
-                        by: req.by.clone(),
-                        reason: req.note.clone(),
-                    };
-                    requeue_in(c, s, &run, to, Some(&actor), now).await?;
+                if run_status == RunStatus::Paused {
+                    requeue_if_settled(c, &ledger, &run, &req, now).await?;
                 }
                 row.into_call()
             })
         })
         .await
     }
+}
+
+impl Ledger {
+    /// The call's status, stored output and error a resolution writes.
+    fn resolved_columns(
+        &self,
+        resolution: &Resolution,
+    ) -> Result<(CallStatus, Option<String>, Option<StepError>), Error> {
+        Ok(match resolution {
+            Resolution::Succeeded(v) => (CallStatus::Succeeded, Some(self.checked_json(v)?), None),
+            Resolution::Failed(m) => (
+                CallStatus::Failed,
+                None,
+                Some(StepError {
+                    kind: ErrorKind::Permanent,
+                    message: m.clone(),
+                }),
+            ),
+            Resolution::Retry => (CallStatus::Claimed, None, None),
+        })
+    }
+}
+
+/// Puts the paused run `run` back on the queue once none of its calls is in doubt
+/// any more (in the resolution's transaction, audited as the resolver).
+async fn requeue_if_settled(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    run: &crate::rows::RunRow,
+    req: &Resolve,
+    now: Timestamp,
+) -> Result<(), Error> {
+    if any_in_doubt(c, ledger, &req.run_id).await? {
+        return Ok(());
+    }
+    let to = RunTransition::Requeue.check(RunStatus::Paused, RunStatus::Queued)?;
+    let actor = Actor {
+        by: req.by.clone(),
+        reason: req.note.clone(),
+    };
+    requeue_in(c, ledger.scope(), run, to, Some(&actor), now).await?;
+    Ok(())
 }
 
 #[derive(Debug, sqlx::FromRow)]

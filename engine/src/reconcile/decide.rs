@@ -162,8 +162,7 @@ mod tests {
     }
 
     #[test]
-    fn the_decision_table() {
-        let unknown = Answer::Unknown("HTTP 500".into());
+    fn the_decision_table_for_found() {
         let rows: Vec<(&str, Answer, Timing, Verdict)> = vec![
             (
                 "found early",
@@ -177,6 +176,16 @@ mod tests {
                 timing(99 * S, 3),
                 Verdict::Succeed(json!(7)),
             ),
+        ];
+        for (what, answer, t, want) in rows {
+            assert_eq!(verdict(&answer, &t), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn the_decision_table_for_not_found_and_unknown() {
+        let unknown = Answer::Unknown("HTTP 500".into());
+        let rows: Vec<(&str, Answer, Timing, Verdict)> = vec![
             (
                 "not found after `after`",
                 Answer::NotFound,

@@ -113,29 +113,15 @@ pub enum Error {
 /// Probes one in-doubt call and carries out the verdict (see the module docs).
 pub async fn reconcile_call(gateway: &Gateway, p: ProbeCall<'_>) -> Result<Reconciled, Error> {
     let ledger = gateway.ledger();
-    let Some(tool) = p.wf.tools.get(&p.node.tool) else {
-        return Ok(Reconciled::NotReconcilable);
+    let Due {
+        tool,
+        r,
+        call,
+        schedule,
+    } = match due(gateway, &p).await? {
+        Ok(due) => due,
+        Err(outcome) => return Ok(outcome),
     };
-    let Some(r) = &tool.reconcile else {
-        return Ok(Reconciled::NotReconcilable);
-    };
-    let call = match ledger.get_call(p.run_id, &p.node.id).await {
-        Ok(call) => call,
-        Err(flow_ledger::Error::NotFound { .. }) => return Ok(Reconciled::NotInDoubt),
-        Err(e) => return Err(e.into()),
-    };
-    if call.status != CallStatus::InDoubt {
-        return Ok(Reconciled::NotInDoubt);
-    }
-    let schedule = ledger.probe_schedule(p.run_id, &p.node.id).await?;
-    let now = gateway.now();
-    if !p.now_regardless {
-        match schedule.next_probe_at {
-            None if schedule.probes > 0 => return Ok(Reconciled::Spent),
-            Some(at) if at > now => return Ok(Reconciled::NotDue { at }),
-            _ => {}
-        }
-    }
     let ctx = probe::context(&call, p.inputs, p.run_id);
     let asked = match probe::ask(gateway, p.wf, tool, r, &ctx).await {
         Ok(asked) => asked,
@@ -269,6 +255,52 @@ fn detail_of(
         )),
         _ => None,
     }
+}
+
+/// A call to probe now: its tool and `reconcile:` block, the call (in doubt) and its
+/// probe schedule.
+struct Due<'a> {
+    tool: &'a crate::workflow::ToolDecl,
+    r: &'a crate::workflow::Reconcile,
+    call: flow_ledger::ToolCall,
+    schedule: flow_ledger::ProbeSchedule,
+}
+
+/// What to probe, or why nothing is probed now (no `reconcile:`, not in doubt any more,
+/// not due, probes spent).
+async fn due<'a>(
+    gateway: &Gateway,
+    p: &ProbeCall<'a>,
+) -> Result<Result<Due<'a>, Reconciled>, Error> {
+    let ledger = gateway.ledger();
+    let Some(tool) = p.wf.tools.get(&p.node.tool) else {
+        return Ok(Err(Reconciled::NotReconcilable));
+    };
+    let Some(r) = &tool.reconcile else {
+        return Ok(Err(Reconciled::NotReconcilable));
+    };
+    let call = match ledger.get_call(p.run_id, &p.node.id).await {
+        Ok(call) => call,
+        Err(flow_ledger::Error::NotFound { .. }) => return Ok(Err(Reconciled::NotInDoubt)),
+        Err(e) => return Err(e.into()),
+    };
+    if call.status != CallStatus::InDoubt {
+        return Ok(Err(Reconciled::NotInDoubt));
+    }
+    let schedule = ledger.probe_schedule(p.run_id, &p.node.id).await?;
+    if !p.now_regardless {
+        match schedule.next_probe_at {
+            None if schedule.probes > 0 => return Ok(Err(Reconciled::Spent)),
+            Some(at) if at > gateway.now() => return Ok(Err(Reconciled::NotDue { at })),
+            _ => {}
+        }
+    }
+    Ok(Ok(Due {
+        tool,
+        r,
+        call,
+        schedule,
+    }))
 }
 
 /// Carries out a settling verdict through the operator's resolution path: `None` when

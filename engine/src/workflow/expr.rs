@@ -416,6 +416,27 @@ mod tests {
         ));
     }
 
+    /// Values templated into a URL are inserted as they are; `urlencode` escapes all but
+    /// `/` (Jinja's rule), and `replace` escapes that too for a single path segment (the
+    /// README's http example shows both).
+    #[test]
+    fn urlencode_escapes_a_value_for_a_url() {
+        let ctx = json!({"with": {"order": "a/b c?d=1&e"}});
+        assert_eq!(
+            t("https://x/refunds/${{ with.order | urlencode }}").render(&ctx),
+            Ok(json!("https://x/refunds/a/b%20c%3Fd%3D1%26e"))
+        );
+        assert_eq!(
+            t("https://x/refunds/${{ with.order | urlencode | replace('/', '%2F') }}").render(&ctx),
+            Ok(json!("https://x/refunds/a%2Fb%20c%3Fd%3D1%26e"))
+        );
+        assert_eq!(
+            t("https://x/refunds/${{ with.order }}").render(&ctx),
+            Ok(json!("https://x/refunds/a/b c?d=1&e")),
+            "as is without the filter"
+        );
+    }
+
     #[test]
     fn undefined_values_are_errors_not_nulls() {
         let err = t("${{ inputs.missing }}").render(&json!({"inputs": {}}));

@@ -9,7 +9,7 @@ use crate::workflow::model::{
     DEFAULT_MAX_PROBES, DEFAULT_MAX_RESENDS, DEFAULT_PROBE_INTERVAL, DEFAULT_RECONCILE_AFTER,
     Probe, Reconcile,
 };
-use crate::workflow::yaml::{Node, Value};
+use crate::workflow::yaml::{Key, Node, Value};
 use std::time::Duration;
 
 /// Most probes a block may declare: a probe is cheap, but a call stuck in doubt for a
@@ -77,19 +77,7 @@ pub(super) fn reconcile(cx: &mut Cx, node: &Node, kind: &str) -> Option<Reconcil
             return None;
         }
     };
-    let misplaced: &[&str] = match kind {
-        "http" => &["tool", "with", "command", "env"],
-        "mcp" => &["request", "command", "env"],
-        _ => &["request", "tool", "with"],
-    };
-    for (key, _) in fields {
-        if misplaced.contains(&key.name.as_str()) {
-            cx.error(
-                key.pos,
-                format!("`reconcile.{}` does not apply to {kind} tools", key.name),
-            );
-        }
-    }
+    misplaced_keys(cx, fields, kind);
     let verdict = |cx: &mut Cx, name: &str| -> Option<_> {
         match get(fields, name) {
             Some(n) => condition(cx, n, &format!("reconcile.{name}")),
@@ -118,14 +106,15 @@ pub(super) fn reconcile(cx: &mut Cx, node: &Node, kind: &str) -> Option<Reconcil
         Some(n) => cx.duration(n, "`reconcile.interval`", MAX_TIMEOUT)?,
         None => DEFAULT_PROBE_INTERVAL,
     };
-    let max_probes = match get(fields, "max_probes") {
-        Some(n) => u32::try_from(cx.count(n, "`reconcile.max_probes`", 1, MAX_PROBES)?).ok()?,
-        None => DEFAULT_MAX_PROBES,
-    };
-    let max_resends = match get(fields, "max_resends") {
-        Some(n) => u32::try_from(cx.count(n, "`reconcile.max_resends`", 0, MAX_RESENDS)?).ok()?,
-        None => DEFAULT_MAX_RESENDS,
-    };
+    let max_probes = budget(cx, fields, "max_probes", 1, MAX_PROBES, DEFAULT_MAX_PROBES)?;
+    let max_resends = budget(
+        cx,
+        fields,
+        "max_resends",
+        0,
+        MAX_RESENDS,
+        DEFAULT_MAX_RESENDS,
+    )?;
     let timeout =
         get(fields, "timeout").and_then(|n| cx.duration(n, "`reconcile.timeout`", MAX_TIMEOUT));
     Some(Reconcile {
@@ -140,6 +129,38 @@ pub(super) fn reconcile(cx: &mut Cx, node: &Node, kind: &str) -> Option<Reconcil
         interval,
         timeout,
     })
+}
+
+/// Reports the probe keys of another tool kind (`request` on an mcp tool, …).
+fn misplaced_keys(cx: &mut Cx, fields: &[(Key, Node)], kind: &str) {
+    let misplaced: &[&str] = match kind {
+        "http" => &["tool", "with", "command", "env"],
+        "mcp" => &["request", "command", "env"],
+        _ => &["request", "tool", "with"],
+    };
+    for (key, _) in fields {
+        if misplaced.contains(&key.name.as_str()) {
+            cx.error(
+                key.pos,
+                format!("`reconcile.{}` does not apply to {kind} tools", key.name),
+            );
+        }
+    }
+}
+
+/// One of the block's budgets (`max_probes`, `max_resends`): `min..=max`, or `default`.
+fn budget(
+    cx: &mut Cx,
+    fields: &[(Key, Node)],
+    name: &str,
+    min: u64,
+    max: u64,
+    default: u32,
+) -> Option<u32> {
+    match get(fields, name) {
+        Some(n) => u32::try_from(cx.count(n, &format!("`reconcile.{name}`"), min, max)?).ok(),
+        None => Some(default),
+    }
 }
 
 fn http_probe(cx: &mut Cx, request: &Node) -> Option<Probe> {
