@@ -1,11 +1,11 @@
 //! Throttling of failed authentications, per client address.
 //!
-//! A token is 32 bytes of a secret nobody can guess in a lifetime, but an API that
-//! answers every wrong guess at full speed invites trying, fills logs and hides a
-//! misconfigured client hammering the server. So each client address may fail
-//! [`MAX_FAILURES`] times per [`WINDOW`]; after that every authentication from it —
-//! right or wrong, so a blocked guesser learns nothing — is answered 429 with
-//! `Retry-After` until its window ends. Failures are counted in
+//! A token's value is an operator's secret, not always a long random one, and an API
+//! that answers every wrong guess at full speed invites trying, fills logs and hides a
+//! misconfigured client hammering the server. So each client address (an IPv6 one by
+//! its /64) may fail [`MAX_FAILURES`] times per [`WINDOW`]; after that every
+//! authentication from it — right or wrong, so a blocked guesser learns nothing — is
+//! answered 429 with `Retry-After` until its window ends. Failures are counted in
 //! `flow_api_auth_failures_total`. The table is bounded ([`MAX_ADDRESSES`]): a flood
 //! from many addresses forgets the oldest windows instead of growing memory.
 //!
@@ -14,7 +14,7 @@
 //! client can send).
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -37,9 +37,21 @@ pub struct Throttle {
     windows: Mutex<HashMap<IpAddr, Window>>,
 }
 
-/// The key of a request without a known peer (a router driven in-process).
+/// The window a peer counts against: its IPv4 address, or its IPv6 /64 (one host
+/// usually holds a whole /64, so counting single IPv6 addresses would let it rotate
+/// through them); unspecified for a request without a known peer (a router driven
+/// in-process).
 fn key(addr: Option<IpAddr>) -> IpAddr {
-    addr.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+    match addr {
+        Some(IpAddr::V6(v6)) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(Ipv6Addr::from(
+                u128::from(v6) & 0xffff_ffff_ffff_ffff_0000_0000_0000_0000,
+            )),
+        },
+        Some(v4) => v4,
+        None => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+    }
 }
 
 impl Throttle {
@@ -113,6 +125,22 @@ mod tests {
         assert_eq!(t.check_at(a, start + WINDOW), Ok(()), "the window ended");
         t.failed_at(a, start + WINDOW);
         assert_eq!(t.check_at(a, start + WINDOW), Ok(()), "a new window");
+    }
+
+    #[test]
+    fn an_ipv6_host_counts_as_its_slash_64() {
+        let t = Throttle::default();
+        let now = Instant::now();
+        let one: Ipv6Addr = "2001:db8:1:2::1".parse().unwrap_or(Ipv6Addr::LOCALHOST);
+        let same_64: Ipv6Addr = "2001:db8:1:2:ffff::9"
+            .parse()
+            .unwrap_or(Ipv6Addr::LOCALHOST);
+        let other_64: Ipv6Addr = "2001:db8:1:3::1".parse().unwrap_or(Ipv6Addr::LOCALHOST);
+        for _ in 0..MAX_FAILURES {
+            t.failed_at(Some(IpAddr::V6(one)), now);
+        }
+        assert!(t.check_at(Some(IpAddr::V6(same_64)), now).is_err());
+        assert!(t.check_at(Some(IpAddr::V6(other_64)), now).is_ok());
     }
 
     #[test]
