@@ -6,6 +6,10 @@
 //! handler; every error is `application/problem+json` (`problem.rs`). The limits that
 //! keep slow or huge requests from exhausting the server are layers here: a body limit
 //! (413), a request timeout (408) and a concurrency limit (requests beyond it wait).
+//! In front of every route `guard.rs` refuses control characters in the path and query
+//! (400) and, without authentication, a non-loopback `Host` (421) or a foreign
+//! `Origin` on a change (403); `throttle.rs` limits failed authentications per client
+//! address (429).
 //!
 //! The operator console (`ui/`, server-rendered HTML under `/ui`, `/` redirecting to it)
 //! is another router merged in [`router`]; it calls the API handlers' functions with
