@@ -14,6 +14,11 @@ pub enum ApiError {
     /// The server URL is not http(s).
     #[error("`{0}` is not an http:// or https:// URL")]
     BadUrl(String),
+    /// A path segment (a run id) that a URL cannot carry as itself: empty, `.` or `..`
+    /// would be normalized away and the request would reach another resource. Nothing
+    /// was sent.
+    #[error("`{0}` cannot be a URL path segment (it would be normalized away); nothing was sent")]
+    BadSegment(String),
     /// No answer: connection refused, DNS, TLS, a timeout, a broken body.
     #[error("cannot reach the server at {base}: {reason}")]
     Unreachable {
@@ -73,8 +78,12 @@ impl ApiClient {
         self.token.is_some()
     }
 
-    /// The URL of `/api/v1/` + `segments` (each escaped) with `query`.
-    fn url(&self, segments: &[&str], query: &[(&str, String)]) -> reqwest::Url {
+    /// The URL of `/api/v1/` + `segments` (each escaped) with `query`; refused for a
+    /// segment that is empty, `.` or `..` (escaping does not protect those).
+    fn url(&self, segments: &[&str], query: &[(&str, String)]) -> Result<reqwest::Url, ApiError> {
+        if let Some(bad) = segments.iter().find(|s| matches!(**s, "" | "." | "..")) {
+            return Err(ApiError::BadSegment((*bad).to_string()));
+        }
         let mut url = self.base.clone();
         if let Ok(mut path) = url.path_segments_mut() {
             path.pop_if_empty().extend(["api", "v1"]).extend(segments);
@@ -82,17 +91,17 @@ impl ApiClient {
         if !query.is_empty() {
             url.query_pairs_mut().extend_pairs(query);
         }
-        url
+        Ok(url)
     }
 
     /// `GET /api/v1/<segments>?<query>`.
     pub async fn get(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Json, ApiError> {
-        self.send(self.http.get(self.url(segments, query))).await
+        self.send(self.http.get(self.url(segments, query)?)).await
     }
 
     /// `POST /api/v1/<segments>` with a JSON body.
     pub async fn post(&self, segments: &[&str], body: &Json) -> Result<Json, ApiError> {
-        self.send(self.http.post(self.url(segments, &[])).json(body))
+        self.send(self.http.post(self.url(segments, &[])?).json(body))
             .await
     }
 
@@ -124,5 +133,31 @@ impl ApiClient {
                 .unwrap_or("no detail given")
                 .to_string(),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_segments_are_refused_and_others_escaped() {
+        let Ok(client) = ApiClient::new("http://127.0.0.1:1", None) else {
+            panic!("client");
+        };
+        for bad in ["..", ".", ""] {
+            assert!(
+                matches!(
+                    client.url(&["runs", bad], &[]),
+                    Err(ApiError::BadSegment(_))
+                ),
+                "{bad:?}"
+            );
+        }
+        let url = client.url(&["runs", "a/..b"], &[]).map(|u| u.to_string());
+        assert_eq!(
+            url.ok().as_deref(),
+            Some("http://127.0.0.1:1/api/v1/runs/a%2F..b")
+        );
     }
 }

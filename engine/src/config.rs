@@ -97,6 +97,11 @@ pub struct Api {
     /// unless `--insecure-no-auth`.
     #[serde(default)]
     pub tokens: Vec<ApiToken>,
+    /// `metrics_token = "NAME"`: `/metrics` of `flow serve` (and `flow daemon --serve`)
+    /// then needs the bearer token of that `[[api.tokens]]` entry, for servers whose
+    /// figures (run counts, tool names) are not for everyone who can reach the port.
+    #[serde(default)]
+    pub metrics_token: Option<String>,
 }
 
 /// One `[[api.tokens]]` entry. It names the secret holding the token's value, never the

@@ -231,7 +231,7 @@ pub fn workflow_schema() -> Value {
             "nodes": {
                 "type": "object",
                 "minProperties": 1,
-                "propertyNames": { "pattern": "^[a-z0-9_-]+$", "not": { "pattern": "_retry[0-9]+$" } },
+                "propertyNames": { "pattern": "^[a-z0-9_-]+$", "maxLength": 128, "not": { "pattern": "_retry[0-9]+$" } },
                 "additionalProperties": {
                     "type": "object",
                     "additionalProperties": false,

@@ -67,6 +67,18 @@ pub enum Error {
         /// The value's size as JSON.
         size: usize,
     },
+    /// A text the caller passed cannot be stored: PostgreSQL refuses a NUL byte in a
+    /// text (`invalid byte sequence`, SQLSTATE 22021) and `\u0000` in JSON (22P05). It is
+    /// the caller's input at fault, not the database: callers answer it as bad input
+    /// (the API's 400), never as "database unavailable".
+    #[error(
+        "a text holds a NUL byte or another character that cannot be stored; nothing was written"
+    )]
+    InvalidText {
+        /// The database's message, for logs (not shown: callers answer clients with the
+        /// variant's own words, not the database's).
+        reason: String,
+    },
     /// The database cannot be reached or opened. The CLI maps this to exit code 5.
     #[error("database {url} is unavailable: {reason}")]
     Unavailable {
@@ -152,6 +164,13 @@ impl From<sqlx::Error> for Error {
                 other_run: String::new(),
                 other_node: String::new(),
                 reason: format!("identity already in use ({})", db.message()),
+            };
+        }
+        if let sqlx::Error::Database(db) = &e
+            && matches!(db.code().as_deref(), Some("22021" | "22P05"))
+        {
+            return Error::InvalidText {
+                reason: db.message().to_string(),
             };
         }
         Error::Backend {

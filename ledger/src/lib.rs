@@ -12,6 +12,7 @@
 //! - [`worker`]: [`WorkerId`] `host:pid:start`, provable death on the same host.
 //! - [`state`]: [`RunStatus`], [`StepStatus`], [`CallStatus`], [`ErrorKind`], the claim
 //!   decision table (pure, unit tested).
+//! - [`ids`]: the one grammar of run ids, tenant, workspace (and node) names.
 //! - [`model`]: requests and rows.
 //! - [`events`]: outbox [`Event`]s, written in the transaction of their state change;
 //!   `deliveries.rs`: per-consumer delivery queues and checkpoints for the dispatcher.
@@ -68,6 +69,7 @@
 
 pub mod clock;
 pub mod events;
+pub mod ids;
 pub mod model;
 pub mod notify;
 pub mod state;

@@ -16,7 +16,7 @@ pub(crate) const VIEWER: &str = "viewer-token-1";
 pub(crate) const OPERATOR: &str = "operator-token-1";
 pub(crate) const ADMIN: &str = "admin-token-1";
 
-const TOKENS: &str = r#"
+pub(crate) const TOKENS: &str = r#"
 [[api.tokens]]
 name = "vera"
 role = "viewer"

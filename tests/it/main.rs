@@ -3,6 +3,7 @@
 
 mod api;
 mod api_doubt;
+mod api_hostile;
 mod api_stream;
 mod args;
 mod chaos;

@@ -137,11 +137,14 @@ async fn serve_api(
     stop: &CancellationToken,
     stderr: &mut dyn Write,
 ) -> Result<(), CliError> {
+    let auth = super::serve::tokens(cli, addr, false)?;
     let app = crate::serve::App {
         ledger: gateway.ledger().clone(),
-        tokens: super::serve::tokens(cli, addr, false)?,
+        tokens: auth.tokens,
         metrics: metrics.clone(),
         gateway: gateway.clone(),
+        metrics_token: auth.metrics_token,
+        throttle: crate::serve::throttle::Throttle::default(),
     };
     let (bound, _) = super::serve::start(app, addr, stop.clone()).await?;
     let _ = writeln!(stderr, "flow daemon: API at http://{bound}/api/v1");

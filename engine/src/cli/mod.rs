@@ -301,15 +301,30 @@ async fn close_opened() {
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), closing).await;
 }
 
-/// The rule for identifiers a user names (`--run-id`, `--tenant`, `--workspace`): they
-/// end up in keys, log lines, metrics labels and file names, so 1 to 128 ASCII letters,
-/// digits, `_`, `-` and `.` (no spaces, newlines or control characters).
-pub(crate) fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 128
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+/// Checks an identifier a user names (`--run-id`, `--tenant`, `--workspace`, the `RUN`
+/// of `flow show`/`cancel`/`resume`) against the one id grammar
+/// ([`flow_ledger::ids::check_id`]): they end up in keys, log lines, metrics labels,
+/// file names and URL paths. `what` names the flag or argument in the message (exit 2).
+pub(crate) fn check_id(
+    kind: flow_ledger::ids::IdKind,
+    what: &str,
+    value: &str,
+) -> Result<(), CliError> {
+    flow_ledger::ids::check_id(kind, value)
+        .map_err(|e| CliError::invalid(format!("invalid {what}: {e}")))
+}
+
+/// The run id a command names as its `RUN` argument (show, cancel, resume), checked
+/// before anything is opened or sent: in client mode a `..` would otherwise be
+/// normalized out of the URL and ask the server for another resource.
+fn check_run_arg(command: &Command) -> Result<(), CliError> {
+    let run = match command {
+        Command::Show(a) => &a.run,
+        Command::Cancel(a) => &a.run,
+        Command::Resume(a) => &a.run,
+        _ => return Ok(()),
+    };
+    check_id(flow_ledger::ids::IdKind::Run, "run id argument", run)
 }
 
 /// The command's name when it writes to the ledger (refused on a read-only `--db`).
@@ -367,19 +382,9 @@ fn needs_existing_ledger(command: &Command) -> bool {
 /// workspace are well-formed names, a read-only `--db` is not asked to write, and a
 /// command that reads does not create a missing SQLite ledger (exit 5).
 fn check_ledger_args(cli: &Cli) -> Result<(), CliError> {
-    for (flag, value) in [("--tenant", &cli.tenant), ("--workspace", &cli.workspace)] {
-        if !valid_name(value) {
-            let shown: String = value.escape_debug().take(80).collect();
-            return Err(CliError::invalid(format!(
-                "invalid {flag} \"{shown}\"{}: use 1 to 128 letters, digits, `_`, `-` and `.`",
-                if value.chars().count() > 80 {
-                    "…"
-                } else {
-                    ""
-                }
-            )));
-        }
-    }
+    use flow_ledger::ids::IdKind;
+    check_id(IdKind::Tenant, "--tenant", &cli.tenant)?;
+    check_id(IdKind::Workspace, "--workspace", &cli.workspace)?;
     if flow_ledger::is_read_only_url(&cli.db)
         && let Some(name) = writing_command(&cli.command)
     {
@@ -401,6 +406,9 @@ fn check_ledger_args(cli: &Cli) -> Result<(), CliError> {
 }
 
 async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
+    if let Err(e) = check_run_arg(&cli.command) {
+        return error::finish(Err(e), stderr);
+    }
     if let Some(result) = client_mode(cli, stdout, stderr).await {
         return error::finish(result, stderr);
     }

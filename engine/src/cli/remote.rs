@@ -34,6 +34,7 @@ fn client(server: &str, remote: &Remote) -> Result<ApiClient, CliError> {
 fn failed(e: &ApiError, has_token: bool) -> CliError {
     match e {
         ApiError::BadUrl(_) => CliError::invalid(format!("--server {e}")),
+        ApiError::BadSegment(_) => CliError::invalid(e.to_string()),
         ApiError::Unreachable { .. } => CliError::unavailable(e.to_string()),
         ApiError::Problem {
             status,

@@ -335,11 +335,6 @@ fn check_secrets(wf: &Workflow, secrets: &Secrets) -> Result<(), CliError> {
     })
 }
 
-/// The rule for `--run-id`: ids end up in keys, logs and file names.
-fn valid_run_id(id: &str) -> bool {
-    super::valid_name(id)
-}
-
 /// Everything `flow run` and `flow submit` check before they touch the database — the
 /// file validates, the inputs type-check, the run id is well formed — and the run to
 /// enqueue. Bad input is an input error (exit 2): nothing is written.
@@ -349,17 +344,15 @@ pub(super) fn check_new_run(
     inputs_file: Option<&std::path::Path>,
     run_id: Option<&str>,
 ) -> Result<(ValidWorkflow, NewRun), CliError> {
+    if let Some(id) = run_id {
+        super::check_id(flow_ledger::ids::IdKind::Run, "--run-id", id)?;
+    }
     let (wf, source) = load_file(file, &validate_options())
         .map_err(|diags| CliError::Diagnostics(diags.to_string()))?;
     let inputs = crate::inputs::resolve(&wf, inputs, inputs_file)
         .map_err(|e| CliError::invalid(e.to_string()))?;
     let id = match run_id {
-        Some(id) if valid_run_id(id) => id.to_owned(),
-        Some(id) => {
-            return Err(CliError::invalid(format!(
-                "invalid --run-id `{id}`: use up to 128 letters, digits, `_`, `-` and `.`"
-            )));
-        }
+        Some(id) => id.to_owned(),
         None => format!("run_{}", ulid::Ulid::generate()),
     };
     let new = NewRun {

@@ -33,12 +33,32 @@ pub struct ServeArgs {
     pub insecure_no_auth: bool,
 }
 
+/// How the API authenticates, from `flow.toml`: the tokens and the one `/metrics`
+/// needs, if any.
+#[derive(Debug)]
+pub(crate) struct ApiAuth {
+    /// The bearer tokens (or none, with `--insecure-no-auth`).
+    pub tokens: Tokens,
+    /// `[api] metrics_token`, checked to name a declared token.
+    pub metrics_token: Option<String>,
+}
+
 /// The tokens of `flow.toml`, their values read from the secrets. Refused: a bad
 /// address or flag (exit 2), a bad installation — unreadable config, a token whose
-/// secret is missing (exit 5).
-pub(crate) fn tokens(cli: &Cli, addr: SocketAddr, insecure: bool) -> Result<Tokens, CliError> {
+/// secret is missing, two tokens with one name or one value, a `metrics_token` naming
+/// no token (exit 5).
+pub(crate) fn tokens(cli: &Cli, addr: SocketAddr, insecure: bool) -> Result<ApiAuth, CliError> {
     let config = Config::load(cli.config.as_deref())?;
     let declared = config.api.tokens;
+    let metrics_token = config.api.metrics_token;
+    if let Some(name) = &metrics_token
+        && !declared.iter().any(|t| &t.name == name)
+    {
+        return Err(CliError::unavailable(format!(
+            "[api] metrics_token = \"{}\" names no [[api.tokens]] entry: use one of their names",
+            name.escape_debug()
+        )));
+    }
     if declared.is_empty() {
         if !insecure {
             return Err(CliError::unavailable(
@@ -50,7 +70,10 @@ pub(crate) fn tokens(cli: &Cli, addr: SocketAddr, insecure: bool) -> Result<Toke
                 "--insecure-no-auth serves only on a loopback address (127.0.0.1, ::1), not {addr}: anyone who reaches it could resolve calls"
             )));
         }
-        return Ok(Tokens::Insecure);
+        return Ok(ApiAuth {
+            tokens: Tokens::Insecure,
+            metrics_token: None,
+        });
     }
     if insecure {
         return Err(CliError::invalid(
@@ -58,17 +81,49 @@ pub(crate) fn tokens(cli: &Cli, addr: SocketAddr, insecure: bool) -> Result<Toke
         ));
     }
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
-    let mut tokens = Vec::with_capacity(declared.len());
-    for t in declared {
+    let mut tokens: Vec<(Token, &str)> = Vec::with_capacity(declared.len());
+    for t in &declared {
         let Some(value) = secrets.get(&t.secret).filter(|v| !v.is_empty()) else {
             return Err(CliError::unavailable(format!(
                 "API token `{}`: secret `{}` is not set: provide FLOW_SECRET_{} in the environment or a line `{}=…` in --secrets-file",
                 t.name, t.secret, t.secret, t.secret
             )));
         };
-        tokens.push(Token::new(t.name, t.role, value));
+        let token = Token::new(t.name.clone(), t.role, value);
+        check_distinct(&token, &t.secret, &tokens)?;
+        tokens.push((token, &t.secret));
     }
-    Ok(Tokens::Required(tokens))
+    Ok(ApiAuth {
+        tokens: Tokens::Required(tokens.into_iter().map(|(t, _)| t).collect()),
+        metrics_token,
+    })
+}
+
+/// Refuses a token whose name is not a plain name, or whose name or value an earlier
+/// entry already has: with one value, whichever entry came last would silently decide
+/// the role; with one name, the audit trail could not tell two tokens apart.
+fn check_distinct(token: &Token, secret: &str, before: &[(Token, &str)]) -> Result<(), CliError> {
+    let name = &token.name;
+    if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
+        return Err(CliError::unavailable(format!(
+            "API token name \"{}\" must be 1 to 128 characters without control characters (it is recorded as `by` in the ledger)",
+            name.escape_debug()
+        )));
+    }
+    for (other, other_secret) in before {
+        if &other.name == name {
+            return Err(CliError::unavailable(format!(
+                "two [[api.tokens]] entries are named `{name}`: give each token its own name (it is recorded as `by` on everything it does)"
+            )));
+        }
+        if other.same_value(token) {
+            return Err(CliError::unavailable(format!(
+                "[[api.tokens]] `{}` (secret `{other_secret}`) and `{name}` (secret `{secret}`) have the same value: a request could not tell them apart and the later entry would decide the role; give each token its own value",
+                other.name
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Binds the API on `addr` for a command that already holds its ledger and metrics
@@ -111,7 +166,10 @@ pub(crate) async fn serve(
 ) -> Result<u8, CliError> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     logging::init(cli.log_format, &secrets);
-    let tokens = tokens(cli, args.addr, args.insecure_no_auth)?;
+    let ApiAuth {
+        tokens,
+        metrics_token,
+    } = tokens(cli, args.addr, args.insecure_no_auth)?;
     let ledger = open_ledger(cli).await?;
     let gateway = probe_gateway(cli, &ledger, secrets)?;
     let auth = match &tokens {
@@ -123,6 +181,8 @@ pub(crate) async fn serve(
         tokens,
         metrics: Arc::new(Metrics::new()),
         gateway,
+        metrics_token,
+        throttle: crate::serve::throttle::Throttle::default(),
     };
     let handle = shutdown::Handle::new();
     let (bound, task) = start(app, args.addr, handle.graceful().clone()).await?;

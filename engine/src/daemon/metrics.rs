@@ -59,6 +59,7 @@ pub struct Metrics {
     call_seconds: Family<Labels, Histogram, fn() -> Histogram>,
     tools_seen: std::sync::Mutex<std::collections::HashSet<String>>,
     deliveries: Family<Labels, Gauge>,
+    auth_failures: Family<Label, Counter>,
     process: ProcessGauges,
 }
 
@@ -136,7 +137,13 @@ impl Metrics {
         let call_seconds: Family<Labels, Histogram, fn() -> Histogram> =
             Family::new_with_constructor(call_histogram);
         let deliveries = Family::<Labels, Gauge>::default();
+        let auth_failures = Family::<Label, Counter>::default();
         let process = ProcessGauges::register(&mut registry);
+        registry.register(
+            "api_auth_failures",
+            "Presented API tokens that matched none, by where (api, console, metrics); each counts toward its address's throttle",
+            auth_failures.clone(),
+        );
         registry.register(
             "event_deliveries",
             "Event deliveries by consumer and status; dead = dead letters (read at scrape time)",
@@ -220,6 +227,7 @@ impl Metrics {
             call_seconds,
             tools_seen: std::sync::Mutex::new(std::collections::HashSet::new()),
             deliveries,
+            auth_failures,
             process,
         }
     }
@@ -300,6 +308,12 @@ impl Metrics {
         self.runs_finished
             .get_or_create(&[("status", status)])
             .inc();
+    }
+
+    /// Counts one failed authentication (`via`: `api`, `console` or `metrics`), so an
+    /// operator sees guessing or a misconfigured client before the throttle bites.
+    pub fn auth_failed(&self, via: &'static str) {
+        self.auth_failures.get_or_create(&[("via", via)]).inc();
     }
 
     /// Reads the shared gauges from the database; returns whether it answered.

@@ -10,11 +10,12 @@
 //! resolves; an admin also runs bulk operations.
 
 use std::marker::PhantomData;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use axum::extract::FromRequestParts;
+use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{Extensions, HeaderMap, StatusCode, header};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -71,6 +72,14 @@ impl Token {
             role,
             digest: Sha256::digest(value.as_bytes()).into(),
         }
+    }
+}
+
+impl Token {
+    /// Whether `other` has the same value (two entries one request could not tell
+    /// apart: the later would silently decide the role).
+    pub fn same_value(&self, other: &Token) -> bool {
+        bool::from(self.digest.ct_eq(&other.digest))
     }
 }
 
@@ -167,15 +176,49 @@ impl Need for Admin {
 #[derive(Debug)]
 pub struct Authed<R: Need>(pub Caller, pub PhantomData<R>);
 
+/// The peer address of a request, when the server was started with connect info
+/// (`serve::serve` always is; a router driven in-process is not).
+pub fn client_ip(extensions: &Extensions) -> Option<IpAddr> {
+    extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip())
+}
+
+/// The caller a request's `Authorization` header names, throttled per client address
+/// (`super::throttle`): 429 while the address is refused, 401 for a missing or wrong
+/// token. A presented token that matches none is a failure: counted in
+/// `flow_api_auth_failures_total{via}` and in the address's window.
+pub fn authenticate(
+    app: &App,
+    headers: &HeaderMap,
+    extensions: &Extensions,
+    via: &'static str,
+) -> Result<Caller, Problem> {
+    if matches!(app.tokens, Tokens::Insecure) {
+        return app.tokens.authenticate(None);
+    }
+    let ip = client_ip(extensions);
+    app.throttle.check(ip).map_err(Problem::too_many)?;
+    let header = headers.get(header::AUTHORIZATION);
+    let text = header.and_then(|v| v.to_str().ok());
+    match app.tokens.authenticate(text) {
+        Ok(caller) => Ok(caller),
+        Err(p) => {
+            if header.is_some() {
+                app.throttle.failed(ip);
+                app.metrics.auth_failed(via);
+                tracing::warn!(client = ?ip, via, "failed API authentication");
+            }
+            Err(p)
+        }
+    }
+}
+
 impl<R: Need> FromRequestParts<Arc<App>> for Authed<R> {
     type Rejection = Problem;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, Problem> {
-        let header = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        let caller = app.tokens.authenticate(header)?;
+        let caller = authenticate(app, &parts.headers, &parts.extensions, "api")?;
         if caller.role < R::ROLE {
             return Err(Problem::new(
                 StatusCode::FORBIDDEN,

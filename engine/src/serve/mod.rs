@@ -6,6 +6,10 @@
 //! handler; every error is `application/problem+json` (`problem.rs`). The limits that
 //! keep slow or huge requests from exhausting the server are layers here: a body limit
 //! (413), a request timeout (408) and a concurrency limit (requests beyond it wait).
+//! In front of every route `guard.rs` refuses control characters in the path and query
+//! (400) and, without authentication, a non-loopback `Host` (421) or a foreign
+//! `Origin` on a change (403); `throttle.rs` limits failed authentications per client
+//! address (429).
 //!
 //! The operator console (`ui/`, server-rendered HTML under `/ui`, `/` redirecting to it)
 //! is another router merged in [`router`]; it calls the API handlers' functions with
@@ -13,8 +17,10 @@
 
 pub mod api;
 pub mod auth;
+pub mod guard;
 pub mod openapi;
 pub mod problem;
+pub mod throttle;
 pub mod ui;
 
 use std::net::SocketAddr;
@@ -49,18 +55,27 @@ pub struct App {
     /// Tools, secrets and egress for "probe now" (reconciliation): a probe is a request
     /// like any other, under this process's egress policy and secrets.
     pub gateway: crate::gateway::Gateway,
+    /// `[api] metrics_token`: the one token `/metrics` then needs (`None`: open, as a
+    /// scraper on a private network expects).
+    pub metrics_token: Option<String>,
+    /// Failed authentications per client address (429 past the limit).
+    pub throttle: throttle::Throttle,
 }
 
 /// The whole server's routes with their limits.
 pub fn router(app: Arc<App>) -> Router {
-    let metrics = crate::daemon::metrics::router(app.metrics.clone(), app.ledger.clone());
+    let metrics =
+        crate::daemon::metrics::router(app.metrics.clone(), app.ledger.clone()).route_layer(
+            axum::middleware::from_fn_with_state(app.clone(), guard::metrics),
+        );
     api::routes()
         .with_state(app.clone())
-        .merge(ui::routes(app))
+        .merge(ui::routes(app.clone()))
         .merge(metrics)
         .fallback(|| async {
             problem::Problem::not_found("no such route; the API is under /api/v1").into_response()
         })
+        .layer(axum::middleware::from_fn_with_state(app, guard::guard))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             StatusCode::REQUEST_TIMEOUT,
@@ -80,9 +95,13 @@ pub async fn serve(
     let bound = listener.local_addr()?;
     let router = router(app);
     let task = tokio::spawn(async move {
-        let served = axum::serve(listener, router)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
+        // The peer address is what failed authentications are throttled by.
+        let served = axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await;
         if let Err(e) = served {
             tracing::error!(error = %e, "the API server stopped");
         }

@@ -150,7 +150,7 @@ pub const ROUTES: &[Route] = &[
 const PROBLEMS: &[(u16, &str)] = &[
     (
         400,
-        "Malformed JSON, unknown field or wrong type (detail names the field)",
+        "Malformed JSON, unknown field or wrong type (detail names the field); a control character (NUL…) in the path or query; a run id outside the id grammar",
     ),
     (401, "No valid bearer token"),
     (403, "The token's role is too low"),
@@ -160,6 +160,10 @@ const PROBLEMS: &[(u16, &str)] = &[
     (
         422,
         "The workflow does not validate (errors lists every diagnostic)",
+    ),
+    (
+        429,
+        "Too many failed authentications from this address (Retry-After says when to retry)",
     ),
 ];
 

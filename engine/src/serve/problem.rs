@@ -20,6 +20,8 @@ pub struct Problem {
     pub detail: String,
     /// Extension members, merged into the top-level object.
     pub extra: Map<String, Json>,
+    /// Seconds for a `Retry-After` header (a 429 says when to come back).
+    pub retry_after: Option<u64>,
 }
 
 impl Problem {
@@ -29,7 +31,23 @@ impl Problem {
             status,
             detail: detail.into(),
             extra: Map::new(),
+            retry_after: None,
         }
+    }
+
+    /// 429: too many failed authentications from this address; come back in
+    /// `retry_after` (rounded up to whole seconds, at least 1).
+    pub fn too_many(retry_after: std::time::Duration) -> Self {
+        let secs = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+        let mut p = Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "too many failed authentications from this address: try again in {} s",
+                secs.max(1)
+            ),
+        );
+        p.retry_after = Some(secs.max(1));
+        p
     }
 
     /// Adds the extension member `key`.
@@ -54,7 +72,8 @@ impl Problem {
     }
 
     /// The problem for a ledger error that the handler did not map itself: 404 for a
-    /// missing row, 409 for state conflicts, 400 for an over-large value, 503 when the
+    /// missing row, 409 for state conflicts, 400 for an over-large value or a text the
+    /// database cannot store (a NUL byte), 503 when the
     /// database cannot be used.
     pub fn ledger(e: &flow_ledger::Error) -> Self {
         use flow_ledger::Error as E;
@@ -66,7 +85,7 @@ impl Problem {
             | E::InDoubt { .. }
             | E::InvalidTransition { .. }
             | E::Terminal { .. } => StatusCode::CONFLICT,
-            E::OutputTooLarge { .. } => StatusCode::BAD_REQUEST,
+            E::OutputTooLarge { .. } | E::InvalidText { .. } => StatusCode::BAD_REQUEST,
             E::ReadOnly { .. } => StatusCode::FORBIDDEN,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         };
@@ -85,12 +104,17 @@ impl IntoResponse for Problem {
         body.insert("status".into(), json!(self.status.as_u16()));
         body.insert("detail".into(), json!(self.detail));
         body.extend(self.extra);
+        let retry_after = self.retry_after;
         let mut resp = (
             self.status,
             [(header::CONTENT_TYPE, "application/problem+json")],
             Json::Object(body).to_string(),
         )
             .into_response();
+        if let Some(secs) = retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             // RFC 6750: a 401 names the scheme it wants.
             resp.headers_mut().insert(

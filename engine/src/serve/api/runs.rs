@@ -158,12 +158,10 @@ fn check(req: SubmitRun, at: &str, parsed: &mut Parsed) -> Result<NewRun, Proble
     let inputs = crate::inputs::from_json(wf, req.inputs)
         .map_err(|e| Problem::bad_request(format!("{at}inputs: {e}")))?;
     let id = match req.run_id {
-        Some(id) if valid_run_id(&id) => id,
         Some(id) => {
-            return Err(Problem::bad_request(format!(
-                "{at}run_id: `{}` is not 1 to 128 letters, digits, `_`, `-` and `.`",
-                id.escape_debug()
-            )));
+            flow_ledger::ids::check_id(flow_ledger::ids::IdKind::Run, &id)
+                .map_err(|e| Problem::bad_request(format!("{at}run_id: {e}")))?;
+            id
         }
         None => format!("run_{}", ulid::Ulid::generate()),
     };
@@ -204,12 +202,6 @@ fn validate(text: &str, at: &str) -> Result<crate::workflow::ValidWorkflow, Prob
         );
         Problem::new(StatusCode::UNPROCESSABLE_ENTITY, detail).with("errors", Json_::Array(errors))
     })
-}
-
-/// The `--run-id` rule of the CLI: ids end up in keys, logs and file names.
-fn valid_run_id(id: &str) -> bool {
-    let allowed = |b: u8| b.is_ascii_alphanumeric() || b"_-.".contains(&b);
-    (1..=128).contains(&id.len()) && id.bytes().all(allowed)
 }
 
 /// The problem for an id reused with another workflow or inputs: 409 naming what

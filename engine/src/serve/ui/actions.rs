@@ -8,7 +8,8 @@ use std::sync::Arc;
 use axum::Form;
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
@@ -41,13 +42,15 @@ pub struct SignIn {
 }
 
 /// `POST /ui/sign-in`: a valid token opens a session (cookie), anything else shows the
-/// form again with why (401).
+/// form again with why (401). Wrong tokens count toward the address's throttle like
+/// the API's (`serve::throttle`): past it, 429 with `Retry-After`, whatever the token.
 pub async fn sign_in(
     State(ui): State<Arc<Ui>>,
+    extensions: axum::http::Extensions,
     f: Result<Form<SignIn>, FormRejection>,
-) -> Result<Page, Page> {
+) -> Result<Response, Page> {
     if matches!(ui.app.tokens, Tokens::Insecure) {
-        return Ok(Page::redirect("/ui/runs"));
+        return Ok(Page::redirect("/ui/runs").into_response());
     }
     let f = form(f)?;
     if !ui.sessions.csrf_ok("sign-in", "", &f.csrf) {
@@ -56,17 +59,31 @@ pub async fn sign_in(
             "the sign-in form's CSRF token is not this server's: reload the page and try again",
         ));
     }
+    let ip = crate::serve::auth::client_ip(&extensions);
+    if let Err(left) = ui.app.throttle.check(ip) {
+        let p = Problem::too_many(left);
+        let page = sign_in_page(&ui, StatusCode::TOO_MANY_REQUESTS, Some(&p.detail));
+        let mut resp = page.into_response();
+        if let Some(secs) = p.retry_after {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, header::HeaderValue::from(secs));
+        }
+        return Ok(resp);
+    }
     let token = f.token.trim();
     let caller = match ui.app.tokens.authenticate(Some(&format!("Bearer {token}"))) {
         Ok(c) => c,
         Err(_) => {
+            ui.app.throttle.failed(ip);
+            ui.app.metrics.auth_failed("console");
+            tracing::warn!(client = ?ip, "failed console sign-in");
             let why = "that token is not one this server knows: paste the value of an [[api.tokens]] secret";
-            return Ok(sign_in_page(&ui, StatusCode::UNAUTHORIZED, Some(why)));
+            return Ok(sign_in_page(&ui, StatusCode::UNAUTHORIZED, Some(why)).into_response());
         }
     };
     tracing::info!(token = %caller.name, role = caller.role.as_str(), "console sign-in");
     let id = ui.sessions.open(caller);
-    Ok(Page::Redirect("/ui/runs".into(), Some(set_cookie(&id))))
+    Ok(Page::Redirect("/ui/runs".into(), Some(set_cookie(&id))).into_response())
 }
 
 /// A form that carries only its CSRF token.

@@ -1,8 +1,10 @@
 //! The naming rules of node ids, input names and tool names.
 
-/// Node ids: `[a-z0-9_-]+` (they become step ids and appear in URLs and file names).
+/// Node ids: `[a-z0-9_-]+`, at most 128 bytes (they become step ids and appear in
+/// URLs and file names). This is the one id grammar (`flow_ledger::ids::check_id`)
+/// narrowed to lower case and without `.`, so every node id is also a valid id there.
 pub fn is_node_id(id: &str) -> bool {
-    !id.is_empty()
+    flow_ledger::ids::check_id(flow_ledger::ids::IdKind::Node, id).is_ok()
         && id
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
@@ -39,6 +41,13 @@ mod tests {
         assert!(is_node_id("fetch-user_2"));
         assert!(!is_node_id("Fetch"));
         assert!(!is_node_id("a b"));
+        assert!(!is_node_id(""));
+        assert!(!is_node_id("a.b"), "no dots in node ids");
+        assert!(is_node_id(&"a".repeat(128)));
+        assert!(
+            !is_node_id(&"a".repeat(129)),
+            "the id grammar's length limit"
+        );
         assert_eq!(reserved_retry_suffix("charge_retry1"), Some("1"));
         assert_eq!(reserved_retry_suffix("charge_retry"), None);
         assert_eq!(reserved_retry_suffix("retry1"), None);

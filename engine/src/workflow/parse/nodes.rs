@@ -18,7 +18,7 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
         cx.error_help(
             key.pos,
             format!("invalid node id `{id}`"),
-            "node ids use lower-case letters, digits, `_` and `-`",
+            "node ids use 1 to 128 lower-case letters, digits, `_` and `-`",
         );
     } else if let Some(n) = reserved_retry_suffix(&id) {
         cx.error_help(
