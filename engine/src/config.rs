@@ -122,8 +122,73 @@ pub struct ApiToken {
 #[serde(deny_unknown_fields)]
 pub struct Egress {
     /// Allowed hosts; `*.example.com` matches subdomains. `None` (no `[egress]` table or
-    /// no `allow` key) allows every host; an empty list allows none.
+    /// no `allow` key) allows every host; an empty list allows none. Each pattern is
+    /// checked when the file is loaded ([`HostPattern`]), so a malformed one is refused
+    /// at its FILE:LINE:COL instead of silently matching nothing.
+    #[serde(skip)]
     pub allow: Option<Vec<String>>,
+    /// `allow` as read, with each entry's position in the file.
+    #[serde(default, rename = "allow")]
+    allow_read: Option<Vec<toml::Spanned<String>>>,
+}
+
+/// One `[egress] allow` entry: `*` (every host), a host name, `*.` and a host name (its
+/// subdomains), an IPv4 address, or an IPv6 address (bracketed or not). A URL, a port, a
+/// path, an empty string, `*.` alone or a `*` inside a name would match nothing (or not
+/// what was meant) and is refused with the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostPattern(pub String);
+
+impl HostPattern {
+    /// Checks `text` against the grammar above.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let refuse = |why: &str| Err(format!("egress pattern `{text}` {why}"));
+        if text.is_empty() {
+            return refuse(
+                "is empty: name a host (`api.example.com`, `*.example.com`, `127.0.0.1`)",
+            );
+        }
+        if text.contains("://") {
+            return refuse("is a URL: write only its host (`http://x` → `x`)");
+        }
+        if text == "*" {
+            return Ok(Self(text.into()));
+        }
+        let bare = text.trim_start_matches('[').trim_end_matches(']');
+        if bare.parse::<std::net::IpAddr>().is_ok() {
+            return Ok(Self(text.into()));
+        }
+        let name = text.strip_prefix("*.").unwrap_or(text);
+        if name.is_empty() {
+            return refuse("has no name after `*.`: write `*.example.com`");
+        }
+        if name.contains('*') {
+            return refuse("has a `*` inside: only a leading `*.` (subdomains) is a wildcard");
+        }
+        if let Some(c) = name
+            .chars()
+            .find(|c| matches!(c, '/' | ':' | '@' | '?' | '#'))
+        {
+            return refuse(&format!(
+                "holds `{c}`: write a host name alone, without a port, path or user"
+            ));
+        }
+        let name = name.strip_suffix('.').unwrap_or(name);
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        };
+        if name.len() > 253 || !name.split('.').all(label_ok) {
+            return refuse(
+                "is not a host name (labels of letters, digits and `-`, 1 to 63 long, joined by `.`)",
+            );
+        }
+        Ok(Self(text.into()))
+    }
 }
 
 impl Error {
@@ -158,6 +223,16 @@ impl Config {
                 },
             })?;
         let mut config: Config = toml::from_str(&text).map_err(|e| located(&path, &text, &e))?;
+        if let Some(read) = config.egress.allow_read.take() {
+            let mut allow = Vec::with_capacity(read.len());
+            for pattern in read {
+                let start = pattern.span().start;
+                HostPattern::parse(pattern.get_ref())
+                    .map_err(|message| at(&path, &text, start, message))?;
+                allow.push(pattern.into_inner());
+            }
+            config.egress.allow = Some(allow);
+        }
         let mut seen = std::collections::BTreeSet::new();
         for c in &config.consumers {
             let problem = c.check().err().or_else(|| {
@@ -178,15 +253,20 @@ impl Config {
 /// A TOML error at the line and column its span starts (the start of the file when the
 /// parser gives no span).
 fn located(path: &Path, text: &str, e: &toml::de::Error) -> Error {
-    let start = e.span().map_or(0, |s| s.start).min(text.len());
-    let before = text.get(..start).unwrap_or_default();
+    let start = e.span().map_or(0, |s| s.start);
+    at(path, text, start, e.message().trim().to_string())
+}
+
+/// `message` at the line and column of byte `offset` of `text`.
+fn at(path: &Path, text: &str, offset: usize, message: String) -> Error {
+    let before = text.get(..offset.min(text.len())).unwrap_or_default();
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
     Error::At {
         path: path.display().to_string(),
         line,
         column,
-        message: e.message().trim().to_string(),
+        message,
     }
 }
 
@@ -379,9 +459,55 @@ mod tests {
     use super::*;
 
     #[test]
+    fn malformed_egress_patterns_are_refused_with_their_reason() {
+        for good in [
+            "*",
+            "api.example.com",
+            "*.example.com",
+            "API.Example.com.",
+            "127.0.0.1",
+            "::1",
+            "[::1]",
+            "localhost",
+            "my_host",
+        ] {
+            assert!(HostPattern::parse(good).is_ok(), "{good}");
+        }
+        for (bad, why) in [
+            ("", "is empty"),
+            ("*.", "no name after"),
+            ("http://x", "is a URL"),
+            ("https://api.example.com/v1", "is a URL"),
+            ("api.example.com:443", "holds `:`"),
+            ("api.example.com/v1", "holds `/`"),
+            ("a.*.com", "`*` inside"),
+            ("*example.com", "`*` inside"),
+            ("exa mple.com", "not a host name"),
+            ("-x.com", "not a host name"),
+            ("a..b", "not a host name"),
+        ] {
+            let err = HostPattern::parse(bad).expect_err(bad);
+            assert!(err.contains(why), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_bad_egress_pattern_is_refused_at_its_line_and_column() {
+        let err = load("[egress]\nallow = [\n  \"ok.example.com\",\n  \"*.\",\n]\n")
+            .expect_err("refused");
+        assert!(err.contains(":4:3: error: "), "{err}");
+        assert!(err.contains("no name after `*.`"), "{err}");
+        for bad in ["\"\"", "\"http://x\""] {
+            let err = load(&format!("[egress]\nallow = [{bad}]\n")).expect_err(bad);
+            assert!(err.contains(":2:10: error: egress pattern"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
     fn egress_patterns() {
         let e = Egress {
             allow: Some(vec!["127.0.0.1".into(), "*.example.com".into()]),
+            ..Egress::default()
         };
         assert!(e.allows("127.0.0.1"));
         assert!(e.allows("api.example.com"));
@@ -392,7 +518,8 @@ mod tests {
         assert!(Egress::default().allows("anything"));
         assert!(
             !Egress {
-                allow: Some(vec![])
+                allow: Some(vec![]),
+                ..Egress::default()
             }
             .allows("127.0.0.1")
         );
