@@ -362,8 +362,16 @@ fn flow_toml_mistakes_are_reported_at_file_line_and_column() {
         ("[egress]\nallow = 7\n", ":2:9: error: ", "invalid type"),
         // Malformed patterns are refused where they stand, not kept matching nothing.
         ("[egress]\nallow = [\"\"]\n", ":2:10: error: ", "is empty"),
-        ("[egress]\nallow = [\"a\", \"*.\"]\n", ":2:15: error: ", "no name after `*.`"),
-        ("[egress]\nallow = [\"http://x\"]\n", ":2:10: error: ", "is a URL"),
+        (
+            "[egress]\nallow = [\"a\", \"*.\"]\n",
+            ":2:15: error: ",
+            "no name after `*.`",
+        ),
+        (
+            "[egress]\nallow = [\"http://x\"]\n",
+            ":2:10: error: ",
+            "is a URL",
+        ),
     ] {
         let config = db.write("flow.toml", text);
         let out = output(

@@ -516,20 +516,24 @@ pub(crate) async fn resume(
         resolved = true;
     }
     if args.detach {
-        match session.ledger.requeue_run(&run.id, session.now()).await {
-            Ok(_) => {}
+        let said = match session.ledger.requeue_run(&run.id, session.now()).await {
+            Ok(_) => "queued for the daemons".to_string(),
             // The resolution settled the run's last doubt and re-queued it in the same
-            // transaction; a daemon may hold it already: what --detach asked for.
-            Err(flow_ledger::Error::Busy { .. }) if resolved => {}
+            // transaction; a daemon may hold it, or have finished it, already: what
+            // --detach asked for.
+            Err(flow_ledger::Error::Busy { holder, .. }) if resolved => {
+                format!("already continuing under {holder}")
+            }
+            Err(flow_ledger::Error::Terminal { status }) if resolved => status.to_string(),
             Err(e) => {
                 return Err(CliError::unavailable(format!(
                     "cannot re-queue run {}: {e}",
                     run.id
                 )));
             }
-        }
+        };
         let _ = writeln!(stdout, "{}", run.id);
-        let _ = writeln!(stderr, "run {} queued for the daemons", run.id);
+        let _ = writeln!(stderr, "run {} {said}", run.id);
         return Ok(exit::OK);
     }
     session.execute(&run.id, args.json, stdout, stderr).await
