@@ -41,10 +41,41 @@ impl TokenSlot {
 
 /// rmcp's reqwest transport with the `Authorization` value taken from a [`TokenSlot`]
 /// at send time instead of being fixed when the transport is built.
+///
+/// It also watches the answers' SSE streams for an event over rmcp's limit: rmcp ends the
+/// stream there and the call would end "session closed, may have been processed"; the
+/// flag lets the pool say what happened instead, as it does for stdio and for a JSON body
+/// over the limit (`classify::oversized`).
 #[derive(Clone)]
 pub(crate) struct AuthedClient {
     pub(crate) inner: reqwest::Client,
     pub(crate) token: TokenSlot,
+    /// Set when an answer's SSE event was over the limit.
+    pub(crate) oversized: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// The text rmcp 3.11 (pinned) gives an SSE event over its limit.
+const SSE_EVENT_TOO_LARGE: &str = "SSE event exceeded the maximum size";
+
+impl AuthedClient {
+    /// `response` with its SSE stream (if any) watched for an event over the limit.
+    fn watched(&self, response: StreamableHttpPostResponse) -> StreamableHttpPostResponse {
+        use futures::StreamExt;
+        match response {
+            StreamableHttpPostResponse::Sse(stream, session) => {
+                let flag = self.oversized.clone();
+                let stream = stream.inspect(move |item| {
+                    if let Err(e) = item
+                        && crate::error::chain(e).contains(SSE_EVENT_TOO_LARGE)
+                    {
+                        flag.store(true, std::sync::atomic::Ordering::Release);
+                    }
+                });
+                StreamableHttpPostResponse::Sse(stream.boxed(), session)
+            }
+            other => other,
+        }
+    }
 }
 
 impl StreamableHttpClient for AuthedClient {
@@ -88,6 +119,7 @@ impl StreamableHttpClient for AuthedClient {
                 max_sse_event_size,
             )
             .await
+            .map(|r| self.watched(r))
     }
 
     async fn post_message_with_response_limits(
@@ -109,6 +141,7 @@ impl StreamableHttpClient for AuthedClient {
                 limits,
             )
             .await
+            .map(|r| self.watched(r))
     }
 
     async fn delete_session(

@@ -135,9 +135,7 @@ fn http_failure(error: &HttpError, what: &str, detail: &str) -> Failure {
             discard: false,
             challenge: None,
         },
-        StreamableHttpError::ResponseBodyTooLarge { max_size } => Failure::sent(Error::permanent(
-            format!("{what}: the answer exceeded {max_size} bytes; the server did process the call"),
-        )),
+        StreamableHttpError::ResponseBodyTooLarge { max_size } => oversized(what, *max_size),
         StreamableHttpError::UnexpectedServerResponse(text) if text.starts_with("HTTP 4") => {
             Failure::sent(Error::permanent(format!("{what}: {text}")))
         }
@@ -154,6 +152,16 @@ fn http_failure(error: &HttpError, what: &str, detail: &str) -> Failure {
             "{what}: the request failed after it was sent; the server may have processed it: {detail}"
         ))),
     }
+}
+
+/// An answer over the transport's limit, over HTTP or stdio alike: the server processed
+/// the call (it answered), so re-sending cannot help and the outcome is not unknown; the
+/// session is replaced (a stdio stream that tripped the limit is closed).
+pub(crate) fn oversized(what: &str, max_size: usize) -> Failure {
+    Failure::sent(Error::permanent(format!(
+        "{what}: the answer exceeded {max_size} bytes; the server did process the call"
+    )))
+    .discard()
 }
 
 /// Classifies a failure to start a session. Nothing of the tool call has left yet, so

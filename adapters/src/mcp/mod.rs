@@ -81,6 +81,7 @@ mod discovery;
 mod elicit;
 mod jwt;
 mod pool;
+mod stdio;
 mod task;
 mod version;
 

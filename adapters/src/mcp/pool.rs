@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,8 +11,9 @@ use reqwest::header::{HeaderName, HeaderValue};
 use rmcp::model::JsonObject;
 use rmcp::service::ClientServiceExt;
 use rmcp::service::{RoleClient, RunningService};
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
@@ -21,6 +23,7 @@ use super::call::{self, CallEnd};
 use super::classify::{self, Failure};
 use super::discovery;
 use super::elicit::{Elicitation, Handler};
+use super::stdio::{Capped, MAX_MESSAGE_BYTES};
 use super::task::{self, Wait};
 use super::version::{self, Handshake};
 use super::{Annotations, Auth, McpTool, ServerSpec, Spec};
@@ -272,14 +275,9 @@ impl Pool {
                     return self.wait(&key, &session, wait).await;
                 }
                 Ok(CallEnd::TimedOut { cancelled }) => {
-                    let told = if cancelled {
-                        "; flow sent notifications/cancelled, but the server may have processed it already"
-                    } else {
-                        "; the server may have processed it"
-                    };
-                    let message = format!("{what}: timed out after the call was sent{told}");
-                    return Outcome::err(Error::unknown(message), sent + 1);
+                    return Outcome::err(timed_out(&what, cancelled), sent + 1);
                 }
+                Err(_) if session.tripped_limit() => classify::oversized(&what, MAX_MESSAGE_BYTES),
                 Err(error) => classify::request_error(&error, &what),
             };
             let Failure {
@@ -416,11 +414,25 @@ impl Pool {
     }
 }
 
+/// A call that timed out after it was sent: unknown, saying whether the server was told.
+fn timed_out(what: &str, cancelled: bool) -> Error {
+    let told = if cancelled {
+        "; flow sent notifications/cancelled, but the server may have processed it already"
+    } else {
+        "; the server may have processed it"
+    };
+    Error::unknown(format!("{what}: timed out after the call was sent{told}"))
+}
+
 /// One running rmcp client session.
 pub(super) struct Session {
     pub(super) client: RunningService<RoleClient, Handler>,
     /// A stdio server's process group, killed when the session is dropped.
     _group: Option<Group>,
+    /// A stdio server's process (kept so that it is reaped, not left a zombie).
+    _child: Option<Box<dyn process_wrap::tokio::ChildWrapper>>,
+    /// Set when a stdio server's answer tripped [`MAX_MESSAGE_BYTES`] (see `stdio.rs`).
+    oversized: Option<Arc<AtomicBool>>,
     pub(super) label: String,
     auth: Option<TokenState>,
     tools: OnceCell<HashMap<String, Annotations>>,
@@ -462,6 +474,14 @@ impl TokenState {
 }
 
 impl Session {
+    /// Whether this (stdio) session's last answer was over [`MAX_MESSAGE_BYTES`]: the
+    /// server processed the call; the stream was closed at that answer.
+    fn tripped_limit(&self) -> bool {
+        self.oversized
+            .as_ref()
+            .is_some_and(|o| o.load(Ordering::Acquire))
+    }
+
     fn is_alive(&self) -> bool {
         !self.client.is_closed() && !self.client.peer().is_transport_closed()
     }
@@ -567,15 +587,29 @@ impl Session {
         if let Some(cwd) = cwd {
             command.current_dir(cwd);
         }
+        command
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut wrapped = CommandWrap::from(command);
         wrapped.wrap(ProcessGroup::leader());
-        let (transport, stderr) = TokioChildProcess::builder(wrapped)
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| Error::not_sent(format!("{label}: cannot start `{program}`: {e}")))?;
+        let cannot =
+            |e: std::io::Error| Error::not_sent(format!("{label}: cannot start `{program}`: {e}"));
+        let mut child = wrapped.spawn().map_err(cannot)?;
         // From here on, dropping `group` (a failed or timed-out start, or the session's
         // end) kills the server and everything it started.
-        let group = Group::of(transport.id());
+        let group = Group::of(child.id());
+        let pipes = (
+            child.stdout().take(),
+            child.stdin().take(),
+            child.stderr().take(),
+        );
+        let (Some(stdout), Some(stdin), stderr) = pipes else {
+            return Err(cannot(std::io::Error::other("its stdio pipes are missing")));
+        };
+        // stdout through the answer limit HTTP has too (see `stdio.rs`).
+        let oversized = Arc::new(AtomicBool::new(false));
+        let transport = AsyncRwTransport::new_client(Capped::new(stdout, oversized.clone()), stdin);
         let stderr_tail = Arc::new(Mutex::new(Vec::new()));
         let drain = stderr.map(|pipe| {
             let keep = stderr_tail.clone();
@@ -599,6 +633,8 @@ impl Session {
             Ok(client) => Ok(Session {
                 client,
                 _group: Some(group),
+                _child: Some(child),
+                oversized: Some(oversized),
                 label,
                 auth: None,
                 tools: OnceCell::new(),
@@ -671,6 +707,7 @@ impl Session {
             } => {}
         }
         let tried = *handshake;
+        let oversized = Arc::new(AtomicBool::new(false));
         let connect = || {
             let config = StreamableHttpClientTransportConfig::with_uri(url)
                 .custom_headers(custom.clone())
@@ -679,6 +716,7 @@ impl Session {
             let client = AuthedClient {
                 inner: cx.http.clone(),
                 token: slot.clone(),
+                oversized: oversized.clone(),
             };
             Handler::new(tried, policy, &label).serve_with_lifecycle(
                 StreamableHttpClientTransport::with_client(client, config),
@@ -730,6 +768,8 @@ impl Session {
         Ok(Session {
             client,
             _group: None,
+            _child: None,
+            oversized: Some(oversized),
             label,
             auth: state,
             tools: OnceCell::new(),

@@ -17,6 +17,7 @@ mod mcp_http;
 #[cfg(feature = "testkit")]
 mod mcp_input;
 #[cfg(feature = "testkit")]
+mod mcp_oversize;
 mod mcp_pinned;
 #[cfg(feature = "testkit")]
 mod mcp_stdio;

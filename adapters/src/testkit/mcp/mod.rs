@@ -187,6 +187,12 @@ struct TextArgs {
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 struct NoArgs {}
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct BigArgs {
+    /// How many bytes of text to answer with.
+    bytes: usize,
+}
+
 impl TestServer {
     /// A server with fresh stats, logging calls to `count_file` if given.
     pub fn new(count_file: Option<PathBuf>) -> Self {
@@ -411,6 +417,17 @@ impl TestServer {
         self.note("text", None);
         let text = args.text.unwrap_or_else(|| "plain text".to_string());
         Ok(CallToolResult::success(vec![ContentBlock::text(text)]))
+    }
+
+    #[tool(description = "Answers with `bytes` bytes of text (an oversized answer).")]
+    async fn big(
+        &self,
+        Parameters(args): Parameters<BigArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        self.note("big", None);
+        Ok(CallToolResult::success(vec![ContentBlock::text(
+            "x".repeat(args.bytes),
+        )]))
     }
 
     #[tool(description = "Returns JSON as a text block.")]
