@@ -359,7 +359,11 @@ impl Pool {
                 return Outcome::err(Error::unknown(message), 0);
             }
         };
-        if let Err(error) = session.renew_if_stale(self.http(), deadline).await {
+        let renewed = match self.http() {
+            Ok(http) => session.renew_if_stale(http, deadline).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = renewed {
             let message = format!("cannot ask about task {task_id}: {}", error.message);
             return Outcome::err(Error::unknown(message), 0);
         }
