@@ -32,7 +32,6 @@
 //!   tests, and the `flow-testkit` binary.
 
 mod error;
-mod lazy_client;
 mod process;
 mod redact;
 mod tool;

@@ -33,6 +33,7 @@ mod exchange;
 
 pub use exchange::Exchange;
 
+use std::time::Duration;
 
 use reqwest::header::{
     AUTHORIZATION, COOKIE, HeaderMap, HeaderName, HeaderValue, LOCATION, PROXY_AUTHORIZATION,
@@ -42,7 +43,6 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::egress::AllowList;
-use crate::lazy_client::LazyClient;
 use crate::error::head;
 use crate::{BoxFuture, Call, Error, Outcome, SideEffect, Tool};
 use classify::{Failure, status_kind, transport};
@@ -53,28 +53,34 @@ pub const DEFAULT_IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 /// Default cap on a response body.
 pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
+/// Bound on establishing a connection, so a black-holed host fails as `NotSent`
+/// (connect error) rather than `Unknown` (overall timeout) when the call's timeout is longer.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Redirect hops followed at most when a spec opts in.
 const MAX_REDIRECTS: usize = 10;
 
 /// How much of an error body goes into the message.
 const ERROR_BODY_SNIPPET: usize = 512;
 
-/// A shared HTTP client: one connection pool (rustls) for every HTTP tool of a process,
-/// built when the first request is sent (`LazyClient`). Cheap to clone.
+/// A shared HTTP client: one connection pool (rustls) for every HTTP tool of a process.
+/// Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: LazyClient,
+    inner: reqwest::Client,
 }
 
 impl Client {
-    /// The pool, not built yet (see `LazyClient`: its root certificates are loaded only
-    /// when a request goes out). Redirects are never followed by reqwest itself: the
-    /// tool follows them when asked, so that every hop is counted in `requests_sent`.
-    /// Infallible now; the `Result` stays for callers that built it eagerly.
+    /// Builds the pool. Redirects are never followed by reqwest itself: the tool follows
+    /// them when asked, so that every hop is counted in `requests_sent`.
     pub fn new() -> Result<Self, Error> {
-        Ok(Client {
-            inner: LazyClient::new("HTTP"),
-        })
+        let inner = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(CONNECT_TIMEOUT)
+            .user_agent(concat!("flow/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| Error::permanent(format!("cannot build the HTTP client: {e}")))?;
+        Ok(Client { inner })
     }
 
     /// A tool performing `spec` through this pool.
@@ -377,7 +383,6 @@ impl HttpTool {
             let mut request = self
                 .client
                 .inner
-                .get()?
                 .request(hop.method.clone(), hop.url.clone())
                 .headers(hop.headers.clone())
                 .timeout(remaining);

@@ -359,11 +359,7 @@ impl Pool {
                 return Outcome::err(Error::unknown(message), 0);
             }
         };
-        let renewed = match self.http() {
-            Ok(http) => session.renew_if_stale(http, deadline).await,
-            Err(error) => Err(error),
-        };
-        if let Err(error) = renewed {
+        if let Err(error) = session.renew_if_stale(self.http(), deadline).await {
             let message = format!("cannot ask about task {task_id}: {}", error.message);
             return Outcome::err(Error::unknown(message), 0);
         }

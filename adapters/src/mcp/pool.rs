@@ -22,7 +22,6 @@ use super::classify::{self, Failure};
 use super::discovery;
 use super::elicit::{Elicitation, Handler};
 use super::task::{self, Wait};
-use crate::lazy_client::LazyClient;
 use super::version::{self, Handshake};
 use super::{Annotations, Auth, McpTool, ServerSpec, Spec};
 use crate::command::DEFAULT_ENV_ALLOW;
@@ -50,8 +49,7 @@ pub struct Pool {
 struct Inner {
     slots: Mutex<HashMap<Key, Slot>>,
     annotations: Mutex<HashMap<(Key, String), Annotations>>,
-    /// Sessions' and token requests' HTTP client, built on first use (`LazyClient`).
-    http: LazyClient,
+    http: reqwest::Client,
     /// Hosts discovered authorization URLs may reach (`None`: any).
     egress: Mutex<Option<AllowList>>,
 }
@@ -66,19 +64,26 @@ impl std::fmt::Debug for Pool {
 /// How long stderr of a stdio server that failed to start is awaited for the message.
 const STDERR_GRACE: Duration = Duration::from_millis(300);
 
+/// Bound on establishing a TCP connection to an HTTP server or token endpoint.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// stderr kept per stdio server for error messages.
 const STDERR_TAIL_BYTES: usize = 2048;
 
 impl Pool {
-    /// An empty pool with its own HTTP connection pool (rustls, no redirects), built
-    /// when a session or a token request first needs it (a stdio-only process never
-    /// loads the root certificates). Infallible now; the `Result` stays for callers.
+    /// An empty pool with its own HTTP connection pool (rustls, no redirects).
     pub fn new() -> Result<Self, Error> {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(CONNECT_TIMEOUT)
+            .user_agent(concat!("flow/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| Error::permanent(format!("cannot build the MCP HTTP client: {e}")))?;
         Ok(Pool {
             inner: Arc::new(Inner {
                 slots: Mutex::new(HashMap::new()),
                 annotations: Mutex::new(HashMap::new()),
-                http: LazyClient::new("MCP HTTP"),
+                http,
                 egress: Mutex::new(None),
             }),
         })
@@ -215,11 +220,7 @@ impl Pool {
             Ok(session) => session,
             Err(error) => return Outcome::err(error, 0),
         };
-        let renewed = match self.http() {
-            Ok(http) => session.renew_if_stale(http, deadline).await,
-            Err(error) => Err(error),
-        };
-        if let Err(error) = renewed {
+        if let Err(error) = session.renew_if_stale(&self.inner.http, deadline).await {
             return Outcome::err(error, 0);
         }
         let what = format!("{} tool `{}`", session.label, spec.tool);
@@ -294,11 +295,10 @@ impl Pool {
             match challenge {
                 Some(challenge) if !reauthenticated && session.can_reauthenticate() => {
                     reauthenticated = true;
-                    let reauthenticated = match self.http() {
-                        Ok(http) => session.reauthenticate(http, &challenge, deadline).await,
-                        Err(error) => Err(error),
-                    };
-                    match reauthenticated {
+                    match session
+                        .reauthenticate(&self.inner.http, &challenge, deadline)
+                        .await
+                    {
                         Ok(()) => continue,
                         Err(token_error) => {
                             // A call already left (and was refused): nothing of it was
@@ -346,9 +346,9 @@ impl Pool {
         )
     }
 
-    /// The HTTP client sessions and token requests use, built now on first use.
-    pub(super) fn http(&self) -> Result<&reqwest::Client, Error> {
-        self.inner.http.get()
+    /// The HTTP client sessions and token requests use.
+    pub(super) fn http(&self) -> &reqwest::Client {
+        &self.inner.http
     }
 
     /// The live session for `key`, started if there is none or the last one died.
@@ -381,7 +381,7 @@ impl Pool {
         }
         *guard = None;
         let cx = StartCx {
-            http: self.http()?,
+            http: &self.inner.http,
             allow: self.allow_list(),
             deadline,
         };
