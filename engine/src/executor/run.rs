@@ -341,7 +341,11 @@ impl<'a> RunScope<'a> {
         let started = Instant::now();
         let span = tracing::info_span!("step", step = %step_id, call = %id);
         let step = async move {
-            let result = gateway.run_step(call).await;
+            // Boxed: the gateway's future is tens of kilobytes (every phase of a call),
+            // and inline it made this future as large, copied several times per node
+            // as it was built, instrumented and pushed into the set in flight (a third
+            // of the executor's instructions on a fan-out of pure nodes, callgrind).
+            let result = Box::pin(gateway.run_step(call)).await;
             (
                 Finished {
                     node,

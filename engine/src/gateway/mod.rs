@@ -282,7 +282,6 @@ impl Gateway {
 
     async fn run_step_inner(&self, c: StepCall<'_>) -> Result<StepResult, flow_ledger::Error> {
         let started_at = self.now();
-        let node_id = c.node.id.as_str();
 
         // 1–2. Secrets, `with`, the idempotency key, the tool spec; egress.
         let rendered = match self.render_request(&c) {
@@ -317,20 +316,36 @@ impl Gateway {
                 .record_pure(&c, base_key, (request, request_hash), started_at, out)
                 .await;
         }
+        // The rest is a call that leaves the process, boxed: its future (claim, rate
+        // limit, outbound mark, sends, completion) is tens of kilobytes, and inline it
+        // made every step's future as large — a pure node's too, copied several times
+        // as the executor built and queued it (callgrind, benches/README.md "W2").
+        Box::pin(self.call_out(&c, rendered)).await
+    }
+
+    /// Steps 3–7 of a call to a tool outside the process: the claim (after the pure
+    /// results this request may have been built from), rate limit and quota, the
+    /// outbound mark, the sends and the outcome.
+    async fn call_out(
+        &self,
+        c: &StepCall<'_>,
+        rendered: Rendered,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let node_id = c.node.id.as_str();
         let (tool, class): (Box<dyn Tool>, SideEffect) =
             match self.tool_for(&rendered.target, c.timeout).await {
                 Ok(t) => t,
                 Err(message) => {
                     return self
-                        .fail_without_claim(&c, ErrorKind::Permanent, message)
+                        .fail_without_claim(c, ErrorKind::Permanent, message)
                         .await;
                 }
             };
 
         // 3. The claim (after the pure results this request may have been built from).
-        let step = self.new_step(&c, StepStatus::Running);
+        let step = self.new_step(c, StepStatus::Running);
         c.writer.open_step(c.origin, step, self.now()).await?;
-        let lease = match self.claim(&c, &rendered, class).await? {
+        let lease = match self.claim(c, &rendered, class).await? {
             Claimed::Lease(lease) => lease,
             Claimed::Done(result) => return Ok(result),
         };
@@ -339,7 +354,7 @@ impl Gateway {
         // A call already sent whose remote task is recorded: ask how it ended.
         if let Some(task) = lease.remote_task.clone() {
             let collected = self
-                .collect(&c, &lease, tool.as_ref(), &rendered.args, (&task, class))
+                .collect(c, &lease, tool.as_ref(), &rendered.args, (&task, class))
                 .await?;
             self.inner.faults.hit(Point::AfterComplete, node_id);
             return Ok(collected);
@@ -360,17 +375,17 @@ impl Gateway {
             sent,
             unknown_before,
         } = self
-            .send(&c, &lease, tool.as_ref(), &rendered.args, class)
+            .send(c, &lease, tool.as_ref(), &rendered.args, class)
             .await;
         self.inner.faults.hit(Point::AfterResponse, node_id);
         if sent > 1 {
-            self.count_extra_requests(&c, sent - 1).await?;
+            self.count_extra_requests(c, sent - 1).await?;
         }
         if outcome.task.is_some() {
-            return self.task_working(&c, &lease, outcome, sent).await;
+            return self.task_working(c, &lease, outcome, sent).await;
         }
         let result = self
-            .complete(&c, &lease, next, outcome.result, sent, unknown_before)
+            .complete(c, &lease, next, outcome.result, sent, unknown_before)
             .await?;
         self.inner.faults.hit(Point::AfterComplete, node_id);
         Ok(result)

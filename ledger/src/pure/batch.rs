@@ -23,6 +23,12 @@ const NOT_NEW: &str = "not new: record it the general way";
 /// `$8`: its length): the same rows and events as `SQLITE_FRESH` for each, in one
 /// command. Each insert after the first happens only if the one before wrote all `$8`
 /// rows; the caller rolls back unless the last returns `2 × $8` rows (all or nothing).
+///
+/// `jsonb_each`, not `json_each`: `json_each` hands each element back as JSON *text*, so
+/// every `j.value ->> 'field'` parsed the whole element again (request, output and event
+/// payloads included) — fifteen parses per element per statement, 30% of a 102-node
+/// `flow run` (callgrind, benches/README.md "W2"). `jsonb_each` hands back the element's
+/// binary form, which `->>` reads without parsing; the values it extracts are the same.
 const SQLITE_BATCH: &str = concat!(
     "
 INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, created_at,
@@ -30,7 +36,7 @@ INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, c
 SELECT $1, $2, $3, j.value ->> 'step', j.value ->> 'node', 0, 'succeeded', j.value ->> 't0',
     j.value ->> 't1', j.value ->> 't0', j.value ->> 't1', j.value ->> 'out', NULL, NULL,
     j.value ->> 'node'
-FROM json_each($7) AS j
+FROM jsonb_each($7) AS j
 WHERE EXISTS (SELECT 1 FROM runs WHERE",
     live_run_fence!(),
     ")
@@ -45,13 +51,13 @@ INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id, step_id, tool,
 SELECT $1, $2, $3, j.value ->> 'node', j.value ->> 'step', j.value ->> 'tool',
     j.value ->> 'key', j.value ->> 'req', j.value ->> 'hash', 'succeeded', 1, 0,
     j.value ->> 'out', NULL, NULL, 1, $5, j.value ->> 't0', j.value ->> 't1', j.value ->> 't1'
-FROM json_each($7) AS j WHERE changes() = $8;
+FROM jsonb_each($7) AS j WHERE changes() = $8;
 INSERT INTO tool_call_attempts (tenant, workspace, id, run_id, tool_call_id, step_id, attempt,
     sent_key, outbound_started_at, finished_at, outcome, error_kind, error_message,
     requests_sent)
 SELECT $1, $2, j.value ->> 'att', $3, j.value ->> 'node', j.value ->> 'step', 1,
     j.value ->> 'sk', NULL, j.value ->> 't1', 'succeeded', NULL, NULL, 0
-FROM json_each($7) AS j WHERE changes() = $8;
+FROM jsonb_each($7) AS j WHERE changes() = $8;
 INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id, payload)
 SELECT $1, $2,
     CASE w.i WHEN 0 THEN j.value ->> 'e0' ELSE j.value ->> 'e1' END,
@@ -60,7 +66,7 @@ SELECT $1, $2,
     $3, j.value ->> 'step',
     CASE w.i WHEN 0 THEN NULL ELSE j.value ->> 'node' END,
     CASE w.i WHEN 0 THEN j.value ->> 'p0' ELSE j.value ->> 'p1' END
-FROM json_each($7) AS j, (SELECT 0 AS i UNION ALL SELECT 1 AS i) AS w
+FROM jsonb_each($7) AS j, (SELECT 0 AS i UNION ALL SELECT 1 AS i) AS w
 WHERE changes() = $8
 ORDER BY CAST(j.key AS INTEGER), w.i
 RETURNING 1 AS n;
