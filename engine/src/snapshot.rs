@@ -8,7 +8,7 @@
 
 use flow_ledger::Run;
 
-use crate::workflow::{ValidWorkflow, ValidateOptions, parse_with};
+use crate::workflow::{ValidWorkflow, ValidateOptions, parse_named};
 
 /// The validation every workflow flow runs gets: the built-in functions are known, so
 /// a node naming an unknown function is refused with its position.
@@ -25,9 +25,10 @@ pub fn validate_options() -> ValidateOptions {
 
 /// The workflow a run started with (its stored snapshot), re-validated.
 pub fn snapshot(run: &Run) -> Result<ValidWorkflow, String> {
-    parse_with(
+    parse_named(
         &run.workflow_text,
         &format!("<run {} snapshot>", run.id),
+        &run.workflow_name,
         &validate_options(),
     )
     .map_err(|d| {

@@ -350,3 +350,51 @@ nodes:
     assert_eq!(server.http().token_requests(), 0, "the secret never left");
     assert_eq!(server.http().requests(), 0);
 }
+
+/// A workflow without `name:` is named after its file, and that name keys its tools'
+/// quotas. A run a daemon executes is re-read from its stored text: it must count under
+/// the same key as `flow run` of the file (before, it was named after the snapshot's
+/// label, one bucket per run, and the quota held for nobody).
+#[test]
+fn a_nameless_workflows_quota_holds_for_the_runs_a_daemon_executes() {
+    for backend in backends() {
+        let rt = runtime();
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        let db = TestDb::new(backend);
+        assert_eq!(output(db.flow().arg("migrate")).status.code(), Some(0));
+        let text = limited(&server.url(), "quota: { per_day: 2 }").replace("name: limited\n", "");
+        let file = db.write("nameless.yaml", &text);
+        // `flow run` spends the quota (2 of its 3 calls leave; it waits for the third).
+        let mut direct = db
+            .flow()
+            .arg("run")
+            .arg(&file)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn");
+        let started = Instant::now();
+        while server.total() < 2 && started.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let submitted = output(db.flow().arg("submit").arg(&file));
+        assert_eq!(submitted.status.code(), Some(0), "{}", stderr(&submitted));
+        let mut daemon = db
+            .flow()
+            .args(["daemon", "--poll-interval", "50ms"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(db.dir.path().join("daemon.log")).expect("log"))
+            .spawn()
+            .expect("daemon");
+        std::thread::sleep(Duration::from_secs(3));
+        let total = server.total();
+        for child in [&mut direct, &mut daemon] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        assert_eq!(
+            total, 2,
+            "{backend:?}: the daemon's run counts under the same quota"
+        );
+    }
+}

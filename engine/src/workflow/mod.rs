@@ -103,10 +103,28 @@ pub fn parse_str(text: &str, file: &str) -> Result<ValidWorkflow, Diagnostics> {
     parse_with(text, file, &ValidateOptions::default())
 }
 
-/// Validates workflow text with options.
+/// Validates workflow text with options; a workflow without `name:` is named after the
+/// file's stem.
 pub fn parse_with(
     text: &str,
     file: &str,
+    opts: &ValidateOptions,
+) -> Result<ValidWorkflow, Diagnostics> {
+    let stem = Path::new(file).file_stem().map_or_else(
+        || "workflow".to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    );
+    parse_named(text, file, &stem, opts)
+}
+
+/// [`parse_with`] with the name a workflow without `name:` gets. A run's stored text is
+/// re-parsed under the name it was submitted with: that name keys the tools' rate limits
+/// and quotas (`<workflow>/<tool>`), so a resume or a daemon must see the same one as the
+/// process that started the run — not the snapshot's label.
+pub fn parse_named(
+    text: &str,
+    file: &str,
+    default_name: &str,
     opts: &ValidateOptions,
 ) -> Result<ValidWorkflow, Diagnostics> {
     if text.len() > MAX_FILE_BYTES {
@@ -130,15 +148,11 @@ pub fn parse_with(
         ));
     }
     let root = yaml::load(text).map_err(|d| Diagnostics::new(file, vec![d]))?;
-    let stem = Path::new(file).file_stem().map_or_else(
-        || "workflow".to_string(),
-        |s| s.to_string_lossy().into_owned(),
-    );
     let mut cx = parse::Cx {
         diags: Vec::new(),
         declared_tools: Vec::new(),
     };
-    let wf = parse::workflow(&mut cx, &root, &stem);
+    let wf = parse::workflow(&mut cx, &root, default_name);
     let plan = validate::check(&wf, opts, &cx.declared_tools, &mut cx.diags);
     match plan {
         Some(plan) if cx.diags.is_empty() => Ok(ValidWorkflow::new(wf, plan)),
