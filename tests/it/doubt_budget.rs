@@ -171,20 +171,8 @@ fn uncounted_send(backend: Backend) {
     let server = rt.block_on(CountingServer::start()).expect("server");
     let db = TestDb::new(backend);
     let file = db.write("pay.yaml", &crate::crash::workflow(&server.url()));
-    let crashed = output(
-        db.flow()
-            .arg("run")
-            .arg(&file)
-            .env("FLOW_FAULT", "after_response:charge"),
-    );
-    let run = run_id(&crashed);
-    let resumed = output(db.flow().args(["resume", &run]));
-    assert_eq!(
-        resumed.status.code(),
-        Some(3),
-        "{ctx}: {}",
-        stderr(&resumed)
-    );
+    // Killed after the response arrived, then found in doubt by the resume.
+    let run = paused_run(&db, &file);
     let c = call(&show(&db, &run), "charge").clone();
     assert_eq!(c["outbound_requests"], json!(null), "{ctx}: {c}");
     assert_eq!(c["outbound_requests_known"], json!(0), "{ctx}: {c}");
@@ -456,14 +444,7 @@ fn cancelled_while_outbound(backend: Backend) {
     let server = rt.block_on(CountingServer::start()).expect("server");
     let db = TestDb::new(backend);
     let file = db.write("pay.yaml", &crate::crash::workflow(&server.url()));
-    let crashed = output(
-        db.flow()
-            .arg("run")
-            .arg(&file)
-            .env("FLOW_FAULT", "after_response:charge"),
-    );
-    assert_eq!(crashed.status.code(), None, "{ctx}: {}", stderr(&crashed));
-    let run = run_id(&crashed);
+    let (run, _) = crash_at(&db, &file, "after_response");
     let cancel = output(db.flow().args(["cancel", &run]));
     assert_eq!(cancel.status.code(), Some(0), "{ctx}: {}", stderr(&cancel));
     assert!(
