@@ -13,7 +13,7 @@ use crate::error::Error;
 use crate::model::Scope;
 
 /// The event types flow emits. Consumers filter on [`EventType::as_str`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, schemars::JsonSchema)]
 pub enum EventType {
     /// A run entered the queue.
     #[serde(rename = "run.queued")]
@@ -37,6 +37,10 @@ pub enum EventType {
     /// cancelled at its next heartbeat; `run.cancelled` follows).
     #[serde(rename = "run.cancel_requested")]
     RunCancelRequested,
+    /// An operator put a failed run back on the queue; its failed nodes run again as
+    /// new effect attempts (`Ledger::redrive_run`).
+    #[serde(rename = "run.redriven")]
+    RunRedriven,
     /// A step started running.
     #[serde(rename = "step.started")]
     StepStarted,
@@ -81,6 +85,7 @@ impl EventType {
         Self::RunFailed,
         Self::RunCancelled,
         Self::RunCancelRequested,
+        Self::RunRedriven,
         Self::StepStarted,
         Self::StepSucceeded,
         Self::StepFailed,
@@ -103,6 +108,7 @@ impl EventType {
             Self::RunFailed => "run.failed",
             Self::RunCancelled => "run.cancelled",
             Self::RunCancelRequested => "run.cancel_requested",
+            Self::RunRedriven => "run.redriven",
             Self::StepStarted => "step.started",
             Self::StepSucceeded => "step.succeeded",
             Self::StepFailed => "step.failed",

@@ -92,6 +92,7 @@ mod probes;
 mod pure;
 mod rate;
 mod reads;
+mod redrive;
 mod resolve;
 mod rows;
 mod run_states;
@@ -120,6 +121,7 @@ pub use operator::{InDoubtFilter, MAX_BATCH};
 pub use probes::{
     NewProbe, PROBE_USAGE, Probe, ProbeDecision, ProbeObserved, ProbeSchedule, RecordedProbe,
 };
+pub use redrive::Redriven;
 pub use runs::MAX_CLAIM;
 pub use sqlite::{is_read_only_url, path_of as sqlite_path};
 pub use state::{CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus};

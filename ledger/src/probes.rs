@@ -18,7 +18,7 @@ use crate::ledger::Ledger;
 use crate::state::{CallStatus, RunStatus};
 
 /// What a probe's answer said about the effect attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ProbeObserved {
     /// The downstream has the effect.
@@ -54,7 +54,7 @@ impl ProbeObserved {
 }
 
 /// What flow did with a probe's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ProbeDecision {
     /// Settle the call as succeeded with the probe's output.

@@ -138,7 +138,7 @@ impl RunRow {
     }
 }
 
-#[derive(Debug, sqlx::FromRow)]
+#[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct StepRow {
     pub run_id: String,
     pub step_id: String,

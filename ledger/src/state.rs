@@ -18,7 +18,7 @@ use crate::error::Error;
 macro_rules! text_enum {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
         $(#[$meta])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, schemars::JsonSchema)]
         #[serde(rename_all = "snake_case")]
         pub enum $name {
             $($(#[$vmeta])* $variant),+
@@ -101,6 +101,8 @@ pub enum RunTransition {
     Requeue,
     /// queued | paused | running (holder gone) → cancelled (`request_cancel`).
     Cancel,
+    /// failed → queued (`redrive_run`: an operator sends a failed run round again).
+    Redrive,
 }
 
 impl RunTransition {
@@ -114,6 +116,7 @@ impl RunTransition {
             Self::Release => (&[Running], &[Queued]),
             Self::Requeue => (&[Paused, Running], &[Queued]),
             Self::Cancel => (&[Queued, Paused, Running], &[Cancelled]),
+            Self::Redrive => (&[Failed], &[Queued]),
         }
     }
 

@@ -2,6 +2,7 @@
 //! area (ripgrep's layout), real files and real processes.
 
 mod api;
+mod api_client;
 mod api_doubt;
 mod api_hostile;
 mod api_stream;
@@ -22,6 +23,7 @@ mod readme;
 mod reconcile;
 mod reconcile_console;
 mod reconcile_kinds;
+mod redrive;
 mod retries;
 mod runs;
 mod secrets;
@@ -30,3 +32,4 @@ mod support;
 mod tasks;
 mod ui;
 mod validate;
+mod views;

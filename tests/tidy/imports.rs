@@ -263,6 +263,42 @@ fn no_import_cycles_between_modules() {
     report("import circles", &offenders);
 }
 
+/// The first module of `module` that a path in `text` reaches, among `banned` (the
+/// layer a module must not import), with the path as written: what
+/// [`cli_and_serve_never_import_each_other`] checks.
+fn banned_reference(text: &str, module: &[String], banned: &str) -> Option<String> {
+    references(text, module)
+        .into_iter()
+        .find(|p| p.first().is_some_and(|m| m == banned))
+        .map(|p| p.join("::"))
+}
+
+/// `cli` (the command line) and `serve` (the HTTP API and console) are two faces of
+/// the same runtime: neither imports the other, in code or tests, so a view or a
+/// composition step is written once below both (`view`, `runtime`) and the API never
+/// depends on how the command line prints.
+#[test]
+fn cli_and_serve_never_import_each_other() {
+    // The check itself can fail: a made-up `serve` file that reaches into `cli`.
+    let serve_file = ["serve".to_string(), "api".to_string()];
+    assert_eq!(
+        banned_reference("use crate::cli::show::x;", &serve_file, "cli").as_deref(),
+        Some("cli::show::x")
+    );
+    assert!(banned_reference("use crate::view::RunView;", &serve_file, "cli").is_none());
+    let src = Path::new("engine/src");
+    let mut offenders = Vec::new();
+    for (layer, banned) in [("cli", "serve"), ("serve", "cli")] {
+        for path in files(&format!("engine/src/{layer}"), ".rs") {
+            let module = module_of(src, &path);
+            if let Some(p) = banned_reference(&read(&path), &module, banned) {
+                offenders.push(format!("{}: imports `crate::{p}`", path.display()));
+            }
+        }
+    }
+    report("imports between cli and serve", &offenders);
+}
+
 /// The strongly connected components of more than one file (Tarjan's algorithm).
 fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
     struct State<'a> {

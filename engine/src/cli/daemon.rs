@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use flow_ledger::{Clock, SystemClock, WorkerId};
-use rand::SeedableRng;
+use flow_ledger::{SystemClock, WorkerId};
 use tokio_util::sync::CancellationToken;
 
 use super::{Cli, CliError, exit, logging};
@@ -16,8 +15,7 @@ use crate::config::Config;
 use crate::daemon::metrics::{self, Metrics, Observer};
 use crate::daemon::{Service, Settings, Stopped, shutdown};
 use crate::executor::Executor;
-use crate::fault::Faults;
-use crate::gateway::{Gateway, Tools};
+use crate::runtime::{Runtime, RuntimeOptions};
 use crate::secrets::Secrets;
 
 /// Arguments of `flow daemon`.
@@ -62,7 +60,7 @@ async fn open(
     cli: &Cli,
     args: &DaemonArgs,
     metrics: Arc<Metrics>,
-) -> Result<(Executor, Vec<crate::events::Consumer>), CliError> {
+) -> Result<(Runtime, Executor, Vec<crate::events::Consumer>), CliError> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     logging::init(cli.log_format, &secrets);
     let config = Config::load(cli.config.as_deref())?;
@@ -83,33 +81,20 @@ async fn open(
         },
         ..flow_ledger::OpenOptions::default()
     };
-    let ledger = flow_ledger::Ledger::open(&cli.db, opts)
-        .await
-        .map_err(|source| CliError::OpenLedger {
-            url: flow_ledger::redact_url(&cli.db),
-            source,
-        })?;
     // The event consumers of flow.toml: the daemon delivers their events too, so one
     // process per host is enough (`flow events dispatch` remains for dispatch alone).
     let consumers = crate::events::consumers(&config.consumers, &secrets)
         .map_err(|e| CliError::unavailable(e.to_string()))?;
-    let tools = Tools::new()
-        .map_err(|e| CliError::unavailable(format!("cannot set up tool clients: {e}")))?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let gateway = Gateway::new(
-        ledger,
-        clock,
-        tools,
+    let runtime = Runtime::open(RuntimeOptions {
+        db: cli.db.clone(),
+        ledger: opts,
         secrets,
-        config.egress,
-        Faults::from_env(),
-    );
-    let executor = Executor::new(
-        gateway,
-        Arc::new(Observer::new(metrics)),
-        rand::rngs::StdRng::from_os_rng(),
-    );
-    Ok((executor, consumers))
+        egress: config.egress,
+    })
+    .await
+    .map_err(CliError::from)?;
+    let executor = runtime.executor(Arc::new(Observer::new(metrics)));
+    Ok((runtime, executor, consumers))
 }
 
 /// `--metrics-addr ADDR`: `/metrics` and `/healthz` until `stop` fires; the bound address.
@@ -132,21 +117,16 @@ async fn serve_metrics(
 async fn serve_api(
     cli: &Cli,
     addr: SocketAddr,
-    gateway: &crate::gateway::Gateway,
+    runtime: &Runtime,
     metrics: &Arc<Metrics>,
     stop: &CancellationToken,
     stderr: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let auth = super::serve::tokens(cli, addr, false)?;
-    let app = crate::serve::App {
-        ledger: gateway.ledger().clone(),
-        tokens: auth.tokens,
-        metrics: metrics.clone(),
-        gateway: gateway.clone(),
-        metrics_token: auth.metrics_token,
-        throttle: crate::serve::throttle::Throttle::default(),
-    };
-    let (bound, _) = super::serve::start(app, addr, stop.clone()).await?;
+    let auth = super::serve::auth(cli, addr, false)?;
+    let (bound, _) = runtime
+        .serve_api(auth, metrics.clone(), addr, stop.clone())
+        .await
+        .map_err(|e| CliError::unavailable(format!("cannot serve the API on {addr}: {e}")))?;
     let _ = writeln!(stderr, "flow daemon: API at http://{bound}/api/v1");
     Ok(())
 }
@@ -159,8 +139,8 @@ pub(crate) async fn daemon(
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let metrics = Arc::new(Metrics::new());
-    let (executor, consumers) = open(cli, args, metrics.clone()).await?;
-    let ledger = executor.gateway().ledger().clone();
+    let (runtime, executor, consumers) = open(cli, args, metrics.clone()).await?;
+    let ledger = runtime.ledger.clone();
     let config = Settings {
         concurrency: usize::try_from(args.concurrency).unwrap_or(1),
         poll_interval: args.poll_interval,
@@ -173,15 +153,7 @@ pub(crate) async fn daemon(
     let stop_serving = CancellationToken::new();
     let served = serve_metrics(args, &metrics, &ledger, &stop_serving).await?;
     if let Some(addr) = args.serve {
-        serve_api(
-            cli,
-            addr,
-            executor.gateway(),
-            &metrics,
-            &stop_serving,
-            stderr,
-        )
-        .await?;
+        serve_api(cli, addr, &runtime, &metrics, &stop_serving, stderr).await?;
     }
     let wake = wake_description(&config, ledger.backend_name());
     let _ = writeln!(

@@ -11,12 +11,14 @@ mod follow_up;
 mod logging;
 mod meta;
 mod reconcile;
+mod redrive;
 mod remote;
 mod run;
 mod serve;
 pub(crate) mod show;
 mod submit;
 mod table;
+mod who;
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -187,6 +189,11 @@ pub enum Command {
     /// Ask a run to stop: no new steps start; in-flight calls finish; the run ends cancelled.
     #[command(after_help = "Example:\n  flow cancel run_01J...")]
     Cancel(show::CancelArgs),
+    /// Put a failed run back on the queue: its failed nodes run again as new attempts (new keys); succeeded nodes are replayed.
+    #[command(
+        after_help = "Examples:\n  flow redrive run_01J... --reason \"PSP outage over\"\n  flow redrive run_01J... --from charge"
+    )]
+    Redrive(redrive::RedriveArgs),
     /// Create or upgrade the ledger's tables (also done automatically on first use).
     #[command(after_help = "Example:\n  flow --db postgres://flow@db.internal/flow migrate")]
     Migrate,
@@ -322,6 +329,7 @@ fn check_run_arg(command: &Command) -> Result<(), CliError> {
         Command::Show(a) => &a.run,
         Command::Cancel(a) => &a.run,
         Command::Resume(a) => &a.run,
+        Command::Redrive(a) => &a.run,
         _ => return Ok(()),
     };
     check_id(flow_ledger::ids::IdKind::Run, "run id argument", run)
@@ -337,6 +345,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         Command::Resume(_) => Some("resume"),
         Command::Reconcile(args) if !args.dry_run => Some("reconcile"),
         Command::Cancel(_) => Some("cancel"),
+        Command::Redrive(_) => Some("redrive"),
         Command::Migrate => Some("migrate"),
         Command::Events(args) => match &args.command {
             Some(events::EventsCommand::Redeliver(_)) => Some("events redeliver"),
@@ -372,6 +381,7 @@ fn needs_existing_ledger(command: &Command) -> bool {
         | Command::Runs(_)
         | Command::Cancel(_)
         | Command::Resume(_)
+        | Command::Redrive(_)
         | Command::Reconcile(_) => true,
         Command::Events(args) => !matches!(args.command, Some(events::EventsCommand::Dispatch(_))),
         _ => false,
@@ -429,6 +439,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Command::Show(args) => show::show(cli, args, stdout).await,
             Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
             Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,
+            Command::Redrive(args) => redrive::redrive(cli, args, stdout, stderr).await,
             Command::Events(args) => events::events(cli, args, stdout, stderr).await,
             Command::Migrate => migrate(cli, stdout).await,
             Command::Version => Ok(meta::version(cli, stdout).await),
@@ -454,6 +465,8 @@ async fn client_mode(
         Command::Runs(a) => remote::runs(cli, a.remote.server.as_deref()?, a, stdout, stderr).await,
         Command::Show(a) => remote::show(a.remote.server.as_deref()?, a, stdout).await,
         Command::Resume(a) => remote::resume(a.remote.server.as_deref()?, a, stdout, stderr).await,
+        Command::Cancel(a) => remote::cancel(a.remote.server.as_deref()?, a, stdout).await,
+        Command::Redrive(a) => redrive::remote(a.remote.server.as_deref()?, a, stdout).await,
         _ => return None,
     })
 }

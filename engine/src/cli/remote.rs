@@ -22,7 +22,7 @@ use super::{Cli, CliError, Remote, exit};
 
 /// The client `--server` and `--token-env` describe (exit 2 for a URL that is not
 /// http(s)).
-fn client(server: &str, remote: &Remote) -> Result<ApiClient, CliError> {
+pub(crate) fn client(server: &str, remote: &Remote) -> Result<ApiClient, CliError> {
     let token = std::env::var(&remote.token_env)
         .ok()
         .filter(|t| !t.trim().is_empty());
@@ -31,7 +31,7 @@ fn client(server: &str, remote: &Remote) -> Result<ApiClient, CliError> {
 
 /// The CLI error for a failed request: the server's problem as `<title>: <detail>`
 /// ([`CliError::Remote`]), a bad URL exit 2, no answer exit 5.
-fn failed(e: &ApiError, has_token: bool) -> CliError {
+pub(crate) fn failed(e: &ApiError, has_token: bool) -> CliError {
     match e {
         ApiError::BadUrl(_) => CliError::invalid(format!("--server {e}")),
         ApiError::BadSegment(_) => CliError::invalid(e.to_string()),
@@ -98,10 +98,14 @@ pub(crate) async fn resume(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
+    args.who.check_remote()?;
     let client = client(server, &args.remote)?;
     let answer = match &args.resolve {
         Some(spec) => {
-            let body = resolve_body(spec, args)?;
+            let mut body = resolve_body(spec, args)?;
+            if let Some(why) = &args.who.reason {
+                body["reason"] = json!(why);
+            }
             let v = client
                 .post(&["runs", &args.run, "resolve"], &body)
                 .await
@@ -122,7 +126,10 @@ pub(crate) async fn resume(
                 ));
             }
             let v = client
-                .post(&["runs", &args.run, "resume"], &json!({}))
+                .post(
+                    &["runs", &args.run, "resume"],
+                    &json!({ "reason": args.who.reason }),
+                )
                 .await
                 .map_err(|e| failed(&e, client.has_token()))?;
             let _ = writeln!(
@@ -336,4 +343,29 @@ fn requests_sent(c: &Json) -> flow_ledger::RequestsSent {
         known: n(&c["outbound_requests_known"]).max(n(&c["outbound_requests"])),
         uncounted_sends: n(&c["uncounted_sends"]),
     }
+}
+
+/// `flow cancel --server URL`: `POST /api/v1/runs/{id}/cancel` (the token's name and
+/// `--reason` are recorded); prints `RUN STATUS` as the local cancel does.
+pub(crate) async fn cancel(
+    server: &str,
+    args: &super::show::CancelArgs,
+    stdout: &mut dyn Write,
+) -> Result<u8, CliError> {
+    args.who.check_remote()?;
+    let client = client(server, &args.remote)?;
+    let v = client
+        .post(
+            &["runs", &args.run, "cancel"],
+            &json!({ "reason": args.who.reason }),
+        )
+        .await
+        .map_err(|e| failed(&e, client.has_token()))?;
+    let _ = writeln!(
+        stdout,
+        "{} {}",
+        v["run"]["id"].as_str().unwrap_or(&args.run),
+        v["run"]["status"].as_str().unwrap_or("?")
+    );
+    Ok(exit::OK)
 }

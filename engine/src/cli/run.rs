@@ -6,17 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use flow_ledger::{
-    Clock, Ledger, NewRun, Resolution, Resolve, RunLease, RunStatus, SystemClock, WorkerId,
-};
-use rand::SeedableRng;
+use flow_ledger::{Ledger, NewRun, Resolution, Resolve, RunLease, RunStatus, WorkerId};
 use serde_json::Value as Json;
 
 use super::{Cli, CliError, exit, logging, open_ledger};
 use crate::config::Config;
 use crate::executor::{Executor, RUN_LEASE, RunOutcome, progress};
-use crate::fault::Faults;
-use crate::gateway::{Gateway, Tools};
+use crate::runtime::Runtime;
 use crate::secrets::Secrets;
 use crate::snapshot::{snapshot, validate_options};
 use crate::workflow::{ValidWorkflow, Workflow, load_file};
@@ -59,6 +55,9 @@ pub struct ResumeArgs {
     /// Re-queue the run for `flow daemon` workers instead of executing it here.
     #[arg(long)]
     pub detach: bool,
+    /// Who resolves, and why (recorded with the resolution).
+    #[command(flatten)]
+    pub who: super::who::Who,
     /// Print the `flow show --json` object instead of the run's output.
     #[arg(long)]
     pub json: bool,
@@ -129,17 +128,7 @@ impl Session {
         }
         let config = Config::load(cli.config.as_deref())?;
         let ledger = open_ledger(cli).await?;
-        let tools = Tools::new()
-            .map_err(|e| CliError::unavailable(format!("cannot set up tool clients: {e}")))?;
-        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-        let gateway = Gateway::new(
-            ledger.clone(),
-            clock,
-            tools,
-            secrets,
-            config.egress,
-            Faults::from_env(),
-        );
+        let runtime = Runtime::with_ledger(ledger.clone(), secrets, config.egress)?;
         let progress: Arc<dyn progress::Progress> = if live {
             Arc::from(progress::for_stderr(
                 cli.log_format == super::LogFormat::Json,
@@ -147,7 +136,7 @@ impl Session {
         } else {
             Arc::new(progress::Silent)
         };
-        let executor = Executor::new(gateway, progress, rand::rngs::StdRng::from_os_rng());
+        let executor = runtime.executor(progress);
         Ok(Self {
             ledger,
             executor,
@@ -471,21 +460,6 @@ fn parse_resolution(
     Ok(Some((node.to_string(), resolution)))
 }
 
-/// Who resolved a call: the OS user and host.
-fn operator() -> String {
-    let user = std::env::var("USER")
-        .or_else(|_| std::env::var("USERNAME"))
-        .unwrap_or_else(|_| "unknown".into());
-    format!(
-        "{user}@{}",
-        WorkerId::current()
-            .as_str()
-            .split(':')
-            .next()
-            .unwrap_or("localhost")
-    )
-}
-
 /// `flow resume`.
 pub(crate) async fn resume(
     cli: &Cli,
@@ -512,7 +486,8 @@ pub(crate) async fn resume(
     }
     let mut resolved = false;
     if let Some((node, resolution)) = parse_resolution(args, &wf).map_err(CliError::Invalid)? {
-        resolve(&session, &run.id, node, resolution, stderr).await?;
+        let actor = args.who.actor()?;
+        resolve(&session, &run.id, node, resolution, actor, stderr).await?;
         resolved = true;
     }
     if args.detach {
@@ -545,6 +520,7 @@ async fn resolve(
     run_id: &str,
     node: String,
     resolution: Resolution,
+    actor: flow_ledger::Actor,
     stderr: &mut dyn Write,
 ) -> Result<(), CliError> {
     let how = resolution.as_str();
@@ -552,8 +528,8 @@ async fn resolve(
         run_id: run_id.to_string(),
         tool_call_id: node.clone(),
         resolution,
-        by: operator(),
-        note: None,
+        by: actor.by,
+        note: actor.reason,
     };
     match session.ledger.resolve_call(req, session.now()).await {
         Ok(_) => {

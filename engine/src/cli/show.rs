@@ -4,11 +4,11 @@ use std::io::Write;
 
 use clap::Args;
 use flow_ledger::{CallStatus, Ledger, RunCursor, RunFilter, RunStatus, Timestamp};
-use serde_json::{Value as Json, json};
 
 use super::table::{first_line, table, terminal_width};
 use super::{Cli, CliError, exit, open_ledger};
 use crate::duration_text::duration_ms;
+use crate::view::{RunSummary, RunView, parse_time};
 
 /// Arguments of `flow show`.
 #[derive(Debug, Args)]
@@ -54,158 +54,17 @@ pub struct RunsArgs {
     pub remote: super::Remote,
 }
 
-/// `--since` / `--until`: an RFC 3339 time, or a duration before `now`.
-pub(crate) fn parse_time(text: &str, now: Timestamp) -> Option<Timestamp> {
-    Timestamp::parse_rfc3339(text).or_else(|| {
-        humantime::parse_duration(text)
-            .ok()
-            .map(|ago| now.minus(ago))
-    })
-}
-
 /// Arguments of `flow cancel`.
 #[derive(Debug, Args)]
 pub struct CancelArgs {
     /// The run id.
     pub run: String,
-}
-
-fn ts(t: Option<Timestamp>) -> Json {
-    t.map_or(Json::Null, |t| Json::String(t.to_rfc3339()))
-}
-
-/// The `run` member of the `flow show --json` object (also the console's run header).
-pub(crate) fn run_object(run: &flow_ledger::Run) -> Json {
-    json!({
-        "id": run.id,
-        "status": run.status.as_str(),
-        "workflow": run.workflow_name,
-        "created_at": run.created_at.to_rfc3339(),
-        "started_at": ts(run.started_at),
-        "finished_at": ts(run.finished_at),
-        "error": run.error.as_ref().or(run.pause_reason.as_ref()),
-        "inputs": run.inputs,
-        "output": run.output,
-    })
-}
-
-/// The `flow show --json` object (the shape the README's CLI reference documents, plus a
-/// few extra fields).
-pub(crate) async fn show_json(ledger: &Ledger, run_id: &str) -> Result<Json, flow_ledger::Error> {
-    let run = ledger.get_run(run_id).await?;
-    let steps = ledger.list_steps(run_id).await?;
-    let calls = ledger.list_calls(run_id).await?;
-    let events = run_events(ledger, run_id).await?;
-    let audit = audit_of(&events);
-    let probes = ledger.list_probes(run_id).await?;
-    let elicited = elicitations(&events);
-    Ok(json!({
-        "probes": probes.iter().map(|p| json!({
-            "tool_call_id": p.tool_call_id,
-            "probe": p.probe,
-            "key": p.sent_key,
-            "at": p.probed_at.to_rfc3339(),
-            "observed": p.observed.as_str(),
-            "decision": p.decision.as_str(),
-            "http_status": p.http_status,
-            "detail": p.detail,
-            "response": p.response,
-            "next_probe_at": ts(p.next_probe_at),
-            "by": p.by,
-        })).collect::<Vec<_>>(),
-        "audit": audit,
-        "run": run_object(&run),
-        "steps": steps.iter().map(|s| json!({
-            "step_id": s.step_id,
-            "node_id": s.node_id,
-            "retry": s.retry,
-            "status": s.status.as_str(),
-            "not_before": ts(s.not_before),
-            "started_at": ts(s.started_at),
-            "finished_at": ts(s.finished_at),
-            "error": s.error_message.as_ref().map(|m| json!({"kind": s.error_kind.map(|k| k.as_str()), "message": m})),
-        })).collect::<Vec<_>>(),
-        "tool_calls": calls.iter().map(|c| json!({
-            "tool_call_id": c.tool_call_id,
-            "tool": c.tool,
-            "status": c.status.as_str(),
-            "attempt_count": c.attempt_count,
-            // `null` when a send's count is unknown (a crash after the outbound mark):
-            // never a bare 0 beside "the request left"; `_known` is the lower bound.
-            "outbound_requests": c.requests_sent().exact(),
-            "outbound_requests_known": c.outbound_requests,
-            "uncounted_sends": c.uncounted_sends,
-            "idempotency_key": c.idempotency_key,
-            "current_key": c.current_key,
-            "outbound_started_at": ts(c.outbound_started_at),
-            "error": c.error_message.as_ref().map(|m| json!({"kind": c.error_kind.map(|k| k.as_str()), "message": m})),
-            "resolution": c.resolution.as_ref().map(|r| json!({"how": r, "by": c.resolved_by, "at": ts(c.resolved_at), "reason": c.resolution_note})),
-            "remote_task": c.remote_task,
-            "elicitations": elicited.iter().filter(|(call, _)| call == &c.tool_call_id).map(|(_, e)| e).collect::<Vec<_>>(),
-        })).collect::<Vec<_>>(),
-    }))
-}
-
-/// What servers asked during the run's calls and how each tool's policy answered
-/// (`tool_call.elicited` events, secrets already scrubbed), by call, oldest first.
-fn elicitations(events: &[flow_ledger::Event]) -> Vec<(String, Json)> {
-    events
-        .iter()
-        .filter(|e| e.event_type == flow_ledger::EventType::ToolCallElicited)
-        .map(|e| {
-            let mut record = e.payload.clone();
-            if let Json::Object(map) = &mut record {
-                map.insert("at".into(), json!(e.time.to_rfc3339()));
-            }
-            (e.tool_call_id.clone().unwrap_or_default(), record)
-        })
-        .collect()
-}
-
-/// Who changed the run by hand, when and why: its events that carry a `by` (operator
-/// API mutations, resolutions), oldest first.
-pub(crate) async fn audit_trail(
-    ledger: &Ledger,
-    run_id: &str,
-) -> Result<Vec<Json>, flow_ledger::Error> {
-    Ok(audit_of(&run_events(ledger, run_id).await?))
-}
-
-/// The run's events, oldest first (what the audit trail and the elicitations are read
-/// from: one query for both).
-async fn run_events(
-    ledger: &Ledger,
-    run_id: &str,
-) -> Result<Vec<flow_ledger::Event>, flow_ledger::Error> {
-    ledger
-        .list_events(flow_ledger::EventFilter {
-            run_id: Some(run_id.to_string()),
-            ..Default::default()
-        })
-        .await
-}
-
-/// [`audit_trail`] of events already read.
-fn audit_of(events: &[flow_ledger::Event]) -> Vec<Json> {
-    events
-        .iter()
-        .filter(|e| e.payload["by"].is_string())
-        .map(|e| {
-            let reason = e.payload.get("reason").or_else(|| e.payload.get("note"));
-            json!({
-                "event": e.event_type.as_str(),
-                "at": e.time.to_rfc3339(),
-                "by": e.payload["by"],
-                "node": e.tool_call_id,
-                "reason": reason.cloned().unwrap_or(Json::Null),
-            })
-        })
-        .collect()
-}
-
-/// One run of a listing (`flow runs --json`, the API's `GET /api/v1/runs`).
-pub(crate) fn run_summary(r: &flow_ledger::Run) -> Json {
-    json!({"id": r.id, "status": r.status.as_str(), "workflow": r.workflow_name, "created_at": r.created_at.to_rfc3339(), "finished_at": ts(r.finished_at)})
+    /// Who and why (recorded in the run's audit trail).
+    #[command(flatten)]
+    pub who: super::who::Who,
+    /// Client mode: cancel through a `flow serve` instead of the database.
+    #[command(flatten)]
+    pub remote: super::Remote,
 }
 
 /// Prints the `flow show --json` object of `run_id` on `stdout`; a failure to read it
@@ -220,7 +79,7 @@ pub(crate) async fn print_json(
 }
 
 async fn write_json(ledger: &Ledger, run_id: &str, stdout: &mut dyn Write) -> Result<u8, CliError> {
-    let v = show_json(ledger, run_id)
+    let v = RunView::load(ledger, run_id)
         .await
         .map_err(|e| run_error(run_id, e))?;
     let _ = writeln!(
@@ -320,6 +179,7 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
     let steps = ledger.list_steps(run_id).await?;
     let calls = ledger.list_calls(run_id).await?;
     let probes = ledger.list_probes(run_id).await?;
+    let view = RunView::load(ledger, run_id).await?;
     let mut out = run_header(&run, resume);
     let order: Vec<String> = match crate::snapshot::snapshot(&run) {
         Ok(wf) => wf
@@ -405,6 +265,13 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
                 c.current_key,
                 c.outbound_started_at.map_or("?".into(), |t| t.to_rfc3339())
             );
+            if let Some(why) = view
+                .in_doubt()
+                .find(|v| v.node == c.tool_call_id)
+                .and_then(|v| v.in_doubt_reason.as_deref())
+            {
+                let _ = writeln!(out, "  # why: {why}");
+            }
             let _ = writeln!(
                 out,
                 "  {resume} {run_id} --resolve {}=succeeded --output '<the JSON output>'   # it happened",
@@ -481,7 +348,7 @@ pub(crate) async fn runs(
     let more = runs.len() > args.limit as usize;
     let runs = &runs[..runs.len().min(args.limit as usize)];
     if args.json {
-        let list: Vec<Json> = runs.iter().map(run_summary).collect();
+        let list: Vec<RunSummary> = runs.iter().map(RunSummary::of).collect();
         let _ = writeln!(
             stdout,
             "{}",
@@ -612,11 +479,12 @@ pub(crate) async fn cancel(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
+    let actor = args.who.actor()?;
     let ledger = open_ledger(cli).await?;
     let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
     // What the run was before, to say which kind of cancel happened.
     let before = ledger.get_run(&args.run).await.ok();
-    match ledger.request_cancel(&args.run, now).await {
+    match ledger.request_cancel_as(&args.run, Some(actor), now).await {
         Ok(run) => {
             let _ = writeln!(stdout, "{} {}", run.id, run.status);
             let was_running = before

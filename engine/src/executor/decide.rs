@@ -197,6 +197,13 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
                 retry,
                 until: not_before,
             } => {
+                // A redriven node's new step waits for its parents' new attempts
+                // (a retry's parents have always settled already).
+                let waits = matches!(nodes[i], NodeState::Pending { .. })
+                    && !plan.parents(i).iter().all(|&p| settles(wf, p, &nodes[p]));
+                if waits {
+                    continue;
+                }
                 if *not_before > s.now {
                     wake = Some(wake.map_or(*not_before, |w| w.min(*not_before)));
                 } else if starts < capacity {

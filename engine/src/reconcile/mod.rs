@@ -60,7 +60,7 @@ pub struct ProbeCall<'a> {
 }
 
 /// What became of one call.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Reconciled {
     /// The node's tool declares no `reconcile`.

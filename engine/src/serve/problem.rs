@@ -93,6 +93,46 @@ impl Problem {
     }
 }
 
+/// The shape of every error body (RFC 9457), for the OpenAPI document: what
+/// [`Problem`]'s response writes.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+#[schemars(title = "Problem", rename = "Problem")]
+pub struct ProblemBody {
+    /// Always `about:blank`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The status's reason phrase.
+    pub title: String,
+    /// The HTTP status.
+    pub status: u16,
+    /// What went wrong, in one sentence (names the field at fault).
+    pub detail: String,
+    /// 422: every diagnostic of the workflow, `FILE:LINE:COL`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<Diagnostic>>,
+    /// 409 of a submit: what differs from the existing run (`workflow` or `inputs`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub differs: Option<String>,
+    /// 409 of a submit: the run id that is taken.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+}
+
+/// One diagnostic of a workflow that does not validate.
+#[derive(Debug, serde::Serialize, schemars::JsonSchema)]
+pub struct Diagnostic {
+    /// 1-based line.
+    pub line: u32,
+    /// 1-based column.
+    pub col: u32,
+    /// What is wrong.
+    pub message: String,
+    /// How to fix it, when known.
+    pub help: Option<String>,
+    /// The whole diagnostic as `flow validate` prints it.
+    pub text: String,
+}
+
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let mut body = Map::new();

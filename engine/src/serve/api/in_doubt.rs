@@ -9,13 +9,15 @@ use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use flow_ledger::{EventFilter, InDoubtFilter, Resolution, Resolve, ToolCall};
-use serde::Deserialize;
-use serde_json::{Value as Json_, json};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json_;
 
 use super::steer::{Outcome, resolution, resolve_refused};
 use crate::serve::App;
 use crate::serve::auth::{Admin, Authed, Caller, Viewer};
 use crate::serve::problem::{ApiJson, ApiQuery, Problem};
+use crate::view::{CallView, EventView};
 
 /// Most calls one bulk resolve settles (and one listing shows).
 pub(crate) const MAX_CALLS: u32 = 1_000;
@@ -25,7 +27,7 @@ pub(crate) const MAX_CALLS: u32 = 1_000;
 const SETTLE_PACE: Duration = Duration::from_millis(20);
 
 /// Which calls in doubt (query of the listing, `filter` of the bulk resolve).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CallFilter {
     /// Only calls of this run.
@@ -48,30 +50,6 @@ impl CallFilter {
     }
 }
 
-/// One call in doubt as the inbox shows it.
-fn call_json(c: &ToolCall) -> Json_ {
-    let ts = |t: Option<flow_ledger::Timestamp>| t.map(|t| t.to_rfc3339());
-    json!({
-        "run": c.run_id,
-        "node": c.tool_call_id,
-        "tool": c.tool,
-        "key": c.current_key,
-        "outbound_at": ts(c.outbound_started_at),
-        "in_doubt_at": ts(c.in_doubt_at),
-        "request": c.request,
-        "attempts": c.attempt_count,
-        // `null` when a send's count is unknown (a crash after the outbound mark):
-        // never a bare 0 beside "the request left"; `requests_known` is the lower bound.
-        "requests_sent": c.requests_sent().exact(),
-        "requests_known": c.outbound_requests,
-        "uncounted_sends": c.uncounted_sends,
-        "requests_text": c.requests_sent().to_string(),
-        // The MCP task the server may still know (a server that forgot it put the call
-        // here): what to look up before settling by hand.
-        "remote_task": c.remote_task,
-    })
-}
-
 /// `GET /api/v1/in-doubt?run=&node=&tool=`: `{calls: [...]}`, oldest first (at most
 /// 1,000); each with its key, outbound time, request as stored (secrets redacted),
 /// attempts and requests sent.
@@ -85,12 +63,19 @@ pub async fn list(
         .list_in_doubt(filter.ledger())
         .await
         .map_err(|e| Problem::ledger(&e))?;
-    let list: Vec<Json_> = calls.iter().map(call_json).collect();
-    Ok(Json(json!({ "calls": list })).into_response())
+    let calls = calls.iter().map(|c| CallView::of(c, &[])).collect();
+    Ok(Json(InDoubtList { calls }).into_response())
+}
+
+/// Calls in doubt.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct InDoubtList {
+    /// Oldest first.
+    pub calls: Vec<CallView>,
 }
 
 /// The body of `POST /api/v1/in-doubt:resolve`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Bulk {
     /// Which calls (all in doubt when empty).
@@ -104,27 +89,81 @@ pub struct Bulk {
     error: Option<String>,
     /// Recorded with each resolution.
     reason: Option<String>,
-    /// Only count what would be settled.
+    /// Only list what would be settled.
+    #[serde(default)]
     dry_run: bool,
 }
 
-/// `POST /api/v1/in-doubt:resolve`: with `dry_run`, `{matched}`; otherwise settles
-/// each matched call (paced, see [`SETTLE_PACE`]) and answers `{matched, settled,
-/// skipped: [{run, node, detail}]}` — a call settled by someone else meanwhile is
-/// skipped, not an error.
+/// `POST /api/v1/in-doubt:resolve`: settles each matched call (paced, see
+/// [`SETTLE_PACE`]) — a call settled by someone else meanwhile is skipped, not an
+/// error; with `dry_run`, lists the calls it would touch and writes nothing.
 pub async fn resolve_many(
     Authed(caller, _): Authed<Admin>,
     State(app): State<Arc<App>>,
     ApiJson(body): ApiJson<Bulk>,
 ) -> Result<Response, Problem> {
     let how = resolution(body.outcome, body.output, body.error)?;
-    let done = settle_many(&app, &caller, body.filter, &how, body.reason, body.dry_run).await?;
-    let body = if body.dry_run {
-        json!({ "matched": done.matched, "would_settle": done.settled, "would_skip": done.skipped, "dry_run": true })
-    } else {
-        json!({ "matched": done.matched, "settled": done.settled, "skipped": done.skipped, "dry_run": false })
+    let dry = body.dry_run;
+    let done = settle_many(&app, &caller, body.filter, &how, body.reason, dry).await?;
+    let (counted, skipped) = (Some(done.settled), Some(done.skipped));
+    let answer = BulkResolved {
+        dry_run: dry,
+        matched: done.matched,
+        calls: done.calls,
+        settled: counted.filter(|_| !dry),
+        would_settle: counted.filter(|_| dry),
+        skipped: skipped.clone().filter(|_| !dry),
+        would_skip: skipped.filter(|_| dry),
     };
-    Ok(Json(body).into_response())
+    Ok(Json(answer).into_response())
+}
+
+/// What a bulk resolve did or, dry, would do.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BulkResolved {
+    /// Whether this was a dry run (nothing written).
+    pub dry_run: bool,
+    /// Calls the filter matched.
+    pub matched: usize,
+    /// The matched calls, oldest first.
+    pub calls: Vec<CallRef>,
+    /// Calls settled (not on a dry run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settled: Option<usize>,
+    /// Calls skipped: settled by someone else meanwhile, or a retry of a finished run's
+    /// call (not on a dry run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<Vec<Skipped>>,
+    /// Dry run: calls the real one would settle.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub would_settle: Option<usize>,
+    /// Dry run: calls the real one would skip.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub would_skip: Option<Vec<Skipped>>,
+}
+
+/// One call a bulk resolve matched.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct CallRef {
+    /// The run.
+    pub run: String,
+    /// The node.
+    pub node: String,
+    /// The tool.
+    pub tool: String,
+    /// The current attempt's idempotency key.
+    pub key: String,
+}
+
+/// A call a bulk resolve passed over, and why.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct Skipped {
+    /// The run.
+    pub run: String,
+    /// The node.
+    pub node: String,
+    /// Why it was skipped.
+    pub detail: String,
 }
 
 /// What a bulk resolve did (or, dry, would do).
@@ -132,10 +171,12 @@ pub async fn resolve_many(
 pub(crate) struct Settled {
     /// Calls the filter matched.
     pub(crate) matched: usize,
-    /// Calls settled (0 on a dry run).
+    /// The matched calls.
+    pub(crate) calls: Vec<CallRef>,
+    /// Calls settled (on a dry run: that would be).
     pub(crate) settled: usize,
-    /// `{run, node, detail}` of each call someone else settled meanwhile.
-    pub(crate) skipped: Vec<Json_>,
+    /// Each call skipped (someone else settled it meanwhile, or a finished run's retry).
+    pub(crate) skipped: Vec<Skipped>,
 }
 
 /// Settles every call in doubt `filter` matches as `how` (paced, see [`SETTLE_PACE`]),
@@ -156,6 +197,15 @@ pub(crate) async fn settle_many(
         .map_err(|e| Problem::ledger(&e))?;
     let mut done = Settled {
         matched: calls.len(),
+        calls: calls
+            .iter()
+            .map(|c| CallRef {
+                run: c.run_id.clone(),
+                node: c.tool_call_id.clone(),
+                tool: c.tool.clone(),
+                key: c.current_key.clone(),
+            })
+            .collect(),
         settled: 0,
         skipped: Vec::new(),
     };
@@ -187,8 +237,11 @@ pub(crate) async fn settle_many(
                 if p.status.is_server_error() {
                     return Err(p);
                 }
-                done.skipped
-                    .push(json!({"run": c.run_id, "node": c.tool_call_id, "detail": p.detail}));
+                done.skipped.push(Skipped {
+                    run: c.run_id.clone(),
+                    node: c.tool_call_id.clone(),
+                    detail: p.detail,
+                });
             }
         }
     }
@@ -197,7 +250,7 @@ pub(crate) async fn settle_many(
 
 /// `{run, node, detail}` of each call in `calls` whose run is finished: what a bulk
 /// `retry` skips.
-async fn finished_runs_calls(app: &App, calls: &[ToolCall]) -> Result<Vec<Json_>, Problem> {
+async fn finished_runs_calls(app: &App, calls: &[ToolCall]) -> Result<Vec<Skipped>, Problem> {
     let mut finished = std::collections::BTreeMap::new();
     let mut out = Vec::new();
     for c in calls {
@@ -216,19 +269,24 @@ async fn finished_runs_calls(app: &App, calls: &[ToolCall]) -> Result<Vec<Json_>
         if status.is_terminal() {
             let refused = flow_ledger::Error::Terminal { status };
             let p = resolve_refused(&refused, &c.run_id, &c.tool_call_id);
-            out.push(json!({"run": c.run_id, "node": c.tool_call_id, "detail": p.detail}));
+            out.push(Skipped {
+                run: c.run_id.clone(),
+                node: c.tool_call_id.clone(),
+                detail: p.detail,
+            });
         }
     }
     Ok(out)
 }
 
 /// The query of `GET /api/v1/events`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EventsQuery {
     /// Only events after this `seq` (the previous page's `next_after`).
     after: Option<i64>,
     /// Page size, 1 to 1,000 (default 100).
+    #[schemars(range(min = 1, max = 1000))]
     limit: Option<u32>,
     /// Only events of this run.
     run: Option<String>,
@@ -257,6 +315,19 @@ pub async fn events(
         .await
         .map_err(|e| Problem::ledger(&e))?;
     let next = events.last().map_or(q.after, |e| Some(e.seq));
-    let list: Vec<Json_> = events.iter().map(super::stream::event_json).collect();
-    Ok(Json(json!({ "events": list, "next_after": next })).into_response())
+    let events = events.iter().map(EventView::of).collect();
+    Ok(Json(EventPage {
+        events,
+        next_after: next,
+    })
+    .into_response())
+}
+
+/// A page of the event feed.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct EventPage {
+    /// Oldest first.
+    pub events: Vec<EventView>,
+    /// Pass back as `after` to follow the feed (`null`: nothing yet).
+    pub next_after: Option<i64>,
 }

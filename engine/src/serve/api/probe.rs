@@ -10,14 +10,15 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use flow_ledger::RunStatus;
-use serde_json::{Value as Json_, json};
+use schemars::JsonSchema;
+use serde::Serialize;
 
 use super::steer::Why;
-use crate::cli::show::show_json;
 use crate::reconcile::{ProbeCall, reconcile_call};
 use crate::serve::App;
 use crate::serve::auth::{Authed, Caller, Operator};
 use crate::serve::problem::{OptionalJson, Problem};
+use crate::view::RunView;
 
 /// `POST /api/v1/runs/{id}/reconcile`: 200 `{ "probes": [{node, key, outcome}], "run": … }`;
 /// 404 unknown run; 409 when the run is not paused (its holder probes its own calls).
@@ -28,10 +29,30 @@ pub async fn reconcile(
     OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
     let probes = probe_run(&app, &caller, &id, why.reason).await?;
-    let run = show_json(&app.ledger, &id)
+    let run = RunView::load(&app.ledger, &id)
         .await
         .map_err(|e| Problem::ledger(&e))?;
-    Ok(Json(json!({ "probes": probes, "run": run })).into_response())
+    Ok(Json(ProbeAnswer { probes, run }).into_response())
+}
+
+/// What "probe now" did, and the run after.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ProbeAnswer {
+    /// One per call in doubt whose node the workflow names.
+    pub probes: Vec<ProbeOutcome>,
+    /// The run after the probes.
+    pub run: RunView,
+}
+
+/// What became of one call in doubt.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct ProbeOutcome {
+    /// The node.
+    pub node: String,
+    /// The key asked about.
+    pub key: String,
+    /// What the probe found and did.
+    pub outcome: crate::reconcile::Reconciled,
 }
 
 /// Probes the in-doubt calls of paused run `id` now, as `caller`; what each came to.
@@ -41,7 +62,7 @@ pub(crate) async fn probe_run(
     caller: &Caller,
     id: &str,
     reason: Option<String>,
-) -> Result<Vec<Json_>, Problem> {
+) -> Result<Vec<ProbeOutcome>, Problem> {
     let run = app.ledger.get_run(id).await.map_err(|e| match e {
         flow_ledger::Error::NotFound { .. } => Problem::not_found(format!("no run `{id}`")),
         e => Problem::ledger(&e),
@@ -88,7 +109,11 @@ pub(crate) async fn probe_run(
         let outcome = reconcile_call(&app.gateway, call)
             .await
             .map_err(|crate::reconcile::Error::Ledger(e)| Problem::ledger(&e))?;
-        out.push(json!({ "node": c.tool_call_id, "key": c.current_key, "outcome": outcome }));
+        out.push(ProbeOutcome {
+            node: c.tool_call_id.clone(),
+            key: c.current_key.clone(),
+            outcome,
+        });
     }
     // A settled last doubt re-queued the run in the ledger's resolution.
     Ok(out)

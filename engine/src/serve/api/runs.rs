@@ -11,30 +11,33 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use flow_ledger::{Actor, NewRun, RunCursor, RunFilter, RunStatus, workflow_hash};
-use serde::Deserialize;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json_, json};
 
 use super::now;
-use crate::cli::show::{parse_time, run_summary, show_json};
 use crate::serve::App;
 use crate::serve::auth::{Authed, Operator, Viewer};
 use crate::serve::problem::{ApiJson, ApiQuery, Problem};
 use crate::snapshot::validate_options;
+use crate::view::{RunSummary, RunView, parse_time};
 
 /// Most runs one page lists.
 const MAX_PAGE: u32 = 1_000;
 
 /// The query of `GET /api/v1/runs`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only runs in this state.
+    #[schemars(with = "Option<RunStatus>")]
     pub(crate) status: Option<String>,
     /// Only runs of this workflow (its `name:`).
     pub(crate) workflow: Option<String>,
     /// Only runs created at or after: RFC 3339 or a duration ago (`2h`).
     pub(crate) since: Option<String>,
     /// Page size, 1 to 1,000 (default 100).
+    #[schemars(range(min = 1, max = 1000))]
     pub(crate) limit: Option<u32>,
     /// `next_cursor` of the previous page.
     pub(crate) cursor: Option<String>,
@@ -48,8 +51,38 @@ pub async fn list(
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> Result<Response, Problem> {
     let (page, next) = page(&app, q).await?;
-    let list: Vec<Json_> = page.iter().map(run_summary).collect();
-    Ok(Json(json!({ "runs": list, "next_cursor": next })).into_response())
+    let body = RunList {
+        runs: page.iter().map(RunSummary::of).collect(),
+        next_cursor: next,
+    };
+    Ok(Json(body).into_response())
+}
+
+/// A page of runs.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct RunList {
+    /// The runs, newest first.
+    pub runs: Vec<RunSummary>,
+    /// Pass as `cursor` for the next page; `null` on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// A queued run (or the existing one its `run_id` names).
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct Submitted {
+    /// The run id.
+    pub id: String,
+    /// Its state now.
+    pub status: RunStatus,
+    /// `false` when a run with this id, workflow and inputs already existed.
+    pub created: bool,
+}
+
+/// What a batch queued, in request order.
+#[derive(Debug, Serialize, JsonSchema)]
+pub struct BatchSubmitted {
+    /// One per submitted run.
+    pub runs: Vec<Submitted>,
 }
 
 /// One page of runs as `q` asks (checked: 400 naming the parameter at fault) and the
@@ -122,7 +155,7 @@ pub async fn show(
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
 ) -> Result<Response, Problem> {
-    match show_json(&app.ledger, &id).await {
+    match RunView::load(&app.ledger, &id).await {
         Ok(v) => Ok(Json(v).into_response()),
         Err(flow_ledger::Error::NotFound { .. }) => {
             Err(Problem::not_found(format!("no run `{id}`")))
@@ -132,7 +165,7 @@ pub async fn show(
 }
 
 /// One run to submit.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SubmitRun {
     /// The workflow's YAML text.
@@ -246,13 +279,16 @@ pub async fn submit(
     } else {
         StatusCode::OK
     };
-    let body =
-        json!({ "id": enq.run.id, "status": enq.run.status.as_str(), "created": enq.created });
+    let body = Submitted {
+        id: enq.run.id,
+        status: enq.run.status,
+        created: enq.created,
+    };
     Ok((status, Json(body)).into_response())
 }
 
 /// The body of `POST /api/v1/runs:batch`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Batch {
     /// 1 to 1,000 runs.
@@ -294,9 +330,13 @@ pub async fn batch(
             };
             conflict(e, &id)
         })?;
-    let list: Vec<Json_> = enqueued
-        .iter()
-        .map(|e| json!({ "id": e.run.id, "status": e.run.status.as_str(), "created": e.created }))
+    let runs = enqueued
+        .into_iter()
+        .map(|e| Submitted {
+            id: e.run.id,
+            status: e.run.status,
+            created: e.created,
+        })
         .collect();
-    Ok(Json(json!({ "runs": list })).into_response())
+    Ok(Json(BatchSubmitted { runs }).into_response())
 }

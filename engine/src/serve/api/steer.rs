@@ -9,17 +9,18 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use flow_ledger::{Actor, Resolution, Resolve};
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value as Json_;
 
 use super::now;
-use crate::cli::show::show_json;
 use crate::serve::App;
 use crate::serve::auth::{Authed, Caller, Operator};
 use crate::serve::problem::{ApiJson, OptionalJson, Problem};
+use crate::view::RunView;
 
 /// The optional body of `cancel` and `resume`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Why {
     /// Recorded with the change.
@@ -36,7 +37,7 @@ fn actor(caller: &Caller, reason: Option<String>) -> Actor {
 
 /// The run after a change, as `GET /api/v1/runs/{id}` shows it.
 async fn answer(app: &App, id: &str) -> Result<Response, Problem> {
-    show_json(&app.ledger, id)
+    RunView::load(&app.ledger, id)
         .await
         .map(|v| Json(v).into_response())
         .map_err(|e| Problem::ledger(&e))
@@ -101,7 +102,7 @@ pub async fn resume(
 }
 
 /// How to settle a call in doubt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
     /// It happened; `output` is its output.
@@ -113,7 +114,7 @@ pub enum Outcome {
 }
 
 /// The body of `POST /api/v1/runs/{id}/resolve`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ResolveBody {
     /// The node whose call is in doubt.
@@ -210,4 +211,55 @@ pub(crate) async fn settle(
         .await
         .map(|_| ())
         .map_err(|e| resolve_refused(&e, run, node))
+}
+
+/// The body of `POST /api/v1/runs/{id}/redrive`.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveBody {
+    /// Also run this node and everything downstream of it again (their succeeded calls
+    /// are replayed, never re-sent).
+    pub(crate) from: Option<String>,
+    /// Recorded with the change.
+    pub(crate) reason: Option<String>,
+}
+
+/// `POST /api/v1/runs/{id}/redrive`: a failed run goes back on the queue, its failed
+/// nodes as new effect attempts (as `flow redrive`). 409 when the run is not failed or
+/// has a call in doubt; 404 for an unknown run or `from` node.
+pub async fn redrive(
+    Authed(caller, _): Authed<Operator>,
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<RedriveBody>,
+) -> Result<Response, Problem> {
+    redrive_run(&app, &caller, &id, body).await?;
+    answer(&app, &id).await
+}
+
+/// Redrives run `id` as `caller`: the JSON handler and the console's button both call
+/// it.
+pub(crate) async fn redrive_run(
+    app: &App,
+    caller: &Caller,
+    id: &str,
+    body: RedriveBody,
+) -> Result<flow_ledger::Redriven, Problem> {
+    use crate::redrive::RedriveError as R;
+    let actor = actor(caller, body.reason);
+    crate::redrive::redrive(&app.ledger, id, body.from.as_deref(), actor, now())
+        .await
+        .map_err(|e| match e {
+            R::Ledger(flow_ledger::Error::InDoubt { since }) => Problem::conflict(format!(
+                "cannot redrive run `{id}`: a call of it is in doubt since {since}; settle it first (nothing was written)"
+            )),
+            R::Ledger(flow_ledger::Error::Terminal { status }) => Problem::conflict(format!(
+                "cannot redrive run `{id}`: it is {status}; only a failed run can be redriven"
+            )),
+            R::Ledger(e) => refused(&e, id, "redrive"),
+            e @ R::UnknownNode { .. } => Problem::not_found(e.to_string()),
+            e @ R::Snapshot { .. } => Problem::ledger(&flow_ledger::Error::Corrupt {
+                what: e.to_string(),
+            }),
+        })
 }

@@ -20,37 +20,23 @@ use axum::response::{IntoResponse, Response};
 use flow_ledger::{Event, EventFilter};
 use futures::stream::{self, Stream};
 use serde::Deserialize;
-use serde_json::json;
 
 use crate::serve::App;
 use crate::serve::auth::{Authed, Viewer};
 use crate::serve::problem::{ApiQuery, Problem};
+use crate::view::EventView;
 
 /// How long the stream waits before asking the ledger again when nothing was new.
 const POLL: Duration = Duration::from_millis(500);
 
 /// The query of `GET /api/v1/events:stream`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StreamQuery {
     /// Only events after this `seq` (default: from now on; `Last-Event-ID` wins).
     after: Option<i64>,
     /// Only events of this run.
     run: Option<String>,
-}
-
-/// The JSON of one event, as `GET /api/v1/events` lists it.
-pub(crate) fn event_json(e: &Event) -> serde_json::Value {
-    json!({
-        "seq": e.seq,
-        "id": e.id,
-        "type": e.event_type.as_str(),
-        "time": e.time.to_rfc3339(),
-        "run": e.run_id,
-        "step": e.step_id,
-        "node": e.tool_call_id,
-        "payload": e.payload,
-    })
 }
 
 /// `GET /api/v1/events:stream`.
@@ -97,7 +83,7 @@ fn follow(
                 let sse = Sse::default()
                     .id(e.seq.to_string())
                     .event(e.event_type.as_str())
-                    .data(event_json(&e).to_string());
+                    .data(serde_json::to_string(&EventView::of(&e)).unwrap_or_default());
                 return Some((Ok(sse), (app, after, run, buffered)));
             }
             let filter = EventFilter {

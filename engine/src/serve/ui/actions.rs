@@ -231,6 +231,41 @@ pub async fn cancel(
     Ok(Page::redirect(format!("/ui/runs/{}", url(&id))))
 }
 
+/// The redrive form of a failed run's page.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct RedriveForm {
+    csrf: String,
+    reason: String,
+    confirm: String,
+}
+
+/// `POST /ui/runs/{id}/redrive`: puts the failed run back on the queue (operators and
+/// admins), recorded with the user's name and reason, as `POST
+/// /api/v1/runs/{id}/redrive`.
+pub async fn redrive(
+    signed: Signed,
+    State(ui): State<Arc<Ui>>,
+    Path(id): Path<String>,
+    f: Result<Form<RedriveForm>, FormRejection>,
+) -> Result<Page, Page> {
+    let f = form(f)?;
+    signed.check_csrf(&ui, &f.csrf)?;
+    signed.need(Role::Operator)?;
+    if f.confirm != "yes" {
+        return Err(Page::error(
+            StatusCode::BAD_REQUEST,
+            "tick \"I confirm\" to redrive the run: nothing was written",
+        ));
+    }
+    let body = crate::serve::api::steer::RedriveBody {
+        from: None,
+        reason: reason(&f.reason),
+    };
+    crate::serve::api::steer::redrive_run(&ui.app, &signed.caller, &id, body).await?;
+    Ok(Page::redirect(format!("/ui/runs/{}", url(&id))))
+}
+
 /// The "probe now" form of a run page.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -252,7 +287,12 @@ pub async fn probe(
     let outcomes = probe_run(&ui.app, &signed.caller, &id, None).await?;
     let settled = outcomes
         .iter()
-        .filter(|o| o["outcome"]["settled"] == Json::Bool(true))
+        .filter(|o| {
+            matches!(
+                o.outcome,
+                crate::reconcile::Reconciled::Probed { settled: true, .. }
+            )
+        })
         .count();
     Ok(Page::redirect(format!(
         "/ui/runs/{}?probed={settled}",

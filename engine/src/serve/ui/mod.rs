@@ -53,6 +53,7 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/ui/runs", get(pages::runs))
         .route("/ui/runs/{id}", get(pages::run))
         .route("/ui/runs/{id}/cancel", post(actions::cancel))
+        .route("/ui/runs/{id}/redrive", post(actions::redrive))
         .route("/ui/runs/{id}/reconcile", post(actions::probe))
         .route("/ui/in-doubt", get(pages::in_doubt))
         .route("/ui/in-doubt/resolve", post(actions::resolve))
@@ -75,6 +76,12 @@ async fn css() -> impl IntoResponse {
 static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
     let mut env = Environment::new();
     env.add_filter("url", |s: String| actions::url(&s));
+    // JSON indented for a `<pre>` (escaped by the template like any text).
+    env.add_filter("pretty", |v: minijinja::Value| {
+        serde_json::to_value(&v)
+            .map(|j| pages::pretty(&j))
+            .unwrap_or_default()
+    });
     let sources = [
         ("layout.html", include_str!("templates/layout.html")),
         ("error.html", include_str!("templates/error.html")),

@@ -1,0 +1,207 @@
+//! A run as readers see it: [`RunSummary`] in a listing, [`RunView`] whole (what
+//! `flow show --json`, `GET /api/v1/runs/{id}` and the console's run page are made of).
+
+use flow_ledger::{Event, EventFilter, Ledger, Run, RunStatus, Step, StepStatus};
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use super::{AuditEntry, CallView, ErrorView, ProbeView};
+use flow_ledger::Timestamp;
+
+/// A run in a listing (`flow runs --json`, `GET /api/v1/runs`, the console's list).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RunSummary {
+    /// The run id.
+    pub id: String,
+    /// Where the run is in its life.
+    pub status: RunStatus,
+    /// The workflow's `name:`.
+    pub workflow: String,
+    /// When it was queued.
+    pub created_at: Timestamp,
+    /// When a worker first started it.
+    pub started_at: Option<Timestamp>,
+    /// When it ended.
+    pub finished_at: Option<Timestamp>,
+    /// Why it failed, or why it is paused.
+    pub error: Option<String>,
+}
+
+impl RunSummary {
+    /// The summary of `r`.
+    pub fn of(r: &Run) -> RunSummary {
+        RunSummary {
+            id: r.id.clone(),
+            status: r.status,
+            workflow: r.workflow_name.clone(),
+            created_at: r.created_at,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            error: r.error.clone().or_else(|| r.pause_reason.clone()),
+        }
+    }
+}
+
+/// The `run` member of a [`RunView`]: the summary, with inputs and output.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RunInfo {
+    /// What a listing shows.
+    #[serde(flatten)]
+    pub summary: RunSummary,
+    /// The run's inputs, as typed by the workflow's declarations.
+    pub inputs: Json,
+    /// The run's output, once it succeeded.
+    pub output: Option<Json>,
+}
+
+/// A node of the workflow, in plan order: what it needs, its tool and where it is.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct NodeView {
+    /// The node id.
+    pub id: String,
+    /// The nodes it waits for.
+    pub needs: Vec<String>,
+    /// Its tool (empty for a node the stored workflow no longer names).
+    pub tool: String,
+    /// Its last step's state (`null`: not started).
+    pub status: Option<StepStatus>,
+}
+
+/// One step: one attempt of a node (`<node>`, then `<node>_retry<n>`).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct StepView {
+    /// The step id.
+    pub id: String,
+    /// Its node.
+    pub node: String,
+    /// Which retry (0: the first attempt).
+    pub retry: u32,
+    /// Its state.
+    pub status: StepStatus,
+    /// A pending retry's earliest start.
+    pub not_before: Option<Timestamp>,
+    /// When it started.
+    pub started_at: Option<Timestamp>,
+    /// When it ended.
+    pub finished_at: Option<Timestamp>,
+    /// Why it failed.
+    pub error: Option<ErrorView>,
+    /// Deprecated (one release): `id`.
+    #[schemars(extend("deprecated" = true))]
+    pub step_id: String,
+    /// Deprecated (one release): `node`.
+    #[schemars(extend("deprecated" = true))]
+    pub node_id: String,
+}
+
+impl StepView {
+    /// The view of `s`.
+    pub fn of(s: &Step) -> StepView {
+        StepView {
+            id: s.step_id.clone(),
+            node: s.node_id.clone(),
+            retry: s.retry,
+            status: s.status,
+            not_before: s.not_before,
+            started_at: s.started_at,
+            finished_at: s.finished_at,
+            error: ErrorView::of(s.error_kind, s.error_message.as_ref()),
+            step_id: s.step_id.clone(),
+            node_id: s.node_id.clone(),
+        }
+    }
+}
+
+/// A run whole: the one object `flow show --json`, `GET /api/v1/runs/{id}` (and every
+/// answer to a change of one run) and the console's run page are made of.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct RunView {
+    /// The run.
+    pub run: RunInfo,
+    /// Its nodes in plan order (then any the stored workflow does not name).
+    pub nodes: Vec<NodeView>,
+    /// Its steps, in creation order.
+    pub steps: Vec<StepView>,
+    /// Its tool calls.
+    pub tool_calls: Vec<CallView>,
+    /// Every probe of its calls, oldest first.
+    pub probes: Vec<ProbeView>,
+    /// Who changed it by hand, when and why, oldest first.
+    pub audit: Vec<AuditEntry>,
+}
+
+impl RunView {
+    /// Reads run `run_id` whole (`NotFound` when there is none).
+    pub async fn load(ledger: &Ledger, run_id: &str) -> Result<RunView, flow_ledger::Error> {
+        let run = ledger.get_run(run_id).await?;
+        let steps = ledger.list_steps(run_id).await?;
+        let calls = ledger.list_calls(run_id).await?;
+        let probes = ledger.list_probes(run_id).await?;
+        let events = run_events(ledger, run_id).await?;
+        Ok(RunView {
+            nodes: nodes(&run, &steps),
+            steps: steps.iter().map(StepView::of).collect(),
+            tool_calls: calls.iter().map(|c| CallView::of(c, &events)).collect(),
+            probes: probes.iter().map(ProbeView::of).collect(),
+            audit: AuditEntry::trail(&events),
+            run: RunInfo {
+                summary: RunSummary::of(&run),
+                inputs: run.inputs,
+                output: run.output,
+            },
+        })
+    }
+
+    /// The calls in doubt.
+    pub fn in_doubt(&self) -> impl Iterator<Item = &CallView> {
+        self.tool_calls
+            .iter()
+            .filter(|c| c.status == flow_ledger::CallStatus::InDoubt)
+    }
+}
+
+/// The run's events, oldest first (the audit trail, elicitations and in-doubt reasons
+/// are read from them: one query for all).
+async fn run_events(ledger: &Ledger, run_id: &str) -> Result<Vec<Event>, flow_ledger::Error> {
+    ledger
+        .list_events(EventFilter {
+            run_id: Some(run_id.to_string()),
+            ..Default::default()
+        })
+        .await
+}
+
+/// The run's nodes in plan order (from its stored workflow), then any node a step names
+/// that the workflow does not, each with its last step's state.
+fn nodes(run: &Run, steps: &[Step]) -> Vec<NodeView> {
+    let mut out: Vec<NodeView> = match crate::snapshot::snapshot(run) {
+        Ok(wf) => wf
+            .plan()
+            .order()
+            .iter()
+            .map(|&i| {
+                let n = &wf.nodes[i];
+                NodeView {
+                    id: n.id.clone(),
+                    needs: n.needs.clone(),
+                    tool: n.tool.clone(),
+                    status: None,
+                }
+            })
+            .collect(),
+        Err(_) => Vec::new(),
+    };
+    for s in steps {
+        match out.iter_mut().find(|n| n.id == s.node_id) {
+            Some(n) => n.status = Some(s.status),
+            None => out.push(NodeView {
+                id: s.node_id.clone(),
+                needs: Vec::new(),
+                tool: String::new(),
+                status: Some(s.status),
+            }),
+        }
+    }
+    out
+}
