@@ -70,6 +70,7 @@
 pub mod clock;
 pub mod events;
 pub mod ids;
+pub mod inbox;
 pub mod model;
 pub mod notify;
 pub mod state;

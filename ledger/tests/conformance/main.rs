@@ -8,6 +8,7 @@ mod cross_run;
 mod deliveries;
 mod differential;
 mod events;
+mod inbox;
 mod open;
 mod probes;
 mod pure;
