@@ -18,10 +18,12 @@
 
 pub mod call;
 pub mod event;
+pub mod inbox;
 pub mod run;
 pub mod time;
 
 pub use call::{AuditEntry, CallView, ErrorView, ProbeView, ResolutionView};
 pub use event::EventView;
+pub use inbox::{InboxRow, ProbeVerdict};
 pub use run::{NodeView, RunInfo, RunSummary, RunView, StepView};
 pub use time::parse_time;
