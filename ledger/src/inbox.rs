@@ -1,7 +1,8 @@
 //! The reads behind the console's In doubt worklist: the calls in doubt under its
 //! filters (a run id prefix, a minimum age), and, for a page of them at once, their
-//! runs' workflow names and their last probes, plus calls and runs named by id (what a
-//! "resolve selected" dry run checks).
+//! runs' workflow names, their last probes and the last event of a type (why each went
+//! in doubt), plus calls and runs named by id (what a "resolve selected" dry run
+//! checks).
 //!
 //! Each read is one statement whatever the number of calls: the ids travel as one JSON
 //! array parameter (`json_each` on SQLite, `jsonb_array_elements` on PostgreSQL), so a
@@ -15,11 +16,12 @@ use serde_json::{Value as Json, json};
 use crate::clock::Timestamp;
 use crate::conn::args;
 use crate::error::Error;
+use crate::events::{Event, EventType};
 use crate::ledger::Ledger;
 use crate::model::ToolCall;
 use crate::probes::{Probe, ProbeDecision, ProbeObserved};
 use crate::reads::page_limit;
-use crate::rows::{CallRow, call_cols};
+use crate::rows::{CallRow, EventRow, call_cols};
 use crate::state::{CallStatus, RunStatus};
 
 /// Which calls in doubt [`Ledger::in_doubt_inbox`] lists, oldest first. Every field is
@@ -183,6 +185,36 @@ macro_rules! calls_sql {
     };
 }
 
+/// Each named call's last event of type `$4`.
+macro_rules! last_event_sql {
+    ($pairs:literal, $run:literal, $node:literal) => {
+        concat!(
+            "SELECT o.seq, o.id, o.type, o.time, o.run_id, o.step_id, o.tool_call_id, o.payload
+             FROM ",
+            $pairs,
+            " JOIN outbox o ON o.tenant = $1 AND o.workspace = $2 AND o.type = $4
+               AND o.run_id = ",
+            $run,
+            " AND o.tool_call_id = ",
+            $node,
+            " WHERE o.seq = (SELECT MAX(q.seq) FROM outbox q
+                 WHERE q.tenant = o.tenant AND q.workspace = o.workspace AND q.run_id = o.run_id
+                   AND q.tool_call_id = o.tool_call_id AND q.type = o.type)
+             ORDER BY o.run_id, o.tool_call_id"
+        )
+    };
+}
+
+const LAST_EVENTS_SQLITE: &str = last_event_sql!(
+    "json_each($3) AS k",
+    "json_extract(k.value, '$[0]')",
+    "json_extract(k.value, '$[1]')"
+);
+const LAST_EVENTS_POSTGRES: &str = last_event_sql!(
+    "jsonb_array_elements($3::jsonb) AS k(v)",
+    "k.v->>0",
+    "k.v->>1"
+);
 const LAST_PROBES_SQLITE: &str = last_probe_sql!(
     "json_each($3) AS k",
     "json_extract(k.value, '$[0]')",
@@ -281,6 +313,30 @@ impl Ledger {
             .all::<LastProbeRow>(sql, args![&s.tenant, &s.workspace, pair_list(calls)])
             .await?;
         rows.into_iter().map(LastProbeRow::into_last).collect()
+    }
+
+    /// The last event of type `kind` of each call of `calls` (`(run, node)` pairs) that
+    /// has one, by run and node: e.g. its last `tool_call.in_doubt`, which says why the
+    /// call is in doubt. One statement for any number of calls.
+    pub async fn last_events(
+        &self,
+        calls: &[(String, String)],
+        kind: EventType,
+    ) -> Result<Vec<Event>, Error> {
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let mut c = pc.conn();
+        let sql = c.pick(LAST_EVENTS_SQLITE, LAST_EVENTS_POSTGRES);
+        let rows = c
+            .all::<EventRow>(
+                sql,
+                args![&s.tenant, &s.workspace, pair_list(calls), kind.as_str()],
+            )
+            .await?;
+        rows.into_iter().map(EventRow::into_event).collect()
     }
 
     /// The calls named by `calls` (`(run, node)` pairs) that exist, whatever their

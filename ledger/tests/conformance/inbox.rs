@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use flow_ledger::inbox::InboxFilter;
 use flow_ledger::{
-    CallStatus, InDoubtReport, NewProbe, ProbeDecision, ProbeObserved, Resolution, Resolve,
-    RunStatus,
+    CallStatus, EventType, InDoubtReport, NewProbe, ProbeDecision, ProbeObserved, Resolution,
+    Resolve, RunStatus,
 };
 use serde_json::json;
 
@@ -237,6 +237,37 @@ async fn names_probes_and_calls_are_read_for_many_ids_at_once(db: TestDb) {
     assert_eq!(last[0].probe.response, Some(json!({"status": 503})));
     assert!(db.ledger.last_probes(&[]).await.unwrap().is_empty());
 
+    // Why each went in doubt: its last `tool_call.in_doubt` event, for a page at once.
+    let doubts = db
+        .ledger
+        .last_events(&pairs, EventType::ToolCallInDoubt)
+        .await
+        .unwrap();
+    let got: Vec<(Option<&str>, &str)> = doubts
+        .iter()
+        .map(|e| {
+            (
+                e.run_id.as_deref(),
+                e.payload["reason"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Some("run_a"), "timed out"),
+            (Some("run_b"), "timed out"),
+            (Some("run_c"), "timed out")
+        ]
+    );
+    assert!(
+        db.ledger
+            .last_events(&pairs, EventType::ToolCallResolved)
+            .await
+            .unwrap()
+            .is_empty(),
+        "none of that type yet"
+    );
     let wrong_node = ("run_a".to_string(), "ship".to_string());
     let mut asked = pairs.clone();
     asked.push(wrong_node);
