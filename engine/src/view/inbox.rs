@@ -2,14 +2,15 @@
 //! operator needs to decide about it at a glance — its run and workflow, node, tool,
 //! key, since when and why it is in doubt, and what the last probe made of it.
 //!
-//! Built from a page of calls and two reads that answer for the whole page at once
-//! (`Ledger::run_names`, `Ledger::last_probes`), never one query per call: the inbox
-//! must stay quick with a thousand calls in doubt.
+//! Built from a page of calls and three reads that answer for the whole page at once
+//! (`Ledger::run_names`, `Ledger::last_probes`, `Ledger::last_events` for the
+//! `tool_call.in_doubt` that says why), never one query per call: the inbox must stay
+//! quick with a thousand calls in doubt.
 
 use std::collections::HashMap;
 
 use flow_ledger::inbox::{InboxFilter, LastProbe, RunName};
-use flow_ledger::{Ledger, ProbeDecision, ProbeObserved, Timestamp, ToolCall};
+use flow_ledger::{Event, EventType, Ledger, ProbeDecision, ProbeObserved, Timestamp, ToolCall};
 use schemars::JsonSchema;
 use serde::Serialize;
 
@@ -53,9 +54,16 @@ pub struct InboxRow {
 }
 
 impl InboxRow {
-    /// The rows of `calls`, in their order, with the workflow names of `runs` and the
-    /// last probes of `probes` (each matched by run and node; missing ones stay empty).
-    pub fn build(calls: &[ToolCall], runs: &[RunName], probes: &[LastProbe]) -> Vec<InboxRow> {
+    /// The rows of `calls`, in their order, with the workflow names of `runs`, the last
+    /// probes of `probes` and the reasons of `doubts` (each call's last
+    /// `tool_call.in_doubt` event), each matched by run and node; missing ones stay
+    /// empty (a call without its event gets the reason `CallView` falls back to).
+    pub fn build(
+        calls: &[ToolCall],
+        runs: &[RunName],
+        probes: &[LastProbe],
+        doubts: &[Event],
+    ) -> Vec<InboxRow> {
         let names: HashMap<&str, &str> = runs
             .iter()
             .map(|r| (r.id.as_str(), r.workflow.as_str()))
@@ -64,11 +72,16 @@ impl InboxRow {
             .iter()
             .map(|p| ((p.run_id.as_str(), p.probe.tool_call_id.as_str()), p))
             .collect();
+        let why: HashMap<(&str, &str), &Event> = doubts
+            .iter()
+            .filter_map(|e| Some(((e.run_id.as_deref()?, e.tool_call_id.as_deref()?), e)))
+            .collect();
         calls
             .iter()
             .map(|c| {
-                let call = CallView::of(c, &[]);
                 let key = (c.run_id.as_str(), c.tool_call_id.as_str());
+                let events = why.get(&key).map_or(&[][..], |e| std::slice::from_ref(*e));
+                let call = CallView::of(c, events);
                 InboxRow {
                     run: c.run_id.clone(),
                     workflow: names.get(c.run_id.as_str()).copied().unwrap_or("").into(),
@@ -89,8 +102,8 @@ impl InboxRow {
             .collect()
     }
 
-    /// The rows `filter` matches, oldest first: three statements whatever their number
-    /// (the calls, their runs' names, their last probes).
+    /// The rows `filter` matches, oldest first: four statements whatever their number
+    /// (the calls, their runs' names, their last probes, why each is in doubt).
     pub async fn load(
         ledger: &Ledger,
         filter: InboxFilter,
@@ -103,7 +116,10 @@ impl InboxRow {
             .collect();
         let names = ledger.run_names(&runs).await?;
         let probes = ledger.last_probes(&pairs).await?;
-        Ok(Self::build(&calls, &names, &probes))
+        let doubts = ledger
+            .last_events(&pairs, EventType::ToolCallInDoubt)
+            .await?;
+        Ok(Self::build(&calls, &names, &probes, &doubts))
     }
 }
 
@@ -182,7 +198,22 @@ mod tests {
             probe("r1", "charge", 2, ProbeDecision::NeedsOperator),
             probe("r2", "ship", 1, ProbeDecision::ProbeAgain),
         ];
-        let rows = InboxRow::build(&calls, &runs, &probes);
+        // r1/ship's reason comes from its event; r2 has an event of another node only.
+        let doubt = |run: &str, node: &str, reason: &str| Event {
+            seq: 1,
+            id: "evt_1".into(),
+            event_type: EventType::ToolCallInDoubt,
+            time: Timestamp(2_000),
+            run_id: Some(run.into()),
+            step_id: None,
+            tool_call_id: Some(node.into()),
+            payload: json!({"reason": reason}),
+        };
+        let doubts = [
+            doubt("r1", "ship", "lease ended after the outbound mark"),
+            doubt("r2", "ship", "not mine"),
+        ];
+        let rows = InboxRow::build(&calls, &runs, &probes, &doubts);
         let got: Vec<(&str, &str, &str)> = rows
             .iter()
             .map(|r| (r.run.as_str(), r.node.as_str(), r.workflow.as_str()))
