@@ -6,15 +6,16 @@ use std::sync::Arc;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use flow_ledger::EventFilter;
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use super::session::Signed;
+use super::session::{Signed, local_next};
 use super::{Page, Ui, who};
-use crate::serve::api::in_doubt::CallFilter;
 use crate::serve::api::runs::{ListQuery, page};
 use crate::serve::auth::Tokens;
-use crate::view::{CallView, RunSummary, RunView};
+use crate::serve::problem::Problem;
+use crate::view::{RunSummary, RunView};
 
 /// Runs per page of the runs list.
 const PAGE: u32 = 50;
@@ -30,20 +31,40 @@ pub(super) fn pretty(v: &Json) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
 }
 
-/// `GET /ui/sign-in`.
-pub async fn sign_in(State(ui): State<Arc<Ui>>) -> Page {
-    if matches!(ui.app.tokens, Tokens::Insecure) {
-        return Page::redirect("/ui/runs");
-    }
-    sign_in_page(&ui, StatusCode::OK, None)
+/// The query of the sign-in page: where to go once signed in.
+#[derive(Debug, Default, Deserialize)]
+pub struct SignInQuery {
+    /// A console page (`/ui/…`) asked for before signing in; anything else is ignored
+    /// (see [`local_next`]).
+    #[serde(default)]
+    next: String,
 }
 
-/// The sign-in form, with `error` above it.
-pub(super) fn sign_in_page(ui: &Ui, status: StatusCode, error: Option<&str>) -> Page {
+/// `GET /ui/sign-in?next=`.
+pub async fn sign_in(
+    State(ui): State<Arc<Ui>>,
+    q: Result<Query<SignInQuery>, QueryRejection>,
+) -> Result<Page, Page> {
+    let q = query(q)?;
+    let next = local_next(&q.next);
+    if matches!(ui.app.tokens, Tokens::Insecure) {
+        return Ok(Page::redirect(next.unwrap_or("/ui/runs")));
+    }
+    Ok(sign_in_page(&ui, StatusCode::OK, None, next))
+}
+
+/// The sign-in form, with `error` above it and `next` (already checked) to return to.
+pub(super) fn sign_in_page(
+    ui: &Ui,
+    status: StatusCode,
+    error: Option<&str>,
+    next: Option<&str>,
+) -> Page {
     let ctx = json!({
         "title": "Sign in",
         "csrf": ui.sessions.csrf("sign-in", ""),
         "error": error,
+        "next": next.unwrap_or(""),
     });
     Page::render(status, "sign_in.html", &ctx)
 }
@@ -102,8 +123,12 @@ pub struct RunQuery {
     probed: Option<u32>,
 }
 
-/// `GET /ui/runs/{id}`: the run, its nodes in plan order with their `needs`, steps and
-/// call, and the audit trail; refreshes itself while the run is not terminal.
+/// Events the run page's history shows at most (the ledger's page size).
+const TIMELINE: u32 = 1_000;
+
+/// `GET /ui/runs/{id}`: the run, its graph, its nodes in plan order with their `needs`,
+/// steps and call, its history (the run's events) and the audit trail. The page updates
+/// itself while open (live.js, on the run's events); "Refresh" does it by hand.
 pub async fn run(
     signed: Signed,
     State(ui): State<Arc<Ui>>,
@@ -116,17 +141,32 @@ pub async fn run(
         flow_ledger::Error::NotFound { .. } => {
             Page::error(StatusCode::NOT_FOUND, format!("no run `{id}`"))
         }
-        e => Page::from(crate::serve::problem::Problem::ledger(&e)),
+        e => Page::from(Problem::ledger(&e)),
     };
+    let live_after = super::live::last_seq(ledger).await?;
     let view = RunView::load(ledger, &id).await.map_err(missing)?;
+    let (graph, graph_missing) = graph(ledger, &view).await;
+    let events = ledger
+        .list_events(EventFilter {
+            run_id: Some(id.clone()),
+            limit: TIMELINE,
+            ..EventFilter::default()
+        })
+        .await
+        .map_err(|e| Page::from(Problem::ledger(&e)))?;
+    let timeline = super::history::timeline(&events, &view.steps);
     let status = view.run.summary.status;
     let in_doubt = view.in_doubt().count();
     let ctx = json!({
         "title": format!("Run {}", view.run.summary.id),
         "nav": "runs",
         "who": who(&signed, &ui),
+        "graph": graph,
+        "graph_missing": graph_missing,
+        "timeline": timeline,
+        "timeline_cut": events.len() >= TIMELINE as usize,
         "view": view,
-        "refresh": !status.is_terminal(),
+        "live_after": live_after,
         "run_terminal": status.is_terminal(),
         "in_doubt": in_doubt,
         "can_probe": in_doubt > 0 && status == flow_ledger::RunStatus::Paused,
@@ -136,64 +176,33 @@ pub async fn run(
     Ok(Page::render(StatusCode::OK, "run.html", &ctx))
 }
 
-/// The query of the inbox (its filter).
-#[derive(Debug, Default, Deserialize)]
-pub struct InboxQuery {
-    /// Only calls of this run.
-    #[serde(default)]
-    pub(super) run: String,
-    /// Only calls of this node.
-    #[serde(default)]
-    pub(super) node: String,
-    /// Only calls of this tool.
-    #[serde(default)]
-    pub(super) tool: String,
-}
-
-impl InboxQuery {
-    /// The API's filter (empty fields match anything).
-    pub(super) fn filter(&self) -> CallFilter {
-        let some = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
-        CallFilter {
-            run: some(&self.run),
-            node: some(&self.node),
-            tool: some(&self.tool),
-        }
+/// The run's graph as SVG, from the plan of its stored workflow (`flow graph`'s), each
+/// node coloured by its state in `view`; or, when it cannot be drawn, why.
+async fn graph(ledger: &flow_ledger::Ledger, view: &RunView) -> (Option<String>, String) {
+    let run = match ledger.get_run(&view.run.summary.id).await {
+        Ok(run) => run,
+        Err(e) => return (None, format!("The run's workflow could not be read: {e}")),
+    };
+    let wf = match crate::snapshot::snapshot(&run) {
+        Ok(wf) => wf,
+        Err(why) => return (None, why),
+    };
+    let state = |id: &str| {
+        view.nodes
+            .iter()
+            .find(|n| n.id == id)
+            .and_then(|n| n.status)
+            .map(|s| s.as_str().to_string())
+    };
+    match super::graph::svg(&wf, state) {
+        Some(svg) => (Some(svg), String::new()),
+        None => (
+            None,
+            format!(
+                "This workflow has {} nodes, more than the {} drawn here: `flow graph` draws it (Mermaid or DOT).",
+                wf.nodes.len(),
+                super::graph::MAX_NODES
+            ),
+        ),
     }
-}
-
-/// `GET /ui/in-doubt?run=&node=&tool=`: every call in doubt across runs.
-pub async fn in_doubt(
-    signed: Signed,
-    State(ui): State<Arc<Ui>>,
-    q: Result<Query<InboxQuery>, QueryRejection>,
-) -> Result<Page, Page> {
-    let q = query(q)?;
-    inbox(&ui, &signed, &q, StatusCode::OK, json!({})).await
-}
-
-/// The inbox page, with `notice` (`{error}`, `{info}`, the form values to keep) from a
-/// form that was just posted, answered with `status`.
-pub(super) async fn inbox(
-    ui: &Ui,
-    signed: &Signed,
-    q: &InboxQuery,
-    status: StatusCode,
-    notice: Json,
-) -> Result<Page, Page> {
-    let calls = ui
-        .app
-        .ledger
-        .list_in_doubt(q.filter().ledger())
-        .await
-        .map_err(|e| Page::from(crate::serve::problem::Problem::ledger(&e)))?;
-    let ctx = json!({
-        "title": "In doubt",
-        "nav": "in-doubt",
-        "who": who(signed, ui),
-        "calls": calls.iter().map(|c| CallView::of(c, &[])).collect::<Vec<_>>(),
-        "filter": {"run": q.run, "node": q.node, "tool": q.tool},
-        "notice": notice,
-    });
-    Ok(Page::render(status, "in_doubt.html", &ctx))
 }
