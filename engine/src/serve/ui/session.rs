@@ -209,9 +209,39 @@ impl FromRequestParts<Arc<Ui>> for Signed {
                 session: id.to_string(),
                 csrf: ui.sessions.csrf("session", id),
             }),
-            None => Err(Page::redirect("/ui/sign-in")),
+            None => Err(Page::redirect(sign_in_for(parts))),
         }
     }
+}
+
+/// The sign-in page that returns to the page `parts` asked for (a GET of a console
+/// page), so a link shared to someone signed out still lands where it points.
+fn sign_in_for(parts: &Parts) -> String {
+    let wanted = parts.uri.path_and_query().map_or("", |p| p.as_str());
+    match local_next(wanted) {
+        Some(next) if parts.method == axum::http::Method::GET => format!(
+            "/ui/sign-in?next={}",
+            url::form_urlencoded::byte_serialize(next.as_bytes()).collect::<String>()
+        ),
+        _ => "/ui/sign-in".into(),
+    }
+}
+
+/// `next` if it is a page of this console to return to after signing in — a local
+/// path under `/ui` in plain ASCII, without `..`, backslashes or a second leading
+/// slash — else `None`. Anything else would make the sign-in form an open redirect
+/// (`?next=https://evil.example`, `//evil.example`, `/\evil.example`), sending a user
+/// who just typed their token to another site; it is ignored, not followed.
+pub fn local_next(next: &str) -> Option<&str> {
+    let path = next.split(['?', '#']).next().unwrap_or_default();
+    let under_ui = path == "/ui" || path.starts_with("/ui/");
+    let plain = next.len() <= 2_048 && next.bytes().all(|b| b.is_ascii_graphic());
+    let dots = path.split('/').any(|seg| {
+        let seg = seg.to_ascii_lowercase().replace("%2e", ".");
+        seg == "." || seg == ".."
+    });
+    let loops = path.starts_with("/ui/sign-in") || path.starts_with("/ui/sign-out");
+    (under_ui && plain && !dots && !loops && !next.contains('\\')).then_some(next)
 }
 
 #[cfg(test)]
@@ -243,6 +273,39 @@ mod tests {
         s.close(&id);
         assert!(s.caller(&id).is_none());
         assert!(s.caller("").is_none());
+    }
+
+    #[test]
+    fn only_local_console_pages_are_returned_to() {
+        for ok in [
+            "/ui",
+            "/ui/runs",
+            "/ui/runs/run_01J?resolved=charge",
+            "/ui/in-doubt?prefix=batch-7&age=5#rows",
+        ] {
+            assert_eq!(local_next(ok), Some(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "https://evil.example/ui/runs",
+            "//evil.example/ui/runs",
+            "/\\evil.example",
+            "/ui\\..\\api",
+            "\\\\evil.example",
+            "/uievil",
+            "/api/v1/runs",
+            "ui/runs",
+            "/ui/../api/v1/runs",
+            "/ui/%2E%2e/api",
+            "/ui/runs/ x",
+            "/ui/runs/\u{e9}",
+            "/ui/sign-in?next=/ui/runs",
+            "/ui/sign-out",
+            "javascript:alert(1)",
+        ] {
+            assert_eq!(local_next(bad), None, "{bad:?}");
+        }
+        assert_eq!(local_next(&format!("/ui/{}", "a".repeat(3_000))), None);
     }
 
     #[test]
