@@ -1,21 +1,36 @@
 //! The operator console: a server-rendered web UI under `/ui` (`/` redirects to it).
 //!
-//! - `session.rs`: sign-in with a bearer token, the session cookie, CSRF tokens.
-//! - `pages.rs`: the pages (runs, one run, the In doubt inbox, sign-in).
-//! - `actions.rs`: the forms' POSTs (resolve one call, bulk resolve, cancel a run, sign
-//!   in and out).
+//! - `session.rs`: sign-in with a bearer token (returning to the page asked for), the
+//!   session cookie, CSRF tokens.
+//! - `pages.rs`: the pages (runs, one run, sign-in); `inbox.rs` the In doubt worklist and
+//!   its "resolve selected"; `history.rs` a run's timeline, `graph.rs` its DAG as SVG,
+//!   `times.rs` relative times.
+//! - `actions.rs`: the other forms' POSTs (resolve one call, bulk resolve, cancel and
+//!   redrive a run, probe now, sign in and out).
+//! - `live.rs`: the signed-in event stream (`/ui/events`) and `assets/live.js`, which
+//!   updates a page's live regions in place.
 //! - `templates/`: minijinja templates, HTML-escaped throughout (run inputs, outputs and
-//!   requests are untrusted text); `assets/console.css` the one stylesheet.
+//!   requests are untrusted text; the one value written raw is the SVG `graph.rs`
+//!   escapes itself), `macros.html` the shared pieces (times, the Refresh link);
+//!   `assets/console.css` the one stylesheet.
 //!
 //! Pages read with the same ledger reads the JSON API uses, and the forms act through the
 //! API's own functions (`api::steer::settle`, `api::in_doubt::settle_many`), so a
 //! resolution made here is recorded exactly as one made over JSON: `by` is the token's
-//! name, the reason the one given. No JavaScript: a page of a run still moving refreshes
-//! itself (`<meta http-equiv="refresh">`), confirmations are required checkboxes.
+//! name, the reason the one given. Every page works without JavaScript (a "Refresh" link,
+//! confirmations are required checkboxes); the one script, our own and served from here
+//! (CSP `script-src 'self'`), only keeps pages current and shows times in the viewer's
+//! time zone.
 
 mod actions;
+mod forms;
+mod graph;
+mod history;
+mod inbox;
+mod live;
 mod pages;
 pub mod session;
+mod times;
 
 use std::sync::{Arc, LazyLock};
 
@@ -48,6 +63,9 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/", get(|| async { Redirect::to("/ui") }))
         .route("/ui", get(|| async { Redirect::to("/ui/runs") }))
         .route("/ui/console.css", get(css))
+        .route("/ui/assets/console.css", get(css))
+        .route("/ui/assets/live.js", get(live::script))
+        .route("/ui/events", get(live::events))
         .route("/ui/sign-in", get(pages::sign_in).post(actions::sign_in))
         .route("/ui/sign-out", post(actions::sign_out))
         .route("/ui/runs", get(pages::runs))
@@ -55,7 +73,8 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/ui/runs/{id}/cancel", post(actions::cancel))
         .route("/ui/runs/{id}/redrive", post(actions::redrive))
         .route("/ui/runs/{id}/reconcile", post(actions::probe))
-        .route("/ui/in-doubt", get(pages::in_doubt))
+        .route("/ui/in-doubt", get(inbox::in_doubt))
+        .route("/ui/in-doubt/selected", post(inbox::resolve_selected))
         .route("/ui/in-doubt/resolve", post(actions::resolve))
         .route("/ui/in-doubt/bulk", post(actions::bulk))
         .with_state(ui)
@@ -75,14 +94,24 @@ async fn css() -> impl IntoResponse {
 /// for HTML unless a template says otherwise (none does).
 static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
     let mut env = Environment::new();
-    env.add_filter("url", |s: String| actions::url(&s));
+    env.add_filter("url", |s: String| forms::url(&s));
     // JSON indented for a `<pre>` (escaped by the template like any text).
     env.add_filter("pretty", |v: minijinja::Value| {
         serde_json::to_value(&v)
             .map(|j| pages::pretty(&j))
             .unwrap_or_default()
     });
+    for (name, f) in [
+        ("ago", times::ago as fn(_, _) -> String),
+        ("lasting", times::lasting),
+    ] {
+        env.add_filter(name, move |t: String| {
+            times::parse(&t).map_or(t, |t| f(t, times::now()))
+        });
+    }
+    env.add_filter("utc", |t: String| times::parse(&t).map_or(t, times::utc));
     let sources = [
+        ("macros.html", include_str!("templates/macros.html")),
         ("layout.html", include_str!("templates/layout.html")),
         ("error.html", include_str!("templates/error.html")),
         ("sign_in.html", include_str!("templates/sign_in.html")),
@@ -98,9 +127,10 @@ static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
     env
 });
 
-/// The console's Content-Security-Policy: its own stylesheet, no scripts at all, forms
-/// to itself, never framed.
-pub const CSP: &str = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
+/// The console's Content-Security-Policy: its own stylesheet and its own script file
+/// only (no inline script or style, no eval), connections (the event stream, the live
+/// re-fetch) and forms to itself, never framed.
+pub const CSP: &str = "default-src 'none'; script-src 'self'; connect-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// What a console handler answers: an HTML page with its status, or a redirect.
 #[derive(Debug)]
@@ -159,8 +189,9 @@ impl IntoResponse for Page {
                 [
                     (header::CONTENT_TYPE, "text/html; charset=utf-8"),
                     (header::CACHE_CONTROL, "no-store"),
-                    // No script runs, nothing loads from elsewhere, forms post only
-                    // here, and no other site may frame the page to trick a click.
+                    // Only our own script runs, nothing loads from elsewhere, forms
+                    // post only here, and no other site may frame the page to trick a
+                    // click.
                     (header::CONTENT_SECURITY_POLICY, CSP),
                     (header::X_FRAME_OPTIONS, "DENY"),
                     (header::REFERRER_POLICY, "no-referrer"),
