@@ -13,12 +13,14 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use super::pages::{InboxQuery, inbox, sign_in_page};
-use super::session::{Signed, set_cookie};
+use super::forms::{how, reason, url};
+use super::inbox::{InboxQuery, inbox};
+use super::pages::sign_in_page;
+use super::session::{Signed, local_next, set_cookie};
 use super::{Page, Ui};
 use crate::serve::api::in_doubt::settle_many;
 use crate::serve::api::probe::probe_run;
-use crate::serve::api::steer::{Outcome, cancel_run, resolution, settle};
+use crate::serve::api::steer::{cancel_run, settle};
 use crate::serve::auth::{Role, Tokens};
 use crate::serve::problem::Problem;
 
@@ -28,31 +30,31 @@ fn form<T>(f: Result<Form<T>, FormRejection>) -> Result<T, Page> {
         .map_err(|e| Page::error(StatusCode::BAD_REQUEST, e.body_text()))
 }
 
-/// `s` for a URL's query or path segment.
-pub(super) fn url(s: &str) -> String {
-    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
-}
-
 /// The sign-in form.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct SignIn {
     csrf: String,
     token: String,
+    /// The page to return to (checked by [`local_next`]; anything else: the runs).
+    next: String,
 }
 
 /// `POST /ui/sign-in`: a valid token opens a session (cookie), anything else shows the
 /// form again with why (401). Wrong tokens count toward the address's throttle like
 /// the API's (`serve::throttle`): past it, 429 with `Retry-After`, whatever the token.
+/// Signed in, the user goes to the page they asked for (`next`) when it is one of the
+/// console's, else to the runs.
 pub async fn sign_in(
     State(ui): State<Arc<Ui>>,
     extensions: axum::http::Extensions,
     f: Result<Form<SignIn>, FormRejection>,
 ) -> Result<Response, Page> {
-    if matches!(ui.app.tokens, Tokens::Insecure) {
-        return Ok(Page::redirect("/ui/runs").into_response());
-    }
     let f = form(f)?;
+    let next = local_next(&f.next);
+    if matches!(ui.app.tokens, Tokens::Insecure) {
+        return Ok(Page::redirect(next.unwrap_or("/ui/runs")).into_response());
+    }
     if !ui.sessions.csrf_ok("sign-in", "", &f.csrf) {
         return Err(Page::error(
             StatusCode::FORBIDDEN,
@@ -62,7 +64,7 @@ pub async fn sign_in(
     let ip = crate::serve::auth::client_ip(&extensions);
     if let Err(left) = ui.app.throttle.check(ip) {
         let p = Problem::too_many(left);
-        let page = sign_in_page(&ui, StatusCode::TOO_MANY_REQUESTS, Some(&p.detail));
+        let page = sign_in_page(&ui, StatusCode::TOO_MANY_REQUESTS, Some(&p.detail), next);
         let mut resp = page.into_response();
         if let Some(secs) = p.retry_after {
             resp.headers_mut()
@@ -78,12 +80,13 @@ pub async fn sign_in(
             ui.app.metrics.auth_failed("console");
             tracing::warn!(client = ?ip, "failed console sign-in");
             let why = "that token is not one this server knows: paste the value of an [[api.tokens]] secret";
-            return Ok(sign_in_page(&ui, StatusCode::UNAUTHORIZED, Some(why)).into_response());
+            return Ok(sign_in_page(&ui, StatusCode::UNAUTHORIZED, Some(why), next).into_response());
         }
     };
     tracing::info!(token = %caller.name, role = caller.role.as_str(), "console sign-in");
     let id = ui.sessions.open(caller);
-    Ok(Page::Redirect("/ui/runs".into(), Some(set_cookie(&id))).into_response())
+    let to = next.unwrap_or("/ui/runs").to_string();
+    Ok(Page::Redirect(to, Some(set_cookie(&id))).into_response())
 }
 
 /// A form that carries only its CSRF token.
@@ -122,37 +125,6 @@ pub struct ResolveForm {
     confirm: String,
 }
 
-/// The outcome a form names, or 400.
-fn outcome(text: &str) -> Result<Outcome, String> {
-    match text {
-        "succeeded" => Ok(Outcome::Succeeded),
-        "failed" => Ok(Outcome::Failed),
-        "retry" => Ok(Outcome::Retry),
-        other => Err(format!(
-            "outcome: `{other}` is not succeeded, failed or retry"
-        )),
-    }
-}
-
-/// The resolution a form asks for, checked as the JSON API checks it (the output must
-/// be JSON; `failed` records the reason as the error).
-fn how(outcome_text: &str, output: &str, reason: &str) -> Result<flow_ledger::Resolution, String> {
-    let outcome = outcome(outcome_text)?;
-    let output = match outcome {
-        Outcome::Succeeded => Some(serde_json::from_str::<Json>(output).map_err(|e| {
-            format!("output: not JSON ({e}); give the call's output, e.g. {{\"id\": \"re_1\"}}")
-        })?),
-        _ => None,
-    };
-    let error = (outcome == Outcome::Failed && !reason.trim().is_empty())
-        .then(|| reason.trim().to_string());
-    resolution(outcome, output, error).map_err(|p| p.detail)
-}
-
-fn reason(text: &str) -> Option<String> {
-    Some(text.trim().to_string()).filter(|s| !s.is_empty())
-}
-
 /// `POST /ui/in-doubt/resolve`: settles one call (operators and admins), then shows its
 /// run; a refused form shows the inbox again with why, nothing written.
 pub async fn resolve(
@@ -165,7 +137,9 @@ pub async fn resolve(
     signed.need(Role::Operator)?;
     let q = InboxQuery::default();
     let again = |status: StatusCode, error: String| {
-        let notice = json!({"error": error, "run": f.run, "node": f.node, "output": f.output, "reason": f.reason});
+        // An output that is not JSON is shown beside its field, the text kept.
+        let field = error.starts_with("output:").then_some("output");
+        let notice = json!({"error": error, "field": field, "run": f.run, "node": f.node, "output": f.output, "reason": f.reason});
         inbox(&ui, &signed, &q, status, notice)
     };
     if f.confirm != "yes" {
@@ -316,7 +290,7 @@ pub struct BulkForm {
     dry_run: String,
 }
 
-/// `POST /ui/in-doubt/bulk`: with `dry_run`, shows how many calls the filter matches;
+/// `POST /ui/in-doubt/bulk`: with `dry_run`, lists the calls the filter matches;
 /// otherwise (confirmed) settles them all as the JSON bulk resolve does.
 pub async fn bulk(
     signed: Signed,
@@ -330,6 +304,7 @@ pub async fn bulk(
         run: f.run.clone(),
         node: f.node.clone(),
         tool: f.tool.clone(),
+        ..InboxQuery::default()
     };
     let dry = f.dry_run == "yes";
     let keep = json!({"bulk_outcome": f.outcome, "bulk_output": f.output, "bulk_reason": f.reason});
@@ -374,7 +349,7 @@ pub async fn bulk(
                 &signed,
                 &q,
                 StatusCode::OK,
-                with(json!({"info": info, "matched": done.matched})),
+                with(json!({"info": info, "matched": done.matched, "bulk_calls": done.calls})),
             )
             .await
         }
@@ -389,32 +364,5 @@ pub async fn bulk(
             inbox(&ui, &signed, &q, StatusCode::OK, json!({"info": info})).await
         }
         Err(p) => inbox(&ui, &signed, &q, p.status, with(json!({"error": p.detail}))).await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn forms_resolve_as_the_api_does() {
-        assert!(matches!(
-            how("succeeded", r#"{"id": 1}"#, ""),
-            Ok(flow_ledger::Resolution::Succeeded(v)) if v == json!({"id": 1})
-        ));
-        assert!(
-            how("succeeded", "{not json", "").is_err_and(|e| e.starts_with("output: not JSON"))
-        );
-        assert!(how("succeeded", "", "").is_err());
-        assert!(matches!(
-            how("failed", "", " declined "),
-            Ok(flow_ledger::Resolution::Failed(e)) if e == "declined"
-        ));
-        assert!(matches!(
-            how("retry", "", ""),
-            Ok(flow_ledger::Resolution::Retry)
-        ));
-        assert!(how("maybe", "", "").is_err_and(|e| e.contains("`maybe`")));
-        assert_eq!(url("run 1/&"), "run+1%2F%26");
     }
 }
