@@ -31,5 +31,6 @@ mod sessions;
 mod support;
 mod tasks;
 mod ui;
+mod ui_scale;
 mod validate;
 mod views;

@@ -29,7 +29,7 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
 /// A chromedriver child on a free port; killed when dropped.
-struct Driver {
+pub(crate) struct Driver {
     child: Child,
     url: String,
 }
@@ -42,7 +42,7 @@ impl Drop for Driver {
 }
 
 /// Whether the browser is installed; `None` with the reason to skip (a failure on CI).
-fn browser_missing() -> Option<String> {
+pub(crate) fn browser_missing() -> Option<String> {
     let missing: Vec<&str> = [CHROMIUM, CHROMEDRIVER]
         .into_iter()
         .filter(|p| !std::path::Path::new(p).exists())
@@ -55,7 +55,7 @@ fn browser_missing() -> Option<String> {
     })
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
@@ -63,7 +63,7 @@ fn free_port() -> u16 {
 }
 
 /// Starts chromedriver and waits until it answers.
-fn driver() -> Driver {
+pub(crate) fn driver() -> Driver {
     let port = free_port();
     let child = Command::new(CHROMEDRIVER)
         .arg(format!("--port={port}"))
@@ -88,7 +88,7 @@ fn driver() -> Driver {
 }
 
 /// A headless Chromium session (`--no-sandbox`: the tests may run as root).
-async fn browser(driver: &Driver) -> Client {
+pub(crate) async fn browser(driver: &Driver) -> Client {
     let mut caps = serde_json::Map::new();
     caps.insert(
         "goog:chromeOptions".into(),
@@ -104,7 +104,7 @@ async fn browser(driver: &Driver) -> Client {
         .unwrap_or_else(|e| panic!("cannot start headless chromium through chromedriver: {e}"))
 }
 
-fn screenshots() -> PathBuf {
+pub(crate) fn screenshots() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map_or_else(|| crate::support::repo().join("target"), PathBuf::from);
     let dir = target.join("ui-screenshots");
@@ -112,7 +112,7 @@ fn screenshots() -> PathBuf {
     dir
 }
 
-async fn snap(c: &Client, name: &str) {
+pub(crate) async fn snap(c: &Client, name: &str) {
     let png = c
         .screenshot()
         .await
@@ -123,7 +123,7 @@ async fn snap(c: &Client, name: &str) {
 
 /// The page's HTML once `css` matches an element whose text holds `text` (the page may
 /// be reloading itself meanwhile).
-async fn wait_for(c: &Client, css: &str, text: &str, within: Duration) -> String {
+pub(crate) async fn wait_for(c: &Client, css: &str, text: &str, within: Duration) -> String {
     let deadline = Instant::now() + within;
     loop {
         if let Ok(e) = c.find(Locator::Css(css)).await
@@ -139,7 +139,7 @@ async fn wait_for(c: &Client, css: &str, text: &str, within: Duration) -> String
     }
 }
 
-async fn sign_in(c: &Client, server: &Server, token: &str) {
+pub(crate) async fn sign_in(c: &Client, server: &Server, token: &str) {
     c.goto(&format!("{}/ui", server.base))
         .await
         .expect("goto /ui");
@@ -247,20 +247,33 @@ fn the_console_resolves_in_a_real_browser_and_refuses_forgeries() {
     );
 }
 
-/// Fills the "succeeded" form of the call in `card` with `output` and `reason`, ticks
-/// "I confirm" and submits it.
+/// Opens the detail of the call in `card` (a `<details>`), fills its form with `output`
+/// and `reason`, ticks "I confirm" and presses "Resolve as succeeded".
 async fn submit_succeeded(c: &Client, card: &str, output: &str, reason: &str) {
-    let form = c
-        .find(Locator::Css(&format!("{card} form.act.ok")))
+    let details = c
+        .find(Locator::Css(&format!("{card} details")))
         .await
-        .expect("succeeded form");
+        .expect("the call's detail");
+    if details.attr("open").await.ok().flatten().is_none() {
+        details
+            .find(Locator::Css("summary"))
+            .await
+            .expect("summary")
+            .click()
+            .await
+            .expect("open");
+    }
+    let form = details
+        .find(Locator::Css("form.act.one"))
+        .await
+        .expect("the call's form");
     let fields = [("textarea", output), ("input[name=reason]", reason)];
     for (css, text) in fields {
         let field = form.find(Locator::Css(css)).await.expect("field");
         field.clear().await.expect("clear");
         field.send_keys(text).await.expect("type");
     }
-    for css in ["input[type=checkbox]", "button"] {
+    for css in ["input[type=checkbox]", "button[value=succeeded]"] {
         let e = form.find(Locator::Css(css)).await.expect("control");
         e.click().await.expect("click");
     }
@@ -281,11 +294,23 @@ async fn operator_resolves(c: &Client, server: &Server, db: &TestDb, run: &str) 
         "operator buttons"
     );
     snap(c, "in-doubt-inbox").await;
-    let card = format!("article:has(a[href$='{run}'])");
+    let card = format!("tr.detail[data-call='{run}/charge']");
     // Garbage output: shown as an error, nothing written.
     let before = show(db, run)["tool_calls"].clone();
     submit_succeeded(c, &card, "{not json", "").await;
     wait_for(c, "#notice", "output: not JSON", Duration::from_secs(5)).await;
+    // Beside the field too, with what was typed kept.
+    let beside = wait_for(
+        c,
+        &format!("{card} .field-error"),
+        "output: not JSON",
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(
+        beside.contains("{not json</textarea>"),
+        "the typed text is kept"
+    );
     snap(c, "in-doubt-garbage-refused").await;
     assert_eq!(show(db, run)["tool_calls"], before, "nothing written");
     // The real output: the run page comes back with the call resolved.
@@ -583,7 +608,8 @@ async fn sign_in_refusals_then_sign_out(
         .expect("runs");
     assert_eq!(
         (after.status(), after.headers()["location"].to_str().ok()),
-        (StatusCode::SEE_OTHER, Some("/ui/sign-in"))
+        (StatusCode::SEE_OTHER, Some("/ui/sign-in?next=%2Fui%2Fruns")),
+        "signed out: back to the sign-in form, which returns here"
     );
 }
 
