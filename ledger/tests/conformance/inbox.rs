@@ -15,7 +15,8 @@ use crate::common::*;
 
 crate::conformance!(
     the_inbox_filters_by_prefix_and_age,
-    names_probes_and_calls_are_read_for_many_ids_at_once,
+    names_and_probes_are_read_for_many_ids_at_once,
+    calls_and_events_are_read_for_many_ids_at_once,
 );
 
 /// Run `run_id` with its call `pay` in doubt (the run paused).
@@ -159,7 +160,7 @@ async fn the_inbox_filters_by_prefix_and_age(db: TestDb) {
     assert_eq!(ids(&left), ["batch7-b", "other-c"]);
 }
 
-async fn names_probes_and_calls_are_read_for_many_ids_at_once(db: TestDb) {
+async fn names_and_probes_are_read_for_many_ids_at_once(db: TestDb) {
     for r in ["run_a", "run_b", "run_c"] {
         in_doubt(&db, r).await;
     }
@@ -236,7 +237,16 @@ async fn names_probes_and_calls_are_read_for_many_ids_at_once(db: TestDb) {
     );
     assert_eq!(last[0].probe.response, Some(json!({"status": 503})));
     assert!(db.ledger.last_probes(&[]).await.unwrap().is_empty());
+}
 
+async fn calls_and_events_are_read_for_many_ids_at_once(db: TestDb) {
+    for r in ["run_a", "run_b", "run_c"] {
+        in_doubt(&db, r).await;
+    }
+    let pairs: Vec<(String, String)> = ["run_a", "run_b", "run_c", "nope"]
+        .iter()
+        .map(|r| (r.to_string(), "pay".to_string()))
+        .collect();
     // Why each went in doubt: its last `tool_call.in_doubt` event, for a page at once.
     let doubts = db
         .ledger
