@@ -11,6 +11,7 @@
 //! session. Like the API's, the stream polls the ledger (every 500 ms while nothing is
 //! new), resumes after `Last-Event-ID`, and is a live view, not a delivery.
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,10 +55,13 @@ pub struct LiveQuery {
     /// Only events after this `seq`: the last one when the page was rendered, so
     /// nothing between the render and the connection is missed (`Last-Event-ID` wins).
     after: Option<i64>,
+    /// Only events whose type starts with one of these (comma-separated; empty: all):
+    /// the inbox needs a handful of types, not every step of a thousand runs.
+    types: Option<String>,
 }
 
-/// `GET /ui/events?run=&after=`: the outbox as SSE for this session (any role may
-/// follow: a viewer sees the same pages).
+/// `GET /ui/events?run=&after=&types=`: the outbox as SSE for this session (any role
+/// may follow: a viewer sees the same pages).
 pub async fn events(
     _: Signed,
     State(ui): State<Arc<Ui>>,
@@ -74,8 +78,9 @@ pub async fn events(
         None => last_seq(&ui.app.ledger).await?,
     };
     let run = q.run.filter(|r| !r.is_empty());
+    let types = Types::parse(q.types.as_deref().unwrap_or_default());
     Ok(
-        axum::response::Sse::new(follow(ui.app.ledger.clone(), after, run))
+        axum::response::Sse::new(follow(ui.app.ledger.clone(), after, run, types))
             .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
             .into_response(),
     )
@@ -89,6 +94,30 @@ pub(super) async fn last_seq(ledger: &Ledger) -> Result<Option<i64>, Page> {
         .map_err(|e| Page::from(crate::serve::problem::Problem::ledger(&e)))
 }
 
+/// The type prefixes a stream sends (none: every event).
+#[derive(Debug, Clone, Default)]
+struct Types(Vec<String>);
+
+impl Types {
+    fn parse(text: &str) -> Types {
+        Types(
+            text.split(',')
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(str::to_string)
+                .collect(),
+        )
+    }
+
+    fn wants(&self, e: &Event) -> bool {
+        self.0.is_empty()
+            || self
+                .0
+                .iter()
+                .any(|p| e.event_type.as_str().starts_with(p.as_str()))
+    }
+}
+
 /// What the script reads of an event.
 fn message(e: &Event) -> Sse {
     let data = json!({
@@ -100,41 +129,41 @@ fn message(e: &Event) -> Sse {
     Sse::default().id(e.seq.to_string()).data(data.to_string())
 }
 
-/// The events after `after` (of `run`), as they are written.
+/// The events after `after` (of `run`, of `types`), as they are written.
 fn follow(
     ledger: Ledger,
     after: Option<i64>,
     run: Option<String>,
+    types: Types,
 ) -> impl Stream<Item = Result<Sse, Infallible>> {
-    let state = (
-        ledger,
-        after,
-        run,
-        std::collections::VecDeque::<Event>::new(),
-    );
-    stream::unfold(state, |(ledger, mut after, run, mut buffered)| async move {
-        loop {
-            if let Some(e) = buffered.pop_front() {
-                return Some((Ok(message(&e)), (ledger, after, run, buffered)));
-            }
-            let filter = EventFilter {
-                run_id: run.clone(),
-                after_seq: after,
-                limit: BATCH,
-            };
-            match ledger.list_events(filter).await {
-                Ok(events) if !events.is_empty() => {
-                    after = events.last().map(|e| e.seq);
-                    buffered.extend(events);
+    let state = (ledger, after, (run, types), VecDeque::<Event>::new());
+    stream::unfold(
+        state,
+        |(ledger, mut after, which, mut buffered)| async move {
+            loop {
+                if let Some(e) = buffered.pop_front() {
+                    return Some((Ok(message(&e)), (ledger, after, which, buffered)));
                 }
-                Ok(_) => tokio::time::sleep(POLL).await,
-                Err(e) => {
-                    tracing::warn!(error = %e, "the console's event stream cannot read the ledger; retrying");
-                    tokio::time::sleep(POLL * 4).await;
+                let (run, types) = &which;
+                let filter = EventFilter {
+                    run_id: run.clone(),
+                    after_seq: after,
+                    limit: BATCH,
+                };
+                match ledger.list_events(filter).await {
+                    Ok(events) if !events.is_empty() => {
+                        after = events.last().map(|e| e.seq);
+                        buffered.extend(events.into_iter().filter(|e| types.wants(e)));
+                    }
+                    Ok(_) => tokio::time::sleep(POLL).await,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the console's event stream cannot read the ledger; retrying");
+                        tokio::time::sleep(POLL * 4).await;
+                    }
                 }
             }
-        }
-    })
+        },
+    )
 }
 
 #[cfg(test)]
@@ -162,6 +191,27 @@ mod tests {
             !text.contains("secret-ish"),
             "the payload stays on the server: {text}"
         );
+    }
+
+    #[test]
+    fn a_stream_sends_only_the_types_asked_for() {
+        let e = |t: flow_ledger::EventType| Event {
+            seq: 1,
+            id: "evt_1".into(),
+            event_type: t,
+            time: flow_ledger::Timestamp(0),
+            run_id: None,
+            step_id: None,
+            tool_call_id: None,
+            payload: json!({}),
+        };
+        let some = Types::parse(" tool_call.in_doubt, tool_call.resolved ,");
+        assert!(some.wants(&e(flow_ledger::EventType::ToolCallResolved)));
+        assert!(!some.wants(&e(flow_ledger::EventType::StepStarted)));
+        let prefix = Types::parse("run.");
+        assert!(prefix.wants(&e(flow_ledger::EventType::RunFailed)));
+        assert!(!prefix.wants(&e(flow_ledger::EventType::ToolCallProbed)));
+        assert!(Types::parse("").wants(&e(flow_ledger::EventType::StepStarted)));
     }
 
     #[test]

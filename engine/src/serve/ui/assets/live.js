@@ -4,10 +4,11 @@
 //
 // Live regions. A page that wants them names its stream on <body>
 // (data-live-stream="/ui/events?…", data-live-types="run. tool_call." — event type
-// prefixes that concern it, data-live-url — the page to fetch again, default this one)
-// and marks regions with data-live="name". On a relevant event the page is fetched
-// again (same session) and each region is replaced by its namesake in the fresh page,
-// unless the user is working in it:
+// prefixes that concern it, data-live-url — the page to fetch again, default this one,
+// data-live-gap — the fewest ms between two fetches, default 1000) and marks regions
+// with data-live="name". On a relevant event the page is fetched again (same session)
+// and each region is replaced by its namesake in the fresh page, unless the user is
+// working in it:
 //   - the focused element is inside the region, or
 //   - a text field inside it (text input, textarea) is not empty.
 // Such a region is kept as it is and tried again at the next event (or when focus
@@ -51,13 +52,15 @@
     return false;
   }
 
-  // Carries checked boxes (by name and value) and open <details> (by id) from `old`
-  // into `fresh`.
+  // Carries checked boxes (by id, else by name and value) and open <details> (by id)
+  // from `old` into `fresh`.
   function carryOver(old, fresh) {
     var boxes = old.querySelectorAll("input[type=checkbox]");
     for (var i = 0; i < boxes.length; i++) {
       var b = boxes[i];
-      var twins = fresh.querySelectorAll("input[type=checkbox]");
+      var twins = b.id
+        ? fresh.querySelectorAll("input[type=checkbox][id='" + b.id.replace(/'/g, "") + "']")
+        : fresh.querySelectorAll("input[type=checkbox]:not([id])");
       for (var j = 0; j < twins.length; j++) {
         if (twins[j].name === b.name && twins[j].value === b.value) twins[j].checked = b.checked;
       }
@@ -90,6 +93,9 @@
   if (!src || !window.EventSource || !window.fetch || !window.DOMParser) return;
   var types = (body.getAttribute("data-live-types") || "").split(/\s+/).filter(Boolean);
   var url = body.getAttribute("data-live-url") || window.location.href;
+  // At most one re-fetch per this many ms, however busy the ledger is.
+  var gap = parseInt(body.getAttribute("data-live-gap") || "1000", 10);
+  var last = 0;
   var status = document.querySelector("[data-live-status]");
   var busy = false;
   var again = false;
@@ -108,7 +114,9 @@
   }
 
   function schedule() {
-    if (timer === null) timer = window.setTimeout(refresh, 250);
+    if (timer !== null) return;
+    var wait = Math.max(250, last + gap - Date.now());
+    timer = window.setTimeout(refresh, wait);
   }
 
   function swap(doc) {
@@ -144,6 +152,7 @@
       return;
     }
     busy = true;
+    last = Date.now();
     window
       .fetch(url, { credentials: "same-origin", cache: "no-store", headers: { Accept: "text/html" } })
       .then(function (resp) {
