@@ -2,7 +2,7 @@
 //! (`fantoccini` → a `chromedriver` this test starts on a free loopback port) against a
 //! real `flow serve` on a ledger with runs paused in doubt: sign in as an operator,
 //! resolve a call from the In doubt inbox (a garbage output first: refused, nothing
-//! written), watch the run page refresh itself until the run (continued by a daemon) has
+//! written), watch the run page update itself live until the run (continued by a daemon) has
 //! succeeded; a viewer sees no resolve buttons; forged POSTs (no CSRF token, a wrong one,
 //! another session's, a viewer's) are refused with 403 and write nothing.
 //!
