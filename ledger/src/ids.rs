@@ -23,6 +23,9 @@ pub enum IdKind {
     Tenant,
     /// A workspace name (`--workspace`).
     Workspace,
+    /// The name of a run input that gets a searchable `run_inputs` row: workflow input
+    /// names are identifiers, so every one of them passes the grammar.
+    Input,
 }
 
 impl IdKind {
@@ -33,6 +36,7 @@ impl IdKind {
             IdKind::Node => "node id",
             IdKind::Tenant => "tenant",
             IdKind::Workspace => "workspace",
+            IdKind::Input => "input name",
         }
     }
 }
