@@ -23,8 +23,9 @@ pub enum IdKind {
     Tenant,
     /// A workspace name (`--workspace`).
     Workspace,
-    /// The name of a run input that gets a searchable `run_inputs` row: workflow input
-    /// names are identifiers, so every one of them passes the grammar.
+    /// The name of a run input that gets a searchable `run_inputs` row, and of one a
+    /// `RunFilter` searches by: workflow input names are identifiers, so every one of
+    /// them passes the grammar.
     Input,
 }
 
