@@ -129,8 +129,8 @@ pub struct RunFilter {
     /// `true` both `true` and `"true"`, `1.5` matches `1.5` but not `1.50`). Nulls,
     /// arrays, objects and strings over [`crate::MAX_INPUT_VALUE_LEN`] bytes are never
     /// matched. Names must pass the id grammar (`ids::check_id`) and values fit that
-    /// bound, or the listing fails with [`crate::Error::InvalidFilter`]. The first pair
-    /// drives the index walk (`run_inputs_by_value`), so name the most selective first.
+    /// bound, or the listing fails with [`crate::Error::InvalidFilter`]. Their order does
+    /// not matter: the page walks the pair the fewest runs have.
     pub inputs: Vec<(String, String)>,
     /// Only runs whose id starts with this text (byte for byte, so `%` and `_` are
     /// themselves; empty = every run): what an operator pastes from a log line.

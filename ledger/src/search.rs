@@ -5,9 +5,10 @@
 //! A run gets one `run_inputs` row per top-level input with a scalar value, written by
 //! [`index_inputs`] in its enqueue transaction; [`index_rows`] is the rule (the
 //! migration's backfill states the same rule in SQL for the runs that were already
-//! there). A filtered page walks `run_inputs_by_value` on `(key, value)` in the listing's
-//! order from its cursor and stops after `limit` matches, checking the other pairs of the
-//! filter (AND) by primary key; a page never reads runs that do not match.
+//! there). A filtered page walks `run_inputs_by_value` on one `(key, value)` in the
+//! listing's order from its cursor and stops after `limit` matches, checking the other
+//! pairs of the filter (AND) by primary key. With several pairs the walk is on the one
+//! the fewest runs have (`Ledger::narrowest_first`, a capped count of each first).
 //!
 //! The id prefix is a range, `prefix <= id < successor(prefix)` ([`prefix_upper_bound`]),
 //! which is exactly "starts with" under a byte-wise comparison of UTF-8. SQLite compares
@@ -24,7 +25,7 @@ use crate::ids::{IdKind, MAX_ID_LEN, check_id};
 use crate::ledger::Ledger;
 use crate::model::{Run, RunFilter, Scope};
 use crate::reads::page_limit;
-use crate::rows::{RunRow, TextIntRow, run_cols};
+use crate::rows::{IntRow, RunRow, TextIntRow, run_cols};
 use crate::state::RunStatus;
 
 /// Longest input value, in bytes, that gets a `run_inputs` row (and so can be searched
@@ -156,10 +157,19 @@ fn common_args(s: &Scope, filter: &RunFilter) -> Vec<Arg> {
     ]
 }
 
+/// How far [`Ledger::narrowest_first`] counts each pair's runs: enough to tell a value a
+/// few runs share from one a quarter of them do, at the cost of reading at most this
+/// many index entries per pair.
+const PROBE_CAP: i64 = 1_000;
+
+/// How many runs have one `key = value`, counted up to `$5` (an index-only walk).
+const PROBE: &str = "SELECT COUNT(*) AS n FROM (SELECT 1 AS one FROM run_inputs
+     WHERE tenant = $1 AND workspace = $2 AND key = $3 AND value = $4 LIMIT $5) AS s";
+
 /// The input filter's three parameters: the first pair (the one the index walk is on)
 /// and the others as a JSON array of `[key, value]`, checked per run. `None` without one.
-fn input_args(filter: &RunFilter) -> Option<Vec<Arg>> {
-    let ((key, value), rest) = filter.inputs.split_first()?;
+fn input_args(inputs: &[(String, String)]) -> Option<Vec<Arg>> {
+    let ((key, value), rest) = inputs.split_first()?;
     let rest: Vec<[&str; 2]> = rest.iter().map(|(k, v)| [k.as_str(), v.as_str()]).collect();
     Some(args![key, value, json!(rest).to_string()])
 }
@@ -291,6 +301,39 @@ const COUNT_BY_INPUT: (&str, &str) = (
 );
 
 impl Ledger {
+    /// The filter's pairs with the one fewest runs have first, the one the page walks
+    /// (its `run_inputs_by_value` range), so the walk's length does not depend on the
+    /// order the caller named them in: `region=eu AND order_id=117` walking every `eu`
+    /// run (a quarter of 100,000) took ~100 ms, walking the one `117` well under 1 ms.
+    /// Each pair is counted up to [`PROBE_CAP`]; one pair: nothing to choose, no probe.
+    /// `None` when some pair matches no run at all: so does the filter.
+    async fn narrowest_first(
+        &self,
+        c: &mut Conn<'_>,
+        inputs: &[(String, String)],
+    ) -> Result<Option<Vec<(String, String)>>, Error> {
+        let mut counted = Vec::with_capacity(inputs.len());
+        if inputs.len() > 1 {
+            let s = self.scope();
+            for (key, value) in inputs {
+                let a = args![&s.tenant, &s.workspace, key, value, PROBE_CAP];
+                let n = c.optional::<IntRow>(PROBE, a).await?.map_or(0, |r| r.n);
+                if n == 0 {
+                    return Ok(None);
+                }
+                counted.push(n);
+            }
+        }
+        let mut ordered: Vec<(i64, (String, String))> = counted
+            .into_iter()
+            .chain(std::iter::repeat(0))
+            .zip(inputs.iter().cloned())
+            .collect();
+        // Stable: equal counts (all at the cap, say) keep the caller's order.
+        ordered.sort_by_key(|(n, _)| *n);
+        Ok(Some(ordered.into_iter().map(|(_, pair)| pair).collect()))
+    }
+
     /// Runs matching `filter`, newest first (ties by id, descending), at most
     /// `filter.limit` (0 = 100); `filter.after` continues from a previous page, so a
     /// page boundary stays put while new runs arrive. With an input filter the page is
@@ -306,10 +349,12 @@ impl Ledger {
             filter.after.as_ref().map(|c| c.created_at),
             filter.after.as_ref().map(|c| c.id.as_str()),
         ]);
-        let inputs = input_args(&filter);
         let mut pc = self.pool().acquire().await?;
         let mut c = pc.conn();
-        let sql = match inputs {
+        let Some(pairs) = self.narrowest_first(&mut c, &filter.inputs).await? else {
+            return Ok(Vec::new());
+        };
+        let sql = match input_args(&pairs) {
             Some(more) => {
                 a.extend(more);
                 c.pick(LIST_BY_INPUT.0, LIST_BY_INPUT.1)
@@ -328,10 +373,13 @@ impl Ledger {
     pub async fn count_runs(&self, filter: &RunFilter) -> Result<Vec<(RunStatus, i64)>, Error> {
         check_filter(filter)?;
         let mut a = common_args(self.scope(), filter);
-        let inputs = input_args(filter);
+        let mut out: Vec<(RunStatus, i64)> = RunStatus::ALL.iter().map(|st| (*st, 0)).collect();
         let mut pc = self.pool().acquire().await?;
         let mut c = pc.conn();
-        let sql = match inputs {
+        let Some(pairs) = self.narrowest_first(&mut c, &filter.inputs).await? else {
+            return Ok(out);
+        };
+        let sql = match input_args(&pairs) {
             Some(more) => {
                 a.extend(more);
                 c.pick(COUNT_BY_INPUT.0, COUNT_BY_INPUT.1)
@@ -339,7 +387,6 @@ impl Ledger {
             None => c.pick(COUNT.0, COUNT.1),
         };
         let rows = c.all::<TextIntRow>(sql, a).await?;
-        let mut out: Vec<(RunStatus, i64)> = RunStatus::ALL.iter().map(|st| (*st, 0)).collect();
         for r in rows {
             let st: RunStatus = r.t.parse()?;
             if let Some(slot) = out.iter_mut().find(|(k, _)| *k == st) {
