@@ -245,7 +245,10 @@ macro_rules! list_sql {
 
 /// A page with an input filter: as `list_sql`, plus `$12`/`$13` the first pair and
 /// `$14` the others. The page's ids come from the walk of `run_inputs_by_value`; the
-/// outer select reads those runs by primary key (`run_cols` names `runs`' columns).
+/// outer select reads those runs by primary key, `page` first (`CROSS JOIN` fixes the
+/// order on SQLite: asked for `id IN (page)` it walked `runs_by_created` for the
+/// `ORDER BY` and tested each of 100,000 runs against the page, 11 ms instead of 1).
+/// `run_cols` names `runs`' columns unqualified, which `page`'s `run_id` cannot shadow.
 macro_rules! list_by_input_sql {
     ($c:literal, $rest:literal, $each:literal) => {
         concat!(
@@ -257,9 +260,9 @@ macro_rules! list_by_input_sql {
              ORDER BY i.created_at DESC, i.run_id DESC LIMIT $9)
              SELECT ",
             run_cols!(),
-            " FROM runs WHERE tenant = $1 AND workspace = $2
-               AND id IN (SELECT run_id FROM page)
-             ORDER BY created_at DESC, id DESC"
+            " FROM page CROSS JOIN runs
+             WHERE runs.tenant = $1 AND runs.workspace = $2 AND runs.id = page.run_id
+             ORDER BY runs.created_at DESC, runs.id DESC"
         )
     };
 }
