@@ -23,10 +23,6 @@ CREATE TABLE run_inputs (
     FOREIGN KEY (tenant, workspace, run_id) REFERENCES runs (tenant, workspace, id)
         ON DELETE CASCADE
 ) WITHOUT ROWID;
--- query: runs with key = value, newest first (list_runs, count_runs with an input filter).
-CREATE INDEX run_inputs_by_value
-    ON run_inputs (tenant, workspace, key, value, created_at DESC, run_id DESC);
-
 -- The runs already there. A number's text is taken from the stored JSON (`->`), not from
 -- json_each's value, which SQLite has turned into a REAL (1.0e+20 for 1e+20). Runs whose
 -- inputs hold the escape \u0000 anywhere are left out (PostgreSQL cannot hold a NUL in a
@@ -51,3 +47,8 @@ WHERE value IS NOT NULL
   AND key NOT IN ('.', '..')
   AND length(CAST(value AS BLOB)) <= 1024
   AND instr(value, char(0)) = 0;
+
+-- After the backfill: one sorted build instead of an insert per row.
+-- query: runs with key = value, newest first (list_runs, count_runs with an input filter).
+CREATE INDEX run_inputs_by_value
+    ON run_inputs (tenant, workspace, key, value, created_at DESC, run_id DESC);
