@@ -197,6 +197,12 @@ macro_rules! run_conditions {
 /// `run_conditions` on the index's own columns where it has them (so time and cursor
 /// bound the walk), the first pair in `$key`/`$value`, and every pair of the JSON array
 /// `$rest` present on the same run (read by `$each`, the dialect's array function).
+///
+/// Each other pair reads the run's value for its key (primary key: run, key) and
+/// compares it, rather than asking whether a row with that key *and value* exists:
+/// given the value too, PostgreSQL took `run_inputs_by_value` for the lookup, whose
+/// columns put the run id after `created_at`, so each check scanned every run with that
+/// value (a quarter of them for `region=us`: 548 ms a page, 7 ms this way).
 macro_rules! input_conditions {
     ($c:literal, $key:literal, $value:literal, $rest:literal, $each:literal) => {
         concat!(
@@ -218,10 +224,10 @@ macro_rules! input_conditions {
             $each,
             "(",
             $rest,
-            ") AS p WHERE NOT EXISTS (SELECT 1 FROM run_inputs o
+            ") AS p WHERE (SELECT o.value FROM run_inputs o
                   WHERE o.tenant = i.tenant AND o.workspace = i.workspace
-                    AND o.run_id = i.run_id
-                    AND o.key = p.value ->> 0 AND o.value = p.value ->> 1)) "
+                    AND o.run_id = i.run_id AND o.key = p.value ->> 0)
+                  IS DISTINCT FROM p.value ->> 1) "
         )
     };
 }
