@@ -15,6 +15,7 @@ mod races;
 mod rate;
 mod resolve;
 mod runs;
+mod search;
 mod steps;
 mod takeover;
 mod tasks;
