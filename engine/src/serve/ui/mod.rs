@@ -14,6 +14,7 @@
 //! itself (`<meta http-equiv="refresh">`), confirmations are required checkboxes.
 
 mod actions;
+mod ago;
 mod pages;
 pub mod session;
 
@@ -76,6 +77,7 @@ async fn css() -> impl IntoResponse {
 static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
     let mut env = Environment::new();
     env.add_filter("url", |s: String| actions::url(&s));
+    env.add_filter("ago", |s: String| ago::ago(&s));
     // JSON indented for a `<pre>` (escaped by the template like any text).
     env.add_filter("pretty", |v: minijinja::Value| {
         serde_json::to_value(&v)
