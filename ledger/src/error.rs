@@ -79,6 +79,17 @@ pub enum Error {
         /// variant's own words, not the database's).
         reason: String,
     },
+    /// A [`crate::RunFilter`] asks for something no run can have: an input name outside
+    /// the id grammar (an over-long one included), an input value over
+    /// [`crate::MAX_INPUT_VALUE_LEN`] bytes (such values are not indexed), a NUL
+    /// character, or an id prefix longer than any id. Refused rather than answered with
+    /// an empty page, so a typo in a search is told apart from "no such run": callers
+    /// answer it as bad input (the API's 400).
+    #[error("invalid run filter: {reason}")]
+    InvalidFilter {
+        /// What is wrong, in words fit for the person who typed the filter.
+        reason: String,
+    },
     /// The database cannot be reached or opened. The CLI maps this to exit code 5.
     #[error("database {url} is unavailable: {reason}")]
     Unavailable {

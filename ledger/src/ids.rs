@@ -23,6 +23,10 @@ pub enum IdKind {
     Tenant,
     /// A workspace name (`--workspace`).
     Workspace,
+    /// The name of a run input that gets a searchable `run_inputs` row, and of one a
+    /// `RunFilter` searches by: workflow input names are identifiers, so every one of
+    /// them passes the grammar.
+    Input,
 }
 
 impl IdKind {
@@ -33,6 +37,7 @@ impl IdKind {
             IdKind::Node => "node id",
             IdKind::Tenant => "tenant",
             IdKind::Workspace => "workspace",
+            IdKind::Input => "input name",
         }
     }
 }

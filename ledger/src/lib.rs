@@ -21,7 +21,8 @@
 //!   (claim), `outbound.rs` (mark_outbound, complete, in doubt, release), `resolve.rs`
 //!   (operator resolution), `pure/` (every way a pure result is written: one statement
 //!   for a brand-new call in `fresh.rs`, batches of kept results in `batch.rs`, the
-//!   general way in `general.rs`), `rate.rs`, `reads.rs`; `writer.rs`: the
+//!   general way in `general.rs`), `rate.rs`, `reads.rs`, `search.rs` (runs listed and
+//!   counted by workflow, time, input value, id prefix); `writer.rs`: the
 //!   SQLite group commit they all go through.
 //! - backend specifics: `sqlite.rs`, `postgres.rs` (connecting, migrations) and the
 //!   `FOR UPDATE` / `SKIP LOCKED` variants picked in place; `db.rs` runs shared SQL on
@@ -98,6 +99,7 @@ mod resolve;
 mod rows;
 mod run_states;
 mod runs;
+mod search;
 mod sqlite;
 mod steps;
 mod writer;
@@ -124,6 +126,7 @@ pub use probes::{
 };
 pub use redrive::Redriven;
 pub use runs::MAX_CLAIM;
+pub use search::MAX_INPUT_VALUE_LEN;
 pub use sqlite::{is_read_only_url, path_of as sqlite_path};
 pub use state::{CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus};
 pub use worker::WorkerId;

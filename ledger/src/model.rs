@@ -105,7 +105,8 @@ pub struct Run {
     pub priority: i32,
 }
 
-/// Which runs [`crate::Ledger::list_runs`] returns (newest first).
+/// Which runs [`crate::Ledger::list_runs`] returns (newest first) and
+/// [`crate::Ledger::count_runs`] counts.
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {
     /// Only runs in this status.
@@ -121,6 +122,21 @@ pub struct RunFilter {
     /// Keyset paging: only runs after this one in the listing's order (newest first),
     /// so a page boundary stays put while new runs arrive.
     pub after: Option<RunCursor>,
+    /// Only runs whose inputs hold every one of these `(name, value)` pairs (AND): the
+    /// operator's "which run handled order 117?". A pair matches a top-level input
+    /// whose value is the string `value` exactly (case and bytes), or a number or
+    /// boolean whose JSON text is `value` (`117` matches both `117` and `"117"`,
+    /// `true` both `true` and `"true"`, `1.5` matches `1.5` but not `1.50`). Nulls,
+    /// arrays, objects and strings over [`crate::MAX_INPUT_VALUE_LEN`] bytes are never
+    /// matched. Names must pass the id grammar (`ids::check_id`) and values fit that
+    /// bound, or the listing fails with [`crate::Error::InvalidFilter`]. Their order does
+    /// not matter: the page walks the pair the fewest runs have.
+    pub inputs: Vec<(String, String)>,
+    /// Only runs whose id starts with this text (byte for byte, so `%` and `_` are
+    /// themselves; empty = every run): what an operator pastes from a log line.
+    /// Longer than [`crate::ids::MAX_ID_LEN`] bytes, or holding NUL, is
+    /// [`crate::Error::InvalidFilter`].
+    pub id_prefix: Option<String>,
 }
 
 /// Where a page of [`crate::Ledger::list_runs`] ended: the last run's creation time

@@ -84,8 +84,9 @@ pub(crate) async fn connect(
 }
 
 /// The tables whose planner statistics the ledger keeps from going stale.
-const TABLES: [&str; 6] = [
+const TABLES: [&str; 7] = [
     "runs",
+    "run_inputs",
     "steps",
     "tool_calls",
     "tool_call_attempts",

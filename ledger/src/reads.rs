@@ -1,16 +1,15 @@
-//! Reads: runs, steps, calls, attempts, usage, events, counts. Each is one statement on a
-//! pooled connection (no write lock taken).
+//! Reads: one run, steps, calls, attempts, usage, events (listing and counting runs under
+//! a filter is `search.rs`). Each is one statement on a pooled connection (no write lock
+//! taken).
 
 use crate::conn::args;
 use crate::error::Error;
 use crate::events::{Event, EventFilter};
 use crate::ledger::Ledger;
-use crate::model::{Attempt, Run, RunFilter, Step, ToolCall, Usage};
+use crate::model::{Attempt, Run, Step, ToolCall, Usage};
 use crate::rows::{
-    AttemptRow, CallRow, EventRow, RunRow, StepRow, TextIntRow, UsageRow, call_cols, run_cols,
-    step_cols,
+    AttemptRow, CallRow, EventRow, RunRow, StepRow, UsageRow, call_cols, run_cols, step_cols,
 };
-use crate::state::RunStatus;
 
 /// The `LIMIT` a listing binds: what the filter asks for, or the listing's default when it
 /// asks for none (`0`, a filter's default).
@@ -59,65 +58,6 @@ impl Ledger {
                 what: format!("run {run_id}"),
             })?;
         Ok(flag.cancel_requested)
-    }
-
-    /// Runs, newest first.
-    pub async fn list_runs(&self, filter: RunFilter) -> Result<Vec<Run>, Error> {
-        let s = self.scope();
-        let limit = page_limit(filter.limit, 100);
-        let mut pc = self.pool().acquire().await?;
-        let rows = pc
-            .conn()
-            .all::<RunRow>(
-                concat!(
-                    "SELECT ",
-                    run_cols!(),
-                    " FROM runs WHERE tenant = $1 AND workspace = $2
-                       AND ($3 IS NULL OR status = $3)
-                       AND ($5 IS NULL OR workflow_name = $5)
-                       AND ($6 IS NULL OR created_at >= $6)
-                       AND ($7 IS NULL OR created_at < $7)
-                       AND ($8 IS NULL OR created_at <= $8)
-                       AND ($8 IS NULL OR created_at < $8 OR (created_at = $8 AND id < $9))
-                     ORDER BY created_at DESC, id DESC LIMIT $4"
-                ),
-                args![
-                    &s.tenant,
-                    &s.workspace,
-                    filter.status.map(|st| st.as_str()),
-                    limit,
-                    filter.workflow.as_deref(),
-                    filter.since,
-                    filter.until,
-                    filter.after.as_ref().map(|c| c.created_at),
-                    filter.after.as_ref().map(|c| c.id.as_str()),
-                ],
-            )
-            .await?;
-        rows.into_iter().map(RunRow::into_run).collect()
-    }
-
-    /// How many runs are in each status (every status listed, zeros included): queue
-    /// depth and the like for metrics.
-    pub async fn count_runs_by_status(&self) -> Result<Vec<(RunStatus, i64)>, Error> {
-        let s = self.scope();
-        let mut pc = self.pool().acquire().await?;
-        let rows = pc
-            .conn()
-            .all::<TextIntRow>(
-                "SELECT status AS t, COUNT(*) AS n FROM runs
-                 WHERE tenant = $1 AND workspace = $2 GROUP BY status",
-                args![&s.tenant, &s.workspace],
-            )
-            .await?;
-        let mut out: Vec<(RunStatus, i64)> = RunStatus::ALL.iter().map(|st| (*st, 0)).collect();
-        for r in rows {
-            let st: RunStatus = r.t.parse()?;
-            if let Some(slot) = out.iter_mut().find(|(k, _)| *k == st) {
-                slot.1 = r.n;
-            }
-        }
-        Ok(out)
     }
 
     /// The steps of a run, in creation order.

@@ -107,6 +107,10 @@ pub(crate) async fn enqueue_in(
         .await?;
         stored.insert(hash.clone());
     }
+    if inserted == 1 {
+        // Searchable by input value from the moment it exists (`search.rs`).
+        crate::search::index_inputs(c, scope, &run.id, now, &run.inputs).await?;
+    }
     let row = run_for_update(c, scope, &run.id).await?;
     if inserted == 0 {
         if row.workflow_hash != hash || row.inputs_hash != inputs_hash {

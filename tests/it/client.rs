@@ -169,17 +169,18 @@ fn client_mode_reports_an_unreachable_or_bad_server() {
         stderr(&bad).trim(),
         "error: --server `ftp://example` is not an http:// or https:// URL"
     );
-    let until = client(
+    // A malformed --input is refused before the server is asked (exit 2, not 5).
+    let pair = client(
         dir.path(),
         "http://127.0.0.1:1",
         Some(VIEWER),
-        &["runs", "--until", "1h"],
+        &["runs", "--input", "order_id"],
     );
-    assert_eq!(until.status.code(), Some(2));
+    assert_eq!(pair.status.code(), Some(2), "{}", stderr(&pair));
     assert!(
-        stderr(&until).contains("--until is not available with --server"),
+        stderr(&pair).contains("expected NAME=VALUE"),
         "{}",
-        stderr(&until)
+        stderr(&pair)
     );
 }
 

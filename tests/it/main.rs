@@ -26,6 +26,7 @@ mod reconcile_kinds;
 mod redrive;
 mod retries;
 mod runs;
+mod search;
 mod secrets;
 mod sessions;
 mod support;

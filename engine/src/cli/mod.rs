@@ -66,21 +66,34 @@ pub struct Cli {
     /// Ledger database URL (sqlite://PATH or postgres://…).
     #[arg(
         long,
-        global = true,
+        global = true, help_heading = "Global options",
         env = "FLOW_DATABASE_URL",
         default_value = DEFAULT_DB
     )]
     pub db: String,
     /// Tenant that owns the runs (every ledger row carries it).
-    #[arg(long, global = true, env = "FLOW_TENANT", default_value = "default")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "FLOW_TENANT",
+        default_value = "default"
+    )]
     pub tenant: String,
     /// Workspace within the tenant.
-    #[arg(long, global = true, env = "FLOW_WORKSPACE", default_value = "default")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "FLOW_WORKSPACE",
+        default_value = "default"
+    )]
     pub workspace: String,
     /// Log line format on stderr (`RUST_LOG` sets the level).
     #[arg(
         long,
         global = true,
+        help_heading = "Global options",
         value_enum,
         env = "FLOW_LOG_FORMAT",
         default_value = "text"
@@ -91,16 +104,27 @@ pub struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = "Global options",
         value_enum,
         env = "FLOW_COLOR",
         default_value = "auto"
     )]
     pub color: color::ColorWhen,
     /// Configuration file (egress allow-list); default ./flow.toml if present.
-    #[arg(long, global = true, env = "FLOW_CONFIG")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "FLOW_CONFIG"
+    )]
     pub config: Option<PathBuf>,
     /// Dotenv file with secret values (`NAME=value`); `FLOW_SECRET_<NAME>` variables win.
-    #[arg(long, global = true, env = "FLOW_SECRETS_FILE")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "FLOW_SECRETS_FILE"
+    )]
     pub secrets_file: Option<PathBuf>,
     /// What to do.
     #[command(subcommand)]

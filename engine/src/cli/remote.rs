@@ -203,22 +203,24 @@ pub(crate) async fn runs(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    if args.until.is_some() {
-        return Err(CliError::invalid(
-            "--until is not available with --server (the API filters by --since only)",
-        ));
-    }
     let client = client(server, &args.remote)?;
+    let pairs = super::show::input_pairs(&args.inputs)?;
+    let names: Vec<String> = pairs.iter().map(|(n, _)| format!("input.{n}")).collect();
     let mut query = vec![("limit", args.limit.min(1_000).to_string())];
     for (name, value) in [
         ("status", &args.status),
         ("workflow", &args.workflow),
         ("since", &args.since),
+        ("until", &args.until),
+        ("prefix", &args.prefix),
         ("cursor", &args.cursor),
     ] {
         if let Some(v) = value {
             query.push((name, v.clone()));
         }
+    }
+    for (name, (_, value)) in names.iter().zip(&pairs) {
+        query.push((name.as_str(), value.clone()));
     }
     let page = client
         .get(&["runs"], &query)

@@ -46,6 +46,13 @@ pub struct RunsArgs {
     /// Only runs created before this time (same forms as `--since`).
     #[arg(long)]
     pub until: Option<String>,
+    /// Only runs whose input NAME is VALUE (a string, or a number or boolean as JSON:
+    /// `order_id=117` matches 117 and "117"). Repeatable; all must match.
+    #[arg(long = "input", value_name = "NAME=VALUE")]
+    pub inputs: Vec<String>,
+    /// Only runs whose id starts with this text.
+    #[arg(long, value_name = "TEXT")]
+    pub prefix: Option<String>,
     /// Continue a listing after the page that printed this cursor.
     #[arg(long)]
     pub cursor: Option<String>,
@@ -332,6 +339,7 @@ pub(crate) async fn runs(
         })?),
     };
     let (times, after) = time_and_cursor(args)?;
+    let inputs = input_pairs(&args.inputs)?;
     let ledger = open_ledger(cli).await?;
     // One more than asked tells whether another page exists.
     let runs = ledger
@@ -342,9 +350,14 @@ pub(crate) async fn runs(
             since: times[0],
             until: times[1],
             after,
+            inputs,
+            id_prefix: args.prefix.clone().filter(|p| !p.is_empty()),
         })
         .await
-        .map_err(|e| CliError::unavailable(e.to_string()))?;
+        .map_err(|e| match e {
+            flow_ledger::Error::InvalidFilter { .. } => CliError::invalid(e.to_string()),
+            e => CliError::unavailable(e.to_string()),
+        })?;
     let more = runs.len() > args.limit as usize;
     let runs = &runs[..runs.len().min(args.limit as usize)];
     if args.json {
@@ -381,6 +394,20 @@ pub(crate) async fn runs(
         let _ = writeln!(stderr, "more runs: {next} --cursor {cursor}");
     }
     Ok(exit::OK)
+}
+
+/// `--input NAME=VALUE` of `flow runs`, split; a pair without `=` or a name is an input
+/// error (exit 2).
+pub(crate) fn input_pairs(pairs: &[String]) -> Result<Vec<(String, String)>, CliError> {
+    pairs
+        .iter()
+        .map(|p| match p.split_once('=') {
+            Some((name, value)) if !name.is_empty() => Ok((name.to_string(), value.to_string())),
+            _ => Err(CliError::invalid(format!(
+                "--input `{p}`: expected NAME=VALUE (e.g. --input order_id=117)"
+            ))),
+        })
+        .collect()
 }
 
 /// `--since`, `--until` and `--cursor` of `flow runs`, parsed; a bad one is an input
@@ -424,10 +451,14 @@ pub(crate) fn next_page(prefix: String, args: &RunsArgs) -> String {
         ("--workflow", args.workflow.as_deref()),
         ("--since", args.since.as_deref()),
         ("--until", args.until.as_deref()),
+        ("--prefix", args.prefix.as_deref()),
     ] {
         if let Some(v) = value {
             next.push_str(&format!(" {flag} {}", super::shell_quote(v)));
         }
+    }
+    for pair in &args.inputs {
+        next.push_str(&format!(" --input {}", super::shell_quote(pair)));
     }
     if args.limit != 100 {
         next.push_str(&format!(" --limit {}", args.limit));

@@ -100,6 +100,11 @@ fn skip_loudly(reason: &str) {
 /// Creates a fresh PostgreSQL database and returns its URL, or `None` (after a loud
 /// message) when PostgreSQL is unreachable outside CI.
 pub async fn fresh_pg_database() -> Option<(String, String)> {
+    fresh_pg_database_with("").await
+}
+
+/// [`fresh_pg_database`] created with `CREATE DATABASE name <options>` (a collation, say).
+pub async fn fresh_pg_database_with(options: &str) -> Option<(String, String)> {
     let admin = admin_url();
     let connect =
         tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(&admin)).await;
@@ -112,10 +117,12 @@ pub async fn fresh_pg_database() -> Option<(String, String)> {
         "flow_test_{}",
         ulid::Ulid::generate().to_string().to_lowercase()
     );
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut conn)
-        .await
-        .expect("create database");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {name} {options}"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("create database");
     Some((with_database(&admin, &name), name))
 }
 
@@ -198,6 +205,23 @@ pub async fn empty_database(backend: Backend) -> Option<EmptyDb> {
 
 pub fn options() -> OpenOptions {
     OpenOptions::default()
+}
+
+/// A fresh ledger on a PostgreSQL database created with `options` (see
+/// [`fresh_pg_database_with`]), or `None` when PostgreSQL is skipped.
+pub async fn open_postgres_with(options: &str) -> Option<TestDb> {
+    let (url, name) = fresh_pg_database_with(options).await?;
+    let guard = PgDrop(Some(name));
+    let ledger = Ledger::open(&url, self::options())
+        .await
+        .expect("open postgres");
+    Some(TestDb {
+        ledger,
+        url,
+        clock: ManualClock::new(T0),
+        _dir: None,
+        _pg: guard,
+    })
 }
 
 /// A fresh ledger on `backend`, or `None` when PostgreSQL is skipped.

@@ -16,6 +16,7 @@ mod races;
 mod rate;
 mod resolve;
 mod runs;
+mod search;
 mod steps;
 mod takeover;
 mod tasks;

@@ -18,14 +18,15 @@ use serde_json::{Map, Value as Json_, json};
 use super::now;
 use crate::serve::App;
 use crate::serve::auth::{Authed, Operator, Viewer};
-use crate::serve::problem::{ApiJson, ApiQuery, Problem};
+use crate::serve::problem::{ApiJson, Problem};
 use crate::snapshot::validate_options;
 use crate::view::{RunSummary, RunView, parse_time};
 
 /// Most runs one page lists.
 const MAX_PAGE: u32 = 1_000;
 
-/// The query of `GET /api/v1/runs`.
+/// The query of `GET /api/v1/runs` (besides its `input.NAME=VALUE` pairs, which
+/// [`list_query`] reads: a struct cannot name them).
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
@@ -36,6 +37,18 @@ pub struct ListQuery {
     pub(crate) workflow: Option<String>,
     /// Only runs created at or after: RFC 3339 or a duration ago (`2h`).
     pub(crate) since: Option<String>,
+    /// Only runs created before: RFC 3339 or a duration ago.
+    pub(crate) until: Option<String>,
+    /// Only runs whose id starts with this text (as pasted from a log line).
+    pub(crate) prefix: Option<String>,
+    /// Also count the runs in each status under the same filters (`counts`).
+    #[serde(default)]
+    pub(crate) counts: bool,
+    /// `input.NAME=VALUE` pairs: only runs whose input NAME is VALUE (a string, or a
+    /// number or boolean written as JSON); several are ANDed.
+    #[serde(skip)]
+    #[schemars(skip)]
+    pub(crate) inputs: Vec<(String, String)>,
     /// Page size, 1 to 1,000 (default 100).
     #[schemars(range(min = 1, max = 1000))]
     pub(crate) limit: Option<u32>,
@@ -48,14 +61,52 @@ pub struct ListQuery {
 pub async fn list(
     _: Authed<Viewer>,
     State(app): State<Arc<App>>,
-    ApiQuery(q): ApiQuery<ListQuery>,
+    uri: axum::http::Uri,
 ) -> Result<Response, Problem> {
-    let (page, next) = page(&app, q).await?;
+    let q = list_query(uri.query().unwrap_or_default())?;
+    let page = page(&app, q).await?;
     let body = RunList {
-        runs: page.iter().map(RunSummary::of).collect(),
-        next_cursor: next,
+        runs: page.runs.iter().map(RunSummary::of).collect(),
+        next_cursor: page.next,
+        counts: page.counts,
     };
     Ok(Json(body).into_response())
+}
+
+/// The listing's query from the raw query string: `input.NAME=VALUE` pairs apart, the
+/// rest as [`ListQuery`] (400 naming an unknown or malformed parameter).
+pub(crate) fn list_query(raw: &str) -> Result<ListQuery, Problem> {
+    let mut inputs = Vec::new();
+    let mut rest = url::form_urlencoded::Serializer::new(String::new());
+    for (key, value) in url::form_urlencoded::parse(raw.as_bytes()) {
+        match key.strip_prefix("input.") {
+            Some("") => {
+                return Err(Problem::bad_request(
+                    "input.: name the input (`input.order_id=117`)",
+                ));
+            }
+            Some(name) => inputs.push((name.to_string(), value.into_owned())),
+            None => {
+                rest.append_pair(&key, &value);
+            }
+        }
+    }
+    let uri: axum::http::Uri = format!("/?{}", rest.finish())
+        .parse()
+        .map_err(|_| Problem::bad_request("the query string is malformed"))?;
+    let axum::extract::Query(mut q) = axum::extract::Query::<ListQuery>::try_from_uri(&uri)
+        .map_err(|e| Problem::bad_request(e.body_text()))?;
+    q.inputs = inputs;
+    Ok(q)
+}
+
+/// How many runs are in one status.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct StatusCount {
+    /// The status.
+    pub status: RunStatus,
+    /// Runs in it under the listing's filters.
+    pub count: i64,
 }
 
 /// A page of runs.
@@ -65,6 +116,20 @@ pub struct RunList {
     pub runs: Vec<RunSummary>,
     /// Pass as `cursor` for the next page; `null` on the last.
     pub next_cursor: Option<String>,
+    /// With `counts=true`: the runs in each status under the same filters (every
+    /// status, zeros included); else `null`.
+    pub counts: Option<Vec<StatusCount>>,
+}
+
+/// One page of runs, the next page's cursor and, when asked, the counts by status.
+#[derive(Debug)]
+pub(crate) struct Page {
+    /// The runs, newest first.
+    pub(crate) runs: Vec<flow_ledger::Run>,
+    /// The next page's cursor (`None` on the last).
+    pub(crate) next: Option<String>,
+    /// The counts by status under the same filters, when asked.
+    pub(crate) counts: Option<Vec<StatusCount>>,
 }
 
 /// A queued run (or the existing one its `run_id` names).
@@ -85,13 +150,51 @@ pub struct BatchSubmitted {
     pub runs: Vec<Submitted>,
 }
 
-/// One page of runs as `q` asks (checked: 400 naming the parameter at fault) and the
-/// cursor of the next page (`None` on the last). Shared by the JSON listing and the
+/// One page of runs as `q` asks (checked: 400 naming the parameter at fault), the
+/// cursor of the next page and the counts if asked. Shared by the JSON listing and the
 /// console's runs page.
-pub(crate) async fn page(
-    app: &App,
-    q: ListQuery,
-) -> Result<(Vec<flow_ledger::Run>, Option<String>), Problem> {
+pub(crate) async fn page(app: &App, q: ListQuery) -> Result<Page, Problem> {
+    let want_counts = q.counts;
+    let (filter, limit) = filter(q)?;
+    let counts = if want_counts {
+        let by_status = app
+            .ledger
+            .count_runs(&filter)
+            .await
+            .map_err(|e| listing_problem(&e))?;
+        Some(
+            by_status
+                .into_iter()
+                .map(|(status, count)| StatusCount { status, count })
+                .collect(),
+        )
+    } else {
+        None
+    };
+    let mut runs = app
+        .ledger
+        .list_runs(filter)
+        .await
+        .map_err(|e| listing_problem(&e))?;
+    let more = runs.len() > limit as usize;
+    runs.truncate(limit as usize);
+    let next = more
+        .then(|| runs.last().map(|r| RunCursor::after(r).encode()))
+        .flatten();
+    Ok(Page { runs, next, counts })
+}
+
+/// A listing the ledger refused: a bad input name or prefix is the caller's (400).
+fn listing_problem(e: &flow_ledger::Error) -> Problem {
+    match e {
+        flow_ledger::Error::InvalidFilter { .. } => Problem::bad_request(e.to_string()),
+        e => Problem::ledger(e),
+    }
+}
+
+/// The ledger's filter for `q` (one more run than the page, to tell whether another
+/// page follows) and the page size; 400 naming the parameter at fault.
+fn filter(q: ListQuery) -> Result<(RunFilter, u32), Problem> {
     let status = q
         .status
         .as_deref()
@@ -109,17 +212,18 @@ pub(crate) async fn page(
             "limit: must be 1 to {MAX_PAGE}, not {limit}"
         )));
     }
-    let since = q
-        .since
-        .as_deref()
-        .map(|t| {
+    let time = |name: &str, text: Option<&str>| {
+        text.map(|t| {
             parse_time(t, now()).ok_or_else(|| {
                 Problem::bad_request(format!(
-                    "since: `{t}` is neither an RFC 3339 time nor a duration ago (2h, 30m)"
+                    "{name}: `{t}` is neither an RFC 3339 time nor a duration ago (2h, 30m)"
                 ))
             })
         })
-        .transpose()?;
+        .transpose()
+    };
+    let since = time("since", q.since.as_deref())?;
+    let until = time("until", q.until.as_deref())?;
     let after = q
         .cursor
         .as_deref()
@@ -128,25 +232,17 @@ pub(crate) async fn page(
                 .ok_or_else(|| Problem::bad_request(format!("cursor: `{c}` is not a cursor")))
         })
         .transpose()?;
-    let runs = app
-        .ledger
-        .list_runs(RunFilter {
-            status,
-            limit: limit + 1,
-            workflow: q.workflow,
-            since,
-            until: None,
-            after,
-        })
-        .await
-        .map_err(|e| Problem::ledger(&e))?;
-    let mut runs = runs;
-    let more = runs.len() > limit as usize;
-    runs.truncate(limit as usize);
-    let next = more
-        .then(|| runs.last().map(|r| RunCursor::after(r).encode()))
-        .flatten();
-    Ok((runs, next))
+    let filter = RunFilter {
+        status,
+        limit: limit + 1,
+        workflow: q.workflow,
+        since,
+        until,
+        after,
+        inputs: q.inputs,
+        id_prefix: q.prefix.filter(|p| !p.is_empty()),
+    };
+    Ok((filter, limit))
 }
 
 /// `GET /api/v1/runs/{id}`: exactly the `flow show --json` object.

@@ -4,7 +4,7 @@
 //!   session cookie, CSRF tokens.
 //! - `pages.rs`: the pages (runs, one run, sign-in); `inbox.rs` the In doubt worklist and
 //!   its "resolve selected"; `history.rs` a run's timeline, `graph.rs` its DAG as SVG,
-//!   `times.rs` relative times.
+//!   `ago.rs` and `times.rs` relative times.
 //! - `actions.rs`: the other forms' POSTs (resolve one call, bulk resolve, cancel and
 //!   redrive a run, probe now, sign in and out).
 //! - `live.rs`: the signed-in event stream (`/ui/events`) and `assets/live.js`, which
@@ -23,6 +23,7 @@
 //! time zone.
 
 mod actions;
+mod ago;
 mod forms;
 mod graph;
 mod history;
@@ -91,24 +92,21 @@ async fn css() -> impl IntoResponse {
 }
 
 /// The templates, parsed once. Names end in `.html`, so minijinja escapes every value
-/// for HTML unless a template says otherwise (none does).
+/// for HTML unless a template says otherwise (only the run page's SVG graph, which
+/// `graph.rs` escapes itself).
 static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
     let mut env = Environment::new();
     env.add_filter("url", |s: String| forms::url(&s));
+    env.add_filter("ago", |s: String| ago::ago(&s));
     // JSON indented for a `<pre>` (escaped by the template like any text).
     env.add_filter("pretty", |v: minijinja::Value| {
         serde_json::to_value(&v)
             .map(|j| pages::pretty(&j))
             .unwrap_or_default()
     });
-    for (name, f) in [
-        ("ago", times::ago as fn(_, _) -> String),
-        ("lasting", times::lasting),
-    ] {
-        env.add_filter(name, move |t: String| {
-            times::parse(&t).map_or(t, |t| f(t, times::now()))
-        });
-    }
+    env.add_filter("lasting", |t: String| {
+        times::parse(&t).map_or(t, |t| times::lasting(t, times::now()))
+    });
     env.add_filter("utc", |t: String| times::parse(&t).map_or(t, times::utc));
     let sources = [
         ("macros.html", include_str!("templates/macros.html")),

@@ -69,36 +69,100 @@ pub(super) fn sign_in_page(
     Page::render(status, "sign_in.html", &ctx)
 }
 
-/// The query of the runs list.
+/// The query of the runs list: the API's filters, an `input` field holding
+/// `NAME=VALUE`, and a page size.
 #[derive(Debug, Default, Deserialize)]
+#[serde(default)]
 pub struct RunsQuery {
     /// Only runs in this state (empty: any).
-    #[serde(default)]
     status: String,
+    /// Only runs of this workflow.
+    workflow: String,
+    /// Only runs created at or after (RFC 3339 or a duration ago).
+    since: String,
+    /// Only runs created before.
+    until: String,
+    /// Only runs whose id starts with this.
+    prefix: String,
+    /// `NAME=VALUE`: only runs whose input NAME is VALUE.
+    input: String,
+    /// Runs per page.
+    limit: Option<u32>,
     /// The cursor of the page to show.
-    #[serde(default)]
     cursor: String,
 }
 
-/// `GET /ui/runs?status=&cursor=`: newest first, paged with the API's keyset cursor.
+/// The page sizes the runs list offers.
+const PAGE_SIZES: [u32; 4] = [25, 50, 100, 200];
+
+impl RunsQuery {
+    /// The API's query for this page (with the counts by status).
+    fn list(&self) -> Result<ListQuery, Page> {
+        let some = |s: &str| Some(s.trim().to_string()).filter(|s| !s.is_empty());
+        let inputs = match self.input.trim() {
+            "" => Vec::new(),
+            pair => match pair.split_once('=') {
+                Some((name, value)) if !name.trim().is_empty() => {
+                    vec![(name.trim().to_string(), value.trim().to_string())]
+                }
+                _ => {
+                    return Err(Page::error(
+                        StatusCode::BAD_REQUEST,
+                        format!("input `{pair}`: write NAME=VALUE, e.g. order_id=117"),
+                    ));
+                }
+            },
+        };
+        Ok(ListQuery {
+            status: some(&self.status),
+            workflow: some(&self.workflow),
+            since: some(&self.since),
+            until: some(&self.until),
+            prefix: some(&self.prefix),
+            limit: Some(self.limit.unwrap_or(PAGE)),
+            cursor: some(&self.cursor),
+            counts: true,
+            inputs,
+        })
+    }
+
+    /// This query as a query string, without its cursor (for the pager and the links).
+    fn filters(&self) -> String {
+        let mut q = url::form_urlencoded::Serializer::new(String::new());
+        for (k, v) in [
+            ("workflow", &self.workflow),
+            ("since", &self.since),
+            ("until", &self.until),
+            ("prefix", &self.prefix),
+            ("input", &self.input),
+        ] {
+            if !v.trim().is_empty() {
+                q.append_pair(k, v.trim());
+            }
+        }
+        if let Some(n) = self.limit {
+            q.append_pair("limit", &n.to_string());
+        }
+        q.finish()
+    }
+}
+
+/// `GET /ui/runs?status=&workflow=&since=&until=&prefix=&input=&limit=&cursor=`:
+/// newest first, paged with the API's keyset cursor, with the counts by status under
+/// the same filters.
 pub async fn runs(
     signed: Signed,
     State(ui): State<Arc<Ui>>,
     q: Result<Query<RunsQuery>, QueryRejection>,
 ) -> Result<Page, Page> {
     let q = query(q)?;
-    let list = ListQuery {
-        status: Some(q.status.clone()).filter(|s| !s.is_empty()),
-        limit: Some(PAGE),
-        cursor: Some(q.cursor.clone()).filter(|s| !s.is_empty()),
-        ..ListQuery::default()
-    };
-    let (runs, next) = page(&ui.app, list).await?;
-    let rows: Vec<RunSummary> = runs.iter().map(RunSummary::of).collect();
+    let listed = page(&ui.app, q.list()?).await?;
+    let rows: Vec<RunSummary> = listed.runs.iter().map(RunSummary::of).collect();
     let statuses: Vec<&str> = flow_ledger::RunStatus::ALL
         .iter()
         .map(|s| s.as_str())
         .collect();
+    let total: i64 = listed.counts.iter().flatten().map(|c| c.count).sum();
     let ctx = json!({
         "title": "Runs",
         "nav": "runs",
@@ -106,7 +170,15 @@ pub async fn runs(
         "runs": rows,
         "status": q.status,
         "statuses": statuses,
-        "next": next,
+        "counts": listed.counts,
+        "total": total,
+        "q": {
+            "workflow": q.workflow, "since": q.since, "until": q.until,
+            "prefix": q.prefix, "input": q.input, "limit": q.limit.unwrap_or(PAGE),
+        },
+        "filters": q.filters(),
+        "page_sizes": PAGE_SIZES,
+        "next": listed.next,
         "first_page": q.cursor.is_empty(),
     });
     Ok(Page::render(StatusCode::OK, "runs.html", &ctx))

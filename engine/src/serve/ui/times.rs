@@ -1,33 +1,22 @@
 //! Times as people read them on a worklist: relative ("in doubt for 12 min", "3 h
 //! ago"), computed on the server so the page reads right without JavaScript, with the
 //! absolute UTC time beside it for the `title` and `<time datetime>` (which `live.js`
-//! turns into the viewer's own time zone). The template filters `ago`, `lasting` and
-//! `utc` (templates/macros.html wraps them) call these.
+//! turns into the viewer's own time zone). The template filters `lasting` and `utc`
+//! call these; `ago` is `ago.rs`'s (the runs list's), whose units these share
+//! (templates/macros.html wraps all three).
 
 use flow_ledger::Timestamp;
 
-/// A span of `ms` milliseconds, coarse as a glance needs it: `45 s`, `12 min`, `3 h`,
-/// `2 d` (a worklist sorts by age; the exact time is in the title).
+/// A span of `ms` milliseconds, coarse as a glance needs it and in the units of
+/// `ago::between`: `45 s`, `12 min`, `3 h`, `2 d` (a worklist sorts by age; the exact
+/// time is in the title).
 pub(super) fn span(ms: i64) -> String {
     let s = ms.max(0) / 1_000;
     match s {
         0..=59 => format!("{s} s"),
         60..=3_599 => format!("{} min", s / 60),
-        3_600..=172_799 => format!("{} h", s / 3_600),
+        3_600..=86_399 => format!("{} h", s / 3_600),
         _ => format!("{} d", s / 86_400),
-    }
-}
-
-/// `then` relative to `now`: `3 h ago`, `in 5 min` (a retry not yet due), `just now`.
-pub(super) fn ago(then: Timestamp, now: Timestamp) -> String {
-    let ms = now.as_millis() - then.as_millis();
-    if ms.abs() < 1_000 {
-        return "just now".into();
-    }
-    if ms < 0 {
-        format!("in {}", span(-ms))
-    } else {
-        format!("{} ago", span(ms))
     }
 }
 
@@ -68,16 +57,17 @@ mod tests {
     }
 
     #[test]
-    fn relative_times_are_coarse_and_say_which_way() {
-        assert_eq!(ago(T, T), "just now");
-        assert_eq!(ago(T, at(45)), "45 s ago");
-        assert_eq!(ago(T, at(12 * 60 + 59)), "12 min ago");
-        assert_eq!(ago(T, at(3 * 3600 + 1)), "3 h ago");
-        assert_eq!(ago(T, at(47 * 3600)), "47 h ago");
-        assert_eq!(ago(T, at(3 * 86_400)), "3 d ago");
-        assert_eq!(ago(at(300), T), "in 5 min");
-        assert_eq!(lasting(T, at(12 * 60)), "12 min");
+    fn spans_are_coarse_and_read_like_ago() {
+        assert_eq!(lasting(T, at(45)), "45 s");
+        assert_eq!(lasting(T, at(12 * 60 + 59)), "12 min");
+        assert_eq!(lasting(T, at(3 * 3600 + 1)), "3 h");
+        assert_eq!(lasting(T, at(3 * 86_400)), "3 d");
         assert_eq!(lasting(at(10), T), "0 s", "clock skew is not negative");
+        // The same units as the runs list's "… ago".
+        for secs in [45, 12 * 60, 3 * 3600, 23 * 3600, 3 * 86_400] {
+            let ago = super::super::ago::between(T, at(secs));
+            assert_eq!(ago, format!("{} ago", lasting(T, at(secs))), "{secs} s");
+        }
     }
 
     #[test]
