@@ -158,7 +158,7 @@
       .then(function (resp) {
         if (resp.redirected || !resp.ok) {
           // Signed out, or the page is gone: stop, and leave the page as it is.
-          if (stream) stream.close();
+          disconnect();
           say("Live updates stopped: use Refresh");
           return null;
         }
@@ -179,22 +179,50 @@
       });
   }
 
-  stream = new EventSource(src);
-  stream.onopen = function () {
-    say("Live");
-  };
-  stream.onerror = function () {
-    say(stream.readyState === EventSource.CLOSED ? "Live updates stopped: use Refresh" : "Reconnecting…");
-  };
-  stream.onmessage = function (ev) {
-    var e;
-    try {
-      e = JSON.parse(ev.data);
-    } catch (err) {
-      return;
+  function connect() {
+    stream = new EventSource(src);
+    stream.onopen = function () {
+      say("Live");
+    };
+    stream.onerror = function () {
+      say(stream.readyState === EventSource.CLOSED ? "Live updates stopped: use Refresh" : "Reconnecting…");
+    };
+    stream.onmessage = function (ev) {
+      var e;
+      try {
+        e = JSON.parse(ev.data);
+      } catch (err) {
+        return;
+      }
+      if (e && typeof e.type === "string" && relevant(e.type)) schedule();
+    };
+  }
+
+  function disconnect() {
+    if (stream) stream.close();
+    stream = null;
+  }
+
+  // A stream holds one of the few connections a browser opens to a server (six over
+  // HTTP/1.1), so only a page in view keeps one: a hidden tab or a page being left
+  // lets it go at once, and one coming back connects again and catches up.
+  connect();
+  window.addEventListener("pagehide", disconnect);
+  window.addEventListener("pageshow", function (ev) {
+    if (ev.persisted && !document.hidden) {
+      connect();
+      schedule();
     }
-    if (e && typeof e.type === "string" && relevant(e.type)) schedule();
-  };
+  });
+  document.addEventListener("visibilitychange", function () {
+    if (document.hidden) {
+      disconnect();
+      say("Paused while this tab is hidden");
+    } else if (!stream) {
+      connect();
+      schedule();
+    }
+  });
   // A region kept while the user worked in it is tried again once they leave it.
   document.addEventListener("focusout", function () {
     if (kept) window.setTimeout(function () { if (kept) schedule(); }, 300);
