@@ -10,7 +10,7 @@ use crate::ledger::Ledger;
 use crate::model::{Actor, Enqueued, NewRun, ToolCall};
 use crate::reads::page_limit;
 use crate::rows::{CallRow, call_cols};
-use crate::runs::{StoredTexts, enqueue_in};
+use crate::runs::{EnqueueTx, enqueue_in};
 
 /// Most runs [`Ledger::enqueue_batch`] takes at once (the API's documented limit).
 pub const MAX_BATCH: usize = 1_000;
@@ -43,11 +43,12 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let mut out = Vec::with_capacity(runs.len());
-                let mut stored = StoredTexts::new();
+                let mut tx = EnqueueTx::default();
                 for run in &runs {
-                    let enq = enqueue_in(c, &ledger, run, actor.as_ref(), now, &mut stored);
+                    let enq = enqueue_in(c, &ledger, run, actor.as_ref(), now, &mut tx);
                     out.push(enq.await?);
                 }
+                tx.finish(c, ledger.scope()).await?;
                 Ok(out)
             })
         })

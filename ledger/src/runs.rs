@@ -16,8 +16,9 @@ use crate::error::Error;
 use crate::events::{EventType, NewEvent, audited, emit};
 use crate::fence::{Fence, run_fence};
 use crate::ledger::Ledger;
-use crate::model::{Actor, ClaimRuns, Claimed, Enqueued, HeartbeatAck, NewRun, RunLease};
+use crate::model::{Actor, ClaimRuns, Claimed, Enqueued, HeartbeatAck, NewRun, RunLease, Scope};
 use crate::rows::{RunRow, TextRow, run_cols, run_fields};
+use crate::search::PendingInputs;
 use crate::state::{RunStatus, RunTransition};
 use crate::worker::WorkerId;
 
@@ -49,12 +50,27 @@ pub(crate) async fn run_for_update(
         })
 }
 
-/// Hashes of the workflow texts a transaction has already stored: a batch of 1,000 runs
-/// of one workflow writes its text once.
-pub(crate) type StoredTexts = std::collections::HashSet<String>;
+/// What the runs of one enqueue transaction share: the hashes of the workflow texts it
+/// has already stored (a batch of 1,000 runs of one workflow writes its text once) and
+/// the `run_inputs` rows it has yet to write (one statement for the batch), which
+/// [`EnqueueTx::finish`] writes before the transaction commits.
+#[derive(Debug, Default)]
+pub(crate) struct EnqueueTx {
+    texts: std::collections::HashSet<String>,
+    inputs: PendingInputs,
+}
+
+impl EnqueueTx {
+    /// Writes what the transaction's runs left pending; call it after the last
+    /// `enqueue_in`, inside the same transaction.
+    pub(crate) async fn finish(&mut self, c: &mut Conn<'_>, scope: &Scope) -> Result<(), Error> {
+        self.inputs.write(c, scope).await
+    }
+}
 
 /// One run onto the queue in the caller's transaction (see [`Ledger::enqueue`]); a
-/// batch calls it once per run inside one transaction, with one `stored` for all.
+/// batch calls it once per run inside one transaction, with one `tx` for all, and then
+/// [`EnqueueTx::finish`].
 ///
 /// The run row holds an empty `workflow_text`; the text goes once into
 /// `workflow_texts` under its SHA-256 (insert-if-absent, in this transaction), and every
@@ -65,7 +81,7 @@ pub(crate) async fn enqueue_in(
     run: &NewRun,
     actor: Option<&Actor>,
     now: Timestamp,
-    stored: &mut StoredTexts,
+    tx: &mut EnqueueTx,
 ) -> Result<Enqueued, Error> {
     let inputs_hash = canonical_hash(&run.inputs);
     let hash = workflow_hash(&run.workflow_text);
@@ -91,7 +107,7 @@ pub(crate) async fn enqueue_in(
             ],
         )
         .await?;
-    if inserted == 1 && !stored.contains(&hash) {
+    if inserted == 1 && !tx.texts.contains(&hash) {
         c.execute(
             "INSERT INTO workflow_texts (tenant, workspace, hash, text, created_at)
              VALUES ($1, $2, $3, $4, $5)
@@ -105,11 +121,11 @@ pub(crate) async fn enqueue_in(
             ],
         )
         .await?;
-        stored.insert(hash.clone());
+        tx.texts.insert(hash.clone());
     }
     if inserted == 1 {
-        // Searchable by input value from the moment it exists (`search.rs`).
-        crate::search::index_inputs(c, scope, &run.id, now, &run.inputs).await?;
+        // Searchable by input value from the moment it commits (`search.rs`).
+        tx.inputs.add(c, scope, &run.id, now, &run.inputs).await?;
     }
     let row = run_for_update(c, scope, &run.id).await?;
     if inserted == 0 {
@@ -363,8 +379,10 @@ impl Ledger {
         let ledger = self.clone();
         self.write(move |c| {
             Box::pin(async move {
-                let mut stored = StoredTexts::new();
-                enqueue_in(c, &ledger, &run, actor.as_ref(), now, &mut stored).await
+                let mut tx = EnqueueTx::default();
+                let enq = enqueue_in(c, &ledger, &run, actor.as_ref(), now, &mut tx).await?;
+                tx.finish(c, ledger.scope()).await?;
+                Ok(enq)
             })
         })
         .await

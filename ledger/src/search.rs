@@ -2,8 +2,8 @@
 //! [`RunFilter`] (workflow, time, input values, id prefix), and the `run_inputs` rows
 //! (migration 0009) that make "runs whose `order_id` is 117" an index walk.
 //!
-//! A run gets one `run_inputs` row per top-level input with a scalar value, written by
-//! [`index_inputs`] in its enqueue transaction; [`index_rows`] is the rule (the
+//! A run gets one `run_inputs` row per top-level input with a scalar value, written in
+//! its enqueue transaction ([`PendingInputs`]); [`index_rows`] is the rule (the
 //! migration's backfill states the same rule in SQL for the runs that were already
 //! there). A filtered page walks `run_inputs_by_value` on one `(key, value)` in the
 //! listing's order from its cursor and stops after `limit` matches, checking the other
@@ -56,36 +56,70 @@ pub(crate) fn index_rows(inputs: &Value) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Writes a new run's `run_inputs` rows in the caller's transaction (the enqueue's), in
-/// one statement however many inputs it has.
-pub(crate) async fn index_inputs(
-    c: &mut Conn<'_>,
-    scope: &Scope,
-    run_id: &str,
-    created_at: Timestamp,
-    inputs: &Value,
-) -> Result<(), Error> {
-    let rows = index_rows(inputs);
-    if rows.is_empty() {
-        return Ok(());
+/// The `run_inputs` rows of the runs an enqueue transaction created, written together
+/// by [`PendingInputs::write`] before it commits (`enqueue_in` adds, its callers write).
+///
+/// One statement for a batch rather than one per run: on SQLite an `INSERT … SELECT` of
+/// several rows opens a statement journal, and inside the writer's per-job `SAVEPOINT`
+/// with `temp_store=memory` each one cost more the larger the transaction had grown
+/// (`enqueue_batch` of 50,000 runs: 3.5 s without the rows, 22 s with a statement per
+/// run; the SQLite shell shows the same, 13.7 s against 2.2 s for a statement per 1,000
+/// runs). On PostgreSQL it is one round trip instead of one per run.
+#[derive(Debug, Default)]
+pub(crate) struct PendingInputs {
+    /// `[run_id, key, value, created_at]` per row, as the statement reads them.
+    rows: Vec<Value>,
+    /// Their keys' and values' bytes, to write before a batch of large inputs grows
+    /// without bound.
+    bytes: usize,
+}
+
+/// Written early once the rows hold this many bytes of keys and values (1,000 runs of
+/// ordinary inputs stay far below it).
+const PENDING_BYTES: usize = 1 << 20;
+
+impl PendingInputs {
+    /// Queues the rows of a run just inserted; writes them (and those queued before) at
+    /// once when they have grown past [`PENDING_BYTES`].
+    pub(crate) async fn add(
+        &mut self,
+        c: &mut Conn<'_>,
+        scope: &Scope,
+        run_id: &str,
+        created_at: Timestamp,
+        inputs: &Value,
+    ) -> Result<(), Error> {
+        for (key, value) in index_rows(inputs) {
+            self.bytes += key.len() + value.len();
+            self.rows.push(json!([run_id, key, value, created_at.0]));
+        }
+        if self.bytes > PENDING_BYTES {
+            self.write(c, scope).await?;
+        }
+        Ok(())
     }
-    let pairs: Vec<[&str; 2]> = rows.iter().map(|(k, v)| [k.as_str(), v.as_str()]).collect();
-    let sql = c.pick(
-        "INSERT INTO run_inputs (tenant, workspace, run_id, key, value, created_at)
-         SELECT $1, $2, $3, p.value ->> 0, p.value ->> 1, $4 FROM json_each($5) AS p",
-        "INSERT INTO run_inputs (tenant, workspace, run_id, key, value, created_at)
-         SELECT $1, $2, $3, p.value ->> 0, p.value ->> 1, $4
-         FROM json_array_elements($5::json) AS p",
-    );
-    let a = args![
-        &scope.tenant,
-        &scope.workspace,
-        run_id,
-        created_at,
-        json!(pairs).to_string()
-    ];
-    c.execute(sql, a).await?;
-    Ok(())
+
+    /// Writes every queued row in one statement (none queued: no statement).
+    pub(crate) async fn write(&mut self, c: &mut Conn<'_>, scope: &Scope) -> Result<(), Error> {
+        if self.rows.is_empty() {
+            return Ok(());
+        }
+        let rows = Value::Array(std::mem::take(&mut self.rows)).to_string();
+        self.bytes = 0;
+        let sql = c.pick(
+            "INSERT INTO run_inputs (tenant, workspace, run_id, key, value, created_at)
+             SELECT $1, $2, p.value ->> 0, p.value ->> 1, p.value ->> 2,
+                CAST(p.value ->> 3 AS BIGINT)
+             FROM json_each($3) AS p",
+            "INSERT INTO run_inputs (tenant, workspace, run_id, key, value, created_at)
+             SELECT $1, $2, p.value ->> 0, p.value ->> 1, p.value ->> 2,
+                CAST(p.value ->> 3 AS BIGINT)
+             FROM json_array_elements($3::json) AS p",
+        );
+        c.execute(sql, args![&scope.tenant, &scope.workspace, rows])
+            .await?;
+        Ok(())
+    }
 }
 
 /// The smallest text greater than every text that starts with `prefix`, under byte-wise

@@ -21,6 +21,7 @@ crate::conformance!(
     counts_follow_the_filter_and_list_every_status,
     filters_no_run_can_match_are_refused,
     deleting_a_run_deletes_its_input_rows,
+    a_batch_indexes_each_run_it_commits_and_a_failed_one_none,
 );
 
 fn run_with(id: &str, workflow: &str, inputs: Value) -> NewRun {
@@ -441,6 +442,55 @@ async fn filters_no_run_can_match_are_refused(db: TestDb) {
     let edge = "v".repeat(MAX_INPUT_VALUE_LEN);
     add(&db, "r2", json!({ "k": edge })).await;
     assert_eq!(ids(&db, by_inputs(&[("k", edge.as_str())])).await, ["r2"]);
+}
+
+/// `enqueue_batch` writes its runs' rows together before it commits: every run of a
+/// batch is found (also when the rows outgrow one write, 1 MiB, and go out early), a
+/// re-submitted run adds none, and a batch that fails leaves none behind.
+async fn a_batch_indexes_each_run_it_commits_and_a_failed_one_none(db: TestDb) {
+    // 3 runs of 400 inputs of 1,000 bytes: 1.2 MB of rows, past the early write.
+    let wide = |tag: &str| -> Value {
+        let mut m = serde_json::Map::new();
+        for k in 0..400 {
+            m.insert(
+                format!("k{k:03}"),
+                json!(format!("{tag}{}", "x".repeat(999))),
+            );
+        }
+        m.insert("batch".into(), json!(1));
+        Value::Object(m)
+    };
+    let runs = ["a", "b", "c"].map(|t| run_with(&format!("wide_{t}"), "wf", wide(t)));
+    let now = db.advance(Duration::from_millis(1));
+    let got = db
+        .ledger
+        .enqueue_batch(runs.to_vec(), None, now)
+        .await
+        .expect("batch");
+    assert!(got.iter().all(|e| e.created));
+    assert_eq!(input_row_count(&db.url).await, 3 * 401);
+    let found = ids(&db, by_inputs(&[("batch", "1")])).await;
+    assert_eq!(found, ["wide_c", "wide_b", "wide_a"]);
+    let value = format!("b{}", "x".repeat(999));
+    let one = by_inputs(&[("k399", value.as_str()), ("batch", "1")]);
+    assert_eq!(ids(&db, one).await, ["wide_b"]);
+    // A re-submit of the batch plus one new run: only the new run adds rows.
+    let mut again = runs.to_vec();
+    again.push(run_with("small", "wf", json!({"batch": 2})));
+    db.ledger
+        .enqueue_batch(again, None, now)
+        .await
+        .expect("re-submit");
+    assert_eq!(input_row_count(&db.url).await, 3 * 401 + 1);
+    // A batch whose last run conflicts rolls back, the rows of its first run included.
+    let failed = vec![
+        run_with("lost", "wf", json!({"batch": 3})),
+        run_with("small", "wf", json!({"batch": 4})),
+    ];
+    let err = db.ledger.enqueue_batch(failed, None, now).await;
+    assert!(matches!(err, Err(Error::Conflict { .. })), "{err:?}");
+    assert!(ids(&db, by_inputs(&[("batch", "3")])).await.is_empty());
+    assert_eq!(input_row_count(&db.url).await, 3 * 401 + 1);
 }
 
 async fn deleting_a_run_deletes_its_input_rows(db: TestDb) {
