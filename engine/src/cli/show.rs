@@ -8,7 +8,7 @@ use flow_ledger::{CallStatus, Ledger, RunCursor, RunFilter, RunStatus, Timestamp
 use super::table::{first_line, table, terminal_width};
 use super::{Cli, CliError, exit, open_ledger};
 use crate::duration_text::duration_ms;
-use crate::view::{RunSummary, RunView, parse_time};
+use crate::view::{CallView, RunSummary, RunView, parse_time};
 
 /// Arguments of `flow show`.
 #[derive(Debug, Args)]
@@ -186,7 +186,13 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
     let steps = ledger.list_steps(run_id).await?;
     let calls = ledger.list_calls(run_id).await?;
     let probes = ledger.list_probes(run_id).await?;
-    let view = RunView::load(ledger, run_id).await?;
+    // The events say why a call went in doubt (`CallView::of` reads the reason there).
+    let events = ledger
+        .list_events(flow_ledger::EventFilter {
+            run_id: Some(run_id.to_string()),
+            ..Default::default()
+        })
+        .await?;
     let mut out = run_header(&run, resume);
     let order: Vec<String> = match crate::snapshot::snapshot(&run) {
         Ok(wf) => wf
@@ -272,11 +278,7 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
                 c.current_key,
                 c.outbound_started_at.map_or("?".into(), |t| t.to_rfc3339())
             );
-            if let Some(why) = view
-                .in_doubt()
-                .find(|v| v.node == c.tool_call_id)
-                .and_then(|v| v.in_doubt_reason.as_deref())
-            {
+            if let Some(why) = CallView::of(&c, &events).in_doubt_reason {
                 let _ = writeln!(out, "  # why: {why}");
             }
             let _ = writeln!(

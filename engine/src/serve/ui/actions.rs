@@ -175,10 +175,10 @@ pub async fn resolve(
     }
 }
 
-/// The cancel form of a run page.
+/// A run page's steering form (cancel, redrive): a reason and an "I confirm".
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-pub struct CancelForm {
+pub struct RunForm {
     csrf: String,
     reason: String,
     confirm: String,
@@ -190,7 +190,7 @@ pub async fn cancel(
     signed: Signed,
     State(ui): State<Arc<Ui>>,
     Path(id): Path<String>,
-    f: Result<Form<CancelForm>, FormRejection>,
+    f: Result<Form<RunForm>, FormRejection>,
 ) -> Result<Page, Page> {
     let f = form(f)?;
     signed.check_csrf(&ui, &f.csrf)?;
@@ -205,15 +205,6 @@ pub async fn cancel(
     Ok(Page::redirect(format!("/ui/runs/{}", url(&id))))
 }
 
-/// The redrive form of a failed run's page.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-pub struct RedriveForm {
-    csrf: String,
-    reason: String,
-    confirm: String,
-}
-
 /// `POST /ui/runs/{id}/redrive`: puts the failed run back on the queue (operators and
 /// admins), recorded with the user's name and reason, as `POST
 /// /api/v1/runs/{id}/redrive`.
@@ -221,7 +212,7 @@ pub async fn redrive(
     signed: Signed,
     State(ui): State<Arc<Ui>>,
     Path(id): Path<String>,
-    f: Result<Form<RedriveForm>, FormRejection>,
+    f: Result<Form<RunForm>, FormRejection>,
 ) -> Result<Page, Page> {
     let f = form(f)?;
     signed.check_csrf(&ui, &f.csrf)?;
