@@ -15,6 +15,8 @@
 /// The points where the gateway may be stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Point {
+    /// The node's approval is recorded as approved; nothing is claimed yet.
+    AfterApproval,
     /// The call is claimed, not marked outbound.
     AfterClaim,
     /// The outbound mark is committed; the request is not sent yet.
@@ -28,6 +30,7 @@ pub enum Point {
 impl Point {
     fn parse(s: &str) -> Option<Self> {
         Some(match s {
+            "after_approval" => Self::AfterApproval,
             "after_claim" => Self::AfterClaim,
             "after_outbound" => Self::AfterOutbound,
             "after_response" => Self::AfterResponse,
@@ -39,6 +42,7 @@ impl Point {
     /// The point as `FLOW_FAULT` spells it, for the start warning.
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::AfterApproval => "after_approval",
             Self::AfterClaim => "after_claim",
             Self::AfterOutbound => "after_outbound",
             Self::AfterResponse => "after_response",
@@ -52,7 +56,7 @@ impl Point {
 pub enum Error {
     /// Not `<point>:<node>` with a known point and a non-empty node.
     #[error(
-        "ignoring FLOW_FAULT={spec:?} (expected <after_claim|after_outbound|after_response|after_complete>:<node>)"
+        "ignoring FLOW_FAULT={spec:?} (expected <after_approval|after_claim|after_outbound|after_response|after_complete>:<node>)"
     )]
     Unparsable {
         /// The value as set.

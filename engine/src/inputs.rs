@@ -12,6 +12,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value as Json};
 
+use crate::workflow::model::InputDecl;
 use crate::workflow::{InputType, Workflow};
 
 /// Largest run inputs accepted, measured as compact JSON: 1 MiB. Inputs are stored
@@ -94,7 +95,7 @@ pub fn resolve(wf: &Workflow, pairs: &[String], file: Option<&Path>) -> Result<J
                 reason: "must hold a mapping of input names to values".into(),
             });
         };
-        insert_checked(wf, map, &mut values)?;
+        insert_checked(&wf.inputs, map, &mut values)?;
     }
     let mut given = BTreeSet::new();
     for pair in pairs {
@@ -112,28 +113,51 @@ pub fn resolve(wf: &Workflow, pairs: &[String], file: Option<&Path>) -> Result<J
         if !given.insert(name) {
             return Err(Error::Duplicate(name.to_string()));
         }
-        let ty = declared(wf, name)?;
+        let ty = declared(&wf.inputs, name)?;
         values.insert(name.to_string(), parse_typed(name, ty, raw)?);
     }
-    complete(wf, values)
+    complete(&wf.inputs, values)
 }
 
 /// The run's inputs from a JSON object (the operator API's `inputs`), checked and
 /// completed with defaults exactly as [`resolve`] does for an inputs file.
 pub fn from_json(wf: &Workflow, given: Map<String, Json>) -> Result<Json, Error> {
+    declared_from_json(&wf.inputs, given)
+}
+
+/// Values for `decls` (an approval's inputs) from a JSON object, checked and completed
+/// with defaults as a run's are.
+pub fn declared_from_json(decls: &[InputDecl], given: Map<String, Json>) -> Result<Json, Error> {
     let mut values = Map::new();
-    insert_checked(wf, given, &mut values)?;
-    complete(wf, values)
+    insert_checked(decls, given, &mut values)?;
+    complete(decls, values)
+}
+
+/// `NAME=VALUE` pairs (the CLI's `--input` of `flow approve`) typed by `decls`: a
+/// string input takes the text as is, others parse as their type.
+pub fn pairs_to_json(decls: &[InputDecl], pairs: &[String]) -> Result<Map<String, Json>, Error> {
+    let mut values = Map::new();
+    for pair in pairs {
+        let (name, raw) = pair
+            .split_once('=')
+            .ok_or_else(|| Error::Syntax(pair.clone()))?;
+        if values.contains_key(name) {
+            return Err(Error::Duplicate(name.to_string()));
+        }
+        let ty = declared(decls, name)?;
+        values.insert(name.to_string(), parse_typed(name, ty, raw)?);
+    }
+    Ok(values)
 }
 
 /// Type-checks each of `given` against its declaration into `values`.
 fn insert_checked(
-    wf: &Workflow,
+    decls: &[InputDecl],
     given: Map<String, Json>,
     values: &mut Map<String, Json>,
 ) -> Result<(), Error> {
     for (name, value) in given {
-        let ty = declared(wf, &name)?;
+        let ty = declared(decls, &name)?;
         check(&name, ty, &value)?;
         values.insert(name, value);
     }
@@ -142,8 +166,8 @@ fn insert_checked(
 
 /// Defaults for what was not given, refusing missing required inputs and inputs over
 /// [`MAX_INPUTS_BYTES`].
-fn complete(wf: &Workflow, mut values: Map<String, Json>) -> Result<Json, Error> {
-    for decl in &wf.inputs {
+fn complete(decls: &[InputDecl], mut values: Map<String, Json>) -> Result<Json, Error> {
+    for decl in decls {
         if values.contains_key(&decl.name) {
             continue;
         }
@@ -205,13 +229,14 @@ fn check_depth(text: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn declared(wf: &Workflow, name: &str) -> Result<InputType, Error> {
-    wf.input(name).map(|d| d.ty).ok_or_else(|| Error::Unknown {
+fn declared(decls: &[InputDecl], name: &str) -> Result<InputType, Error> {
+    let found = decls.iter().find(|d| d.name == name);
+    found.map(|d| d.ty).ok_or_else(|| Error::Unknown {
         name: name.to_string(),
-        declared: if wf.inputs.is_empty() {
+        declared: if decls.is_empty() {
             "none".to_string()
         } else {
-            wf.inputs
+            decls
                 .iter()
                 .map(|i| i.name.as_str())
                 .collect::<Vec<_>>()

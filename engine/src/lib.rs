@@ -19,6 +19,7 @@
 //! - [`fault`]: `FLOW_FAULT` crash points for tests.
 //! - [`cli`]: the command line, callable from tests as [`cli::run`].
 
+pub mod approval;
 pub mod cli;
 pub mod config;
 pub mod daemon;

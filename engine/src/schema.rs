@@ -7,6 +7,33 @@
 
 use serde_json::{Value, json};
 
+/// `approval:` on a node.
+fn approval() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["timeout"],
+        "description": "People approve the node's call before it leaves; what is approved (its digest) is exactly what is sent.",
+        "properties": {
+            "message": { "type": "string", "description": "What approvers read; may hold `${{ expr }}` (no secrets)." },
+            "approvers": {
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "roles": { "type": "array", "items": { "enum": ["operator", "admin"] } },
+                    "tokens": { "type": "array", "items": { "type": "string" } },
+                    "min": { "type": "integer", "minimum": 1, "maximum": 20 }
+                }
+            },
+            "forbid_self": { "type": "boolean", "description": "The token that submitted the run may not approve it." },
+            "inputs": { "type": "object", "description": "What approvers give, declared like the workflow's `inputs`." },
+            "timeout": duration(),
+            "on_timeout": { "enum": ["fail", "skip"] },
+            "remind": { "type": "array", "maxItems": 10, "items": duration() }
+        }
+    })
+}
+
 fn duration() -> Value {
     json!({
         "type": "string",
@@ -246,7 +273,8 @@ pub fn workflow_schema() -> Value {
                         "deadline": duration(),
                         "idempotency_key": { "type": "string", "description": "Names the effect across runs; default `<run_id>:<node>`." },
                         "continue_on_error": { "type": "boolean" },
-                        "description": { "type": "string" }
+                        "description": { "type": "string" },
+                        "approval": approval()
                     }
                 }
             }

@@ -13,13 +13,15 @@ use crate::workflow::{ValidWorkflow, ValidateOptions, parse_named};
 /// The validation every workflow flow runs gets: the built-in functions are known, so
 /// a node naming an unknown function is refused with its position.
 pub fn validate_options() -> ValidateOptions {
+    let registry = flow_adapters::function::Registry::with_builtins();
+    let names = registry.names();
     ValidateOptions {
-        functions: Some(
-            flow_adapters::function::Registry::with_builtins()
-                .names()
-                .into_iter()
-                .collect(),
-        ),
+        pure_functions: names
+            .iter()
+            .filter(|n| registry.is_pure(n))
+            .cloned()
+            .collect(),
+        functions: Some(names.into_iter().collect()),
     }
 }
 

@@ -59,6 +59,25 @@ pub enum Error {
         /// Its terminal status.
         status: crate::RunStatus,
     },
+    /// An approval was already decided (approved, denied, timed out or cancelled):
+    /// approve, deny, the deadline and a cancel race through one compare-and-set, and
+    /// every loser is told who won.
+    #[error("the approval is already {status}{}", by.as_ref().map(|b| format!(" (by {b})")).unwrap_or_default())]
+    Decided {
+        /// The winning status (`approved`, `denied`, `timed_out`, `cancelled`).
+        status: crate::ApprovalStatus,
+        /// Who decided, when a person did.
+        by: Option<String>,
+    },
+    /// An approver decided on a request that has changed since they saw it (the digest
+    /// they passed is not the one awaiting approval now).
+    #[error(
+        "the digest given is not the one awaiting approval ({current}): the request changed since it was shown, or the digest is mistyped; look again with `flow approvals`"
+    )]
+    Stale {
+        /// The digest awaiting approval now.
+        current: String,
+    },
     /// A value is larger than `OpenOptions::output_limit_bytes` (never truncated).
     #[error("output is {size} bytes, over the limit of {limit} bytes")]
     OutputTooLarge {

@@ -73,6 +73,27 @@ pub enum EventType {
     /// answered: the question, the answer (secrets scrubbed) and who decided.
     #[serde(rename = "tool_call.elicited")]
     ToolCallElicited,
+    /// A node's call awaits approval: its request (secrets as names) is frozen with
+    /// its digest; nothing is sent before enough approvers approve that digest.
+    #[serde(rename = "approval.requested")]
+    ApprovalRequested,
+    /// One approver approved; more are needed (`min`).
+    #[serde(rename = "approval.voted")]
+    ApprovalVoted,
+    /// An approval was decided: approved (by whom, with which inputs) or denied (why).
+    #[serde(rename = "approval.decided")]
+    ApprovalDecided,
+    /// A pending approval is still waiting: a reminder (`remind:`), e.g. for a pager.
+    #[serde(rename = "approval.reminder")]
+    ApprovalReminder,
+    /// Nobody decided before the deadline; `on_timeout` applies (a timeout never
+    /// approves).
+    #[serde(rename = "approval.timed_out")]
+    ApprovalTimedOut,
+    /// The request rendered at send time is not the one approved (or awaiting): the
+    /// approval is void and the new request awaits approval.
+    #[serde(rename = "approval.invalidated")]
+    ApprovalInvalidated,
 }
 
 impl EventType {
@@ -96,6 +117,12 @@ impl EventType {
         Self::ToolCallNeedsOperator,
         Self::ToolCallTaskStarted,
         Self::ToolCallElicited,
+        Self::ApprovalRequested,
+        Self::ApprovalVoted,
+        Self::ApprovalDecided,
+        Self::ApprovalReminder,
+        Self::ApprovalTimedOut,
+        Self::ApprovalInvalidated,
     ];
 
     /// The stored and delivered name, e.g. `tool_call.in_doubt`.
@@ -119,6 +146,12 @@ impl EventType {
             Self::ToolCallNeedsOperator => "tool_call.needs_operator",
             Self::ToolCallTaskStarted => "tool_call.task_started",
             Self::ToolCallElicited => "tool_call.elicited",
+            Self::ApprovalRequested => "approval.requested",
+            Self::ApprovalVoted => "approval.voted",
+            Self::ApprovalDecided => "approval.decided",
+            Self::ApprovalReminder => "approval.reminder",
+            Self::ApprovalTimedOut => "approval.timed_out",
+            Self::ApprovalInvalidated => "approval.invalidated",
         }
     }
 

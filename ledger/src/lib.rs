@@ -77,6 +77,7 @@ pub mod notify;
 pub mod state;
 pub mod worker;
 
+mod approvals;
 mod calls;
 mod canonical;
 mod conn;
@@ -104,6 +105,9 @@ mod sqlite;
 mod steps;
 mod writer;
 
+pub use approvals::{
+    Approval, ApprovalFilter, ApprovalVote, AskApproval, Decide, Decided, Gate, Swept,
+};
 pub use canonical::{canonical_hash, canonical_json, workflow_hash};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use deliveries::{
@@ -128,5 +132,5 @@ pub use redrive::Redriven;
 pub use runs::MAX_CLAIM;
 pub use search::MAX_INPUT_VALUE_LEN;
 pub use sqlite::{is_read_only_url, path_of as sqlite_path};
-pub use state::{CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus};
+pub use state::{ApprovalStatus, CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus};
 pub use worker::WorkerId;

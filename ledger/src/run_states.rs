@@ -130,36 +130,7 @@ impl Ledger {
         let lease = lease.clone();
         let reason = reason.to_owned();
         self.write(move |c| {
-            Box::pin(async move {
-                let scope = ledger.scope();
-                let reason = reason.as_str();
-                let to = RunTransition::Pause.check(RunStatus::Running, RunStatus::Paused)?;
-                let n = c
-                    .execute(
-                        concat!(
-                            "UPDATE runs SET status = $8, pause_reason = $6,
-                                lease_expires_at = NULL, updated_at = $7 WHERE",
-                            run_fence!()
-                        ),
-                        [Fence::run(scope, &lease), args![reason, now, to.as_str()]].concat(),
-                    )
-                    .await?;
-                if n == 0 {
-                    return Err(Error::LeaseLost);
-                }
-                emit(
-                    c,
-                    scope,
-                    now,
-                    NewEvent::run(
-                        EventType::RunPaused,
-                        &lease.run_id,
-                        json!({ "reason": reason }),
-                    ),
-                )
-                .await?;
-                Ok(())
-            })
+            Box::pin(async move { pause_in(c, ledger.scope(), &lease, &reason, now).await })
         })
         .await
     }
@@ -292,6 +263,42 @@ impl Ledger {
         })
         .await
     }
+}
+
+/// Pauses the run held under `lease` (fenced) in the caller's transaction, saying why:
+/// the lease is cleared; `requeue_run` or `claim_run` resumes it. Emits `run.paused`.
+pub(crate) async fn pause_in(
+    c: &mut Conn<'_>,
+    scope: &crate::model::Scope,
+    lease: &RunLease,
+    reason: &str,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let to = RunTransition::Pause.check(RunStatus::Running, RunStatus::Paused)?;
+    let n = c
+        .execute(
+            concat!(
+                "UPDATE runs SET status = $8, pause_reason = $6,
+                    lease_expires_at = NULL, updated_at = $7 WHERE",
+                run_fence!()
+            ),
+            [Fence::run(scope, lease), args![reason, now, to.as_str()]].concat(),
+        )
+        .await?;
+    if n == 0 {
+        return Err(Error::LeaseLost);
+    }
+    emit(
+        c,
+        scope,
+        now,
+        NewEvent::run(
+            EventType::RunPaused,
+            &lease.run_id,
+            json!({ "reason": reason }),
+        ),
+    )
+    .await
 }
 
 /// Puts the locked run `row` back on the queue as `to` (queued) in the caller's

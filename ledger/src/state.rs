@@ -140,6 +140,33 @@ impl RunTransition {
 }
 
 text_enum! {
+    /// Where an approval stands (`approval:` on a node). `pending` moves by one
+    /// compare-and-set to exactly one of the others: approve, deny, the deadline and a
+    /// cancel race there and the loser changes nothing. A changed request puts the row
+    /// back to `pending` under its new digest.
+    ApprovalStatus {
+        /// Waiting for approvers (or for more of them: `min`).
+        Pending => "pending",
+        /// Approved for the request whose digest the row holds.
+        Approved => "approved",
+        /// Denied: the node fails with the approver's reason.
+        Denied => "denied",
+        /// Nobody decided before the deadline: `on_timeout` applies (never approves).
+        TimedOut => "timed_out",
+        /// The run was cancelled or finished while it waited.
+        Cancelled => "cancelled",
+    }
+}
+
+impl ApprovalStatus {
+    /// Whether the decision is made (nothing moves it again but a changed request,
+    /// which only an `approved` row can see).
+    pub fn is_decided(self) -> bool {
+        self != Self::Pending
+    }
+}
+
+text_enum! {
     /// Where one step (one attempt of a node) is.
     StepStatus {
         /// Created, waiting for its durable `not_before` (retry backoff) or to be started.

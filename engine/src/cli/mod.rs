@@ -3,6 +3,7 @@
 //! `main.rs` only calls [`main`]; tests call [`run`] with their own argument list and
 //! buffers. Data goes to `stdout`; diagnostics, progress and logs to `stderr`.
 
+mod approve;
 pub mod color;
 mod daemon;
 mod error;
@@ -218,6 +219,21 @@ pub enum Command {
         after_help = "Examples:\n  flow redrive run_01J... --reason \"PSP outage over\"\n  flow redrive run_01J... --from charge"
     )]
     Redrive(redrive::RedriveArgs),
+    /// List approvals waiting for a decision: the request as it will be sent, its digest, who approved so far.
+    #[command(
+        after_help = "Examples:\n  flow approvals\n  flow approvals --run run_01J... --json\n  FLOW_TOKEN=... flow approvals --server https://flow.internal:8080"
+    )]
+    Approvals(approve::ApprovalsArgs),
+    /// Approve a node's call (a vote; sent once `min` distinct approvers approved exactly this request).
+    #[command(
+        after_help = "Exit codes: 0 recorded, 2 refused (not an approver, already decided, the request changed, bad inputs), 5 could not reach the database.\n\nExamples:\n  flow approve run_01J... refund --input reason=\"duplicate charge\"\n  flow approve run_01J... refund --digest 3f2a... --reason \"checked with the customer\""
+    )]
+    Approve(approve::ApproveArgs),
+    /// Deny a node's call: nothing is sent and the node fails with the reason.
+    #[command(
+        after_help = "Example:\n  flow deny run_01J... refund --reason \"amount does not match the order\""
+    )]
+    Deny(approve::DenyArgs),
     /// Create or upgrade the ledger's tables (also done automatically on first use).
     #[command(after_help = "Example:\n  flow --db postgres://flow@db.internal/flow migrate")]
     Migrate,
@@ -354,6 +370,8 @@ fn check_run_arg(command: &Command) -> Result<(), CliError> {
         Command::Cancel(a) => &a.run,
         Command::Resume(a) => &a.run,
         Command::Redrive(a) => &a.run,
+        Command::Approve(a) => &a.run,
+        Command::Deny(a) => &a.run,
         _ => return Ok(()),
     };
     check_id(flow_ledger::ids::IdKind::Run, "run id argument", run)
@@ -370,6 +388,8 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         Command::Reconcile(args) if !args.dry_run => Some("reconcile"),
         Command::Cancel(_) => Some("cancel"),
         Command::Redrive(_) => Some("redrive"),
+        Command::Approve(_) => Some("approve"),
+        Command::Deny(_) => Some("deny"),
         Command::Migrate => Some("migrate"),
         Command::Events(args) => match &args.command {
             Some(events::EventsCommand::Redeliver(_)) => Some("events redeliver"),
@@ -378,6 +398,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         },
         Command::Show(_)
         | Command::Runs(_)
+        | Command::Approvals(_)
         | Command::Reconcile(_)
         | Command::Validate { .. }
         | Command::Graph { .. }
@@ -406,6 +427,9 @@ fn needs_existing_ledger(command: &Command) -> bool {
         | Command::Cancel(_)
         | Command::Resume(_)
         | Command::Redrive(_)
+        | Command::Approvals(_)
+        | Command::Approve(_)
+        | Command::Deny(_)
         | Command::Reconcile(_) => true,
         Command::Events(args) => !matches!(args.command, Some(events::EventsCommand::Dispatch(_))),
         _ => false,
@@ -464,6 +488,9 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
             Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,
             Command::Redrive(args) => redrive::redrive(cli, args, stdout, stderr).await,
+            Command::Approvals(args) => approve::approvals(cli, args, stdout).await,
+            Command::Approve(args) => approve::approve(cli, args, stdout, stderr).await,
+            Command::Deny(args) => approve::deny(cli, args, stdout, stderr).await,
             Command::Events(args) => events::events(cli, args, stdout, stderr).await,
             Command::Migrate => migrate(cli, stdout).await,
             Command::Version => Ok(meta::version(cli, stdout).await),
@@ -491,6 +518,11 @@ async fn client_mode(
         Command::Resume(a) => remote::resume(a.remote.server.as_deref()?, a, stdout, stderr).await,
         Command::Cancel(a) => remote::cancel(a.remote.server.as_deref()?, a, stdout).await,
         Command::Redrive(a) => redrive::remote(a.remote.server.as_deref()?, a, stdout).await,
+        Command::Approvals(a) => approve::remote_list(a.remote.server.as_deref()?, a, stdout).await,
+        Command::Approve(a) => {
+            approve::remote_approve(a.remote.server.as_deref()?, a, stdout).await
+        }
+        Command::Deny(a) => approve::remote_deny(a.remote.server.as_deref()?, a, stdout).await,
         _ => return None,
     })
 }

@@ -254,11 +254,15 @@ impl Session {
                     "run {run_id} paused: {}",
                     outcome.error.as_deref().unwrap_or("in doubt")
                 );
-                let _ = writeln!(
-                    stderr,
-                    "  see `{} show {run_id}` for the calls in doubt and how to resolve them",
-                    self.flow
-                );
+                let why = outcome.error.as_deref().unwrap_or_default();
+                let what = match (why.contains("in doubt"), why.contains("awaiting approval")) {
+                    (true, true) => {
+                        "the calls in doubt, the approvals waiting and how to settle them"
+                    }
+                    (false, true) => "what awaits approval and how to approve or deny it",
+                    _ => "the calls in doubt and how to resolve them",
+                };
+                let _ = writeln!(stderr, "  see `{} show {run_id}` for {what}", self.flow);
                 exit::PAUSED
             }
             RunStatus::Cancelled => {

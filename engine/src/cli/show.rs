@@ -121,7 +121,11 @@ pub(crate) async fn show(
     let text = human(&ledger, &args.run, &resume)
         .await
         .map_err(|e| run_error(&args.run, e))?;
+    let approvals = approvals_text(&ledger, &args.run, &resume)
+        .await
+        .map_err(|e| run_error(&args.run, e))?;
     let _ = stdout.write_all(text.as_bytes());
+    let _ = stdout.write_all(approvals.as_bytes());
     Ok(exit::OK)
 }
 
@@ -297,6 +301,69 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
                 c.tool_call_id
             );
         }
+    }
+    Ok(out)
+}
+
+/// The run's approvals for the human view: each one's state, and for those waiting the
+/// request as it will be sent, what is still needed and the commands that decide.
+async fn approvals_text(
+    ledger: &Ledger,
+    run_id: &str,
+    resume: &str,
+) -> Result<String, flow_ledger::Error> {
+    use std::fmt::Write as _;
+    let filter = flow_ledger::ApprovalFilter {
+        run_id: Some(run_id.to_owned()),
+        status: None,
+        limit: 1000,
+    };
+    let list = ledger.list_approvals(filter).await?;
+    let mut out = String::new();
+    if list.is_empty() {
+        return Ok(out);
+    }
+    let flow = resume.strip_suffix("resume").unwrap_or("flow ");
+    let _ = writeln!(out, "\nApprovals:");
+    for a in list.iter().map(crate::view::ApprovalView::of) {
+        let _ = writeln!(
+            out,
+            "  {}  {}  {}/{} approved{}  deadline {}",
+            a.node,
+            a.status,
+            a.approved_by.len(),
+            a.min,
+            a.decided_by
+                .as_ref()
+                .map(|b| format!("  by {b}"))
+                .unwrap_or_default(),
+            a.deadline.to_rfc3339()
+        );
+        if a.status != flow_ledger::ApprovalStatus::Pending {
+            continue;
+        }
+        if let Some(m) = &a.message {
+            let _ = writeln!(out, "    message: {m}");
+        }
+        let _ = writeln!(out, "    request: {}", a.request);
+        let _ = writeln!(out, "    digest:  {}", a.digest);
+        let required: String = a
+            .inputs
+            .as_array()
+            .map(|list| {
+                list.iter()
+                    .filter(|i| i["required"] == true && i["default"].is_null())
+                    .filter_map(|i| i["name"].as_str())
+                    .map(|n| format!(" --input {n}='<…>'"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "    {flow}approve {run_id} {}{required} --digest {}   # {} more approver(s) needed",
+            a.node, a.digest, a.still_needed
+        );
+        let _ = writeln!(out, "    {flow}deny {run_id} {} --reason '<why>'", a.node);
     }
     Ok(out)
 }

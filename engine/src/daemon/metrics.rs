@@ -405,6 +405,8 @@ impl Progress for Observer {
                     StepResult::InDoubt => "in_doubt",
                     StepResult::Deferred { .. } => "deferred",
                     StepResult::TaskWorking { .. } => "task_working",
+                    StepResult::AwaitingApproval { .. } => "awaiting_approval",
+                    StepResult::Skipped { .. } => "skipped",
                 };
                 self.metrics.call_finished(tool, outcome, took);
                 let ms = u64::try_from(took.as_millis()).unwrap_or(u64::MAX);

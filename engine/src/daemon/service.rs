@@ -193,6 +193,7 @@ impl Service {
                     let started = Instant::now();
                     last_expire = Some(started);
                     self.requeue_due_probes().await;
+                    self.sweep_approvals().await;
                     if let Err(e) = self.ledger().expire_dead_local_workers(self.now()).await {
                         wait = self.db_failed(&mut delays, started, &e);
                         self.pause(wait, &mut tasks, &mut leases).await;
@@ -333,6 +334,26 @@ impl Service {
                     tracing::debug!(run = %run, error = %e, "cannot re-queue for a due probe")
                 }
             }
+        }
+    }
+
+    /// Approvals' durable timers, taken by whichever daemon sweeps first: pending
+    /// approvals past their deadline time out (one compare-and-set, so a racing
+    /// decision or another daemon changes nothing twice; their paused runs go back on
+    /// the queue, whose next holder applies `on_timeout`), reminders come due, and
+    /// approvals of finished runs are cancelled. A failure is only logged.
+    async fn sweep_approvals(&self) {
+        match self
+            .ledger()
+            .sweep_approvals(self.now(), 100, crate::approval::next_remind)
+            .await
+        {
+            Ok(swept) => {
+                for a in &swept.timed_out {
+                    tracing::info!(run = %a.run_id, node = %a.node_id, "approval timed out");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot sweep approvals"),
         }
     }
 

@@ -69,6 +69,13 @@ pub enum NodeState {
         /// The paused step.
         step_id: String,
     },
+    /// Its call awaits approval (nothing sent); a decision re-queues the run.
+    AwaitingApproval {
+        /// The step that asked.
+        step_id: String,
+        /// Its retry number.
+        retry: u32,
+    },
     /// Stopped by a cancellation.
     Cancelled,
 }
@@ -108,10 +115,12 @@ pub enum Action {
         /// Wake-up time for the earliest pending retry.
         until: Option<Timestamp>,
     },
-    /// Nothing can proceed without a resolution: pause the run.
+    /// Nothing can proceed without a resolution or a decision: pause the run.
     Pause {
         /// The nodes whose calls are in doubt.
         in_doubt: Vec<usize>,
+        /// The nodes whose calls await approval.
+        awaiting: Vec<usize>,
     },
     /// Every node is settled: finish the run.
     Finish {
@@ -249,8 +258,11 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
     let in_doubt: Vec<usize> = (0..nodes.len())
         .filter(|&i| matches!(nodes[i], NodeState::InDoubt { .. }))
         .collect();
-    if !in_doubt.is_empty() {
-        return vec![Action::Pause { in_doubt }];
+    let awaiting: Vec<usize> = (0..nodes.len())
+        .filter(|&i| matches!(nodes[i], NodeState::AwaitingApproval { .. }))
+        .collect();
+    if !in_doubt.is_empty() || !awaiting.is_empty() {
+        return vec![Action::Pause { in_doubt, awaiting }];
     }
     vec![Action::Finish {
         outcome: Finish::Succeeded,
@@ -427,7 +439,10 @@ mod tests {
         ];
         assert_eq!(
             decide(&wf, &plan, &nodes, at(0, 0)),
-            vec![Action::Pause { in_doubt: vec![1] }]
+            vec![Action::Pause {
+                in_doubt: vec![1],
+                awaiting: vec![]
+            }]
         );
     }
 

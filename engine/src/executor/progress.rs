@@ -108,6 +108,11 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
                 StepResult::TaskWorking { task, .. } => format!(
                     "… {node} ({attempt}) {took}: remote task {task} still working; asking again"
                 ),
+                StepResult::AwaitingApproval { deadline } => format!(
+                    "⏸ {node}: awaiting approval (until {}); nothing was sent",
+                    deadline.to_rfc3339()
+                ),
+                StepResult::Skipped { why } => format!("- {node}: skipped: {why}"),
             })
         }
     }

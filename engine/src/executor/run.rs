@@ -239,8 +239,8 @@ impl<'a> RunScope<'a> {
                 }
             }
             // Before pausing on calls in doubt, ask the downstreams that can say.
-            if let [Action::Pause { in_doubt }] = actions.as_slice()
-                && !stop.is_cancelled()
+            if let [Action::Pause { in_doubt, .. }] = actions.as_slice()
+                && !(in_doubt.is_empty() || stop.is_cancelled())
                 && self.reconcile(st, in_doubt, cancel, lost).await?
             {
                 continue;
@@ -278,7 +278,12 @@ impl<'a> RunScope<'a> {
                         .await?;
                     }
                     Action::Wait { until } => wait_until = until,
-                    Action::Pause { in_doubt } => return self.pause(&in_doubt).await,
+                    Action::Pause { in_doubt, awaiting } => {
+                        if let Some(outcome) = self.pause(st, &in_doubt, &awaiting).await? {
+                            return Ok(outcome);
+                        }
+                        progressed = true;
+                    }
                     Action::Finish { outcome } => {
                         // The kept pure results are written with the run's finish.
                         return self.finish(st, outcome).await;
@@ -359,23 +364,59 @@ impl<'a> RunScope<'a> {
         step.instrument(span)
     }
 
-    /// Pauses the run because the calls of `in_doubt` are in doubt.
-    async fn pause(&self, in_doubt: &[usize]) -> Result<RunOutcome, gateway::Error> {
+    /// Pauses the run because the calls of `in_doubt` are in doubt and those of
+    /// `awaiting` await approval; `None` (nothing paused) when an approval was decided
+    /// while this worker held the run — those nodes are then marked to start again.
+    async fn pause(
+        &self,
+        st: &mut RunState,
+        in_doubt: &[usize],
+        awaiting: &[usize],
+    ) -> Result<Option<RunOutcome>, gateway::Error> {
         let lease = self.lease();
-        let names: Vec<&str> = in_doubt
-            .iter()
-            .map(|&i| self.wf.nodes[i].id.as_str())
-            .collect();
-        let reason = format!("tool call in doubt: {}", names.join(", "));
-        self.writer
-            .pause(&reason, self.gateway.now())
-            .await
-            .map_err(|e| lease_err(e, lease))?;
-        Ok(RunOutcome {
+        let names = |list: &[usize]| {
+            list.iter()
+                .map(|&i| self.wf.nodes[i].id.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut why = Vec::new();
+        if !in_doubt.is_empty() {
+            why.push(format!("tool call in doubt: {}", names(in_doubt)));
+        }
+        if !awaiting.is_empty() {
+            why.push(format!("awaiting approval: {}", names(awaiting)));
+        }
+        let reason = why.join("; ");
+        let now = self.gateway.now();
+        if awaiting.is_empty() {
+            self.writer
+                .pause(&reason, now)
+                .await
+                .map_err(|e| lease_err(e, lease))?;
+        } else {
+            let paused = self
+                .writer
+                .pause_awaiting(&reason, now)
+                .await
+                .map_err(|e| lease_err(e, lease))?;
+            if !paused {
+                for &i in awaiting {
+                    if let NodeState::AwaitingApproval { step_id, retry } = &st.nodes[i] {
+                        st.nodes[i] = NodeState::Interrupted {
+                            step_id: step_id.clone(),
+                            retry: *retry,
+                        };
+                    }
+                }
+                return Ok(None);
+            }
+        }
+        Ok(Some(RunOutcome {
             status: RunStatus::Paused,
             output: None,
             error: Some(reason),
-        })
+        }))
     }
 
     /// Records what a step's call came back with in the node's state (and reports it).
@@ -414,6 +455,11 @@ impl<'a> RunScope<'a> {
             StepResult::InDoubt => NodeState::InDoubt {
                 step_id: step_id.to_string(),
             },
+            StepResult::AwaitingApproval { .. } => NodeState::AwaitingApproval {
+                step_id: step_id.to_string(),
+                retry,
+            },
+            StepResult::Skipped { .. } => NodeState::Skipped,
             StepResult::Deferred { until } | StepResult::TaskWorking { until, .. } => {
                 NodeState::Deferred {
                     step_id: step_id.to_string(),

@@ -14,17 +14,19 @@
 //! for a node's successful first attempt, kept in the run's [`PureLog`] and recorded
 //! with the next ones (`lazy.rs`), which is flushed before any other write of the run.
 
+mod approve;
 pub mod disposition;
 pub mod lazy;
 mod record;
 pub mod render;
 mod task;
+mod tools;
 mod writer;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use flow_adapters::{Call, FailureKind, Outcome, SideEffect, Tool, function, http, mcp};
+use flow_adapters::{Call, FailureKind, Outcome, SideEffect, Tool};
 use flow_ledger::{
     CallClaim, CallLease, ClaimCall, Clock, ErrorKind, Ledger, RateAcquire, RateDecision,
     Resolution, Resolve, RunLease, StepStatus, Timestamp, Window, canonical_hash,
@@ -34,6 +36,7 @@ use serde_json::Value as Json;
 pub use disposition::{Disposition, History, Observed, disposition};
 pub use lazy::PureLog;
 pub use render::Target;
+pub use tools::Tools;
 pub use writer::RunWriter;
 
 use crate::config::Egress;
@@ -68,29 +71,6 @@ impl Error {
             },
             other => Self::Ledger(other),
         }
-    }
-}
-
-/// The tools' shared state: one HTTP connection pool, one MCP session per server, the
-/// function registry.
-#[derive(Clone)]
-pub struct Tools {
-    /// In-process functions.
-    pub functions: function::Registry,
-    /// The HTTP client (one connection pool).
-    pub http: http::Client,
-    /// MCP sessions, one per server.
-    pub mcp: mcp::Pool,
-}
-
-impl Tools {
-    /// Built-in functions and fresh pools.
-    pub fn new() -> Result<Self, flow_adapters::Error> {
-        Ok(Self {
-            functions: function::Registry::with_builtins(),
-            http: http::Client::new()?,
-            mcp: mcp::Pool::new()?,
-        })
     }
 }
 
@@ -199,6 +179,17 @@ pub enum StepResult {
     Deferred {
         /// When to try again.
         until: Timestamp,
+    },
+    /// The node's call awaits approval (nothing claimed, nothing sent): the node waits,
+    /// and the run pauses once nothing else can run.
+    AwaitingApproval {
+        /// When the approval times out.
+        deadline: Timestamp,
+    },
+    /// Not run: its approval timed out with `on_timeout: skip`.
+    Skipped {
+        /// Why.
+        why: String,
     },
     /// The call's remote task was still working when the attempt's time ran out: the
     /// call stays outbound with its task (not in doubt); start the step again at
@@ -345,6 +336,14 @@ impl Gateway {
         // 3. The claim (after the pure results this request may have been built from).
         let step = self.new_step(c, StepStatus::Running);
         c.writer.open_step(c.origin, step, self.now()).await?;
+
+        // An approval is decided (for exactly this request) before anything is claimed.
+        if let Some(decl) = &c.node.approval {
+            if let Some(result) = self.approval_gate(c, decl, &rendered).await? {
+                return Ok(result);
+            }
+            self.inner.faults.hit(Point::AfterApproval, node_id);
+        }
         let lease = match self.claim(c, &rendered, class).await? {
             Claimed::Lease(lease) => lease,
             Claimed::Done(result) => return Ok(result),

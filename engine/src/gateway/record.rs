@@ -224,7 +224,11 @@ impl Gateway {
                 kind: *kind,
                 message: message.clone(),
             }),
-            StepResult::InDoubt | StepResult::Deferred { .. } | StepResult::TaskWorking { .. } => {
+            StepResult::InDoubt
+            | StepResult::Deferred { .. }
+            | StepResult::TaskWorking { .. }
+            | StepResult::AwaitingApproval { .. }
+            | StepResult::Skipped { .. } => {
                 return Ok(result);
             }
         };

@@ -134,6 +134,15 @@ impl RunWriter {
         self.ledger.pause_run(&self.lease, reason, now).await
     }
 
+    /// Pauses the run for nodes awaiting approval, unless a decision came in while this
+    /// worker held the run (`false`: start those nodes again instead).
+    pub async fn pause_awaiting(&self, reason: &str, now: Timestamp) -> Result<bool, Error> {
+        self.flush(now).await?;
+        self.ledger
+            .pause_run_awaiting(&self.lease, reason, now)
+            .await
+    }
+
     /// Gives the run back to the queue (this worker is stopping).
     pub async fn release(&self, now: Timestamp) -> Result<(), Error> {
         self.flush(now).await?;

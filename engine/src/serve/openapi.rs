@@ -132,11 +132,14 @@ fn problem_text(status: u16) -> &'static str {
 }
 
 /// The query parameters of `op`: one per property of its query type (integers stay
-/// integers, enums stay enums), and `id` for a path with `{id}`.
+/// integers, enums stay enums), and `id` / `node` for a path with `{id}` / `{node}`.
 fn parameters(op: &Operation, g: &mut SchemaGenerator) -> Vec<Json> {
     let mut params = Vec::new();
     if op.path.contains("{id}") {
         params.push(json!({"name": "id", "in": "path", "required": true, "description": "The run id", "schema": {"type": "string"}}));
+    }
+    if op.path.contains("{node}") {
+        params.push(json!({"name": "node", "in": "path", "required": true, "description": "The node id", "schema": {"type": "string"}}));
     }
     let Some(query) = op.query else {
         return params;

@@ -16,12 +16,14 @@
 //! ([`call::CallAliases`], the `step_id`/`node_id` of [`StepView`], the `tool_call_id`
 //! of [`ProbeView`]): marked `deprecated` in the schema, removed in the next release.
 
+pub mod approval;
 pub mod call;
 pub mod event;
 pub mod inbox;
 pub mod run;
 pub mod time;
 
+pub use approval::ApprovalView;
 pub use call::{AuditEntry, CallView, ErrorView, ProbeView, ResolutionView};
 pub use event::EventView;
 pub use inbox::{InboxRow, ProbeVerdict};

@@ -129,6 +129,8 @@ pub struct RunView {
     pub probes: Vec<ProbeView>,
     /// Who changed it by hand, when and why, oldest first.
     pub audit: Vec<AuditEntry>,
+    /// Its nodes' approvals (`approval:`), pending and decided, oldest first.
+    pub approvals: Vec<super::ApprovalView>,
 }
 
 impl RunView {
@@ -139,7 +141,15 @@ impl RunView {
         let calls = ledger.list_calls(run_id).await?;
         let probes = ledger.list_probes(run_id).await?;
         let events = run_events(ledger, run_id).await?;
+        let approvals = ledger
+            .list_approvals(flow_ledger::ApprovalFilter {
+                run_id: Some(run_id.to_owned()),
+                status: None,
+                limit: 1000,
+            })
+            .await?;
         Ok(RunView {
+            approvals: approvals.iter().map(super::ApprovalView::of).collect(),
             nodes: nodes(&run, &steps),
             steps: steps.iter().map(StepView::of).collect(),
             tool_calls: calls.iter().map(|c| CallView::of(c, &events)).collect(),
@@ -151,6 +161,13 @@ impl RunView {
                 output: run.output,
             },
         })
+    }
+
+    /// The approvals still waiting for a decision.
+    pub fn awaiting_approval(&self) -> impl Iterator<Item = &super::ApprovalView> {
+        self.approvals
+            .iter()
+            .filter(|a| a.status == flow_ledger::ApprovalStatus::Pending)
     }
 
     /// The calls in doubt.

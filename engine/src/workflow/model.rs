@@ -519,6 +519,55 @@ pub struct NodeDecl {
     pub continue_on_error: bool,
     /// Free text for humans.
     pub description: Option<String>,
+    /// People must approve the node's call before it leaves (`approval:`).
+    pub approval: Option<ApprovalDecl>,
+}
+
+/// `approval:` on a node: who must approve its call, with what, within how long. The
+/// gateway freezes the rendered request and its digest, and sends only that request once
+/// approved (README, "Approvals").
+#[derive(Debug, Clone)]
+pub struct ApprovalDecl {
+    /// Where `approval:` is written.
+    pub pos: Pos,
+    /// What approvers read (templated like `with`, no secrets).
+    pub message: Option<Template>,
+    /// Roles whose tokens may approve (`viewer` never may); empty with `tokens` empty
+    /// means any operator or admin.
+    pub roles: Vec<String>,
+    /// Token names that may approve.
+    pub tokens: Vec<String>,
+    /// Distinct approvers needed (at least 1).
+    pub min: u32,
+    /// Whether the token that submitted the run is refused as an approver.
+    pub forbid_self: bool,
+    /// What approvers must give, typed and checked like run inputs.
+    pub inputs: Vec<InputDecl>,
+    /// How long it may wait (required).
+    pub timeout: Duration,
+    /// What a timeout does (it never approves).
+    pub on_timeout: OnTimeout,
+    /// When to remind (offsets from the request), each an `approval.reminder` event.
+    pub remind: Vec<Duration>,
+}
+
+/// What an approval's timeout does to its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnTimeout {
+    /// The node fails (permanently: no retry re-asks).
+    Fail,
+    /// The node is skipped (and its dependents, as any skip).
+    Skip,
+}
+
+impl OnTimeout {
+    /// The YAML spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fail => "fail",
+            Self::Skip => "skip",
+        }
+    }
 }
 
 impl ToolKind {

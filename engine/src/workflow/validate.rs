@@ -32,6 +32,8 @@ const CALL_FIELDS: &[&str] = &["key", "request", "outbound_at", "attempt", "tool
 pub struct ValidateOptions {
     /// Function names that exist (`None` = do not check function names).
     pub functions: Option<BTreeSet<String>>,
+    /// Function names that are pure (an `approval:` on a node calling one is refused).
+    pub pure_functions: BTreeSet<String>,
 }
 
 /// Runs every cross-reference check, appending to `diags`; returns the plan it built
@@ -138,6 +140,7 @@ pub(crate) fn check(
                 },
             );
         }
+        check_approval(&mut checker, opts, i);
     }
     for tool in wf.tools.values() {
         for t in tool.kind.templates() {
@@ -154,6 +157,36 @@ pub(crate) fn check(
         }
     }
     plan
+}
+
+/// A node's `approval:`: its message reads what an `if:` may (no secrets), and a node
+/// whose tool is a pure function has nothing to approve.
+fn check_approval(checker: &mut RefChecker<'_>, opts: &ValidateOptions, i: usize) {
+    let wf = checker.wf;
+    let node = &wf.nodes[i];
+    if let Some(t) = node.approval.as_ref().and_then(|a| a.message.as_ref()) {
+        checker.template(
+            t,
+            Scope::NodeField {
+                node: i,
+                field: "approval.message",
+            },
+        );
+    }
+    if let Some(a) = &node.approval
+        && let Some(tool) = wf.tools.get(&node.tool)
+        && let ToolKind::Function { function } = &tool.kind
+        && opts.pure_functions.contains(function)
+    {
+        checker.error(
+            a.pos,
+            format!(
+                "node `{}` asks for approval, but its tool `{}` is a pure function: nothing leaves the process, so there is nothing to approve",
+                node.id, node.tool
+            ),
+            Some("put `approval:` on the node whose call has the side effect".into()),
+        );
+    }
 }
 
 /// Whether an expression is exactly `secrets.<NAME>`: the only way a secret may be used,

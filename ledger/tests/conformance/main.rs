@@ -3,6 +3,7 @@
 
 mod common;
 
+mod approvals;
 mod calls;
 mod cross_run;
 mod deliveries;

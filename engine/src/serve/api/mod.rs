@@ -7,7 +7,9 @@
 //! - `probe.rs`: probe a paused run's in-doubt calls now (reconciliation).
 //! - `in_doubt.rs`: every call in doubt across runs, bulk resolve, the event feed.
 //! - `stream.rs`: the event feed as Server-Sent Events.
+//! - `approvals.rs`: the approvals inbox and a person's decision.
 
+pub(crate) mod approvals;
 pub(crate) mod in_doubt;
 pub(crate) mod probe;
 pub(crate) mod runs;
@@ -132,6 +134,40 @@ pub const OPERATIONS: &[Operation] = &[
         body: Some(schema::<steer::RedriveBody>),
         body_required: false,
         answers: &[json(200, "The run after the change", schema::<RunView>)],
+        problems: ON_A_RUN,
+    },
+    Operation {
+        id: "listApprovals",
+        method: Method::Get,
+        path: "/api/v1/approvals",
+        role: Some(Role::Viewer),
+        summary: "Approvals waiting for a decision (or every one with all=true): the request as it will be sent, its digest, who approved so far",
+        handler: || get(approvals::list),
+        query: Some(schema::<approvals::ApprovalQuery>),
+        body: None,
+        body_required: false,
+        answers: &[json(
+            200,
+            "Oldest request first",
+            schema::<approvals::ApprovalList>,
+        )],
+        problems: AUTHED,
+    },
+    Operation {
+        id: "decideApproval",
+        method: Method::Post,
+        path: "/api/v1/runs/{id}/approvals/{node}",
+        role: Some(Role::Operator),
+        summary: "Approve (a vote) or deny a node's call; 403 not an approver or forbid_self, 409 already decided (naming the winner), run finished or request changed since `digest`",
+        handler: || post(approvals::decide),
+        query: None,
+        body: Some(schema::<approvals::DecideBody>),
+        body_required: true,
+        answers: &[json(
+            200,
+            "What became of the decision",
+            schema::<approvals::DecisionAnswer>,
+        )],
         problems: ON_A_RUN,
     },
     Operation {

@@ -85,6 +85,28 @@ fn describe(kind: EventType, p: &Json) -> (&'static str, String, Option<String>)
         E::ToolCallNeedsOperator => ("warn", "needs an operator".into(), None),
         E::ToolCallTaskStarted => ("run", "remote task started".into(), text(p, "task_id")),
         E::ToolCallElicited => ("idle", "the server asked for input".into(), None),
+        E::ApprovalRequested => ("warn", "awaiting approval".into(), text(p, "message")),
+        E::ApprovalVoted => {
+            let what = format!(
+                "approved by {} (more needed)",
+                text(p, "by").unwrap_or_default()
+            );
+            ("run", what, reason)
+        }
+        E::ApprovalDecided => {
+            let by = text(p, "by").unwrap_or_default();
+            match text(p, "decision").as_deref() {
+                Some("deny") => ("bad", format!("denied by {by}"), reason),
+                _ => ("ok", format!("approved by {by}"), reason),
+            }
+        }
+        E::ApprovalReminder => ("warn", "approval reminder".into(), None),
+        E::ApprovalTimedOut => ("bad", "approval timed out".into(), None),
+        E::ApprovalInvalidated => (
+            "warn",
+            "approval void: the request changed".into(),
+            text(p, "digest"),
+        ),
     }
 }
 

@@ -38,7 +38,24 @@ pub(super) const NODE_KEYS: &[&str] = &[
     "idempotency_key",
     "continue_on_error",
     "description",
+    "approval",
 ];
+pub(super) const APPROVAL_KEYS: &[&str] = &[
+    "message",
+    "approvers",
+    "forbid_self",
+    "inputs",
+    "timeout",
+    "on_timeout",
+    "remind",
+];
+pub(super) const APPROVERS_KEYS: &[&str] = &["roles", "tokens", "min"];
+/// The roles an approval may name (a viewer never decides).
+pub(super) const APPROVER_ROLES: &[&str] = &["operator", "admin"];
+/// Most distinct approvers an approval may require.
+pub(super) const MAX_APPROVERS: u32 = 20;
+/// Most reminders an approval may declare.
+pub(super) const MAX_REMINDERS: usize = 10;
 pub(super) const TOOL_COMMON_KEYS: &[&str] = &[
     "kind",
     "description",

@@ -7,6 +7,7 @@
 //! [`nodes`], [`values`] (strings, booleans, numbers, durations, templates), with the
 //! accepted keys in [`keys`] and the naming rules in [`names`].
 
+mod inputs;
 mod keys;
 mod names;
 mod nodes;

@@ -3,12 +3,16 @@
 
 use std::time::Duration;
 
-use super::keys::{BACKOFF_KEYS, MAX_DEADLINE, MAX_RETRIES, MAX_TIMEOUT, NODE_KEYS, RETRY_KEYS};
+use super::keys::{
+    APPROVAL_KEYS, APPROVER_ROLES, APPROVERS_KEYS, BACKOFF_KEYS, MAX_APPROVERS, MAX_DEADLINE,
+    MAX_REMINDERS, MAX_RETRIES, MAX_TIMEOUT, NODE_KEYS, RETRY_KEYS,
+};
 use super::names::{is_node_id, reserved_retry_suffix};
+use super::values::string_list;
 use super::{Cx, get};
 use crate::workflow::diagnostic::Pos;
 use crate::workflow::expr::Template;
-use crate::workflow::model::{NodeDecl, RetryPolicy};
+use crate::workflow::model::{ApprovalDecl, NodeDecl, OnTimeout, RetryPolicy};
 use crate::workflow::yaml::{Key, Node, Value};
 
 pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
@@ -82,6 +86,114 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
             .and_then(|n| cx.bool(n, "`continue_on_error`"))
             .unwrap_or(false),
         description: get(fields, "description").and_then(|n| cx.text(n, "`description`")),
+        approval: get(fields, "approval").and_then(|n| approval(cx, n)),
+    })
+}
+
+/// `approval:`: who approves (roles, token names, how many), `forbid_self`, the inputs
+/// approvers give, the required `timeout`, `on_timeout` and reminders.
+fn approval(cx: &mut Cx, node: &Node) -> Option<ApprovalDecl> {
+    let fields = cx.map(node, "`approval`")?;
+    cx.check_keys(fields, &[APPROVAL_KEYS], "`approval`");
+    let (mut roles, mut tokens, mut min) = (Vec::new(), Vec::new(), 1u32);
+    if let Some(a) = get(fields, "approvers")
+        && let Some(who) = cx.map(a, "`approval.approvers`")
+    {
+        cx.check_keys(who, &[APPROVERS_KEYS], "`approval.approvers`");
+        if let Some(n) = get(who, "roles") {
+            roles = string_list(cx, n, "`approvers.roles`");
+            for r in &roles {
+                if !APPROVER_ROLES.contains(&r.as_str()) {
+                    cx.error_help(
+                        n.pos,
+                        format!("`approvers.roles` names unknown role `{r}`"),
+                        "approvers are `operator` or `admin` tokens (a `viewer` never decides)",
+                    );
+                }
+            }
+        }
+        if let Some(n) = get(who, "tokens") {
+            tokens = string_list(cx, n, "`approvers.tokens`");
+        }
+        if let Some(n) = get(who, "min") {
+            min = cx
+                .count(n, "`approvers.min`", 1, u64::from(MAX_APPROVERS))
+                .map_or(1, |v| v as u32);
+            if !tokens.is_empty() && roles.is_empty() && (tokens.len() as u64) < u64::from(min) {
+                cx.error_help(
+                    n.pos,
+                    format!(
+                        "`approvers.min` is {min} but only {} token(s) may approve",
+                        tokens.len()
+                    ),
+                    "name more tokens, add `roles`, or lower `min`",
+                );
+            }
+        }
+    }
+    let timeout = match get(fields, "timeout") {
+        Some(n) => cx.duration(n, "`approval.timeout`", MAX_DEADLINE)?,
+        None => {
+            cx.error_help(
+                node.pos,
+                "`approval` has no `timeout`",
+                "add `timeout:` (e.g. `4h`): an approval nobody decides must not wait for ever",
+            );
+            return None;
+        }
+    };
+    let on_timeout = match get(fields, "on_timeout") {
+        None => OnTimeout::Fail,
+        Some(n) => match cx.string(n, "`approval.on_timeout`").as_deref() {
+            Some("fail") => OnTimeout::Fail,
+            Some("skip") => OnTimeout::Skip,
+            Some(other) => {
+                cx.error_help(
+                    n.pos,
+                    format!("unknown `on_timeout` `{other}`"),
+                    "use `fail` or `skip` (a timeout never approves)",
+                );
+                OnTimeout::Fail
+            }
+            None => OnTimeout::Fail,
+        },
+    };
+    let mut remind = Vec::new();
+    if let Some(n) = get(fields, "remind") {
+        match &n.value {
+            Value::Seq(items) if items.len() <= MAX_REMINDERS => {
+                for item in items {
+                    if let Some(d) = cx.duration(item, "`approval.remind` entries", MAX_DEADLINE) {
+                        if d >= timeout {
+                            cx.error(
+                                item.pos,
+                                "a reminder at or after the `timeout` is never sent",
+                            );
+                        }
+                        remind.push(d);
+                    }
+                }
+                remind.sort();
+            }
+            _ => cx.error(
+                n.pos,
+                format!("`approval.remind` must be a list of at most {MAX_REMINDERS} durations"),
+            ),
+        }
+    }
+    Some(ApprovalDecl {
+        pos: node.pos,
+        message: get(fields, "message").and_then(|n| cx.template(n, "`approval.message`")),
+        roles,
+        tokens,
+        min,
+        forbid_self: get(fields, "forbid_self")
+            .and_then(|n| cx.bool(n, "`forbid_self`"))
+            .unwrap_or(false),
+        inputs: get(fields, "inputs").map_or_else(Vec::new, |n| super::inputs::inputs(cx, n)),
+        timeout,
+        on_timeout,
+        remind,
     })
 }
 

@@ -3,13 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use super::keys::{DEFAULTS_KEYS, INPUT_KEYS, MAX_DEADLINE, MAX_PARALLEL, MAX_TIMEOUT, TOP_KEYS};
-use super::names::is_identifier;
+use super::keys::{DEFAULTS_KEYS, MAX_DEADLINE, MAX_PARALLEL, MAX_TIMEOUT, TOP_KEYS};
 use super::nodes::{node, retry_policy};
 use super::tools::tool;
 use super::{Cx, get};
-use crate::workflow::diagnostic::did_you_mean;
-use crate::workflow::model::{DEFAULT_MAX_PARALLEL, Defaults, InputDecl, InputType, Workflow};
+use crate::workflow::model::{DEFAULT_MAX_PARALLEL, Defaults, Workflow};
 use crate::workflow::yaml::Node;
 
 /// Converts the root of a workflow file. `stem` names the workflow when `name:` is absent.
@@ -34,7 +32,7 @@ pub(crate) fn workflow(cx: &mut Cx, root: &Node, stem: &str) -> Workflow {
     }
     wf.description = get(entries, "description").and_then(|n| cx.text(n, "`description`"));
     if let Some(n) = get(entries, "inputs") {
-        wf.inputs = inputs(cx, n);
+        wf.inputs = super::inputs::inputs(cx, n);
     }
     if let Some(n) = get(entries, "defaults") {
         wf.defaults = defaults(cx, n);
@@ -73,77 +71,6 @@ pub(crate) fn workflow(cx: &mut Cx, root: &Node, stem: &str) -> Workflow {
         ),
     }
     wf
-}
-
-fn inputs(cx: &mut Cx, node: &Node) -> Vec<InputDecl> {
-    let Some(entries) = cx.map(node, "`inputs`") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for (key, spec) in entries {
-        let what = format!("input `{}`", key.name);
-        if !is_identifier(&key.name) {
-            cx.error(
-                key.pos,
-                format!("{what}: input names must be identifiers (letters, digits, `_`)"),
-            );
-        }
-        let Some(fields) = cx.map(spec, &what) else {
-            continue;
-        };
-        cx.check_keys(fields, &[INPUT_KEYS], &what);
-        let ty = match get(fields, "type") {
-            Some(t) => match cx.string(t, &format!("{what} `type`")) {
-                Some(name) => match InputType::parse(&name) {
-                    Some(ty) => Some(ty),
-                    None => {
-                        let hint = did_you_mean(&name, InputType::NAMES).map_or_else(
-                            || format!("types are: {}", InputType::NAMES.join(", ")),
-                            |n| format!("did you mean `{n}`?"),
-                        );
-                        cx.error_help(t.pos, format!("unknown type `{name}` for {what}"), hint);
-                        None
-                    }
-                },
-                None => None,
-            },
-            None => {
-                cx.error_help(
-                    key.pos,
-                    format!("{what} has no `type`"),
-                    format!("add `type:` ({})", InputType::NAMES.join(", ")),
-                );
-                None
-            }
-        };
-        let required = get(fields, "required")
-            .and_then(|n| cx.bool(n, "`required`"))
-            .unwrap_or(false);
-        let default = get(fields, "default").map(|d| {
-            cx.check_duplicates_deep(d, "`default`");
-            cx.constant(d, &format!("the default of {what}"));
-            (d.pos, d.to_json())
-        });
-        if let (Some(ty), Some((pos, value))) = (ty, &default)
-            && !ty.accepts(value)
-        {
-            cx.error(
-                *pos,
-                format!("the default of {what} is not of type {}", ty.name()),
-            );
-        }
-        let description = get(fields, "description").and_then(|n| cx.text(n, "`description`"));
-        if let Some(ty) = ty {
-            out.push(InputDecl {
-                name: key.name.clone(),
-                ty,
-                required,
-                default: default.map(|(_, v)| v),
-                description,
-            });
-        }
-    }
-    out
 }
 
 fn defaults(cx: &mut Cx, node: &Node) -> Defaults {

@@ -1,0 +1,100 @@
+//! The approval gate: before a node with `approval:` claims its call, the rendered
+//! request (secrets as names) and its digest go to the ledger, which answers whether
+//! exactly this request is approved. Only then is the call claimed and marked outbound,
+//! so the decision is in the ledger before the outbound mark, and a request that changed
+//! after its approval (its digest differs) never leaves: the approval goes back to
+//! pending under the new digest (`approval.invalidated`).
+
+use flow_ledger::{AskApproval, ErrorKind, Gate, StepFinish, StepStatus};
+
+use super::render;
+use super::{Gateway, Rendered, StepCall, StepResult};
+use crate::approval;
+use crate::workflow::model::{ApprovalDecl, OnTimeout};
+
+impl Gateway {
+    /// Asks the ledger about the node's approval: `None` when exactly this request is
+    /// approved (go on and claim), else the step's result — awaiting, failed (denied,
+    /// timed out with `on_timeout: fail`, a message that does not render) or skipped.
+    pub(super) async fn approval_gate(
+        &self,
+        c: &StepCall<'_>,
+        decl: &ApprovalDecl,
+        r: &Rendered,
+    ) -> Result<Option<StepResult>, flow_ledger::Error> {
+        let node_id = c.node.id.as_str();
+        let message = match decl.message.as_ref().map(|t| t.render_string(&c.ctx)) {
+            None => None,
+            Some(Ok(m)) => Some(m),
+            Some(Err(e)) => {
+                let message = format!(
+                    "`approval.message` of node `{node_id}`: {}",
+                    render::describe(&e, &self.inner.secrets)
+                );
+                return self
+                    .fail_claimed_step(c, ErrorKind::Permanent, message)
+                    .await
+                    .map(Some);
+            }
+        };
+        let ask = AskApproval {
+            node_id: node_id.to_owned(),
+            step_id: c.step_id.clone(),
+            tool: c.tool.name.clone(),
+            request: r.request.clone(),
+            digest: r.request_hash.clone(),
+            message,
+            rule: approval::rule(decl),
+            min: decl.min,
+            timeout_ms: i64::try_from(decl.timeout.as_millis()).unwrap_or(i64::MAX),
+            first_remind_ms: approval::first_remind_ms(decl),
+        };
+        let gate = self
+            .inner
+            .ledger
+            .approval_gate(c.run(), ask, self.now())
+            .await?;
+        match gate {
+            Gate::Approved(a) => {
+                tracing::info!(node = node_id, by = ?a.decided_by, digest = %a.digest, "approved: sending the approved request");
+                Ok(None)
+            }
+            Gate::Pending(a) => {
+                tracing::info!(node = node_id, deadline = %a.deadline.to_rfc3339(), "awaiting approval");
+                Ok(Some(StepResult::AwaitingApproval {
+                    deadline: a.deadline,
+                }))
+            }
+            Gate::Denied(a) => {
+                let message = format!(
+                    "approval denied by {}{}",
+                    a.decided_by.as_deref().unwrap_or("an approver"),
+                    a.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                );
+                self.fail_claimed_step(c, ErrorKind::Permanent, message)
+                    .await
+                    .map(Some)
+            }
+            Gate::TimedOut(_) => {
+                let waited = crate::duration_text::duration(decl.timeout);
+                let why = format!("approval timed out: nobody decided within {waited}");
+                match decl.on_timeout {
+                    OnTimeout::Fail => self
+                        .fail_claimed_step(c, ErrorKind::Permanent, why)
+                        .await
+                        .map(Some),
+                    OnTimeout::Skip => {
+                        let finish = StepFinish {
+                            step_id: c.step_id.clone(),
+                            status: StepStatus::Skipped,
+                            output: None,
+                            error: None,
+                        };
+                        c.writer.finish_step(finish, self.now()).await?;
+                        Ok(Some(StepResult::Skipped { why }))
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! A person's decision ([`Ledger::decide_approval`]) and the pause that a decision made
+//! while the run was held must stop ([`Ledger::pause_run_awaiting`]).
+
+use serde_json::json;
+
+use super::rows::{approval_event, read_row, requeue_paused, settle, with_votes};
+use super::{Decide, Decided};
+use crate::clock::Timestamp;
+use crate::conn::args;
+use crate::error::Error;
+use crate::events::EventType;
+use crate::fence::Fence;
+use crate::ledger::Ledger;
+use crate::model::RunLease;
+use crate::runs::run_for_update;
+use crate::state::ApprovalStatus;
+
+impl Ledger {
+    /// Records a person's decision, in one transaction with the run locked first: the
+    /// run must not be finished (`Terminal`), the approval must be `pending`
+    /// (`Decided` naming the winner) for the digest the decider saw (`Stale`). A deny
+    /// settles it; an approve is a vote (one per voter and digest: a second vote of the
+    /// same voter counts once), and the vote that reaches `min` distinct approvers
+    /// settles it approved. A settled approval puts a paused run back on the queue.
+    /// Emits `approval.voted` or `approval.decided` with who, why and the digest.
+    pub async fn decide_approval(&self, d: Decide, now: Timestamp) -> Result<Decided, Error> {
+        let ledger = self.clone();
+        let inputs = d
+            .inputs
+            .as_ref()
+            .map(|v| self.checked_json(v))
+            .transpose()?;
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let run = run_for_update(c, s, &d.run_id).await?;
+                let run_status = run.status()?;
+                if run_status.is_terminal() {
+                    return Err(Error::Terminal { status: run_status });
+                }
+                let row = read_row(c, s, &d.run_id, &d.node_id)
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        what: format!("approval of run {} node {}", d.run_id, d.node_id),
+                    })?;
+                let status: ApprovalStatus = row.status.parse()?;
+                if status.is_decided() {
+                    return Err(Error::Decided {
+                        status,
+                        by: row.decided_by.clone(),
+                    });
+                }
+                if let Some(seen) = &d.digest
+                    && *seen != row.digest
+                {
+                    return Err(Error::Stale {
+                        current: row.digest.clone(),
+                    });
+                }
+                let decision = if d.approve { "approve" } else { "deny" };
+                c.execute(
+                    "INSERT INTO approval_votes (tenant, workspace, run_id, node_id, digest, voter,
+                        decision, at, reason, inputs)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                     ON CONFLICT (tenant, workspace, run_id, node_id, digest, voter) DO UPDATE
+                       SET decision = excluded.decision, at = excluded.at,
+                           reason = excluded.reason, inputs = excluded.inputs",
+                    args![
+                        &s.tenant,
+                        &s.workspace,
+                        &d.run_id,
+                        &d.node_id,
+                        &row.digest,
+                        &d.by,
+                        decision,
+                        now,
+                        d.reason.clone(),
+                        inputs.clone()
+                    ],
+                )
+                .await?;
+                let ids = (d.run_id.as_str(), row.step_id.as_str(), d.node_id.as_str());
+                let actor = crate::model::Actor {
+                    by: d.by.clone(),
+                    reason: d.reason.clone(),
+                };
+                if !d.approve {
+                    let who = (Some(d.by.as_str()), d.reason.as_deref(), inputs);
+                    if !settle(c, s, &row, ApprovalStatus::Denied, who, now).await? {
+                        return Err(Error::LeaseLost);
+                    }
+                    let payload = json!({
+                        "decision": "deny", "by": d.by, "reason": d.reason, "digest": row.digest,
+                    });
+                    approval_event(c, s, ids, EventType::ApprovalDecided, payload, now).await?;
+                    requeue_paused(c, s, &run, Some(&actor), now).await?;
+                    let row = read_row(c, s, &d.run_id, &d.node_id)
+                        .await?
+                        .ok_or(Error::LeaseLost)?;
+                    return with_votes(c, s, row).await.map(Decided::Denied);
+                }
+                let approvers = c
+                    .all::<(String,)>(
+                        "SELECT voter FROM approval_votes WHERE tenant = $1 AND workspace = $2
+                           AND run_id = $3 AND node_id = $4 AND digest = $5 AND decision = 'approve'
+                         ORDER BY at, voter",
+                        args![&s.tenant, &s.workspace, &d.run_id, &d.node_id, &row.digest],
+                    )
+                    .await?;
+                let have = u32::try_from(approvers.len()).unwrap_or(u32::MAX);
+                let min = u32::try_from(row.min_approvals.max(1)).unwrap_or(1);
+                if have < min {
+                    let payload = json!({
+                        "by": d.by, "reason": d.reason, "digest": row.digest,
+                        "approvers": have, "min": min,
+                    });
+                    approval_event(c, s, ids, EventType::ApprovalVoted, payload, now).await?;
+                    let approval = with_votes(c, s, row).await?;
+                    return Ok(Decided::Voted {
+                        approval,
+                        needed: min - have,
+                    });
+                }
+                let names: Vec<String> = approvers.into_iter().map(|(v,)| v).collect();
+                let by = names.join(", ");
+                let who = (Some(by.as_str()), d.reason.as_deref(), inputs);
+                if !settle(c, s, &row, ApprovalStatus::Approved, who, now).await? {
+                    return Err(Error::LeaseLost);
+                }
+                let payload = json!({
+                    "decision": "approve", "by": by, "reason": d.reason, "digest": row.digest,
+                    "approvers": names, "inputs": d.inputs,
+                });
+                approval_event(c, s, ids, EventType::ApprovalDecided, payload, now).await?;
+                requeue_paused(c, s, &run, Some(&actor), now).await?;
+                let row = read_row(c, s, &d.run_id, &d.node_id)
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                with_votes(c, s, row).await.map(Decided::Approved)
+            })
+        })
+        .await
+    }
+}
+
+impl Ledger {
+    /// Pauses the run (fenced) for nodes awaiting approval — unless an approval of the
+    /// run was decided while its step still runs (a decision that came in while this
+    /// worker held the run, which therefore did not re-queue it): then nothing changes
+    /// and the answer is `false`, and the caller starts those nodes again. The run row
+    /// is locked first, as a decision locks it, so the two cannot both miss each other.
+    /// Emits `run.paused`.
+    pub async fn pause_run_awaiting(
+        &self,
+        lease: &RunLease,
+        reason: &str,
+        now: Timestamp,
+    ) -> Result<bool, Error> {
+        let ledger = self.clone();
+        let lease = lease.clone();
+        let reason = reason.to_owned();
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let row = run_for_update(c, s, &lease.run_id).await?;
+                if !Fence::holds(&row, &lease, None)? {
+                    return Err(Error::LeaseLost);
+                }
+                let decided = c
+                    .optional::<(String,)>(
+                        "SELECT a.node_id FROM approvals a JOIN steps st ON st.tenant = a.tenant
+                           AND st.workspace = a.workspace AND st.run_id = a.run_id
+                           AND st.step_id = a.step_id
+                         WHERE a.tenant = $1 AND a.workspace = $2 AND a.run_id = $3
+                           AND a.status <> $4 AND st.status = $5 LIMIT 1",
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            &lease.run_id,
+                            ApprovalStatus::Pending.as_str(),
+                            crate::state::StepStatus::Running.as_str()
+                        ],
+                    )
+                    .await?;
+                if decided.is_some() {
+                    return Ok(false);
+                }
+                crate::run_states::pause_in(c, s, &lease, &reason, now).await?;
+                Ok(true)
+            })
+        })
+        .await
+    }
+}

@@ -1,0 +1,436 @@
+//! Approvals (`approval:` on a node, migration 0010): the request a node is about to
+//! send, frozen with its digest until people approve it; their votes; and the one
+//! compare-and-set through which approve, deny, the deadline and a cancel race.
+//!
+//! The gateway asks [`Ledger::approval_gate`] before it claims a call: the answer is
+//! written in the ledger before the outbound mark, and a request whose digest is not the
+//! approved one never leaves (the row goes back to `pending` under the new digest).
+
+mod decide;
+mod rows;
+mod sweep;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::clock::Timestamp;
+use crate::conn::{Conn, args};
+use crate::error::Error;
+use crate::events::EventType;
+use crate::fence::{Fence, live_run_fence};
+use crate::ledger::Ledger;
+use crate::model::{RunLease, Scope};
+use crate::state::ApprovalStatus;
+use rows::{ApprovalRow, approval_cols, approval_event, read_row, settle, submitter, with_votes};
+
+pub use sweep::Swept;
+
+/// What a node asks approval for (the gateway, under the run's lease).
+#[derive(Debug, Clone)]
+pub struct AskApproval {
+    /// The node.
+    pub node_id: String,
+    /// The step asking.
+    pub step_id: String,
+    /// The node's tool.
+    pub tool: String,
+    /// The request as rendered, secrets as names (what approvers see).
+    pub request: Value,
+    /// Its canonical digest (the call's request hash): what an approval binds to.
+    pub digest: String,
+    /// The rendered `message`.
+    pub message: Option<String>,
+    /// What it takes (approvers, `min`, `forbid_self`, `inputs`, `on_timeout`), as the
+    /// engine describes it; stored for deciders and views.
+    pub rule: Value,
+    /// Distinct approvers needed.
+    pub min: u32,
+    /// How long it may wait, from the request (a changed request waits anew).
+    pub timeout_ms: i64,
+    /// The first reminder, from the request, if any.
+    pub first_remind_ms: Option<i64>,
+}
+
+/// What the gateway may do with a node's call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gate {
+    /// Approved for exactly this request: send it.
+    Approved(Approval),
+    /// Still waiting (just asked, more approvers needed, or the request changed).
+    Pending(Approval),
+    /// Denied: fail the node with the reason.
+    Denied(Approval),
+    /// Nobody decided in time: `on_timeout` applies.
+    TimedOut(Approval),
+}
+
+/// One approver's vote.
+#[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
+pub struct ApprovalVote {
+    /// Who (token name, or the CLI's `--by` / OS user).
+    pub voter: String,
+    /// `approve` or `deny`.
+    pub decision: String,
+    /// The digest voted for.
+    pub digest: String,
+    /// When.
+    pub at: Timestamp,
+    /// Why, as they said.
+    pub reason: Option<String>,
+    /// The inputs they gave.
+    pub inputs: Option<Value>,
+}
+
+/// An approval as stored, with its votes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Approval {
+    /// The run.
+    pub run_id: String,
+    /// The node.
+    pub node_id: String,
+    /// The step that asked last.
+    pub step_id: String,
+    /// The node's tool.
+    pub tool: String,
+    /// Where it stands.
+    pub status: ApprovalStatus,
+    /// The request awaiting (or given) approval, secrets as names.
+    pub request: Value,
+    /// Its digest.
+    pub digest: String,
+    /// The rendered message.
+    pub message: Option<String>,
+    /// What it takes (the engine's description).
+    pub rule: Value,
+    /// Distinct approvers needed.
+    pub min_approvals: u32,
+    /// Who submitted the run (`forbid_self`), when known.
+    pub submitted_by: Option<String>,
+    /// When the current request was asked.
+    pub requested_at: Timestamp,
+    /// When it times out.
+    pub deadline: Timestamp,
+    /// Reminders sent so far.
+    pub reminders_sent: u32,
+    /// When the next reminder is due, if any.
+    pub next_remind_at: Option<Timestamp>,
+    /// When it was decided.
+    pub decided_at: Option<Timestamp>,
+    /// Who decided (approvers joined by `, `).
+    pub decided_by: Option<String>,
+    /// The deciding reason.
+    pub reason: Option<String>,
+    /// The deciding approver's inputs.
+    pub inputs: Option<Value>,
+    /// Every vote, oldest first (older digests included: the audit trail).
+    pub votes: Vec<ApprovalVote>,
+}
+
+impl Approval {
+    /// Distinct approvers of the current digest so far.
+    pub fn approvers(&self) -> Vec<&str> {
+        self.votes
+            .iter()
+            .filter(|v| v.digest == self.digest && v.decision == "approve")
+            .map(|v| v.voter.as_str())
+            .collect()
+    }
+}
+
+/// A person's decision (CLI, API, console), already authorized by the engine.
+#[derive(Debug, Clone)]
+pub struct Decide {
+    /// The run.
+    pub run_id: String,
+    /// The node.
+    pub node_id: String,
+    /// Who.
+    pub by: String,
+    /// Approve (a vote; approved once `min` distinct approvers voted) or deny.
+    pub approve: bool,
+    /// Why.
+    pub reason: Option<String>,
+    /// The approver's inputs (checked by the engine against the node's declaration).
+    pub inputs: Option<Value>,
+    /// The digest the decider saw; a different one awaiting now is [`Error::Stale`].
+    pub digest: Option<String>,
+}
+
+/// What a decision came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decided {
+    /// The last vote needed: approved (the run is back on the queue if it was paused).
+    Approved(Approval),
+    /// Denied (the run is back on the queue if it was paused).
+    Denied(Approval),
+    /// A vote counted; `needed` more distinct approvers are still needed.
+    Voted {
+        /// The approval after the vote.
+        approval: Approval,
+        /// Distinct approvers still needed.
+        needed: u32,
+    },
+}
+
+/// Which approvals [`Ledger::list_approvals`] returns (oldest request first).
+#[derive(Debug, Clone, Default)]
+pub struct ApprovalFilter {
+    /// Only this run's.
+    pub run_id: Option<String>,
+    /// Only this status (`None`: every status).
+    pub status: Option<ApprovalStatus>,
+    /// At most this many (0 = 1000).
+    pub limit: u32,
+}
+
+impl Ledger {
+    /// Asks (or asks again) for approval of a node's call, under the run's live lease,
+    /// in one transaction: no row → a `pending` one (`approval.requested`); `pending`
+    /// past its deadline → `timed_out` (the same compare-and-set the sweep uses);
+    /// `pending` or `approved` for another digest → `pending` under the new digest with
+    /// a new deadline (`approval.invalidated`, then `approval.requested`); otherwise the
+    /// row as it stands. Only [`Gate::Approved`] lets the call leave.
+    pub async fn approval_gate(
+        &self,
+        lease: &RunLease,
+        ask: AskApproval,
+        now: Timestamp,
+    ) -> Result<Gate, Error> {
+        let ledger = self.clone();
+        let lease = lease.clone();
+        let request = self.checked_json(&ask.request)?;
+        let rule = ask.rule.to_string();
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let held = c
+                    .optional::<(i64,)>(
+                        concat!("SELECT lease_token FROM runs WHERE", live_run_fence!()),
+                        [Fence::run(s, &lease), args![now]].concat(),
+                    )
+                    .await?;
+                if held.is_none() {
+                    return Err(Error::LeaseLost);
+                }
+                let a = Asked {
+                    run_id: lease.run_id.as_str(),
+                    ask: &ask,
+                    request: &request,
+                    rule: &rule,
+                    now,
+                    deadline: Timestamp(now.0.saturating_add(ask.timeout_ms)),
+                    remind: ask.first_remind_ms.map(|ms| now.0.saturating_add(ms)),
+                };
+                let (run_id, ids) = (a.run_id, a.ids());
+                match read_row(c, s, run_id, &ask.node_id).await? {
+                    None => a.insert(c, s).await?,
+                    Some(row) => {
+                        let status: ApprovalStatus = row.status.parse()?;
+                        let changed = row.digest != ask.digest;
+                        let fresh = !changed && status == ApprovalStatus::Pending;
+                        if fresh
+                            && now.0 >= row.deadline
+                            && settle(
+                                c,
+                                s,
+                                &row,
+                                ApprovalStatus::TimedOut,
+                                (None, None, None),
+                                now,
+                            )
+                            .await?
+                        {
+                            let payload = json!({ "deadline": row.deadline });
+                            let t = EventType::ApprovalTimedOut;
+                            approval_event(c, s, ids, t, payload, now).await?;
+                        }
+                        let open =
+                            matches!(status, ApprovalStatus::Pending | ApprovalStatus::Approved);
+                        if changed && open {
+                            a.reask(c, s, &row, status).await?;
+                        }
+                    }
+                }
+                let row = read_row(c, s, run_id, &ask.node_id)
+                    .await?
+                    .ok_or(Error::LeaseLost)?;
+                let approval = with_votes(c, s, row).await?;
+                Ok(match approval.status {
+                    ApprovalStatus::Approved => Gate::Approved(approval),
+                    ApprovalStatus::Denied => Gate::Denied(approval),
+                    ApprovalStatus::TimedOut => Gate::TimedOut(approval),
+                    ApprovalStatus::Pending | ApprovalStatus::Cancelled => Gate::Pending(approval),
+                })
+            })
+        })
+        .await
+    }
+
+    /// One approval with its votes, if the node has asked.
+    pub async fn get_approval(
+        &self,
+        run_id: &str,
+        node_id: &str,
+    ) -> Result<Option<Approval>, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let mut conn = pc.conn();
+        let c = &mut conn;
+        match read_row(c, s, run_id, node_id).await? {
+            Some(row) => with_votes(c, s, row).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Approvals under `filter`, oldest request first, each with its votes.
+    pub async fn list_approvals(&self, filter: ApprovalFilter) -> Result<Vec<Approval>, Error> {
+        let s = self.scope();
+        let limit = crate::reads::page_limit(filter.limit, 1000);
+        let mut pc = self.pool().acquire().await?;
+        let mut conn = pc.conn();
+        let c = &mut conn;
+        let rows = c
+            .all::<ApprovalRow>(
+                concat!(
+                    "SELECT ",
+                    approval_cols!(),
+                    " FROM approvals WHERE tenant = $1 AND workspace = $2
+                       AND ($3 IS NULL OR run_id = $3) AND ($4 IS NULL OR status = $4)
+                     ORDER BY requested_at, run_id, node_id LIMIT $5"
+                ),
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    filter.run_id,
+                    filter.status.map(|st| st.as_str()),
+                    limit
+                ],
+            )
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            out.push(with_votes(c, s, row).await?);
+        }
+        Ok(out)
+    }
+
+    /// How many approvals are pending (the `flow_approvals_pending` gauge, badges).
+    pub async fn count_pending_approvals(&self) -> Result<u64, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let n = pc
+            .conn()
+            .optional::<(i64,)>(
+                "SELECT COUNT(*) FROM approvals WHERE tenant = $1 AND workspace = $2 AND status = $3",
+                args![&s.tenant, &s.workspace, ApprovalStatus::Pending.as_str()],
+            )
+            .await?
+            .map_or(0, |(n,)| n);
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+/// One ask of the gate, with what it writes.
+struct Asked<'a> {
+    run_id: &'a str,
+    ask: &'a AskApproval,
+    request: &'a str,
+    rule: &'a str,
+    now: Timestamp,
+    deadline: Timestamp,
+    remind: Option<i64>,
+}
+
+impl Asked<'_> {
+    fn ids(&self) -> (&str, &str, &str) {
+        (self.run_id, &self.ask.step_id, &self.ask.node_id)
+    }
+
+    /// `approval.requested` for this ask.
+    async fn requested(&self, c: &mut Conn<'_>, s: &Scope) -> Result<(), Error> {
+        let payload = json!({
+            "tool": self.ask.tool, "digest": self.ask.digest, "message": self.ask.message,
+            "min": self.ask.min, "deadline": self.deadline,
+        });
+        let t = EventType::ApprovalRequested;
+        approval_event(c, s, self.ids(), t, payload, self.now).await
+    }
+
+    /// The node's first ask: a `pending` row (with who submitted the run).
+    async fn insert(&self, c: &mut Conn<'_>, s: &Scope) -> Result<(), Error> {
+        let by = submitter(c, s, self.run_id).await?;
+        let a = self.ask;
+        c.execute(
+            "INSERT INTO approvals (tenant, workspace, run_id, node_id, step_id, tool,
+                status, request, digest, message, rule, min_approvals, submitted_by,
+                requested_at, deadline, next_remind_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+            args![
+                &s.tenant,
+                &s.workspace,
+                self.run_id,
+                &a.node_id,
+                &a.step_id,
+                &a.tool,
+                ApprovalStatus::Pending.as_str(),
+                self.request,
+                &a.digest,
+                a.message.clone(),
+                self.rule,
+                a.min,
+                by,
+                self.now,
+                self.deadline,
+                self.remind
+            ],
+        )
+        .await?;
+        self.requested(c, s).await
+    }
+
+    /// Another request than the one pending or approved: `pending` again under the new
+    /// digest, with a new deadline and no decision (`approval.invalidated`).
+    async fn reask(
+        &self,
+        c: &mut Conn<'_>,
+        s: &Scope,
+        row: &ApprovalRow,
+        status: ApprovalStatus,
+    ) -> Result<(), Error> {
+        let a = self.ask;
+        c.execute(
+            "UPDATE approvals SET status = $5, step_id = $6, request = $7,
+                digest = $8, message = $9, rule = $10, min_approvals = $11,
+                requested_at = $12, deadline = $13, next_remind_at = $14,
+                reminders_sent = 0, decided_at = NULL, decided_by = NULL,
+                reason = NULL, inputs = NULL
+             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND node_id = $4
+               AND status = $15 AND digest = $16",
+            args![
+                &s.tenant,
+                &s.workspace,
+                self.run_id,
+                &a.node_id,
+                ApprovalStatus::Pending.as_str(),
+                &a.step_id,
+                self.request,
+                &a.digest,
+                a.message.clone(),
+                self.rule,
+                a.min,
+                self.now,
+                self.deadline,
+                self.remind,
+                status.as_str(),
+                &row.digest
+            ],
+        )
+        .await?;
+        let payload = json!({
+            "was": status.as_str(), "old_digest": row.digest, "digest": a.digest,
+        });
+        let t = EventType::ApprovalInvalidated;
+        approval_event(c, s, self.ids(), t, payload, self.now).await?;
+        self.requested(c, s).await
+    }
+}
