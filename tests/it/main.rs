@@ -6,6 +6,7 @@ mod api_client;
 mod api_doubt;
 mod api_hostile;
 mod api_stream;
+mod approvals;
 mod args;
 mod chaos;
 mod client;

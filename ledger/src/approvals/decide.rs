@@ -102,9 +102,18 @@ impl Ledger {
                 let approvers = c
                     .all::<(String,)>(
                         "SELECT voter FROM approval_votes WHERE tenant = $1 AND workspace = $2
-                           AND run_id = $3 AND node_id = $4 AND digest = $5 AND decision = 'approve'
+                           AND run_id = $3 AND node_id = $4 AND digest = $5 AND decision = $6
+                           AND at >= $7
                          ORDER BY at, voter",
-                        args![&s.tenant, &s.workspace, &d.run_id, &d.node_id, &row.digest],
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            &d.run_id,
+                            &d.node_id,
+                            &row.digest,
+                            "approve",
+                            row.requested_at
+                        ],
                     )
                     .await?;
                 let have = u32::try_from(approvers.len()).unwrap_or(u32::MAX);

@@ -127,11 +127,14 @@ pub struct Approval {
 }
 
 impl Approval {
-    /// Distinct approvers of the current digest so far.
+    /// Distinct approvers of the current request so far: votes for its digest cast
+    /// since it was asked (a request asked again after an invalidation starts over).
     pub fn approvers(&self) -> Vec<&str> {
         self.votes
             .iter()
-            .filter(|v| v.digest == self.digest && v.decision == "approve")
+            .filter(|v| {
+                v.digest == self.digest && v.decision == "approve" && v.at >= self.requested_at
+            })
             .map(|v| v.voter.as_str())
             .collect()
     }
