@@ -39,6 +39,10 @@ nodes:
     approval:
       message: "Refund ${{{{ nodes.order.output.total }}}} EUR"
 {approval}
+  receipt:
+    needs: [refund]
+    tool: echo
+    with: {{ why: "${{{{ nodes.refund.approval.inputs }}}}", by: "${{{{ nodes.refund.approval.by }}}}" }}
 "#
     )
 }
@@ -185,6 +189,40 @@ fn approve_then_crash_then_send(backend: Backend) {
     assert_eq!(a["decision_inputs"], json!({ "reason": "duplicate" }));
     assert_eq!(a["digest"], digest.as_str());
     assert_eq!(events(&db, &run, "approval.decided"), 1, "{ctx}");
+    let receipt = &s["run"]["output"]["receipt"];
+    assert_eq!(
+        *receipt,
+        json!({ "why": { "reason": "duplicate" }, "by": "alice" }),
+        "{ctx}: dependents read the approver's inputs: {receipt}"
+    );
+}
+
+/// What a dependent may read of an approval is checked before anything runs.
+#[test]
+fn reading_an_undeclared_approval_input_is_refused_at_validation() {
+    let db = TestDb::new(Backend::Sqlite);
+    let text = workflow("http://127.0.0.1:9", NEEDS_REASON).replace(
+        "nodes.refund.approval.inputs }}",
+        "nodes.refund.approval.inputs.nope }}",
+    );
+    let file = db.write("bad.yaml", &text);
+    let out = output(db.flow().arg("validate").arg(&file));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the approval of `refund` gives `by` and `inputs` (reason)"),
+        "{}",
+        stderr(&out)
+    );
+    let order = workflow("http://127.0.0.1:9", NEEDS_REASON)
+        .replace("nodes.refund.approval.by }}", "nodes.order.approval.by }}");
+    let file = db.write("bad2.yaml", &order);
+    let out = output(db.flow().arg("validate").arg(&file));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("a node exposes only `nodes.order.output`"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 fn deny(backend: Backend) {

@@ -47,32 +47,45 @@ pub(super) struct StepAt<'s> {
 pub(super) struct Prepared {
     /// For each node, the nodes whose outputs its expressions read.
     pub(super) reads: Vec<Vec<usize>>,
+    /// For each node, the nodes whose approval (`nodes.<id>.approval.inputs`) its
+    /// expressions read: read from the ledger when the node starts.
+    pub(super) approvals: Vec<Vec<usize>>,
 }
 
 impl Prepared {
     pub(super) fn new(wf: &ValidWorkflow) -> Self {
-        let reads = wf
+        let refs: Vec<Vec<String>> = wf
             .nodes
             .iter()
             .map(|n| {
                 let mut templates = n.with.templates();
                 templates.extend(n.condition.iter());
                 templates.extend(n.idempotency_key.iter());
-                let mut reads: Vec<usize> = templates
+                templates.extend(n.approval.iter().flat_map(|a| a.message.iter()));
+                templates
                     .iter()
                     .flat_map(|t| t.exprs().flat_map(expr::references).collect::<Vec<_>>())
-                    .filter_map(|r| {
-                        r.strip_prefix("nodes.")
-                            .and_then(|rest| rest.split('.').next())
-                            .and_then(|id| wf.position(id))
-                    })
-                    .collect();
-                reads.sort_unstable();
-                reads.dedup();
-                reads
+                    .collect()
             })
             .collect();
-        Self { reads }
+        let nodes = |refs: &[String], approval: bool| {
+            let mut out: Vec<usize> = refs
+                .iter()
+                .filter_map(|r| {
+                    let mut parts = r.strip_prefix("nodes.")?.split('.');
+                    let id = parts.next()?;
+                    let wants = parts.next() == Some("approval");
+                    (wants == approval).then(|| wf.position(id)).flatten()
+                })
+                .collect();
+            out.sort_unstable();
+            out.dedup();
+            out
+        };
+        Self {
+            reads: refs.iter().map(|r| nodes(r, false)).collect(),
+            approvals: refs.iter().map(|r| nodes(r, true)).collect(),
+        }
     }
 }
 

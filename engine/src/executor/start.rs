@@ -127,6 +127,7 @@ impl<'a> RunScope<'a> {
         let wf = self.wf;
         let decl = &wf.nodes[at.node];
         let now = self.gateway.now();
+        self.read_approvals(st, at.node).await?;
         let ctx = self.context(st, at.node);
         let first = st.first_started.get(&at.node).copied().unwrap_or(now);
         let plan = {
@@ -164,7 +165,8 @@ impl<'a> RunScope<'a> {
         }))
     }
 
-    /// The expression context of a node: inputs, the run id, and the outputs it reads.
+    /// The expression context of a node: inputs, the run id, the outputs it reads and
+    /// the approvals it reads (`nodes.<id>.approval.inputs`).
     fn context(&self, st: &RunState, node: usize) -> Json {
         let mut nodes = Map::new();
         for &i in &self.prepared.reads[node] {
@@ -174,7 +176,39 @@ impl<'a> RunScope<'a> {
             };
             nodes.insert(self.wf.nodes[i].id.clone(), json!({ "output": output }));
         }
+        for &i in &self.prepared.approvals[node] {
+            let entry = nodes
+                .entry(self.wf.nodes[i].id.clone())
+                .or_insert_with(|| json!({}));
+            if let Json::Object(map) = entry {
+                let approval = st.approvals.get(&i).cloned().unwrap_or(Json::Null);
+                map.insert("approval".into(), approval);
+            }
+        }
         json!({ "inputs": self.inputs, "nodes": nodes, "run": { "id": self.lease().run_id } })
+    }
+
+    /// Reads the approvals `node` reads that this execution has not read yet: what the
+    /// deciding approver gave (`{"inputs": …, "by": …}`).
+    async fn read_approvals(&self, st: &mut RunState, node: usize) -> Result<(), gateway::Error> {
+        for &i in &self.prepared.approvals[node] {
+            if st.approvals.contains_key(&i) {
+                continue;
+            }
+            let id = &self.wf.nodes[i].id;
+            let found = self
+                .gateway
+                .ledger()
+                .get_approval(&self.lease().run_id, id)
+                .await
+                .map_err(gateway::Error::Ledger)?;
+            let value = found.map_or(
+                Json::Null,
+                |a| json!({ "inputs": a.inputs.unwrap_or_else(|| json!({})), "by": a.decided_by }),
+            );
+            st.approvals.insert(i, value);
+        }
+        Ok(())
     }
 }
 

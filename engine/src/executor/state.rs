@@ -14,6 +14,9 @@ pub(super) struct RunState {
     pub(super) nodes: Vec<NodeState>,
     /// When each node's first attempt started: its deadline counts from there.
     pub(super) first_started: HashMap<usize, Timestamp>,
+    /// What a node's approval gives its dependents (`{"inputs": …}`), read from the
+    /// ledger when a dependent that reads it starts.
+    pub(super) approvals: HashMap<usize, Json>,
 }
 
 impl RunState {
@@ -67,6 +70,7 @@ impl RunState {
         Self {
             nodes,
             first_started,
+            approvals: HashMap::new(),
         }
     }
 }

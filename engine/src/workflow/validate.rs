@@ -324,12 +324,13 @@ impl RefChecker<'_> {
             );
             return;
         };
-        if third != Some("output") {
-            self.error(
-                pos,
-                format!("`{src}` in {where_}: a node exposes only `nodes.{target}.output`"),
-                None,
-            );
+        if !self.exposes(
+            pos,
+            src,
+            (target, t),
+            (third, parts.next(), parts.next()),
+            &where_,
+        ) {
             return;
         }
         if let Some(ancestors) = self.ancestors
@@ -345,6 +346,48 @@ impl RefChecker<'_> {
                     "add `{target}` to `needs` of `{me}` (directly or through another node)"
                 )),
             );
+        }
+    }
+
+    /// Whether node `target` (index `t`) exposes `nodes.<target>.<third>.<fourth>.<fifth>`:
+    /// its `output`, and with an approval `approval.by` and `approval.inputs[.<declared>]`.
+    fn exposes(
+        &mut self,
+        pos: Pos,
+        src: &str,
+        (target, t): (&str, usize),
+        (third, fourth, fifth): (Option<&str>, Option<&str>, Option<&str>),
+        where_: &str,
+    ) -> bool {
+        let approval = self.wf.nodes[t].approval.as_ref();
+        match (third, approval) {
+            (Some("output"), _) => true,
+            (Some("approval"), Some(a)) => {
+                let declared = |n: &str| a.inputs.iter().any(|i| i.name == n);
+                let ok = match fourth {
+                    None | Some("by") => true,
+                    Some("inputs") => fifth.is_none_or(declared),
+                    Some(_) => false,
+                };
+                if !ok {
+                    let names: Vec<&str> = a.inputs.iter().map(|i| i.name.as_str()).collect();
+                    let message = format!(
+                        "`{src}` in {where_}: the approval of `{target}` gives `by` and `inputs` ({})",
+                        names.join(", ")
+                    );
+                    self.error(pos, message, None);
+                }
+                ok
+            }
+            _ => {
+                let also =
+                    approval.map_or(String::new(), |_| format!(" and `nodes.{target}.approval`"));
+                let message = format!(
+                    "`{src}` in {where_}: a node exposes only `nodes.{target}.output`{also}"
+                );
+                self.error(pos, message, None);
+                false
+            }
         }
     }
 

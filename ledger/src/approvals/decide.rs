@@ -99,23 +99,7 @@ impl Ledger {
                         .ok_or(Error::LeaseLost)?;
                     return with_votes(c, s, row).await.map(Decided::Denied);
                 }
-                let approvers = c
-                    .all::<(String,)>(
-                        "SELECT voter FROM approval_votes WHERE tenant = $1 AND workspace = $2
-                           AND run_id = $3 AND node_id = $4 AND digest = $5 AND decision = $6
-                           AND at >= $7
-                         ORDER BY at, voter",
-                        args![
-                            &s.tenant,
-                            &s.workspace,
-                            &d.run_id,
-                            &d.node_id,
-                            &row.digest,
-                            "approve",
-                            row.requested_at
-                        ],
-                    )
-                    .await?;
+                let approvers = approvers_of(c, s, &row).await?;
                 let have = u32::try_from(approvers.len()).unwrap_or(u32::MAX);
                 let min = u32::try_from(row.min_approvals.max(1)).unwrap_or(1);
                 if have < min {
@@ -130,7 +114,7 @@ impl Ledger {
                         needed: min - have,
                     });
                 }
-                let names: Vec<String> = approvers.into_iter().map(|(v,)| v).collect();
+                let names = approvers;
                 let by = names.join(", ");
                 let who = (Some(by.as_str()), d.reason.as_deref(), inputs);
                 if !settle(c, s, &row, ApprovalStatus::Approved, who, now).await? {
@@ -200,4 +184,31 @@ impl Ledger {
         })
         .await
     }
+}
+
+/// The distinct approvers of `row`'s current request: votes to approve its digest cast
+/// since it was asked (a request asked again after an invalidation starts over).
+async fn approvers_of(
+    c: &mut crate::conn::Conn<'_>,
+    s: &crate::model::Scope,
+    row: &super::ApprovalRow,
+) -> Result<Vec<String>, Error> {
+    let rows = c
+        .all::<(String,)>(
+            "SELECT voter FROM approval_votes WHERE tenant = $1 AND workspace = $2
+               AND run_id = $3 AND node_id = $4 AND digest = $5 AND decision = $6
+               AND at >= $7
+             ORDER BY at, voter",
+            args![
+                &s.tenant,
+                &s.workspace,
+                &row.run_id,
+                &row.node_id,
+                &row.digest,
+                "approve",
+                row.requested_at
+            ],
+        )
+        .await?;
+    Ok(rows.into_iter().map(|(v,)| v).collect())
 }
