@@ -504,21 +504,26 @@ fn a_timeout_is_taken_once_by_another_daemon_on_both_backends() {
             "refund.yaml",
             &workflow(&down.url(), "      timeout: 2s\n      on_timeout: fail"),
         );
-        let daemon = || {
+        let metrics = crate::daemon::free_port();
+        let daemon = |extra: &[&str]| {
             db.flow()
                 .args(["daemon", "--poll-interval", "50ms"])
+                .args(extra)
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .expect("daemon")
         };
-        let mut first = daemon();
+        let mut first = daemon(&["--metrics-addr", &metrics.to_string()]);
         let submitted = output(db.flow().arg("submit").arg(&file));
         let run = stdout(&submitted).trim().to_owned();
         rt.block_on(wait_status(&db, &run, "paused"));
+        let (code, body) = crate::daemon::http_get(metrics, "/metrics").expect("metrics");
+        assert_eq!(code, 200, "{ctx}");
+        assert!(body.contains("flow_approvals_pending 1"), "{ctx}: {body}");
         let _ = first.kill();
         let _ = first.wait();
-        let mut second = daemon();
+        let mut second = daemon(&[]);
         let s = rt.block_on(wait_status(&db, &run, "failed"));
         std::thread::sleep(Duration::from_secs(3));
         let _ = second.kill();

@@ -50,6 +50,7 @@ pub struct Metrics {
     runs: Family<Label, Gauge>,
     queue_depth: Gauge,
     in_doubt: Gauge,
+    approvals_pending: Gauge,
     database_up: Gauge,
     runs_claimed: Counter,
     runs_finished: Family<Label, Counter>,
@@ -128,6 +129,7 @@ impl Metrics {
         let runs = Family::<Label, Gauge>::default();
         let queue_depth = Gauge::default();
         let in_doubt = Gauge::default();
+        let approvals_pending = Gauge::default();
         let database_up = Gauge::default();
         let runs_claimed = Counter::default();
         let runs_finished = Family::<Label, Counter>::default();
@@ -179,6 +181,11 @@ impl Metrics {
             in_doubt.clone(),
         );
         registry.register(
+            "approvals_pending",
+            "Node calls awaiting approval, nothing sent yet (read at scrape time)",
+            approvals_pending.clone(),
+        );
+        registry.register(
             "database_up",
             "1 if the ledger database answered the last scrape, else 0",
             database_up.clone(),
@@ -218,6 +225,7 @@ impl Metrics {
             runs,
             queue_depth,
             in_doubt,
+            approvals_pending,
             database_up,
             runs_claimed,
             runs_finished,
@@ -323,10 +331,11 @@ impl Metrics {
             let by_status = ledger.count_runs_by_status().await?;
             let in_doubt = ledger.count_calls_in_doubt().await?;
             let deliveries = ledger.count_deliveries().await?;
-            Ok::<_, flow_ledger::Error>((by_status, in_doubt, deliveries))
+            let approvals = ledger.count_pending_approvals().await?;
+            Ok::<_, flow_ledger::Error>((by_status, (in_doubt, approvals), deliveries))
         };
         match tokio::time::timeout(DB_TIMEOUT, read).await {
-            Ok(Ok((by_status, in_doubt, deliveries))) => {
+            Ok(Ok((by_status, (in_doubt, approvals), deliveries))) => {
                 for (consumer, status, n) in deliveries {
                     self.deliveries
                         .get_or_create(&vec![
@@ -344,6 +353,8 @@ impl Metrics {
                     }
                 }
                 self.in_doubt.set(in_doubt);
+                self.approvals_pending
+                    .set(i64::try_from(approvals).unwrap_or(i64::MAX));
                 self.database_up.set(1);
                 true
             }
