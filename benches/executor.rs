@@ -67,7 +67,7 @@ async fn run_once(url: &str, text: &str) -> Duration {
         clock.clone(),
         tools,
         Secrets::default(),
-        Egress::default(),
+        (Egress::default(), flow::policy::Policy::default()),
         Faults::default(),
     );
     let executor = Executor::new(

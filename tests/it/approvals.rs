@@ -547,3 +547,81 @@ fn a_timeout_is_taken_once_by_another_daemon_on_both_backends() {
         assert_eq!(down.total(), 0, "{ctx}: a timeout never approves");
     }
 }
+
+/// `[[policy.approvals]]` gates a node whose workflow asks for no approval: `flow
+/// validate --config` says so, the run waits (nothing sent) until an admin approves,
+/// and a node the rule does not match (a GET) runs at once.
+#[test]
+fn the_installation_policy_gates_calls_the_workflow_did_not_on_both_backends() {
+    for backend in backends() {
+        let ctx = format!("{backend:?}");
+        let rt = runtime();
+        let down = rt.block_on(CountingServer::start()).expect("downstream");
+        let db = TestDb::new(backend);
+        db.write(
+            "flow.toml",
+            r#"
+[[policy.approvals]]
+name = "writes-to-payments"
+match = { tool_kind = "http", method = ["POST", "DELETE"], host = "127.0.0.1" }
+require = { roles = ["admin"] }
+timeout = "1h"
+"#,
+        );
+        let text = format!(
+            r#"name: policy
+tools:
+  look: {{ kind: http, method: GET, url: "{url}/look" }}
+  pay: {{ kind: http, method: POST, url: "{url}/refund" }}
+nodes:
+  look: {{ tool: look }}
+  refund: {{ tool: pay, needs: [look], with: {{ amount: 5 }} }}
+"#,
+            url = down.url()
+        );
+        let file = db.write("policy.yaml", &text);
+        let validated = output(
+            db.flow()
+                .args(["--config", "flow.toml", "validate"])
+                .arg(&file),
+        );
+        assert_eq!(
+            validated.status.code(),
+            Some(0),
+            "{ctx}: {}",
+            stderr(&validated)
+        );
+        assert!(
+            stdout(&validated)
+                .contains("node `refund` needs approval: policy `writes-to-payments`"),
+            "{ctx}: {}",
+            stdout(&validated)
+        );
+        assert!(
+            !stdout(&validated).contains("node `look`"),
+            "{ctx}: a GET is not gated"
+        );
+
+        let paused = output(db.flow().arg("run").arg(&file));
+        assert_eq!(paused.status.code(), Some(3), "{ctx}: {}", stderr(&paused));
+        let run = run_id(&paused);
+        assert_eq!(down.total(), 1, "{ctx}: the GET ran: {}", stderr(&paused));
+        assert_eq!(
+            down.count(&format!("{run}:refund:1")),
+            0,
+            "{ctx}: the POST waits"
+        );
+        let a = approval(&show(&db, &run)).clone();
+        assert_eq!(a["roles"], json!(["admin"]), "{ctx}: {a}");
+        let ok = output(db.flow().args(["approve", &run, "refund", "--by", "ada"]));
+        assert_eq!(ok.status.code(), Some(0), "{ctx}: {}", stderr(&ok));
+        let done = output(db.flow().args(["resume", &run]));
+        assert_eq!(done.status.code(), Some(0), "{ctx}: {}", stderr(&done));
+        assert_eq!(
+            down.count(&format!("{run}:refund:1")),
+            1,
+            "{ctx}: sent once"
+        );
+        assert_eq!(down.total(), 2, "{ctx}");
+    }
+}

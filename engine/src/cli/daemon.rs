@@ -90,6 +90,7 @@ async fn open(
         ledger: opts,
         secrets,
         egress: config.egress,
+        policy: config.policy,
     })
     .await
     .map_err(CliError::from)?;

@@ -305,7 +305,7 @@ pub fn run(args: Vec<OsString>, stdout: &mut dyn Write, stderr: &mut dyn Write) 
 
 fn dispatch(cli: Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
     match &cli.command {
-        Command::Validate { files } => validate(files, stdout, stderr),
+        Command::Validate { files } => validate(cli.config.as_deref(), files, stdout, stderr),
         Command::Graph { file, format } => graph(file, *format, stdout, stderr),
         Command::Schema => {
             let _ = stdout.write_all(crate::schema::workflow_schema_text().as_bytes());
@@ -601,8 +601,22 @@ fn counted(n: usize, noun: &str) -> String {
 
 /// `flow validate`: each argument is a file, `-` (standard input) or a directory (every
 /// `*.yaml` / `*.yml` directly in it, in name order).
-fn validate(files: &[PathBuf], stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
+fn validate(
+    config: Option<&std::path::Path>,
+    files: &[PathBuf],
+    stdout: &mut dyn Write,
+    stderr: &mut dyn Write,
+) -> u8 {
     let opts = validate_options();
+    // With `--config`, say which nodes its `[[policy.approvals]]` gates.
+    let policy = match config.map(|p| crate::config::Config::load(Some(p))) {
+        None => crate::policy::Policy::default(),
+        Some(Ok(c)) => c.policy,
+        Some(Err(e)) => {
+            let _ = writeln!(stderr, "error: {e}");
+            return exit::INVALID;
+        }
+    };
     let mut code = exit::OK;
     for arg in files {
         let targets: Vec<PathBuf> = if arg.is_dir() {
@@ -645,6 +659,7 @@ fn validate(files: &[PathBuf], stdout: &mut dyn Write, stderr: &mut dyn Write) -
                         counted(wf.nodes.len(), "node"),
                         counted(wf.tools.len(), "tool")
                     );
+                    print_gates(&policy, &wf, stdout);
                 }
                 Err(diags) => {
                     let _ = write!(stderr, "{diags}");
@@ -654,6 +669,23 @@ fn validate(files: &[PathBuf], stdout: &mut dyn Write, stderr: &mut dyn Write) -
         }
     }
     code
+}
+
+/// The nodes `policy` gates in `wf`, one line each under the file's `ok` line.
+fn print_gates(
+    policy: &crate::policy::Policy,
+    wf: &crate::workflow::Workflow,
+    out: &mut dyn Write,
+) {
+    for g in policy.gated_nodes(wf) {
+        let how = match g.gates {
+            crate::policy::Gates::Maybe => {
+                "may need approval (decided at call time from the host or the MCP tool's annotations)"
+            }
+            _ => "needs approval",
+        };
+        let _ = writeln!(out, "  node `{}` {how}: policy `{}`", g.node, g.rule);
+    }
 }
 
 fn graph(

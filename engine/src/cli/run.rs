@@ -128,7 +128,8 @@ impl Session {
         }
         let config = Config::load(cli.config.as_deref())?;
         let ledger = open_ledger(cli).await?;
-        let runtime = Runtime::with_ledger(ledger.clone(), secrets, config.egress)?;
+        let runtime =
+            Runtime::with_ledger(ledger.clone(), secrets, (config.egress, config.policy))?;
         let progress: Arc<dyn progress::Progress> = if live {
             Arc::from(progress::for_stderr(
                 cli.log_format == super::LogFormat::Json,

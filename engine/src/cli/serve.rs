@@ -58,7 +58,7 @@ pub(crate) async fn serve(
     let ledger = open_ledger(cli).await?;
     // "Probe now" sends its probes with this process's tools, secrets and egress, as a
     // daemon's worker would.
-    let runtime = Runtime::with_ledger(ledger, secrets, config.egress)?;
+    let runtime = Runtime::with_ledger(ledger, secrets, (config.egress, config.policy))?;
     let described = if auth.is_insecure() {
         "WITHOUT authentication".to_string()
     } else {

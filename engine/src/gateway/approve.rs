@@ -8,11 +8,49 @@
 use flow_ledger::{AskApproval, ErrorKind, Gate, StepFinish, StepStatus};
 
 use super::render;
-use super::{Gateway, Rendered, StepCall, StepResult};
+use super::{Gateway, Rendered, StepCall, StepResult, Target};
 use crate::approval;
+use crate::policy::{Facts, Policy};
 use crate::workflow::model::{ApprovalDecl, OnTimeout};
 
 impl Gateway {
+    /// The approval a call needs: the node's own, or the first `[[policy.approvals]]`
+    /// rule that gates it (with the node's own, the stricter `min`); `None` when
+    /// neither asks.
+    pub(super) fn approval_for(
+        &self,
+        c: &StepCall<'_>,
+        target: &Target,
+        mcp_destructive: Option<bool>,
+    ) -> Option<ApprovalDecl> {
+        let policy = &self.inner.policy;
+        if policy.approvals.is_empty() {
+            return c.node.approval.clone();
+        }
+        let kind = match target {
+            Target::Function { .. } => "function",
+            Target::Command(_) => "command",
+            Target::Http(_) => "http",
+            Target::Mcp(_) => "mcp",
+        };
+        let method = match target {
+            Target::Http(spec) => Some(spec.method.as_str()),
+            _ => None,
+        };
+        let facts = Facts {
+            tool: &c.tool.name,
+            kind,
+            method,
+            host: target.hosts().into_iter().next(),
+            mcp_destructive,
+        };
+        match (policy.gate(&facts), &c.node.approval) {
+            (Some((_, rule)), Some(own)) => Some(Policy::merged(own, rule)),
+            (Some((_, rule)), None) => Some(rule.approval()),
+            (None, own) => own.clone(),
+        }
+    }
+
     /// Asks the ledger about the node's approval: `None` when exactly this request is
     /// approved (go on and claim), else the step's result — awaiting, failed (denied,
     /// timed out with `on_timeout: fail`, a message that does not render) or skipped.

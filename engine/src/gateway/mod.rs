@@ -94,6 +94,8 @@ struct Inner {
     egress: Egress,
     /// `egress`'s list as the HTTP adapter checks it on every redirect hop.
     allow_list: Option<flow_adapters::egress::AllowList>,
+    /// `[[policy.approvals]]`: calls that need an approval whatever the workflow says.
+    policy: crate::policy::Policy,
     faults: Faults,
 }
 
@@ -219,7 +221,7 @@ impl Gateway {
         clock: Arc<dyn Clock>,
         tools: Tools,
         secrets: Secrets,
-        egress: Egress,
+        (egress, policy): (Egress, crate::policy::Policy),
         faults: Faults,
     ) -> Self {
         // Discovered MCP authorization URLs are fetched by the pool, past this gate.
@@ -232,6 +234,7 @@ impl Gateway {
                 secrets,
                 allow_list: egress.allow_list(),
                 egress,
+                policy,
                 faults,
             }),
         }
@@ -323,7 +326,7 @@ impl Gateway {
         rendered: Rendered,
     ) -> Result<StepResult, flow_ledger::Error> {
         let node_id = c.node.id.as_str();
-        let (tool, class): (Box<dyn Tool>, SideEffect) =
+        let (tool, class, destructive): (Box<dyn Tool>, SideEffect, Option<bool>) =
             match self.tool_for(&rendered.target, c.timeout).await {
                 Ok(t) => t,
                 Err(message) => {
@@ -337,9 +340,10 @@ impl Gateway {
         let step = self.new_step(c, StepStatus::Running);
         c.writer.open_step(c.origin, step, self.now()).await?;
 
-        // An approval is decided (for exactly this request) before anything is claimed.
-        if let Some(decl) = &c.node.approval {
-            if let Some(result) = self.approval_gate(c, decl, &rendered).await? {
+        // An approval (the node's, or the installation's policy) is decided, for
+        // exactly this request, before anything is claimed.
+        if let Some(decl) = self.approval_for(c, &rendered.target, destructive) {
+            if let Some(result) = self.approval_gate(c, &decl, &rendered).await? {
                 return Ok(result);
             }
             self.inner.faults.hit(Point::AfterApproval, node_id);
@@ -615,7 +619,7 @@ impl Gateway {
         &self,
         target: &Target,
         timeout: Duration,
-    ) -> Result<(Box<dyn Tool>, SideEffect), String> {
+    ) -> Result<(Box<dyn Tool>, SideEffect, Option<bool>), String> {
         let tools = &self.inner.tools;
         Ok(match target {
             Target::Function { name } => {
@@ -624,17 +628,17 @@ impl Gateway {
                     .get(name)
                     .ok_or_else(|| format!("unknown function `{name}`"))?;
                 let class = f.side_effect();
-                (Box::new(f), class)
+                (Box::new(f), class, None)
             }
             Target::Command(spec) => {
                 let t = flow_adapters::command::CommandTool::new(spec.clone());
                 let class = t.side_effect();
-                (Box::new(t), class)
+                (Box::new(t), class, None)
             }
             Target::Http(spec) => {
                 let t = tools.http.tool(spec.clone());
                 let class = t.side_effect();
-                (Box::new(t), class)
+                (Box::new(t), class, None)
             }
             Target::Mcp(spec) => {
                 let annotations = if spec.read_only_override.is_none() {
@@ -648,9 +652,14 @@ impl Gateway {
                 } else {
                     None
                 };
+                // MCP's defaults: a tool that says nothing may destroy data.
+                let destructive = match spec.read_only_override {
+                    Some(read_only) => !read_only,
+                    None => annotations.is_none_or(|a| !a.read_only && a.destructive),
+                };
                 let t = tools.mcp.tool(spec.clone()).with_annotations(annotations);
                 let class = t.side_effect();
-                (Box::new(t), class)
+                (Box::new(t), class, Some(destructive))
             }
         })
     }

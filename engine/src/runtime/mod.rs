@@ -17,6 +17,7 @@ use crate::config::Egress;
 use crate::executor::{Executor, progress::Progress};
 use crate::fault::Faults;
 use crate::gateway::{Gateway, Tools};
+use crate::policy::Policy;
 use crate::secrets::Secrets;
 
 /// What a process needs to open its runtime.
@@ -30,6 +31,8 @@ pub struct RuntimeOptions {
     pub secrets: Secrets,
     /// The outbound network policy (`[egress]`).
     pub egress: Egress,
+    /// Calls that need an approval whatever the workflow says (`[[policy.approvals]]`).
+    pub policy: Policy,
 }
 
 /// Why a runtime could not be opened: the caller maps each to its exit code.
@@ -75,14 +78,14 @@ impl Runtime {
                 url: flow_ledger::redact_url(&options.db),
                 source,
             })?;
-        Runtime::with_ledger(ledger, options.secrets, options.egress)
+        Runtime::with_ledger(ledger, options.secrets, (options.egress, options.policy))
     }
 
     /// The runtime around a ledger the caller already opened.
     pub fn with_ledger(
         ledger: Ledger,
         secrets: Secrets,
-        egress: Egress,
+        (egress, policy): (Egress, Policy),
     ) -> Result<Runtime, RuntimeError> {
         let tools = Tools::new()?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -91,7 +94,7 @@ impl Runtime {
             clock,
             tools,
             secrets,
-            egress,
+            (egress, policy),
             Faults::from_env(),
         );
         Ok(Runtime { ledger, gateway })
