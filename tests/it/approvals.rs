@@ -625,3 +625,62 @@ nodes:
         assert_eq!(down.total(), 2, "{ctx}");
     }
 }
+
+/// `mcp_destructive = true` gates the MCP tools whose annotations say they may destroy
+/// data (`delete_thing`: destructiveHint) and those that say nothing (`echo`: MCP's
+/// default is destructive), not a read-only one (`lookup`), which runs at once.
+#[test]
+fn a_policy_gates_destructive_mcp_tools_by_their_annotations() {
+    let bin = flow_adapters::testkit::bin_path();
+    let db = TestDb::new(Backend::Sqlite);
+    db.write(
+        "flow.toml",
+        "[[policy.approvals]]\nmatch = { mcp_destructive = true }\nrequire = { roles = [\"operator\"] }\n",
+    );
+    let text = format!(
+        r#"name: mcp-policy
+tools:
+  lookup: {{ kind: mcp, server: {{ command: ["{bin}", "mcp-stdio"] }}, tool: lookup }}
+  delete: {{ kind: mcp, server: {{ command: ["{bin}", "mcp-stdio"] }}, tool: delete_thing }}
+  echo: {{ kind: mcp, server: {{ command: ["{bin}", "mcp-stdio"] }}, tool: echo }}
+nodes:
+  find: {{ tool: lookup, with: {{ id: "42" }} }}
+  remove: {{ tool: delete, needs: [find], with: {{ id: "42" }} }}
+  say: {{ tool: echo, needs: [find], with: {{ text: hi }} }}
+"#,
+        bin = bin.display()
+    );
+    let file = db.write("mcp.yaml", &text);
+    let validated = output(
+        db.flow()
+            .args(["--config", "flow.toml", "validate"])
+            .arg(&file),
+    );
+    assert!(
+        stdout(&validated).contains("node `remove` may need approval"),
+        "annotations are known at call time: {}",
+        stdout(&validated)
+    );
+    let paused = output(db.flow().arg("run").arg(&file));
+    assert_eq!(paused.status.code(), Some(3), "{}", stderr(&paused));
+    let run = run_id(&paused);
+    let s = show(&db, &run);
+    let mut gated: Vec<&str> = s["approvals"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x["node"].as_str()).collect())
+        .unwrap_or_default();
+    gated.sort_unstable();
+    assert_eq!(gated, ["remove", "say"], "{s}");
+    let find = s["steps"]
+        .as_array()
+        .and_then(|a| a.iter().find(|st| st["node"] == "find"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(find["status"], "succeeded", "the read-only tool ran: {s}");
+    for node in ["remove", "say"] {
+        let ok = output(db.flow().args(["approve", &run, node, "--by", "otto"]));
+        assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+    }
+    let done = output(db.flow().args(["resume", &run]));
+    assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
+}

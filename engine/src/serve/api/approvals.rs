@@ -69,7 +69,7 @@ pub async fn list(
 /// Approve or deny.
 #[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum Verdict {
+pub enum ApprovalDecision {
     /// A vote: approved once `min` distinct approvers approved this digest.
     Approve,
     /// Nothing is sent; the node fails with the reason.
@@ -81,7 +81,7 @@ pub enum Verdict {
 #[serde(deny_unknown_fields)]
 pub struct DecideBody {
     /// `approve` or `deny`.
-    pub(crate) decision: Verdict,
+    pub(crate) decision: ApprovalDecision,
     /// The inputs the approval declares (an approve's are type-checked).
     #[serde(default)]
     pub(crate) inputs: Map<String, Json_>,
@@ -96,7 +96,7 @@ pub struct DecideBody {
 pub struct DecisionAnswer {
     /// `approved` (the run goes on and sends exactly this request), `denied`, or
     /// `voted` (more approvers are needed).
-    pub outcome: Outcome,
+    pub outcome: ApprovalOutcome,
     /// The approval after the decision.
     pub approval: ApprovalView,
 }
@@ -104,7 +104,7 @@ pub struct DecisionAnswer {
 /// What a decision came to.
 #[derive(Debug, Clone, Copy, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
-pub enum Outcome {
+pub enum ApprovalOutcome {
     /// The last vote needed: the request may leave.
     Approved,
     /// Denied: nothing is sent.
@@ -123,7 +123,7 @@ pub async fn decide(
     Path((id, node)): Path<(String, String)>,
     ApiJson(body): ApiJson<DecideBody>,
 ) -> Result<Response, Problem> {
-    let approve = matches!(body.decision, Verdict::Approve);
+    let approve = matches!(body.decision, ApprovalDecision::Approve);
     if !approve && body.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
         return Err(Problem::bad_request(
             "a denial needs a `reason`: the node fails with it",
@@ -145,9 +145,9 @@ pub async fn decide(
         .await
         .map_err(|e| refused(e, &id))?;
     let (outcome, a) = match &decided {
-        Decided::Approved(a) => (Outcome::Approved, a),
-        Decided::Denied(a) => (Outcome::Denied, a),
-        Decided::Voted { approval, .. } => (Outcome::Voted, approval),
+        Decided::Approved(a) => (ApprovalOutcome::Approved, a),
+        Decided::Denied(a) => (ApprovalOutcome::Denied, a),
+        Decided::Voted { approval, .. } => (ApprovalOutcome::Voted, approval),
     };
     let answer = DecisionAnswer {
         outcome,
