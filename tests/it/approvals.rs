@@ -684,3 +684,44 @@ nodes:
     let done = output(db.flow().args(["resume", &run]));
     assert_eq!(done.status.code(), Some(0), "{}", stderr(&done));
 }
+
+/// `flow approvals|approve|deny --server`: the token decides (a viewer lists but is
+/// refused a decision, exit 2), `--input` pairs are typed by the declaration read from
+/// the server, and the local database is never opened.
+#[test]
+fn the_cli_decides_through_a_server() {
+    let rt = runtime();
+    let down = rt.block_on(CountingServer::start()).expect("downstream");
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write("refund.yaml", &workflow(&down.url(), NEEDS_REASON));
+    let paused = output(db.flow().arg("run").arg(&file));
+    assert_eq!(paused.status.code(), Some(3), "{}", stderr(&paused));
+    let run = run_id(&paused);
+    let server = serve(&db);
+    let empty = tempfile::tempdir().expect("tempdir");
+    let client =
+        |token, args: &[&str]| crate::client::client(empty.path(), &server.base, Some(token), args);
+
+    let listed = client(VIEWER, &["approvals", "--json"]);
+    assert_eq!(listed.status.code(), Some(0), "{}", stderr(&listed));
+    let items: Value = serde_json::from_str(&stdout(&listed)).expect("json");
+    assert_eq!(items[0]["node"], "refund", "{items}");
+    let refused = client(VIEWER, &["deny", &run, "refund", "--reason", "no"]);
+    assert_eq!(refused.status.code(), Some(2), "{}", stderr(&refused));
+    let bad = client(OPERATOR, &["approve", &run, "refund", "--input", "nope=1"]);
+    assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+    let ok = client(
+        OPERATOR,
+        &["approve", &run, "refund", "--input", "reason=dup"],
+    );
+    assert_eq!(ok.status.code(), Some(0), "{}", stderr(&ok));
+    assert_eq!(stdout(&ok).trim(), format!("{run} refund approved"));
+    let a = approval(&show(&db, &run)).clone();
+    assert_eq!(a["decided_by"], "otto", "{a}");
+    assert_eq!(a["decision_inputs"], json!({ "reason": "dup" }), "{a}");
+    assert_eq!(
+        down.total(),
+        0,
+        "deciding sends nothing; the run's next holder does"
+    );
+}

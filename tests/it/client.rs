@@ -11,7 +11,12 @@ use crate::support::{Backend, TestDb, flow, output, show, stderr, stdout};
 
 /// `flow ARGS --server URL --token-env T` with `T=token`, run from an empty directory
 /// with a `--db` that does not exist.
-fn client(dir: &std::path::Path, server: &str, token: Option<&str>, args: &[&str]) -> Output {
+pub(crate) fn client(
+    dir: &std::path::Path,
+    server: &str,
+    token: Option<&str>,
+    args: &[&str],
+) -> Output {
     let mut cmd: Command = flow();
     cmd.current_dir(dir)
         .args(["--db", "sqlite:///nonexistent/flow.db"])
