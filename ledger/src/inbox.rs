@@ -149,13 +149,14 @@ const NAMES_POSTGRES: &str = "SELECT id, workflow_name, status FROM runs
 
 /// The probe columns, and the rule that keeps only each call's last probe.
 macro_rules! last_probe_sql {
-    ($pairs:literal, $run:literal, $node:literal) => {
+    ($pairs:literal, $join:literal, $run:literal, $node:literal) => {
         concat!(
             "SELECT p.run_id, p.tool_call_id, p.probe, p.sent_key, p.probed_at, p.observed,
                 p.decision, p.http_status, p.detail, p.response, p.next_probe_at, p.by_worker
              FROM ",
             $pairs,
-            " JOIN call_probes p ON p.tenant = $1 AND p.workspace = $2
+            $join,
+            " call_probes p ON p.tenant = $1 AND p.workspace = $2
                AND p.run_id = ",
             $run,
             " AND p.tool_call_id = ",
@@ -170,13 +171,14 @@ macro_rules! last_probe_sql {
 
 /// The call columns of the calls named by `(run, node)` pairs.
 macro_rules! calls_sql {
-    ($pairs:literal, $run:literal, $node:literal) => {
+    ($pairs:literal, $join:literal, $run:literal, $node:literal) => {
         concat!(
             "SELECT ",
             call_cols!(),
             " FROM ",
             $pairs,
-            " JOIN tool_calls t ON t.tenant = $1 AND t.workspace = $2 AND t.run_id = ",
+            $join,
+            " tool_calls t ON t.tenant = $1 AND t.workspace = $2 AND t.run_id = ",
             $run,
             " AND t.tool_call_id = ",
             $node,
@@ -187,12 +189,13 @@ macro_rules! calls_sql {
 
 /// Each named call's last event of type `$4`.
 macro_rules! last_event_sql {
-    ($pairs:literal, $run:literal, $node:literal) => {
+    ($pairs:literal, $join:literal, $run:literal, $node:literal) => {
         concat!(
             "SELECT o.seq, o.id, o.type, o.time, o.run_id, o.step_id, o.tool_call_id, o.payload
              FROM ",
             $pairs,
-            " JOIN outbox o ON o.tenant = $1 AND o.workspace = $2 AND o.type = $4
+            $join,
+            " outbox o ON o.tenant = $1 AND o.workspace = $2 AND o.type = $4
                AND o.run_id = ",
             $run,
             " AND o.tool_call_id = ",
@@ -205,33 +208,45 @@ macro_rules! last_event_sql {
     };
 }
 
+// On SQLite the pairs are joined with CROSS JOIN, which makes them the outer loop: with
+// a plain JOIN, SQLite 3.51 walked the workspace's whole outbox (every run's events,
+// by `outbox_by_run` on tenant and workspace) and scanned the pairs once per event of
+// the type — 35 ms for 200 calls in doubt among 5,000 runs, growing with both; pairs
+// first, each call's events are found by run (benches/at_scale.rs). PostgreSQL plans
+// the join from its statistics and has no CROSS JOIN … ON.
 const LAST_EVENTS_SQLITE: &str = last_event_sql!(
     "json_each($3) AS k",
+    " CROSS JOIN",
     "json_extract(k.value, '$[0]')",
     "json_extract(k.value, '$[1]')"
 );
 const LAST_EVENTS_POSTGRES: &str = last_event_sql!(
     "jsonb_array_elements($3::jsonb) AS k(v)",
+    " JOIN",
     "k.v->>0",
     "k.v->>1"
 );
 const LAST_PROBES_SQLITE: &str = last_probe_sql!(
     "json_each($3) AS k",
+    " CROSS JOIN",
     "json_extract(k.value, '$[0]')",
     "json_extract(k.value, '$[1]')"
 );
 const LAST_PROBES_POSTGRES: &str = last_probe_sql!(
     "jsonb_array_elements($3::jsonb) AS k(v)",
+    " JOIN",
     "k.v->>0",
     "k.v->>1"
 );
 const CALLS_SQLITE: &str = calls_sql!(
     "json_each($3) AS k",
+    " CROSS JOIN",
     "json_extract(k.value, '$[0]')",
     "json_extract(k.value, '$[1]')"
 );
 const CALLS_POSTGRES: &str = calls_sql!(
     "jsonb_array_elements($3::jsonb) AS k(v)",
+    " JOIN",
     "k.v->>0",
     "k.v->>1"
 );
@@ -371,6 +386,42 @@ mod tests {
             ("q\"".to_string(), "y".to_string()),
         ];
         assert_eq!(pair_list(&pairs), r#"[["q\"","y"],["r","x"]]"#);
+    }
+
+    /// The pairs drive each SQLite read of many calls (the outer loop): the plan that
+    /// walked the whole outbox first made the in-doubt listing grow with every run.
+    #[tokio::test]
+    async fn sqlite_reads_of_many_calls_start_from_the_pairs() {
+        use sqlx::{Connection, Row};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("plan.db").display());
+        let ledger = Ledger::open(&url, crate::OpenOptions::default())
+            .await
+            .expect("open");
+        ledger.close().await;
+        let mut c = sqlx::SqliteConnection::connect(&url)
+            .await
+            .expect("connect");
+        for (sql, typed) in [
+            (LAST_EVENTS_SQLITE, true),
+            (LAST_PROBES_SQLITE, false),
+            (CALLS_SQLITE, false),
+        ] {
+            let explain = format!("EXPLAIN QUERY PLAN {sql}");
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(explain))
+                .bind("t")
+                .bind("w")
+                .bind(r#"[["r","n"]]"#);
+            if typed {
+                q = q.bind("tool_call.in_doubt");
+            }
+            let plan = q.fetch_all(&mut c).await.expect("explain");
+            let steps: Vec<String> = plan.iter().map(|r| r.get::<String, _>(3)).collect();
+            assert!(
+                steps.first().is_some_and(|s| s.starts_with("SCAN k")),
+                "{steps:?}\n{sql}"
+            );
+        }
     }
 
     #[test]

@@ -13,7 +13,8 @@ use crate::error::Error;
 use crate::events::{EventType, NewEvent, audited, emit};
 use crate::ledger::Ledger;
 use crate::model::{Actor, NewStep, Run};
-use crate::rows::{IntRow, RunRow, StepRow, run_cols, step_cols};
+use crate::resolve::first_in_doubt;
+use crate::rows::{RunRow, StepRow, run_cols, step_cols};
 use crate::runs::run_for_update;
 use crate::state::{RunStatus, RunTransition, StepStatus};
 use crate::steps::create_step_in;
@@ -79,7 +80,9 @@ impl Ledger {
                 let scope = ledger.scope();
                 let row = run_for_update(c, scope, &run_id).await?;
                 let to = RunTransition::Redrive.check(row.status()?, RunStatus::Queued)?;
-                refuse_in_doubt(c, &ledger, &run_id).await?;
+                if let Some(since) = first_in_doubt(c, &ledger, &run_id).await? {
+                    return Err(Error::InDoubt { since });
+                }
                 let latest = latest_steps(c, &ledger, &run_id, &nodes).await?;
                 if latest.is_empty() {
                     return Err(Error::InvalidTransition {
@@ -125,25 +128,6 @@ impl Ledger {
             })
         })
         .await
-    }
-}
-
-/// `InDoubt` when a call of the run is in doubt.
-async fn refuse_in_doubt(c: &mut Conn<'_>, ledger: &Ledger, run_id: &str) -> Result<(), Error> {
-    let s = ledger.scope();
-    let since = c
-        .optional::<IntRow>(
-            "SELECT COALESCE(MIN(in_doubt_at), 0) AS n FROM tool_calls
-             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND status = 'in_doubt'
-             HAVING COUNT(*) > 0",
-            args![&s.tenant, &s.workspace, run_id],
-        )
-        .await?;
-    match since {
-        Some(row) => Err(Error::InDoubt {
-            since: Timestamp(row.n),
-        }),
-        None => Ok(()),
     }
 }
 

@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
 use crate::ledger::Ledger;
 use crate::model::{Actor, Resolution, Resolve, StepError, StepFinish, ToolCall};
-use crate::rows::{CallRow, StepRow, call_cols, step_cols};
+use crate::rows::{CallRow, IntRow, StepRow, call_cols, step_cols};
 use crate::run_states::requeue_in;
 use crate::runs::run_for_update;
 use crate::state::{CallStatus, CallTransition, ErrorKind, RunStatus, RunTransition, StepStatus};
@@ -171,7 +171,7 @@ async fn requeue_if_settled(
     req: &Resolve,
     now: Timestamp,
 ) -> Result<(), Error> {
-    if any_in_doubt(c, ledger, &req.run_id).await? {
+    if first_in_doubt(c, ledger, &req.run_id).await?.is_some() {
         return Ok(());
     }
     let to = RunTransition::Requeue.check(RunStatus::Paused, RunStatus::Queued)?;
@@ -183,18 +183,21 @@ async fn requeue_if_settled(
     Ok(())
 }
 
-#[derive(Debug, sqlx::FromRow)]
-struct Left {
-    n: i64,
-}
-
-/// Whether any call of the run is still in doubt (in the caller's transaction).
-async fn any_in_doubt(c: &mut Conn<'_>, ledger: &Ledger, run_id: &str) -> Result<bool, Error> {
+/// When the earliest call of `run_id` still in doubt became so; `None` when none of
+/// the run's calls is in doubt (in the caller's transaction). One question for both
+/// callers: a resolution re-queues the run when it settled the last doubt, and a
+/// redrive is refused while one is left, saying since when (`Error::InDoubt`).
+pub(crate) async fn first_in_doubt(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    run_id: &str,
+) -> Result<Option<Timestamp>, Error> {
     let s = ledger.scope();
-    let left = c
-        .optional::<Left>(
-            "SELECT COUNT(*) AS n FROM tool_calls
-             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND status = $4",
+    let since = c
+        .optional::<IntRow>(
+            "SELECT COALESCE(MIN(in_doubt_at), 0) AS n FROM tool_calls
+             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND status = $4
+             HAVING COUNT(*) > 0",
             args![
                 &s.tenant,
                 &s.workspace,
@@ -203,7 +206,7 @@ async fn any_in_doubt(c: &mut Conn<'_>, ledger: &Ledger, run_id: &str) -> Result
             ],
         )
         .await?;
-    Ok(left.is_some_and(|l| l.n > 0))
+    Ok(since.map(|row| Timestamp(row.n)))
 }
 
 /// Finishes the steps paused on a resolved call as the resolution says (`retry` puts

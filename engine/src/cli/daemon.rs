@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::daemon::metrics::{self, Metrics, Observer};
 use crate::daemon::{Service, Settings, Stopped, shutdown};
 use crate::executor::Executor;
+use crate::runtime::api::ApiAuth;
 use crate::runtime::{Runtime, RuntimeOptions};
 use crate::secrets::Secrets;
 
@@ -55,15 +56,26 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// Opens what the daemon needs, or says why it cannot run.
-async fn open(
-    cli: &Cli,
-    args: &DaemonArgs,
-    metrics: Arc<Metrics>,
-) -> Result<(Runtime, Executor, Vec<crate::events::Consumer>), CliError> {
+/// What the daemon runs with: the runtime, its executor, the event consumers and, with
+/// `--serve`, the API's authentication.
+type Opened = (
+    Runtime,
+    Executor,
+    Vec<crate::events::Consumer>,
+    Option<ApiAuth>,
+);
+
+/// Opens what the daemon needs (reading flow.toml and the secrets once), or says why
+/// it cannot run.
+async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Opened, CliError> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     logging::init(cli.log_format, &secrets);
     let config = Config::load(cli.config.as_deref())?;
+    // `--serve`: the tokens are checked before anything is opened.
+    let auth = match args.serve {
+        Some(addr) => Some(ApiAuth::from_config(&config.api, &secrets, addr, false)?),
+        None => None,
+    };
     // Runs hold a connection only for the length of one transaction, so a few serve many
     // runs; a connection per run would exhaust PostgreSQL's `max_connections` (100 by
     // default) with a handful of daemons, and refused connections cost far more than a
@@ -95,7 +107,7 @@ async fn open(
     .await
     .map_err(CliError::from)?;
     let executor = runtime.executor(Arc::new(Observer::new(metrics)));
-    Ok((runtime, executor, consumers))
+    Ok((runtime, executor, consumers, auth))
 }
 
 /// `--metrics-addr ADDR`: `/metrics` and `/healthz` until `stop` fires; the bound address.
@@ -116,14 +128,13 @@ async fn serve_metrics(
 
 /// `--serve ADDR`: the operator API beside the workers, until `stop` fires.
 async fn serve_api(
-    cli: &Cli,
+    auth: ApiAuth,
     addr: SocketAddr,
     runtime: &Runtime,
     metrics: &Arc<Metrics>,
     stop: &CancellationToken,
     stderr: &mut dyn Write,
 ) -> Result<(), CliError> {
-    let auth = super::serve::auth(cli, addr, false)?;
     let (bound, _) = runtime
         .serve_api(auth, metrics.clone(), addr, stop.clone())
         .await
@@ -140,7 +151,7 @@ pub(crate) async fn daemon(
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let metrics = Arc::new(Metrics::new());
-    let (runtime, executor, consumers) = open(cli, args, metrics.clone()).await?;
+    let (runtime, executor, consumers, auth) = open(cli, args, metrics.clone()).await?;
     let ledger = runtime.ledger.clone();
     let config = Settings {
         concurrency: usize::try_from(args.concurrency).unwrap_or(1),
@@ -153,8 +164,8 @@ pub(crate) async fn daemon(
     };
     let stop_serving = CancellationToken::new();
     let served = serve_metrics(args, &metrics, &ledger, &stop_serving).await?;
-    if let Some(addr) = args.serve {
-        serve_api(cli, addr, &runtime, &metrics, &stop_serving, stderr).await?;
+    if let (Some(addr), Some(auth)) = (args.serve, auth) {
+        serve_api(auth, addr, &runtime, &metrics, &stop_serving, stderr).await?;
     }
     let wake = wake_description(&config, ledger.backend_name());
     let _ = writeln!(

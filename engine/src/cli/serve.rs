@@ -1,5 +1,5 @@
 //! `flow serve`: the operator API (`crate::serve`, through `crate::runtime`) from the
-//! command line, and the token set-up `flow daemon --serve` shares.
+//! command line.
 //!
 //! Refuses to start without `[[api.tokens]]` in `flow.toml` unless
 //! `--insecure-no-auth`, and then only on a loopback address: an unauthenticated API
@@ -32,19 +32,6 @@ pub struct ServeArgs {
     pub insecure_no_auth: bool,
 }
 
-/// The API's authentication from `flow.toml` and the secrets (see
-/// [`ApiAuth::from_config`]): a bad flag or address is exit 2, a bad installation exit 5.
-pub(crate) fn auth(cli: &Cli, addr: SocketAddr, insecure: bool) -> Result<ApiAuth, CliError> {
-    let config = Config::load(cli.config.as_deref())?;
-    // The secrets are read only when tokens are declared: insecure mode needs none.
-    let secrets = if config.api.tokens.is_empty() {
-        Secrets::default()
-    } else {
-        Secrets::load(cli.secrets_file.as_deref())?
-    };
-    Ok(ApiAuth::from_config(&config.api, &secrets, addr, insecure)?)
-}
-
 /// `flow serve`: serves until SIGTERM/SIGINT, then finishes the requests in flight.
 pub(crate) async fn serve(
     cli: &Cli,
@@ -53,8 +40,10 @@ pub(crate) async fn serve(
 ) -> Result<u8, CliError> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     logging::init(cli.log_format, &secrets);
-    let auth = auth(cli, args.addr, args.insecure_no_auth)?;
+    // flow.toml once, for the tokens and for the egress policy: a bad flag or address
+    // is exit 2, a bad installation exit 5 (see `ApiAuth::from_config`).
     let config = Config::load(cli.config.as_deref())?;
+    let auth = ApiAuth::from_config(&config.api, &secrets, args.addr, args.insecure_no_auth)?;
     let ledger = open_ledger(cli).await?;
     // "Probe now" sends its probes with this process's tools, secrets and egress, as a
     // daemon's worker would.

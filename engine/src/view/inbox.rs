@@ -72,16 +72,11 @@ impl InboxRow {
             .iter()
             .map(|p| ((p.run_id.as_str(), p.probe.tool_call_id.as_str()), p))
             .collect();
-        let why: HashMap<(&str, &str), &Event> = doubts
-            .iter()
-            .filter_map(|e| Some(((e.run_id.as_deref()?, e.tool_call_id.as_deref()?), e)))
-            .collect();
         calls
             .iter()
-            .map(|c| {
+            .zip(CallView::in_doubt(calls, doubts))
+            .map(|(c, call)| {
                 let key = (c.run_id.as_str(), c.tool_call_id.as_str());
-                let events = why.get(&key).map_or(&[][..], |e| std::slice::from_ref(*e));
-                let call = CallView::of(c, events);
                 InboxRow {
                     run: c.run_id.clone(),
                     workflow: names.get(c.run_id.as_str()).copied().unwrap_or("").into(),
@@ -116,10 +111,43 @@ impl InboxRow {
             .collect();
         let names = ledger.run_names(&runs).await?;
         let probes = ledger.last_probes(&pairs).await?;
-        let doubts = ledger
-            .last_events(&pairs, EventType::ToolCallInDoubt)
-            .await?;
+        let doubts = doubt_events(ledger, &calls).await?;
         Ok(Self::build(&calls, &names, &probes, &doubts))
+    }
+}
+
+/// The last `tool_call.in_doubt` event of each of `calls` that has one (what says why
+/// it is in doubt): one statement for any number of calls, so a page of a thousand
+/// calls costs one read, not a thousand.
+pub async fn doubt_events(
+    ledger: &Ledger,
+    calls: &[ToolCall],
+) -> Result<Vec<Event>, flow_ledger::Error> {
+    let pairs: Vec<(String, String)> = calls
+        .iter()
+        .map(|c| (c.run_id.clone(), c.tool_call_id.clone()))
+        .collect();
+    ledger.last_events(&pairs, EventType::ToolCallInDoubt).await
+}
+
+impl CallView {
+    /// The views of `calls`, in their order, each with the reason its own event among
+    /// `doubts` (see [`doubt_events`]) gives, matched by run and node; a call without
+    /// one gets the reason [`CallView::of`] falls back to. What the API's in-doubt
+    /// listing and the console's worklist both show, so they say the same why.
+    pub fn in_doubt(calls: &[ToolCall], doubts: &[Event]) -> Vec<CallView> {
+        let why: HashMap<(&str, &str), &Event> = doubts
+            .iter()
+            .filter_map(|e| Some(((e.run_id.as_deref()?, e.tool_call_id.as_deref()?), e)))
+            .collect();
+        calls
+            .iter()
+            .map(|c| {
+                let key = (c.run_id.as_str(), c.tool_call_id.as_str());
+                let events = why.get(&key).map_or(&[][..], |e| std::slice::from_ref(*e));
+                CallView::of(c, events)
+            })
+            .collect()
     }
 }
 

@@ -2,7 +2,8 @@
 //! returns only to local console pages (no open redirect), `/ui/events` streams to a
 //! session cookie and carries no payload, pages allow only our own script, and
 //! "resolve selected" refuses forgeries, viewers and bad values before writing, lists
-//! what a dry run would settle or skip, and skips a call settled meanwhile.
+//! what a dry run would settle or skip, and skips a call settled meanwhile; every
+//! page's *In doubt* link counts the calls in doubt.
 
 use std::time::{Duration, Instant};
 
@@ -37,8 +38,11 @@ fn over_http(backend: Backend) {
     rt.block_on(async {
         next_is_local_only(&server, &ctx).await;
         event_stream(&server, &runs[2], &ctx).await;
+        // runs[2]'s call was settled: two calls are in doubt.
+        nav_badge(&server, &runs[0], Some(2), &ctx).await;
         selection_refusals(&server, &db, &runs, &ctx).await;
         selection_dry_run_and_skips(&server, &db, &runs, &ctx).await;
+        nav_badge(&server, &runs[0], None, &ctx).await;
     });
 }
 
@@ -222,6 +226,38 @@ async fn event_stream(server: &Server, run: &str, ctx: &str) {
         "text/javascript; charset=utf-8",
         "{ctx}"
     );
+}
+
+/// Every page's *In doubt* link carries the number of calls in doubt (`want`), in a
+/// live region so live updates refresh it; no number when none is.
+async fn nav_badge(server: &Server, run: &str, want: Option<u32>, ctx: &str) {
+    let (http, cookie, _) = http_session(server, VIEWER).await;
+    let region = r#"In doubt<span data-live="nav-in-doubt">"#;
+    for page in [
+        "/ui/runs".to_string(),
+        format!("/ui/runs/{run}"),
+        "/ui/in-doubt".into(),
+    ] {
+        let html = http
+            .get(format!("{}{page}", server.base))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .expect("page")
+            .text()
+            .await
+            .expect("body");
+        let link = html
+            .split(region)
+            .nth(1)
+            .and_then(|rest| rest.split("</span></a>").next())
+            .unwrap_or_else(|| panic!("{ctx}: {page}: no In doubt link with its region"));
+        let shown = match want {
+            Some(n) => format!(r#" <span class="badge">({n})</span>"#),
+            None => String::new(),
+        };
+        assert_eq!(link, shown, "{ctx}: {page}");
+    }
 }
 
 /// "Resolve selected" over HTTP: CSRF and role first, then the values (nothing

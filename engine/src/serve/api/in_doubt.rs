@@ -17,6 +17,7 @@ use super::steer::{Outcome, resolution, resolve_refused};
 use crate::serve::App;
 use crate::serve::auth::{Admin, Authed, Caller, Viewer};
 use crate::serve::problem::{ApiJson, ApiQuery, Problem};
+use crate::view::inbox::doubt_events;
 use crate::view::{CallView, EventView};
 
 /// Most calls one bulk resolve settles (and one listing shows).
@@ -52,7 +53,8 @@ impl CallFilter {
 
 /// `GET /api/v1/in-doubt?run=&node=&tool=`: `{calls: [...]}`, oldest first (at most
 /// 1,000); each with its key, outbound time, request as stored (secrets redacted),
-/// attempts and requests sent.
+/// attempts, requests sent and why it is in doubt (its last `tool_call.in_doubt`
+/// event's reason, as `flow show --json` and the console's worklist say it).
 pub async fn list(
     _: Authed<Viewer>,
     State(app): State<Arc<App>>,
@@ -63,7 +65,11 @@ pub async fn list(
         .list_in_doubt(filter.ledger())
         .await
         .map_err(|e| Problem::ledger(&e))?;
-    let calls = calls.iter().map(|c| CallView::of(c, &[])).collect();
+    // One read for the whole page, never one per call: the reasons are in the events.
+    let doubts = doubt_events(&app.ledger, &calls)
+        .await
+        .map_err(|e| Problem::ledger(&e))?;
+    let calls = CallView::in_doubt(&calls, &doubts);
     Ok(Json(InDoubtList { calls }).into_response())
 }
 

@@ -24,260 +24,277 @@ use axum::routing::{MethodRouter, get, post};
 
 use super::App;
 use super::auth::Role;
-use super::openapi::{Answer, Method, Operation, json, schema};
+use super::openapi::{Answer, Method, Operation, SchemaFn, json, schema};
 use crate::view::{EventView, RunView};
 
 /// The errors every authenticated operation may answer.
 const AUTHED: &[u16] = &[400, 401, 403, 429, 503];
 /// … and one about a run that may be unknown or in the wrong state.
 const ON_A_RUN: &[u16] = &[400, 401, 403, 404, 409, 429, 503];
+/// … and a submission (a body too large, a workflow that does not validate, a run id
+/// taken by another workflow or inputs).
+const SUBMIT: &[u16] = &[400, 401, 403, 409, 413, 422, 429, 503];
+
+/// What a handler is, for [`Operation::handler`].
+type Handler = fn() -> MethodRouter<Arc<App>>;
+
+/// A read: `GET` for viewers and up, no body, the errors every authenticated
+/// operation may answer. (These `const fn`s say once what a kind of operation is, so
+/// each entry of [`OPERATIONS`] says only what is its own.)
+const fn read(
+    id: &'static str,
+    path: &'static str,
+    summary: &'static str,
+    handler: Handler,
+    query: Option<SchemaFn>,
+    answers: &'static [Answer],
+) -> Operation {
+    Operation {
+        id,
+        method: Method::Get,
+        path,
+        role: Some(Role::Viewer),
+        summary,
+        handler,
+        query,
+        body: None,
+        body_required: false,
+        answers,
+        problems: AUTHED,
+    }
+}
+
+/// A write: `POST` of the JSON body `body`, which it requires, for `role` and up.
+const fn write(
+    id: &'static str,
+    path: &'static str,
+    role: Role,
+    summary: &'static str,
+    handler: Handler,
+    body: SchemaFn,
+    answers: &'static [Answer],
+) -> Operation {
+    Operation {
+        id,
+        method: Method::Post,
+        path,
+        role: Some(role),
+        summary,
+        handler,
+        query: None,
+        body: Some(body),
+        body_required: true,
+        answers,
+        problems: AUTHED,
+    }
+}
+
+/// A change of one run (`POST /api/v1/runs/{id}/…`) for operators and up: an optional
+/// body of type `body`, answered with the run after the change.
+const fn change(
+    id: &'static str,
+    path: &'static str,
+    summary: &'static str,
+    handler: Handler,
+    body: SchemaFn,
+) -> Operation {
+    Operation {
+        body_required: false,
+        problems: ON_A_RUN,
+        ..write(id, path, Role::Operator, summary, handler, body, CHANGED)
+    }
+}
+
+/// What a change of one run answers.
+const CHANGED: &[Answer] = &[json(200, "The run after the change", schema::<RunView>)];
 
 /// Every operation the API serves.
 pub const OPERATIONS: &[Operation] = &[
+    read(
+        "listRuns",
+        "/api/v1/runs",
+        "Runs, newest first, keyset-paged",
+        || get(runs::list),
+        Some(schema::<runs::ListQuery>),
+        &[json(200, "A page of runs", schema::<runs::RunList>)],
+    ),
     Operation {
-        id: "listRuns",
-        method: Method::Get,
-        path: "/api/v1/runs",
-        role: Some(Role::Viewer),
-        summary: "Runs, newest first, keyset-paged",
-        handler: || get(runs::list),
-        query: Some(schema::<runs::ListQuery>),
-        body: None,
-        body_required: false,
-        answers: &[json(200, "A page of runs", schema::<runs::RunList>)],
-        problems: AUTHED,
+        problems: SUBMIT,
+        ..write(
+            "submitRun",
+            "/api/v1/runs",
+            Role::Operator,
+            "Queue a run (idempotent with run_id)",
+            || post(runs::submit),
+            schema::<runs::SubmitRun>,
+            &[
+                json(201, "Queued", schema::<runs::Submitted>),
+                json(
+                    200,
+                    "A run with this run_id, workflow and inputs exists",
+                    schema::<runs::Submitted>,
+                ),
+            ],
+        )
     },
     Operation {
-        id: "submitRun",
-        method: Method::Post,
-        path: "/api/v1/runs",
-        role: Some(Role::Operator),
-        summary: "Queue a run (idempotent with run_id)",
-        handler: || post(runs::submit),
-        query: None,
-        body: Some(schema::<runs::SubmitRun>),
-        body_required: true,
-        answers: &[
-            json(201, "Queued", schema::<runs::Submitted>),
-            json(
+        problems: SUBMIT,
+        ..write(
+            "submitRuns",
+            "/api/v1/runs:batch",
+            Role::Operator,
+            "Queue up to 1,000 runs in one commit",
+            || post(runs::batch),
+            schema::<runs::Batch>,
+            &[json(
                 200,
-                "A run with this run_id, workflow and inputs exists",
-                schema::<runs::Submitted>,
-            ),
-        ],
-        problems: &[400, 401, 403, 409, 413, 422, 429, 503],
+                "Every run, in request order",
+                schema::<runs::BatchSubmitted>,
+            )],
+        )
     },
     Operation {
-        id: "submitRuns",
-        method: Method::Post,
-        path: "/api/v1/runs:batch",
-        role: Some(Role::Operator),
-        summary: "Queue up to 1,000 runs in one commit",
-        handler: || post(runs::batch),
-        query: None,
-        body: Some(schema::<runs::Batch>),
-        body_required: true,
-        answers: &[json(
-            200,
-            "Every run, in request order",
-            schema::<runs::BatchSubmitted>,
-        )],
-        problems: &[400, 401, 403, 409, 413, 422, 429, 503],
-    },
-    Operation {
-        id: "getRun",
-        method: Method::Get,
-        path: "/api/v1/runs/{id}",
-        role: Some(Role::Viewer),
-        summary: "One run: the `flow show --json` object",
-        handler: || get(runs::show),
-        query: None,
-        body: None,
-        body_required: false,
-        answers: &[json(200, "The run", schema::<RunView>)],
         problems: &[400, 401, 403, 404, 429, 503],
+        ..read(
+            "getRun",
+            "/api/v1/runs/{id}",
+            "One run: the `flow show --json` object",
+            || get(runs::show),
+            None,
+            &[json(200, "The run", schema::<RunView>)],
+        )
     },
-    Operation {
-        id: "cancelRun",
-        method: Method::Post,
-        path: "/api/v1/runs/{id}/cancel",
-        role: Some(Role::Operator),
-        summary: "Cancel a run",
-        handler: || post(steer::cancel),
-        query: None,
-        body: Some(schema::<steer::Why>),
-        body_required: false,
-        answers: &[json(200, "The run after the change", schema::<RunView>)],
-        problems: ON_A_RUN,
-    },
-    Operation {
-        id: "resumeRun",
-        method: Method::Post,
-        path: "/api/v1/runs/{id}/resume",
-        role: Some(Role::Operator),
-        summary: "Put a run back on the queue for the daemons",
-        handler: || post(steer::resume),
-        query: None,
-        body: Some(schema::<steer::Why>),
-        body_required: false,
-        answers: &[json(200, "The run after the change", schema::<RunView>)],
-        problems: ON_A_RUN,
-    },
-    Operation {
-        id: "redriveRun",
-        method: Method::Post,
-        path: "/api/v1/runs/{id}/redrive",
-        role: Some(Role::Operator),
-        summary: "Put a failed run back on the queue: its failed nodes run again as new attempts (new keys), succeeded ones are replayed; 409 when the run is not failed or has a call in doubt",
-        handler: || post(steer::redrive),
-        query: None,
-        body: Some(schema::<steer::RedriveBody>),
-        body_required: false,
-        answers: &[json(200, "The run after the change", schema::<RunView>)],
-        problems: ON_A_RUN,
-    },
-    Operation {
-        id: "listApprovals",
-        method: Method::Get,
-        path: "/api/v1/approvals",
-        role: Some(Role::Viewer),
-        summary: "Approvals waiting for a decision (or every one with all=true): the request as it will be sent, its digest, who approved so far",
-        handler: || get(approvals::list),
-        query: Some(schema::<approvals::ApprovalQuery>),
-        body: None,
-        body_required: false,
-        answers: &[json(
+    change(
+        "cancelRun",
+        "/api/v1/runs/{id}/cancel",
+        "Cancel a run",
+        || post(steer::cancel),
+        schema::<steer::Why>,
+    ),
+    change(
+        "resumeRun",
+        "/api/v1/runs/{id}/resume",
+        "Put a run back on the queue for the daemons",
+        || post(steer::resume),
+        schema::<steer::Why>,
+    ),
+    change(
+        "redriveRun",
+        "/api/v1/runs/{id}/redrive",
+        "Put a failed run back on the queue: its failed nodes run again as new attempts (new keys), succeeded ones are replayed; 409 when the run is not failed or has a call in doubt",
+        || post(steer::redrive),
+        schema::<steer::RedriveBody>,
+    ),
+    read(
+        "listApprovals",
+        "/api/v1/approvals",
+        "Approvals waiting for a decision (or every one with all=true): the request as it will be sent, its digest, who approved so far",
+        || get(approvals::list),
+        Some(schema::<approvals::ApprovalQuery>),
+        &[json(
             200,
             "Oldest request first",
             schema::<approvals::ApprovalList>,
         )],
-        problems: AUTHED,
-    },
+    ),
     Operation {
-        id: "decideApproval",
-        method: Method::Post,
-        path: "/api/v1/runs/{id}/approvals/{node}",
-        role: Some(Role::Operator),
-        summary: "Approve (a vote) or deny a node's call; 403 not an approver or forbid_self, 409 already decided (naming the winner), run finished or request changed since `digest`",
-        handler: || post(approvals::decide),
-        query: None,
-        body: Some(schema::<approvals::DecideBody>),
-        body_required: true,
-        answers: &[json(
-            200,
-            "What became of the decision",
-            schema::<approvals::DecisionAnswer>,
-        )],
         problems: ON_A_RUN,
+        ..write(
+            "decideApproval",
+            "/api/v1/runs/{id}/approvals/{node}",
+            Role::Operator,
+            "Approve (a vote) or deny a node's call; 403 not an approver or forbid_self, 409 already decided (naming the winner), run finished or request changed since `digest`",
+            || post(approvals::decide),
+            schema::<approvals::DecideBody>,
+            &[json(
+                200,
+                "What became of the decision",
+                schema::<approvals::DecisionAnswer>,
+            )],
+        )
     },
     Operation {
-        id: "resolveCall",
-        method: Method::Post,
-        path: "/api/v1/runs/{id}/resolve",
-        role: Some(Role::Operator),
-        summary: "Settle one call in doubt; 409 when it is not in doubt",
-        handler: || post(steer::resolve),
-        query: None,
-        body: Some(schema::<steer::ResolveBody>),
         body_required: true,
-        answers: &[json(200, "The run after the change", schema::<RunView>)],
-        problems: ON_A_RUN,
+        ..change(
+            "resolveCall",
+            "/api/v1/runs/{id}/resolve",
+            "Settle one call in doubt; 409 when it is not in doubt",
+            || post(steer::resolve),
+            schema::<steer::ResolveBody>,
+        )
     },
     Operation {
-        id: "probeRun",
-        method: Method::Post,
-        path: "/api/v1/runs/{id}/reconcile",
-        role: Some(Role::Operator),
-        summary: "Probe now: ask the downstream about the run's calls in doubt (tools with reconcile:); 409 when the run is running",
-        handler: || post(probe::reconcile),
-        query: None,
-        body: Some(schema::<steer::Why>),
-        body_required: false,
         answers: &[json(
             200,
             "What each probe found, and the run after",
             schema::<probe::ProbeAnswer>,
         )],
-        problems: ON_A_RUN,
+        ..change(
+            "probeRun",
+            "/api/v1/runs/{id}/reconcile",
+            "Probe now: ask the downstream about the run's calls in doubt (tools with reconcile:); 409 when the run is running",
+            || post(probe::reconcile),
+            schema::<steer::Why>,
+        )
     },
-    Operation {
-        id: "listInDoubt",
-        method: Method::Get,
-        path: "/api/v1/in-doubt",
-        role: Some(Role::Viewer),
-        summary: "Every call in doubt across runs, oldest first (at most 1,000)",
-        handler: || get(in_doubt::list),
-        query: Some(schema::<in_doubt::CallFilter>),
-        body: None,
-        body_required: false,
-        answers: &[json(200, "The calls", schema::<in_doubt::InDoubtList>)],
-        problems: AUTHED,
-    },
-    Operation {
-        id: "resolveCalls",
-        method: Method::Post,
-        path: "/api/v1/in-doubt:resolve",
-        role: Some(Role::Admin),
-        summary: "Settle many calls in doubt; dry_run lists what it would settle",
-        handler: || post(in_doubt::resolve_many),
-        query: None,
-        body: Some(schema::<in_doubt::Bulk>),
-        body_required: true,
-        answers: &[json(
+    read(
+        "listInDoubt",
+        "/api/v1/in-doubt",
+        "Every call in doubt across runs, oldest first (at most 1,000)",
+        || get(in_doubt::list),
+        Some(schema::<in_doubt::CallFilter>),
+        &[json(200, "The calls", schema::<in_doubt::InDoubtList>)],
+    ),
+    write(
+        "resolveCalls",
+        "/api/v1/in-doubt:resolve",
+        Role::Admin,
+        "Settle many calls in doubt; dry_run lists what it would settle",
+        || post(in_doubt::resolve_many),
+        schema::<in_doubt::Bulk>,
+        &[json(
             200,
             "What was (or would be) settled",
             schema::<in_doubt::BulkResolved>,
         )],
-        problems: AUTHED,
-    },
-    Operation {
-        id: "listEvents",
-        method: Method::Get,
-        path: "/api/v1/events",
-        role: Some(Role::Viewer),
-        summary: "Outbox events, oldest first",
-        handler: || get(in_doubt::events),
-        query: Some(schema::<in_doubt::EventsQuery>),
-        body: None,
-        body_required: false,
-        answers: &[json(200, "A page of events", schema::<in_doubt::EventPage>)],
-        problems: AUTHED,
-    },
-    Operation {
-        id: "streamEvents",
-        method: Method::Get,
-        path: "/api/v1/events:stream",
-        role: Some(Role::Viewer),
-        summary: "The event feed as Server-Sent Events (id = seq; Last-Event-ID resumes); a live view, not a delivery",
-        handler: || get(stream::stream),
-        query: Some(schema::<stream::StreamQuery>),
-        body: None,
-        body_required: false,
-        answers: &[Answer {
+    ),
+    read(
+        "listEvents",
+        "/api/v1/events",
+        "Outbox events, oldest first",
+        || get(in_doubt::events),
+        Some(schema::<in_doubt::EventsQuery>),
+        &[json(200, "A page of events", schema::<in_doubt::EventPage>)],
+    ),
+    read(
+        "streamEvents",
+        "/api/v1/events:stream",
+        "The event feed as Server-Sent Events (id = seq; Last-Event-ID resumes); a live view, not a delivery",
+        || get(stream::stream),
+        Some(schema::<stream::StreamQuery>),
+        &[Answer {
             status: 200,
             description: "Server-Sent Events: `id` the seq, `event` the type, `data` one event as JSON",
             body: Some(schema::<EventView>),
             media: "text/event-stream",
         }],
-        problems: AUTHED,
-    },
+    ),
     Operation {
-        id: "getOpenApi",
-        method: Method::Get,
-        path: "/api/v1/openapi.json",
         role: None,
-        summary: "This document",
-        handler: || get(openapi),
-        query: None,
-        body: None,
-        body_required: false,
-        answers: &[Answer {
-            status: 200,
-            description: "The OpenAPI 3.1 document",
-            body: Some(|_| schemars::json_schema!({"type": "object"})),
-            media: "application/json",
-        }],
         problems: &[],
+        ..read(
+            "getOpenApi",
+            "/api/v1/openapi.json",
+            "This document",
+            || get(openapi),
+            None,
+            &[Answer {
+                status: 200,
+                description: "The OpenAPI 3.1 document",
+                body: Some(|_| schemars::json_schema!({"type": "object"})),
+                media: "application/json",
+            }],
+        )
     },
 ];
 

@@ -163,7 +163,7 @@ pub(super) async fn inbox(
     let ctx = json!({
         "title": "In doubt",
         "nav": "in-doubt",
-        "who": who(signed, ui),
+        "who": who(signed, ui).await?,
         "rows": rows,
         "more": more,
         "filter": q.shown(),

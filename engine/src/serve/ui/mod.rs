@@ -211,16 +211,26 @@ impl IntoResponse for Page {
     }
 }
 
-/// What every page's layout shows of the caller: name, role, what they may do, and the
-/// CSRF token of the sign-out form.
-fn who(s: &session::Signed, ui: &Ui) -> Json {
+/// What every page's layout shows of the caller: name, role, what they may do, the
+/// CSRF token of the sign-out form — and the number of calls in doubt, for the badge on
+/// the *In doubt* link, so a call waiting for a human is seen from any page. That
+/// count is one indexed statement per page (`tool_calls` by status), and it sits in
+/// a live region, so the page's own live updates keep it current.
+async fn who(s: &session::Signed, ui: &Ui) -> Result<Json, Page> {
     use crate::serve::auth::Role;
-    serde_json::json!({
+    let in_doubt = ui
+        .app
+        .ledger
+        .count_calls_in_doubt()
+        .await
+        .map_err(|e| Page::from(Problem::ledger(&e)))?;
+    Ok(serde_json::json!({
         "name": s.caller.name,
         "role": s.caller.role.as_str(),
         "can_resolve": s.caller.role >= Role::Operator,
         "can_bulk": s.caller.role >= Role::Admin,
         "signed_in": !matches!(ui.app.tokens, crate::serve::auth::Tokens::Insecure),
         "csrf": s.csrf,
-    })
+        "in_doubt": in_doubt,
+    }))
 }

@@ -166,7 +166,7 @@ pub async fn runs(
     let ctx = json!({
         "title": "Runs",
         "nav": "runs",
-        "who": who(&signed, &ui),
+        "who": who(&signed, &ui).await?,
         "runs": rows,
         "status": q.status,
         "statuses": statuses,
@@ -232,7 +232,7 @@ pub async fn run(
     let ctx = json!({
         "title": format!("Run {}", view.run.summary.id),
         "nav": "runs",
-        "who": who(&signed, &ui),
+        "who": who(&signed, &ui).await?,
         "graph": graph,
         "graph_missing": graph_missing,
         "timeline": timeline,
