@@ -3,8 +3,9 @@
 //! - `session.rs`: sign-in with a bearer token (returning to the page asked for), the
 //!   session cookie, CSRF tokens.
 //! - `pages.rs`: the pages (runs, one run, sign-in); `inbox.rs` the In doubt worklist and
-//!   its "resolve selected"; `history.rs` a run's timeline, `graph.rs` its DAG as SVG,
-//!   `ago.rs` and `times.rs` relative times.
+//!   its "resolve selected"; `approvals.rs` the Approvals inbox and its decide form;
+//!   `history.rs` a run's timeline, `graph.rs` its DAG as SVG, `ago.rs` and `times.rs`
+//!   relative times.
 //! - `actions.rs`: the other forms' POSTs (resolve one call, bulk resolve, cancel and
 //!   redrive a run, probe now, sign in and out).
 //! - `live.rs`: the signed-in event stream (`/ui/events`) and `assets/live.js`, which
@@ -15,15 +16,16 @@
 //!   `assets/console.css` the one stylesheet.
 //!
 //! Pages read with the same ledger reads the JSON API uses, and the forms act through the
-//! API's own functions (`api::steer::settle`, `api::in_doubt::settle_many`), so a
-//! resolution made here is recorded exactly as one made over JSON: `by` is the token's
-//! name, the reason the one given. Every page works without JavaScript (a "Refresh" link,
-//! confirmations are required checkboxes); the one script, our own and served from here
-//! (CSP `script-src 'self'`), only keeps pages current and shows times in the viewer's
-//! time zone.
+//! API's own functions (`api::steer::settle`, `api::in_doubt::settle_many`,
+//! `crate::approval::decide`), so a resolution or a decision made here is recorded
+//! exactly as one made over JSON: `by` is the token's name, the reason the one given.
+//! Every page works without JavaScript (a "Refresh" link, confirmations are required
+//! checkboxes); the one script, our own and served from here (CSP `script-src 'self'`),
+//! only keeps pages current and shows times in the viewer's time zone.
 
 mod actions;
 mod ago;
+mod approvals;
 mod forms;
 mod graph;
 mod history;
@@ -74,6 +76,8 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/ui/runs/{id}/cancel", post(actions::cancel))
         .route("/ui/runs/{id}/redrive", post(actions::redrive))
         .route("/ui/runs/{id}/reconcile", post(actions::probe))
+        .route("/ui/approvals", get(approvals::page))
+        .route("/ui/approvals/decide", post(approvals::decide))
         .route("/ui/in-doubt", get(inbox::in_doubt))
         .route("/ui/in-doubt/selected", post(inbox::resolve_selected))
         .route("/ui/in-doubt/resolve", post(actions::resolve))
@@ -116,6 +120,7 @@ static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ("runs.html", include_str!("templates/runs.html")),
         ("run.html", include_str!("templates/run.html")),
         ("in_doubt.html", include_str!("templates/in_doubt.html")),
+        ("approvals.html", include_str!("templates/approvals.html")),
     ];
     for (name, text) in sources {
         if let Err(e) = env.add_template(name, text) {
@@ -212,19 +217,19 @@ impl IntoResponse for Page {
 }
 
 /// What every page's layout shows of the caller: name, role, what they may do, the
-/// CSRF token of the sign-out form — and the number of calls in doubt, for the badge on
-/// the *In doubt* link, so a call waiting for a human is seen from any page. That
-/// count is one indexed statement per page (`tool_calls` by status), and it sits in
-/// a live region, so the page's own live updates keep it current.
+/// CSRF token of the sign-out form — and the number of calls in doubt and of pending
+/// approvals, for the badges on the *In doubt* and *Approvals* links, so a call waiting
+/// for a human is seen from any page. Each count is one indexed statement per page
+/// (`tool_calls` by status, `approvals` by status), and each sits in a live region, so
+/// the page's own live updates keep it current.
 async fn who(s: &session::Signed, ui: &Ui) -> Result<Json, Page> {
     use crate::serve::auth::Role;
-    let in_doubt = ui
-        .app
-        .ledger
-        .count_calls_in_doubt()
-        .await
-        .map_err(|e| Page::from(Problem::ledger(&e)))?;
+    let ledger = &ui.app.ledger;
+    let failed = |e: flow_ledger::Error| Page::from(Problem::ledger(&e));
+    let in_doubt = ledger.count_calls_in_doubt().await.map_err(failed)?;
+    let approvals = ledger.count_pending_approvals().await.map_err(failed)?;
     Ok(serde_json::json!({
+        "approvals": approvals,
         "name": s.caller.name,
         "role": s.caller.role.as_str(),
         "can_resolve": s.caller.role >= Role::Operator,

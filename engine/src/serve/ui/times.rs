@@ -92,6 +92,7 @@ mod template_tests {
             "runs.html",
             "run.html",
             "in_doubt.html",
+            "approvals.html",
         ] {
             assert!(
                 super::super::TEMPLATES.get_template(name).is_ok(),
