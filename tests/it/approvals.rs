@@ -21,7 +21,7 @@ use crate::api::{ADMIN, OPERATOR, VIEWER, call, serve};
 use crate::support::{Backend, TestDb, backends, output, run_id, runtime, show, stderr, stdout};
 
 /// `order` (pure) → `refund` (HTTP POST) behind an approval with a required input.
-fn workflow(url: &str, approval: &str) -> String {
+pub(crate) fn workflow(url: &str, approval: &str) -> String {
     format!(
         r#"name: refunds
 inputs:

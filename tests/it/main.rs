@@ -33,6 +33,7 @@ mod sessions;
 mod support;
 mod tasks;
 mod ui;
+mod ui_approvals;
 mod ui_scale;
 mod validate;
 mod views;
