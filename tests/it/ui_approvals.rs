@@ -193,7 +193,19 @@ async fn operator_votes(c: &Client, server: &Server, db: &TestDb, run: &str) {
     click(c, &format!("#approve-{run}-refund")).await;
     wait_for(c, "#notice", "1 more needed", WAIT).await;
     wait_for(c, &progress, "otto · 1 more needed", WAIT).await;
-    snap_tall(c, "console-approvals", 1700).await;
+    wait_for(
+        c,
+        &format!("{}-voted", card(run)),
+        "You approved this request",
+        WAIT,
+    )
+    .await;
+    let approve = js(
+        c,
+        &format!("return document.querySelector('#approve-{run}-refund') === null;"),
+    )
+    .await;
+    assert_eq!(approve, json!(true), "no second approval by the same voter");
     let a = pending_approval(db, run);
     assert_eq!(a["approved_by"], json!(["otto"]), "{a}");
     assert_eq!(a["status"], "pending", "{a}");
@@ -208,6 +220,14 @@ async fn admin_approves(
     down: &CountingServer,
 ) {
     approvals_page(c, server).await;
+    wait_for(
+        c,
+        &format!("{} .progress", card(run)),
+        "otto · 1 more needed",
+        WAIT,
+    )
+    .await;
+    snap_tall(c, "console-approvals", 1700).await;
     type_into(c, &format!("{}-in-reason", card(run)), "checked the order").await;
     type_into(c, &format!("{}-reason", card(run)), "second pair of eyes").await;
     click(c, &format!("#approve-{run}-refund")).await;

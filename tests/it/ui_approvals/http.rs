@@ -5,14 +5,15 @@
 //! is not the one waiting is refused (409) beside the form; an operator's approval of a
 //! `min: 2` approval counts ("1 more needed"), an admin's approves it, and `flow
 //! resume` sends the request exactly once; a late denial is told who won; a denial
-//! fails its node and nothing is sent.
+//! fails its node and nothing is sent; under `forbid_self` the token that submitted the
+//! run gets no form, and its crafted POST is 403.
 
 use flow_adapters::testkit::http::CountingServer;
 use reqwest::StatusCode;
 use serde_json::Value;
 
 use super::{MIN_TWO, location, pending_approval};
-use crate::api::{ADMIN, OPERATOR, Server, VIEWER, serve};
+use crate::api::{ADMIN, OPERATOR, Server, VIEWER, call, serve};
 use crate::approvals::workflow;
 use crate::support::{Backend, TestDb, backends, output, run_id, runtime, show, stderr};
 use crate::ui::http_session;
@@ -41,6 +42,7 @@ fn over_http(backend: Backend) {
         })
         .collect();
     let server = serve(&db);
+    let own = submitted_by_otto(&server, &db, &down, &ctx);
     rt.block_on(async {
         let viewer = http_session(&server, VIEWER).await;
         let otto = http_session(&server, OPERATOR).await;
@@ -49,6 +51,7 @@ fn over_http(backend: Backend) {
         refusals_keep_what_was_typed(&server, &db, &otto, &runs[0], &ctx).await;
         two_approvers(&server, &db, &otto, &ada, &runs[0], &ctx).await;
         deny(&server, &db, &ada, &runs[1], &ctx).await;
+        forbid_self(&server, &db, &otto, &own, &ctx).await;
     });
     let key = |run: &str| format!("{run}:refund:1");
     let sent = output(db.flow().args(["resume", &runs[0]]));
@@ -115,7 +118,7 @@ async fn viewer_sees_no_form(server: &Server, db: &TestDb, viewer: &Session, run
         page.contains(&format!(r#"data-approval="{run}/refund""#)),
         "{ctx}: {page}"
     );
-    assert!(page.contains(r#"id="approvals-count">2<"#), "{ctx}: {page}");
+    assert!(page.contains(r#"id="approvals-count">3<"#), "{ctx}: {page}");
     assert!(
         page.contains(r#"id="approvals-badge""#),
         "{ctx}: the nav's badge"
@@ -298,6 +301,58 @@ async fn deny(server: &Server, db: &TestDb, ada: &Session, run: &str, ctx: &str)
     assert_eq!(
         (a["status"].as_str(), a["reason"].as_str()),
         (Some("denied"), Some("amount does not match")),
+        "{ctx}: {a}"
+    );
+}
+
+/// A run submitted through the API by `otto` (operator) whose approval has
+/// `forbid_self`, paused awaiting it (`flow resume` runs it up to the approval).
+fn submitted_by_otto(server: &Server, db: &TestDb, down: &CountingServer, ctx: &str) -> String {
+    let text = workflow(
+        &down.url(),
+        "      approvers: { roles: [operator] }\n      forbid_self: true\n      timeout: 1h",
+    );
+    let body = serde_json::json!({ "workflow": text });
+    let (st, answer) = runtime().block_on(call(
+        server,
+        "POST",
+        "/api/v1/runs",
+        Some(OPERATOR),
+        Some(body),
+    ));
+    assert_eq!(st, StatusCode::CREATED, "{ctx}: {answer}");
+    let run = answer["id"].as_str().expect("id").to_owned();
+    let paused = output(db.flow().args(["resume", &run]));
+    assert_eq!(paused.status.code(), Some(3), "{ctx}: {}", stderr(&paused));
+    assert_eq!(pending_approval(db, &run)["submitted_by"], "otto", "{ctx}");
+    run
+}
+
+/// `otto` submitted the run: his page shows why he may not decide instead of a form,
+/// and his crafted POST is 403 with that reason, nothing written.
+async fn forbid_self(server: &Server, db: &TestDb, otto: &Session, run: &str, ctx: &str) {
+    let (_, page) = get(server, otto, "/ui/approvals").await;
+    let card = format!("a-{run}-refund");
+    assert!(
+        page.contains(&format!(r#"id="{card}-why-not""#)),
+        "{ctx}: {page}"
+    );
+    assert!(
+        !page.contains(&format!(r#"id="f-{card}""#)),
+        "{ctx}: no form for the submitter: {page}"
+    );
+    let resp = post(server, otto, run, &[("decision", "approve")]).await;
+    assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{ctx}");
+    let page = resp.text().await.expect("body");
+    assert!(
+        page.contains(&format!(r#"id="{card}-error""#)),
+        "{ctx}: {page}"
+    );
+    assert!(page.contains("forbid_self"), "{ctx}: {page}");
+    let a = pending_approval(db, run);
+    assert_eq!(
+        (a["status"].as_str(), a["approved_by"].clone()),
+        (Some("pending"), serde_json::json!([])),
         "{ctx}: {a}"
     );
 }
