@@ -7,6 +7,8 @@
 //!   downstream exactly once and the run succeeds;
 //! - while `ada` looks at the page, `otto` votes on another run through the API: its
 //!   card shows his vote without a reload;
+//! - a reason half typed in one card survives a vote on a fourth run (the region is
+//!   kept, not replaced);
 //! - `ada` denies a third with a reason: the node fails, nothing is sent;
 //! - `vera` (viewer) sees the approvals but no form, and a POST crafted with her own
 //!   session and CSRF token is refused (403);
@@ -77,7 +79,7 @@ fn approvals_are_decided_in_a_real_browser() {
     let down = rt.block_on(CountingServer::start()).expect("downstream");
     let db = TestDb::new(Backend::Sqlite);
     let file = db.write("refund.yaml", &workflow(&down.url(), MIN_TWO));
-    let runs: Vec<String> = (0..3)
+    let runs: Vec<String> = (0..4)
         .map(|_| {
             let out = output(db.flow().arg("run").arg(&file));
             assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
@@ -102,6 +104,7 @@ fn approvals_are_decided_in_a_real_browser() {
         sign_in(&c, &server, ADMIN).await;
         admin_approves(&c, &server, &db, &runs[0], &down).await;
         a_vote_shows_live(&c, &server, &runs[2]).await;
+        typing_is_kept(&c, &server, &runs[1], &runs[3]).await;
         admin_denies(&c, &server, &db, &runs[1]).await;
         sign_out(&c).await;
         sign_in(&c, &server, VIEWER).await;
@@ -119,6 +122,11 @@ fn approvals_are_decided_in_a_real_browser() {
         down.count(&format!("{}:refund:1", runs[2])),
         0,
         "still waiting"
+    );
+    assert_eq!(
+        down.count(&format!("{}:refund:1", runs[3])),
+        0,
+        "one vote of two: still waiting"
     );
 }
 
@@ -166,8 +174,8 @@ fn card(run: &str) -> String {
 /// `otto` approves with a reason: his vote counts, one more is needed.
 async fn operator_votes(c: &Client, server: &Server, db: &TestDb, run: &str) {
     approvals_page(c, server).await;
-    wait_for(c, "#approvals-count", "3", WAIT).await;
-    wait_for(c, "#approvals-badge", "3", WAIT).await;
+    wait_for(c, "#approvals-count", "4", WAIT).await;
+    wait_for(c, "#approvals-badge", "4", WAIT).await;
     let progress = format!("{} .progress", card(run));
     wait_for(c, &progress, "nobody yet · 2 more needed", WAIT).await;
     let shown = js(
@@ -292,6 +300,36 @@ async fn a_vote_shows_live(c: &Client, server: &Server, run: &str) {
     .await;
     let after = js(c, "return document.body.getAttribute('data-live-updated');").await;
     assert_ne!(after, before, "updated in place, not reloaded");
+}
+
+/// A reason half typed into one card survives a vote on another: the region the user
+/// is typing in is kept (and tried again later), never replaced under their hands.
+async fn typing_is_kept(c: &Client, server: &Server, typing: &str, other: &str) {
+    let field = format!("{}-reason", card(typing));
+    type_into(c, &field, "half-typed reas").await;
+    let before = js(c, "return document.body.getAttribute('data-live-updated');").await;
+    let body = json!({"decision": "approve", "inputs": {"reason": "fine"}});
+    let path = format!("/api/v1/runs/{other}/approvals/refund");
+    let (s, answer) = call(server, "POST", &path, Some(OPERATOR), Some(body)).await;
+    assert_eq!(s, StatusCode::OK, "{answer}");
+    let deadline = Instant::now() + WAIT;
+    let updated = "return document.body.getAttribute('data-live-updated');";
+    while js(c, updated).await == before {
+        assert!(Instant::now() < deadline, "no live update after the vote");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let kept = js(
+        c,
+        "return document.querySelector('[data-live=approvals]').hasAttribute('data-live-kept');",
+    )
+    .await;
+    assert_eq!(kept, json!(true), "the region being typed in is kept");
+    let typed = js(
+        c,
+        &format!("return document.querySelector('{field}').value;"),
+    )
+    .await;
+    assert_eq!(typed, "half-typed reas", "the half-typed reason survives");
 }
 
 /// `ada` denies with a reason: the node fails, nothing is sent.
