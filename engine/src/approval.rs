@@ -107,7 +107,9 @@ pub fn rule_inputs(rule: &Json) -> Vec<InputDecl> {
         .collect()
 }
 
-fn strings(rule: &Json, key: &str) -> Vec<String> {
+/// The list of strings under `key` of a stored rule (`roles`, `tokens`): what the rule
+/// says and what readers are shown come from this one reading.
+pub fn rule_strings(rule: &Json, key: &str) -> Vec<String> {
     rule.get(key)
         .and_then(Json::as_array)
         .map(|a| {
@@ -152,8 +154,8 @@ pub fn authorize(
         )));
     }
     let (roles, tokens) = (
-        strings(&approval.rule, "roles"),
-        strings(&approval.rule, "tokens"),
+        rule_strings(&approval.rule, "roles"),
+        rule_strings(&approval.rule, "tokens"),
     );
     let by_role = roles.iter().any(|r| rank(&who.role) >= rank(r));
     let by_token = tokens.contains(&who.name);

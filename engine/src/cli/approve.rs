@@ -127,23 +127,37 @@ fn print_approvals(views: &[ApprovalView], json: bool, stdout: &mut dyn Write) {
     }
 }
 
-/// `flow approve` / `flow deny` against `--db`: the operator decides as `admin` under
-/// `--by` (or `$USER@host`), through the same rule and compare-and-set as the API.
-pub(crate) async fn decide(
+/// The decider of `flow approve` / `flow deny` against `--db`: the operator, as `admin`,
+/// under `--by` (or `$USER@host`) — the CLI holds the database itself.
+fn local_decider(who: &Who) -> Result<Decider, CliError> {
+    Ok(Decider {
+        name: who.name()?,
+        role: "admin".into(),
+    })
+}
+
+/// `flow deny` needs a reason (the node fails with it), locally and through a server.
+fn deny_reason(who: &Who) -> Result<(), CliError> {
+    if who.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
+        return Err(CliError::invalid(
+            "flow deny needs --reason TEXT: the node fails with it",
+        ));
+    }
+    Ok(())
+}
+
+/// `flow approve` / `flow deny` against `--db`, through the same rule and compare-and-set
+/// as the API.
+async fn decide(
     cli: &Cli,
+    (ledger, decider): (&flow_ledger::Ledger, Decider),
     d: Decision,
-    who: &Who,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    let decider = Decider {
-        name: who.name()?,
-        role: "admin".into(),
-    };
-    let ledger = open_ledger(cli).await?;
     let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
     let (run, node) = (d.run.clone(), d.node.clone());
-    let decided = crate::approval::decide(&ledger, &decider, d, now)
+    let decided = crate::approval::decide(ledger, &decider, d, now)
         .await
         .map_err(refused)?;
     let (status, note) = match &decided {
@@ -191,7 +205,9 @@ pub(crate) async fn approve(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    let inputs = approve_inputs(cli, args).await?;
+    let decider = local_decider(&args.who)?;
+    let ledger = open_ledger(cli).await?;
+    let inputs = approve_inputs(&ledger, args).await?;
     let d = Decision {
         run: args.run.clone(),
         node: args.node.clone(),
@@ -200,15 +216,17 @@ pub(crate) async fn approve(
         reason: args.who.reason.clone(),
         digest: args.digest.clone(),
     };
-    decide(cli, d, &args.who, stdout, stderr).await
+    decide(cli, (&ledger, decider), d, stdout, stderr).await
 }
 
 /// `--input` pairs typed by the approval's declaration (read from the ledger).
-async fn approve_inputs(cli: &Cli, args: &ApproveArgs) -> Result<Map<String, Json>, CliError> {
+async fn approve_inputs(
+    ledger: &flow_ledger::Ledger,
+    args: &ApproveArgs,
+) -> Result<Map<String, Json>, CliError> {
     if args.inputs.is_empty() {
         return Ok(Map::new());
     }
-    let ledger = open_ledger(cli).await?;
     let approval = ledger
         .get_approval(&args.run, &args.node)
         .await
@@ -231,16 +249,9 @@ pub(crate) async fn deny(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    if args
-        .who
-        .reason
-        .as_deref()
-        .is_none_or(|r| r.trim().is_empty())
-    {
-        return Err(CliError::invalid(
-            "flow deny needs --reason TEXT: the node fails with it",
-        ));
-    }
+    deny_reason(&args.who)?;
+    let decider = local_decider(&args.who)?;
+    let ledger = open_ledger(cli).await?;
     let d = Decision {
         run: args.run.clone(),
         node: args.node.clone(),
@@ -249,7 +260,7 @@ pub(crate) async fn deny(
         reason: args.who.reason.clone(),
         digest: None,
     };
-    decide(cli, d, &args.who, stdout, stderr).await
+    decide(cli, (&ledger, decider), d, stdout, stderr).await
 }
 
 /// `flow approvals --server`: `GET /api/v1/approvals`.
@@ -363,16 +374,7 @@ pub(crate) async fn remote_deny(
     stdout: &mut dyn Write,
 ) -> Result<u8, CliError> {
     args.who.check_remote()?;
-    if args
-        .who
-        .reason
-        .as_deref()
-        .is_none_or(|r| r.trim().is_empty())
-    {
-        return Err(CliError::invalid(
-            "flow deny needs --reason TEXT: the node fails with it",
-        ));
-    }
+    deny_reason(&args.who)?;
     let client = super::remote::client(server, &args.remote)?;
     let body = json!({ "decision": "deny", "reason": args.who.reason });
     let v = client

@@ -6,6 +6,8 @@ use schemars::JsonSchema;
 use serde::Serialize;
 use serde_json::Value as Json;
 
+use crate::approval::rule_strings;
+
 /// One approval: the request awaiting (or given) approval with its digest, what it
 /// takes, who approved so far and what is still needed, and its deadline.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
@@ -62,17 +64,6 @@ pub struct ApprovalView {
     pub votes: Vec<ApprovalVote>,
 }
 
-fn strings(rule: &Json, key: &str) -> Vec<String> {
-    rule.get(key)
-        .and_then(Json::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|v| v.as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 impl ApprovalView {
     /// The view of a stored approval.
     pub fn of(a: &Approval) -> Self {
@@ -87,8 +78,8 @@ impl ApprovalView {
             message: a.message.clone(),
             request: a.request.clone(),
             digest: a.digest.clone(),
-            roles: strings(&a.rule, "roles"),
-            tokens: strings(&a.rule, "tokens"),
+            roles: rule_strings(&a.rule, "roles"),
+            tokens: rule_strings(&a.rule, "tokens"),
             min: a.min_approvals,
             still_needed: if a.status == ApprovalStatus::Pending {
                 a.min_approvals.saturating_sub(have)
