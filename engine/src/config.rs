@@ -107,6 +107,11 @@ pub struct Api {
     /// figures (run counts, tool names) are not for everyone who can reach the port.
     #[serde(default)]
     pub metrics_token: Option<String>,
+    /// `public_url = "https://flow.example.com"`: the address downstreams reach
+    /// `flow serve` at. `${{ callback.url }}` is built from it; a workflow with a
+    /// `callback:` node is refused without it.
+    #[serde(default)]
+    pub public_url: Option<String>,
 }
 
 /// One `[[api.tokens]]` entry. It names the secret holding the token's value, never the
@@ -197,8 +202,32 @@ impl Config {
                 reason: format!("{}: {reason}", rule.label(i)),
             })?;
         }
+        if let Some(u) = &config.api.public_url {
+            let ok = url::Url::parse(u)
+                .is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host().is_some());
+            if !ok {
+                return Err(Error::Parse {
+                    path: path.display().to_string(),
+                    reason: format!(
+                        "[api] public_url `{u}` is not an http(s) URL (e.g. `https://flow.example.com`)"
+                    ),
+                });
+            }
+        }
         config.path = Some(path);
         Ok(config)
+    }
+
+    /// Why this configuration cannot run `wf`: a `callback:` node needs
+    /// `[api] public_url` (the URL it hands its downstream is built from it).
+    pub fn refuses(&self, wf: &crate::workflow::Workflow) -> Option<String> {
+        let node = wf.nodes.iter().find(|n| n.callback.is_some())?;
+        self.api.public_url.is_none().then(|| {
+            format!(
+                "node `{}` has `callback:`, which needs `public_url` under `[api]` in flow.toml (the address downstreams reach `flow serve` at; `callback.url` is built from it)",
+                node.id
+            )
+        })
     }
 }
 

@@ -34,6 +34,45 @@ fn approval() -> Value {
     })
 }
 
+/// `wait:` on a node (which then calls no tool).
+fn wait() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["event", "timeout"],
+        "description": "The node calls no tool: it completes when an event its `match` accepts is published (`flow publish`, `POST /api/v1/events:publish`); its output is the event's data.",
+        "properties": {
+            "event": {
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["name"],
+                "properties": {
+                    "name": { "type": "string", "minLength": 1, "maxLength": 200 },
+                    "match": { "type": ["string", "boolean"], "description": "One expression over `event` (the event's data), `inputs`, `nodes` and `run`; default: any event of the name." },
+                    "lookback": duration()
+                }
+            },
+            "timeout": duration(),
+            "on_timeout": { "enum": ["fail", "skip"] }
+        }
+    })
+}
+
+/// `callback:` on a node with a tool.
+fn callback() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["timeout"],
+        "description": "After its call succeeds the node waits for `POST` to `${{ callback.url }}` (built from `[api] public_url`); its output is the callback's `output`.",
+        "properties": {
+            "timeout": duration(),
+            "heartbeat": duration(),
+            "on_timeout": { "enum": ["fail", "skip"] }
+        }
+    })
+}
+
 fn duration() -> Value {
     json!({
         "type": "string",
@@ -262,7 +301,7 @@ pub fn workflow_schema() -> Value {
                 "additionalProperties": {
                     "type": "object",
                     "additionalProperties": false,
-                    "required": ["tool"],
+                    "oneOf": [ { "required": ["tool"] }, { "required": ["wait"] } ],
                     "properties": {
                         "tool": { "type": "string" },
                         "needs": { "oneOf": [ { "type": "string" }, { "type": "array", "items": { "type": "string" } } ] },
@@ -274,7 +313,9 @@ pub fn workflow_schema() -> Value {
                         "idempotency_key": { "type": "string", "description": "Names the effect across runs; default `<run_id>:<node>`." },
                         "continue_on_error": { "type": "boolean" },
                         "description": { "type": "string" },
-                        "approval": approval()
+                        "approval": approval(),
+                        "wait": wait(),
+                        "callback": callback()
                     }
                 }
             }

@@ -500,6 +500,14 @@ impl Secrets {
         Json::Object(map)
     }
 
+    /// These secrets plus one more value, scrubbed as `{"$secret": NAME}` (a callback
+    /// token: a credential of one call, never written anywhere).
+    pub fn with_value(&self, name: &str, value: &str) -> Secrets {
+        let mut values = self.values.clone();
+        values.insert(name.to_owned(), value.to_owned());
+        Secrets::from_values(values)
+    }
+
     /// The first of `names` that has no value.
     pub fn missing<'a>(&self, names: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
         names.into_iter().find(|n| self.get(n).is_none())

@@ -109,6 +109,13 @@ pub enum Error {
         /// What is wrong, in words fit for the person who typed the filter.
         reason: String,
     },
+    /// An event to publish has no usable name or id (empty, over 200 bytes, a control
+    /// character): the caller's input at fault (the API's 400).
+    #[error("invalid event: {reason}")]
+    InvalidEvent {
+        /// What is wrong.
+        reason: String,
+    },
     /// The database cannot be reached or opened. The CLI maps this to exit code 5.
     #[error("database {url} is unavailable: {reason}")]
     Unavailable {

@@ -94,6 +94,16 @@ pub enum EventType {
     /// approval is void and the new request awaits approval.
     #[serde(rename = "approval.invalidated")]
     ApprovalInvalidated,
+    /// A node began to wait: for an event (`wait:`) or for its callback (after its
+    /// call succeeded), with the deadline.
+    #[serde(rename = "wait.requested")]
+    WaitRequested,
+    /// A wait ended: an event matched (its id) or a callback came (`ok` or not).
+    #[serde(rename = "wait.completed")]
+    WaitCompleted,
+    /// Nothing came before the wait's deadline (or its heartbeat's).
+    #[serde(rename = "wait.timed_out")]
+    WaitTimedOut,
 }
 
 impl EventType {
@@ -123,6 +133,9 @@ impl EventType {
         Self::ApprovalReminder,
         Self::ApprovalTimedOut,
         Self::ApprovalInvalidated,
+        Self::WaitRequested,
+        Self::WaitCompleted,
+        Self::WaitTimedOut,
     ];
 
     /// The stored and delivered name, e.g. `tool_call.in_doubt`.
@@ -152,6 +165,9 @@ impl EventType {
             Self::ApprovalReminder => "approval.reminder",
             Self::ApprovalTimedOut => "approval.timed_out",
             Self::ApprovalInvalidated => "approval.invalidated",
+            Self::WaitRequested => "wait.requested",
+            Self::WaitCompleted => "wait.completed",
+            Self::WaitTimedOut => "wait.timed_out",
         }
     }
 

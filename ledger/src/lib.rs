@@ -103,6 +103,7 @@ mod runs;
 mod search;
 mod sqlite;
 mod steps;
+mod waits;
 mod writer;
 
 pub use approvals::{
@@ -132,5 +133,11 @@ pub use redrive::Redriven;
 pub use runs::MAX_CLAIM;
 pub use search::MAX_INPUT_VALUE_LEN;
 pub use sqlite::{is_read_only_url, path_of as sqlite_path};
-pub use state::{ApprovalStatus, CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus};
+pub use state::{
+    ApprovalStatus, CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus, WaitKind,
+    WaitStatus,
+};
+pub use waits::{
+    BeginWait, CallbackReply, Published, PublishedEvent, SweptWaits, Wait, WaitFilter,
+};
 pub use worker::WorkerId;

@@ -167,6 +167,34 @@ impl ApprovalStatus {
 }
 
 text_enum! {
+    /// Where a wait stands (a `wait:` node, or a node with `callback:` after its call).
+    /// `pending` moves by one compare-and-set to exactly one of the others: an event, a
+    /// callback, the deadline and a cancel race there and the loser changes nothing.
+    WaitStatus {
+        /// Waiting for its event or callback.
+        Pending => "pending",
+        /// An event matched, or the callback said `ok: true`: the node has its output.
+        Completed => "completed",
+        /// The callback said `ok: false`: the node fails with its error.
+        Failed => "failed",
+        /// Nothing came before the deadline (or a heartbeat was missed).
+        TimedOut => "timed_out",
+        /// The run finished while it waited.
+        Cancelled => "cancelled",
+    }
+}
+
+text_enum! {
+    /// What a wait waits for.
+    WaitKind {
+        /// A published event its `match` accepts (`wait:`).
+        Event => "event",
+        /// A callback to its token (`callback:` on a node with a tool).
+        Callback => "callback",
+    }
+}
+
+text_enum! {
     /// Where one step (one attempt of a node) is.
     StepStatus {
         /// Created, waiting for its durable `not_before` (retry backoff) or to be started.

@@ -37,3 +37,4 @@ mod ui_approvals;
 mod ui_scale;
 mod validate;
 mod views;
+mod waits;

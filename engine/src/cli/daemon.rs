@@ -97,6 +97,7 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     // process per host is enough (`flow events dispatch` remains for dispatch alone).
     let consumers = crate::events::consumers(&config.consumers, &secrets)
         .map_err(|e| CliError::unavailable(e.to_string()))?;
+    let public_url = config.api.public_url.clone();
     let runtime = Runtime::open(RuntimeOptions {
         db: cli.db.clone(),
         ledger: opts,
@@ -106,6 +107,7 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     })
     .await
     .map_err(CliError::from)?;
+    runtime.gateway.set_public_url(public_url.as_deref());
     let executor = runtime.executor(Arc::new(Observer::new(metrics)));
     Ok((runtime, executor, consumers, auth))
 }

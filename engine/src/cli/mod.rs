@@ -11,6 +11,7 @@ mod events;
 mod follow_up;
 mod logging;
 mod meta;
+mod publish;
 mod reconcile;
 mod redrive;
 mod remote;
@@ -234,6 +235,11 @@ pub enum Command {
         after_help = "Example:\n  flow deny run_01J... refund --reason \"amount does not match the order\""
     )]
     Deny(approve::DenyArgs),
+    /// Publish an event for `wait:` nodes (idempotent on `--id`): waits of its name whose `match` accepts its data complete with it.
+    #[command(
+        after_help = "Exit codes: 0 published (or already published), 2 bad input, 5 could not reach the database.\n\nExamples:\n  flow publish shipment.delivered --data '{\"order\": \"A-17\"}' --id carrier-8812\n  FLOW_TOKEN=... flow publish shipment.delivered --data '{\"order\": \"A-17\"}' --server https://flow.internal:8080"
+    )]
+    Publish(publish::PublishArgs),
     /// Create or upgrade the ledger's tables (also done automatically on first use).
     #[command(after_help = "Example:\n  flow --db postgres://flow@db.internal/flow migrate")]
     Migrate,
@@ -390,6 +396,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         Command::Redrive(_) => Some("redrive"),
         Command::Approve(_) => Some("approve"),
         Command::Deny(_) => Some("deny"),
+        Command::Publish(_) => Some("publish"),
         Command::Migrate => Some("migrate"),
         Command::Events(args) => match &args.command {
             Some(events::EventsCommand::Redeliver(_)) => Some("events redeliver"),
@@ -491,6 +498,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Command::Approvals(args) => approve::approvals(cli, args, stdout).await,
             Command::Approve(args) => approve::approve(cli, args, stdout, stderr).await,
             Command::Deny(args) => approve::deny(cli, args, stdout, stderr).await,
+            Command::Publish(args) => publish::publish(cli, args, stdout).await,
             Command::Events(args) => events::events(cli, args, stdout, stderr).await,
             Command::Migrate => migrate(cli, stdout).await,
             Command::Version => Ok(meta::version(cli, stdout).await),
@@ -523,6 +531,7 @@ async fn client_mode(
             approve::remote_approve(a.remote.server.as_deref()?, a, stdout).await
         }
         Command::Deny(a) => approve::remote_deny(a.remote.server.as_deref()?, a, stdout).await,
+        Command::Publish(a) => publish::remote(a.remote.server.as_deref()?, a, stdout).await,
         _ => return None,
     })
 }
@@ -609,9 +618,9 @@ fn validate(
 ) -> u8 {
     let opts = validate_options();
     // With `--config`, say which nodes its `[[policy.approvals]]` gates.
-    let policy = match config.map(|p| crate::config::Config::load(Some(p))) {
-        None => crate::policy::Policy::default(),
-        Some(Ok(c)) => c.policy,
+    let config = match config.map(|p| crate::config::Config::load(Some(p))) {
+        None => None,
+        Some(Ok(c)) => Some(c),
         Some(Err(e)) => {
             let _ = writeln!(stderr, "error: {e}");
             return exit::INVALID;
@@ -652,6 +661,13 @@ fn validate(
             };
             match loaded {
                 Ok((wf, source)) => {
+                    // With `--config`: what it cannot run (a callback without
+                    // `[api] public_url`) is an error; what its policy gates is listed.
+                    if let Some(why) = config.as_ref().and_then(|c| c.refuses(&wf)) {
+                        let _ = writeln!(stderr, "{}: error: {why}", source.file);
+                        code = exit::INVALID;
+                        continue;
+                    }
                     let _ = writeln!(
                         stdout,
                         "{}: ok ({}, {})",
@@ -659,7 +675,9 @@ fn validate(
                         counted(wf.nodes.len(), "node"),
                         counted(wf.tools.len(), "tool")
                     );
-                    print_gates(&policy, &wf, stdout);
+                    if let Some(c) = &config {
+                        print_gates(&c.policy, &wf, stdout);
+                    }
                 }
                 Err(diags) => {
                     let _ = write!(stderr, "{diags}");

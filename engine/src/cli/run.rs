@@ -127,9 +127,14 @@ impl Session {
             check_secrets(wf, &secrets)?;
         }
         let config = Config::load(cli.config.as_deref())?;
+        if let Some(why) = wf.and_then(|wf| config.refuses(wf)) {
+            return Err(CliError::invalid(why));
+        }
         let ledger = open_ledger(cli).await?;
+        let public_url = config.api.public_url.clone();
         let runtime =
             Runtime::with_ledger(ledger.clone(), secrets, (config.egress, config.policy))?;
+        runtime.gateway.set_public_url(public_url.as_deref());
         let progress: Arc<dyn progress::Progress> = if live {
             Arc::from(progress::for_stderr(
                 cli.log_format == super::LogFormat::Json,
@@ -261,6 +266,9 @@ impl Session {
                         "the calls in doubt, the approvals waiting and how to settle them"
                     }
                     (false, true) => "what awaits approval and how to approve or deny it",
+                    _ if why.contains("waiting:") => {
+                        "what the run waits for (`flow publish` sends an event)"
+                    }
                     _ => "the calls in doubt and how to resolve them",
                 };
                 let _ = writeln!(stderr, "  see `{} show {run_id}` for {what}", self.flow);

@@ -47,7 +47,9 @@ pub(crate) async fn serve(
     let ledger = open_ledger(cli).await?;
     // "Probe now" sends its probes with this process's tools, secrets and egress, as a
     // daemon's worker would.
+    let public_url = config.api.public_url.clone();
     let runtime = Runtime::with_ledger(ledger, secrets, (config.egress, config.policy))?;
+    runtime.gateway.set_public_url(public_url.as_deref());
     let described = if auth.is_insecure() {
         "WITHOUT authentication".to_string()
     } else {

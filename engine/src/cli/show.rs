@@ -124,9 +124,54 @@ pub(crate) async fn show(
     let approvals = approvals_text(&ledger, &args.run, &resume)
         .await
         .map_err(|e| run_error(&args.run, e))?;
+    let waits = waits_text(&ledger, &args.run)
+        .await
+        .map_err(|e| run_error(&args.run, e))?;
     let _ = stdout.write_all(text.as_bytes());
     let _ = stdout.write_all(approvals.as_bytes());
+    let _ = stdout.write_all(waits.as_bytes());
     Ok(exit::OK)
+}
+
+/// The run's waits for the human view: what each node waits for (or waited for), its
+/// deadline and how it ended.
+async fn waits_text(ledger: &Ledger, run_id: &str) -> Result<String, flow_ledger::Error> {
+    use std::fmt::Write as _;
+    let filter = flow_ledger::WaitFilter {
+        run_id: Some(run_id.to_owned()),
+        status: None,
+        limit: 1000,
+    };
+    let list = ledger.list_waits(filter).await?;
+    let mut out = String::new();
+    if list.is_empty() {
+        return Ok(out);
+    }
+    let _ = writeln!(out, "\nWaits:");
+    for w in &list {
+        let what = match &w.event_name {
+            Some(name) => format!("event {name}"),
+            None => "callback".to_owned(),
+        };
+        let how = match (&w.event_id, &w.error) {
+            (Some(id), _) => format!("  by event {id}"),
+            (None, Some(e)) => format!("  error: {e}"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  {}  {}  {what}  deadline {}{how}",
+            w.node_id,
+            w.status,
+            w.deadline.to_rfc3339()
+        );
+        if w.status == flow_ledger::WaitStatus::Pending
+            && let Some(name) = &w.event_name
+        {
+            let _ = writeln!(out, "    flow publish {name} --data '<JSON>'");
+        }
+    }
+    Ok(out)
 }
 
 /// The run's lines of `flow show`: status, times, inputs, output, error, and for a

@@ -51,6 +51,7 @@ pub struct Metrics {
     queue_depth: Gauge,
     in_doubt: Gauge,
     approvals_pending: Gauge,
+    waits_pending: Gauge,
     database_up: Gauge,
     runs_claimed: Counter,
     runs_finished: Family<Label, Counter>,
@@ -122,6 +123,23 @@ impl Default for Metrics {
     }
 }
 
+/// `flow_build_info`, always 1: the labels say which build answers, for dashboards and
+/// alerts that compare versions across hosts (the commit comes from `build.rs`).
+fn register_build_info(registry: &mut Registry) {
+    let build_info = Family::<[(&'static str, &'static str); 2], Gauge>::default();
+    build_info
+        .get_or_create(&[
+            ("version", env!("CARGO_PKG_VERSION")),
+            ("commit", env!("FLOW_GIT_COMMIT")),
+        ])
+        .set(1);
+    registry.register(
+        "build_info",
+        "Always 1; the labels are this binary's version and git commit",
+        build_info,
+    );
+}
+
 impl Metrics {
     /// Registers every metric under the `flow_` prefix.
     pub fn new() -> Self {
@@ -130,6 +148,7 @@ impl Metrics {
         let queue_depth = Gauge::default();
         let in_doubt = Gauge::default();
         let approvals_pending = Gauge::default();
+        let waits_pending = Gauge::default();
         let database_up = Gauge::default();
         let runs_claimed = Counter::default();
         let runs_finished = Family::<Label, Counter>::default();
@@ -151,20 +170,7 @@ impl Metrics {
             "Event deliveries by consumer and status; dead = dead letters (read at scrape time)",
             deliveries.clone(),
         );
-        // Always 1: the labels say which build answers, for dashboards and alerts that
-        // compare versions across hosts (the commit comes from `build.rs`).
-        let build_info = Family::<[(&'static str, &'static str); 2], Gauge>::default();
-        build_info
-            .get_or_create(&[
-                ("version", env!("CARGO_PKG_VERSION")),
-                ("commit", env!("FLOW_GIT_COMMIT")),
-            ])
-            .set(1);
-        registry.register(
-            "build_info",
-            "Always 1; the labels are this binary's version and git commit",
-            build_info,
-        );
+        register_build_info(&mut registry);
         registry.register(
             "runs",
             "Runs in the ledger by status (this tenant and workspace; read at scrape time)",
@@ -180,11 +186,20 @@ impl Metrics {
             "Tool calls in doubt, each waiting for a resolution (read at scrape time)",
             in_doubt.clone(),
         );
-        registry.register(
-            "approvals_pending",
-            "Node calls awaiting approval, nothing sent yet (read at scrape time)",
-            approvals_pending.clone(),
-        );
+        for (name, help, gauge) in [
+            (
+                "approvals_pending",
+                "Node calls awaiting approval, nothing sent yet (read at scrape time)",
+                &approvals_pending,
+            ),
+            (
+                "waits_pending",
+                "Nodes waiting for an event or a callback (read at scrape time)",
+                &waits_pending,
+            ),
+        ] {
+            registry.register(name, help, gauge.clone());
+        }
         registry.register(
             "database_up",
             "1 if the ledger database answered the last scrape, else 0",
@@ -226,6 +241,7 @@ impl Metrics {
             queue_depth,
             in_doubt,
             approvals_pending,
+            waits_pending,
             database_up,
             runs_claimed,
             runs_finished,
@@ -332,10 +348,11 @@ impl Metrics {
             let in_doubt = ledger.count_calls_in_doubt().await?;
             let deliveries = ledger.count_deliveries().await?;
             let approvals = ledger.count_pending_approvals().await?;
-            Ok::<_, flow_ledger::Error>((by_status, (in_doubt, approvals), deliveries))
+            let waits = ledger.count_pending_waits().await?;
+            Ok::<_, flow_ledger::Error>((by_status, (in_doubt, approvals, waits), deliveries))
         };
         match tokio::time::timeout(DB_TIMEOUT, read).await {
-            Ok(Ok((by_status, (in_doubt, approvals), deliveries))) => {
+            Ok(Ok((by_status, (in_doubt, approvals, waits), deliveries))) => {
                 for (consumer, status, n) in deliveries {
                     self.deliveries
                         .get_or_create(&vec![
@@ -355,6 +372,8 @@ impl Metrics {
                 self.in_doubt.set(in_doubt);
                 self.approvals_pending
                     .set(i64::try_from(approvals).unwrap_or(i64::MAX));
+                self.waits_pending
+                    .set(i64::try_from(waits).unwrap_or(i64::MAX));
                 self.database_up.set(1);
                 true
             }
@@ -417,6 +436,7 @@ impl Progress for Observer {
                     StepResult::Deferred { .. } => "deferred",
                     StepResult::TaskWorking { .. } => "task_working",
                     StepResult::AwaitingApproval { .. } => "awaiting_approval",
+                    StepResult::Waiting { .. } => "waiting",
                     StepResult::Skipped { .. } => "skipped",
                 };
                 self.metrics.call_finished(tool, outcome, took);

@@ -194,6 +194,7 @@ impl Service {
                     last_expire = Some(started);
                     self.requeue_due_probes().await;
                     self.sweep_approvals().await;
+                    self.sweep_waits().await;
                     if let Err(e) = self.ledger().expire_dead_local_workers(self.now()).await {
                         wait = self.db_failed(&mut delays, started, &e);
                         self.pause(wait, &mut tasks, &mut leases).await;
@@ -354,6 +355,21 @@ impl Service {
                 }
             }
             Err(e) => tracing::debug!(error = %e, "cannot sweep approvals"),
+        }
+    }
+
+    /// Waits' durable timers, as [`Self::sweep_approvals`]: pending waits past their
+    /// deadline (or a missed heartbeat's) time out by one compare-and-set, so another
+    /// daemon, an event or a callback racing it changes nothing twice; waits of
+    /// finished runs are cancelled (their callback tokens answer 404). Only logged.
+    async fn sweep_waits(&self) {
+        match self.ledger().sweep_waits(self.now(), 100).await {
+            Ok(swept) => {
+                for w in &swept.timed_out {
+                    tracing::info!(run = %w.run_id, node = %w.node_id, "wait timed out");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot sweep waits"),
         }
     }
 

@@ -76,6 +76,16 @@ pub enum NodeState {
         /// Its retry number.
         retry: u32,
     },
+    /// It waits for an event or its callback (nothing more to send); an event, a
+    /// callback or the deadline re-queues the run.
+    Waiting {
+        /// The step that waits.
+        step_id: String,
+        /// Its retry number.
+        retry: u32,
+        /// What it waits for.
+        on: crate::gateway::Awaited,
+    },
     /// Stopped by a cancellation.
     Cancelled,
 }
@@ -259,7 +269,12 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
         .filter(|&i| matches!(nodes[i], NodeState::InDoubt { .. }))
         .collect();
     let awaiting: Vec<usize> = (0..nodes.len())
-        .filter(|&i| matches!(nodes[i], NodeState::AwaitingApproval { .. }))
+        .filter(|&i| {
+            matches!(
+                nodes[i],
+                NodeState::AwaitingApproval { .. } | NodeState::Waiting { .. }
+            )
+        })
         .collect();
     if !in_doubt.is_empty() || !awaiting.is_empty() {
         return vec![Action::Pause { in_doubt, awaiting }];

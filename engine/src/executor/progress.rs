@@ -112,6 +112,14 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
                     "⏸ {node}: awaiting approval (until {}); nothing was sent",
                     deadline.to_rfc3339()
                 ),
+                StepResult::Waiting { deadline, on } => format!(
+                    "⏸ {node}: waiting for {} (until {})",
+                    match on {
+                        crate::gateway::Awaited::Event(name) => format!("event `{name}`"),
+                        crate::gateway::Awaited::Callback => "its callback".to_owned(),
+                    },
+                    deadline.to_rfc3339()
+                ),
                 StepResult::Skipped { why } => format!("- {node}: skipped: {why}"),
             })
         }

@@ -384,8 +384,14 @@ impl<'a> RunScope<'a> {
         if !in_doubt.is_empty() {
             why.push(format!("tool call in doubt: {}", names(in_doubt)));
         }
-        if !awaiting.is_empty() {
-            why.push(format!("awaiting approval: {}", names(awaiting)));
+        let (waiting, approvals): (Vec<usize>, Vec<usize>) = awaiting
+            .iter()
+            .partition(|&&i| matches!(st.nodes[i], NodeState::Waiting { .. }));
+        if !approvals.is_empty() {
+            why.push(format!("awaiting approval: {}", names(&approvals)));
+        }
+        if !waiting.is_empty() {
+            why.push(format!("waiting: {}", names(&waiting)));
         }
         let reason = why.join("; ");
         let now = self.gateway.now();
@@ -402,7 +408,9 @@ impl<'a> RunScope<'a> {
                 .map_err(|e| lease_err(e, lease))?;
             if !paused {
                 for &i in awaiting {
-                    if let NodeState::AwaitingApproval { step_id, retry } = &st.nodes[i] {
+                    if let NodeState::AwaitingApproval { step_id, retry }
+                    | NodeState::Waiting { step_id, retry, .. } = &st.nodes[i]
+                    {
                         st.nodes[i] = NodeState::Interrupted {
                             step_id: step_id.clone(),
                             retry: *retry,
@@ -458,6 +466,11 @@ impl<'a> RunScope<'a> {
             StepResult::AwaitingApproval { .. } => NodeState::AwaitingApproval {
                 step_id: step_id.to_string(),
                 retry,
+            },
+            StepResult::Waiting { on, .. } => NodeState::Waiting {
+                step_id: step_id.to_string(),
+                retry,
+                on,
             },
             StepResult::Skipped { .. } => NodeState::Skipped,
             StepResult::Deferred { until } | StepResult::TaskWorking { until, .. } => {

@@ -44,6 +44,24 @@ pub(super) enum StartPlan<'w> {
     },
 }
 
+/// What a `wait:` node's steps name as their tool: it calls none (the gateway sees
+/// `wait:` first and never renders or claims a call for it).
+static WAIT_TOOL: std::sync::LazyLock<crate::workflow::ToolDecl> =
+    std::sync::LazyLock::new(|| crate::workflow::ToolDecl {
+        name: "wait".into(),
+        pos: crate::workflow::diagnostic::Pos::default(),
+        kind: crate::workflow::ToolKind::Function {
+            function: "wait".into(),
+        },
+        description: None,
+        timeout: None,
+        rate_limit_per_minute: None,
+        quota_per_day: None,
+        idempotency: crate::workflow::model::Idempotency::None,
+        read_only: Some(true),
+        reconcile: None,
+    });
+
 /// Decides a node's start: `if:` first (only a first, new step evaluates it), then the
 /// deadline counted from the node's `first` start, then the timeout and the next retry's
 /// backoff (jitter from `rng`), then whether its tool exists.
@@ -102,7 +120,11 @@ pub(super) fn plan_start<'w>(
         delay: retry::next_delay(&policy, next, rng),
         deadline,
     });
-    let Some(tool) = wf.tools.get(&decl.tool) else {
+    let tool = match &decl.wait {
+        Some(_) => Some(&*WAIT_TOOL),
+        None => wf.tools.get(&decl.tool),
+    };
+    let Some(tool) = tool else {
         return StartPlan::Fail {
             kind: ErrorKind::Permanent,
             message: format!("node `{}` uses unknown tool `{}`", decl.id, decl.tool),
@@ -162,6 +184,7 @@ impl<'a> RunScope<'a> {
             timeout,
             next_retry,
             resend_budget,
+            scrub: None,
         }))
     }
 

@@ -17,10 +17,12 @@
 mod approve;
 pub mod disposition;
 pub mod lazy;
+mod prepare;
 mod record;
 pub mod render;
 mod task;
 mod tools;
+mod wait;
 mod writer;
 
 use std::sync::Arc;
@@ -29,7 +31,7 @@ use std::time::Duration;
 use flow_adapters::{Call, FailureKind, Outcome, SideEffect, Tool};
 use flow_ledger::{
     CallClaim, CallLease, ClaimCall, Clock, ErrorKind, Ledger, RateAcquire, RateDecision,
-    Resolution, Resolve, RunLease, StepStatus, Timestamp, Window, canonical_hash,
+    Resolution, Resolve, RunLease, StepStatus, Timestamp, Window,
 };
 use serde_json::Value as Json;
 
@@ -37,12 +39,12 @@ pub use disposition::{Disposition, History, Observed, disposition};
 pub use lazy::PureLog;
 pub use render::Target;
 pub use tools::Tools;
+pub use wait::{Awaited, token_hash};
 pub use writer::RunWriter;
 
 use crate::config::Egress;
 use crate::fault::{Faults, Point};
 use crate::secrets::Secrets;
-use crate::workflow::expr::secret_names;
 use crate::workflow::{NodeDecl, ToolDecl, Workflow};
 
 /// How long a call lease lasts between renewals; the gateway renews it every third of
@@ -97,6 +99,9 @@ struct Inner {
     /// `[[policy.approvals]]`: calls that need an approval whatever the workflow says.
     policy: crate::policy::Policy,
     faults: Faults,
+    /// `[api] public_url`: where `callback.url` points (unset: callback nodes fail
+    /// before anything is sent).
+    public_url: std::sync::OnceLock<String>,
 }
 
 /// Where the step row of a call stands before the gateway runs it.
@@ -149,6 +154,9 @@ pub struct StepCall<'a> {
     /// Most re-sends with the same key for a self-resolving tool (read-only or
     /// `idempotency: header`) whose outcome is unknown: the node's retry budget.
     pub resend_budget: u32,
+    /// The secrets plus this call's own (a callback token), set by the gateway: what
+    /// the call's stored request, output and errors are scrubbed with.
+    pub scrub: Option<Secrets>,
 }
 
 impl StepCall<'_> {
@@ -187,6 +195,15 @@ pub enum StepResult {
     AwaitingApproval {
         /// When the approval times out.
         deadline: Timestamp,
+    },
+    /// The node waits for an event or its callback (after its call succeeded): the
+    /// run pauses once nothing else can run; an event, a callback or the deadline's
+    /// sweep puts it back on the queue.
+    Waiting {
+        /// When the wait times out.
+        deadline: Timestamp,
+        /// What it waits for.
+        on: Awaited,
     },
     /// Not run: its approval timed out with `on_timeout: skip`.
     Skipped {
@@ -236,6 +253,7 @@ impl Gateway {
                 egress,
                 policy,
                 faults,
+                public_url: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -253,6 +271,12 @@ impl Gateway {
     /// The secrets (for scrubbing logs).
     pub fn secrets(&self) -> &Secrets {
         &self.inner.secrets
+    }
+
+    /// What a call's stored request, output and errors are scrubbed with: the
+    /// process's secrets, plus the call's own callback token.
+    pub(super) fn secrets_of<'s>(&'s self, c: &'s StepCall<'_>) -> &'s Secrets {
+        c.scrub.as_ref().unwrap_or(&self.inner.secrets)
     }
 
     /// The tools (for validation of function names).
@@ -274,8 +298,27 @@ impl Gateway {
             .map_err(|e| Error::from_ledger(e, &run_id))
     }
 
-    async fn run_step_inner(&self, c: StepCall<'_>) -> Result<StepResult, flow_ledger::Error> {
+    async fn run_step_inner(&self, mut c: StepCall<'_>) -> Result<StepResult, flow_ledger::Error> {
         let started_at = self.now();
+        if let Some(w) = &c.node.wait {
+            return self.event_wait(&c, w).await;
+        }
+        // A callback node's token exists (hashed, in the ledger) before its call is
+        // rendered with it, and is scrubbed from everything stored like a secret.
+        if let Some(cb) = &c.node.callback {
+            let minted = match self.mint_callback(&c, cb).await? {
+                Ok(m) => m,
+                Err(done) => return Ok(done),
+            };
+            if let Json::Object(map) = &mut c.ctx {
+                map.insert("callback".into(), minted.ctx);
+            }
+            c.scrub = Some(
+                self.inner
+                    .secrets
+                    .with_value("callback.token", &minted.token),
+            );
+        }
 
         // 1–2. Secrets, `with`, the idempotency key, the tool spec; egress.
         let rendered = match self.render_request(&c) {
@@ -350,7 +393,7 @@ impl Gateway {
         }
         let lease = match self.claim(c, &rendered, class).await? {
             Claimed::Lease(lease) => lease,
-            Claimed::Done(result) => return Ok(result),
+            Claimed::Done(result) => return self.then_callback(c, result).await,
         };
         self.inner.faults.hit(Point::AfterClaim, node_id);
 
@@ -391,89 +434,20 @@ impl Gateway {
             .complete(c, &lease, next, outcome.result, sent, unknown_before)
             .await?;
         self.inner.faults.hit(Point::AfterComplete, node_id);
-        Ok(result)
+        self.then_callback(c, result).await
     }
 
-    /// Renders a node's call before anything is claimed: the secrets it reads (all
-    /// set), `with`, the idempotency key, the tool's target and the stored (scrubbed)
-    /// request, with egress checked. An error is the message the step fails with.
-    fn render_request(&self, c: &StepCall<'_>) -> Result<Rendered, String> {
-        let secrets = &self.inner.secrets;
-        let node_id = c.node.id.as_str();
-
-        // 1. Secrets, `with`, the idempotency key and the tool spec.
-        let mut needed = secret_names(c.node.with.templates());
-        needed.extend(secret_names(tool_templates(c.tool)));
-        if let Some(name) = secrets.missing(needed.iter().map(String::as_str)) {
-            let message = format!(
-                "secret `{name}` is not set: provide FLOW_SECRET_{name} in the environment or a line `{name}=…` in --secrets-file"
-            );
-            return Err(message);
+    /// A callback node whose call succeeded goes on to its callback; any other result
+    /// is the step's.
+    async fn then_callback(
+        &self,
+        c: &StepCall<'_>,
+        result: StepResult,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        match (&c.node.callback, &result) {
+            (Some(cb), StepResult::Succeeded { .. }) => self.after_callback_call(c, cb).await,
+            _ => Ok(result),
         }
-        let mut ctx = c.ctx.clone();
-        if let Json::Object(map) = &mut ctx {
-            map.insert(
-                "secrets".into(),
-                secrets.context(needed.iter().map(String::as_str), false),
-            );
-        }
-        let args = match c.node.with.render(&ctx) {
-            Ok(args) => args,
-            Err(e) => {
-                let message = format!(
-                    "`with` of node `{node_id}`: {}",
-                    render::describe(&e, secrets)
-                );
-                return Err(message);
-            }
-        };
-        let base_key = match &c.node.idempotency_key {
-            Some(t) => match t.render_string(&c.ctx) {
-                Ok(k) if !k.is_empty() => k,
-                Ok(_) => {
-                    return Err(format!(
-                        "`idempotency_key` of node `{node_id}` rendered empty"
-                    ));
-                }
-                Err(e) => {
-                    let message = format!(
-                        "`idempotency_key` of node `{node_id}`: {}",
-                        render::describe(&e, secrets)
-                    );
-                    return Err(message);
-                }
-            },
-            None => format!("{}:{node_id}", c.run().run_id),
-        };
-        let (mut target, request) = match render::render(c.tool, &args, &ctx, secrets) {
-            Ok(r) => r,
-            Err(message) => {
-                let message = format!("tool `{}`: {message}", c.tool.name);
-                return Err(message);
-            }
-        };
-
-        // 2. Egress.
-        for host in target.hosts() {
-            if !self.inner.egress.allows(&host) {
-                let message = format!(
-                    "egress to `{host}` is not allowed by `egress.allow` in flow.toml (tool `{}`)",
-                    c.tool.name
-                );
-                return Err(message);
-            }
-        }
-        if let Target::Http(spec) = &mut target {
-            spec.allow_hosts.clone_from(&self.inner.allow_list);
-        }
-        let request_hash = canonical_hash(&request);
-        Ok(Rendered {
-            args,
-            base_key,
-            target,
-            request,
-            request_hash,
-        })
     }
 
     /// Claims the call, waiting out another worker's lease and resolving a leftover in
@@ -785,8 +759,4 @@ struct Sent {
     sent: u32,
     /// Whether an earlier send of this attempt (or a crashed process's) had an unknown outcome.
     unknown_before: bool,
-}
-
-fn tool_templates(tool: &ToolDecl) -> Vec<&crate::workflow::expr::Template> {
-    tool.kind.templates()
 }

@@ -41,7 +41,7 @@ impl Gateway {
         kind: ErrorKind,
         message: String,
     ) -> Result<StepResult, flow_ledger::Error> {
-        let message = self.inner.secrets.scrub(&message);
+        let message = self.secrets_of(c).scrub(&message);
         c.writer
             .fail_step(&c.step_id, kind, message.clone(), self.now())
             .await?;
@@ -124,7 +124,7 @@ impl Gateway {
         retryable: bool,
         now: Timestamp,
     ) -> (CallOutcome, Option<NewStep>) {
-        let secrets = &self.inner.secrets;
+        let secrets = self.secrets_of(c);
         match result {
             Ok(output) => {
                 let output = secrets.scrub_json(&output);
@@ -187,13 +187,15 @@ impl Gateway {
             };
             let report = InDoubtReport {
                 requests_sent: sent,
-                message: self.inner.secrets.scrub(&message),
+                message: self.secrets_of(c).scrub(&message),
             };
             self.inner.ledger.mark_in_doubt(lease, report, now).await?;
             return Ok(StepResult::InDoubt);
         }
         let (outcome, next) = self.outcome_of(c, result, next == Disposition::NewAttempt, now);
         let step = StepFinish::from_outcome(&c.step_id, outcome.clone());
+        // A callback node's step goes on after its call succeeded: it waits.
+        let waits = c.node.callback.is_some() && matches!(outcome, CallOutcome::Succeeded(_));
         self.inner
             .ledger
             .complete_call(
@@ -201,7 +203,7 @@ impl Gateway {
                     lease,
                     outcome: outcome.clone(),
                     requests_sent: sent,
-                    step: Some(step),
+                    step: (!waits).then_some(step),
                     next_step: next.clone(),
                 },
                 now,
@@ -228,10 +230,15 @@ impl Gateway {
             | StepResult::Deferred { .. }
             | StepResult::TaskWorking { .. }
             | StepResult::AwaitingApproval { .. }
+            | StepResult::Waiting { .. }
             | StepResult::Skipped { .. } => {
                 return Ok(result);
             }
         };
+        if c.node.callback.is_some() && matches!(outcome, CallOutcome::Succeeded(_)) {
+            // The call is done; the step waits for its callback (`after_callback_call`).
+            return Ok(result);
+        }
         let finish = StepFinish::from_outcome(&c.step_id, outcome);
         c.writer.finish_step(finish, self.now()).await?;
         Ok(result)

@@ -132,7 +132,8 @@ fn problem_text(status: u16) -> &'static str {
 }
 
 /// The query parameters of `op`: one per property of its query type (integers stay
-/// integers, enums stay enums), and `id` / `node` for a path with `{id}` / `{node}`.
+/// integers, enums stay enums), and `id` / `node` / `token` for a path with `{id}` /
+/// `{node}` / `{token}`.
 fn parameters(op: &Operation, g: &mut SchemaGenerator) -> Vec<Json> {
     let mut params = Vec::new();
     if op.path.contains("{id}") {
@@ -140,6 +141,9 @@ fn parameters(op: &Operation, g: &mut SchemaGenerator) -> Vec<Json> {
     }
     if op.path.contains("{node}") {
         params.push(json!({"name": "node", "in": "path", "required": true, "description": "The node id", "schema": {"type": "string"}}));
+    }
+    if op.path.contains("{token}") {
+        params.push(json!({"name": "token", "in": "path", "required": true, "description": "The callback token (from `callback.url`)", "schema": {"type": "string"}}));
     }
     let Some(query) = op.query else {
         return params;

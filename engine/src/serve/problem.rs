@@ -85,7 +85,9 @@ impl Problem {
             | E::InDoubt { .. }
             | E::InvalidTransition { .. }
             | E::Terminal { .. } => StatusCode::CONFLICT,
-            E::OutputTooLarge { .. } | E::InvalidText { .. } => StatusCode::BAD_REQUEST,
+            E::OutputTooLarge { .. } | E::InvalidText { .. } | E::InvalidEvent { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             E::ReadOnly { .. } => StatusCode::FORBIDDEN,
             _ => StatusCode::SERVICE_UNAVAILABLE,
         };

@@ -22,6 +22,7 @@ pub mod event;
 pub mod inbox;
 pub mod run;
 pub mod time;
+pub mod wait;
 
 pub use approval::ApprovalView;
 pub use call::{AuditEntry, CallView, ErrorView, ProbeView, ResolutionView};
@@ -29,3 +30,4 @@ pub use event::EventView;
 pub use inbox::{InboxRow, ProbeVerdict};
 pub use run::{NodeView, RunInfo, RunSummary, RunView, StepView};
 pub use time::parse_time;
+pub use wait::WaitView;

@@ -131,6 +131,8 @@ pub struct RunView {
     pub audit: Vec<AuditEntry>,
     /// Its nodes' approvals (`approval:`), pending and decided, oldest first.
     pub approvals: Vec<super::ApprovalView>,
+    /// Its nodes' waits (`wait:`, `callback:`), pending and settled.
+    pub waits: Vec<super::WaitView>,
 }
 
 impl RunView {
@@ -148,8 +150,16 @@ impl RunView {
                 limit: 1000,
             })
             .await?;
+        let waits = ledger
+            .list_waits(flow_ledger::WaitFilter {
+                run_id: Some(run_id.to_owned()),
+                status: None,
+                limit: 1000,
+            })
+            .await?;
         Ok(RunView {
             approvals: approvals.iter().map(super::ApprovalView::of).collect(),
+            waits: waits.iter().map(super::WaitView::of).collect(),
             nodes: nodes(&run, &steps),
             steps: steps.iter().map(StepView::of).collect(),
             tool_calls: calls.iter().map(|c| CallView::of(c, &events)).collect(),

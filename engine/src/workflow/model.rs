@@ -521,6 +521,44 @@ pub struct NodeDecl {
     pub description: Option<String>,
     /// People must approve the node's call before it leaves (`approval:`).
     pub approval: Option<ApprovalDecl>,
+    /// The node calls no tool: it waits for a published event (`wait:`).
+    pub wait: Option<WaitDecl>,
+    /// After its call succeeds the node waits for a callback to a token it handed the
+    /// downstream (`callback:`); its output is the callback's.
+    pub callback: Option<CallbackDecl>,
+}
+
+/// `wait:` on a node: it completes when an event its `match` accepts is published
+/// (README, "Waits and callbacks").
+#[derive(Debug, Clone)]
+pub struct WaitDecl {
+    /// Where `wait:` is written.
+    pub pos: Pos,
+    /// The event's name.
+    pub event: String,
+    /// Which events of that name count: one expression over `event` (the event's
+    /// data), `inputs`, `nodes` and `run`; `None` = any.
+    pub matcher: Option<Template>,
+    /// How long before the wait began a published event still counts.
+    pub lookback: Duration,
+    /// How long it may wait (required).
+    pub timeout: Duration,
+    /// What a timeout does.
+    pub on_timeout: OnTimeout,
+}
+
+/// `callback:` on a node with a tool: its call carries `${{ callback.url }}` (or
+/// `callback.token`), and the node completes when that URL is called.
+#[derive(Debug, Clone)]
+pub struct CallbackDecl {
+    /// Where `callback:` is written.
+    pub pos: Pos,
+    /// How long it may wait after the call (required).
+    pub timeout: Duration,
+    /// Each heartbeat must come within this long of the previous one (or of the start).
+    pub heartbeat: Option<Duration>,
+    /// What a timeout does.
+    pub on_timeout: OnTimeout,
 }
 
 /// `approval:` on a node: who must approve its call, with what, within how long. The

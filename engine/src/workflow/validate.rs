@@ -118,29 +118,8 @@ pub(crate) fn check(
         ancestors: ancestors.as_deref(),
         diags,
     };
-    for (i, node) in wf.nodes.iter().enumerate() {
-        for t in node.with.templates() {
-            checker.template(t, Scope::With { node: i });
-        }
-        if let Some(t) = &node.condition {
-            checker.template(
-                t,
-                Scope::NodeField {
-                    node: i,
-                    field: "if",
-                },
-            );
-        }
-        if let Some(t) = &node.idempotency_key {
-            checker.template(
-                t,
-                Scope::NodeField {
-                    node: i,
-                    field: "idempotency_key",
-                },
-            );
-        }
-        check_approval(&mut checker, opts, i);
+    for i in 0..wf.nodes.len() {
+        check_node(&mut checker, opts, i);
     }
     for tool in wf.tools.values() {
         for t in tool.kind.templates() {
@@ -157,6 +136,26 @@ pub(crate) fn check(
         }
     }
     plan
+}
+
+/// What a node's own expressions may read: `with`, `if`, `idempotency_key`, its
+/// approval and its wait.
+fn check_node(checker: &mut RefChecker<'_>, opts: &ValidateOptions, i: usize) {
+    let node = &checker.wf.nodes[i];
+    for t in node.with.templates() {
+        checker.template(t, Scope::With { node: i });
+    }
+    let fields = [
+        ("if", &node.condition),
+        ("idempotency_key", &node.idempotency_key),
+    ];
+    for (field, t) in fields {
+        if let Some(t) = t {
+            checker.template(t, Scope::NodeField { node: i, field });
+        }
+    }
+    check_approval(checker, opts, i);
+    check_wait(checker, i);
 }
 
 /// A node's `approval:`: its message reads what an `if:` may (no secrets), and a node
@@ -185,6 +184,41 @@ fn check_approval(checker: &mut RefChecker<'_>, opts: &ValidateOptions, i: usize
                 node.id, node.tool
             ),
             Some("put `approval:` on the node whose call has the side effect".into()),
+        );
+    }
+}
+
+/// A `wait:` node's `match` (what an `if:` may read, plus `event`); a node whose tool
+/// spec reads `callback` must declare `callback:` (else the URL would not exist).
+fn check_wait(checker: &mut RefChecker<'_>, i: usize) {
+    let wf = checker.wf;
+    let node = &wf.nodes[i];
+    if let Some(t) = node.wait.as_ref().and_then(|w| w.matcher.as_ref()) {
+        checker.template(
+            t,
+            Scope::NodeField {
+                node: i,
+                field: "wait.event.match",
+            },
+        );
+    }
+    let reads_callback = wf.tools.get(&node.tool).is_some_and(|tool| {
+        tool.kind.templates().iter().any(|t| {
+            t.exprs().any(|src| {
+                references(src)
+                    .iter()
+                    .any(|p| p == "callback" || p.starts_with("callback."))
+            })
+        })
+    });
+    if reads_callback && node.callback.is_none() {
+        checker.error(
+            node.tool_pos,
+            format!(
+                "node `{}` calls tool `{}`, whose spec reads `callback`, but the node has no `callback:`",
+                node.id, node.tool
+            ),
+            Some("add `callback: { timeout: … }` to the node".into()),
         );
     }
 }
@@ -466,6 +500,8 @@ impl RefChecker<'_> {
                     );
                 }
             }
+            "event" => self.event_reference(pos, src, scope),
+            "callback" => self.callback_reference(pos, src, second, scope),
             "with" => {
                 if !matches!(scope, Scope::Tool) {
                     self.error(
@@ -499,6 +535,53 @@ impl RefChecker<'_> {
                     Some(help),
                 );
             }
+        }
+    }
+
+    /// An `event` reference: only a `wait:` node's `match` sees the event it tests.
+    fn event_reference(&mut self, pos: Pos, src: &str, scope: Scope<'_>) {
+        if !matches!(
+            scope,
+            Scope::NodeField {
+                field: "wait.event.match",
+                ..
+            }
+        ) {
+            let where_ = self.where_(scope);
+            self.error(
+                pos,
+                format!(
+                    "`{src}` in {where_} reads `event`, which only a `wait:` node's `match` can see"
+                ),
+                Some("a later node reads the event as `nodes.<wait node>.output`".into()),
+            );
+        }
+    }
+
+    /// A `callback.url` / `callback.token` reference: only the `with` of a node with
+    /// `callback:` and tool specs see it (the gateway refuses to render it for a node
+    /// without one); never `if` or a key, which are stored as written.
+    fn callback_reference(&mut self, pos: Pos, src: &str, field: Option<&str>, scope: Scope<'_>) {
+        let where_ = self.where_(scope);
+        let allowed = match scope {
+            Scope::With { node } => self.wf.nodes[node].callback.is_some(),
+            Scope::Tool => true,
+            _ => false,
+        };
+        if !allowed {
+            self.error(
+                pos,
+                format!("`{src}` in {where_} reads `callback`, which only the `with` of a node with `callback:` and tool specs can see"),
+                Some("add `callback: { timeout: … }` to the node, or remove the reference".into()),
+            );
+        } else if !matches!(field, Some("url" | "token")) {
+            self.error(
+                pos,
+                format!(
+                    "`{src}` in {where_}: a callback exposes `callback.url` and `callback.token`"
+                ),
+                None,
+            );
         }
     }
 

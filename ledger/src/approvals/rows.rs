@@ -252,7 +252,7 @@ pub(super) async fn settle(
 }
 
 /// Puts the run back on the queue if it is paused (a decision lets it go on).
-pub(super) async fn requeue_paused(
+pub(crate) async fn requeue_paused(
     c: &mut Conn<'_>,
     s: &Scope,
     run: &crate::rows::RunRow,

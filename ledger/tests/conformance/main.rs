@@ -22,3 +22,4 @@ mod steps;
 mod takeover;
 mod tasks;
 mod texts;
+mod waits;

@@ -8,6 +8,7 @@
 //! - `in_doubt.rs`: every call in doubt across runs, bulk resolve, the event feed.
 //! - `stream.rs`: the event feed as Server-Sent Events.
 //! - `approvals.rs`: the approvals inbox and a person's decision.
+//! - `waits.rs`: publishing events, callbacks to `callback:` nodes, the list of waits.
 
 pub(crate) mod approvals;
 pub(crate) mod in_doubt;
@@ -15,6 +16,7 @@ pub(crate) mod probe;
 pub(crate) mod runs;
 pub(crate) mod steer;
 pub(crate) mod stream;
+pub(crate) mod waits;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -210,6 +212,67 @@ pub const OPERATIONS: &[Operation] = &[
                 200,
                 "What became of the decision",
                 schema::<approvals::DecisionAnswer>,
+            )],
+        )
+    },
+    read(
+        "listWaits",
+        "/api/v1/waits",
+        "Nodes waiting for an event or a callback (or every wait with all=true), earliest deadline first",
+        || get(waits::list),
+        Some(schema::<waits::WaitQuery>),
+        &[json(
+            200,
+            "Earliest deadline first",
+            schema::<waits::WaitList>,
+        )],
+    ),
+    write(
+        "publishEvent",
+        "/api/v1/events:publish",
+        Role::Operator,
+        "Publish an event for `wait:` nodes (idempotent on event_id); waits match events from their lookback before they began",
+        || post(waits::publish),
+        schema::<waits::PublishBody>,
+        &[json(
+            200,
+            "What the publish came to",
+            schema::<waits::PublishAnswer>,
+        )],
+    ),
+    Operation {
+        role: None,
+        problems: &[400, 404, 413],
+        ..write(
+            "completeCallback",
+            "/api/v1/callbacks/{token}",
+            Role::Viewer,
+            "Complete the node that handed out this callback URL (no bearer token: the token is the credential); 404 for an unknown, used or expired token",
+            || post(waits::callback),
+            schema::<waits::CallbackBody>,
+            &[json(
+                200,
+                "The wait after it",
+                schema::<waits::CallbackAnswer>,
+            )],
+        )
+    },
+    Operation {
+        role: None,
+        problems: &[400, 404],
+        body: None,
+        body_required: false,
+        ..write(
+            "heartbeatCallback",
+            "/api/v1/callbacks/{token}/heartbeat",
+            Role::Viewer,
+            "The work behind a callback is alive: its deadline moves one heartbeat interval ahead (never past its timeout); 404 as for a callback",
+            || post(waits::heartbeat),
+            schema::<waits::CallbackBody>,
+            &[json(
+                200,
+                "The wait after it",
+                schema::<waits::CallbackAnswer>,
             )],
         )
     },

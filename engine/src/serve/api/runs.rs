@@ -275,7 +275,12 @@ pub struct SubmitRun {
 
 /// The run `req` describes, checked; `Err` is the problem (422 for a workflow that does
 /// not validate, 400 for bad inputs or run id). `at` prefixes messages in a batch.
-fn check(req: SubmitRun, at: &str, parsed: &mut Parsed) -> Result<NewRun, Problem> {
+fn check(
+    req: SubmitRun,
+    at: &str,
+    parsed: &mut Parsed,
+    public_url: Option<&str>,
+) -> Result<NewRun, Problem> {
     let hash = workflow_hash(&req.workflow);
     if !parsed.contains_key(&hash) {
         let wf = validate(&req.workflow, at)?;
@@ -284,6 +289,14 @@ fn check(req: SubmitRun, at: &str, parsed: &mut Parsed) -> Result<NewRun, Proble
     let Some(wf) = parsed.get(&hash) else {
         return Err(Problem::bad_request(format!("{at}workflow: not parsed")));
     };
+    if public_url.is_none()
+        && let Some(node) = wf.nodes.iter().find(|n| n.callback.is_some())
+    {
+        return Err(Problem::bad_request(format!(
+            "{at}workflow: node `{}` has `callback:`, which needs `public_url` under `[api]` in this server's flow.toml (`callback.url` is built from it)",
+            node.id
+        )));
+    }
     let inputs = crate::inputs::from_json(wf, req.inputs)
         .map_err(|e| Problem::bad_request(format!("{at}inputs: {e}")))?;
     let id = match req.run_id {
@@ -359,7 +372,7 @@ pub async fn submit(
     State(app): State<Arc<App>>,
     ApiJson(req): ApiJson<SubmitRun>,
 ) -> Result<Response, Problem> {
-    let new = check(req, "", &mut Parsed::new())?;
+    let new = check(req, "", &mut Parsed::new(), app.gateway.public_url())?;
     let id = new.id.clone();
     let actor = Actor {
         by: caller.name,
@@ -409,7 +422,12 @@ pub async fn batch(
     let mut runs = Vec::with_capacity(req.runs.len());
     let mut parsed = Parsed::new();
     for (i, r) in req.runs.into_iter().enumerate() {
-        runs.push(check(r, &format!("runs[{i}]."), &mut parsed)?);
+        runs.push(check(
+            r,
+            &format!("runs[{i}]."),
+            &mut parsed,
+            app.gateway.public_url(),
+        )?);
     }
     let actor = Actor {
         by: caller.name,

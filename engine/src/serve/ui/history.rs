@@ -107,6 +107,16 @@ fn describe(kind: EventType, p: &Json) -> (&'static str, String, Option<String>)
             "approval void: the request changed".into(),
             text(p, "digest"),
         ),
+        E::WaitRequested => match text(p, "event") {
+            Some(name) => ("warn", format!("waiting for event {name}"), None),
+            None => ("warn", "waiting for its callback".into(), None),
+        },
+        E::WaitCompleted => match (text(p, "event_id"), p["ok"] == false) {
+            (Some(id), _) => ("ok", "event matched".into(), Some(id)),
+            (None, true) => ("bad", "callback: failed".into(), text(p, "error")),
+            (None, false) => ("ok", "callback came".into(), None),
+        },
+        E::WaitTimedOut => ("bad", "wait timed out".into(), None),
     }
 }
 

@@ -39,7 +39,16 @@ pub(super) const NODE_KEYS: &[&str] = &[
     "continue_on_error",
     "description",
     "approval",
+    "wait",
+    "callback",
 ];
+/// What a `wait:` node may say besides `wait:` (it calls no tool).
+pub(super) const WAIT_NODE_KEYS: &[&str] = &["needs", "if", "description", "wait"];
+pub(super) const WAIT_KEYS: &[&str] = &["event", "timeout", "on_timeout"];
+pub(super) const WAIT_EVENT_KEYS: &[&str] = &["name", "match", "lookback"];
+pub(super) const CALLBACK_KEYS: &[&str] = &["timeout", "heartbeat", "on_timeout"];
+/// Longest `wait` / `callback` timeout and `lookback`: a year is a typo; 90 days is not.
+pub(super) const MAX_WAIT: Duration = Duration::from_secs(90 * 24 * 3600);
 pub(super) const APPROVAL_KEYS: &[&str] = &[
     "message",
     "approvers",

@@ -7,6 +7,7 @@
 //! [`nodes`], [`values`] (strings, booleans, numbers, durations, templates), with the
 //! accepted keys in [`keys`] and the naming rules in [`names`].
 
+mod condition;
 mod inputs;
 mod keys;
 mod names;
@@ -15,6 +16,7 @@ mod reconcile;
 mod root;
 mod tools;
 mod values;
+mod waits;
 
 use crate::workflow::diagnostic::{Diagnostic, Pos, did_you_mean};
 use crate::workflow::yaml::{Key, Node, Value};

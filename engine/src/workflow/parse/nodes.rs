@@ -5,13 +5,12 @@ use std::time::Duration;
 
 use super::keys::{
     APPROVAL_KEYS, APPROVER_ROLES, APPROVERS_KEYS, BACKOFF_KEYS, MAX_APPROVERS, MAX_DEADLINE,
-    MAX_REMINDERS, MAX_RETRIES, MAX_TIMEOUT, NODE_KEYS, RETRY_KEYS,
+    MAX_REMINDERS, MAX_RETRIES, MAX_TIMEOUT, NODE_KEYS, RETRY_KEYS, WAIT_NODE_KEYS,
 };
 use super::names::{is_node_id, reserved_retry_suffix};
 use super::values::string_list;
 use super::{Cx, get};
 use crate::workflow::diagnostic::Pos;
-use crate::workflow::expr::Template;
 use crate::workflow::model::{ApprovalDecl, NodeDecl, OnTimeout, RetryPolicy};
 use crate::workflow::yaml::{Key, Node, Value};
 
@@ -32,9 +31,20 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
         );
     }
     let fields = cx.map(spec, &what)?;
-    cx.check_keys(fields, &[NODE_KEYS], &what);
+    let waits = get(fields, "wait").is_some();
+    if waits {
+        // A `wait:` node calls no tool: what a call would need is refused by name.
+        cx.check_keys(
+            fields,
+            &[WAIT_NODE_KEYS],
+            &format!("{what} (a `wait:` node)"),
+        );
+    } else {
+        cx.check_keys(fields, &[NODE_KEYS], &what);
+    }
     let (tool, tool_pos) = match get(fields, "tool") {
         Some(t) => (cx.string(t, "`tool`").unwrap_or_default(), t.pos),
+        None if waits => (String::new(), key.pos),
         None => {
             cx.error_help(
                 key.pos,
@@ -64,7 +74,7 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
             }
         },
     };
-    let condition = get(fields, "if").and_then(|n| condition(cx, n, "if"));
+    let condition = get(fields, "if").and_then(|n| super::condition::condition(cx, n, "if"));
     Some(NodeDecl {
         id,
         pos: key.pos,
@@ -87,6 +97,8 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
             .unwrap_or(false),
         description: get(fields, "description").and_then(|n| cx.text(n, "`description`")),
         approval: get(fields, "approval").and_then(|n| approval(cx, n)),
+        wait: get(fields, "wait").and_then(|n| super::waits::wait(cx, n)),
+        callback: get(fields, "callback").and_then(|n| super::waits::callback(cx, n)),
     })
 }
 
@@ -195,74 +207,6 @@ fn approval(cx: &mut Cx, node: &Node) -> Option<ApprovalDecl> {
         on_timeout,
         remind,
     })
-}
-
-/// An `if:`: always one expression, never a string whose truth is its non-emptiness.
-///
-/// `true` / `false` are themselves; a single `${{ expr }}`, whatever whitespace surrounds
-/// it, is `expr`; a string without `${{ }}` is an expression too, as in GitHub Actions
-/// (`if: inputs.go`, `if: "false"`). Text mixed with expressions (`"${{ a }} and
-/// ${{ b }}"`, `"x ${{ a }}"`), an empty string and numbers are refused: each used to be
-/// a non-empty string, which is always true.
-pub(super) fn condition(cx: &mut Cx, n: &Node, field: &str) -> Option<Template> {
-    let text = match &n.value {
-        Value::Bool(b) => return Template::expression(&b.to_string(), n.pos).ok(),
-        Value::Str(s) => s.trim(),
-        _ => {
-            cx.error_help(
-                n.pos,
-                format!(
-                    "`{field}` must be true, false or an expression, found {}",
-                    n.type_name()
-                ),
-                format!(
-                    "write `{field}: true`, `{field}: false` or `{field}: ${{{{ inputs.go }}}}`"
-                ),
-            );
-            return None;
-        }
-    };
-    if text.is_empty() {
-        cx.error_help(
-            n.pos,
-            format!("`{field}` is empty"),
-            format!(
-                "write `{field}: true`, `{field}: false` or an expression{}",
-                if field == "if" {
-                    "; remove `if` to always run"
-                } else {
-                    ""
-                }
-            ),
-        );
-        return None;
-    }
-    let template = match Template::parse(text, n.pos) {
-        Ok(t) => t,
-        Err(e) => {
-            cx.error(n.pos, format!("`{field}`: {e}"));
-            return None;
-        }
-    };
-    let src = match (template.whole_expr(), template.has_expr()) {
-        (Some(src), _) => src.to_string(),
-        (None, false) => text.to_string(),
-        (None, true) => {
-            cx.error_help(
-                n.pos,
-                format!("`{field}` must be one expression, found `{text}`"),
-                "text around or between `${{ }}` makes a string, which is always true; put the whole condition in one `${{ … }}`, e.g. `${{ a and b }}`",
-            );
-            return None;
-        }
-    };
-    match Template::expression(&src, n.pos) {
-        Ok(t) => Some(t),
-        Err(e) => {
-            cx.error(n.pos, format!("`{field}`: {e}"));
-            None
-        }
-    }
 }
 
 pub(super) fn retry_policy(cx: &mut Cx, node: &Node) -> Option<RetryPolicy> {

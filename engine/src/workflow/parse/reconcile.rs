@@ -1,8 +1,8 @@
 //! A tool's `reconcile:` block: the probe (an HTTP request, another tool of the same MCP
 //! server, or a command), the two verdict expressions and the probing schedule.
 
+use super::condition::condition;
 use super::keys::{MAX_TIMEOUT, RECONCILE_KEYS, RECONCILE_REQUEST_KEYS};
-use super::nodes::condition;
 use super::values::parse_duration;
 use super::{Cx, get};
 use crate::workflow::model::{

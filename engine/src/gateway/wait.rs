@@ -1,0 +1,264 @@
+//! Waits: a `wait:` node (no tool) completes when a published event its `match` accepts
+//! is found; a node with `callback:` mints a single-use token before its call is rendered
+//! (`${{ callback.url }}`, `${{ callback.token }}`), sends the call as any other, and then
+//! waits for that token to be called. Both rows are in the ledger before anything
+//! leaves, so a callback that comes back before the call's response is recorded is kept.
+
+use base64::Engine as _;
+use flow_ledger::{BeginWait, ErrorKind, StepFinish, StepStatus, Wait, WaitKind, WaitStatus};
+use serde_json::{Value as Json, json};
+use sha2::{Digest, Sha256};
+
+use super::{Gateway, StepCall, StepResult};
+use crate::workflow::expr;
+use crate::workflow::model::{CallbackDecl, OnTimeout, WaitDecl};
+
+/// What a waiting node waits for (progress lines, metrics, the pause reason).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Awaited {
+    /// A published event of this name.
+    Event(String),
+    /// A callback to the node's token.
+    Callback,
+}
+
+/// The token a callback node hands its downstream, and the context it renders in.
+pub(super) struct Minted {
+    /// The token itself (never stored; scrubbed from everything that is).
+    pub(super) token: String,
+    /// `{"url": …, "token": …}` for `${{ callback.* }}`.
+    pub(super) ctx: Json,
+}
+
+/// The SHA-256 (hex) a callback token is stored and looked up as.
+pub fn token_hash(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Gateway {
+    /// Sets `[api] public_url`, the address downstreams reach `flow serve` at, from which
+    /// `callback.url` is built. Set once, before the first run; later calls are ignored.
+    pub fn set_public_url(&self, url: Option<&str>) {
+        if let Some(url) = url {
+            let _ = self
+                .inner
+                .public_url
+                .set(url.trim_end_matches('/').to_owned());
+        }
+    }
+
+    /// `[api] public_url`, if set.
+    pub fn public_url(&self) -> Option<&str> {
+        self.inner.public_url.get().map(String::as_str)
+    }
+
+    /// A `wait:` node's step: begin (or find) its wait, then look at the events
+    /// published under its name; the first its `match` accepts completes it.
+    pub(super) async fn event_wait(
+        &self,
+        c: &StepCall<'_>,
+        w: &WaitDecl,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let node_id = c.node.id.as_str();
+        let step = self.new_step(c, StepStatus::Running);
+        c.writer.open_step(c.origin, step, self.now()).await?;
+        let begin = BeginWait {
+            node_id: node_id.to_owned(),
+            step_id: c.step_id.clone(),
+            kind: WaitKind::Event,
+            event_name: Some(w.event.clone()),
+            matcher: w
+                .matcher
+                .as_ref()
+                .and_then(|t| t.whole_expr())
+                .map(str::to_owned),
+            lookback_ms: ms(w.lookback),
+            timeout_ms: ms(w.timeout),
+            heartbeat_ms: None,
+            token_hash: None,
+        };
+        let wait = self
+            .inner
+            .ledger
+            .begin_wait(c.run(), begin, self.now())
+            .await?;
+        if wait.status != WaitStatus::Pending {
+            return self.wait_result(c, wait, w.on_timeout).await;
+        }
+        let Some((wait, events)) = self
+            .inner
+            .ledger
+            .wait_candidates(&c.run().run_id, node_id)
+            .await?
+        else {
+            return Err(flow_ledger::Error::LeaseLost);
+        };
+        for event in &events {
+            let accepted = match &w.matcher {
+                None => true,
+                Some(m) => {
+                    let mut ctx = c.ctx.clone();
+                    if let Json::Object(map) = &mut ctx {
+                        map.insert("event".into(), event.data.clone());
+                    }
+                    match expr::eval_condition(m, &ctx) {
+                        Ok(b) => b,
+                        Err(e) => {
+                            tracing::debug!(node = node_id, event = %event.event_id, error = %e, "event does not match (its `match` could not be evaluated)");
+                            false
+                        }
+                    }
+                }
+            };
+            if accepted {
+                let now = self.now();
+                let done = self
+                    .inner
+                    .ledger
+                    .complete_event_wait(c.run(), node_id, event, now)
+                    .await?;
+                return self.wait_result(c, done, w.on_timeout).await;
+            }
+        }
+        self.inner
+            .ledger
+            .saw_signal(c.run(), node_id, wait.signal)
+            .await?;
+        Ok(StepResult::Waiting {
+            deadline: wait.deadline,
+            on: Awaited::Event(w.event.clone()),
+        })
+    }
+
+    /// Mints the token of a callback node's step and records its wait (pending from now,
+    /// or as it stands if this step already waits): done before the call is rendered.
+    /// `Err` with the step's result when the wait is over already (timed out while the
+    /// run was away) or `[api] public_url` is not set: nothing is sent then.
+    pub(super) async fn mint_callback(
+        &self,
+        c: &StepCall<'_>,
+        cb: &CallbackDecl,
+    ) -> Result<Result<Minted, StepResult>, flow_ledger::Error> {
+        let Some(base) = self.inner.public_url.get() else {
+            let message = "`callback.url` needs `[api] public_url` in flow.toml (the address downstreams reach `flow serve` at); nothing was sent".to_owned();
+            return self
+                .fail_without_claim(c, ErrorKind::Permanent, message)
+                .await
+                .map(Err);
+        };
+        let token =
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
+        let begin = BeginWait {
+            node_id: c.node.id.clone(),
+            step_id: c.step_id.clone(),
+            kind: WaitKind::Callback,
+            event_name: None,
+            matcher: None,
+            lookback_ms: 0,
+            timeout_ms: ms(cb.timeout),
+            heartbeat_ms: cb.heartbeat.map(ms),
+            token_hash: Some(token_hash(&token)),
+        };
+        let wait = self
+            .inner
+            .ledger
+            .begin_wait(c.run(), begin, self.now())
+            .await?;
+        if matches!(wait.status, WaitStatus::TimedOut | WaitStatus::Cancelled) {
+            let step = self.new_step(c, StepStatus::Running);
+            c.writer.open_step(c.origin, step, self.now()).await?;
+            return self.wait_result(c, wait, cb.on_timeout).await.map(Err);
+        }
+        let url = format!("{base}/api/v1/callbacks/{token}");
+        Ok(Ok(Minted {
+            ctx: json!({ "url": url, "token": token }),
+            token,
+        }))
+    }
+
+    /// After a callback node's call succeeded (sent now or replayed): the callback's
+    /// result if it came (even before the call's response), else wait.
+    pub(super) async fn after_callback_call(
+        &self,
+        c: &StepCall<'_>,
+        cb: &CallbackDecl,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let wait = self
+            .inner
+            .ledger
+            .get_wait(&c.run().run_id, &c.node.id)
+            .await?
+            .filter(|w| w.step_id == c.step_id)
+            .ok_or(flow_ledger::Error::LeaseLost)?;
+        self.wait_result(c, wait, cb.on_timeout).await
+    }
+
+    /// What a wait's state means for its step: the output, a failure, a timeout's
+    /// `on_timeout`, or still waiting.
+    async fn wait_result(
+        &self,
+        c: &StepCall<'_>,
+        wait: Wait,
+        on_timeout: OnTimeout,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let on = match &wait.event_name {
+            Some(name) => Awaited::Event(name.clone()),
+            None => Awaited::Callback,
+        };
+        let what = match &on {
+            Awaited::Event(name) => format!("no `{name}` event matched"),
+            Awaited::Callback => "no callback came".to_owned(),
+        };
+        match wait.status {
+            WaitStatus::Pending => Ok(StepResult::Waiting {
+                deadline: wait.deadline,
+                on,
+            }),
+            WaitStatus::Completed => {
+                let output = wait.output.unwrap_or(Json::Null);
+                let finish = StepFinish {
+                    step_id: c.step_id.clone(),
+                    status: StepStatus::Succeeded,
+                    output: Some(output.clone()),
+                    error: None,
+                };
+                c.writer.finish_step(finish, self.now()).await?;
+                Ok(StepResult::Succeeded { output })
+            }
+            WaitStatus::Failed => {
+                let why = wait.error.unwrap_or_else(|| "no reason given".into());
+                let message = format!("the callback reported a failure: {why}");
+                self.fail_claimed_step(c, ErrorKind::Permanent, message)
+                    .await
+            }
+            WaitStatus::TimedOut | WaitStatus::Cancelled => {
+                let late = wait.last_beat_at.is_some() && wait.deadline < wait.hard_deadline;
+                let why = if late {
+                    "timed out: a heartbeat was missed".to_owned()
+                } else {
+                    format!("timed out: {what} before {}", wait.deadline.to_rfc3339())
+                };
+                match on_timeout {
+                    OnTimeout::Fail => self.fail_claimed_step(c, ErrorKind::Permanent, why).await,
+                    OnTimeout::Skip => {
+                        let finish = StepFinish {
+                            step_id: c.step_id.clone(),
+                            status: StepStatus::Skipped,
+                            output: None,
+                            error: None,
+                        };
+                        c.writer.finish_step(finish, self.now()).await?;
+                        Ok(StepResult::Skipped { why })
+                    }
+                }
+            }
+        }
+    }
+}

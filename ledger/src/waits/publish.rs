@@ -1,0 +1,293 @@
+//! Published events: `POST /api/v1/events:publish` stores one (idempotent on its id)
+//! and signals the pending waits of its name; a `wait:` node's worker reads the
+//! candidates and matches them (the `match` expression is the engine's).
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::Wait;
+use super::rows::{WaitRow, read_row};
+use crate::clock::Timestamp;
+use crate::conn::{Conn, args};
+use crate::error::Error;
+use crate::ledger::Ledger;
+use crate::model::Scope;
+use crate::runs::run_for_update;
+use crate::state::{WaitKind, WaitStatus};
+
+/// Longest event name and event id accepted.
+pub const MAX_EVENT_NAME: usize = 200;
+/// Most candidates one look of a wait reads (oldest first).
+const MAX_CANDIDATES: i64 = 1000;
+
+/// An event as published.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PublishedEvent {
+    /// Its id (the publisher's, or `ev_<ULID>`): publishing it again is a no-op.
+    pub event_id: String,
+    /// Its name (`shipment.delivered`).
+    pub name: String,
+    /// Its data: what a wait's `match` reads as `event` and the node's output.
+    pub data: Value,
+    /// When it was stored.
+    pub published_at: Timestamp,
+    /// Who published it (token name or CLI user).
+    pub published_by: Option<String>,
+}
+
+/// What a publish came to.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Published {
+    /// The event's id.
+    pub event_id: String,
+    /// The id was published before: nothing was stored or signalled again.
+    pub duplicate: bool,
+    /// Runs whose pending waits of this name were signalled (paused ones re-queued).
+    pub signalled: u64,
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct EventRow {
+    event_id: String,
+    name: String,
+    data: String,
+    published_at: i64,
+    published_by: Option<String>,
+}
+
+impl EventRow {
+    fn into_event(self) -> Result<PublishedEvent, Error> {
+        Ok(PublishedEvent {
+            data: serde_json::from_str(&self.data).map_err(|e| Error::Corrupt {
+                what: format!("published event data is not JSON: {e}"),
+            })?,
+            event_id: self.event_id,
+            name: self.name,
+            published_at: Timestamp(self.published_at),
+            published_by: self.published_by,
+        })
+    }
+}
+
+/// On PostgreSQL, the transaction lock of an event name: a publish and a wait's begin
+/// of the same name take turns, so neither misses the other. SQLite has one writer.
+pub(super) async fn lock_name(c: &mut Conn<'_>, s: &Scope, name: &str) -> Result<(), Error> {
+    if c.is_postgres() {
+        let key = format!("flow-event:{}:{}:{name}", s.tenant, s.workspace);
+        c.optional::<(i32,)>(
+            "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 0))) AS l",
+            args![key],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+fn check_text(what: &str, v: &str) -> Result<(), Error> {
+    if v.trim().is_empty() || v.len() > MAX_EVENT_NAME || v.chars().any(char::is_control) {
+        return Err(Error::InvalidEvent {
+            reason: format!("the event {what} must be 1 to {MAX_EVENT_NAME} printable characters"),
+        });
+    }
+    Ok(())
+}
+
+impl Ledger {
+    /// Stores a published event (its id given, or `ev_<ULID>`) unless its id is
+    /// already stored (then [`Published::duplicate`]: nothing changes), and in the same
+    /// transaction signals every pending event wait of its name and re-queues their
+    /// runs that are paused, so a worker looks at it.
+    pub async fn publish_event(
+        &self,
+        name: &str,
+        event_id: Option<&str>,
+        data: &Value,
+        by: Option<&str>,
+        now: Timestamp,
+    ) -> Result<Published, Error> {
+        check_text("name", name)?;
+        let event_id = match event_id {
+            Some(id) => {
+                check_text("id", id)?;
+                id.to_owned()
+            }
+            None => format!("ev_{}", ulid::Ulid::generate()),
+        };
+        let data = self.checked_json(data)?;
+        let (ledger, name, by) = (self.clone(), name.to_owned(), by.map(str::to_owned));
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                lock_name(c, s, &name).await?;
+                let n = c
+                    .execute(
+                        "INSERT INTO published_events (tenant, workspace, event_id, name, data,
+                            published_at, published_by)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7)
+                         ON CONFLICT (tenant, workspace, event_id) DO NOTHING",
+                        args![&s.tenant, &s.workspace, &event_id, &name, &data, now, by],
+                    )
+                    .await?;
+                if n == 0 {
+                    return Ok(Published {
+                        event_id,
+                        duplicate: true,
+                        signalled: 0,
+                    });
+                }
+                let runs = c
+                    .all::<(String,)>(
+                        "SELECT DISTINCT run_id FROM waits WHERE tenant = $1 AND workspace = $2
+                           AND event_name = $3 AND status = $4 AND kind = $5 ORDER BY run_id",
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            &name,
+                            WaitStatus::Pending.as_str(),
+                            WaitKind::Event.as_str()
+                        ],
+                    )
+                    .await?;
+                // Each run is locked before its waits are written, in run id order: the
+                // order a sweep or a pause takes them in.
+                for (run_id,) in &runs {
+                    let run = run_for_update(c, s, run_id).await?;
+                    c.execute(
+                        "UPDATE waits SET signal = signal + 1 WHERE tenant = $1 AND workspace = $2
+                           AND run_id = $3 AND event_name = $4 AND status = $5 AND kind = $6",
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            run_id,
+                            &name,
+                            WaitStatus::Pending.as_str(),
+                            WaitKind::Event.as_str()
+                        ],
+                    )
+                    .await?;
+                    crate::approvals::requeue_paused(c, s, &run, None, now).await?;
+                }
+                Ok(Published {
+                    event_id,
+                    duplicate: false,
+                    signalled: runs.len() as u64,
+                })
+            })
+        })
+        .await
+    }
+
+    /// A wait with the events that may complete it: its name's, published from
+    /// `lookback` before it began, oldest first (at most 1,000). The wait is read first,
+    /// so its `signal` counts at least every event the list misses.
+    pub async fn wait_candidates(
+        &self,
+        run_id: &str,
+        node_id: &str,
+    ) -> Result<Option<(Wait, Vec<PublishedEvent>)>, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let mut conn = pc.conn();
+        let c = &mut conn;
+        let Some(row) = read_row(c, s, run_id, node_id).await? else {
+            return Ok(None);
+        };
+        let events = candidates(c, s, &row).await?;
+        Ok(Some((row.into_wait()?, events)))
+    }
+
+    /// Records that the run's worker looked at the wait's events up to `signal` and
+    /// none matched (so a pause is not refused for them again). Fenced by the run lease
+    /// (as a pause is): a worker that lost the run is [`Error::LeaseLost`], so its count
+    /// (maybe of an earlier step's wait) cannot hide an event from the new holder.
+    pub async fn saw_signal(
+        &self,
+        lease: &crate::model::RunLease,
+        node_id: &str,
+        signal: i64,
+    ) -> Result<(), Error> {
+        let (ledger, lease, node_id) = (self.clone(), lease.clone(), node_id.to_owned());
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                crate::ledger::check_run_lease(c, s, &lease, None).await?;
+                c.execute(
+                    "UPDATE waits SET seen_signal = $5 WHERE tenant = $1 AND workspace = $2
+                       AND run_id = $3 AND node_id = $4 AND seen_signal < $5",
+                    args![&s.tenant, &s.workspace, &lease.run_id, &node_id, signal],
+                )
+                .await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
+    /// The events published under `name`, newest first (at most `limit`, 0 = 100).
+    pub async fn list_published_events(
+        &self,
+        name: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<PublishedEvent>, Error> {
+        let s = self.scope();
+        let limit = crate::reads::page_limit(limit, 100);
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<EventRow>(
+                "SELECT event_id, name, data, published_at, published_by FROM published_events
+                 WHERE tenant = $1 AND workspace = $2 AND ($3 IS NULL OR name = $3)
+                 ORDER BY published_at DESC, event_id DESC LIMIT $4",
+                args![&s.tenant, &s.workspace, name, limit],
+            )
+            .await?;
+        rows.into_iter().map(EventRow::into_event).collect()
+    }
+}
+
+async fn candidates(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    row: &WaitRow,
+) -> Result<Vec<PublishedEvent>, Error> {
+    let Some(name) = &row.event_name else {
+        return Ok(Vec::new());
+    };
+    let from = row.began_at.saturating_sub(row.lookback_ms.max(0));
+    let rows = c
+        .all::<EventRow>(
+            "SELECT event_id, name, data, published_at, published_by FROM published_events
+             WHERE tenant = $1 AND workspace = $2 AND name = $3 AND published_at >= $4
+             ORDER BY published_at, event_id LIMIT $5",
+            args![&s.tenant, &s.workspace, name, from, MAX_CANDIDATES],
+        )
+        .await?;
+    rows.into_iter().map(EventRow::into_event).collect()
+}
+
+/// Whether a pending event wait of the run was signalled past what its worker saw, or
+/// a wait of a step still running was settled (a callback, an event or the deadline
+/// came while the worker held the run): then the worker must look again, not pause.
+pub(crate) async fn must_look_again(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    run_id: &str,
+) -> Result<bool, Error> {
+    let found = c
+        .optional::<(String,)>(
+            "SELECT w.node_id FROM waits w JOIN steps st ON st.tenant = w.tenant
+               AND st.workspace = w.workspace AND st.run_id = w.run_id AND st.step_id = w.step_id
+             WHERE w.tenant = $1 AND w.workspace = $2 AND w.run_id = $3 AND st.status = $4
+               AND ((w.status = $5 AND w.signal > w.seen_signal) OR w.status <> $5)
+             LIMIT 1",
+            args![
+                &s.tenant,
+                &s.workspace,
+                run_id,
+                crate::state::StepStatus::Running.as_str(),
+                WaitStatus::Pending.as_str()
+            ],
+        )
+        .await?;
+    Ok(found.is_some())
+}

@@ -1,0 +1,328 @@
+//! How a wait ends: an event the worker matched, a callback to its token (or a
+//! heartbeat that extends it), the daemons' sweep of deadlines and of finished runs.
+
+use serde_json::{Value, json};
+
+use super::PublishedEvent;
+use super::Wait;
+use super::rows::{Settled, WaitRow, read_row, settle, wait_cols, wait_event};
+use crate::approvals::requeue_paused;
+use crate::clock::Timestamp;
+use crate::conn::{Conn, args};
+use crate::error::Error;
+use crate::events::EventType;
+use crate::fence::{Fence, live_run_fence};
+use crate::ledger::Ledger;
+use crate::model::{RunLease, Scope};
+use crate::runs::run_for_update;
+use crate::state::WaitStatus;
+
+/// What a callback says (`POST /api/v1/callbacks/{token}`).
+#[derive(Debug, Clone)]
+pub struct CallbackReply {
+    /// `true`: the node succeeds with `output`; `false`: it fails with `error`.
+    pub ok: bool,
+    /// The node's output.
+    pub output: Option<Value>,
+    /// Why the work failed.
+    pub error: Option<String>,
+}
+
+/// What one sweep of [`Ledger::sweep_waits`] did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SweptWaits {
+    /// Waits that timed out now (their paused runs are back on the queue).
+    pub timed_out: Vec<Wait>,
+    /// Waits of finished runs marked `cancelled`.
+    pub cancelled: usize,
+}
+
+fn not_found() -> Error {
+    // One answer for an unknown, used, expired or foreign token: a caller learns
+    // nothing by probing.
+    Error::NotFound {
+        what: "callback".into(),
+    }
+}
+
+impl Ledger {
+    /// Completes a pending event wait of the lease's run with the event the worker
+    /// matched (`wait.completed`); the row as it stands after (someone else may have
+    /// won: the deadline, a cancel).
+    pub async fn complete_event_wait(
+        &self,
+        lease: &RunLease,
+        node_id: &str,
+        event: &PublishedEvent,
+        now: Timestamp,
+    ) -> Result<Wait, Error> {
+        let (ledger, lease, node_id) = (self.clone(), lease.clone(), node_id.to_owned());
+        let output = self.checked_json(&event.data)?;
+        let (event_id, name) = (event.event_id.clone(), event.name.clone());
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let held = c
+                    .optional::<(i64,)>(
+                        concat!("SELECT lease_token FROM runs WHERE", live_run_fence!()),
+                        [Fence::run(s, &lease), args![now]].concat(),
+                    )
+                    .await?;
+                if held.is_none() {
+                    return Err(Error::LeaseLost);
+                }
+                let row = read_row(c, s, &lease.run_id, &node_id)
+                    .await?
+                    .ok_or_else(|| Error::NotFound {
+                        what: format!("wait of run {} node {node_id}", lease.run_id),
+                    })?;
+                let how = Settled {
+                    by: Some("event".into()),
+                    event_id: Some(event_id.clone()),
+                    output: Some(output),
+                    error: None,
+                };
+                if settle(c, s, &row, WaitStatus::Completed, how, now).await? {
+                    let ids = (
+                        lease.run_id.as_str(),
+                        row.step_id.as_str(),
+                        node_id.as_str(),
+                    );
+                    let payload = json!({ "kind": "event", "event_id": event_id, "event": name });
+                    wait_event(c, s, ids, EventType::WaitCompleted, payload, now).await?;
+                }
+                read_row(c, s, &lease.run_id, &node_id)
+                    .await?
+                    .ok_or(Error::LeaseLost)?
+                    .into_wait()
+            })
+        })
+        .await
+    }
+
+    /// A callback to the token whose SHA-256 is `token_hash`: its pending wait becomes
+    /// `completed` (`ok`) or `failed`, in one transaction with the run locked first
+    /// (`wait.completed`; a paused run goes back on the queue). A wait whose call is
+    /// still in flight is completed all the same: the worker applies it once the call
+    /// is recorded. Unknown, used, expired and finished-run tokens are all
+    /// [`Error::NotFound`].
+    pub async fn callback(
+        &self,
+        token_hash: &str,
+        reply: CallbackReply,
+        now: Timestamp,
+    ) -> Result<Wait, Error> {
+        let output = reply
+            .output
+            .as_ref()
+            .map(|v| self.checked_json(v))
+            .transpose()?;
+        let (ledger, token_hash) = (self.clone(), token_hash.to_owned());
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let (run, row) = live_token(c, s, &token_hash, now).await?;
+                let (to, by) = if reply.ok {
+                    (WaitStatus::Completed, "callback")
+                } else {
+                    (WaitStatus::Failed, "callback")
+                };
+                let how = Settled {
+                    by: Some(by.into()),
+                    event_id: None,
+                    output: if reply.ok { output } else { None },
+                    error: if reply.ok { None } else { reply.error.clone() },
+                };
+                if !settle(c, s, &row, to, how, now).await? {
+                    return Err(not_found());
+                }
+                let ids = (
+                    row.run_id.as_str(),
+                    row.step_id.as_str(),
+                    row.node_id.as_str(),
+                );
+                let payload = json!({ "kind": "callback", "ok": reply.ok, "error": reply.error });
+                wait_event(c, s, ids, EventType::WaitCompleted, payload, now).await?;
+                requeue_paused(c, s, &run, None, now).await?;
+                read_row(c, s, &row.run_id, &row.node_id)
+                    .await?
+                    .ok_or_else(not_found)?
+                    .into_wait()
+            })
+        })
+        .await
+    }
+
+    /// A callback's heartbeat: the work is alive, so the wait's deadline moves to one
+    /// heartbeat interval from now (never past its timeout). Answers as
+    /// [`Ledger::callback`] does for a token that cannot be used.
+    pub async fn callback_heartbeat(
+        &self,
+        token_hash: &str,
+        now: Timestamp,
+    ) -> Result<Wait, Error> {
+        let (ledger, token_hash) = (self.clone(), token_hash.to_owned());
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let (_, row) = live_token(c, s, &token_hash, now).await?;
+                let deadline = row.heartbeat_ms.map_or(row.deadline, |hb| {
+                    row.hard_deadline.min(now.0.saturating_add(hb.max(0)))
+                });
+                c.execute(
+                    "UPDATE waits SET deadline = $5, last_beat_at = $6
+                     WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND node_id = $4
+                       AND status = $7 AND step_id = $8",
+                    args![
+                        &s.tenant,
+                        &s.workspace,
+                        &row.run_id,
+                        &row.node_id,
+                        deadline,
+                        now,
+                        WaitStatus::Pending.as_str(),
+                        &row.step_id
+                    ],
+                )
+                .await?;
+                read_row(c, s, &row.run_id, &row.node_id)
+                    .await?
+                    .ok_or_else(not_found)?
+                    .into_wait()
+            })
+        })
+        .await
+    }
+
+    /// The daemons' sweep (any daemon, any number at once): pending waits past their
+    /// deadline become `timed_out` by the same compare-and-set an event or a callback
+    /// uses (`wait.timed_out`; a paused run goes back on the queue, whose next holder
+    /// applies `on_timeout`); pending waits of finished runs become `cancelled`. At
+    /// most `limit` per sweep; each wait in its own transaction.
+    pub async fn sweep_waits(&self, now: Timestamp, limit: u32) -> Result<SweptWaits, Error> {
+        let s = self.scope();
+        let due = {
+            let mut pc = self.pool().acquire().await?;
+            pc.conn()
+                .all::<(String, String, i64)>(
+                    "SELECT w.run_id, w.node_id,
+                        CASE WHEN r.status IN ('succeeded', 'failed', 'cancelled')
+                          THEN CAST(1 AS BIGINT) ELSE CAST(0 AS BIGINT) END
+                     FROM waits w JOIN runs r ON r.tenant = w.tenant
+                       AND r.workspace = w.workspace AND r.id = w.run_id
+                     WHERE w.tenant = $1 AND w.workspace = $2 AND w.status = $3
+                       AND (w.deadline <= $4 OR r.status IN ('succeeded', 'failed', 'cancelled'))
+                     ORDER BY w.deadline LIMIT $5",
+                    args![
+                        &s.tenant,
+                        &s.workspace,
+                        WaitStatus::Pending.as_str(),
+                        now,
+                        limit
+                    ],
+                )
+                .await?
+        };
+        let mut swept = SweptWaits::default();
+        for (run_id, node_id, finished) in due {
+            let to = if finished == 1 {
+                WaitStatus::Cancelled
+            } else {
+                WaitStatus::TimedOut
+            };
+            if let Some(w) = self.sweep_wait(&run_id, &node_id, to, now).await? {
+                match to {
+                    WaitStatus::Cancelled => swept.cancelled += 1,
+                    _ => swept.timed_out.push(w),
+                }
+            }
+        }
+        Ok(swept)
+    }
+
+    async fn sweep_wait(
+        &self,
+        run_id: &str,
+        node_id: &str,
+        to: WaitStatus,
+        now: Timestamp,
+    ) -> Result<Option<Wait>, Error> {
+        let ledger = self.clone();
+        let (run_id, node_id) = (run_id.to_owned(), node_id.to_owned());
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let run = run_for_update(c, s, &run_id).await?;
+                let Some(row) = read_row(c, s, &run_id, &node_id).await? else {
+                    return Ok(None);
+                };
+                let due = to == WaitStatus::Cancelled || row.deadline <= now.0;
+                if row.status != WaitStatus::Pending.as_str() || !due {
+                    return Ok(None);
+                }
+                if !settle(c, s, &row, to, Settled::by("sweep"), now).await? {
+                    return Ok(None);
+                }
+                if to == WaitStatus::TimedOut {
+                    let ids = (run_id.as_str(), row.step_id.as_str(), node_id.as_str());
+                    let payload = json!({ "deadline": row.deadline, "kind": row.kind });
+                    wait_event(c, s, ids, EventType::WaitTimedOut, payload, now).await?;
+                    requeue_paused(c, s, &run, None, now).await?;
+                }
+                read_row(c, s, &run_id, &node_id)
+                    .await?
+                    .map(WaitRow::into_wait)
+                    .transpose()
+            })
+        })
+        .await
+    }
+}
+
+/// The run (locked) and the pending wait a token may still settle: the token is known,
+/// its run is not finished, its wait is pending for the token's step and not past its
+/// deadline. Anything else is [`Error::NotFound`].
+async fn live_token(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    token_hash: &str,
+    now: Timestamp,
+) -> Result<(crate::rows::RunRow, WaitRow), Error> {
+    let Some((run_id, node_id, step_id)) = c
+        .optional::<(String, String, String)>(
+            "SELECT run_id, node_id, step_id FROM callback_tokens
+             WHERE token_hash = $1 AND tenant = $2 AND workspace = $3",
+            args![token_hash, &s.tenant, &s.workspace],
+        )
+        .await?
+    else {
+        return Err(not_found());
+    };
+    let run = run_for_update(c, s, &run_id)
+        .await
+        .map_err(|_| not_found())?;
+    if run.status()?.is_terminal() {
+        return Err(not_found());
+    }
+    let row = c
+        .optional::<WaitRow>(
+            concat!(
+                "SELECT ",
+                wait_cols!(),
+                " FROM waits WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+                   AND node_id = $4 AND step_id = $5 AND status = $6 AND deadline > $7"
+            ),
+            args![
+                &s.tenant,
+                &s.workspace,
+                &run_id,
+                &node_id,
+                &step_id,
+                WaitStatus::Pending.as_str(),
+                now
+            ],
+        )
+        .await?
+        .ok_or_else(not_found)?;
+    Ok((run, row))
+}
