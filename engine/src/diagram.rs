@@ -16,8 +16,13 @@ pub enum GraphFormat {
 
 fn label(wf: &Workflow, i: usize) -> String {
     let node = &wf.nodes[i];
-    let kind = wf.tools.get(&node.tool).map_or("?", |t| t.kind.name());
-    let mut label = format!("{}\n{} ({kind})", node.id, node.tool);
+    let mut label = match &node.wait {
+        Some(w) => format!("{}\nwait ({})", node.id, w.event),
+        None => {
+            let kind = wf.tools.get(&node.tool).map_or("?", |t| t.kind.name());
+            format!("{}\n{} ({kind})", node.id, node.tool)
+        }
+    };
     if node.condition.is_some() {
         label.push_str("\nif …");
     }

@@ -138,6 +138,7 @@ pub use state::{
     WaitStatus,
 };
 pub use waits::{
-    BeginWait, CallbackReply, Published, PublishedEvent, SweptWaits, Wait, WaitFilter,
+    BeginWait, CallbackReply, MAX_CANDIDATES as MAX_WAIT_CANDIDATES, Published, PublishedEvent,
+    SweptWaits, Wait, WaitFilter,
 };
 pub use worker::WorkerId;

@@ -8,7 +8,9 @@
 -- `deadline` is when the sweep times it out: `hard_deadline` (began + timeout), or
 -- sooner when a heartbeat is due. `signal` counts events published under `event_name`
 -- since the wait began; `seen_signal` is the count the run's worker last looked at, so
--- a worker never pauses a run over an event it has not looked at.
+-- a worker never pauses a run over an event it has not looked at. `begin_seq` is the
+-- name's last event `seq` when the wait began (every later event is a candidate,
+-- whatever the clocks say); `seen_seq` is how far the worker has read.
 CREATE TABLE waits (
     tenant          TEXT   NOT NULL,
     workspace       TEXT   NOT NULL,
@@ -27,6 +29,8 @@ CREATE TABLE waits (
     last_beat_at    BIGINT,
     signal          BIGINT NOT NULL DEFAULT 0,
     seen_signal     BIGINT NOT NULL DEFAULT 0,
+    begin_seq       BIGINT NOT NULL DEFAULT 0,
+    seen_seq        BIGINT NOT NULL DEFAULT 0,
     settled_at      BIGINT,
     settled_by      TEXT,
     event_id        TEXT,              -- the event that completed it
@@ -57,16 +61,20 @@ CREATE INDEX callback_tokens_by_run ON callback_tokens (tenant, workspace, run_i
 
 -- Events published from outside (`POST /api/v1/events:publish`, `flow publish`) for
 -- `wait:` nodes to match. `event_id` makes a publish idempotent: the same id twice is
--- one event.
+-- one event. `seq` counts the events of one name (1, 2, …), assigned under the name's
+-- lock: a wait reads its candidates in `seq` order from where it stopped.
 CREATE TABLE published_events (
     tenant       TEXT   NOT NULL,
     workspace    TEXT   NOT NULL,
     event_id     TEXT   NOT NULL,
     name         TEXT   NOT NULL,
+    seq          BIGINT NOT NULL,
     data         TEXT   NOT NULL,   -- JSON
     published_at BIGINT NOT NULL,
     published_by TEXT,
     PRIMARY KEY (tenant, workspace, event_id)
 );
--- query: a wait's candidates, by name from `began_at - lookback`.
-CREATE INDEX published_events_by_name ON published_events (tenant, workspace, name, published_at);
+-- query: a wait's candidates, by name from where it stopped reading.
+CREATE UNIQUE INDEX published_events_by_seq ON published_events (tenant, workspace, name, seq);
+-- query: where a new wait starts reading (its name's events from `began_at - lookback`).
+CREATE INDEX published_events_by_time ON published_events (tenant, workspace, name, published_at);

@@ -93,7 +93,12 @@ pub(super) fn plan_start<'w>(
             }
         }
     }
-    let deadline = wf.deadline(decl).map(|d| first.plus(d));
+    // A `wait:` node's only clock is its `wait.timeout` (a workflow-wide `deadline`
+    // would fail it on the resume an event causes).
+    let deadline = wf
+        .deadline(decl)
+        .filter(|_| decl.wait.is_none())
+        .map(|d| first.plus(d));
     if let Some(d) = deadline
         && now >= d
     {

@@ -316,6 +316,7 @@ impl Gateway {
             c.scrub = Some(
                 self.inner
                     .secrets
+                    .with_value("callback.url", &minted.url)
                     .with_value("callback.token", &minted.token),
             );
         }
@@ -396,6 +397,9 @@ impl Gateway {
             Claimed::Done(result) => return self.then_callback(c, result).await,
         };
         self.inner.faults.hit(Point::AfterClaim, node_id);
+        if let Some(expired) = self.callback_expired(c, &lease).await? {
+            return Ok(expired);
+        }
 
         // A call already sent whose remote task is recorded: ask how it ended.
         if let Some(task) = lease.remote_task.clone() {
@@ -403,7 +407,7 @@ impl Gateway {
                 .collect(c, &lease, tool.as_ref(), &rendered.args, (&task, class))
                 .await?;
             self.inner.faults.hit(Point::AfterComplete, node_id);
-            return Ok(collected);
+            return self.then_callback(c, collected).await;
         }
 
         // 4. Rate limit and quota, counted across workers.

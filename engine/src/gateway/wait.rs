@@ -26,6 +26,9 @@ pub enum Awaited {
 pub(super) struct Minted {
     /// The token itself (never stored; scrubbed from everything that is).
     pub(super) token: String,
+    /// The URL built from it (scrubbed whole: `public_url` may differ between
+    /// workers, and must not change the stored request's digest).
+    pub(super) url: String,
     /// `{"url": …, "token": …}` for `${{ callback.* }}`.
     pub(super) ctx: Json,
 }
@@ -92,32 +95,20 @@ impl Gateway {
         if wait.status != WaitStatus::Pending {
             return self.wait_result(c, wait, w.on_timeout).await;
         }
-        let Some((wait, events)) = self
+        let run_id = c.run().run_id.as_str();
+        let Some((wait, mut events)) = self
             .inner
             .ledger
-            .wait_candidates(&c.run().run_id, node_id)
+            .wait_candidates(run_id, node_id, None)
             .await?
         else {
             return Err(flow_ledger::Error::LeaseLost);
         };
-        for event in &events {
-            let accepted = match &w.matcher {
-                None => true,
-                Some(m) => {
-                    let mut ctx = c.ctx.clone();
-                    if let Json::Object(map) = &mut ctx {
-                        map.insert("event".into(), event.data.clone());
-                    }
-                    match expr::eval_condition(m, &ctx) {
-                        Ok(b) => b,
-                        Err(e) => {
-                            tracing::debug!(node = node_id, event = %event.event_id, error = %e, "event does not match (its `match` could not be evaluated)");
-                            false
-                        }
-                    }
-                }
-            };
-            if accepted {
+        // Page by page from where the last look stopped; the signal read first counts
+        // every event a page misses.
+        let mut cursor = wait.seen_seq;
+        loop {
+            if let Some(event) = events.iter().find(|e| self.accepts(c, w, e)) {
                 let now = self.now();
                 let done = self
                     .inner
@@ -126,15 +117,47 @@ impl Gateway {
                     .await?;
                 return self.wait_result(c, done, w.on_timeout).await;
             }
+            cursor = events.last().map_or(cursor, |e| e.seq);
+            if events.len() < flow_ledger::MAX_WAIT_CANDIDATES {
+                break;
+            }
+            events = match self
+                .inner
+                .ledger
+                .wait_candidates(run_id, node_id, Some(cursor))
+                .await?
+            {
+                Some((_, page)) => page,
+                None => return Err(flow_ledger::Error::LeaseLost),
+            };
         }
         self.inner
             .ledger
-            .saw_signal(c.run(), node_id, wait.signal)
+            .saw_signal(c.run(), node_id, (wait.signal, cursor))
             .await?;
         Ok(StepResult::Waiting {
             deadline: wait.deadline,
             on: Awaited::Event(w.event.clone()),
         })
+    }
+
+    /// Whether `w`'s `match` accepts `event` (no `match`: any event of the name). An
+    /// expression that cannot be evaluated on this event does not accept it.
+    fn accepts(&self, c: &StepCall<'_>, w: &WaitDecl, event: &flow_ledger::PublishedEvent) -> bool {
+        let Some(m) = &w.matcher else {
+            return true;
+        };
+        let mut ctx = c.ctx.clone();
+        if let Json::Object(map) = &mut ctx {
+            map.insert("event".into(), event.data.clone());
+        }
+        match expr::eval_condition(m, &ctx) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::debug!(node = %c.node.id, event = %event.event_id, error = %e, "event does not match (its `match` could not be evaluated)");
+                false
+            }
+        }
     }
 
     /// Mints the token of a callback node's step and records its wait (pending from now,
@@ -146,6 +169,9 @@ impl Gateway {
         c: &StepCall<'_>,
         cb: &CallbackDecl,
     ) -> Result<Result<Minted, StepResult>, flow_ledger::Error> {
+        // Only a step that never claimed a call may end here without one: a step left
+        // running may have its call outbound, which the claim must see (in doubt).
+        let fresh = c.origin != super::StepOrigin::Running;
         let Some(base) = self.inner.public_url.get() else {
             let message = "`callback.url` needs `[api] public_url` in flow.toml (the address downstreams reach `flow serve` at); nothing was sent".to_owned();
             return self
@@ -171,7 +197,7 @@ impl Gateway {
             .ledger
             .begin_wait(c.run(), begin, self.now())
             .await?;
-        if matches!(wait.status, WaitStatus::TimedOut | WaitStatus::Cancelled) {
+        if fresh && matches!(wait.status, WaitStatus::TimedOut | WaitStatus::Cancelled) {
             let step = self.new_step(c, StepStatus::Running);
             c.writer.open_step(c.origin, step, self.now()).await?;
             return self.wait_result(c, wait, cb.on_timeout).await.map(Err);
@@ -180,7 +206,36 @@ impl Gateway {
         Ok(Ok(Minted {
             ctx: json!({ "url": url, "token": token }),
             token,
+            url,
         }))
+    }
+
+    /// A callback node's call was claimed to be sent, but its wait is over already
+    /// (timed out while the run was away, the run finished): the claim is released
+    /// unsent and the timeout applies. `None` when the call may go.
+    pub(super) async fn callback_expired(
+        &self,
+        c: &StepCall<'_>,
+        lease: &flow_ledger::CallLease,
+    ) -> Result<Option<StepResult>, flow_ledger::Error> {
+        let Some(cb) = &c.node.callback else {
+            return Ok(None);
+        };
+        let wait = self
+            .inner
+            .ledger
+            .get_wait(&c.run().run_id, &c.node.id)
+            .await?;
+        match wait {
+            Some(w)
+                if w.step_id == c.step_id
+                    && matches!(w.status, WaitStatus::TimedOut | WaitStatus::Cancelled) =>
+            {
+                self.inner.ledger.release_call(lease, self.now()).await?;
+                self.wait_result(c, w, cb.on_timeout).await.map(Some)
+            }
+            _ => Ok(None),
+        }
     }
 
     /// After a callback node's call succeeded (sent now or replayed): the callback's

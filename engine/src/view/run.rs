@@ -212,7 +212,12 @@ fn nodes(run: &Run, steps: &[Step]) -> Vec<NodeView> {
                 NodeView {
                     id: n.id.clone(),
                     needs: n.needs.clone(),
-                    tool: n.tool.clone(),
+                    // A `wait:` node calls no tool; its steps name the built-in `wait`.
+                    tool: if n.wait.is_some() {
+                        "wait".to_owned()
+                    } else {
+                        n.tool.clone()
+                    },
                     status: None,
                 }
             })

@@ -172,6 +172,20 @@ fn check_approval(checker: &mut RefChecker<'_>, opts: &ValidateOptions, i: usize
             },
         );
     }
+    if let Some(cb) = &node.callback
+        && let Some(tool) = wf.tools.get(&node.tool)
+        && let ToolKind::Function { function } = &tool.kind
+        && opts.pure_functions.contains(function)
+    {
+        checker.error(
+            cb.pos,
+            format!(
+                "node `{}` has `callback:`, but its tool `{}` is a pure function: nothing leaves the process to call back",
+                node.id, node.tool
+            ),
+            Some("put `callback:` on the node whose call starts the outside work".into()),
+        );
+    }
     if let Some(a) = &node.approval
         && let Some(tool) = wf.tools.get(&node.tool)
         && let ToolKind::Function { function } = &tool.kind

@@ -305,17 +305,45 @@ impl Ledger {
                 args![
                     &s.tenant,
                     &s.workspace,
+                    filter.run_id.clone(),
+                    filter.status.map(|st| st.as_str()),
+                    limit
+                ],
+            )
+            .await?;
+        // Every listed approval's votes in one read (not one per approval): the same
+        // filter and page, as a subquery.
+        let votes = c
+            .all::<rows::VoteRow>(
+                "SELECT node_id, digest, voter, decision, at, reason, inputs, run_id
+                 FROM approval_votes WHERE tenant = $1 AND workspace = $2
+                   AND (run_id, node_id) IN (
+                     SELECT run_id, node_id FROM approvals WHERE tenant = $1 AND workspace = $2
+                       AND ($3 IS NULL OR run_id = $3) AND ($4 IS NULL OR status = $4)
+                     ORDER BY requested_at, run_id, node_id LIMIT $5)
+                 ORDER BY at, voter",
+                args![
+                    &s.tenant,
+                    &s.workspace,
                     filter.run_id,
                     filter.status.map(|st| st.as_str()),
                     limit
                 ],
             )
             .await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in rows {
-            out.push(with_votes(c, s, row).await?);
+        let mut by_node: std::collections::HashMap<(String, String), Vec<ApprovalVote>> =
+            std::collections::HashMap::new();
+        for v in votes {
+            let key = (v.run_id.clone().unwrap_or_default(), v.node_id.clone());
+            by_node.entry(key).or_default().push(v.into_vote()?);
         }
-        Ok(out)
+        rows.into_iter()
+            .map(|row| {
+                let key = (row.run_id.clone(), row.node_id.clone());
+                let votes = by_node.remove(&key).unwrap_or_default();
+                row.into_approval(votes)
+            })
+            .collect()
     }
 
     /// How many approvals are pending (the `flow_approvals_pending` gauge, badges).

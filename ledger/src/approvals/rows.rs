@@ -47,6 +47,9 @@ pub(super) use approval_cols;
 
 #[derive(Debug, sqlx::FromRow)]
 pub(super) struct VoteRow {
+    /// Read only where votes of several runs are read at once.
+    #[sqlx(default)]
+    pub(super) run_id: Option<String>,
     pub(super) node_id: String,
     pub(super) digest: String,
     pub(super) voter: String,
@@ -63,7 +66,7 @@ pub(super) fn parse_json(what: &str, s: &str) -> Result<Value, Error> {
 }
 
 impl ApprovalRow {
-    fn into_approval(self, votes: Vec<ApprovalVote>) -> Result<Approval, Error> {
+    pub(super) fn into_approval(self, votes: Vec<ApprovalVote>) -> Result<Approval, Error> {
         Ok(Approval {
             status: self.status.parse()?,
             request: parse_json("approval request", &self.request)?,
@@ -94,7 +97,7 @@ impl ApprovalRow {
 }
 
 impl VoteRow {
-    fn into_vote(self) -> Result<ApprovalVote, Error> {
+    pub(super) fn into_vote(self) -> Result<ApprovalVote, Error> {
         Ok(ApprovalVote {
             inputs: self
                 .inputs

@@ -26,7 +26,7 @@ use crate::state::{WaitKind, WaitStatus};
 use rows::{read_row, settle, wait_cols, wait_event};
 
 pub(crate) use publish::must_look_again;
-pub use publish::{Published, PublishedEvent};
+pub use publish::{MAX_CANDIDATES, Published, PublishedEvent};
 pub use settle::{CallbackReply, SweptWaits};
 
 /// What a node begins to wait for (the gateway, under the run's lease).
@@ -87,6 +87,12 @@ pub struct Wait {
     /// The count the run's worker last looked at.
     #[serde(skip)]
     pub seen_signal: i64,
+    /// The name's last event `seq` when the wait began: later ones are candidates.
+    #[serde(skip)]
+    pub begin_seq: i64,
+    /// How far (by `seq`) the run's worker has read the candidates.
+    #[serde(skip)]
+    pub seen_seq: i64,
     /// When it was settled.
     pub settled_at: Option<Timestamp>,
     /// Who settled it (`callback`, `event`, the sweep, …).
@@ -131,6 +137,12 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
+                // The order every wait writer takes: the name's lock, the run row, the
+                // wait row (a publish, the sweep and a callback lock the run first too).
+                if let Some(name) = &begin.event_name {
+                    publish::lock_name(c, s, name).await?;
+                }
+                crate::runs::run_for_update(c, s, &lease.run_id).await?;
                 let held = c
                     .optional::<(i64,)>(
                         concat!("SELECT lease_token FROM runs WHERE", live_run_fence!()),
@@ -141,9 +153,6 @@ impl Ledger {
                     return Err(Error::LeaseLost);
                 }
                 let run_id = lease.run_id.as_str();
-                if let Some(name) = &begin.event_name {
-                    publish::lock_name(c, s, name).await?;
-                }
                 let row = read_row(c, s, run_id, &begin.node_id).await?;
                 match row {
                     Some(row) if row.step_id == begin.step_id => {
@@ -269,10 +278,22 @@ async fn begin_row(
         )
         .await?;
     }
+    // Every event of the name after `begin_seq` is a candidate; before it, those from
+    // `lookback` before now: the first look starts reading at the earliest of them.
+    let (begin_seq, start) = match &begin.event_name {
+        Some(name) => {
+            let last = publish::last_seq(c, s, name).await?;
+            let from = now.0.saturating_sub(begin.lookback_ms.max(0));
+            let first = publish::first_seq_since(c, s, name, from).await?;
+            (last, first.map_or(last, |f| (f - 1).min(last)))
+        }
+        None => (0, 0),
+    };
     c.execute(
         "INSERT INTO waits (tenant, workspace, run_id, node_id, step_id, kind, status,
-            event_name, matcher, lookback_ms, began_at, deadline, hard_deadline, heartbeat_ms)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+            event_name, matcher, lookback_ms, began_at, deadline, hard_deadline, heartbeat_ms,
+            begin_seq, seen_seq)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
         args![
             &s.tenant,
             &s.workspace,
@@ -287,7 +308,9 @@ async fn begin_row(
             now,
             deadline,
             hard,
-            begin.heartbeat_ms
+            begin.heartbeat_ms,
+            begin_seq,
+            start
         ],
     )
     .await?;

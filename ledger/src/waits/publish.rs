@@ -17,12 +17,15 @@ use crate::state::{WaitKind, WaitStatus};
 
 /// Longest event name and event id accepted.
 pub const MAX_EVENT_NAME: usize = 200;
-/// Most candidates one look of a wait reads (oldest first).
-const MAX_CANDIDATES: i64 = 1000;
+/// Most candidates one read of a wait's events returns (in `seq` order); a worker reads
+/// page after page from where it stopped (`Wait::seen_seq`).
+pub const MAX_CANDIDATES: usize = 1000;
 
 /// An event as published.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PublishedEvent {
+    /// Its place among the events of its name (1, 2, …).
+    pub seq: i64,
     /// Its id (the publisher's, or `ev_<ULID>`): publishing it again is a no-op.
     pub event_id: String,
     /// Its name (`shipment.delivered`).
@@ -48,6 +51,7 @@ pub struct Published {
 
 #[derive(Debug, sqlx::FromRow)]
 struct EventRow {
+    seq: i64,
     event_id: String,
     name: String,
     data: String,
@@ -61,6 +65,7 @@ impl EventRow {
             data: serde_json::from_str(&self.data).map_err(|e| Error::Corrupt {
                 what: format!("published event data is not JSON: {e}"),
             })?,
+            seq: self.seq,
             event_id: self.event_id,
             name: self.name,
             published_at: Timestamp(self.published_at),
@@ -119,13 +124,23 @@ impl Ledger {
             Box::pin(async move {
                 let s = ledger.scope();
                 lock_name(c, s, &name).await?;
+                let seq = last_seq(c, s, &name).await? + 1;
                 let n = c
                     .execute(
-                        "INSERT INTO published_events (tenant, workspace, event_id, name, data,
-                            published_at, published_by)
-                         VALUES ($1, $2, $3, $4, $5, $6, $7)
+                        "INSERT INTO published_events (tenant, workspace, event_id, name, seq,
+                            data, published_at, published_by)
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
                          ON CONFLICT (tenant, workspace, event_id) DO NOTHING",
-                        args![&s.tenant, &s.workspace, &event_id, &name, &data, now, by],
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            &event_id,
+                            &name,
+                            seq,
+                            &data,
+                            now,
+                            by
+                        ],
                     )
                     .await?;
                 if n == 0 {
@@ -177,13 +192,16 @@ impl Ledger {
         .await
     }
 
-    /// A wait with the events that may complete it: its name's, published from
-    /// `lookback` before it began, oldest first (at most 1,000). The wait is read first,
-    /// so its `signal` counts at least every event the list misses.
+    /// A wait with the events that may complete it, in `seq` order from `after` (else
+    /// from where its worker stopped, `seen_seq`): its name's published after the wait
+    /// began (by `seq`, whatever the clocks say) or from `lookback` before, at most
+    /// [`MAX_CANDIDATES`]. The wait is read first, so its `signal` counts at least every
+    /// event the list misses.
     pub async fn wait_candidates(
         &self,
         run_id: &str,
         node_id: &str,
+        after: Option<i64>,
     ) -> Result<Option<(Wait, Vec<PublishedEvent>)>, Error> {
         let s = self.scope();
         let mut pc = self.pool().acquire().await?;
@@ -192,19 +210,20 @@ impl Ledger {
         let Some(row) = read_row(c, s, run_id, node_id).await? else {
             return Ok(None);
         };
-        let events = candidates(c, s, &row).await?;
+        let events = candidates(c, s, &row, after.unwrap_or(row.seen_seq)).await?;
         Ok(Some((row.into_wait()?, events)))
     }
 
-    /// Records that the run's worker looked at the wait's events up to `signal` and
-    /// none matched (so a pause is not refused for them again). Fenced by the run lease
+    /// Records that the run's worker looked at the wait's events up to `signal` (and
+    /// read them up to `seen_seq`) and none matched, so a pause is not refused for them
+    /// again and the next look reads on from there. Fenced by the run lease
     /// (as a pause is): a worker that lost the run is [`Error::LeaseLost`], so its count
     /// (maybe of an earlier step's wait) cannot hide an event from the new holder.
     pub async fn saw_signal(
         &self,
         lease: &crate::model::RunLease,
         node_id: &str,
-        signal: i64,
+        (signal, seen_seq): (i64, i64),
     ) -> Result<(), Error> {
         let (ledger, lease, node_id) = (self.clone(), lease.clone(), node_id.to_owned());
         self.write(move |c| {
@@ -212,9 +231,10 @@ impl Ledger {
                 let s = ledger.scope();
                 crate::ledger::check_run_lease(c, s, &lease, None).await?;
                 c.execute(
-                    "UPDATE waits SET seen_signal = $5 WHERE tenant = $1 AND workspace = $2
-                       AND run_id = $3 AND node_id = $4 AND seen_signal < $5",
-                    args![&s.tenant, &s.workspace, &lease.run_id, &node_id, signal],
+                    "UPDATE waits SET seen_signal = CASE WHEN seen_signal < $5 THEN $5 ELSE seen_signal END,
+                        seen_seq = CASE WHEN seen_seq < $6 THEN $6 ELSE seen_seq END
+                     WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND node_id = $4",
+                    args![&s.tenant, &s.workspace, &lease.run_id, &node_id, signal, seen_seq],
                 )
                 .await?;
                 Ok(())
@@ -235,7 +255,7 @@ impl Ledger {
         let rows = pc
             .conn()
             .all::<EventRow>(
-                "SELECT event_id, name, data, published_at, published_by FROM published_events
+                "SELECT seq, event_id, name, data, published_at, published_by FROM published_events
                  WHERE tenant = $1 AND workspace = $2 AND ($3 IS NULL OR name = $3)
                  ORDER BY published_at DESC, event_id DESC LIMIT $4",
                 args![&s.tenant, &s.workspace, name, limit],
@@ -249,6 +269,7 @@ async fn candidates(
     c: &mut Conn<'_>,
     s: &Scope,
     row: &WaitRow,
+    after: i64,
 ) -> Result<Vec<PublishedEvent>, Error> {
     let Some(name) = &row.event_name else {
         return Ok(Vec::new());
@@ -256,13 +277,51 @@ async fn candidates(
     let from = row.began_at.saturating_sub(row.lookback_ms.max(0));
     let rows = c
         .all::<EventRow>(
-            "SELECT event_id, name, data, published_at, published_by FROM published_events
-             WHERE tenant = $1 AND workspace = $2 AND name = $3 AND published_at >= $4
-             ORDER BY published_at, event_id LIMIT $5",
-            args![&s.tenant, &s.workspace, name, from, MAX_CANDIDATES],
+            "SELECT seq, event_id, name, data, published_at, published_by FROM published_events
+             WHERE tenant = $1 AND workspace = $2 AND name = $3 AND seq > $4
+               AND (seq > $5 OR published_at >= $6)
+             ORDER BY seq LIMIT $7",
+            args![
+                &s.tenant,
+                &s.workspace,
+                name,
+                after,
+                row.begin_seq,
+                from,
+                MAX_CANDIDATES as i64
+            ],
         )
         .await?;
     rows.into_iter().map(EventRow::into_event).collect()
+}
+
+/// The lowest `seq` of the events of `name` published at or after `from`, if any.
+pub(super) async fn first_seq_since(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    name: &str,
+    from: i64,
+) -> Result<Option<i64>, Error> {
+    let row = c
+        .optional::<(Option<i64>,)>(
+            "SELECT MIN(seq) FROM published_events
+             WHERE tenant = $1 AND workspace = $2 AND name = $3 AND published_at >= $4",
+            args![&s.tenant, &s.workspace, name, from],
+        )
+        .await?;
+    Ok(row.and_then(|(n,)| n))
+}
+
+/// The last `seq` of the events of `name` (0 for none); under the name's lock.
+pub(super) async fn last_seq(c: &mut Conn<'_>, s: &Scope, name: &str) -> Result<i64, Error> {
+    let row = c
+        .optional::<(i64,)>(
+            "SELECT COALESCE(MAX(seq), CAST(0 AS BIGINT)) FROM published_events
+             WHERE tenant = $1 AND workspace = $2 AND name = $3",
+            args![&s.tenant, &s.workspace, name],
+        )
+        .await?;
+    Ok(row.map_or(0, |(n,)| n))
 }
 
 /// Whether a pending event wait of the run was signalled past what its worker saw, or

@@ -28,6 +28,8 @@ pub(super) struct WaitRow {
     pub(super) last_beat_at: Option<i64>,
     pub(super) signal: i64,
     pub(super) seen_signal: i64,
+    pub(super) begin_seq: i64,
+    pub(super) seen_seq: i64,
     pub(super) settled_at: Option<i64>,
     pub(super) settled_by: Option<String>,
     pub(super) event_id: Option<String>,
@@ -39,7 +41,7 @@ macro_rules! wait_cols {
     () => {
         " run_id, node_id, step_id, kind, status, event_name, matcher, lookback_ms, began_at,
           deadline, hard_deadline, heartbeat_ms, last_beat_at, signal, seen_signal,
-          settled_at, settled_by, event_id, output, error "
+          begin_seq, seen_seq, settled_at, settled_by, event_id, output, error "
     };
 }
 pub(super) use wait_cols;
@@ -70,6 +72,8 @@ impl WaitRow {
             last_beat_at: self.last_beat_at.map(Timestamp),
             signal: self.signal,
             seen_signal: self.seen_signal,
+            begin_seq: self.begin_seq,
+            seen_seq: self.seen_seq,
             settled_at: self.settled_at.map(Timestamp),
             settled_by: self.settled_by,
             event_id: self.event_id,

@@ -197,7 +197,8 @@ impl Ledger {
     /// The daemons' sweep (any daemon, any number at once): pending waits past their
     /// deadline become `timed_out` by the same compare-and-set an event or a callback
     /// uses (`wait.timed_out`; a paused run goes back on the queue, whose next holder
-    /// applies `on_timeout`); pending waits of finished runs become `cancelled`. At
+    /// applies `on_timeout`); pending waits of finished runs, and of steps that ended
+    /// without them (a failed call), become `cancelled`, so their tokens answer 404. At
     /// most `limit` per sweep; each wait in its own transaction.
     pub async fn sweep_waits(&self, now: Timestamp, limit: u32) -> Result<SweptWaits, Error> {
         let s = self.scope();
@@ -207,11 +208,15 @@ impl Ledger {
                 .all::<(String, String, i64)>(
                     "SELECT w.run_id, w.node_id,
                         CASE WHEN r.status IN ('succeeded', 'failed', 'cancelled')
+                            OR st.status IN ('succeeded', 'failed', 'skipped', 'cancelled')
                           THEN CAST(1 AS BIGINT) ELSE CAST(0 AS BIGINT) END
                      FROM waits w JOIN runs r ON r.tenant = w.tenant
                        AND r.workspace = w.workspace AND r.id = w.run_id
+                     LEFT JOIN steps st ON st.tenant = w.tenant AND st.workspace = w.workspace
+                       AND st.run_id = w.run_id AND st.step_id = w.step_id
                      WHERE w.tenant = $1 AND w.workspace = $2 AND w.status = $3
-                       AND (w.deadline <= $4 OR r.status IN ('succeeded', 'failed', 'cancelled'))
+                       AND (w.deadline <= $4 OR r.status IN ('succeeded', 'failed', 'cancelled')
+                            OR st.status IN ('succeeded', 'failed', 'skipped', 'cancelled'))
                      ORDER BY w.deadline LIMIT $5",
                     args![
                         &s.tenant,
@@ -304,13 +309,18 @@ async fn live_token(
     if run.status()?.is_terminal() {
         return Err(not_found());
     }
+    // The token's step must still be live: a step that failed (its retry waits anew,
+    // under a new token) or was skipped takes no callback.
     let row = c
         .optional::<WaitRow>(
             concat!(
                 "SELECT ",
                 wait_cols!(),
                 " FROM waits WHERE tenant = $1 AND workspace = $2 AND run_id = $3
-                   AND node_id = $4 AND step_id = $5 AND status = $6 AND deadline > $7"
+                   AND node_id = $4 AND step_id = $5 AND status = $6 AND deadline > $7
+                   AND EXISTS (SELECT 1 FROM steps st WHERE st.tenant = $1
+                     AND st.workspace = $2 AND st.run_id = $3 AND st.step_id = $5
+                     AND st.status IN ('running', 'paused'))"
             ),
             args![
                 &s.tenant,

@@ -25,6 +25,8 @@ crate::conformance!(
     a_worker_that_lost_the_run_cannot_mark_a_signal_seen,
     a_publish_and_a_pause_never_leave_the_run_paused,
     an_event_completes_the_wait_once,
+    an_event_stamped_before_the_wait_began_counts_when_published_after,
+    a_look_reads_on_from_where_it_stopped,
 );
 
 /// The event wait's node, and the event it waits for.
@@ -82,7 +84,7 @@ async fn publish(db: &TestDb, name: &str, id: &str, data: Value) -> Published {
 async fn candidates(db: &TestDb, run_id: &str) -> Vec<PublishedEvent> {
     let (_, events) = db
         .ledger
-        .wait_candidates(run_id, NODE)
+        .wait_candidates(run_id, NODE, None)
         .await
         .unwrap()
         .unwrap();
@@ -328,7 +330,7 @@ async fn lookback_reaches_back_from_when_the_wait_began(db: TestDb) {
     assert_eq!(ids(&candidates(&db, "run_zero").await), ["e-new"]);
     let (w, events) = db
         .ledger
-        .wait_candidates("run_zero", NODE)
+        .wait_candidates("run_zero", NODE, None)
         .await
         .unwrap()
         .unwrap();
@@ -336,7 +338,7 @@ async fn lookback_reaches_back_from_when_the_wait_began(db: TestDb) {
     assert_eq!(events[0].data, json!({ "order": 42 }));
     assert!(
         db.ledger
-            .wait_candidates("run_zero", "no_such_node")
+            .wait_candidates("run_zero", "no_such_node", None)
             .await
             .unwrap()
             .is_none()
@@ -359,7 +361,10 @@ async fn a_publish_while_the_run_is_held_stops_its_pause(db: TestDb) {
     );
     assert_eq!(run_status(&db, "run_a").await, RunStatus::Running);
 
-    db.ledger.saw_signal(&run, NODE, w.signal).await.unwrap();
+    db.ledger
+        .saw_signal(&run, NODE, (w.signal, 0))
+        .await
+        .unwrap();
     assert!(
         pause(&db, &run).await,
         "it looked at e1 and it did not match"
@@ -390,8 +395,8 @@ async fn a_publish_while_the_run_is_held_stops_its_pause(db: TestDb) {
         (WaitStatus::Pending, 2, 1)
     );
     assert!(!pause(&db, &run).await, "e2 is not looked at yet");
-    db.ledger.saw_signal(&run, NODE, 2).await.unwrap();
-    db.ledger.saw_signal(&run, NODE, 1).await.unwrap();
+    db.ledger.saw_signal(&run, NODE, (2, 0)).await.unwrap();
+    db.ledger.saw_signal(&run, NODE, (1, 0)).await.unwrap();
     assert_eq!(
         get(&db, "run_a", NODE).await.seen_signal,
         2,
@@ -422,15 +427,15 @@ async fn a_worker_that_lost_the_run_cannot_mark_a_signal_seen(db: TestDb) {
         .await
         .unwrap();
     publish(&db, EVENT, "e1", json!({ "order": 42 })).await;
-    let stale = db.ledger.saw_signal(&old, NODE, 5).await;
+    let stale = db.ledger.saw_signal(&old, NODE, (5, 0)).await;
     assert!(matches!(stale, Err(Error::LeaseLost)), "{stale:?}");
     let w = get(&db, "run_a", NODE).await;
     assert_eq!((w.signal, w.seen_signal), (1, 0));
     assert!(!pause(&db, &run).await, "e1 is not looked at by the holder");
     assert_eq!(run_status(&db, "run_a").await, RunStatus::Running);
-    db.ledger.saw_signal(&run, NODE, 1).await.unwrap();
+    db.ledger.saw_signal(&run, NODE, (1, 0)).await.unwrap();
     assert!(pause(&db, &run).await);
-    let after = db.ledger.saw_signal(&run, NODE, 1).await;
+    let after = db.ledger.saw_signal(&run, NODE, (1, 0)).await;
     assert!(matches!(after, Err(Error::LeaseLost)), "paused: {after:?}");
 }
 
@@ -522,4 +527,36 @@ async fn an_event_completes_the_wait_once(db: TestDb) {
         .complete_event_wait(&run, NODE, &events[1], db.now())
         .await;
     assert!(matches!(lost, Err(Error::LeaseLost)), "{lost:?}");
+}
+
+/// A publisher whose clock is behind (or whose publish waited on the name's lock while
+/// the wait began): its event is stamped before the wait began, yet published after
+/// it, so it is a candidate even without `lookback`.
+async fn an_event_stamped_before_the_wait_began_counts_when_published_after(db: TestDb) {
+    let (_run, _) = begun(&db, "run_skew", event_wait(NODE, 0, 60_000)).await;
+    let early = Timestamp(db.now().0 - 5_000);
+    db.ledger
+        .publish_event(EVENT, Some("skewed"), &json!({ "order": 42 }), None, early)
+        .await
+        .unwrap();
+    assert_eq!(ids(&candidates(&db, "run_skew").await), ["skewed"]);
+}
+
+/// A worker that looked records how far it read: the next look reads only what came
+/// after, so a name with many events is not read from its start on every publish.
+async fn a_look_reads_on_from_where_it_stopped(db: TestDb) {
+    let (run, _) = begun(&db, "run_cursor", event_wait(NODE, 0, 60_000)).await;
+    for id in ["c1", "c2", "c3"] {
+        publish(&db, EVENT, id, json!({ "order": 7 })).await;
+    }
+    let all = candidates(&db, "run_cursor").await;
+    assert_eq!(ids(&all), ["c1", "c2", "c3"]);
+    assert!(all.windows(2).all(|w| w[0].seq < w[1].seq), "in seq order");
+    db.ledger
+        .saw_signal(&run, NODE, (3, all[1].seq))
+        .await
+        .unwrap();
+    assert_eq!(ids(&candidates(&db, "run_cursor").await), ["c3"]);
+    let w = get(&db, "run_cursor", NODE).await;
+    assert_eq!((w.seen_signal, w.seen_seq), (3, all[1].seq));
 }

@@ -120,7 +120,12 @@ pub(super) fn svg(wf: &ValidWorkflow, state: impl Fn(&str) -> Option<String>) ->
         let shown = status.clone().unwrap_or_else(|| "not started".into());
         let class = shown.replace([' ', '_'], "-");
         let (x, y) = corner(at[i]);
-        let (id, tool) = (esc(&node.id), esc(&node.tool));
+        let tool = if node.wait.is_some() {
+            "wait"
+        } else {
+            &node.tool
+        };
+        let (id, tool) = (esc(&node.id), esc(tool));
         let _ = write!(
             out,
             r##"<a href="#node-{id}" class="g-node st-{class}"><title>{id}: {shown} (tool {tool})</title><rect x="{x}" y="{y}" width="{W}" height="{H}" rx="6"/><text x="{tx}" y="{ty1}" class="g-id">{short}</text><text x="{tx}" y="{ty2}" class="g-state">{shown}</text></a>"##,

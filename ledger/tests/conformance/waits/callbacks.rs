@@ -20,6 +20,7 @@ crate::conformance!(
     a_callback_before_the_pause_stops_it,
     heartbeats_move_the_deadline_up_to_the_timeout,
     a_missed_heartbeat_times_the_wait_out,
+    a_failed_steps_token_is_not_found_and_its_wait_is_cancelled,
 );
 
 pub(super) const CALL: &str = "charge";
@@ -321,4 +322,35 @@ async fn a_missed_heartbeat_times_the_wait_out(db: TestDb) {
         .await;
     assert_not_found(cb, "a callback after the timeout");
     assert_eq!(count(&db, EventType::WaitTimedOut).await, 1);
+}
+
+/// A step whose call failed takes no callback (its retry waits anew under a new token),
+/// and the sweep cancels its wait rather than time it out later.
+async fn a_failed_steps_token_is_not_found_and_its_wait_is_cancelled(db: TestDb) {
+    let (lease, _) =
+        super::begun(&db, "run_failed_step", callback_wait(CALL, "tok-f", 60_000)).await;
+    let finish = flow_ledger::StepFinish {
+        step_id: CALL.into(),
+        status: flow_ledger::StepStatus::Failed,
+        output: None,
+        error: Some(flow_ledger::StepError {
+            kind: flow_ledger::ErrorKind::Transient,
+            message: "503".into(),
+        }),
+    };
+    db.ledger
+        .finish_step(&lease, finish, db.now())
+        .await
+        .unwrap();
+    let late = db
+        .ledger
+        .callback(&hash("tok-f"), ok(json!({})), db.now())
+        .await;
+    assert_not_found(late, "a failed step's token");
+    let swept = db.ledger.sweep_waits(db.now(), 100).await.unwrap();
+    assert_eq!(swept.cancelled, 1, "{swept:?}");
+    assert_eq!(
+        get(&db, "run_failed_step", CALL).await.status,
+        WaitStatus::Cancelled
+    );
 }
