@@ -181,6 +181,26 @@ impl Gateway {
         };
         let token =
             base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(rand::random::<[u8; 32]>());
+        let url = format!("{base}/api/v1/callbacks/{token}");
+        let minted = Minted {
+            ctx: json!({ "url": url, "token": token }),
+            token,
+            url,
+        };
+        // Resumed after its callback came: the call went out (a token only leaves in a
+        // request marked outbound), so this render only replays it; the token is never
+        // stored, since nothing will send it (`callback_expired` refuses a send).
+        if !fresh
+            && let Some(w) = self
+                .inner
+                .ledger
+                .get_wait(&c.run().run_id, &c.node.id)
+                .await?
+            && w.step_id == c.step_id
+            && matches!(w.status, WaitStatus::Completed | WaitStatus::Failed)
+        {
+            return Ok(Ok(minted));
+        }
         let begin = BeginWait {
             node_id: c.node.id.clone(),
             step_id: c.step_id.clone(),
@@ -190,7 +210,7 @@ impl Gateway {
             lookback_ms: 0,
             timeout_ms: ms(cb.timeout),
             heartbeat_ms: cb.heartbeat.map(ms),
-            token_hash: Some(token_hash(&token)),
+            token_hash: Some(token_hash(&minted.token)),
         };
         let wait = self
             .inner
@@ -202,17 +222,13 @@ impl Gateway {
             c.writer.open_step(c.origin, step, self.now()).await?;
             return self.wait_result(c, wait, cb.on_timeout).await.map(Err);
         }
-        let url = format!("{base}/api/v1/callbacks/{token}");
-        Ok(Ok(Minted {
-            ctx: json!({ "url": url, "token": token }),
-            token,
-            url,
-        }))
+        Ok(Ok(minted))
     }
 
-    /// A callback node's call was claimed to be sent, but its wait is over already
-    /// (timed out while the run was away, the run finished): the claim is released
-    /// unsent and the timeout applies. `None` when the call may go.
+    /// A callback node's call was claimed to be sent, but its wait is settled already
+    /// (timed out while the run was away, the run finished, or the callback came): the
+    /// claim is released unsent and the wait's result applies. `None` when the call may
+    /// go.
     pub(super) async fn callback_expired(
         &self,
         c: &StepCall<'_>,
@@ -227,10 +243,9 @@ impl Gateway {
             .get_wait(&c.run().run_id, &c.node.id)
             .await?;
         match wait {
-            Some(w)
-                if w.step_id == c.step_id
-                    && matches!(w.status, WaitStatus::TimedOut | WaitStatus::Cancelled) =>
-            {
+            // Over already (timed out, cancelled), or its callback came (the call went
+            // out; never send it again).
+            Some(w) if w.step_id == c.step_id && w.status != WaitStatus::Pending => {
                 self.inner.ledger.release_call(lease, self.now()).await?;
                 self.wait_result(c, w, cb.on_timeout).await.map(Some)
             }
