@@ -209,6 +209,29 @@ pub(crate) async fn first_in_doubt(
     Ok(since.map(|row| Timestamp(row.n)))
 }
 
+/// Whether `step` is the step of a callback node's wait (`callback:`).
+async fn waits_for_callback(
+    c: &mut Conn<'_>,
+    s: &crate::model::Scope,
+    run_id: &str,
+    step: &StepRow,
+) -> Result<bool, Error> {
+    let found = c
+        .optional::<(i64,)>(
+            "SELECT CAST(1 AS BIGINT) FROM waits WHERE tenant = $1 AND workspace = $2
+               AND run_id = $3 AND node_id = $4 AND step_id = $5 AND kind = 'callback'",
+            args![
+                &s.tenant,
+                &s.workspace,
+                run_id,
+                &step.node_id,
+                &step.step_id
+            ],
+        )
+        .await?;
+    Ok(found.is_some())
+}
+
 /// Finishes the steps paused on a resolved call as the resolution says (`retry` puts
 /// them back to `pending`), in the resolution's transaction.
 async fn settle_paused(
@@ -221,6 +244,26 @@ async fn settle_paused(
 ) -> Result<(), Error> {
     let s = ledger.scope();
     for step in paused {
+        // A callback node's call that succeeded is not its step's end: the step goes on
+        // (running) and its next holder replays the call, then reads the callback.
+        if matches!(req.resolution, Resolution::Succeeded(_))
+            && waits_for_callback(c, s, &req.run_id, &step).await?
+        {
+            c.execute(
+                "UPDATE steps SET status = $6, updated_at = $5
+                 WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND step_id = $4",
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    &req.run_id,
+                    &step.step_id,
+                    now,
+                    StepStatus::Running.as_str()
+                ],
+            )
+            .await?;
+            continue;
+        }
         let next = match &req.resolution {
             Resolution::Succeeded(v) => Some((StepStatus::Succeeded, Some(v.clone()))),
             Resolution::Failed(_) => Some((StepStatus::Failed, None)),

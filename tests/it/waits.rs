@@ -443,3 +443,53 @@ fn a_wait_timeout_is_taken_once_by_another_daemon() {
         assert_eq!(show(&db, &run)["run"]["status"], "failed", "{ctx}");
     }
 }
+
+/// A callback node's call goes in doubt (the warehouse answers after the timeout); an
+/// operator resolves it as succeeded: the node still waits for its callback (the
+/// resolution settles the call, not the work), and completes with the callback's output.
+#[test]
+fn a_resolved_in_doubt_callback_call_still_waits_for_its_callback() {
+    for backend in backends() {
+        let ctx = format!("{backend:?}");
+        let rt = runtime();
+        let down = rt.block_on(CountingServer::start()).expect("downstream");
+        down.set("/orders", Behavior::hold(Duration::from_secs(3)));
+        let db = TestDb::new(backend);
+        let (server, mut daemon) = serve_with_public_url(&db);
+        let text = callback_workflow(&down.url()).replace("timeout: 10s", "timeout: 1s");
+        rt.block_on(async {
+            let run = submit(&server, &text).await;
+            let url = notify_url(&down, 0).await;
+            let s = wait_status(&db, &run, "paused").await;
+            assert_eq!(s["tool_calls"][0]["status"], "in_doubt", "{ctx}: {s}");
+            let body =
+                json!({ "node": "fulfil", "outcome": "succeeded", "output": { "accepted": true } });
+            let path = format!("/api/v1/runs/{run}/resolve");
+            let (st, body) = call(&server, "POST", &path, Some(OPERATOR), Some(body)).await;
+            assert_eq!(st, StatusCode::OK, "{ctx}: {body}");
+            // Back on the queue, replayed, and waiting for the callback again.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let s = show(&db, &run);
+                if s["run"]["status"] == "paused" && s["tool_calls"][0]["status"] == "succeeded" {
+                    assert_eq!(s["waits"][0]["status"], "pending", "{ctx}: {s}");
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{ctx}: never waited again: {s}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let done = json!({ "ok": true, "output": { "tracking": "TRK-R" } });
+            let (st, body) = post(&url, done).await;
+            assert_eq!(st, StatusCode::OK, "{ctx}: {body}");
+            let s = wait_status(&db, &run, "succeeded").await;
+            assert!(s.to_string().contains("TRK-R"), "{ctx}: {s}");
+            assert_eq!(
+                down.count(&format!("{run}:fulfil:1")),
+                1,
+                "{ctx}: sent once"
+            );
+        });
+        let _ = daemon.kill();
+        let _ = daemon.wait();
+    }
+}
