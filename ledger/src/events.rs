@@ -243,6 +243,32 @@ pub(crate) fn audited(mut payload: Value, actor: Option<&crate::model::Actor>) -
     payload
 }
 
+/// An event about one node of a run (`ids` = run, step, node): what approvals and
+/// waits emit.
+pub(crate) async fn node_event(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    ids: (&str, &str, &str),
+    event_type: EventType,
+    payload: Value,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let (run_id, step_id, node_id) = ids;
+    emit(
+        c,
+        s,
+        now,
+        NewEvent {
+            event_type,
+            run_id,
+            step_id: Some(step_id),
+            tool_call_id: Some(node_id),
+            payload,
+        },
+    )
+    .await
+}
+
 /// Inserts one event in the caller's transaction.
 pub(crate) async fn emit(
     conn: &mut Conn<'_>,

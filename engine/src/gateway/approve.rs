@@ -5,7 +5,7 @@
 //! after its approval (its digest differs) never leaves: the approval goes back to
 //! pending under the new digest (`approval.invalidated`).
 
-use flow_ledger::{AskApproval, ErrorKind, Gate, StepFinish, StepStatus};
+use flow_ledger::{AskApproval, ErrorKind, Gate};
 
 use super::render;
 use super::{Gateway, Rendered, StepCall, StepResult, Target};
@@ -121,16 +121,7 @@ impl Gateway {
                         .fail_claimed_step(c, ErrorKind::Permanent, why)
                         .await
                         .map(Some),
-                    OnTimeout::Skip => {
-                        let finish = StepFinish {
-                            step_id: c.step_id.clone(),
-                            status: StepStatus::Skipped,
-                            output: None,
-                            error: None,
-                        };
-                        c.writer.finish_step(finish, self.now()).await?;
-                        Ok(Some(StepResult::Skipped { why }))
-                    }
+                    OnTimeout::Skip => self.skip_claimed_step(c, why).await.map(Some),
                 }
             }
         }

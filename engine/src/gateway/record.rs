@@ -52,6 +52,23 @@ impl Gateway {
         })
     }
 
+    /// Ends the step as skipped (an approval's or a wait's `on_timeout: skip`): nothing
+    /// was sent by it; its dependents are skipped as after any skip.
+    pub(super) async fn skip_claimed_step(
+        &self,
+        c: &StepCall<'_>,
+        why: String,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let finish = StepFinish {
+            step_id: c.step_id.clone(),
+            status: StepStatus::Skipped,
+            output: None,
+            error: None,
+        };
+        c.writer.finish_step(finish, self.now()).await?;
+        Ok(StepResult::Skipped { why })
+    }
+
     pub(super) async fn record_pure(
         &self,
         c: &StepCall<'_>,

@@ -317,16 +317,7 @@ impl Gateway {
                 };
                 match on_timeout {
                     OnTimeout::Fail => self.fail_claimed_step(c, ErrorKind::Permanent, why).await,
-                    OnTimeout::Skip => {
-                        let finish = StepFinish {
-                            step_id: c.step_id.clone(),
-                            status: StepStatus::Skipped,
-                            output: None,
-                            error: None,
-                        };
-                        c.writer.finish_step(finish, self.now()).await?;
-                        Ok(StepResult::Skipped { why })
-                    }
+                    OnTimeout::Skip => self.skip_claimed_step(c, why).await,
                 }
             }
         }

@@ -3,12 +3,13 @@
 
 use serde_json::json;
 
-use super::rows::{approval_event, read_row, requeue_paused, settle, with_votes};
+use super::rows::{read_row, requeue_paused, settle, with_votes};
 use super::{Decide, Decided};
 use crate::clock::Timestamp;
 use crate::conn::args;
 use crate::error::Error;
 use crate::events::EventType;
+use crate::events::node_event;
 use crate::fence::Fence;
 use crate::ledger::Ledger;
 use crate::model::RunLease;
@@ -92,7 +93,7 @@ impl Ledger {
                     let payload = json!({
                         "decision": "deny", "by": d.by, "reason": d.reason, "digest": row.digest,
                     });
-                    approval_event(c, s, ids, EventType::ApprovalDecided, payload, now).await?;
+                    node_event(c, s, ids, EventType::ApprovalDecided, payload, now).await?;
                     requeue_paused(c, s, &run, Some(&actor), now).await?;
                     let row = read_row(c, s, &d.run_id, &d.node_id)
                         .await?
@@ -107,7 +108,7 @@ impl Ledger {
                         "by": d.by, "reason": d.reason, "digest": row.digest,
                         "approvers": have, "min": min,
                     });
-                    approval_event(c, s, ids, EventType::ApprovalVoted, payload, now).await?;
+                    node_event(c, s, ids, EventType::ApprovalVoted, payload, now).await?;
                     let approval = with_votes(c, s, row).await?;
                     return Ok(Decided::Voted {
                         approval,
@@ -124,7 +125,7 @@ impl Ledger {
                     "decision": "approve", "by": by, "reason": d.reason, "digest": row.digest,
                     "approvers": names, "inputs": d.inputs,
                 });
-                approval_event(c, s, ids, EventType::ApprovalDecided, payload, now).await?;
+                node_event(c, s, ids, EventType::ApprovalDecided, payload, now).await?;
                 requeue_paused(c, s, &run, Some(&actor), now).await?;
                 let row = read_row(c, s, &d.run_id, &d.node_id)
                     .await?

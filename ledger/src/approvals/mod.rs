@@ -17,12 +17,13 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
+use crate::events::node_event;
 use crate::fence::{Fence, live_run_fence};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
 use crate::state::ApprovalStatus;
 pub(crate) use rows::requeue_paused;
-use rows::{ApprovalRow, approval_cols, approval_event, read_row, settle, submitter, with_votes};
+use rows::{ApprovalRow, approval_cols, read_row, settle, submitter, with_votes};
 
 pub use sweep::Swept;
 
@@ -246,7 +247,7 @@ impl Ledger {
                         {
                             let payload = json!({ "deadline": row.deadline });
                             let t = EventType::ApprovalTimedOut;
-                            approval_event(c, s, ids, t, payload, now).await?;
+                            node_event(c, s, ids, t, payload, now).await?;
                         }
                         let open =
                             matches!(status, ApprovalStatus::Pending | ApprovalStatus::Approved);
@@ -385,7 +386,7 @@ impl Asked<'_> {
             "min": self.ask.min, "deadline": self.deadline,
         });
         let t = EventType::ApprovalRequested;
-        approval_event(c, s, self.ids(), t, payload, self.now).await
+        node_event(c, s, self.ids(), t, payload, self.now).await
     }
 
     /// The node's first ask: a `pending` row (with who submitted the run).
@@ -462,7 +463,7 @@ impl Asked<'_> {
             "was": status.as_str(), "old_digest": row.digest, "digest": a.digest,
         });
         let t = EventType::ApprovalInvalidated;
-        approval_event(c, s, self.ids(), t, payload, self.now).await?;
+        node_event(c, s, self.ids(), t, payload, self.now).await?;
         self.requested(c, s).await
     }
 }

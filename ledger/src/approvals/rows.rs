@@ -8,7 +8,7 @@ use super::{Approval, ApprovalVote};
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
-use crate::events::{EventType, NewEvent, emit};
+use crate::events::EventType;
 use crate::model::Scope;
 use crate::run_states::requeue_in;
 use crate::state::{ApprovalStatus, RunStatus, RunTransition};
@@ -192,31 +192,6 @@ pub(super) async fn submitter(
             .ok()
             .and_then(|v| v.get("by").and_then(Value::as_str).map(str::to_owned))
     }))
-}
-
-/// An approval event on the node.
-pub(super) async fn approval_event(
-    c: &mut Conn<'_>,
-    s: &Scope,
-    a: (&str, &str, &str),
-    event_type: EventType,
-    payload: Value,
-    now: Timestamp,
-) -> Result<(), Error> {
-    let (run_id, step_id, node_id) = a;
-    emit(
-        c,
-        s,
-        now,
-        NewEvent {
-            event_type,
-            run_id,
-            step_id: Some(step_id),
-            tool_call_id: Some(node_id),
-            payload,
-        },
-    )
-    .await
 }
 
 /// Moves a pending approval to `to` (the one compare-and-set); `false` when it was no

@@ -4,11 +4,12 @@
 use serde_json::{Value, json};
 
 use super::Approval;
-use super::rows::{approval_event, parse_json, read_row, requeue_paused, settle, with_votes};
+use super::rows::{parse_json, read_row, requeue_paused, settle, with_votes};
 use crate::clock::Timestamp;
 use crate::conn::args;
 use crate::error::Error;
 use crate::events::EventType;
+use crate::events::node_event;
 use crate::ledger::Ledger;
 use crate::runs::run_for_update;
 use crate::state::ApprovalStatus;
@@ -117,8 +118,7 @@ impl Ledger {
                             return Ok(None);
                         }
                         let payload = json!({ "deadline": row.deadline });
-                        approval_event(c, s, ids, EventType::ApprovalTimedOut, payload, now)
-                            .await?;
+                        node_event(c, s, ids, EventType::ApprovalTimedOut, payload, now).await?;
                         requeue_paused(c, s, &run, None, now).await?;
                         let row = read_row(c, s, &run_id, &node_id)
                             .await?
@@ -153,8 +153,7 @@ impl Ledger {
                         let payload = json!({
                             "reminder": sent, "deadline": row.deadline, "message": row.message,
                         });
-                        approval_event(c, s, ids, EventType::ApprovalReminder, payload, now)
-                            .await?;
+                        node_event(c, s, ids, EventType::ApprovalReminder, payload, now).await?;
                         Ok(Some(SweptOne::Reminded))
                     }
                 }

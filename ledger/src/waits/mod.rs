@@ -19,11 +19,12 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
+use crate::events::node_event;
 use crate::fence::{Fence, live_run_fence};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
 use crate::state::{WaitKind, WaitStatus};
-use rows::{read_row, settle, wait_cols, wait_event};
+use rows::{read_row, settle, wait_cols};
 
 pub(crate) use publish::must_look_again;
 pub use publish::{MAX_CANDIDATES, Published, PublishedEvent};
@@ -171,7 +172,7 @@ impl Ledger {
                         {
                             let ids = (run_id, row.step_id.as_str(), row.node_id.as_str());
                             let payload = json!({ "deadline": row.deadline });
-                            wait_event(c, s, ids, EventType::WaitTimedOut, payload, now).await?;
+                            node_event(c, s, ids, EventType::WaitTimedOut, payload, now).await?;
                         }
                     }
                     existing => begin_row(c, s, run_id, &begin, existing.is_some(), now).await?,
@@ -318,5 +319,5 @@ async fn begin_row(
         "kind": begin.kind.as_str(), "event": begin.event_name, "deadline": deadline,
     });
     let ids = (run_id, begin.step_id.as_str(), begin.node_id.as_str());
-    wait_event(c, s, ids, EventType::WaitRequested, payload, now).await
+    node_event(c, s, ids, EventType::WaitRequested, payload, now).await
 }

@@ -7,7 +7,6 @@ use super::Wait;
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
-use crate::events::{EventType, NewEvent, emit};
 use crate::model::Scope;
 use crate::state::WaitStatus;
 
@@ -152,29 +151,4 @@ pub(super) async fn settle(
         )
         .await?;
     Ok(n == 1)
-}
-
-/// A wait event on the node.
-pub(super) async fn wait_event(
-    c: &mut Conn<'_>,
-    s: &Scope,
-    ids: (&str, &str, &str),
-    event_type: EventType,
-    payload: Value,
-    now: Timestamp,
-) -> Result<(), Error> {
-    let (run_id, step_id, node_id) = ids;
-    emit(
-        c,
-        s,
-        now,
-        NewEvent {
-            event_type,
-            run_id,
-            step_id: Some(step_id),
-            tool_call_id: Some(node_id),
-            payload,
-        },
-    )
-    .await
 }

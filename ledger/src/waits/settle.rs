@@ -5,12 +5,13 @@ use serde_json::{Value, json};
 
 use super::PublishedEvent;
 use super::Wait;
-use super::rows::{Settled, WaitRow, read_row, settle, wait_cols, wait_event};
+use super::rows::{Settled, WaitRow, read_row, settle, wait_cols};
 use crate::approvals::requeue_paused;
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
+use crate::events::node_event;
 use crate::fence::{Fence, live_run_fence};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
@@ -89,7 +90,7 @@ impl Ledger {
                         node_id.as_str(),
                     );
                     let payload = json!({ "kind": "event", "event_id": event_id, "event": name });
-                    wait_event(c, s, ids, EventType::WaitCompleted, payload, now).await?;
+                    node_event(c, s, ids, EventType::WaitCompleted, payload, now).await?;
                 }
                 read_row(c, s, &lease.run_id, &node_id)
                     .await?
@@ -143,7 +144,7 @@ impl Ledger {
                     row.node_id.as_str(),
                 );
                 let payload = json!({ "kind": "callback", "ok": reply.ok, "error": reply.error });
-                wait_event(c, s, ids, EventType::WaitCompleted, payload, now).await?;
+                node_event(c, s, ids, EventType::WaitCompleted, payload, now).await?;
                 requeue_paused(c, s, &run, None, now).await?;
                 read_row(c, s, &row.run_id, &row.node_id)
                     .await?
@@ -290,7 +291,7 @@ impl Ledger {
                 if to == WaitStatus::TimedOut {
                     let ids = (run_id.as_str(), row.step_id.as_str(), node_id.as_str());
                     let payload = json!({ "deadline": row.deadline, "kind": row.kind });
-                    wait_event(c, s, ids, EventType::WaitTimedOut, payload, now).await?;
+                    node_event(c, s, ids, EventType::WaitTimedOut, payload, now).await?;
                     requeue_paused(c, s, &run, None, now).await?;
                 }
                 read_row(c, s, &run_id, &node_id)
