@@ -42,10 +42,14 @@ impl Pool {
         match self {
             Pool::Sqlite(_, writer) => writer.submit(op).await,
             Pool::Postgres(p) => {
-                let mut tx = p.begin().await?;
-                let v = op(&mut Conn::Postgres(&mut tx)).await?;
-                tx.commit().await?;
-                Ok(v)
+                let p = p.clone();
+                run_to_end(async move {
+                    let mut tx = p.begin().await?;
+                    let v = op(&mut Conn::Postgres(&mut tx)).await?;
+                    tx.commit().await?;
+                    Ok(v)
+                })
+                .await
             }
         }
     }
@@ -56,8 +60,12 @@ impl Pool {
         match self {
             Pool::Sqlite(_, writer) => writer.submit(op).await,
             Pool::Postgres(p) => {
-                let mut c = p.acquire().await?;
-                op(&mut Conn::Postgres(&mut c)).await
+                let p = p.clone();
+                run_to_end(async move {
+                    let mut c = p.acquire().await?;
+                    op(&mut Conn::Postgres(&mut c)).await
+                })
+                .await
             }
         }
     }
@@ -79,6 +87,21 @@ impl Pool {
             Pool::Postgres(p) => p.close().await,
         }
     }
+}
+
+/// Runs a PostgreSQL write on a task of its own, so a caller that stops waiting (a
+/// timeout, a dropped future) cannot cancel it between `BEGIN` and `COMMIT`: a `BEGIN`
+/// cancelled mid-flight can return its connection to the pool inside an open
+/// transaction (launchbadge/sqlx#4393), where the next borrower's statements would
+/// never commit — seen here as a heartbeat that another handle could not read. SQLite's
+/// writes already run on the writer task.
+async fn run_to_end<T: Send + 'static>(
+    write: impl std::future::Future<Output = Result<T, Error>> + Send + 'static,
+) -> Result<T, Error> {
+    tokio::spawn(write).await.map_err(|e| Error::Backend {
+        message: format!("write task ended without an answer: {e}"),
+        retryable: false,
+    })?
 }
 
 /// A connection borrowed from the pool.

@@ -337,8 +337,9 @@ async fn postgres_four_processes_never_claim_a_run_twice() {
 /// A caller that stops waiting for a write (a timeout, a dropped task) must not leave a
 /// transaction open on a pooled connection: the next borrower's statements would run
 /// inside it and never commit (sqlx can leave one behind when a PostgreSQL `BEGIN` is
-/// cancelled mid-flight: transact-rs/sqlx#4393; not reproduced here with 0.9.0 and
-/// 3,000 abandoned writes, kept as a guard). Hundreds of writes are abandoned at random
+/// cancelled mid-flight: launchbadge/sqlx#4393; seen here under load as "heartbeat 1 is
+/// not visible", fixed by running each PostgreSQL write on a task of its own so no
+/// caller can cancel it mid-transaction). Hundreds of writes are abandoned at random
 /// moments on a two-connection pool; every heartbeat after that must be visible to
 /// another handle.
 async fn writes_abandoned_by_their_callers_leave_no_transaction_behind(db: TestDb) {
