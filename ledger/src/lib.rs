@@ -84,6 +84,7 @@ mod conn;
 mod db;
 mod deliveries;
 mod error;
+mod fanouts;
 mod fence;
 mod health;
 mod ledger;
@@ -117,6 +118,7 @@ pub use deliveries::{
 };
 pub use error::Error;
 pub use events::{Event, EventFilter, EventType};
+pub use fanouts::Fanout;
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
 pub use model::{
     Actor, Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,

@@ -489,8 +489,10 @@ pub enum PureRecorded {
 pub struct PureResult {
     /// Step id (the node id: a first attempt).
     pub step_id: String,
-    /// Node id (also the tool call id).
+    /// Node id.
     pub node_id: String,
+    /// The call's id: the node id, or `node[<key>]` for an item of a `for_each` node.
+    pub tool_call_id: String,
     /// Tool name.
     pub tool: String,
     /// Base idempotency key.

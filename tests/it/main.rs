@@ -17,6 +17,8 @@ mod elicit;
 mod events;
 mod flapping;
 mod follow_up;
+mod for_each;
+mod for_each_crash;
 mod gateway;
 mod limits;
 mod meta;

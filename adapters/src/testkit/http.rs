@@ -288,6 +288,29 @@ struct Shared {
     record: Mutex<Record>,
     released: watch::Sender<u64>,
     log_file: Option<Mutex<std::fs::File>>,
+    /// Requests being handled now, and the most there ever were at once.
+    in_flight: std::sync::atomic::AtomicU32,
+    max_in_flight: std::sync::atomic::AtomicU32,
+}
+
+/// Counts one request in flight until dropped (a client that hangs up is dropped too).
+struct InFlight<'a>(&'a Shared);
+
+impl<'a> InFlight<'a> {
+    fn enter(shared: &'a Shared) -> Self {
+        use std::sync::atomic::Ordering;
+        let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        Self(shared)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Shared {
@@ -348,6 +371,8 @@ impl CountingServer {
             record: Mutex::new(Record::default()),
             released,
             log_file,
+            in_flight: Default::default(),
+            max_in_flight: Default::default(),
         });
         let router = Router::new()
             .route("/_control/set", post(control_set))
@@ -399,6 +424,14 @@ impl CountingServer {
         self.shared.lock().completed.get(key).copied().unwrap_or(0)
     }
 
+    /// The most requests that were ever being handled at once (control requests
+    /// excluded): what a concurrency limit is checked against.
+    pub fn max_in_flight(&self) -> u32 {
+        self.shared
+            .max_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Requests that arrived, control requests excluded.
     pub fn total(&self) -> u32 {
         self.shared.lock().log.len() as u32
@@ -432,6 +465,7 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let _in_flight = InFlight::enter(&shared);
     let path = uri.path().to_string();
     let key = headers
         .get("idempotency-key")

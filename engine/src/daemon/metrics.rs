@@ -421,6 +421,13 @@ impl Progress for Observer {
             StepEvent::Skipped { node, why } => {
                 tracing::info!(step = node, why, "step skipped");
             }
+            StepEvent::Closed {
+                node,
+                counts,
+                error,
+            } => {
+                tracing::info!(step = node, %counts, error, "for_each items done");
+            }
             StepEvent::Finished {
                 node,
                 tool,

@@ -5,6 +5,7 @@
 use flow_ledger::{ErrorKind, Timestamp};
 use serde_json::Value as Json;
 
+use super::fanout::Fan;
 use crate::gateway::StepOrigin;
 use crate::plan::Plan;
 use crate::workflow::Workflow;
@@ -88,6 +89,8 @@ pub enum NodeState {
     },
     /// Stopped by a cancellation.
     Cancelled,
+    /// A `for_each` node whose list is known: its items' states.
+    FanOut(Box<Fan>),
 }
 
 impl NodeState {
@@ -114,6 +117,18 @@ pub enum Action {
         /// Where the step's row stands: none yet, a retry that came due, or a row left
         /// `running` (interrupted, deferred, resolved for re-send).
         origin: StepOrigin,
+        /// The item of a `for_each` node the step is for (its position in the list).
+        item: Option<usize>,
+    },
+    /// Evaluate a `for_each` node's list (its parents are settled) and record it.
+    Expand {
+        /// Node index.
+        node: usize,
+    },
+    /// Every item of a `for_each` node is settled (or too many failed): record the node.
+    Close {
+        /// Node index.
+        node: usize,
     },
     /// Record the node as skipped because an upstream node was skipped.
     SkipUpstream {
@@ -204,6 +219,7 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
                     step_id: step_id.clone(),
                     retry: *retry,
                     origin: StepOrigin::Running,
+                    item: None,
                 });
             }
             NodeState::Pending {
@@ -236,6 +252,7 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
                         step_id: step_id.clone(),
                         retry: *retry,
                         origin,
+                        item: None,
                     });
                 }
             }
@@ -246,6 +263,8 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
                 }
                 if parents.iter().any(|&p| nodes[p] == NodeState::Skipped) {
                     actions.push(Action::SkipUpstream { node: i });
+                } else if wf.nodes[i].for_each.is_some() {
+                    actions.push(Action::Expand { node: i });
                 } else if starts < capacity {
                     starts += 1;
                     actions.push(Action::Start {
@@ -253,8 +272,27 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
                         step_id: wf.nodes[i].id.clone(),
                         retry: 0,
                         origin: StepOrigin::New,
+                        item: None,
                     });
                 }
+            }
+            NodeState::FanOut(fan) => {
+                if fan.is_done() {
+                    actions.push(Action::Close { node: i });
+                    continue;
+                }
+                let (items, due) = fan.startable(s.now, capacity.saturating_sub(starts));
+                if let Some(t) = due {
+                    wake = Some(wake.map_or(t, |w| w.min(t)));
+                }
+                starts += items.len();
+                actions.extend(items.into_iter().map(|it| Action::Start {
+                    node: i,
+                    step_id: it.step_id,
+                    retry: it.retry,
+                    origin: it.origin,
+                    item: Some(it.item),
+                }));
             }
             _ => {}
         }
@@ -266,7 +304,11 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
         return vec![Action::Wait { until: wake }];
     }
     let in_doubt: Vec<usize> = (0..nodes.len())
-        .filter(|&i| matches!(nodes[i], NodeState::InDoubt { .. }))
+        .filter(|&i| match &nodes[i] {
+            NodeState::InDoubt { .. } => true,
+            NodeState::FanOut(fan) => fan.holds_in_doubt(),
+            _ => false,
+        })
         .collect();
     let awaiting: Vec<usize> = (0..nodes.len())
         .filter(|&i| {
@@ -361,7 +403,8 @@ mod tests {
                 node: 1,
                 step_id: "b_retry1".into(),
                 retry: 1,
-                origin: StepOrigin::Pending
+                origin: StepOrigin::Pending,
+                item: None
             }]
         );
         // A deferred attempt waits the same way but keeps its `running` row.
@@ -382,7 +425,8 @@ mod tests {
                 node: 1,
                 step_id: "b_retry1".into(),
                 retry: 1,
-                origin: StepOrigin::Running
+                origin: StepOrigin::Running,
+                item: None
             }]
         );
         nodes[1] = ok();
@@ -496,7 +540,8 @@ mod tests {
                 node: 0,
                 step_id: "a".into(),
                 retry: 0,
-                origin: StepOrigin::Running
+                origin: StepOrigin::Running,
+                item: None
             }]
         );
         let cancel = Situation {

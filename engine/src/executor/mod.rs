@@ -6,6 +6,8 @@
 //! `reconcile` (probing in-doubt calls before the run pauses).
 
 pub mod decide;
+mod expand;
+mod fanout;
 mod heartbeat;
 pub mod progress;
 mod reconcile;

@@ -40,6 +40,15 @@ pub enum StepEvent<'a> {
         /// What became of it.
         result: &'a StepResult,
     },
+    /// A `for_each` node's items are done: its counts, or why it failed.
+    Closed {
+        /// Node id.
+        node: &'a str,
+        /// The node's counts (`succeeded`, `failed`, `skipped`).
+        counts: &'a serde_json::Value,
+        /// Why the node failed (too many items failed).
+        error: Option<&'a str>,
+    },
     /// A node was skipped.
     Skipped {
         /// Node id.
@@ -63,10 +72,34 @@ impl Progress for Silent {
 }
 
 /// The line for a finished step, e.g. `✓ charge (attempt 2, charge_retry1) 31ms`.
+///
+/// An item of a `for_each` node is named by its step (`notify[c1]`), and prints only
+/// when it did not simply succeed: a 10,000-item node prints its counts, not 10,000
+/// lines.
 pub fn line(event: &StepEvent<'_>) -> Option<String> {
     match event {
         StepEvent::Started { .. } => None,
         StepEvent::Skipped { node, why } => Some(format!("- {node} skipped ({why})")),
+        StepEvent::Closed {
+            node,
+            counts,
+            error: None,
+        } => Some(format!(
+            "✓ {node}: {} items succeeded, {} failed, {} skipped",
+            counts["succeeded"], counts["failed"], counts["skipped"]
+        )),
+        StepEvent::Closed {
+            node,
+            error: Some(e),
+            ..
+        } => Some(format!("✗ {node}: {e}")),
+        StepEvent::Finished {
+            node,
+            step_id,
+            retry,
+            result: StepResult::Succeeded { .. },
+            ..
+        } if shown(node, step_id, *retry) != *node => None,
         StepEvent::Finished {
             node,
             tool: _,
@@ -75,6 +108,7 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
             took,
             result,
         } => {
+            let node = shown(node, step_id, *retry);
             let attempt = if *retry == 0 {
                 "attempt 1".to_string()
             } else {
@@ -126,6 +160,20 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
     }
 }
 
+/// What a step is shown as: its node, or for an item of a `for_each` node the item's
+/// step (`notify[c1]`, whatever its retry).
+pub fn shown<'s>(node: &'s str, step_id: &'s str, retry: u32) -> &'s str {
+    if super::fanout::item_key(node, step_id, retry).is_none() {
+        return node;
+    }
+    if retry == 0 {
+        step_id
+    } else {
+        let suffix = format!("_retry{retry}");
+        step_id.strip_suffix(suffix.as_str()).unwrap_or(step_id)
+    }
+}
+
 /// One JSON object per line on stderr (`--log-format json`), the line's text as the
 /// message and the node beside it.
 pub struct JsonLines;
@@ -135,6 +183,7 @@ impl Progress for JsonLines {
         let node = match &event {
             StepEvent::Started { node, .. }
             | StepEvent::Finished { node, .. }
+            | StepEvent::Closed { node, .. }
             | StepEvent::Skipped { node, .. } => *node,
         };
         if let Some(l) = line(&event) {
@@ -195,13 +244,28 @@ impl Progress for Live {
         self.ticking
             .call_once(|| self.bar.enable_steady_tick(Duration::from_millis(100)));
         match &event {
-            StepEvent::Started { node, .. } => {
+            StepEvent::Started {
+                node,
+                step_id,
+                retry,
+            } => {
                 self.running
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert((*node).to_string());
+                    .insert(shown(node, step_id, *retry).to_string());
             }
-            StepEvent::Finished { node, .. } | StepEvent::Skipped { node, .. } => {
+            StepEvent::Finished {
+                node,
+                step_id,
+                retry,
+                ..
+            } => {
+                self.running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(shown(node, step_id, *retry));
+            }
+            StepEvent::Skipped { node, .. } | StepEvent::Closed { node, .. } => {
                 self.running
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())

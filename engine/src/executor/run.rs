@@ -191,7 +191,10 @@ impl Executor {
             prepared: &prepared,
             inputs: known.inputs,
         };
-        let outcome = scope.drive(&mut st, &cancel, &mut lost_rx, stop).await;
+        let outcome = match scope.rebuild_fans(&mut st).await {
+            Ok(()) => scope.drive(&mut st, &cancel, &mut lost_rx, stop).await,
+            Err(e) => Err(e),
+        };
         drop(heartbeat);
         outcome
     }
@@ -254,19 +257,33 @@ impl<'a> RunScope<'a> {
                         step_id,
                         retry,
                         origin,
+                        item,
                     } => {
                         progressed = true;
+                        let key = match (item, &st.nodes[node]) {
+                            (Some(i), NodeState::FanOut(fan)) => Some(fan.keys[i].clone()),
+                            _ => None,
+                        };
                         let at = StepAt {
                             node,
                             step_id: &step_id,
                             retry,
                             origin,
+                            item: item.zip(key.as_deref()),
                         };
                         let call = alongside(&mut in_flight, &mut done, self.prepare_start(st, at))
                             .await?;
                         if let Some(call) = call {
-                            in_flight.push(self.launch(st, node, call, now));
+                            in_flight.push(self.launch(st, (node, item), call, now));
                         }
+                    }
+                    Action::Expand { node } => {
+                        progressed = true;
+                        alongside(&mut in_flight, &mut done, self.expand(st, node)).await?;
+                    }
+                    Action::Close { node } => {
+                        progressed = true;
+                        alongside(&mut in_flight, &mut done, self.close(st, node)).await?;
                     }
                     Action::SkipUpstream { node } => {
                         progressed = true;
@@ -326,15 +343,16 @@ impl<'a> RunScope<'a> {
     fn launch(
         &self,
         st: &mut RunState,
-        node: usize,
+        (node, item): (usize, Option<usize>),
         call: StepCall<'a>,
         now: Timestamp,
     ) -> impl Future<Output = (Finished, Result<StepResult, gateway::Error>)> + use<'a> {
         let (step_id, retry) = (call.step_id.clone(), call.retry);
-        st.nodes[node] = NodeState::Running {
+        let running = NodeState::Running {
             step_id: step_id.clone(),
             retry,
         };
+        st.put(node, item, running);
         st.first_started.entry(node).or_insert(now);
         let id = &self.wf.nodes[node].id;
         self.progress.step(StepEvent::Started {
@@ -354,6 +372,7 @@ impl<'a> RunScope<'a> {
             (
                 Finished {
                     node,
+                    item,
                     step_id,
                     retry,
                     took: started.elapsed(),
@@ -376,7 +395,7 @@ impl<'a> RunScope<'a> {
         let lease = self.lease();
         let names = |list: &[usize]| {
             list.iter()
-                .map(|&i| self.wf.nodes[i].id.as_str())
+                .map(|&i| in_doubt_name(self.wf, &st.nodes[i], i))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -432,6 +451,7 @@ impl<'a> RunScope<'a> {
         let wf = self.wf;
         let Finished {
             node,
+            item,
             step_id,
             retry,
             took,
@@ -445,7 +465,7 @@ impl<'a> RunScope<'a> {
             took,
             result: &result,
         });
-        st.nodes[node] = match result {
+        let state = match result {
             StepResult::Succeeded { output } => NodeState::Succeeded { output },
             StepResult::Failed {
                 retry: Some((step_id, retry, not_before)),
@@ -481,6 +501,7 @@ impl<'a> RunScope<'a> {
                 }
             }
         };
+        st.put(node, item, state);
     }
 
     /// Gives the run back to the queue after a cooperative stop.
@@ -505,6 +526,14 @@ impl<'a> RunScope<'a> {
                 let mut out = Map::new();
                 for i in plan.sinks() {
                     let v = match &st.nodes[i] {
+                        // A `for_each` sink gives its counts: its items are in their steps.
+                        NodeState::Succeeded { output } if wf.nodes[i].for_each.is_some() => {
+                            let mut counts = output.clone();
+                            if let Json::Object(map) = &mut counts {
+                                map.remove("items");
+                            }
+                            counts
+                        }
                         NodeState::Succeeded { output } => output.clone(),
                         _ => Json::Null,
                     };
@@ -549,6 +578,21 @@ impl<'a> RunScope<'a> {
     }
 }
 
+/// How a paused node is named: its id, or for a `for_each` node its items in doubt
+/// (`notify[a], notify[b] and 3 more`).
+fn in_doubt_name(wf: &ValidWorkflow, state: &NodeState, i: usize) -> String {
+    let id = &wf.nodes[i].id;
+    let NodeState::FanOut(fan) = state else {
+        return id.clone();
+    };
+    let keys: Vec<&str> = fan.in_doubt_keys().collect();
+    let mut names: Vec<String> = keys.iter().take(5).map(|k| format!("{id}[{k}]")).collect();
+    if keys.len() > 5 {
+        names.push(format!("and {} more", keys.len() - 5));
+    }
+    names.join(", ")
+}
+
 /// What the caller already read about a run, so the executor need not read it again.
 struct Known<'a> {
     inputs: &'a Json,
@@ -559,6 +603,8 @@ struct Known<'a> {
 /// A step that came back from the gateway.
 struct Finished {
     node: usize,
+    /// The item of a `for_each` node.
+    item: Option<usize>,
     step_id: String,
     retry: u32,
     took: Duration,

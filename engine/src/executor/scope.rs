@@ -41,6 +41,18 @@ pub(super) struct StepAt<'s> {
     pub(super) step_id: &'s str,
     pub(super) retry: u32,
     pub(super) origin: StepOrigin,
+    /// The item of a `for_each` node: its position in the list and its key.
+    pub(super) item: Option<(usize, &'s str)>,
+}
+
+impl StepAt<'_> {
+    /// The call's id: the node id, or `node[<key>]` for an item.
+    pub(super) fn call_id(&self, node_id: &str) -> String {
+        match self.item {
+            None => node_id.to_string(),
+            Some((_, key)) => super::fanout::item_step_id(node_id, key, 0),
+        }
+    }
 }
 
 /// Per-workflow facts computed once per execution.
@@ -50,6 +62,9 @@ pub(super) struct Prepared {
     /// For each node, the nodes whose approval (`nodes.<id>.approval.inputs`) its
     /// expressions read: read from the ledger when the node starts.
     pub(super) approvals: Vec<Vec<usize>>,
+    /// For each `for_each` node, the nodes its list reads: read once, when the list is
+    /// evaluated, never copied into each item's context.
+    pub(super) lists: Vec<Vec<usize>>,
 }
 
 impl Prepared {
@@ -82,9 +97,20 @@ impl Prepared {
             out.dedup();
             out
         };
+        let lists = wf
+            .nodes
+            .iter()
+            .map(|n| {
+                let refs: Vec<String> = n.for_each.iter().flat_map(|fe| fe.items.templates())
+                    .flat_map(|t| t.exprs().flat_map(expr::references).collect::<Vec<_>>())
+                    .collect();
+                nodes(&refs, false)
+            })
+            .collect();
         Self {
             reads: refs.iter().map(|r| nodes(r, false)).collect(),
             approvals: refs.iter().map(|r| nodes(r, true)).collect(),
+            lists,
         }
     }
 }
@@ -144,6 +170,7 @@ impl RunScope<'_> {
             step_id,
             retry,
             origin,
+            item,
         } = at;
         let now = self.gateway.now();
         let decl = &self.wf.nodes[node];
@@ -175,7 +202,7 @@ impl RunScope<'_> {
                 retry: None,
             },
         });
-        st.nodes[node] = NodeState::Failed { kind, message };
+        st.put(node, item.map(|(i, _)| i), NodeState::Failed { kind, message });
         Ok(())
     }
 }

@@ -74,7 +74,9 @@ pub(super) fn plan_start<'w>(
     rng: &mut impl rand::Rng,
 ) -> StartPlan<'w> {
     let decl = &wf.nodes[at.node];
+    // An item's node evaluated its `if` once, before its list.
     if at.retry == 0
+        && at.item.is_none()
         && at.origin == StepOrigin::New
         && let Some(cond) = &decl.condition
     {
@@ -120,7 +122,10 @@ pub(super) fn plan_start<'w>(
     let policy = wf.retry_policy(decl);
     let next = at.retry + 1;
     let next_retry = retry::allows(&policy, next).then(|| NextRetry {
-        step_id: format!("{}_retry{next}", decl.id),
+        step_id: match at.item {
+            None => format!("{}_retry{next}", decl.id),
+            Some((_, key)) => super::fanout::item_step_id(&decl.id, key, next),
+        },
         retry: next,
         delay: retry::next_delay(&policy, next, rng),
         deadline,
@@ -155,7 +160,12 @@ impl<'a> RunScope<'a> {
         let decl = &wf.nodes[at.node];
         let now = self.gateway.now();
         self.read_approvals(st, at.node).await?;
-        let ctx = self.context(st, at.node);
+        let mut ctx = self.context(st, at.node);
+        if let (Some((i, _)), NodeState::FanOut(fan), Json::Object(map)) =
+            (at.item, &st.nodes[at.node], &mut ctx)
+        {
+            map.insert("item".into(), fan.items[i].clone());
+        }
         let first = st.first_started.get(&at.node).copied().unwrap_or(now);
         let plan = {
             let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
@@ -183,6 +193,7 @@ impl<'a> RunScope<'a> {
             node: decl,
             tool,
             step_id: at.step_id.to_string(),
+            call_id: at.call_id(&decl.id),
             retry: at.retry,
             origin: at.origin,
             ctx,
@@ -196,8 +207,13 @@ impl<'a> RunScope<'a> {
     /// The expression context of a node: inputs, the run id, the outputs it reads and
     /// the approvals it reads (`nodes.<id>.approval.inputs`).
     fn context(&self, st: &RunState, node: usize) -> Json {
+        self.context_reading(st, node, &self.prepared.reads[node])
+    }
+
+    /// The expression context of a node whose expressions read the outputs of `reads`.
+    pub(super) fn context_reading(&self, st: &RunState, node: usize, reads: &[usize]) -> Json {
         let mut nodes = Map::new();
-        for &i in &self.prepared.reads[node] {
+        for &i in reads {
             let output = match &st.nodes[i] {
                 NodeState::Succeeded { output } => output.clone(),
                 _ => Json::Null,
@@ -218,7 +234,7 @@ impl<'a> RunScope<'a> {
 
     /// Reads the approvals `node` reads that this execution has not read yet: what the
     /// deciding approver gave (`{"inputs": …, "by": …}`).
-    async fn read_approvals(&self, st: &mut RunState, node: usize) -> Result<(), gateway::Error> {
+    pub(super) async fn read_approvals(&self, st: &mut RunState, node: usize) -> Result<(), gateway::Error> {
         for &i in &self.prepared.approvals[node] {
             if st.approvals.contains_key(&i) {
                 continue;
@@ -262,6 +278,7 @@ mod tests {
             step_id: "a",
             retry,
             origin,
+            item: None,
         }
     }
 

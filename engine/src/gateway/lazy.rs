@@ -220,7 +220,7 @@ async fn one_at_a_time(
             not_before: None,
             status: StepStatus::Running,
         },
-        tool_call_id: r.node_id.clone(),
+        tool_call_id: r.tool_call_id,
         tool: r.tool,
         idempotency_key: r.idempotency_key,
         request: r.request,
@@ -256,6 +256,7 @@ mod tests {
         PureResult {
             step_id: node.into(),
             node_id: node.into(),
+            tool_call_id: node.into(),
             tool: "echo".into(),
             idempotency_key: format!("{run_id}:{node}"),
             request: json!({ "v": 1 }),

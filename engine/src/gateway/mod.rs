@@ -141,6 +141,9 @@ pub struct StepCall<'a> {
     pub tool: &'a ToolDecl,
     /// The step id.
     pub step_id: String,
+    /// The call's id in the ledger: the node id, or `node[<key>]` for an item of a
+    /// `for_each` node. The default idempotency key is `<run>:<call_id>`.
+    pub call_id: String,
     /// The step's retry number.
     pub retry: u32,
     /// Whether the step row exists.
@@ -463,7 +466,7 @@ impl Gateway {
         r: &Rendered,
         class: SideEffect,
     ) -> Result<Claimed, flow_ledger::Error> {
-        let node_id = c.node.id.as_str();
+        let node_id = c.call_id.as_str();
         let mut reclaimed = false;
         loop {
             let claim = self

@@ -60,7 +60,7 @@ impl Gateway {
                     return Err(message);
                 }
             },
-            None => format!("{}:{node_id}", c.run().run_id),
+            None => format!("{}:{}", c.run().run_id, c.call_id),
         };
         let (mut target, request) = match render::render(c.tool, &args, &ctx, secrets) {
             Ok(r) => r,

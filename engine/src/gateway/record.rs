@@ -95,6 +95,7 @@ impl Gateway {
             let kept = flow_ledger::PureResult {
                 step_id: c.step_id.clone(),
                 node_id: c.node.id.clone(),
+                tool_call_id: c.call_id.clone(),
                 tool: c.tool.name.clone(),
                 idempotency_key: base_key,
                 request,
@@ -113,7 +114,7 @@ impl Gateway {
                 PureCall {
                     run: c.run(),
                     step,
-                    tool_call_id: c.node.id.clone(),
+                    tool_call_id: c.call_id.clone(),
                     tool: c.tool.name.clone(),
                     idempotency_key: base_key,
                     request,

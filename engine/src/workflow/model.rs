@@ -526,6 +526,53 @@ pub struct NodeDecl {
     /// After its call succeeds the node waits for a callback to a token it handed the
     /// downstream (`callback:`); its output is the callback's.
     pub callback: Option<CallbackDecl>,
+    /// The node runs once per item of a list (`for_each:`), each item a step of its own.
+    pub for_each: Option<ForEachDecl>,
+}
+
+/// Default `for_each.max_items`: a list longer than this fails the node before anything
+/// is sent (a list that long by accident is a bug upstream, not a mailing).
+pub const DEFAULT_MAX_ITEMS: u32 = 10_000;
+/// Largest `for_each.max_items` a file may declare.
+pub const MAX_MAX_ITEMS: u32 = 1_000_000;
+
+/// `for_each:` on a node: its call is made once per item of `items`, under a key that is
+/// the item's identity (README, "Fan-out: for_each"). Each item is a step `node[<key>]`
+/// whose call key is `<run>:node[<key>]`, so re-evaluating or reordering the list never
+/// changes what an item is sent under.
+#[derive(Debug, Clone)]
+pub struct ForEachDecl {
+    /// Where `for_each:` is written.
+    pub pos: Pos,
+    /// The list: one expression (or a literal list) over `inputs`, `nodes` and `run`.
+    pub items: TValue,
+    /// The item's identity: one expression over `item` (a string or a number).
+    pub key: Template,
+    /// Longest list accepted.
+    pub max_items: u32,
+    /// Items in flight at once (`None` = the run's `max_parallel`, which also bounds it).
+    pub concurrency: Option<u32>,
+    /// Failed items the node tolerates before it fails.
+    pub tolerate: Tolerance,
+}
+
+/// How many failed items a `for_each` node tolerates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Tolerance {
+    /// At most this many.
+    Count(u32),
+    /// At most this share of the list, in percent (rounded down to whole items).
+    Percent(f64),
+}
+
+impl Tolerance {
+    /// The most failed items tolerated in a list of `n`.
+    pub fn allowed(self, n: usize) -> usize {
+        match self {
+            Self::Count(c) => c as usize,
+            Self::Percent(p) => ((n as f64) * p / 100.0).floor() as usize,
+        }
+    }
 }
 
 /// `wait:` on a node: it completes when an event its `match` accepts is published

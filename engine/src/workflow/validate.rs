@@ -156,6 +156,51 @@ fn check_node(checker: &mut RefChecker<'_>, opts: &ValidateOptions, i: usize) {
     }
     check_approval(checker, opts, i);
     check_wait(checker, i);
+    check_for_each(checker, i);
+}
+
+/// A `for_each:` node: its list reads what an `if:` may, its key reads `item`; and
+/// what is still keyed by node alone (an approval, a wait, a callback) is refused on it.
+fn check_for_each(checker: &mut RefChecker<'_>, i: usize) {
+    let node = &checker.wf.nodes[i];
+    let Some(fe) = &node.for_each else {
+        return;
+    };
+    for t in fe.items.templates() {
+        checker.template(
+            t,
+            Scope::NodeField {
+                node: i,
+                field: "for_each.items",
+            },
+        );
+    }
+    checker.template(
+        &fe.key,
+        Scope::NodeField {
+            node: i,
+            field: "for_each.key",
+        },
+    );
+    let unsupported = [
+        ("approval", node.approval.is_some()),
+        ("wait", node.wait.is_some()),
+        ("callback", node.callback.is_some()),
+    ];
+    for (what, set) in unsupported {
+        if set {
+            checker.error(
+                fe.pos,
+                format!(
+                    "node `{}` has `for_each:` and `{what}:`, which cannot be combined yet",
+                    node.id
+                ),
+                Some(format!(
+                    "put the `{what}:` on a node before or after the fan-out"
+                )),
+            );
+        }
+    }
 }
 
 /// A node's `approval:`: its message reads what an `if:` may (no secrets), and a node
@@ -515,6 +560,7 @@ impl RefChecker<'_> {
                 }
             }
             "event" => self.event_reference(pos, src, scope),
+            "item" => self.item_reference(pos, src, scope),
             "callback" => self.callback_reference(pos, src, second, scope),
             "with" => {
                 if !matches!(scope, Scope::Tool) {
@@ -549,6 +595,28 @@ impl RefChecker<'_> {
                     Some(help),
                 );
             }
+        }
+    }
+
+    /// An `item` reference: only a `for_each` node's `with`, `idempotency_key` and
+    /// `for_each.key` see the item they are rendered for (its `if` and its list are
+    /// evaluated once for the whole node).
+    fn item_reference(&mut self, pos: Pos, src: &str, scope: Scope<'_>) {
+        let allowed = match scope {
+            Scope::With { node } => self.wf.nodes[node].for_each.is_some(),
+            Scope::NodeField { node, field } => {
+                self.wf.nodes[node].for_each.is_some()
+                    && matches!(field, "idempotency_key" | "for_each.key")
+            }
+            _ => false,
+        };
+        if !allowed {
+            let where_ = self.where_(scope);
+            self.error(
+                pos,
+                format!("`{src}` in {where_} reads `item`, which only the `with`, `idempotency_key` and `for_each.key` of a `for_each` node can see"),
+                Some("add `for_each: { items: …, key: … }` to the node, or remove the reference".into()),
+            );
         }
     }
 

@@ -35,27 +35,27 @@ INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, c
     updated_at, started_at, finished_at, output, error_kind, error_message, tool_call_id)
 SELECT $1, $2, $3, j.value ->> 'step', j.value ->> 'node', 0, 'succeeded', j.value ->> 't0',
     j.value ->> 't1', j.value ->> 't0', j.value ->> 't1', j.value ->> 'out', NULL, NULL,
-    j.value ->> 'node'
+    j.value ->> 'call'
 FROM jsonb_each($7) AS j
 WHERE EXISTS (SELECT 1 FROM runs WHERE",
     live_run_fence!(),
     ")
     AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
-        AND t.run_id = $3 AND t.tool_call_id = j.value ->> 'node')
+        AND t.run_id = $3 AND t.tool_call_id = j.value ->> 'call')
     AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
         AND t.idempotency_key = j.value ->> 'key')
 ON CONFLICT DO NOTHING;
 INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id, step_id, tool,
     idempotency_key, request, request_hash, status, attempt_count, outbound_requests, output,
     error_kind, error_message, lease_token, run_token, created_at, updated_at, finished_at)
-SELECT $1, $2, $3, j.value ->> 'node', j.value ->> 'step', j.value ->> 'tool',
+SELECT $1, $2, $3, j.value ->> 'call', j.value ->> 'step', j.value ->> 'tool',
     j.value ->> 'key', j.value ->> 'req', j.value ->> 'hash', 'succeeded', 1, 0,
     j.value ->> 'out', NULL, NULL, 1, $5, j.value ->> 't0', j.value ->> 't1', j.value ->> 't1'
 FROM jsonb_each($7) AS j WHERE changes() = $8;
 INSERT INTO tool_call_attempts (tenant, workspace, id, run_id, tool_call_id, step_id, attempt,
     sent_key, outbound_started_at, finished_at, outcome, error_kind, error_message,
     requests_sent)
-SELECT $1, $2, j.value ->> 'att', $3, j.value ->> 'node', j.value ->> 'step', 1,
+SELECT $1, $2, j.value ->> 'att', $3, j.value ->> 'call', j.value ->> 'step', 1,
     j.value ->> 'sk', NULL, j.value ->> 't1', 'succeeded', NULL, NULL, 0
 FROM jsonb_each($7) AS j WHERE changes() = $8;
 INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id, payload)
@@ -64,7 +64,7 @@ SELECT $1, $2,
     CASE w.i WHEN 0 THEN 'step.started' ELSE 'step.succeeded' END,
     CASE w.i WHEN 0 THEN j.value ->> 't0' ELSE j.value ->> 't1' END,
     $3, j.value ->> 'step',
-    CASE w.i WHEN 0 THEN NULL ELSE j.value ->> 'node' END,
+    CASE w.i WHEN 0 THEN NULL ELSE j.value ->> 'call' END,
     CASE w.i WHEN 0 THEN j.value ->> 'p0' ELSE j.value ->> 'p1' END
 FROM jsonb_each($7) AS j, (SELECT 0 AS i UNION ALL SELECT 1 AS i) AS w
 WHERE changes() = $8
@@ -86,7 +86,7 @@ ok AS (
     WHERE",
             live_run_fence!(),
             "AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
-              AND t.run_id = $3 AND t.tool_call_id = ANY (ARRAY(SELECT v ->> 'node' FROM j)))
+              AND t.run_id = $3 AND t.tool_call_id = ANY (ARRAY(SELECT v ->> 'call' FROM j)))
       AND NOT EXISTS (SELECT 1 FROM tool_calls t WHERE t.tenant = $1 AND t.workspace = $2
               AND t.idempotency_key = ANY (ARRAY(SELECT v ->> 'key' FROM j)))
       AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.tenant = $1 AND s.workspace = $2
@@ -98,14 +98,14 @@ s AS (
         updated_at, started_at, finished_at, output, error_kind, error_message, tool_call_id)
     SELECT $1, $2, $3, v ->> 'step', v ->> 'node', 0, 'succeeded', (v ->> 't0')::bigint,
         (v ->> 't1')::bigint, (v ->> 't0')::bigint, (v ->> 't1')::bigint, v ->> 'out', NULL,
-        NULL, v ->> 'node'
+        NULL, v ->> 'call'
     FROM go),
 c AS (
     INSERT INTO tool_calls (tenant, workspace, run_id, tool_call_id, step_id, tool,
         idempotency_key, request, request_hash, status, attempt_count, outbound_requests,
         output, error_kind, error_message, lease_token, run_token, created_at, updated_at,
         finished_at)
-    SELECT $1, $2, $3, v ->> 'node', v ->> 'step', v ->> 'tool', v ->> 'key', v ->> 'req',
+    SELECT $1, $2, $3, v ->> 'call', v ->> 'step', v ->> 'tool', v ->> 'key', v ->> 'req',
         v ->> 'hash', 'succeeded', 1, 0, v ->> 'out', NULL, NULL, 1, $5, (v ->> 't0')::bigint,
         (v ->> 't1')::bigint, (v ->> 't1')::bigint
     FROM go),
@@ -113,7 +113,7 @@ a AS (
     INSERT INTO tool_call_attempts (tenant, workspace, id, run_id, tool_call_id, step_id,
         attempt, sent_key, outbound_started_at, finished_at, outcome, error_kind,
         error_message, requests_sent)
-    SELECT $1, $2, v ->> 'att', $3, v ->> 'node', v ->> 'step', 1, v ->> 'sk', NULL,
+    SELECT $1, $2, v ->> 'att', $3, v ->> 'call', v ->> 'step', 1, v ->> 'sk', NULL,
         (v ->> 't1')::bigint, 'succeeded', NULL, NULL, 0
     FROM go),
 "
@@ -136,7 +136,7 @@ const POSTGRES_BATCH: &str = concat!(
         CASE w.i WHEN 0 THEN 'step.started' ELSE 'step.succeeded' END,
         CASE w.i WHEN 0 THEN (go.v ->> 't0')::bigint ELSE (go.v ->> 't1')::bigint END,
         $3, go.v ->> 'step',
-        CASE w.i WHEN 0 THEN NULL ELSE go.v ->> 'node' END,
+        CASE w.i WHEN 0 THEN NULL ELSE go.v ->> 'call' END,
         CASE w.i WHEN 0 THEN go.v ->> 'p0' ELSE go.v ->> 'p1' END,
         pg_current_xact_id()::text::bigint
     FROM go, (VALUES (0), (1)) AS w(i)
@@ -174,7 +174,7 @@ e AS (
             CASE w.i WHEN 0 THEN (go.v ->> 't0')::bigint ELSE (go.v ->> 't1')::bigint END
                 AS time,
             go.v ->> 'step' AS step_id,
-            CASE w.i WHEN 0 THEN NULL ELSE go.v ->> 'node' END AS tool_call_id,
+            CASE w.i WHEN 0 THEN NULL ELSE go.v ->> 'call' END AS tool_call_id,
             CASE w.i WHEN 0 THEN go.v ->> 'p0' ELSE go.v ->> 'p1' END AS payload,
             go.k AS k, w.i AS i
         FROM go, (VALUES (0), (1)) AS w(i)
@@ -301,7 +301,7 @@ impl Ledger {
                 output: Some(self.checked_json(&r.output)?),
                 step_id: r.step_id,
                 retry: 0,
-                tool_call_id: r.node_id.clone(),
+                tool_call_id: r.tool_call_id,
                 node_id: r.node_id,
                 tool: r.tool,
                 key: r.idempotency_key,

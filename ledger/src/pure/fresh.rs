@@ -172,6 +172,7 @@ impl Fresh {
         json!({
             "step": self.step_id,
             "node": self.node_id,
+            "call": self.tool_call_id,
             "tool": self.tool,
             "key": self.key,
             "req": self.request,

@@ -25,6 +25,7 @@ fn result(node: &str, key: &str, at: Timestamp) -> PureResult {
     PureResult {
         step_id: node.into(),
         node_id: node.into(),
+        tool_call_id: node.into(),
         tool: "core.echo".into(),
         idempotency_key: key.into(),
         request_hash: canonical_hash(&request),

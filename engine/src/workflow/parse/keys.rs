@@ -41,7 +41,17 @@ pub(super) const NODE_KEYS: &[&str] = &[
     "approval",
     "wait",
     "callback",
+    "for_each",
 ];
+pub(super) const FOR_EACH_KEYS: &[&str] = &[
+    "items",
+    "key",
+    "max_items",
+    "concurrency",
+    "tolerate",
+    "in_doubt",
+];
+pub(super) const TOLERATE_KEYS: &[&str] = &["failed"];
 /// What a `wait:` node may say besides `wait:` (it calls no tool).
 pub(super) const WAIT_NODE_KEYS: &[&str] = &["needs", "if", "description", "wait"];
 pub(super) const WAIT_KEYS: &[&str] = &["event", "timeout", "on_timeout"];

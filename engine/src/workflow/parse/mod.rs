@@ -8,6 +8,7 @@
 //! accepted keys in [`keys`] and the naming rules in [`names`].
 
 mod condition;
+mod for_each;
 mod inputs;
 mod keys;
 mod names;

@@ -99,6 +99,7 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
         approval: get(fields, "approval").and_then(|n| approval(cx, n)),
         wait: get(fields, "wait").and_then(|n| super::waits::wait(cx, n)),
         callback: get(fields, "callback").and_then(|n| super::waits::callback(cx, n)),
+        for_each: get(fields, "for_each").and_then(|n| super::for_each::for_each(cx, n)),
     })
 }
 

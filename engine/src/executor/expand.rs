@@ -1,0 +1,333 @@
+//! A `for_each` node's list: evaluated when its parents are settled ([`RunScope::expand`]),
+//! merged with what an earlier execution started, stored once in the ledger before any
+//! item starts; and the node's own step written when its items are done
+//! ([`RunScope::close`]).
+//!
+//! The merge keeps the promise that an item's call is sent at most once under a key that
+//! never changes: items are matched by key, never by position, so a list re-evaluated
+//! in another order (or with items added) finds each started item's state again; an
+//! item that vanished after its call was sent is kept (with the item stored before); one
+//! that vanished before is recorded skipped and reported.
+
+use std::collections::{HashMap, HashSet};
+
+use flow_ledger::{ErrorKind, Fanout, NewStep, StepFinish, StepStatus};
+use serde_json::Value as Json;
+
+use super::decide::NodeState;
+use super::fanout::{Fan, item_step_id};
+use super::progress::StepEvent;
+use super::scope::{RunScope, StepAt, lease_err};
+use super::state::RunState;
+use crate::gateway::{self, StepOrigin};
+use crate::workflow::expr;
+use crate::workflow::model::ForEachDecl;
+
+/// Longest item key: it is part of a step id and of an idempotency key header.
+const MAX_KEY_LEN: usize = 200;
+
+impl RunScope<'_> {
+    /// Evaluates `node`'s `if` and list, merges them with the items already recorded and
+    /// stores the list; the node then holds its items' states. A list that cannot be
+    /// used (not an array, too long, a bad or repeated key) fails the node before any
+    /// item is sent.
+    pub(super) async fn expand(&self, st: &mut RunState, node: usize) -> Result<(), gateway::Error> {
+        let decl = &self.wf.nodes[node];
+        let Some(fe) = &decl.for_each else {
+            return Ok(());
+        };
+        self.read_approvals(st, node).await?;
+        let mut reads = self.prepared.reads[node].clone();
+        reads.extend(&self.prepared.lists[node]);
+        reads.sort_unstable();
+        reads.dedup();
+        let mut ctx = self.context_reading(st, node, &reads);
+        let at = StepAt {
+            node,
+            step_id: &decl.id,
+            retry: 0,
+            origin: StepOrigin::New,
+            item: None,
+        };
+        if let Some(cond) = &decl.condition {
+            match expr::eval_condition(cond, &ctx) {
+                Ok(true) => {}
+                Ok(false) => return self.skip(st, node, "its `if` condition is false").await,
+                Err(e) => {
+                    let message = format!("`if` of node `{}`: {e}", decl.id);
+                    return self.fail_now(st, at, ErrorKind::Permanent, message).await;
+                }
+            }
+        }
+        let list = match evaluate(fe, &decl.id, &mut ctx) {
+            Ok(list) => list,
+            Err(message) => return self.fail_now(st, at, ErrorKind::Permanent, message).await,
+        };
+        let listed = list.len();
+        let loaded = st.items.remove(&node).unwrap_or_default();
+        let stored = self
+            .gateway
+            .ledger()
+            .get_fanout(&self.lease().run_id, &decl.id)
+            .await
+            .map_err(gateway::Error::Ledger)?;
+        let merged = merge(list, stored, &loaded);
+        let now = self.gateway.now();
+        let wrap = |e| lease_err(e, self.lease());
+        self.writer.flush(now).await.map_err(wrap)?;
+        let fanout = Fanout {
+            node_id: decl.id.clone(),
+            items: Json::Array(merged.items.clone()),
+            keys: merged.keys.clone(),
+            vanished: merged.vanished.clone(),
+            created_at: now,
+            updated_at: now,
+        };
+        self.gateway
+            .ledger()
+            .record_fanout(self.lease(), &fanout, now)
+            .await
+            .map_err(wrap)?;
+        // A key that vanished before its call was sent: recorded skipped, never sent.
+        let mut keys = merged.keys;
+        let mut items = merged.items;
+        for key in merged.vanished {
+            if !matches!(loaded.get(&key), Some(NodeState::Skipped)) {
+                let step = NewStep {
+                    step_id: item_step_id(&decl.id, &key, 0),
+                    node_id: decl.id.clone(),
+                    retry: 0,
+                    not_before: None,
+                    status: StepStatus::Skipped,
+                };
+                self.writer.create_step(step, now).await.map_err(wrap)?;
+            }
+            keys.push(key);
+            items.push(Json::Null);
+        }
+        let mut states = loaded;
+        for key in &keys[merged.listed_and_kept..] {
+            states.insert(key.clone(), NodeState::Skipped);
+        }
+        let limit = fe.concurrency.unwrap_or(self.wf.max_parallel) as usize;
+        let tolerated = fe.tolerate.allowed(listed);
+        let fan = Fan::new(&decl.id, keys, items, states, limit, tolerated);
+        tracing::info!(node = %decl.id, items = fan.len(), "for_each: list evaluated");
+        st.nodes[node] = NodeState::FanOut(Box::new(fan));
+        Ok(())
+    }
+
+    /// Writes the step of a `for_each` node whose items are done: its counts, or the
+    /// failure naming the failed items; the node then holds its outcome.
+    pub(super) async fn close(&self, st: &mut RunState, node: usize) -> Result<(), gateway::Error> {
+        let NodeState::FanOut(fan) = &st.nodes[node] else {
+            return Ok(());
+        };
+        let outcome = fan.outcome();
+        let summary = fan.summary();
+        let decl = &self.wf.nodes[node];
+        let now = self.gateway.now();
+        let wrap = |e| lease_err(e, self.lease());
+        let step = NewStep {
+            step_id: decl.id.clone(),
+            node_id: decl.id.clone(),
+            retry: 0,
+            not_before: None,
+            status: StepStatus::Running,
+        };
+        self.writer
+            .open_step(StepOrigin::New, step, now)
+            .await
+            .map_err(wrap)?;
+        let error = match &outcome {
+            NodeState::Failed { kind, message } => {
+                self.writer
+                    .fail_step(&decl.id, *kind, message.clone(), now)
+                    .await
+                    .map_err(wrap)?;
+                Some(message.as_str())
+            }
+            _ => {
+                let finish = StepFinish {
+                    step_id: decl.id.clone(),
+                    status: StepStatus::Succeeded,
+                    output: Some(summary.clone()),
+                    error: None,
+                };
+                self.writer.finish_step(finish, now).await.map_err(wrap)?;
+                None
+            }
+        };
+        self.progress.step(StepEvent::Closed {
+            node: &decl.id,
+            counts: &summary,
+            error,
+        });
+        st.nodes[node] = outcome;
+        Ok(())
+    }
+
+    /// Rebuilds the output of the `for_each` nodes recorded as succeeded (their step
+    /// holds the counts; the output holds every item's) from their stored lists and
+    /// their items' steps.
+    pub(super) async fn rebuild_fans(&self, st: &mut RunState) -> Result<(), gateway::Error> {
+        for node in std::mem::take(&mut st.rebuild) {
+            let decl = &self.wf.nodes[node];
+            let stored = self
+                .gateway
+                .ledger()
+                .get_fanout(&self.lease().run_id, &decl.id)
+                .await
+                .map_err(gateway::Error::Ledger)?;
+            let Some(stored) = stored else {
+                continue;
+            };
+            let mut keys = stored.keys;
+            keys.extend(stored.vanished);
+            let items = vec![Json::Null; keys.len()];
+            let loaded = st.items.remove(&node).unwrap_or_default();
+            let fan = Fan::new(&decl.id, keys, items, loaded, 1, usize::MAX);
+            st.nodes[node] = NodeState::Succeeded {
+                output: fan.output(),
+            };
+        }
+        Ok(())
+    }
+}
+
+/// A list merged with what an earlier execution stored and started.
+struct Merged {
+    /// The keys: the list's, then those kept because their call was sent.
+    keys: Vec<String>,
+    /// The items, same order.
+    items: Vec<Json>,
+    /// How many of `keys` are listed or kept (the rest, added later, vanished).
+    listed_and_kept: usize,
+    /// Keys that vanished before anything was sent (earlier ones included).
+    vanished: Vec<String>,
+}
+
+/// Merges the evaluated `list` with the `stored` one: every listed item; each stored
+/// item missing from the list whose step exists in `loaded` (it was started, so its
+/// call may have been sent) is kept with its stored item; each one never started has
+/// vanished.
+fn merge(
+    list: Vec<(String, Json)>,
+    stored: Option<Fanout>,
+    loaded: &HashMap<String, NodeState>,
+) -> Merged {
+    let (mut keys, mut items): (Vec<String>, Vec<Json>) = list.into_iter().unzip();
+    let listed: HashSet<String> = keys.iter().cloned().collect();
+    let mut vanished = Vec::new();
+    if let Some(stored) = stored {
+        let old_items = match stored.items {
+            Json::Array(a) => a,
+            _ => Vec::new(),
+        };
+        let mut old_items = old_items.into_iter();
+        for key in stored.keys {
+            let item = old_items.next().unwrap_or(Json::Null);
+            if listed.contains(&key) {
+                continue;
+            }
+            match loaded.get(&key) {
+                None | Some(NodeState::NotStarted | NodeState::Skipped) => vanished.push(key),
+                Some(_) => {
+                    keys.push(key);
+                    items.push(item);
+                }
+            }
+        }
+        for key in stored.vanished {
+            if !listed.contains(&key) {
+                vanished.push(key);
+            }
+        }
+    }
+    let listed_and_kept = keys.len();
+    Merged {
+        keys,
+        items,
+        listed_and_kept,
+        vanished,
+    }
+}
+
+/// Evaluates the list and each item's key: `(key, item)` in list order, or the message
+/// the node fails with.
+fn evaluate(fe: &ForEachDecl, id: &str, ctx: &mut Json) -> Result<Vec<(String, Json)>, String> {
+    let value = fe
+        .items
+        .render(ctx)
+        .map_err(|e| format!("`for_each.items` of node `{id}`: {e}"))?;
+    let Json::Array(list) = value else {
+        return Err(format!(
+            "`for_each.items` of node `{id}` is {}, not a list",
+            type_name(&value)
+        ));
+    };
+    if list.len() > fe.max_items as usize {
+        return Err(format!(
+            "`for_each.items` of node `{id}` has {} items, more than `max_items` ({}); nothing was sent",
+            list.len(),
+            fe.max_items
+        ));
+    }
+    let mut out = Vec::with_capacity(list.len());
+    let mut seen = HashSet::with_capacity(list.len());
+    let mut repeated = Vec::new();
+    for (index, item) in list.into_iter().enumerate() {
+        if let Json::Object(map) = ctx {
+            map.insert("item".into(), item);
+        }
+        let rendered = fe.key.render(ctx);
+        let item = match ctx {
+            Json::Object(map) => map.remove("item").unwrap_or(Json::Null),
+            _ => Json::Null,
+        };
+        let key = match rendered {
+            Ok(Json::String(s)) => s,
+            Ok(Json::Number(n)) => n.to_string(),
+            Ok(other) => {
+                return Err(format!(
+                    "`for_each.key` of node `{id}` is {} for item {index}: a key is a string or a number",
+                    type_name(&other)
+                ));
+            }
+            Err(e) => return Err(format!("`for_each.key` of node `{id}`, item {index}: {e}")),
+        };
+        if key.is_empty()
+            || key.len() > MAX_KEY_LEN
+            || !key.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(format!(
+                "`for_each.key` of node `{id}` is `{}` for item {index}: a key is 1 to {MAX_KEY_LEN} visible ASCII characters (no spaces)",
+                key.escape_debug()
+            ));
+        }
+        if !seen.insert(key.clone()) {
+            repeated.push(key.clone());
+        }
+        out.push((key, item));
+    }
+    if !repeated.is_empty() {
+        repeated.dedup();
+        let shown: Vec<String> = repeated.iter().take(10).map(|k| format!("`{k}`")).collect();
+        return Err(format!(
+            "`for_each.key` of node `{id}` is not unique: {} appear more than once; nothing was sent",
+            shown.join(", ")
+        ));
+    }
+    Ok(out)
+}
+
+fn type_name(v: &Json) -> &'static str {
+    match v {
+        Json::Null => "null",
+        Json::Bool(_) => "a boolean",
+        Json::Number(_) => "a number",
+        Json::String(_) => "a string",
+        Json::Array(_) => "a list",
+        Json::Object(_) => "an object",
+    }
+}

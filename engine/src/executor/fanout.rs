@@ -1,0 +1,442 @@
+//! A `for_each` node's items in one execution: each item's state (a [`NodeState`] of
+//! its own, under the step id `node[<key>]`), which items may start next, and what the
+//! node comes to when they are done. The bookkeeping is incremental (counts, the items
+//! waiting for a retry, the items never started), so deciding what to start next costs
+//! what starts, not the length of the list.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+
+use flow_ledger::{ErrorKind, Timestamp};
+use serde_json::{Map, Value as Json, json};
+
+use super::decide::NodeState;
+use crate::gateway::StepOrigin;
+
+/// The step id of an item's attempt: `node[<key>]`, then `node[<key>]_retry<n>`.
+pub fn item_step_id(node: &str, key: &str, retry: u32) -> String {
+    if retry == 0 {
+        format!("{node}[{key}]")
+    } else {
+        format!("{node}[{key}]_retry{retry}")
+    }
+}
+
+/// The key of an item step of `node` (`None`: not an item step of it).
+pub fn item_key<'s>(node: &str, step_id: &'s str, retry: u32) -> Option<&'s str> {
+    let rest = step_id.strip_prefix(node)?.strip_prefix('[')?;
+    if retry == 0 {
+        rest.strip_suffix(']')
+    } else {
+        rest.strip_suffix(&format!("]_retry{retry}"))
+    }
+}
+
+/// An item the loop should start: its position, step and where its row stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ItemStart {
+    /// Position in the list.
+    pub item: usize,
+    /// The step id.
+    pub step_id: String,
+    /// Its retry number.
+    pub retry: u32,
+    /// Where the step's row stands.
+    pub origin: StepOrigin,
+}
+
+/// A `for_each` node's items and their states.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fan {
+    /// The node id (item step ids are built from it).
+    node: String,
+    /// Each item's key, in list order (then kept vanished items).
+    pub keys: Vec<String>,
+    /// Each item, same order.
+    pub items: Vec<Json>,
+    states: Vec<NodeState>,
+    /// Most items in flight at once.
+    limit: usize,
+    /// Most failed items tolerated.
+    tolerated: usize,
+    /// Items never started, in list order.
+    fresh: VecDeque<usize>,
+    /// Items with a row to start again: a due retry, a deferred or interrupted step.
+    again: BTreeSet<usize>,
+    running: usize,
+    counts: Counts,
+}
+
+/// How many items are in each settled state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Succeeded.
+    pub succeeded: usize,
+    /// Failed for good.
+    pub failed: usize,
+    /// Skipped (vanished from the list before anything was sent).
+    pub skipped: usize,
+    /// Cancelled.
+    pub cancelled: usize,
+    /// In doubt.
+    pub in_doubt: usize,
+}
+
+impl Fan {
+    /// The items of `node` with the states recorded for them (`loaded`, by key; an item
+    /// without one has not started). `limit` bounds the items in flight and `tolerated`
+    /// the failures.
+    pub fn new(
+        node: &str,
+        keys: Vec<String>,
+        items: Vec<Json>,
+        mut loaded: HashMap<String, NodeState>,
+        limit: usize,
+        tolerated: usize,
+    ) -> Self {
+        let mut fan = Self {
+            node: node.to_string(),
+            states: vec![NodeState::NotStarted; keys.len()],
+            keys,
+            items,
+            limit: limit.max(1),
+            tolerated,
+            fresh: VecDeque::new(),
+            again: BTreeSet::new(),
+            running: 0,
+            counts: Counts::default(),
+        };
+        for i in 0..fan.keys.len() {
+            let state = loaded.remove(&fan.keys[i]).unwrap_or(NodeState::NotStarted);
+            fan.enter(i, state);
+        }
+        fan
+    }
+
+    /// The number of items.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Item `i`'s state.
+    pub fn state(&self, i: usize) -> &NodeState {
+        &self.states[i]
+    }
+
+    /// The settled counts so far.
+    pub fn counts(&self) -> Counts {
+        self.counts
+    }
+
+    /// Items running in this process.
+    pub fn running(&self) -> usize {
+        self.running
+    }
+
+    /// Whether more items failed than the node tolerates: nothing new starts.
+    pub fn over_tolerance(&self) -> bool {
+        self.counts.failed > self.tolerated
+    }
+
+    /// Sets item `i`'s state, keeping the counts and sets current.
+    pub fn set(&mut self, i: usize, state: NodeState) {
+        self.leave(i);
+        self.enter(i, state);
+    }
+
+    fn leave(&mut self, i: usize) {
+        match &self.states[i] {
+            NodeState::NotStarted => {
+                if self.fresh.front() == Some(&i) {
+                    self.fresh.pop_front();
+                } else {
+                    self.fresh.retain(|&f| f != i);
+                }
+            }
+            NodeState::Pending { .. }
+            | NodeState::Deferred { .. }
+            | NodeState::Interrupted { .. } => {
+                self.again.remove(&i);
+            }
+            NodeState::Running { .. } => self.running -= 1,
+            NodeState::Succeeded { .. } => self.counts.succeeded -= 1,
+            NodeState::Failed { .. } => self.counts.failed -= 1,
+            NodeState::Skipped => self.counts.skipped -= 1,
+            NodeState::Cancelled => self.counts.cancelled -= 1,
+            NodeState::InDoubt { .. } => self.counts.in_doubt -= 1,
+            _ => {}
+        }
+    }
+
+    fn enter(&mut self, i: usize, state: NodeState) {
+        match &state {
+            NodeState::NotStarted => self.fresh.push_back(i),
+            NodeState::Pending { .. }
+            | NodeState::Deferred { .. }
+            | NodeState::Interrupted { .. } => {
+                self.again.insert(i);
+            }
+            NodeState::Running { .. } => self.running += 1,
+            NodeState::Succeeded { .. } => self.counts.succeeded += 1,
+            NodeState::Failed { .. } => self.counts.failed += 1,
+            NodeState::Skipped => self.counts.skipped += 1,
+            NodeState::Cancelled => self.counts.cancelled += 1,
+            NodeState::InDoubt { .. } => self.counts.in_doubt += 1,
+            _ => {}
+        }
+        self.states[i] = state;
+    }
+
+    /// The items to start now, at most `capacity` (the run's free slots) and within the
+    /// node's own limit: steps to start again first, then new items in list order. Also
+    /// the earliest time a retry comes due, if one waits.
+    pub fn startable(
+        &self,
+        now: Timestamp,
+        capacity: usize,
+    ) -> (Vec<ItemStart>, Option<Timestamp>) {
+        let mut out = Vec::new();
+        let mut wake: Option<Timestamp> = None;
+        if self.over_tolerance() {
+            return (out, wake);
+        }
+        let room = capacity.min(self.limit.saturating_sub(self.running));
+        for &i in &self.again {
+            let (step_id, retry, due, origin) = match &self.states[i] {
+                NodeState::Interrupted { step_id, retry } => {
+                    (step_id, *retry, None, StepOrigin::Running)
+                }
+                NodeState::Pending {
+                    step_id,
+                    retry,
+                    not_before,
+                } => (step_id, *retry, Some(*not_before), StepOrigin::Pending),
+                NodeState::Deferred {
+                    step_id,
+                    retry,
+                    until,
+                } => (step_id, *retry, Some(*until), StepOrigin::Running),
+                _ => continue,
+            };
+            if let Some(t) = due.filter(|t| *t > now) {
+                wake = Some(wake.map_or(t, |w| w.min(t)));
+            } else if out.len() < room {
+                out.push(ItemStart {
+                    item: i,
+                    step_id: step_id.clone(),
+                    retry,
+                    origin,
+                });
+            }
+        }
+        for &i in self.fresh.iter().take(room.saturating_sub(out.len())) {
+            out.push(ItemStart {
+                item: i,
+                step_id: item_step_id(&self.node, &self.keys[i], 0),
+                retry: 0,
+                origin: StepOrigin::New,
+            });
+        }
+        (out, wake)
+    }
+
+    /// Whether the node can be closed: nothing runs, and either every item is settled
+    /// or too many failed (what is waiting then is left, and the node fails).
+    pub fn is_done(&self) -> bool {
+        if self.running > 0 {
+            return false;
+        }
+        if self.over_tolerance() {
+            return true;
+        }
+        let c = self.counts;
+        c.succeeded + c.failed + c.skipped + c.cancelled == self.len()
+    }
+
+    /// Whether items are in doubt and nothing else of the node can move without help.
+    pub fn holds_in_doubt(&self) -> bool {
+        self.counts.in_doubt > 0 && self.running == 0 && !self.over_tolerance()
+    }
+
+    /// The keys of items in doubt (for the pause reason and the inbox).
+    pub fn in_doubt_keys(&self) -> impl Iterator<Item = &str> {
+        self.keys
+            .iter()
+            .zip(&self.states)
+            .filter(|(_, s)| matches!(s, NodeState::InDoubt { .. }))
+            .map(|(k, _)| k.as_str())
+    }
+
+    /// The node's counts, as its step row and a run's output hold them.
+    pub fn summary(&self) -> Json {
+        let c = self.counts;
+        json!({ "succeeded": c.succeeded, "failed": c.failed, "skipped": c.skipped })
+    }
+
+    /// What the node comes to once [`Fan::is_done`]: its output (`items` by key, and the
+    /// counts), or the failure naming the failed items.
+    pub fn outcome(&self) -> NodeState {
+        if self.over_tolerance() {
+            let failed: Vec<&str> = self
+                .keys
+                .iter()
+                .zip(&self.states)
+                .filter(|(_, s)| matches!(s, NodeState::Failed { .. }))
+                .map(|(k, _)| k.as_str())
+                .collect();
+            let shown = failed
+                .iter()
+                .take(10)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(", ");
+            let more = failed.len().saturating_sub(10);
+            let message = format!(
+                "{} of {} items failed, {} tolerated: {shown}{}",
+                failed.len(),
+                self.len(),
+                self.tolerated,
+                if more > 0 {
+                    format!(" (and {more} more)")
+                } else {
+                    String::new()
+                }
+            );
+            return NodeState::Failed {
+                kind: ErrorKind::Permanent,
+                message,
+            };
+        }
+        NodeState::Succeeded {
+            output: self.output(),
+        }
+    }
+
+    /// `{ items: { <key>: output, … }, succeeded, failed, skipped }`: each succeeded
+    /// item's output by key (a JSON object: its keys come out sorted, not in list order).
+    pub fn output(&self) -> Json {
+        let mut items = Map::new();
+        for (k, s) in self.keys.iter().zip(&self.states) {
+            if let NodeState::Succeeded { output } = s {
+                items.insert(k.clone(), output.clone());
+            }
+        }
+        let mut out = self.summary();
+        if let Json::Object(map) = &mut out {
+            map.insert("items".into(), Json::Object(items));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fan(n: usize, limit: usize, tolerated: usize) -> Fan {
+        let keys: Vec<String> = (0..n).map(|i| format!("k{i}")).collect();
+        let items = (0..n).map(|i| json!({ "id": i })).collect();
+        Fan::new("notify", keys, items, HashMap::new(), limit, tolerated)
+    }
+
+    fn run(f: &mut Fan, i: usize) {
+        f.set(
+            i,
+            NodeState::Running {
+                step_id: item_step_id("notify", &f.keys[i].clone(), 0),
+                retry: 0,
+            },
+        );
+    }
+
+    #[test]
+    fn item_step_ids_round_trip_whatever_the_key_holds() {
+        for key in ["a", "x]_retry1", "[", "42"] {
+            for retry in [0, 1, 12] {
+                let id = item_step_id("n", key, retry);
+                assert_eq!(item_key("n", &id, retry), Some(key), "{id}");
+            }
+        }
+        assert_eq!(item_key("n", "n", 0), None);
+        assert_eq!(item_key("n", "nn[a]", 0), None);
+    }
+
+    #[test]
+    fn starts_new_items_in_order_within_the_limit_and_the_capacity() {
+        let mut f = fan(5, 2, 0);
+        let (s, _) = f.startable(Timestamp(0), 8);
+        assert_eq!(s.iter().map(|s| s.item).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(s[0].step_id, "notify[k0]");
+        run(&mut f, 0);
+        let (s, _) = f.startable(Timestamp(0), 8);
+        assert_eq!(s.iter().map(|s| s.item).collect::<Vec<_>>(), vec![1]);
+        run(&mut f, 1);
+        assert!(f.startable(Timestamp(0), 8).0.is_empty(), "limit reached");
+        f.set(0, NodeState::Succeeded { output: json!(1) });
+        assert_eq!(f.startable(Timestamp(0), 0).0, vec![], "no run capacity");
+        assert_eq!(f.startable(Timestamp(0), 1).0[0].item, 2);
+    }
+
+    #[test]
+    fn retries_start_when_due_before_new_items() {
+        let mut f = fan(3, 3, 0);
+        f.set(
+            1,
+            NodeState::Pending {
+                step_id: "notify[k1]_retry1".into(),
+                retry: 1,
+                not_before: Timestamp(500),
+            },
+        );
+        let (s, wake) = f.startable(Timestamp(100), 8);
+        assert_eq!(s.iter().map(|s| s.item).collect::<Vec<_>>(), vec![0, 2]);
+        assert_eq!(wake, Some(Timestamp(500)));
+        let (s, _) = f.startable(Timestamp(500), 8);
+        assert_eq!(s[0].item, 1);
+        assert_eq!(s[0].origin, StepOrigin::Pending);
+    }
+
+    #[test]
+    fn too_many_failures_stop_new_starts_and_fail_once_nothing_runs() {
+        let mut f = fan(4, 4, 1);
+        run(&mut f, 0);
+        let failed = || NodeState::Failed {
+            kind: ErrorKind::Permanent,
+            message: "no".into(),
+        };
+        f.set(1, failed());
+        f.set(2, failed());
+        assert!(f.over_tolerance());
+        assert!(f.startable(Timestamp(0), 8).0.is_empty());
+        assert!(!f.is_done(), "item 0 is still in flight");
+        f.set(0, NodeState::Succeeded { output: json!(0) });
+        assert!(f.is_done());
+        match f.outcome() {
+            NodeState::Failed { message, .. } => {
+                assert_eq!(message, "2 of 4 items failed, 1 tolerated: k1, k2")
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn in_doubt_items_hold_the_node_and_the_output_holds_every_item_by_key() {
+        let mut f = fan(3, 3, 0);
+        f.set(2, NodeState::Succeeded { output: json!("c") });
+        f.set(0, NodeState::Succeeded { output: json!("a") });
+        f.set(
+            1,
+            NodeState::InDoubt {
+                step_id: "notify[k1]".into(),
+            },
+        );
+        assert!(!f.is_done());
+        assert!(f.holds_in_doubt());
+        assert_eq!(f.in_doubt_keys().collect::<Vec<_>>(), vec!["k1"]);
+        f.set(1, NodeState::Succeeded { output: json!("b") });
+        assert!(f.is_done());
+        let out = f.output();
+        let keys: Vec<&String> = out["items"].as_object().expect("map").keys().collect();
+        assert_eq!(keys, vec!["k0", "k1", "k2"]);
+        assert_eq!(out["succeeded"], 3);
+    }
+}
