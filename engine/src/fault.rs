@@ -1,7 +1,8 @@
 //! Fault injection for crash tests (a testing hook, documented as such).
 //!
 //! `FLOW_FAULT=<point>:<node>` aborts the process — as if killed — when the gateway
-//! reaches `point` for `node`: `after_claim` (claimed, not marked outbound),
+//! reaches `point` for `node` (for a `for_each` node: its first item to get there, or
+//! one item named `node[<key>]`): `after_claim` (claimed, not marked outbound),
 //! `after_outbound` (outbound committed, request not sent), `after_response` (response
 //! arrived, outcome not recorded), `after_complete` (outcome recorded). The crash tests
 //! use it to prove each window is safe; in production the variable is simply unset.
@@ -95,7 +96,10 @@ impl Faults {
     pub fn hit(&self, point: Point, node: &str) {
         if let Some((p, n)) = &self.fault
             && *p == point
-            && n == node
+            && (n == node
+                || node
+                    .strip_prefix(n.as_str())
+                    .is_some_and(|r| r.starts_with('[')))
         {
             eprintln!("flow: FLOW_FAULT {point:?} at node {node}: aborting");
             std::process::abort();

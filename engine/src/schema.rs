@@ -58,6 +58,30 @@ fn wait() -> Value {
     })
 }
 
+/// `for_each:` on a node with a tool.
+fn for_each() -> Value {
+    json!({
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["items", "key"],
+        "description": "Call the node's tool once per item of a list, each item a step `<node>[<key>]` whose call key is `<run>:<node>[<key>]`; the node's output is `{items: {<key>: output}, succeeded, failed, skipped}`.",
+        "properties": {
+            "items": { "description": "The list: a JSON array, usually one expression (`${{ nodes.list.output.customers }}`) over `inputs`, `nodes` and `run`." },
+            "key": { "type": "string", "description": "The item's identity, one expression over `item` giving a string or a number (1 to 200 visible ASCII characters), never its position." },
+            "max_items": { "type": "integer", "minimum": 1, "maximum": 1000000, "description": "A longer list fails the node before anything is sent (default 10000)." },
+            "concurrency": { "type": "integer", "minimum": 1, "maximum": 1024, "description": "Items in flight at once (default and ceiling: the run's `max_parallel`)." },
+            "tolerate": {
+                "type": "object",
+                "additionalProperties": false,
+                "properties": {
+                    "failed": { "oneOf": [ { "type": "integer", "minimum": 0 }, { "type": "string", "pattern": "^\\s*[0-9]+(\\.[0-9]+)?\\s*%\\s*$" } ], "description": "Failed items tolerated: a count or a percentage of the list (default 0)." }
+                }
+            },
+            "in_doubt": { "enum": ["hold"], "description": "An item in doubt holds only itself; the run pauses once nothing else can run." }
+        }
+    })
+}
+
 /// `callback:` on a node with a tool.
 fn callback() -> Value {
     json!({
@@ -315,7 +339,8 @@ pub fn workflow_schema() -> Value {
                         "description": { "type": "string" },
                         "approval": approval(),
                         "wait": wait(),
-                        "callback": callback()
+                        "callback": callback(),
+                        "for_each": for_each()
                     }
                 }
             }

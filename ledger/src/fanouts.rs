@@ -94,7 +94,7 @@ impl Ledger {
                                 item_count = excluded.item_count, items = excluded.items,
                                 keys = excluded.keys, vanished = excluded.vanished,
                                 updated_at = excluded.updated_at
-                             RETURNING 1"
+                             RETURNING item_count"
                         ),
                         a,
                     )

@@ -428,7 +428,12 @@ fn parse_resolution(
     let (node, how) = spec
         .split_once('=')
         .ok_or_else(|| format!("--resolve `{spec}`: expected NODE=succeeded|failed|retry"))?;
-    if wf.node(node).is_none() {
+    // An item of a `for_each` node is resolved by its call id, `node[<key>]`.
+    let base = match node.split_once('[') {
+        Some((base, _)) if wf.node(base).is_some_and(|n| n.for_each.is_some()) => base,
+        _ => node,
+    };
+    if wf.node(base).is_none() {
         let ids: Vec<&str> = wf.nodes.iter().map(|n| n.id.as_str()).collect();
         return Err(format!(
             "--resolve: the run's workflow has no node `{node}` (nodes: {})",

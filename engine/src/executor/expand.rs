@@ -31,7 +31,11 @@ impl RunScope<'_> {
     /// stores the list; the node then holds its items' states. A list that cannot be
     /// used (not an array, too long, a bad or repeated key) fails the node before any
     /// item is sent.
-    pub(super) async fn expand(&self, st: &mut RunState, node: usize) -> Result<(), gateway::Error> {
+    pub(super) async fn expand(
+        &self,
+        st: &mut RunState,
+        node: usize,
+    ) -> Result<(), gateway::Error> {
         let decl = &self.wf.nodes[node];
         let Some(fe) = &decl.for_each else {
             return Ok(());
@@ -296,10 +300,7 @@ fn evaluate(fe: &ForEachDecl, id: &str, ctx: &mut Json) -> Result<Vec<(String, J
             }
             Err(e) => return Err(format!("`for_each.key` of node `{id}`, item {index}: {e}")),
         };
-        if key.is_empty()
-            || key.len() > MAX_KEY_LEN
-            || !key.bytes().all(|b| b.is_ascii_graphic())
-        {
+        if key.is_empty() || key.len() > MAX_KEY_LEN || !key.bytes().all(|b| b.is_ascii_graphic()) {
             return Err(format!(
                 "`for_each.key` of node `{id}` is `{}` for item {index}: a key is 1 to {MAX_KEY_LEN} visible ASCII characters (no spaces)",
                 key.escape_debug()

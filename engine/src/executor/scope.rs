@@ -101,7 +101,10 @@ impl Prepared {
             .nodes
             .iter()
             .map(|n| {
-                let refs: Vec<String> = n.for_each.iter().flat_map(|fe| fe.items.templates())
+                let refs: Vec<String> = n
+                    .for_each
+                    .iter()
+                    .flat_map(|fe| fe.items.templates())
                     .flat_map(|t| t.exprs().flat_map(expr::references).collect::<Vec<_>>())
                     .collect();
                 nodes(&refs, false)
@@ -202,7 +205,11 @@ impl RunScope<'_> {
                 retry: None,
             },
         });
-        st.put(node, item.map(|(i, _)| i), NodeState::Failed { kind, message });
+        st.put(
+            node,
+            item.map(|(i, _)| i),
+            NodeState::Failed { kind, message },
+        );
         Ok(())
     }
 }

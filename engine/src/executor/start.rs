@@ -234,7 +234,11 @@ impl<'a> RunScope<'a> {
 
     /// Reads the approvals `node` reads that this execution has not read yet: what the
     /// deciding approver gave (`{"inputs": …, "by": …}`).
-    pub(super) async fn read_approvals(&self, st: &mut RunState, node: usize) -> Result<(), gateway::Error> {
+    pub(super) async fn read_approvals(
+        &self,
+        st: &mut RunState,
+        node: usize,
+    ) -> Result<(), gateway::Error> {
         for &i in &self.prepared.approvals[node] {
             if st.approvals.contains_key(&i) {
                 continue;

@@ -372,7 +372,8 @@ impl Gateway {
         c: &StepCall<'_>,
         rendered: Rendered,
     ) -> Result<StepResult, flow_ledger::Error> {
-        let node_id = c.node.id.as_str();
+        // Faults name the node (any of its items) or one item (`notify[c3]`).
+        let node_id = c.call_id.as_str();
         let (tool, class, destructive): (Box<dyn Tool>, SideEffect, Option<bool>) =
             match self.tool_for(&rendered.target, c.timeout).await {
                 Ok(t) => t,
