@@ -58,21 +58,26 @@ fn inputs(db: &TestDb, ids: &[&str]) -> std::path::PathBuf {
     )
 }
 
-/// The step rows of `node`'s items in a `show --json` object: step id → status.
-fn item_steps(s: &Value, node: &str) -> Vec<(String, String)> {
-    let prefix = format!("{node}[");
-    s["steps"]
+/// `node`'s grouped items in a `show --json` object (`nodes[].items`).
+fn items(s: &Value, node: &str) -> Value {
+    s["nodes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|n| n["id"] == node))
+        .map(|n| n["items"].clone())
+        .unwrap_or(Value::Null)
+}
+
+/// The keys and states of the items `items` lists (those that did not simply succeed).
+fn listed(items: &Value) -> Vec<(String, String)> {
+    items["listed"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(|x| {
-            let id = x["step_id"].as_str()?;
-            id.starts_with(&prefix).then(|| {
-                (
-                    id.to_string(),
-                    x["status"].as_str().unwrap_or("").to_string(),
-                )
-            })
+        .map(|i| {
+            (
+                i["key"].as_str().unwrap_or("").to_string(),
+                i["status"].as_str().unwrap_or("").to_string(),
+            )
         })
         .collect()
 }
@@ -122,9 +127,15 @@ fn each_item_is_sent_once_under_its_own_key_within_the_concurrency() {
             "{backend:?}: `concurrency: 2` bounds the requests in flight (and uses them)"
         );
         let s = show(&db, &run);
-        let steps = item_steps(&s, "notify");
-        assert_eq!(steps.len(), 6, "{backend:?}: one step per item: {steps:?}");
-        assert!(steps.iter().all(|(_, st)| st == "succeeded"), "{steps:?}");
+        let items = items(&s, "notify");
+        assert_eq!(items["total"], 6, "{backend:?}: {items}");
+        assert_eq!(items["succeeded"], 6, "{backend:?}: {items}");
+        assert_eq!(listed(&items), vec![], "{backend:?}: nothing to list");
+        assert!(
+            s["steps"].as_array().is_some_and(|a| a.len() == 3),
+            "{backend:?}: items are grouped, not steps of the run: {}",
+            s["steps"]
+        );
     }
 }
 
@@ -171,10 +182,18 @@ fn a_reordered_list_without_an_item_keeps_every_key_and_reports_the_vanished_one
             "{backend:?}: c4 vanished before it was sent"
         );
         let s = show(&db, &run);
-        let steps = item_steps(&s, "notify");
+        let items = items(&s, "notify");
+        assert_eq!(
+            listed(&items),
+            vec![("c4".to_string(), "skipped".to_string())],
+            "{backend:?}: the vanished item is reported skipped: {items}"
+        );
+        assert_eq!(items["succeeded"], 4, "{backend:?}: {items}");
+        let text = output(db.flow().args(["show", &run]));
         assert!(
-            steps.contains(&("notify[c4]".into(), "skipped".into())),
-            "{backend:?}: the vanished item is reported skipped: {steps:?}"
+            stdout(&text).contains("notify  succeeded  5 items: 4 succeeded, 1 skipped"),
+            "{backend:?}: {}",
+            stdout(&text)
         );
     }
 }
@@ -241,7 +260,9 @@ fn failures_past_tolerate_fail_the_node_after_the_items_in_flight_are_recorded()
         );
         let run = run_id(&out);
         let s = show(&db, &run);
-        let steps = item_steps(&s, "notify");
+        let items = items(&s, "notify");
+        let started =
+            items["succeeded"].as_u64().unwrap_or(0) + items["failed"].as_u64().unwrap_or(0);
         if tolerate == 2 {
             assert!(
                 stderr(&out).contains("3 of 8 items failed, 2 tolerated: c2, c4, c6"),
@@ -249,12 +270,13 @@ fn failures_past_tolerate_fail_the_node_after_the_items_in_flight_are_recorded()
                 stderr(&out)
             );
             // In list order, one at a time: the third failure (c6) stops new starts.
-            assert_eq!(steps.len(), 6, "c7 and c8 never started: {steps:?}");
+            assert_eq!(started, 6, "c7 and c8 never started: {items}");
+            assert_eq!(items["failed"], 3, "{items}");
             assert_eq!(server.count(&format!("{run}:notify[c7]:1")), 0);
         } else {
             let result: Value = serde_json::from_slice(&out.stdout).expect("output");
             assert_eq!(result["after"]["sent"], 5, "{result}");
-            assert_eq!(steps.len(), 8, "{steps:?}");
+            assert_eq!(started, 8, "{items}");
         }
     }
 }
@@ -286,15 +308,26 @@ fn items_in_doubt_hold_only_themselves_and_resolving_them_finishes_the_node() {
         let run = run_id(&out);
         assert_eq!(server.total(), 12, "{backend:?}: every item was sent once");
         let s = show(&db, &run);
-        let steps = item_steps(&s, "notify");
-        let paused: Vec<&str> = steps
-            .iter()
-            .filter(|(_, st)| st == "paused")
-            .map(|(id, _)| id.as_str())
+        let items = items(&s, "notify");
+        assert_eq!(items["in_doubt"], 5, "{backend:?}: {items}");
+        assert_eq!(items["succeeded"], 7, "{backend:?}: {items}");
+        let in_doubt: Vec<&str> = s["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["status"] == "in_doubt")
+            .filter_map(|c| c["tool_call_id"].as_str())
             .collect();
-        assert_eq!(paused.len(), 5, "{backend:?}: {steps:?}");
-        let inbox = output(db.flow().args(["runs", "--json"]));
-        assert_eq!(inbox.status.code(), Some(0));
+        assert_eq!(
+            in_doubt.len(),
+            5,
+            "{backend:?}: the calls in doubt are listed: {in_doubt:?}"
+        );
+        let text = stdout(&output(db.flow().args(["show", &run])));
+        assert!(
+            text.contains("--resolve notify[c11]=succeeded"),
+            "{backend:?}: show says how to resolve each item: {text}"
+        );
         let reason = s["run"]["error"].as_str().unwrap_or_default().to_string();
         assert!(
             reason.contains("notify[c2]") && reason.contains("notify[c11]"),

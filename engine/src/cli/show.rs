@@ -243,15 +243,22 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
         })
         .await?;
     let mut out = run_header(&run, resume);
-    let order: Vec<String> = match crate::snapshot::snapshot(&run) {
-        Ok(wf) => wf
+    let wf = crate::snapshot::snapshot(&run).ok();
+    let order: Vec<String> = match &wf {
+        Some(wf) => wf
             .plan()
             .order()
             .iter()
             .map(|&i| wf.nodes[i].id.clone())
             .collect(),
-        Err(_) => Vec::new(),
+        None => Vec::new(),
     };
+    let fans: Vec<String> = wf
+        .iter()
+        .flat_map(|wf| &wf.nodes)
+        .filter(|n| n.for_each.is_some())
+        .map(|n| n.id.clone())
+        .collect();
     let mut nodes = order;
     for s in &steps {
         if !nodes.contains(&s.node_id) {
@@ -261,6 +268,20 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
     let mut in_doubt = Vec::new();
     let _ = writeln!(out);
     for node in &nodes {
+        if fans.contains(node) {
+            let total = ledger.get_fanout(run_id, node).await?;
+            let total = total.map(|f| f.keys.len() + f.vanished.len());
+            items_text(&mut out, node, &steps, total);
+            let prefix = format!("{node}[");
+            in_doubt.extend(
+                calls
+                    .iter()
+                    .filter(|c| c.tool_call_id.starts_with(&prefix))
+                    .filter(|c| c.status == CallStatus::InDoubt)
+                    .cloned(),
+            );
+            continue;
+        }
         let node_steps: Vec<_> = steps.iter().filter(|s| &s.node_id == node).collect();
         let call = calls.iter().find(|c| &c.tool_call_id == node);
         let state = node_steps
@@ -348,6 +369,49 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
         }
     }
     Ok(out)
+}
+
+/// A `for_each` node in the human view: its state and counts, then the items that did
+/// not simply succeed (in doubt and failed first; at most 20, the rest counted).
+fn items_text(out: &mut String, node: &str, steps: &[flow_ledger::Step], total: Option<usize>) {
+    use std::fmt::Write as _;
+    let view = crate::view::ItemsView::of(node, steps, total);
+    let own = steps
+        .iter()
+        .rfind(|s| s.node_id == node && s.step_id == node)
+        .map(|s| s.status.as_str());
+    let state = own.unwrap_or(if total.is_some() {
+        "running"
+    } else {
+        "not started"
+    });
+    let _ = writeln!(out, "{node}  {state}  {}", view.counts_line());
+    const SHOWN: usize = 20;
+    for item in view.listed.iter().take(SHOWN) {
+        let error = item
+            .error
+            .as_ref()
+            .map(|e| {
+                let kind = e.kind.map_or("error", |k| k.as_str());
+                format!("  {kind}: {}", shorten(&e.message))
+            })
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "    item {:<24} {:<10}{error}",
+            item.step,
+            item.status.as_str()
+        );
+    }
+    let unlisted = view.failed + view.in_doubt + view.running + view.skipped + view.cancelled;
+    if unlisted > SHOWN {
+        let _ = writeln!(
+            out,
+            "    … and {} more (flow show --json lists {}; the API pages them all)",
+            unlisted - SHOWN,
+            crate::view::items::LISTED
+        );
+    }
 }
 
 /// The run's approvals for the human view: each one's state, and for those waiting the

@@ -64,8 +64,11 @@ pub struct NodeView {
     pub needs: Vec<String>,
     /// Its tool (empty for a node the stored workflow no longer names).
     pub tool: String,
-    /// Its last step's state (`null`: not started).
+    /// Its last step's state (`null`: not started; a `for_each` node whose items run
+    /// and that has no step of its own yet: `running`).
     pub status: Option<StepStatus>,
+    /// A `for_each` node's items, grouped (their steps are not in the run's `steps`).
+    pub items: Option<super::ItemsView>,
 }
 
 /// One step: one attempt of a node (`<node>`, then `<node>_retry<n>`).
@@ -121,9 +124,10 @@ pub struct RunView {
     pub run: RunInfo,
     /// Its nodes in plan order (then any the stored workflow does not name).
     pub nodes: Vec<NodeView>,
-    /// Its steps, in creation order.
+    /// Its steps, in creation order (a `for_each` node's items are in its node's
+    /// `items`).
     pub steps: Vec<StepView>,
-    /// Its tool calls.
+    /// Its tool calls (of a `for_each` node's items, those that did not succeed).
     pub tool_calls: Vec<CallView>,
     /// Every probe of its calls, oldest first.
     pub probes: Vec<ProbeView>,
@@ -157,12 +161,39 @@ impl RunView {
                 limit: 1000,
             })
             .await?;
+        let wf = crate::snapshot::snapshot(&run).ok();
+        let fans: Vec<&str> = wf
+            .iter()
+            .flat_map(|wf| &wf.nodes)
+            .filter(|n| n.for_each.is_some())
+            .map(|n| n.id.as_str())
+            .collect();
+        let mut totals = Vec::with_capacity(fans.len());
+        for node in &fans {
+            let stored = ledger.get_fanout(run_id, node).await?;
+            totals.push(stored.map(|f| f.keys.len() + f.vanished.len()));
+        }
+        let is_item = |s: &Step| fans.iter().any(|n| super::items::item_key(n, s).is_some());
+        let item_call = |id: &str| {
+            fans.iter()
+                .any(|n| id.strip_prefix(n).is_some_and(|r| r.starts_with('[')))
+        };
         Ok(RunView {
             approvals: approvals.iter().map(super::ApprovalView::of).collect(),
             waits: waits.iter().map(super::WaitView::of).collect(),
-            nodes: nodes(&run, &steps),
-            steps: steps.iter().map(StepView::of).collect(),
-            tool_calls: calls.iter().map(|c| CallView::of(c, &events)).collect(),
+            nodes: nodes(wf.as_ref(), &steps, &totals),
+            steps: steps
+                .iter()
+                .filter(|s| !is_item(s))
+                .map(StepView::of)
+                .collect(),
+            tool_calls: calls
+                .iter()
+                .filter(|c| {
+                    !(item_call(&c.tool_call_id) && c.status == flow_ledger::CallStatus::Succeeded)
+                })
+                .map(|c| CallView::of(c, &events))
+                .collect(),
             probes: probes.iter().map(ProbeView::of).collect(),
             audit: AuditEntry::trail(&events),
             run: RunInfo {
@@ -201,9 +232,13 @@ async fn run_events(ledger: &Ledger, run_id: &str) -> Result<Vec<Event>, flow_le
 
 /// The run's nodes in plan order (from its stored workflow), then any node a step names
 /// that the workflow does not, each with its last step's state.
-fn nodes(run: &Run, steps: &[Step]) -> Vec<NodeView> {
-    let mut out: Vec<NodeView> = match crate::snapshot::snapshot(run) {
-        Ok(wf) => wf
+fn nodes(
+    wf: Option<&crate::workflow::ValidWorkflow>,
+    steps: &[Step],
+    totals: &[Option<usize>],
+) -> Vec<NodeView> {
+    let mut out: Vec<NodeView> = match wf {
+        Some(wf) => wf
             .plan()
             .order()
             .iter()
@@ -219,12 +254,31 @@ fn nodes(run: &Run, steps: &[Step]) -> Vec<NodeView> {
                         n.tool.clone()
                     },
                     status: None,
+                    items: None,
                 }
             })
             .collect(),
-        Err(_) => Vec::new(),
+        None => Vec::new(),
     };
+    let fans: Vec<&str> = wf
+        .iter()
+        .flat_map(|wf| &wf.nodes)
+        .filter(|n| n.for_each.is_some())
+        .map(|n| n.id.as_str())
+        .collect();
+    for (node, total) in fans.iter().zip(totals) {
+        if let Some(n) = out.iter_mut().find(|n| n.id == *node) {
+            let items = super::ItemsView::of(node, steps, *total);
+            if items.total.is_some() {
+                n.status = Some(StepStatus::Running);
+            }
+            n.items = Some(items);
+        }
+    }
     for s in steps {
+        if fans.iter().any(|n| super::items::item_key(n, s).is_some()) {
+            continue;
+        }
         match out.iter_mut().find(|n| n.id == s.node_id) {
             Some(n) => n.status = Some(s.status),
             None => out.push(NodeView {
@@ -232,6 +286,7 @@ fn nodes(run: &Run, steps: &[Step]) -> Vec<NodeView> {
                 needs: Vec::new(),
                 tool: String::new(),
                 status: Some(s.status),
+                items: None,
             }),
         }
     }

@@ -8,10 +8,12 @@
 //! - `in_doubt.rs`: every call in doubt across runs, bulk resolve, the event feed.
 //! - `stream.rs`: the event feed as Server-Sent Events.
 //! - `approvals.rs`: the approvals inbox and a person's decision.
+//! - `items.rs`: a `for_each` node's items, paged.
 //! - `waits.rs`: publishing events, callbacks to `callback:` nodes, the list of waits.
 
 pub(crate) mod approvals;
 pub(crate) mod in_doubt;
+pub(crate) mod items;
 pub(crate) mod probe;
 pub(crate) mod runs;
 pub(crate) mod steer;
@@ -164,6 +166,17 @@ pub const OPERATIONS: &[Operation] = &[
             || get(runs::show),
             None,
             &[json(200, "The run", schema::<RunView>)],
+        )
+    },
+    Operation {
+        problems: &[400, 401, 403, 404, 429, 503],
+        ..read(
+            "listItems",
+            "/api/v1/runs/{id}/items",
+            "A `for_each` node's items, by key, a page at a time (the run groups them: counts and the items that did not simply succeed)",
+            || get(items::list),
+            Some(schema::<items::ItemQuery>),
+            &[json(200, "A page of items", schema::<items::ItemPage>)],
         )
     },
     change(

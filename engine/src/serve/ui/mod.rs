@@ -73,6 +73,7 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/ui/sign-out", post(actions::sign_out))
         .route("/ui/runs", get(pages::runs))
         .route("/ui/runs/{id}", get(pages::run))
+        .route("/ui/runs/{id}/items", get(pages::items))
         .route("/ui/runs/{id}/cancel", post(actions::cancel))
         .route("/ui/runs/{id}/redrive", post(actions::redrive))
         .route("/ui/runs/{id}/reconcile", post(actions::probe))

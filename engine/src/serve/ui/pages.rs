@@ -21,7 +21,7 @@ use crate::view::{RunSummary, RunView};
 const PAGE: u32 = 50;
 
 /// A query string, its rejection a 400 page naming the parameter.
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Page> {
+pub(super) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, Page> {
     q.map(|Query(v)| v)
         .map_err(|e| Page::error(StatusCode::BAD_REQUEST, e.body_text()))
 }
@@ -197,6 +197,31 @@ pub struct RunQuery {
 
 /// Events the run page's history shows at most (the ledger's page size).
 const TIMELINE: u32 = 1_000;
+
+/// `GET /ui/runs/{id}/items?node=&status=&after=`: a `for_each` node's items, a page
+/// at a time (the run page lists only those that did not simply succeed).
+pub async fn items(
+    signed: Signed,
+    State(ui): State<Arc<Ui>>,
+    Path(id): Path<String>,
+    q: Result<Query<crate::serve::api::items::ItemQuery>, QueryRejection>,
+) -> Result<Page, Page> {
+    let q = query(q)?;
+    let page = crate::serve::api::items::page(&ui.app.ledger, &id, &q)
+        .await
+        .map_err(Page::from)?;
+    let ctx = json!({
+        "title": format!("Items of {} in run {id}", q.node),
+        "nav": "runs",
+        "who": who(&signed, &ui).await?,
+        "run": id,
+        "node": q.node,
+        "status": q.status,
+        "after": q.after,
+        "page": page,
+    });
+    Ok(Page::render(StatusCode::OK, "items.html", &ctx))
+}
 
 /// `GET /ui/runs/{id}`: the run, its graph, its nodes in plan order with their `needs`,
 /// steps and call, its history (the run's events) and the audit trail. The page updates
