@@ -1,1 +1,2 @@
+//! The for_each benchmark (being written).
 fn main() {}

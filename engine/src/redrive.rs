@@ -21,6 +21,17 @@ pub enum RedriveError {
         /// The node asked for.
         node: String,
     },
+    /// A node to run again has `for_each:`: its items cannot be redriven yet (a new run
+    /// re-sends nothing its items already sent only under other keys, so say so).
+    #[error(
+        "run `{run}`: node `{node}` has `for_each:`, which cannot be redriven yet; resolve or start a new run"
+    )]
+    ForEach {
+        /// The run.
+        run: String,
+        /// The node.
+        node: String,
+    },
     /// The run's stored workflow does not parse any more.
     #[error("run `{run}`: its stored workflow cannot be read: {why}")]
     Snapshot {
@@ -53,7 +64,13 @@ pub async fn redrive(
     // Each node's latest step (the highest retry) decides whether it failed.
     let mut latest: Vec<Option<(u32, StepStatus)>> = vec![None; wf.nodes.len()];
     for s in &steps {
+        // An item step of a `for_each` node (`node[<key>]`) is not the node's own.
+        let item = s
+            .step_id
+            .strip_prefix(s.node_id.as_str())
+            .is_some_and(|r| r.starts_with('['));
         if let Some(i) = wf.position(&s.node_id)
+            && !item
             && latest[i].is_none_or(|(r, _)| s.retry >= r)
         {
             latest[i] = Some((s.retry, s.status));
@@ -75,6 +92,16 @@ pub async fn redrive(
                 stack.extend(plan.children(i).iter().copied());
             }
         }
+    }
+    if let Some(&i) = plan
+        .order()
+        .iter()
+        .find(|&&i| chosen[i] && wf.nodes[i].for_each.is_some())
+    {
+        return Err(RedriveError::ForEach {
+            run: run_id.to_string(),
+            node: wf.nodes[i].id.clone(),
+        });
     }
     let nodes = plan
         .order()

@@ -272,6 +272,13 @@ fn failures_past_tolerate_fail_the_node_after_the_items_in_flight_are_recorded()
             // In list order, one at a time: the third failure (c6) stops new starts.
             assert_eq!(started, 6, "c7 and c8 never started: {items}");
             assert_eq!(items["failed"], 3, "{items}");
+            let redrive = output(db.flow().args(["redrive", &run]));
+            assert_eq!(redrive.status.code(), Some(2), "{}", stderr(&redrive));
+            assert!(
+                stderr(&redrive).contains("node `notify` has `for_each:`, which cannot be redriven yet"),
+                "{}",
+                stderr(&redrive)
+            );
             assert_eq!(server.count(&format!("{run}:notify[c7]:1")), 0);
         } else {
             let result: Value = serde_json::from_slice(&out.stdout).expect("output");
@@ -436,7 +443,11 @@ nodes:
 #[test]
 fn validation_refuses_what_a_for_each_node_cannot_mean() {
     let db = TestDb::new(Backend::Sqlite);
-    let cases: [(&str, &str); 5] = [
+    let cases: [(&str, &str); 6] = [
+        (
+            "    for_each: { items: [1, 2], key: \"${{ item }}\" }\n    idempotency_key: refund\n",
+            "`idempotency_key` of `for_each` node `n` does not read `item`",
+        ),
         (
             "    for_each: { items: [1, 2] }\n",
             "`for_each` has no `key`",

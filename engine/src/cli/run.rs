@@ -426,7 +426,7 @@ fn parse_resolution(
         return Ok(None);
     };
     let (node, how) = spec
-        .split_once('=')
+        .rsplit_once('=')
         .ok_or_else(|| format!("--resolve `{spec}`: expected NODE=succeeded|failed|retry"))?;
     // An item of a `for_each` node is resolved by its call id, `node[<key>]`.
     let base = match node.split_once('[') {

@@ -50,7 +50,7 @@ impl RunScope<'_> {
             node,
             step_id: &decl.id,
             retry: 0,
-            origin: StepOrigin::New,
+            origin: own_origin(st, node),
             item: None,
         };
         if let Some(cond) = &decl.condition {
@@ -140,7 +140,7 @@ impl RunScope<'_> {
             status: StepStatus::Running,
         };
         self.writer
-            .open_step(StepOrigin::New, step, now)
+            .open_step(own_origin(st, node), step, now)
             .await
             .map_err(wrap)?;
         let error = match &outcome {
@@ -199,6 +199,16 @@ impl RunScope<'_> {
     }
 }
 
+/// Where a `for_each` node's own step row stands: none yet, or left unfinished by an
+/// execution that stopped while the node closed.
+fn own_origin(st: &RunState, node: usize) -> StepOrigin {
+    if st.reopened.contains(&node) {
+        StepOrigin::Running
+    } else {
+        StepOrigin::New
+    }
+}
+
 /// A list merged with what an earlier execution stored and started.
 struct Merged {
     /// The keys: the list's, then those kept because their call was sent.
@@ -221,7 +231,7 @@ fn merge(
     loaded: &HashMap<String, NodeState>,
 ) -> Merged {
     let (mut keys, mut items): (Vec<String>, Vec<Json>) = list.into_iter().unzip();
-    let listed: HashSet<String> = keys.iter().cloned().collect();
+    let listed: HashMap<String, usize> = keys.iter().cloned().zip(0..).collect();
     let mut vanished = Vec::new();
     if let Some(stored) = stored {
         let old_items = match stored.items {
@@ -231,7 +241,13 @@ fn merge(
         let mut old_items = old_items.into_iter();
         for key in stored.keys {
             let item = old_items.next().unwrap_or(Json::Null);
-            if listed.contains(&key) {
+            let started = !matches!(loaded.get(&key), None | Some(NodeState::NotStarted));
+            if let Some(&at) = listed.get(&key) {
+                // A started item keeps the item it was started with: its request
+                // must stay the one already claimed (or sent).
+                if started {
+                    items[at] = item;
+                }
                 continue;
             }
             match loaded.get(&key) {
@@ -243,7 +259,7 @@ fn merge(
             }
         }
         for key in stored.vanished {
-            if !listed.contains(&key) {
+            if !listed.contains_key(&key) {
                 vanished.push(key);
             }
         }

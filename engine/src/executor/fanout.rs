@@ -63,6 +63,9 @@ pub struct Fan {
     /// Items with a row to start again: a due retry, a deferred or interrupted step.
     again: BTreeSet<usize>,
     running: usize,
+    /// Items deferred (a rate limit, or a remote task still working): each holds its
+    /// place in `limit` (a task's request was sent).
+    deferred: usize,
     counts: Counts,
 }
 
@@ -103,6 +106,7 @@ impl Fan {
             fresh: VecDeque::new(),
             again: BTreeSet::new(),
             running: 0,
+            deferred: 0,
             counts: Counts::default(),
         };
         for i in 0..fan.keys.len() {
@@ -152,10 +156,12 @@ impl Fan {
                     self.fresh.retain(|&f| f != i);
                 }
             }
-            NodeState::Pending { .. }
-            | NodeState::Deferred { .. }
-            | NodeState::Interrupted { .. } => {
+            NodeState::Pending { .. } | NodeState::Interrupted { .. } => {
                 self.again.remove(&i);
+            }
+            NodeState::Deferred { .. } => {
+                self.again.remove(&i);
+                self.deferred -= 1;
             }
             NodeState::Running { .. } => self.running -= 1,
             NodeState::Succeeded { .. } => self.counts.succeeded -= 1,
@@ -170,10 +176,12 @@ impl Fan {
     fn enter(&mut self, i: usize, state: NodeState) {
         match &state {
             NodeState::NotStarted => self.fresh.push_back(i),
-            NodeState::Pending { .. }
-            | NodeState::Deferred { .. }
-            | NodeState::Interrupted { .. } => {
+            NodeState::Pending { .. } | NodeState::Interrupted { .. } => {
                 self.again.insert(i);
+            }
+            NodeState::Deferred { .. } => {
+                self.again.insert(i);
+                self.deferred += 1;
             }
             NodeState::Running { .. } => self.running += 1,
             NodeState::Succeeded { .. } => self.counts.succeeded += 1,
@@ -189,6 +197,10 @@ impl Fan {
     /// The items to start now, at most `capacity` (the run's free slots) and within the
     /// node's own limit: steps to start again first, then new items in list order. Also
     /// the earliest time a retry comes due, if one waits.
+    ///
+    /// Past the tolerated failures nothing new starts (no new item, no retry), but an
+    /// item whose call may have left (interrupted, or a remote task still working) is
+    /// still seen through: its outcome is recorded, or it goes in doubt.
     pub fn startable(
         &self,
         now: Timestamp,
@@ -196,11 +208,17 @@ impl Fan {
     ) -> (Vec<ItemStart>, Option<Timestamp>) {
         let mut out = Vec::new();
         let mut wake: Option<Timestamp> = None;
-        if self.over_tolerance() {
-            return (out, wake);
-        }
-        let room = capacity.min(self.limit.saturating_sub(self.running));
+        let over = self.over_tolerance();
+        // A deferred item already holds its place; it takes no new one when it starts.
+        let mut room = self.limit.saturating_sub(self.running + self.deferred);
         for &i in &self.again {
+            if out.len() >= capacity {
+                break;
+            }
+            let resumes = matches!(self.states[i], NodeState::Deferred { .. });
+            if over && matches!(self.states[i], NodeState::Pending { .. }) {
+                continue;
+            }
             let (step_id, retry, due, origin) = match &self.states[i] {
                 NodeState::Interrupted { step_id, retry } => {
                     (step_id, *retry, None, StepOrigin::Running)
@@ -219,7 +237,10 @@ impl Fan {
             };
             if let Some(t) = due.filter(|t| *t > now) {
                 wake = Some(wake.map_or(t, |w| w.min(t)));
-            } else if out.len() < room {
+            } else if resumes || room > 0 {
+                if !resumes {
+                    room -= 1;
+                }
                 out.push(ItemStart {
                     item: i,
                     step_id: step_id.clone(),
@@ -228,7 +249,11 @@ impl Fan {
                 });
             }
         }
-        for &i in self.fresh.iter().take(room.saturating_sub(out.len())) {
+        if over {
+            return (out, wake);
+        }
+        let room = room.min(capacity.saturating_sub(out.len()));
+        for &i in self.fresh.iter().take(room) {
             out.push(ItemStart {
                 item: i,
                 step_id: item_step_id(&self.node, &self.keys[i], 0),
@@ -246,7 +271,11 @@ impl Fan {
             return false;
         }
         if self.over_tolerance() {
-            return true;
+            // What may have left is seen through first; pending retries are dropped.
+            return self
+                .again
+                .iter()
+                .all(|&i| matches!(self.states[i], NodeState::Pending { .. }));
         }
         let c = self.counts;
         c.succeeded + c.failed + c.skipped + c.cancelled == self.len()
@@ -416,6 +445,61 @@ mod tests {
             }
             other => panic!("expected a failure, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn past_tolerance_an_interrupted_item_is_seen_through_and_a_retry_is_dropped() {
+        let mut f = fan(4, 4, 0);
+        f.set(
+            0,
+            NodeState::Failed {
+                kind: ErrorKind::Permanent,
+                message: "no".into(),
+            },
+        );
+        f.set(
+            1,
+            NodeState::Interrupted {
+                step_id: "notify[k1]".into(),
+                retry: 0,
+            },
+        );
+        f.set(
+            2,
+            NodeState::Pending {
+                step_id: "notify[k2]_retry1".into(),
+                retry: 1,
+                not_before: Timestamp(0),
+            },
+        );
+        assert!(f.over_tolerance());
+        let (s, _) = f.startable(Timestamp(10), 8);
+        assert_eq!(s.iter().map(|s| s.item).collect::<Vec<_>>(), vec![1]);
+        assert!(!f.is_done(), "item 1's call may have left");
+        run(&mut f, 1);
+        f.set(1, NodeState::Succeeded { output: json!(1) });
+        assert!(f.is_done(), "the pending retry of item 2 is dropped");
+    }
+
+    #[test]
+    fn a_deferred_item_holds_its_place_in_the_limit() {
+        let mut f = fan(3, 1, 0);
+        f.set(
+            0,
+            NodeState::Deferred {
+                step_id: "notify[k0]".into(),
+                retry: 0,
+                until: Timestamp(100),
+            },
+        );
+        let (s, wake) = f.startable(Timestamp(50), 8);
+        assert!(
+            s.is_empty(),
+            "the remote task of k0 still holds the only place: {s:?}"
+        );
+        assert_eq!(wake, Some(Timestamp(100)));
+        let (s, _) = f.startable(Timestamp(100), 8);
+        assert_eq!(s.iter().map(|s| s.item).collect::<Vec<_>>(), vec![0]);
     }
 
     #[test]

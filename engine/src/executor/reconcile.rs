@@ -34,10 +34,14 @@ impl RunScope<'_> {
             .iter()
             .copied()
             .filter(|&i| {
-                self.wf
-                    .tools
-                    .get(&self.wf.nodes[i].tool)
-                    .is_some_and(|t| t.reconcile.is_some())
+                // Probes are asked per node: an item of a `for_each` node in doubt is
+                // left to a person (README, "Fan-out"), never probed as its node.
+                self.wf.nodes[i].for_each.is_none()
+                    && self
+                        .wf
+                        .tools
+                        .get(&self.wf.nodes[i].tool)
+                        .is_some_and(|t| t.reconcile.is_some())
             })
             .collect();
         if nodes.is_empty() {
@@ -93,6 +97,7 @@ impl RunScope<'_> {
                     .await
                     .map_err(|e| lease_err(e, lease))?;
                 *st = RunState::load(self.wf, &steps);
+                self.rebuild_fans(st).await?;
                 // Decide again only if a node really left doubt: a call that is "not in
                 // doubt" while its step still is (a row settled by hand half-way) must
                 // pause the run, not spin here.

@@ -65,6 +65,10 @@ pub(super) struct Prepared {
     /// For each `for_each` node, the nodes its list reads: read once, when the list is
     /// evaluated, never copied into each item's context.
     pub(super) lists: Vec<Vec<usize>>,
+    /// For each `for_each` node, the inputs its items' expressions (and its tool's
+    /// spec) read: an item's context holds those, not every input (a list passed as an
+    /// input would otherwise be copied once per item).
+    pub(super) item_inputs: Vec<Vec<String>>,
 }
 
 impl Prepared {
@@ -110,10 +114,41 @@ impl Prepared {
                 nodes(&refs, false)
             })
             .collect();
+        let item_inputs = wf
+            .nodes
+            .iter()
+            .zip(&refs)
+            .map(|(n, refs)| {
+                if n.for_each.is_none() {
+                    return Vec::new();
+                }
+                let tool = wf
+                    .tools
+                    .get(&n.tool)
+                    .map(|t| t.kind.templates())
+                    .unwrap_or_default();
+                let from_tool = tool
+                    .iter()
+                    .flat_map(|t| t.exprs().flat_map(expr::references).collect::<Vec<_>>());
+                let mut names: Vec<String> = refs
+                    .iter()
+                    .cloned()
+                    .chain(from_tool)
+                    .filter_map(|r| {
+                        r.strip_prefix("inputs.")
+                            .map(|p| p.split('.').next().unwrap_or(p).to_string())
+                    })
+                    .collect();
+                names.sort_unstable();
+                names.dedup();
+                names
+            })
+            .collect();
         Self {
             reads: refs.iter().map(|r| nodes(r, false)).collect(),
             approvals: refs.iter().map(|r| nodes(r, true)).collect(),
             lists,
+            item_inputs,
         }
     }
 }

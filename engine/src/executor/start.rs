@@ -160,7 +160,11 @@ impl<'a> RunScope<'a> {
         let decl = &wf.nodes[at.node];
         let now = self.gateway.now();
         self.read_approvals(st, at.node).await?;
-        let mut ctx = self.context(st, at.node);
+        let mut ctx = if at.item.is_some() {
+            self.item_context(st, at.node)
+        } else {
+            self.context(st, at.node)
+        };
         if let (Some((i, _)), NodeState::FanOut(fan), Json::Object(map)) =
             (at.item, &st.nodes[at.node], &mut ctx)
         {
@@ -210,8 +214,26 @@ impl<'a> RunScope<'a> {
         self.context_reading(st, node, &self.prepared.reads[node])
     }
 
+    /// The context of an item of a `for_each` node (without the item): only the inputs
+    /// its expressions read.
+    fn item_context(&self, st: &RunState, node: usize) -> Json {
+        let some: Map<String, Json> = match self.inputs {
+            Json::Object(all) => self.prepared.item_inputs[node]
+                .iter()
+                .filter_map(|k| all.get(k).map(|v| (k.clone(), v.clone())))
+                .collect(),
+            _ => Map::new(),
+        };
+        self.context_with(st, node, &self.prepared.reads[node], Json::Object(some))
+    }
+
     /// The expression context of a node whose expressions read the outputs of `reads`.
     pub(super) fn context_reading(&self, st: &RunState, node: usize, reads: &[usize]) -> Json {
+        self.context_with(st, node, reads, self.inputs.clone())
+    }
+
+    /// The expression context of a node with `inputs` as its inputs.
+    fn context_with(&self, st: &RunState, node: usize, reads: &[usize], inputs: Json) -> Json {
         let mut nodes = Map::new();
         for &i in reads {
             let output = match &st.nodes[i] {
@@ -229,7 +251,7 @@ impl<'a> RunScope<'a> {
                 map.insert("approval".into(), approval);
             }
         }
-        json!({ "inputs": self.inputs, "nodes": nodes, "run": { "id": self.lease().run_id } })
+        json!({ "inputs": inputs, "nodes": nodes, "run": { "id": self.lease().run_id } })
     }
 
     /// Reads the approvals `node` reads that this execution has not read yet: what the

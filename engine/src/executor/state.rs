@@ -19,6 +19,10 @@ pub(super) struct RunState {
     /// `for_each` nodes recorded as succeeded, whose output (every item's) is rebuilt
     /// from their items before the run goes on.
     pub(super) rebuild: Vec<usize>,
+    /// `for_each` nodes whose own step row exists but did not end (a crash between
+    /// its start and its end as the node closed): the list is evaluated again and the
+    /// node closes on that row.
+    pub(super) reopened: std::collections::HashSet<usize>,
     /// When each node's first attempt started: its deadline counts from there.
     pub(super) first_started: HashMap<usize, Timestamp>,
     /// What a node's approval gives its dependents (`{"inputs": …}`), read from the
@@ -57,7 +61,20 @@ impl RunState {
             None => NodeState::NotStarted,
             Some(s) => state_of(s),
         });
-        let nodes: Vec<NodeState> = nodes.collect();
+        let mut nodes: Vec<NodeState> = nodes.collect();
+        let mut reopened = std::collections::HashSet::new();
+        for (i, n) in nodes.iter_mut().enumerate() {
+            let unfinished = matches!(
+                n,
+                NodeState::Interrupted { .. }
+                    | NodeState::Pending { .. }
+                    | NodeState::Deferred { .. }
+            );
+            if wf.nodes[i].for_each.is_some() && unfinished {
+                *n = NodeState::NotStarted;
+                reopened.insert(i);
+            }
+        }
         let rebuild = (0..nodes.len())
             .filter(|&i| {
                 wf.nodes[i].for_each.is_some() && matches!(nodes[i], NodeState::Succeeded { .. })
@@ -77,6 +94,7 @@ impl RunState {
             nodes,
             items,
             rebuild,
+            reopened,
             first_started,
             approvals: HashMap::new(),
         }

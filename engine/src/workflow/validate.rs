@@ -182,6 +182,19 @@ fn check_for_each(checker: &mut RefChecker<'_>, i: usize) {
             field: "for_each.key",
         },
     );
+    if let Some(k) = &node.idempotency_key {
+        let reads_item = k
+            .exprs()
+            .flat_map(crate::workflow::expr::references)
+            .any(|p| p == "item" || p.starts_with("item."));
+        if !reads_item {
+            checker.error(
+                k.pos,
+                format!("`idempotency_key` of `for_each` node `{}` does not read `item`: every item would have the same key", node.id),
+                Some("put the item's identity in it: `idempotency_key: \"refund-${{ item.id }}\"`".into()),
+            );
+        }
+    }
     let unsupported = [
         ("approval", node.approval.is_some()),
         ("wait", node.wait.is_some()),
