@@ -275,7 +275,8 @@ fn failures_past_tolerate_fail_the_node_after_the_items_in_flight_are_recorded()
             let redrive = output(db.flow().args(["redrive", &run]));
             assert_eq!(redrive.status.code(), Some(2), "{}", stderr(&redrive));
             assert!(
-                stderr(&redrive).contains("node `notify` has `for_each:`, which cannot be redriven yet"),
+                stderr(&redrive)
+                    .contains("node `notify` has `for_each:`, which cannot be redriven yet"),
                 "{}",
                 stderr(&redrive)
             );
@@ -484,4 +485,53 @@ fn validation_refuses_what_a_for_each_node_cannot_mean() {
     let file = db.write("o.yaml", outside);
     let out = output(db.flow().arg("validate").arg(&file));
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Items whose responses are cut mid-body go in doubt; the tool's `reconcile:` probe asks
+/// the downstream about each item's own key, finds each effect, and the run finishes
+/// without a person and without sending anything again.
+#[test]
+fn items_in_doubt_are_probed_each_under_its_own_key() {
+    let rt = runtime();
+    for backend in backends() {
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        let ids = ["c1", "c2", "c3", "c4"];
+        for id in ["c2", "c4"] {
+            server.set(&format!("/mail/{id}"), Behavior::DropMidResponse);
+        }
+        let url = server.url();
+        let reconcile = format!(
+            r#", reconcile: {{ request: {{ method: GET, url: "{url}/_control/effects/${{{{ call.key }}}}" }}, found: "${{{{ response.status == 200 }}}}", not_found: "${{{{ response.status == 404 }}}}", after: 10s, interval: 100ms }}"#
+        );
+        let db = TestDb::new(backend);
+        let file = db.write("w.yaml", &mail(&url, "concurrency: 2", &reconcile));
+        let out = output(
+            db.flow()
+                .arg("run")
+                .arg(&file)
+                .arg("--inputs-file")
+                .arg(inputs(&db, &ids)),
+        );
+        assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
+        let run = run_id(&out);
+        for id in ids {
+            assert_eq!(
+                server.count(&format!("{run}:notify[{id}]:1")),
+                1,
+                "{backend:?}: {id} sent once"
+            );
+        }
+        let s = show(&db, &run);
+        let probed: Vec<&str> = s["probes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p["node"].as_str())
+            .collect();
+        assert!(
+            probed.contains(&"notify[c2]") && probed.contains(&"notify[c4]"),
+            "{backend:?}: each item in doubt was probed as itself: {probed:?}"
+        );
+        assert_eq!(items(&s, "notify")["succeeded"], 4, "{backend:?}");
+    }
 }

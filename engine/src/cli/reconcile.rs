@@ -67,12 +67,13 @@ pub(crate) async fn reconcile(
             None
         } else {
             let wf = snapshot(&run).map_err(CliError::Invalid)?;
-            let Some(node) = wf.node(&c.tool_call_id) else {
+            let Some(node) = wf.node(crate::reconcile::node_of(&c.tool_call_id)) else {
                 continue;
             };
             let call = ProbeCall {
                 wf: &wf,
                 node,
+                call_id: &c.tool_call_id,
                 run_id: &c.run_id,
                 inputs: &run.inputs,
                 by: &by,

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::decide::NodeState;
+use super::fanout::{item_key, item_step_id};
 use super::scope::{RunScope, lease_err};
 use super::state::RunState;
 use crate::gateway;
@@ -34,17 +35,24 @@ impl RunScope<'_> {
             .iter()
             .copied()
             .filter(|&i| {
-                // Probes are asked per node: an item of a `for_each` node in doubt is
-                // left to a person (README, "Fan-out"), never probed as its node.
-                self.wf.nodes[i].for_each.is_none()
-                    && self
-                        .wf
-                        .tools
-                        .get(&self.wf.nodes[i].tool)
-                        .is_some_and(|t| t.reconcile.is_some())
+                self.wf
+                    .tools
+                    .get(&self.wf.nodes[i].tool)
+                    .is_some_and(|t| t.reconcile.is_some())
             })
             .collect();
-        if nodes.is_empty() {
+        // The calls to ask about: a node's, or each item in doubt of a `for_each` node.
+        let calls: Vec<(usize, String)> = nodes
+            .iter()
+            .flat_map(|&i| match &st.nodes[i] {
+                NodeState::FanOut(fan) => fan
+                    .in_doubt_keys()
+                    .map(|k| (i, item_step_id(&self.wf.nodes[i].id, k, 0)))
+                    .collect::<Vec<_>>(),
+                _ => vec![(i, self.wf.nodes[i].id.clone())],
+            })
+            .collect();
+        if calls.is_empty() {
             return Ok(false);
         }
         // What a reload reads must include the results kept in memory.
@@ -58,11 +66,12 @@ impl RunScope<'_> {
             }
             let mut changed = false;
             let mut next = None;
-            for &i in &nodes {
-                let node = &self.wf.nodes[i];
+            for (i, call_id) in &calls {
+                let node = &self.wf.nodes[*i];
                 let call = ProbeCall {
                     wf: self.wf,
                     node,
+                    call_id,
                     run_id: &lease.run_id,
                     inputs: self.inputs,
                     by: &by,
@@ -73,7 +82,7 @@ impl RunScope<'_> {
                 let outcome = reconcile_call(self.gateway, call)
                     .await
                     .map_err(|crate::reconcile::Error::Ledger(e)| gateway::Error::Ledger(e))?;
-                log(&node.id, &outcome);
+                log(call_id, &outcome);
                 match outcome {
                     Reconciled::NotInDoubt | Reconciled::Probed { settled: true, .. } => {
                         changed = true
@@ -101,9 +110,15 @@ impl RunScope<'_> {
                 // Decide again only if a node really left doubt: a call that is "not in
                 // doubt" while its step still is (a row settled by hand half-way) must
                 // pause the run, not spin here.
-                let left_doubt = nodes
-                    .iter()
-                    .any(|&i| !matches!(st.nodes[i], NodeState::InDoubt { .. }));
+                let left_doubt = calls.iter().any(|(i, call_id)| {
+                    let node = &self.wf.nodes[*i].id;
+                    match st.items.get(i) {
+                        Some(items) => item_key(node, call_id, 0)
+                            .and_then(|k| items.get(k))
+                            .is_none_or(|s| !matches!(s, NodeState::InDoubt { .. })),
+                        None => !matches!(st.nodes[*i], NodeState::InDoubt { .. }),
+                    }
+                });
                 return Ok(left_doubt);
             }
             let Some(at) = next else { return Ok(false) };

@@ -43,6 +43,8 @@ pub struct ProbeCall<'a> {
     pub wf: &'a Workflow,
     /// The call's node.
     pub node: &'a NodeDecl,
+    /// The call's id: the node id, or `node[<key>]` for an item of a `for_each` node.
+    pub call_id: &'a str,
     /// The run.
     pub run_id: &'a str,
     /// The run's inputs.
@@ -57,6 +59,11 @@ pub struct ProbeCall<'a> {
     /// Whether the run can still continue (queued, running, paused). A finished run's
     /// call is probed so that its outcome can be recorded, but never re-sent.
     pub run_live: bool,
+}
+
+/// The node a call belongs to: its id, or `node` for an item call `node[<key>]`.
+pub fn node_of(call_id: &str) -> &str {
+    call_id.split_once('[').map_or(call_id, |(node, _)| node)
 }
 
 /// What became of one call.
@@ -177,7 +184,7 @@ pub async fn reconcile_call(gateway: &Gateway, p: ProbeCall<'_>) -> Result<Recon
         .record_probe(
             NewProbe {
                 run_id: p.run_id.to_string(),
-                tool_call_id: p.node.id.clone(),
+                tool_call_id: p.call_id.to_string(),
                 sent_key: call.current_key.clone(),
                 observed: asked.answer.observed(),
                 decision: v.decision(),
@@ -279,7 +286,7 @@ async fn due<'a>(
     let Some(r) = &tool.reconcile else {
         return Ok(Err(Reconciled::NotReconcilable));
     };
-    let call = match ledger.get_call(p.run_id, &p.node.id).await {
+    let call = match ledger.get_call(p.run_id, p.call_id).await {
         Ok(call) => call,
         Err(flow_ledger::Error::NotFound { .. }) => return Ok(Err(Reconciled::NotInDoubt)),
         Err(e) => return Err(e.into()),
@@ -287,7 +294,7 @@ async fn due<'a>(
     if call.status != CallStatus::InDoubt {
         return Ok(Err(Reconciled::NotInDoubt));
     }
-    let schedule = ledger.probe_schedule(p.run_id, &p.node.id).await?;
+    let schedule = ledger.probe_schedule(p.run_id, p.call_id).await?;
     if !p.now_regardless {
         match schedule.next_probe_at {
             None if schedule.probes > 0 => return Ok(Err(Reconciled::Spent)),
@@ -325,7 +332,7 @@ async fn settle(
     };
     let resolve = Resolve {
         run_id: p.run_id.to_string(),
-        tool_call_id: p.node.id.clone(),
+        tool_call_id: p.call_id.to_string(),
         resolution,
         by: RESOLVED_BY.to_string(),
         note: Some(note),

@@ -9,6 +9,7 @@ mod cross_run;
 mod deliveries;
 mod differential;
 mod events;
+mod fanouts;
 mod inbox;
 mod open;
 mod probes;

@@ -93,12 +93,13 @@ pub(crate) async fn probe_run(
     };
     let mut out = Vec::with_capacity(calls.len());
     for c in &calls {
-        let Some(node) = wf.node(&c.tool_call_id) else {
+        let Some(node) = wf.node(crate::reconcile::node_of(&c.tool_call_id)) else {
             continue;
         };
         let call = ProbeCall {
             wf: &wf,
             node,
+            call_id: &c.tool_call_id,
             run_id: id,
             inputs: &run.inputs,
             by: &by,
