@@ -36,6 +36,7 @@ mod support;
 mod tasks;
 mod ui;
 mod ui_approvals;
+mod ui_for_each;
 mod ui_scale;
 mod validate;
 mod views;

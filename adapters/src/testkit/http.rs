@@ -26,6 +26,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -298,18 +299,15 @@ struct InFlight<'a>(&'a Shared);
 
 impl<'a> InFlight<'a> {
     fn enter(shared: &'a Shared) -> Self {
-        use std::sync::atomic::Ordering;
-        let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        shared.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        let now = shared.in_flight.fetch_add(1, SeqCst) + 1;
+        shared.max_in_flight.fetch_max(now, SeqCst);
         Self(shared)
     }
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        self.0
-            .in_flight
-            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.in_flight.fetch_sub(1, SeqCst);
     }
 }
 
@@ -427,9 +425,7 @@ impl CountingServer {
     /// The most requests that were ever being handled at once (control requests
     /// excluded): what a concurrency limit is checked against.
     pub fn max_in_flight(&self) -> u32 {
-        self.shared
-            .max_in_flight
-            .load(std::sync::atomic::Ordering::SeqCst)
+        self.shared.max_in_flight.load(SeqCst)
     }
 
     /// Requests that arrived, control requests excluded.

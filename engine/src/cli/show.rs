@@ -331,44 +331,57 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
             }
         }
     }
-    if !in_doubt.is_empty() {
-        let _ = writeln!(
-            out,
-            "\nIn doubt: the request left and no outcome was recorded. Check the downstream"
-        );
-        let _ = writeln!(
-            out,
-            "(look for the idempotency key), then settle each call with one of:"
-        );
-        for c in in_doubt {
-            let _ = writeln!(
-                out,
-                "\n  # {} (key {}, outbound at {})",
-                c.tool_call_id,
-                c.current_key,
-                c.outbound_started_at.map_or("?".into(), |t| t.to_rfc3339())
-            );
-            if let Some(why) = CallView::of(&c, &events).in_doubt_reason {
-                let _ = writeln!(out, "  # why: {why}");
-            }
-            let _ = writeln!(
-                out,
-                "  {resume} {run_id} --resolve {}=succeeded --output '<the JSON output>'   # it happened",
-                c.tool_call_id
-            );
-            let _ = writeln!(
-                out,
-                "  {resume} {run_id} --resolve {}=failed --error '<why>'                  # it did not happen; fail the node",
-                c.tool_call_id
-            );
-            let _ = writeln!(
-                out,
-                "  {resume} {run_id} --resolve {}=retry                                 # re-send with the same key",
-                c.tool_call_id
-            );
-        }
-    }
+    in_doubt_text(&mut out, &in_doubt, &events, resume, run_id);
     Ok(out)
+}
+
+/// The calls in doubt of the human view, each with the three commands that settle it.
+fn in_doubt_text(
+    out: &mut String,
+    in_doubt: &[flow_ledger::ToolCall],
+    events: &[flow_ledger::Event],
+    resume: &str,
+    run_id: &str,
+) {
+    use std::fmt::Write as _;
+    if in_doubt.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\nIn doubt: the request left and no outcome was recorded. Check the downstream"
+    );
+    let _ = writeln!(
+        out,
+        "(look for the idempotency key), then settle each call with one of:"
+    );
+    for c in in_doubt {
+        let _ = writeln!(
+            out,
+            "\n  # {} (key {}, outbound at {})",
+            c.tool_call_id,
+            c.current_key,
+            c.outbound_started_at.map_or("?".into(), |t| t.to_rfc3339())
+        );
+        if let Some(why) = CallView::of(c, events).in_doubt_reason {
+            let _ = writeln!(out, "  # why: {why}");
+        }
+        let _ = writeln!(
+            out,
+            "  {resume} {run_id} --resolve {}=succeeded --output '<the JSON output>'   # it happened",
+            c.tool_call_id
+        );
+        let _ = writeln!(
+            out,
+            "  {resume} {run_id} --resolve {}=failed --error '<why>'                  # it did not happen; fail the node",
+            c.tool_call_id
+        );
+        let _ = writeln!(
+            out,
+            "  {resume} {run_id} --resolve {}=retry                                 # re-send with the same key",
+            c.tool_call_id
+        );
+    }
 }
 
 /// A `for_each` node in the human view: its state and counts, then the items that did

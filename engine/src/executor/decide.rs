@@ -2,106 +2,12 @@
 //! recorded state. The loop in [`super::run`] performs the actions against the ledger and
 //! the gateway; this file has no I/O, so the DAG rules are tested in microseconds.
 
-use flow_ledger::{ErrorKind, Timestamp};
-use serde_json::Value as Json;
+use flow_ledger::Timestamp;
 
-use super::fanout::Fan;
+pub use super::node::NodeState;
 use crate::gateway::StepOrigin;
 use crate::plan::Plan;
 use crate::workflow::Workflow;
-
-/// Where one node stands in a run.
-#[derive(Debug, Clone, PartialEq)]
-pub enum NodeState {
-    /// No step yet.
-    NotStarted,
-    /// A retry step exists and waits for its durable `not_before`.
-    Pending {
-        /// The step id (`node_retry<n>`).
-        step_id: String,
-        /// Its retry number.
-        retry: u32,
-        /// When it may start.
-        not_before: Timestamp,
-    },
-    /// A rate limit or quota deferred the step's attempt (never sent), or its call's
-    /// remote task was still working at the attempt's timeout (sent; the task is asked
-    /// about, the call is not sent again): its row is still `running`, and it starts
-    /// again, keeping that row, once `until` has passed.
-    Deferred {
-        /// The step id.
-        step_id: String,
-        /// Its retry number.
-        retry: u32,
-        /// When it may start again.
-        until: Timestamp,
-    },
-    /// A step is executing in this process.
-    Running {
-        /// The step id.
-        step_id: String,
-        /// Its retry number.
-        retry: u32,
-    },
-    /// A step was running when its worker stopped (crash, takeover): resume it; the
-    /// ledger's claim decides replay, takeover or in doubt.
-    Interrupted {
-        /// The step id.
-        step_id: String,
-        /// Its retry number.
-        retry: u32,
-    },
-    /// Done, with its output.
-    Succeeded {
-        /// The node's output.
-        output: Json,
-    },
-    /// Failed for good (no retry step follows).
-    Failed {
-        /// Error kind.
-        kind: ErrorKind,
-        /// Error message.
-        message: String,
-    },
-    /// Not run: its condition was false or an upstream node was skipped.
-    Skipped,
-    /// Its call is in doubt; only a resolution moves it.
-    InDoubt {
-        /// The paused step.
-        step_id: String,
-    },
-    /// Its call awaits approval (nothing sent); a decision re-queues the run.
-    AwaitingApproval {
-        /// The step that asked.
-        step_id: String,
-        /// Its retry number.
-        retry: u32,
-    },
-    /// It waits for an event or its callback (nothing more to send); an event, a
-    /// callback or the deadline re-queues the run.
-    Waiting {
-        /// The step that waits.
-        step_id: String,
-        /// Its retry number.
-        retry: u32,
-        /// What it waits for.
-        on: crate::gateway::Awaited,
-    },
-    /// Stopped by a cancellation.
-    Cancelled,
-    /// A `for_each` node whose list is known: its items' states.
-    FanOut(Box<Fan>),
-}
-
-impl NodeState {
-    /// A state that will not change without outside help.
-    pub fn is_terminal(&self) -> bool {
-        matches!(
-            self,
-            Self::Succeeded { .. } | Self::Failed { .. } | Self::Skipped | Self::Cancelled
-        )
-    }
-}
 
 /// Something the loop should do.
 #[derive(Debug, Clone, PartialEq)]
@@ -188,28 +94,51 @@ fn settles(wf: &Workflow, node: usize, state: &NodeState) -> bool {
 /// The next actions for a run: starts up to `max_parallel`, or one of wait / pause /
 /// finish when nothing can start.
 pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> Vec<Action> {
+    if let Some(stop) = stopping(wf, nodes, s) {
+        return stop;
+    }
+    let (actions, wake) = ready(wf, plan, nodes, s);
+    if !actions.is_empty() {
+        return actions;
+    }
+    idle(nodes, s, wake)
+}
+
+/// A cancel or a fatal failure: wait for what is in flight, then finish.
+fn stopping(wf: &Workflow, nodes: &[NodeState], s: Situation) -> Option<Vec<Action>> {
     let fatal = nodes
         .iter()
         .enumerate()
         .any(|(i, n)| matches!(n, NodeState::Failed { .. }) && !wf.nodes[i].continue_on_error);
-    if s.cancel_requested || fatal {
-        return if s.in_flight > 0 {
-            vec![Action::Wait { until: None }]
-        } else {
-            vec![Action::Finish {
-                outcome: if s.cancel_requested {
-                    Finish::Cancelled
-                } else {
-                    Finish::Failed
-                },
-            }]
-        };
+    if !(s.cancel_requested || fatal) {
+        return None;
     }
+    Some(if s.in_flight > 0 {
+        vec![Action::Wait { until: None }]
+    } else {
+        vec![Action::Finish {
+            outcome: if s.cancel_requested {
+                Finish::Cancelled
+            } else {
+                Finish::Failed
+            },
+        }]
+    })
+}
 
+/// What can start or be written now, within `max_parallel`; and the earliest time a
+/// waiting retry comes due.
+fn ready(
+    wf: &Workflow,
+    plan: &Plan,
+    nodes: &[NodeState],
+    s: Situation,
+) -> (Vec<Action>, Option<Timestamp>) {
     let capacity = (wf.max_parallel as usize).saturating_sub(s.in_flight);
     let mut actions = Vec::new();
     let mut starts = 0usize;
     let mut wake: Option<Timestamp> = None;
+    let mut wake_at = |t: Timestamp| wake = Some(wake.map_or(t, |w: Timestamp| w.min(t)));
     for &i in plan.order() {
         match &nodes[i] {
             NodeState::Interrupted { step_id, retry } if starts < capacity => {
@@ -240,7 +169,7 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
                     continue;
                 }
                 if *not_before > s.now {
-                    wake = Some(wake.map_or(*not_before, |w| w.min(*not_before)));
+                    wake_at(*not_before);
                 } else if starts < capacity {
                     starts += 1;
                     let origin = match &nodes[i] {
@@ -276,14 +205,11 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
                     });
                 }
             }
+            NodeState::FanOut(fan) if fan.is_done() => actions.push(Action::Close { node: i }),
             NodeState::FanOut(fan) => {
-                if fan.is_done() {
-                    actions.push(Action::Close { node: i });
-                    continue;
-                }
                 let (items, due) = fan.startable(s.now, capacity.saturating_sub(starts));
                 if let Some(t) = due {
-                    wake = Some(wake.map_or(t, |w| w.min(t)));
+                    wake_at(t);
                 }
                 starts += items.len();
                 actions.extend(items.into_iter().map(|it| Action::Start {
@@ -297,16 +223,20 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
             _ => {}
         }
     }
-    if !actions.is_empty() {
-        return actions;
-    }
+    (actions, wake)
+}
+
+/// Nothing can start: wait (for a step in flight or a retry), pause (on calls in doubt,
+/// approvals, waits) or finish.
+fn idle(nodes: &[NodeState], s: Situation, wake: Option<Timestamp>) -> Vec<Action> {
     if s.in_flight > 0 || wake.is_some() {
         return vec![Action::Wait { until: wake }];
     }
     let in_doubt: Vec<usize> = (0..nodes.len())
         .filter(|&i| match &nodes[i] {
-            NodeState::InDoubt { .. } => true,
-            NodeState::FanOut(fan) => fan.holds_in_doubt(),
+            // A fan-out left here is not done (`ready` closes one that is) and nothing
+            // of it can start: it holds items in doubt. Never finish over it.
+            NodeState::InDoubt { .. } | NodeState::FanOut(_) => true,
             _ => false,
         })
         .collect();
@@ -330,6 +260,7 @@ pub fn decide(wf: &Workflow, plan: &Plan, nodes: &[NodeState], s: Situation) -> 
 mod tests {
     use super::*;
     use crate::workflow::parse_str;
+    use flow_ledger::ErrorKind;
     use serde_json::json;
 
     fn diamond(extra: &str) -> (crate::workflow::ValidWorkflow, Plan) {

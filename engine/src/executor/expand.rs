@@ -14,8 +14,8 @@ use std::collections::{HashMap, HashSet};
 use flow_ledger::{ErrorKind, Fanout, NewStep, StepFinish, StepStatus};
 use serde_json::Value as Json;
 
-use super::decide::NodeState;
-use super::fanout::{Fan, item_step_id};
+use super::node::NodeState;
+use super::node::{Fan, item_step_id};
 use super::progress::StepEvent;
 use super::scope::{RunScope, StepAt, lease_err};
 use super::state::RunState;
@@ -45,7 +45,7 @@ impl RunScope<'_> {
         reads.extend(&self.prepared.lists[node]);
         reads.sort_unstable();
         reads.dedup();
-        let mut ctx = self.context_reading(st, node, &reads);
+        let ctx = self.context_reading(st, node, &reads);
         let at = StepAt {
             node,
             step_id: &decl.id,
@@ -63,7 +63,7 @@ impl RunScope<'_> {
                 }
             }
         }
-        let list = match evaluate(fe, &decl.id, &mut ctx) {
+        let list = match evaluate(fe, &decl.id, &ctx) {
             Ok(list) => list,
             Err(message) => return self.fail_now(st, at, ErrorKind::Permanent, message).await,
         };
@@ -275,7 +275,7 @@ fn merge(
 
 /// Evaluates the list and each item's key: `(key, item)` in list order, or the message
 /// the node fails with.
-fn evaluate(fe: &ForEachDecl, id: &str, ctx: &mut Json) -> Result<Vec<(String, Json)>, String> {
+fn evaluate(fe: &ForEachDecl, id: &str, ctx: &Json) -> Result<Vec<(String, Json)>, String> {
     let value = fe
         .items
         .render(ctx)
@@ -296,12 +296,15 @@ fn evaluate(fe: &ForEachDecl, id: &str, ctx: &mut Json) -> Result<Vec<(String, J
     let mut out = Vec::with_capacity(list.len());
     let mut seen = HashSet::with_capacity(list.len());
     let mut repeated = Vec::new();
+    // The key is rendered once per item: its context holds only what it reads, never
+    // the list itself (which would make the evaluation quadratic in the list's length).
+    let mut kctx = key_context(fe, ctx);
     for (index, item) in list.into_iter().enumerate() {
-        if let Json::Object(map) = ctx {
+        if let Json::Object(map) = &mut kctx {
             map.insert("item".into(), item);
         }
-        let rendered = fe.key.render(ctx);
-        let item = match ctx {
+        let rendered = fe.key.render(&kctx);
+        let item = match &mut kctx {
             Json::Object(map) => map.remove("item").unwrap_or(Json::Null),
             _ => Json::Null,
         };
@@ -336,6 +339,32 @@ fn evaluate(fe: &ForEachDecl, id: &str, ctx: &mut Json) -> Result<Vec<(String, J
         ));
     }
     Ok(out)
+}
+
+/// The context a key is rendered in: `run`, and the inputs and node entries its
+/// expressions read (copied once per list, not once per item).
+fn key_context(fe: &ForEachDecl, ctx: &Json) -> Json {
+    let mut inputs = serde_json::Map::new();
+    let mut nodes = serde_json::Map::new();
+    for path in fe.key.exprs().flat_map(expr::references) {
+        let mut parts = path.split('.');
+        let (root, name) = (parts.next(), parts.next());
+        if let (Some(root @ ("inputs" | "nodes")), Some(name)) = (root, name)
+            && let Some(v) = ctx.get(root).and_then(|m| m.get(name))
+        {
+            let into = if root == "inputs" {
+                &mut inputs
+            } else {
+                &mut nodes
+            };
+            into.insert(name.to_string(), v.clone());
+        }
+    }
+    serde_json::json!({
+        "inputs": inputs,
+        "nodes": nodes,
+        "run": ctx.get("run").cloned().unwrap_or(Json::Null),
+    })
 }
 
 fn type_name(v: &Json) -> &'static str {

@@ -7,8 +7,8 @@
 
 pub mod decide;
 mod expand;
-mod fanout;
 mod heartbeat;
+pub mod node;
 pub mod progress;
 mod reconcile;
 pub mod run;

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 
-use super::decide::NodeState;
-use super::fanout::{item_key, item_step_id};
+use super::node::NodeState;
+use super::node::{item_key, item_step_id};
 use super::scope::{RunScope, lease_err};
 use super::state::RunState;
 use crate::gateway;

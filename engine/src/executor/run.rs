@@ -19,8 +19,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::decide::{Action, Finish, NodeState, Situation, decide};
+use super::decide::{Action, Finish, Situation, decide};
 use super::heartbeat;
+use super::node::NodeState;
 use super::progress::{Progress, StepEvent};
 use super::scope::{Prepared, RunScope, StepAt, lease_err};
 use super::state::RunState;
@@ -260,10 +261,7 @@ impl<'a> RunScope<'a> {
                         item,
                     } => {
                         progressed = true;
-                        let key = match (item, &st.nodes[node]) {
-                            (Some(i), NodeState::FanOut(fan)) => Some(fan.keys[i].clone()),
-                            _ => None,
-                        };
+                        let key = st.item_key(node, item);
                         let at = StepAt {
                             node,
                             step_id: &step_id,
@@ -277,22 +275,11 @@ impl<'a> RunScope<'a> {
                             in_flight.push(self.launch(st, (node, item), call, now));
                         }
                     }
-                    Action::Expand { node } => {
+                    a @ (Action::Expand { .. }
+                    | Action::Close { .. }
+                    | Action::SkipUpstream { .. }) => {
                         progressed = true;
-                        alongside(&mut in_flight, &mut done, self.expand(st, node)).await?;
-                    }
-                    Action::Close { node } => {
-                        progressed = true;
-                        alongside(&mut in_flight, &mut done, self.close(st, node)).await?;
-                    }
-                    Action::SkipUpstream { node } => {
-                        progressed = true;
-                        alongside(
-                            &mut in_flight,
-                            &mut done,
-                            self.skip(st, node, "an upstream node was skipped"),
-                        )
-                        .await?;
+                        alongside(&mut in_flight, &mut done, self.write_action(st, a)).await?;
                     }
                     Action::Wait { until } => wait_until = until,
                     Action::Pause { in_doubt, awaiting } => {
@@ -335,6 +322,19 @@ impl<'a> RunScope<'a> {
                 () = stop.cancelled(), if !stop.is_cancelled() => {}
                 () = tokio::time::sleep(Duration::from_millis(500)), if in_flight.is_empty() && sleep.is_none() && !progressed => {}
             }
+        }
+    }
+
+    /// Writes what an action decides without a call: a node skipped because an upstream
+    /// node was, a fan-out's list, a fan-out's close.
+    async fn write_action(&self, st: &mut RunState, a: Action) -> Result<(), gateway::Error> {
+        match a {
+            Action::SkipUpstream { node } => {
+                self.skip(st, node, "an upstream node was skipped").await
+            }
+            Action::Expand { node } => self.expand(st, node).await,
+            Action::Close { node } => self.close(st, node).await,
+            _ => Ok(()),
         }
     }
 

@@ -9,7 +9,7 @@ use flow_ledger::{ErrorKind, NewStep, RunLease, StepStatus};
 use rand::rngs::StdRng;
 use serde_json::Value as Json;
 
-use super::decide::NodeState;
+use super::node::NodeState;
 use super::progress::{Progress, StepEvent};
 use super::state::RunState;
 use crate::gateway::{self, Gateway, RunWriter, StepOrigin, StepResult};
@@ -50,7 +50,7 @@ impl StepAt<'_> {
     pub(super) fn call_id(&self, node_id: &str) -> String {
         match self.item {
             None => node_id.to_string(),
-            Some((_, key)) => super::fanout::item_step_id(node_id, key, 0),
+            Some((_, key)) => super::node::item_step_id(node_id, key, 0),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use flow_ledger::{ErrorKind, Timestamp};
 use serde_json::{Map, Value as Json, json};
 
-use super::decide::NodeState;
+use super::node::NodeState;
 use super::scope::{RunScope, StepAt};
 use super::state::RunState;
 use crate::gateway::{self, NextRetry, StepCall, StepOrigin};
@@ -124,7 +124,7 @@ pub(super) fn plan_start<'w>(
     let next_retry = retry::allows(&policy, next).then(|| NextRetry {
         step_id: match at.item {
             None => format!("{}_retry{next}", decl.id),
-            Some((_, key)) => super::fanout::item_step_id(&decl.id, key, next),
+            Some((_, key)) => super::node::item_step_id(&decl.id, key, next),
         },
         retry: next,
         delay: retry::next_delay(&policy, next, rng),

@@ -6,15 +6,15 @@ use std::collections::HashMap;
 use flow_ledger::{ErrorKind, Step, StepStatus, Timestamp};
 use serde_json::Value as Json;
 
-use super::decide::NodeState;
-use super::fanout::item_key;
+use super::node::NodeState;
+use super::node::item_key;
 use crate::workflow::ValidWorkflow;
 
 /// The run's node states as recorded, plus bookkeeping of this execution.
 pub(super) struct RunState {
     pub(super) nodes: Vec<NodeState>,
     /// The recorded states of `for_each` items by node and key, until the node's list
-    /// is evaluated again and they join its [`super::fanout::Fan`].
+    /// is evaluated again and they join its [`super::node::Fan`].
     pub(super) items: HashMap<usize, HashMap<String, NodeState>>,
     /// `for_each` nodes recorded as succeeded, whose output (every item's) is rebuilt
     /// from their items before the run goes on.
@@ -97,6 +97,14 @@ impl RunState {
             reopened,
             first_started,
             approvals: HashMap::new(),
+        }
+    }
+
+    /// The key of item `item` of `node` (a `for_each` node whose list is known).
+    pub(super) fn item_key(&self, node: usize, item: Option<usize>) -> Option<String> {
+        match (item, &self.nodes[node]) {
+            (Some(i), NodeState::FanOut(fan)) => fan.keys.get(i).cloned(),
+            _ => None,
         }
     }
 

@@ -270,7 +270,13 @@ fn nodes(
         if let Some(n) = out.iter_mut().find(|n| n.id == *node) {
             let items = super::ItemsView::of(node, steps, *total);
             if items.total.is_some() {
-                n.status = Some(StepStatus::Running);
+                // Items in doubt and none running: the node waits for a person.
+                let held = items.in_doubt > 0 && items.running == 0;
+                n.status = Some(if held {
+                    StepStatus::Paused
+                } else {
+                    StepStatus::Running
+                });
             }
             n.items = Some(items);
         }

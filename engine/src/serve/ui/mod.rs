@@ -120,6 +120,7 @@ static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ("sign_in.html", include_str!("templates/sign_in.html")),
         ("runs.html", include_str!("templates/runs.html")),
         ("run.html", include_str!("templates/run.html")),
+        ("items.html", include_str!("templates/items.html")),
         ("in_doubt.html", include_str!("templates/in_doubt.html")),
         ("approvals.html", include_str!("templates/approvals.html")),
     ];

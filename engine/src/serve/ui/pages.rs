@@ -218,6 +218,7 @@ pub async fn items(
         "node": q.node,
         "status": q.status,
         "after": q.after,
+        "limit": q.limit,
         "page": page,
     });
     Ok(Page::render(StatusCode::OK, "items.html", &ctx))

@@ -1,16 +1,110 @@
-//! A `for_each` node's items in one execution: each item's state (a [`NodeState`] of
-//! its own, under the step id `node[<key>]`), which items may start next, and what the
-//! node comes to when they are done. The bookkeeping is incremental (counts, the items
-//! waiting for a retry, the items never started), so deciding what to start next costs
-//! what starts, not the length of the list.
+//! Where one node of a run stands ([`NodeState`]): what [`super::decide`] decides from,
+//! what [`super::state`] loads from the ledger and the loop keeps current. A `for_each`
+//! node holds its items' states ([`Fan`]): each item's state (a [`NodeState`] of its own,
+//! under the step id `node[<key>]`), which items may start next, and what the node comes
+//! to when they are done. The bookkeeping is incremental (counts, the items waiting for
+//! a retry, the items never started), so deciding what to start next costs what starts,
+//! not the length of the list.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use flow_ledger::{ErrorKind, Timestamp};
 use serde_json::{Map, Value as Json, json};
 
-use super::decide::NodeState;
 use crate::gateway::StepOrigin;
+
+/// Where one node stands in a run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeState {
+    /// No step yet.
+    NotStarted,
+    /// A retry step exists and waits for its durable `not_before`.
+    Pending {
+        /// The step id (`node_retry<n>`).
+        step_id: String,
+        /// Its retry number.
+        retry: u32,
+        /// When it may start.
+        not_before: Timestamp,
+    },
+    /// A rate limit or quota deferred the step's attempt (never sent), or its call's
+    /// remote task was still working at the attempt's timeout (sent; the task is asked
+    /// about, the call is not sent again): its row is still `running`, and it starts
+    /// again, keeping that row, once `until` has passed.
+    Deferred {
+        /// The step id.
+        step_id: String,
+        /// Its retry number.
+        retry: u32,
+        /// When it may start again.
+        until: Timestamp,
+    },
+    /// A step is executing in this process.
+    Running {
+        /// The step id.
+        step_id: String,
+        /// Its retry number.
+        retry: u32,
+    },
+    /// A step was running when its worker stopped (crash, takeover): resume it; the
+    /// ledger's claim decides replay, takeover or in doubt.
+    Interrupted {
+        /// The step id.
+        step_id: String,
+        /// Its retry number.
+        retry: u32,
+    },
+    /// Done, with its output.
+    Succeeded {
+        /// The node's output.
+        output: Json,
+    },
+    /// Failed for good (no retry step follows).
+    Failed {
+        /// Error kind.
+        kind: ErrorKind,
+        /// Error message.
+        message: String,
+    },
+    /// Not run: its condition was false or an upstream node was skipped.
+    Skipped,
+    /// Its call is in doubt; only a resolution moves it.
+    InDoubt {
+        /// The paused step.
+        step_id: String,
+    },
+    /// Its call awaits approval (nothing sent); a decision re-queues the run.
+    AwaitingApproval {
+        /// The step that asked.
+        step_id: String,
+        /// Its retry number.
+        retry: u32,
+    },
+    /// It waits for an event or its callback (nothing more to send); an event, a
+    /// callback or the deadline re-queues the run.
+    Waiting {
+        /// The step that waits.
+        step_id: String,
+        /// Its retry number.
+        retry: u32,
+        /// What it waits for.
+        on: crate::gateway::Awaited,
+    },
+    /// Stopped by a cancellation.
+    Cancelled,
+    /// A `for_each` node whose list is known: its items' states.
+    FanOut(Box<Fan>),
+}
+
+impl NodeState {
+    /// A state that will not change without outside help.
+    pub fn is_terminal(&self) -> bool {
+        matches!(
+            self,
+            Self::Succeeded { .. } | Self::Failed { .. } | Self::Skipped | Self::Cancelled
+        )
+    }
+}
 
 /// The step id of an item's attempt: `node[<key>]`, then `node[<key>]_retry<n>`.
 pub fn item_step_id(node: &str, key: &str, retry: u32) -> String {
@@ -119,6 +213,11 @@ impl Fan {
     /// The number of items.
     pub fn len(&self) -> usize {
         self.keys.len()
+    }
+
+    /// Whether the list is empty (the node then succeeds at once, with no item).
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
     }
 
     /// Item `i`'s state.
