@@ -45,7 +45,8 @@ impl RunScope<'_> {
         reads.extend(&self.prepared.lists[node]);
         reads.sort_unstable();
         reads.dedup();
-        let ctx = self.context_reading(st, node, &reads);
+        let inputs = self.inputs_named(&self.prepared.list_inputs[node]);
+        let ctx = self.context_with(st, node, &reads, inputs);
         let at = StepAt {
             node,
             step_id: &decl.id,
@@ -81,9 +82,9 @@ impl RunScope<'_> {
         self.writer.flush(now).await.map_err(wrap)?;
         let fanout = Fanout {
             node_id: decl.id.clone(),
-            items: Json::Array(merged.items.clone()),
-            keys: merged.keys.clone(),
-            vanished: merged.vanished.clone(),
+            items: Json::Array(merged.items),
+            keys: merged.keys,
+            vanished: merged.vanished,
             created_at: now,
             updated_at: now,
         };
@@ -92,10 +93,19 @@ impl RunScope<'_> {
             .record_fanout(self.lease(), &fanout, now)
             .await
             .map_err(wrap)?;
+        // The list is held once: taken back from what was stored.
+        let Fanout {
+            items,
+            mut keys,
+            vanished,
+            ..
+        } = fanout;
+        let mut items = match items {
+            Json::Array(items) => items,
+            _ => Vec::new(),
+        };
         // A key that vanished before its call was sent: recorded skipped, never sent.
-        let mut keys = merged.keys;
-        let mut items = merged.items;
-        for key in merged.vanished {
+        for key in vanished {
             if !matches!(loaded.get(&key), Some(NodeState::Skipped)) {
                 let step = NewStep {
                     step_id: item_step_id(&decl.id, &key, 0),

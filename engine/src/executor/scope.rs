@@ -69,6 +69,9 @@ pub(super) struct Prepared {
     /// spec) read: an item's context holds those, not every input (a list passed as an
     /// input would otherwise be copied once per item).
     pub(super) item_inputs: Vec<Vec<String>>,
+    /// For each `for_each` node, the inputs its list, key and `if` read: the list is
+    /// evaluated in a context of those alone, not of every input.
+    pub(super) list_inputs: Vec<Vec<String>>,
 }
 
 impl Prepared {
@@ -144,7 +147,25 @@ impl Prepared {
                 names
             })
             .collect();
+        let list_inputs = wf
+            .nodes
+            .iter()
+            .map(|n| {
+                let Some(fe) = &n.for_each else {
+                    return Vec::new();
+                };
+                let mut templates = fe.items.templates();
+                templates.push(&fe.key);
+                templates.extend(n.condition.iter());
+                input_names(
+                    templates
+                        .iter()
+                        .flat_map(|t| t.exprs().flat_map(expr::references)),
+                )
+            })
+            .collect();
         Self {
+            list_inputs,
             reads: refs.iter().map(|r| nodes(r, false)).collect(),
             approvals: refs.iter().map(|r| nodes(r, true)).collect(),
             lists,
@@ -247,6 +268,19 @@ impl RunScope<'_> {
         );
         Ok(())
     }
+}
+
+/// The input names among expression references (`inputs.<name>…`), sorted, once each.
+fn input_names(refs: impl Iterator<Item = String>) -> Vec<String> {
+    let mut names: Vec<String> = refs
+        .filter_map(|r| {
+            r.strip_prefix("inputs.")
+                .map(|p| p.split('.').next().unwrap_or(p).to_string())
+        })
+        .collect();
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 /// A lost lease becomes [`gateway::Error::LeaseLost`] naming the run; other ledger

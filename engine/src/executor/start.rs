@@ -217,14 +217,20 @@ impl<'a> RunScope<'a> {
     /// The context of an item of a `for_each` node (without the item): only the inputs
     /// its expressions read.
     fn item_context(&self, st: &RunState, node: usize) -> Json {
+        let inputs = self.inputs_named(&self.prepared.item_inputs[node]);
+        self.context_with(st, node, &self.prepared.reads[node], inputs)
+    }
+
+    /// The run's inputs named `names` (an object of those alone).
+    pub(super) fn inputs_named(&self, names: &[String]) -> Json {
         let some: Map<String, Json> = match self.inputs {
-            Json::Object(all) => self.prepared.item_inputs[node]
+            Json::Object(all) => names
                 .iter()
                 .filter_map(|k| all.get(k).map(|v| (k.clone(), v.clone())))
                 .collect(),
             _ => Map::new(),
         };
-        self.context_with(st, node, &self.prepared.reads[node], Json::Object(some))
+        Json::Object(some)
     }
 
     /// The expression context of a node whose expressions read the outputs of `reads`.
@@ -233,7 +239,13 @@ impl<'a> RunScope<'a> {
     }
 
     /// The expression context of a node with `inputs` as its inputs.
-    fn context_with(&self, st: &RunState, node: usize, reads: &[usize], inputs: Json) -> Json {
+    pub(super) fn context_with(
+        &self,
+        st: &RunState,
+        node: usize,
+        reads: &[usize],
+        inputs: Json,
+    ) -> Json {
         let mut nodes = Map::new();
         for &i in reads {
             let output = match &st.nodes[i] {

@@ -209,6 +209,13 @@ impl Template {
 
 /// Evaluates one expression against a JSON context.
 pub fn eval(src: &str, ctx: &Json) -> Result<Json, ExprError> {
+    // Most expressions are a plain path (`item.email`, `nodes.list.output.customers`):
+    // read it from the context as is. minijinja would first convert the whole context
+    // (every input, every upstream output it holds) into its own values, once per
+    // expression — for a fan-out's items, once per item.
+    if let Some(v) = plain_path(src, ctx) {
+        return Ok(v.clone());
+    }
     let eval_err = |e: minijinja::Error| ExprError::Eval {
         src: src.to_string(),
         reason: short_reason(&e),
@@ -227,6 +234,24 @@ pub fn eval(src: &str, ctx: &Json) -> Result<Json, ExprError> {
         src: src.to_string(),
         reason: e.to_string(),
     })
+}
+
+/// The value at `src` when `src` is a dotted path of plain names (`a.b_c.d`) that every
+/// step of finds in an object; `None` sends the expression to minijinja, which says
+/// what is undefined where.
+fn plain_path<'c>(src: &str, ctx: &'c Json) -> Option<&'c Json> {
+    let mut at = ctx;
+    for part in src.trim().split('.') {
+        let mut chars = part.chars();
+        let first = chars.next()?;
+        let plain = (first.is_ascii_alphabetic() || first == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !plain || matches!(part, "true" | "false" | "none" | "True" | "False" | "None") {
+            return None;
+        }
+        at = at.as_object()?.get(part)?;
+    }
+    Some(at)
 }
 
 /// Evaluates an `if:` condition to its truthiness. A condition is one expression (see
@@ -366,6 +391,48 @@ impl TValue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_plain_path_reads_the_same_value_minijinja_would() {
+        let ctx = serde_json::json!({
+            "inputs": { "n": 3, "f": 1.5, "big": u64::MAX, "s": "x", "nul": null },
+            "nodes": { "a": { "output": { "list": [1, { "k": "v" }], "obj": { "z": 1, "a": 2 } } } },
+            "item": { "id": "c1" },
+        });
+        for src in [
+            "inputs.n",
+            "inputs.f",
+            "inputs.big",
+            "inputs.s",
+            "inputs.nul",
+            "nodes.a.output.list",
+            "nodes.a.output.obj",
+            "item.id",
+            " item.id ",
+        ] {
+            let fast = plain_path(src, &ctx).cloned();
+            assert!(fast.is_some(), "{src} is a plain path");
+            let expr = environment().compile_expression(src).expect("compiles");
+            let slow = expr
+                .eval(minijinja::Value::from(minijinja::value::Serde(&ctx)))
+                .expect("evaluates");
+            let slow = serde_json::to_value(&slow).expect("to json");
+            assert_eq!(fast, Some(slow), "{src}");
+        }
+        for src in [
+            "inputs.missing",
+            "inputs.s.len",
+            "inputs.n + 1",
+            "nodes.a.output.list.0",
+            "true",
+        ] {
+            assert!(plain_path(src, &ctx).is_none(), "{src} goes to minijinja");
+        }
+        assert!(
+            eval("inputs.missing", &ctx).is_err(),
+            "undefined is still an error"
+        );
+    }
     use serde_json::json;
 
     fn t(text: &str) -> Template {
