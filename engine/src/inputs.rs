@@ -85,10 +85,15 @@ pub fn resolve(wf: &Workflow, pairs: &[String], file: Option<&Path>) -> Result<J
             path: path.display().to_string(),
             reason,
         })?;
-        let parsed: Json = yaml_serde::from_str(&text).map_err(|e| Error::File {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
+        // JSON first: it is what most inputs files are, and the YAML parser holds a
+        // 470 KB list as ~50 MiB while it reads it (a 10,000-item `for_each` list).
+        let parsed: Json = match serde_json::from_str(&text) {
+            Ok(v) => v,
+            Err(_) => yaml_serde::from_str(&text).map_err(|e| Error::File {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?,
+        };
         let Json::Object(map) = parsed else {
             return Err(Error::File {
                 path: path.display().to_string(),

@@ -45,8 +45,9 @@ impl RunScope<'_> {
         reads.extend(&self.prepared.lists[node]);
         reads.sort_unstable();
         reads.dedup();
-        let inputs = self.inputs_named(&self.prepared.list_inputs[node]);
-        let ctx = self.context_with(st, node, &reads, inputs);
+        // Every input: the list is evaluated once per expansion, and what an expression
+        // reads through a slice or a filter is not always listed by its references.
+        let ctx = self.context_reading(st, node, &reads);
         let at = StepAt {
             node,
             step_id: &decl.id,
@@ -354,6 +355,13 @@ fn evaluate(fe: &ForEachDecl, id: &str, ctx: &Json) -> Result<Vec<(String, Json)
 /// The context a key is rendered in: `run`, and the inputs and node entries its
 /// expressions read (copied once per list, not once per item).
 fn key_context(fe: &ForEachDecl, ctx: &Json) -> Json {
+    // A key that reads inputs or nodes through more than a plain path (a slice, a
+    // filter) gets them all: its references may not name what it reads.
+    if fe.key.exprs().any(|src| {
+        (src.contains("inputs") || src.contains("nodes")) && src.contains(['[', '|', '('])
+    }) {
+        return ctx.clone();
+    }
     let mut inputs = serde_json::Map::new();
     let mut nodes = serde_json::Map::new();
     for path in fe.key.exprs().flat_map(expr::references) {

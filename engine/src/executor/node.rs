@@ -370,11 +370,14 @@ impl Fan {
             return false;
         }
         if self.over_tolerance() {
-            // What may have left is seen through first; pending retries are dropped.
-            return self
-                .again
-                .iter()
-                .all(|&i| matches!(self.states[i], NodeState::Pending { .. }));
+            // What may have left is seen through first (an item in doubt waits for its
+            // resolution: a run never ends over a call in doubt); pending retries are
+            // dropped.
+            return self.counts.in_doubt == 0
+                && self
+                    .again
+                    .iter()
+                    .all(|&i| matches!(self.states[i], NodeState::Pending { .. }));
         }
         let c = self.counts;
         c.succeeded + c.failed + c.skipped + c.cancelled == self.len()
@@ -382,7 +385,7 @@ impl Fan {
 
     /// Whether items are in doubt and nothing else of the node can move without help.
     pub fn holds_in_doubt(&self) -> bool {
-        self.counts.in_doubt > 0 && self.running == 0 && !self.over_tolerance()
+        self.counts.in_doubt > 0 && self.running == 0
     }
 
     /// The keys of items in doubt (for the pause reason and the inbox).
@@ -578,6 +581,27 @@ mod tests {
         run(&mut f, 1);
         f.set(1, NodeState::Succeeded { output: json!(1) });
         assert!(f.is_done(), "the pending retry of item 2 is dropped");
+    }
+
+    #[test]
+    fn past_tolerance_an_item_in_doubt_still_holds_the_node() {
+        let mut f = fan(3, 3, 0);
+        let failed = || NodeState::Failed {
+            kind: ErrorKind::Permanent,
+            message: "no".into(),
+        };
+        f.set(0, failed());
+        f.set(
+            1,
+            NodeState::InDoubt {
+                step_id: "notify[k1]".into(),
+            },
+        );
+        assert!(f.over_tolerance());
+        assert!(!f.is_done(), "a run never ends over a call in doubt");
+        assert!(f.holds_in_doubt(), "the run pauses for its resolution");
+        f.set(1, failed());
+        assert!(f.is_done());
     }
 
     #[test]

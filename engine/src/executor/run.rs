@@ -395,7 +395,7 @@ impl<'a> RunScope<'a> {
         let lease = self.lease();
         let names = |list: &[usize]| {
             list.iter()
-                .map(|&i| in_doubt_name(self.wf, &st.nodes[i], i))
+                .map(|&i| in_doubt_name(self.wf, st, i))
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -580,12 +580,19 @@ impl<'a> RunScope<'a> {
 
 /// How a paused node is named: its id, or for a `for_each` node its items in doubt
 /// (`notify[a], notify[b] and 3 more`).
-fn in_doubt_name(wf: &ValidWorkflow, state: &NodeState, i: usize) -> String {
+fn in_doubt_name(wf: &ValidWorkflow, st: &RunState, i: usize) -> String {
     let id = &wf.nodes[i].id;
-    let NodeState::FanOut(fan) = state else {
-        return id.clone();
+    let mut keys: Vec<&str> = match (&st.nodes[i], st.items.get(&i)) {
+        (NodeState::FanOut(fan), _) => fan.in_doubt_keys().collect(),
+        // Reloaded after a probe: the items are not joined to their node yet.
+        (_, Some(items)) => items
+            .iter()
+            .filter(|(_, s)| matches!(s, NodeState::InDoubt { .. }))
+            .map(|(k, _)| k.as_str())
+            .collect(),
+        _ => return id.clone(),
     };
-    let keys: Vec<&str> = fan.in_doubt_keys().collect();
+    keys.sort_unstable();
     let mut names: Vec<String> = keys.iter().take(5).map(|k| format!("{id}[{k}]")).collect();
     if keys.len() > 5 {
         names.push(format!("and {} more", keys.len() - 5));

@@ -67,11 +67,8 @@ pub(super) struct Prepared {
     pub(super) lists: Vec<Vec<usize>>,
     /// For each `for_each` node, the inputs its items' expressions (and its tool's
     /// spec) read: an item's context holds those, not every input (a list passed as an
-    /// input would otherwise be copied once per item).
-    pub(super) item_inputs: Vec<Vec<String>>,
-    /// For each `for_each` node, the inputs its list, key and `if` read: the list is
-    /// evaluated in a context of those alone, not of every input.
-    pub(super) list_inputs: Vec<Vec<String>>,
+    /// input would otherwise be copied once per item); `None`: every input.
+    pub(super) item_inputs: Vec<Option<Vec<String>>>,
 }
 
 impl Prepared {
@@ -120,52 +117,31 @@ impl Prepared {
         let item_inputs = wf
             .nodes
             .iter()
-            .zip(&refs)
-            .map(|(n, refs)| {
-                if n.for_each.is_none() {
-                    return Vec::new();
-                }
-                let tool = wf
-                    .tools
-                    .get(&n.tool)
-                    .map(|t| t.kind.templates())
-                    .unwrap_or_default();
-                let from_tool = tool
-                    .iter()
-                    .flat_map(|t| t.exprs().flat_map(expr::references).collect::<Vec<_>>());
-                let mut names: Vec<String> = refs
-                    .iter()
-                    .cloned()
-                    .chain(from_tool)
-                    .filter_map(|r| {
-                        r.strip_prefix("inputs.")
-                            .map(|p| p.split('.').next().unwrap_or(p).to_string())
-                    })
-                    .collect();
-                names.sort_unstable();
-                names.dedup();
-                names
-            })
-            .collect();
-        let list_inputs = wf
-            .nodes
-            .iter()
             .map(|n| {
-                let Some(fe) = &n.for_each else {
-                    return Vec::new();
-                };
-                let mut templates = fe.items.templates();
-                templates.push(&fe.key);
-                templates.extend(n.condition.iter());
-                input_names(
-                    templates
-                        .iter()
-                        .flat_map(|t| t.exprs().flat_map(expr::references)),
-                )
+                if n.for_each.is_none() {
+                    return Some(Vec::new());
+                }
+                let mut templates = n.with.templates();
+                templates.extend(n.idempotency_key.iter());
+                if let Some(tool) = wf.tools.get(&n.tool) {
+                    templates.extend(tool.kind.templates());
+                }
+                // Read through a slice or a filter, an input may not be among the
+                // references: such an item's context holds every input.
+                let opaque = templates
+                    .iter()
+                    .flat_map(|t| t.exprs())
+                    .any(|src| src.contains("inputs") && src.contains(['[', '|', '(']));
+                (!opaque).then(|| {
+                    input_names(
+                        templates
+                            .iter()
+                            .flat_map(|t| t.exprs().flat_map(expr::references)),
+                    )
+                })
             })
             .collect();
         Self {
-            list_inputs,
             reads: refs.iter().map(|r| nodes(r, false)).collect(),
             approvals: refs.iter().map(|r| nodes(r, true)).collect(),
             lists,

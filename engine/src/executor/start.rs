@@ -217,7 +217,10 @@ impl<'a> RunScope<'a> {
     /// The context of an item of a `for_each` node (without the item): only the inputs
     /// its expressions read.
     fn item_context(&self, st: &RunState, node: usize) -> Json {
-        let inputs = self.inputs_named(&self.prepared.item_inputs[node]);
+        let inputs = match &self.prepared.item_inputs[node] {
+            Some(names) => self.inputs_named(names),
+            None => self.inputs.clone(),
+        };
         self.context_with(st, node, &self.prepared.reads[node], inputs)
     }
 

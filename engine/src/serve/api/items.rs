@@ -22,13 +22,24 @@ use crate::view::ItemView;
 pub struct ItemQuery {
     /// The `for_each` node.
     pub(crate) node: String,
-    /// Only items whose latest step is in this state.
+    /// Only items whose latest step is in this state (empty: any).
+    #[serde(default, deserialize_with = "empty_is_none")]
+    #[schemars(with = "Option<StepStatus>")]
     pub(crate) status: Option<StepStatus>,
     /// Items after this key (the `next` of the previous page).
     pub(crate) after: Option<String>,
     /// At most this many, 1 to 1,000 (default 100).
     #[schemars(range(min = 1, max = 1000))]
     pub(crate) limit: Option<u32>,
+}
+
+/// `status=` (a form's "any") is no filter, not an unknown state.
+fn empty_is_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<StepStatus>, D::Error> {
+    let text: Option<String> = Option::deserialize(d)?;
+    match text.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(s) => s.parse().map(Some).map_err(serde::de::Error::custom),
+    }
 }
 
 /// A page of items, by key.
