@@ -96,10 +96,7 @@ impl Faults {
     pub fn hit(&self, point: Point, node: &str) {
         if let Some((p, n)) = &self.fault
             && *p == point
-            && (n == node
-                || node
-                    .strip_prefix(n.as_str())
-                    .is_some_and(|r| r.starts_with('[')))
+            && (n == node || crate::item_id::is_item_of(n, node))
         {
             eprintln!("flow: FLOW_FAULT {point:?} at node {node}: aborting");
             std::process::abort();

@@ -31,6 +31,7 @@ pub mod fault;
 pub mod gateway;
 pub mod host_pattern;
 pub mod inputs;
+pub mod item_id;
 pub mod json_line;
 pub mod plan;
 pub mod policy;

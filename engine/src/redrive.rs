@@ -65,10 +65,7 @@ pub async fn redrive(
     let mut latest: Vec<Option<(u32, StepStatus)>> = vec![None; wf.nodes.len()];
     for s in &steps {
         // An item step of a `for_each` node (`node[<key>]`) is not the node's own.
-        let item = s
-            .step_id
-            .strip_prefix(s.node_id.as_str())
-            .is_some_and(|r| r.starts_with('['));
+        let item = crate::item_id::is_item_of(&s.node_id, &s.step_id);
         if let Some(i) = wf.position(&s.node_id)
             && !item
             && latest[i].is_none_or(|(r, _)| s.retry >= r)

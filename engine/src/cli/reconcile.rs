@@ -67,7 +67,7 @@ pub(crate) async fn reconcile(
             None
         } else {
             let wf = snapshot(&run).map_err(CliError::Invalid)?;
-            let Some(node) = wf.node(crate::reconcile::node_of(&c.tool_call_id)) else {
+            let Some(node) = wf.node(crate::item_id::node_of(&c.tool_call_id)) else {
                 continue;
             };
             let call = ProbeCall {

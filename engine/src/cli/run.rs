@@ -429,8 +429,8 @@ fn parse_resolution(
         .rsplit_once('=')
         .ok_or_else(|| format!("--resolve `{spec}`: expected NODE=succeeded|failed|retry"))?;
     // An item of a `for_each` node is resolved by its call id, `node[<key>]`.
-    let base = match node.split_once('[') {
-        Some((base, _)) if wf.node(base).is_some_and(|n| n.for_each.is_some()) => base,
+    let base = match crate::item_id::node_of(node) {
+        base if wf.node(base).is_some_and(|n| n.for_each.is_some()) => base,
         _ => node,
     };
     if wf.node(base).is_none() {

@@ -272,11 +272,10 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
             let total = ledger.get_fanout(run_id, node).await?;
             let total = total.map(|f| f.keys.len() + f.vanished.len());
             items_text(&mut out, node, &steps, total);
-            let prefix = format!("{node}[");
             in_doubt.extend(
                 calls
                     .iter()
-                    .filter(|c| c.tool_call_id.starts_with(&prefix))
+                    .filter(|c| crate::item_id::is_item_of(node, &c.tool_call_id))
                     .filter(|c| c.status == CallStatus::InDoubt)
                     .cloned(),
             );

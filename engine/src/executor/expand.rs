@@ -14,12 +14,13 @@ use std::collections::{HashMap, HashSet};
 use flow_ledger::{ErrorKind, Fanout, NewStep, StepFinish, StepStatus};
 use serde_json::Value as Json;
 
+use super::node::Fan;
 use super::node::NodeState;
-use super::node::{Fan, item_step_id};
 use super::progress::StepEvent;
-use super::scope::{RunScope, StepAt, lease_err};
+use super::scope::{RunScope, StepAt, lease_err, reads_opaquely};
 use super::state::RunState;
 use crate::gateway::{self, StepOrigin};
+use crate::item_id::item_step_id;
 use crate::workflow::expr;
 use crate::workflow::model::ForEachDecl;
 
@@ -71,12 +72,7 @@ impl RunScope<'_> {
         };
         let listed = list.len();
         let loaded = st.items.remove(&node).unwrap_or_default();
-        let stored = self
-            .gateway
-            .ledger()
-            .get_fanout(&self.lease().run_id, &decl.id)
-            .await
-            .map_err(gateway::Error::Ledger)?;
+        let stored = self.stored_list(&decl.id).await?;
         let merged = merge(list, stored, &loaded);
         let now = self.gateway.now();
         let wrap = |e| lease_err(e, self.lease());
@@ -182,19 +178,22 @@ impl RunScope<'_> {
         Ok(())
     }
 
+    /// The list stored for `node` of this run, if it was evaluated.
+    async fn stored_list(&self, node: &str) -> Result<Option<Fanout>, gateway::Error> {
+        self.gateway
+            .ledger()
+            .get_fanout(&self.lease().run_id, node)
+            .await
+            .map_err(gateway::Error::Ledger)
+    }
+
     /// Rebuilds the output of the `for_each` nodes recorded as succeeded (their step
     /// holds the counts; the output holds every item's) from their stored lists and
     /// their items' steps.
     pub(super) async fn rebuild_fans(&self, st: &mut RunState) -> Result<(), gateway::Error> {
         for node in std::mem::take(&mut st.rebuild) {
             let decl = &self.wf.nodes[node];
-            let stored = self
-                .gateway
-                .ledger()
-                .get_fanout(&self.lease().run_id, &decl.id)
-                .await
-                .map_err(gateway::Error::Ledger)?;
-            let Some(stored) = stored else {
+            let Some(stored) = self.stored_list(&decl.id).await? else {
                 continue;
             };
             let mut keys = stored.keys;
@@ -357,9 +356,11 @@ fn evaluate(fe: &ForEachDecl, id: &str, ctx: &Json) -> Result<Vec<(String, Json)
 fn key_context(fe: &ForEachDecl, ctx: &Json) -> Json {
     // A key that reads inputs or nodes through more than a plain path (a slice, a
     // filter) gets them all: its references may not name what it reads.
-    if fe.key.exprs().any(|src| {
-        (src.contains("inputs") || src.contains("nodes")) && src.contains(['[', '|', '('])
-    }) {
+    if fe
+        .key
+        .exprs()
+        .any(|src| reads_opaquely(src, &["inputs", "nodes"]))
+    {
         return ctx.clone();
     }
     let mut inputs = serde_json::Map::new();

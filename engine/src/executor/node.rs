@@ -12,6 +12,7 @@ use flow_ledger::{ErrorKind, Timestamp};
 use serde_json::{Map, Value as Json, json};
 
 use crate::gateway::StepOrigin;
+use crate::item_id::item_step_id;
 
 /// Where one node stands in a run.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,25 +104,6 @@ impl NodeState {
             self,
             Self::Succeeded { .. } | Self::Failed { .. } | Self::Skipped | Self::Cancelled
         )
-    }
-}
-
-/// The step id of an item's attempt: `node[<key>]`, then `node[<key>]_retry<n>`.
-pub fn item_step_id(node: &str, key: &str, retry: u32) -> String {
-    if retry == 0 {
-        format!("{node}[{key}]")
-    } else {
-        format!("{node}[{key}]_retry{retry}")
-    }
-}
-
-/// The key of an item step of `node` (`None`: not an item step of it).
-pub fn item_key<'s>(node: &str, step_id: &'s str, retry: u32) -> Option<&'s str> {
-    let rest = step_id.strip_prefix(node)?.strip_prefix('[')?;
-    if retry == 0 {
-        rest.strip_suffix(']')
-    } else {
-        rest.strip_suffix(&format!("]_retry{retry}"))
     }
 }
 
@@ -477,18 +459,6 @@ mod tests {
                 retry: 0,
             },
         );
-    }
-
-    #[test]
-    fn item_step_ids_round_trip_whatever_the_key_holds() {
-        for key in ["a", "x]_retry1", "[", "42"] {
-            for retry in [0, 1, 12] {
-                let id = item_step_id("n", key, retry);
-                assert_eq!(item_key("n", &id, retry), Some(key), "{id}");
-            }
-        }
-        assert_eq!(item_key("n", "n", 0), None);
-        assert_eq!(item_key("n", "nn[a]", 0), None);
     }
 
     #[test]

@@ -163,7 +163,7 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
 /// What a step is shown as: its node, or for an item of a `for_each` node the item's
 /// step (`notify[c1]`, whatever its retry).
 pub fn shown<'s>(node: &'s str, step_id: &'s str, retry: u32) -> &'s str {
-    if super::node::item_key(node, step_id, retry).is_none() {
+    if crate::item_id::item_key(node, step_id, retry).is_none() {
         return node;
     }
     if retry == 0 {

@@ -11,10 +11,10 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use super::node::NodeState;
-use super::node::{item_key, item_step_id};
 use super::scope::{RunScope, lease_err};
 use super::state::RunState;
 use crate::gateway;
+use crate::item_id::{item_key, item_step_id};
 use crate::reconcile::{ProbeCall, Reconciled, reconcile_call};
 
 /// Longest this process waits, in all, for probes to come due before it pauses the run

@@ -50,7 +50,7 @@ impl StepAt<'_> {
     pub(super) fn call_id(&self, node_id: &str) -> String {
         match self.item {
             None => node_id.to_string(),
-            Some((_, key)) => super::node::item_step_id(node_id, key, 0),
+            Some((_, key)) => crate::item_id::item_step_id(node_id, key, 0),
         }
     }
 }
@@ -131,7 +131,7 @@ impl Prepared {
                 let opaque = templates
                     .iter()
                     .flat_map(|t| t.exprs())
-                    .any(|src| src.contains("inputs") && src.contains(['[', '|', '(']));
+                    .any(|src| reads_opaquely(src, &["inputs"]));
                 (!opaque).then(|| {
                     input_names(
                         templates
@@ -244,6 +244,13 @@ impl RunScope<'_> {
         );
         Ok(())
     }
+}
+
+/// Whether `src` reads one of `roots` through more than a plain path (a slice, a
+/// filter, a call): minijinja's references may then not name what it reads, so a
+/// context pruned to them could hide a value.
+pub(super) fn reads_opaquely(src: &str, roots: &[&str]) -> bool {
+    roots.iter().any(|r| src.contains(r)) && src.contains(['[', '|', '('])
 }
 
 /// The input names among expression references (`inputs.<name>…`), sorted, once each.

@@ -124,7 +124,7 @@ pub(super) fn plan_start<'w>(
     let next_retry = retry::allows(&policy, next).then(|| NextRetry {
         step_id: match at.item {
             None => format!("{}_retry{next}", decl.id),
-            Some((_, key)) => super::node::item_step_id(&decl.id, key, next),
+            Some((_, key)) => crate::item_id::item_step_id(&decl.id, key, next),
         },
         retry: next,
         delay: retry::next_delay(&policy, next, rng),

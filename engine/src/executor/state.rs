@@ -7,7 +7,7 @@ use flow_ledger::{ErrorKind, Step, StepStatus, Timestamp};
 use serde_json::Value as Json;
 
 use super::node::NodeState;
-use super::node::item_key;
+use crate::item_id::item_key;
 use crate::workflow::ValidWorkflow;
 
 /// The run's node states as recorded, plus bookkeeping of this execution.

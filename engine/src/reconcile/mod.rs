@@ -61,11 +61,6 @@ pub struct ProbeCall<'a> {
     pub run_live: bool,
 }
 
-/// The node a call belongs to: its id, or `node` for an item call `node[<key>]`.
-pub fn node_of(call_id: &str) -> &str {
-    call_id.split_once('[').map_or(call_id, |(node, _)| node)
-}
-
 /// What became of one call.
 #[derive(Debug, Clone, PartialEq, Serialize, schemars::JsonSchema)]
 #[serde(tag = "result", rename_all = "snake_case")]

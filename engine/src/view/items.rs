@@ -54,12 +54,7 @@ pub fn item_key<'s>(node: &str, s: &'s Step) -> Option<&'s str> {
     if s.node_id != node {
         return None;
     }
-    let rest = s.step_id.strip_prefix(node)?.strip_prefix('[')?;
-    if s.retry == 0 {
-        rest.strip_suffix(']')
-    } else {
-        rest.strip_suffix(&format!("]_retry{}", s.retry))
-    }
+    crate::item_id::item_key(node, &s.step_id, s.retry)
 }
 
 /// Every item of `node` with its latest step, by key.

@@ -174,10 +174,7 @@ impl RunView {
             totals.push(stored.map(|f| f.keys.len() + f.vanished.len()));
         }
         let is_item = |s: &Step| fans.iter().any(|n| super::items::item_key(n, s).is_some());
-        let item_call = |id: &str| {
-            fans.iter()
-                .any(|n| id.strip_prefix(n).is_some_and(|r| r.starts_with('[')))
-        };
+        let item_call = |id: &str| fans.iter().any(|n| crate::item_id::is_item_of(n, id));
         Ok(RunView {
             approvals: approvals.iter().map(super::ApprovalView::of).collect(),
             waits: waits.iter().map(super::WaitView::of).collect(),

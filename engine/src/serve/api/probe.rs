@@ -93,7 +93,7 @@ pub(crate) async fn probe_run(
     };
     let mut out = Vec::with_capacity(calls.len());
     for c in &calls {
-        let Some(node) = wf.node(crate::reconcile::node_of(&c.tool_call_id)) else {
+        let Some(node) = wf.node(crate::item_id::node_of(&c.tool_call_id)) else {
             continue;
         };
         let call = ProbeCall {
