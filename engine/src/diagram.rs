@@ -16,9 +16,10 @@ pub enum GraphFormat {
 
 fn label(wf: &Workflow, i: usize) -> String {
     let node = &wf.nodes[i];
-    let mut label = match &node.wait {
-        Some(w) => format!("{}\nwait ({})", node.id, w.event),
-        None => {
+    let mut label = match (&node.wait, &node.workflow) {
+        (Some(w), _) => format!("{}\nwait ({})", node.id, w.event),
+        (None, Some(c)) => format!("{}\nworkflow ({})", node.id, c.path),
+        (None, None) => {
             let kind = wf.tools.get(&node.tool).map_or("?", |t| t.kind.name());
             format!("{}\n{} ({kind})", node.id, node.tool)
         }

@@ -32,6 +32,17 @@ pub enum RedriveError {
         /// The node.
         node: String,
     },
+    /// A node to run again is a sub-workflow (`workflow:`): a new attempt would start a
+    /// new child, whose calls go out again under new keys.
+    #[error(
+        "run `{run}`: node `{node}` runs a sub-workflow, which cannot be redriven: a new attempt would start a new child that sends its calls again; start a new run"
+    )]
+    Child {
+        /// The run.
+        run: String,
+        /// The node.
+        node: String,
+    },
     /// The run's stored workflow does not parse any more.
     #[error("run `{run}`: its stored workflow cannot be read: {why}")]
     Snapshot {
@@ -96,6 +107,16 @@ pub async fn redrive(
         .find(|&&i| chosen[i] && wf.nodes[i].for_each.is_some())
     {
         return Err(RedriveError::ForEach {
+            run: run_id.to_string(),
+            node: wf.nodes[i].id.clone(),
+        });
+    }
+    if let Some(&i) = plan
+        .order()
+        .iter()
+        .find(|&&i| chosen[i] && wf.nodes[i].workflow.is_some())
+    {
+        return Err(RedriveError::Child {
             run: run_id.to_string(),
             node: wf.nodes[i].id.clone(),
         });

@@ -58,6 +58,25 @@ fn wait() -> Value {
     })
 }
 
+/// `workflow:` on a node: the child workflow's file.
+fn child_workflow() -> Value {
+    json!({ "type": "string", "minLength": 1, "description": "Run this workflow file (relative to this one) as a child run of its own; the node's `with` is its inputs, its output the node's." })
+}
+
+/// `on_parent_cancel:` of a `workflow:` node.
+fn on_parent_cancel() -> Value {
+    json!({ "enum": ["cancel", "abandon"], "description": "A `workflow:` node's child when this run is cancelled: cancelled too (default) or left running." })
+}
+
+/// `included:`, which flow adds to a stored run's text.
+fn included() -> Value {
+    json!({
+        "type": "object",
+        "description": "Added by flow to a stored run's text: each sub-workflow's file (as its `workflow:` names it) and its text.",
+        "additionalProperties": { "type": "string" }
+    })
+}
+
 /// `for_each:` on a node with a tool.
 fn for_each() -> Value {
     json!({
@@ -313,6 +332,7 @@ pub fn workflow_schema() -> Value {
                 }
             },
             "max_parallel": { "type": "integer", "minimum": 1, "maximum": 1024 },
+            "included": included(),
             "tools": {
                 "type": "object",
                 "propertyNames": { "pattern": "^[A-Za-z0-9_.-]+$" },
@@ -325,7 +345,7 @@ pub fn workflow_schema() -> Value {
                 "additionalProperties": {
                     "type": "object",
                     "additionalProperties": false,
-                    "oneOf": [ { "required": ["tool"] }, { "required": ["wait"] } ],
+                    "oneOf": [ { "required": ["tool"] }, { "required": ["wait"] }, { "required": ["workflow"] } ],
                     "properties": {
                         "tool": { "type": "string" },
                         "needs": { "oneOf": [ { "type": "string" }, { "type": "array", "items": { "type": "string" } } ] },
@@ -340,7 +360,9 @@ pub fn workflow_schema() -> Value {
                         "approval": approval(),
                         "wait": wait(),
                         "callback": callback(),
-                        "for_each": for_each()
+                        "for_each": for_each(),
+                        "workflow": child_workflow(),
+                        "on_parent_cancel": on_parent_cancel()
                     }
                 }
             }

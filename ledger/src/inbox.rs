@@ -53,6 +53,8 @@ pub struct RunName {
     pub workflow: String,
     /// Where it is (a `retry` of a finished run's call is refused).
     pub status: RunStatus,
+    /// The run whose sub-workflow node started it, when it is a child run.
+    pub parent: Option<String>,
 }
 
 /// A call's last probe, with the run it belongs to (a [`Probe`] names only its node).
@@ -69,6 +71,7 @@ struct NameRow {
     id: String,
     workflow_name: String,
     status: String,
+    parent_run_id: Option<String>,
 }
 
 #[derive(Debug, sqlx::FromRow)]
@@ -139,10 +142,10 @@ fn pair_list(calls: &[(String, String)]) -> String {
     Json::from(pairs).to_string()
 }
 
-const NAMES_SQLITE: &str = "SELECT id, workflow_name, status FROM runs
+const NAMES_SQLITE: &str = "SELECT id, workflow_name, status, parent_run_id FROM runs
      WHERE tenant = $1 AND workspace = $2 AND id IN (SELECT value FROM json_each($3))
      ORDER BY id";
-const NAMES_POSTGRES: &str = "SELECT id, workflow_name, status FROM runs
+const NAMES_POSTGRES: &str = "SELECT id, workflow_name, status, parent_run_id FROM runs
      WHERE tenant = $1 AND workspace = $2
        AND id IN (SELECT jsonb_array_elements_text($3::jsonb))
      ORDER BY id";
@@ -309,6 +312,7 @@ impl Ledger {
                     status: r.status.parse()?,
                     id: r.id,
                     workflow: r.workflow_name,
+                    parent: r.parent_run_id,
                 })
             })
             .collect()

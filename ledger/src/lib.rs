@@ -80,6 +80,7 @@ pub mod worker;
 mod approvals;
 mod calls;
 mod canonical;
+mod children;
 mod conn;
 mod db;
 mod deliveries;
@@ -88,6 +89,7 @@ mod fanouts;
 mod fence;
 mod health;
 mod ledger;
+mod lineage;
 mod operator;
 mod options;
 mod outbound;
@@ -111,6 +113,7 @@ pub use approvals::{
     Approval, ApprovalFilter, ApprovalVote, AskApproval, Decide, Decided, Gate, Swept,
 };
 pub use canonical::{canonical_hash, canonical_json, workflow_hash};
+pub use children::{ChildStart, MAX_CHILDREN_PAGE};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use deliveries::{
     Delivery, DeliveryFilter, DeliveryOutcome, DeliveryStatus, FinishDelivery, LeaseDeliveries,
@@ -122,10 +125,10 @@ pub use fanouts::Fanout;
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
 pub use model::{
     Actor, Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,
-    Enqueued, HeartbeatAck, InDoubtReport, NewRun, NewStep, PureBatchRecorded, PureCall,
-    PureRecorded, PureResult, RateAcquire, RateDecision, Replayed, RequestsSent, Resolution,
-    Resolve, Run, RunCursor, RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish,
-    ToolCall, Usage, Window,
+    Enqueued, HeartbeatAck, InDoubtReport, NewRun, NewStep, OnParentCancel, ParentLink,
+    PureBatchRecorded, PureCall, PureRecorded, PureResult, RateAcquire, RateDecision, Replayed,
+    RequestsSent, Resolution, Resolve, Run, RunCursor, RunFilter, RunFinish, RunLease, Scope, Step,
+    StepError, StepFinish, ToolCall, Usage, Window,
 };
 pub use operator::{InDoubtFilter, MAX_BATCH};
 pub use probes::{

@@ -6,6 +6,8 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+pub use crate::lineage::{OnParentCancel, ParentLink};
 use serde_json::Value;
 
 use crate::clock::Timestamp;
@@ -103,6 +105,9 @@ pub struct Run {
     pub cancel_requested: bool,
     /// Queue priority.
     pub priority: i32,
+    /// The run and step that started this run, when it is a sub-workflow's run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
 }
 
 /// Which runs [`crate::Ledger::list_runs`] returns (newest first) and
@@ -137,6 +142,8 @@ pub struct RunFilter {
     /// Longer than [`crate::ids::MAX_ID_LEN`] bytes, or holding NUL, is
     /// [`crate::Error::InvalidFilter`].
     pub id_prefix: Option<String>,
+    /// Only the children of this run (the runs its sub-workflow nodes started).
+    pub parent: Option<String>,
 }
 
 /// Where a page of [`crate::Ledger::list_runs`] ended: the last run's creation time
@@ -196,6 +203,9 @@ pub struct RunLease {
     pub token: i64,
     /// Lease end at the time of the claim or last heartbeat.
     pub expires_at: Timestamp,
+    /// The parent run, when this is a child run: its finish wakes that parent in the
+    /// same transaction.
+    pub parent: Option<String>,
 }
 
 /// A run taken off the queue: its lease and the row as the claim left it, so a worker

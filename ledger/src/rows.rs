@@ -57,6 +57,9 @@ pub(crate) struct RunRow {
     pub pause_reason: Option<String>,
     pub output: Option<String>,
     pub error: Option<String>,
+    pub parent_run_id: Option<String>,
+    pub parent_step_id: Option<String>,
+    pub on_parent_cancel: Option<String>,
 }
 
 /// The columns a [`RunRow`] reads, for a statement whose rows come from the `runs` table
@@ -69,7 +72,7 @@ pub(crate) struct RunRow {
 /// tables in `RETURNING`; the conformance suite's claims and finishes read it back).
 macro_rules! run_cols {
     () => {
-        "id, workflow_name, CASE WHEN runs.workflow_text <> '' THEN runs.workflow_text ELSE (SELECT wt.text FROM workflow_texts wt WHERE wt.tenant = runs.tenant AND wt.workspace = runs.workspace AND wt.hash = runs.workflow_hash) END AS workflow_text, workflow_hash, inputs, inputs_hash, status, priority, not_before, created_at, started_at, finished_at, worker, lease_token, lease_expires_at, cancel_requested, pause_reason, output, error"
+        "id, workflow_name, CASE WHEN runs.workflow_text <> '' THEN runs.workflow_text ELSE (SELECT wt.text FROM workflow_texts wt WHERE wt.tenant = runs.tenant AND wt.workspace = runs.workspace AND wt.hash = runs.workflow_hash) END AS workflow_text, workflow_hash, inputs, inputs_hash, status, priority, not_before, created_at, started_at, finished_at, worker, lease_token, lease_expires_at, cancel_requested, pause_reason, output, error, parent_run_id, parent_step_id, on_parent_cancel"
     };
 }
 pub(crate) use run_cols;
@@ -78,7 +81,7 @@ pub(crate) use run_cols;
 /// [`run_cols`] (its text is already resolved).
 macro_rules! run_fields {
     () => {
-        "id, workflow_name, workflow_text, workflow_hash, inputs, inputs_hash, status, priority, not_before, created_at, started_at, finished_at, worker, lease_token, lease_expires_at, cancel_requested, pause_reason, output, error"
+        "id, workflow_name, workflow_text, workflow_hash, inputs, inputs_hash, status, priority, not_before, created_at, started_at, finished_at, worker, lease_token, lease_expires_at, cancel_requested, pause_reason, output, error, parent_run_id, parent_step_id, on_parent_cancel"
     };
 }
 pub(crate) use run_fields;
@@ -86,6 +89,27 @@ pub(crate) use run_fields;
 impl RunRow {
     pub(crate) fn status(&self) -> Result<RunStatus, Error> {
         self.status.parse()
+    }
+
+    /// The parent of a child run (a sub-workflow's run), from its three columns.
+    pub(crate) fn parent(&self) -> Result<Option<crate::model::ParentLink>, Error> {
+        let (Some(run_id), Some(step_id)) = (&self.parent_run_id, &self.parent_step_id) else {
+            return Ok(None);
+        };
+        let on_cancel = match self.on_parent_cancel.as_deref() {
+            Some("abandon") => crate::model::OnParentCancel::Abandon,
+            Some("cancel") | None => crate::model::OnParentCancel::Cancel,
+            Some(other) => {
+                return Err(Error::Corrupt {
+                    what: format!("run {}: on_parent_cancel {other:?}", self.id),
+                });
+            }
+        };
+        Ok(Some(crate::model::ParentLink {
+            run_id: run_id.clone(),
+            step_id: step_id.clone(),
+            on_cancel,
+        }))
     }
 
     /// For a running run: `Busy` (naming holder and expiry) while its lease is live and
@@ -107,6 +131,7 @@ impl RunRow {
 
     pub(crate) fn into_run(self) -> Result<Run, Error> {
         let status = self.status()?;
+        let parent = self.parent()?;
         let Some(workflow_text) = self.workflow_text else {
             return Err(Error::Corrupt {
                 what: format!(
@@ -134,6 +159,7 @@ impl RunRow {
             lease_expires_at: ts(self.lease_expires_at),
             cancel_requested: self.cancel_requested,
             priority: i32::try_from(self.priority).unwrap_or(0),
+            parent,
         })
     }
 }

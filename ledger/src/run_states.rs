@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::events::{EventType, NewEvent, audited, emit};
 use crate::fence::{Fence, run_fence};
 use crate::ledger::Ledger;
-use crate::model::{Actor, Run, RunFinish, RunLease};
+use crate::model::{Actor, Run, RunFinish, RunLease, Scope};
 use crate::rows::{RunRow, run_cols, run_fields};
 use crate::runs::run_for_update;
 use crate::state::{RunStatus, RunTransition};
@@ -71,6 +71,19 @@ impl Ledger {
         now: Timestamp,
     ) -> Result<Run, Error> {
         let a = self.finish_args(lease, &finish, now)?;
+        if let Some(parent) = lease.parent.clone() {
+            // A child's end wakes its paused parent in the same transaction.
+            let ledger = self.clone();
+            return self
+                .write(move |c| {
+                    Box::pin(async move {
+                        // The parent's row first (see `wake_parent_in`).
+                        wake_parent_in(c, ledger.scope(), &parent, now).await?;
+                        finish_run_in(c, a).await
+                    })
+                })
+                .await;
+        }
         // One statement: the fenced update and its event (no round trips in between).
         self.write_statement(move |c| Box::pin(async move { finish_run_in(c, a).await }))
             .await
@@ -196,68 +209,19 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let scope = ledger.scope();
-                let run_id = run_id.as_str();
-                let row = run_for_update(c, scope, run_id).await?;
-                let status = row.status()?;
-                if status == RunStatus::Cancelled {
-                    return row.into_run();
+                // A child's parent is locked before the child (see `wake_parent_in`).
+                let parent = c
+                    .optional::<(Option<String>,)>(
+                        "SELECT parent_run_id FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3",
+                        args![&scope.tenant, &scope.workspace, run_id.as_str()],
+                    )
+                    .await?
+                    .and_then(|(p,)| p);
+                if let Some(parent) = parent {
+                    let _ = run_for_update(c, scope, &parent).await;
                 }
-                let to = RunTransition::Cancel.check(status, RunStatus::Cancelled)?;
-                // A running run whose holder is gone (lease ended, or its process is
-                // provably dead) has nobody to see the request: it is cancelled at once.
-                let held = status == RunStatus::Running && row.check_not_held(now).is_err();
-                let row = match status {
-                    RunStatus::Running if held => {
-                        let row = c
-                            .optional::<RunRow>(
-                                concat!(
-                                    "UPDATE runs SET cancel_requested = TRUE, updated_at = $4
-                                     WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
-                                    run_cols!()
-                                ),
-                                args![&scope.tenant, &scope.workspace, run_id, now],
-                            )
-                            .await?
-                            .ok_or(Error::LeaseLost)?;
-                        if let Some(actor) = actor.as_ref() {
-                            let payload = audited(json!({}), Some(actor));
-                            let event =
-                                NewEvent::run(EventType::RunCancelRequested, run_id, payload);
-                            emit(c, scope, now, event).await?;
-                        }
-                        row
-                    }
-                    _ => {
-                        let row = c
-                            .optional::<RunRow>(
-                                concat!(
-                                    "UPDATE runs SET cancel_requested = TRUE, status = $5,
-                                        error = 'cancelled', finished_at = $4, updated_at = $4,
-                                        lease_expires_at = NULL
-                                     WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
-                                    run_cols!()
-                                ),
-                                args![&scope.tenant, &scope.workspace, run_id, now, to.as_str()],
-                            )
-                            .await?
-                            .ok_or(Error::LeaseLost)?;
-                        emit(
-                            c,
-                            scope,
-                            now,
-                            NewEvent::run(
-                                EventType::RunCancelled,
-                                run_id,
-                                audited(json!({ "from": status.as_str() }), actor.as_ref()),
-                            ),
-                        )
-                        .await?;
-                        // Nobody holds the run, so nobody will record what its calls
-                        // left outbound did: they are in doubt now, not silently lost.
-                        crate::calls::abandoned_to_in_doubt(c, &ledger, run_id, now).await?;
-                        row
-                    }
-                };
+                let row = cancel_in(c, &ledger, &run_id, actor.as_ref(), now).await?;
+                cancel_descendants(c, &ledger, &run_id, actor.as_ref(), now).await?;
                 row.into_run()
             })
         })
@@ -348,4 +312,154 @@ pub(crate) async fn requeue_in(
     .await?;
     crate::notify::notify_queued(c, scope).await?;
     Ok(row)
+}
+
+/// [`Ledger::request_cancel_as`] of one run in the caller's transaction: cancelled at
+/// once when nobody holds it (its paused parent, if it is a child, is woken), else
+/// `cancel_requested`.
+async fn cancel_in(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    run_id: &str,
+    actor: Option<&Actor>,
+    now: Timestamp,
+) -> Result<RunRow, Error> {
+    let scope = ledger.scope();
+    let row = run_for_update(c, scope, run_id).await?;
+    let status = row.status()?;
+    if status == RunStatus::Cancelled {
+        return Ok(row);
+    }
+    let to = RunTransition::Cancel.check(status, RunStatus::Cancelled)?;
+    // A running run whose holder is gone (lease ended, or its process is
+    // provably dead) has nobody to see the request: it is cancelled at once.
+    let held = status == RunStatus::Running && row.check_not_held(now).is_err();
+    let row = match status {
+        RunStatus::Running if held => {
+            let row = c
+                .optional::<RunRow>(
+                    concat!(
+                        "UPDATE runs SET cancel_requested = TRUE, updated_at = $4
+                         WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
+                        run_cols!()
+                    ),
+                    args![&scope.tenant, &scope.workspace, run_id, now],
+                )
+                .await?
+                .ok_or(Error::LeaseLost)?;
+            if let Some(actor) = actor {
+                let payload = audited(json!({}), Some(actor));
+                let event = NewEvent::run(EventType::RunCancelRequested, run_id, payload);
+                emit(c, scope, now, event).await?;
+            }
+            row
+        }
+        _ => {
+            let row = c
+                .optional::<RunRow>(
+                    concat!(
+                        "UPDATE runs SET cancel_requested = TRUE, status = $5,
+                            error = 'cancelled', finished_at = $4, updated_at = $4,
+                            lease_expires_at = NULL
+                         WHERE tenant = $1 AND workspace = $2 AND id = $3 RETURNING ",
+                        run_cols!()
+                    ),
+                    args![&scope.tenant, &scope.workspace, run_id, now, to.as_str()],
+                )
+                .await?
+                .ok_or(Error::LeaseLost)?;
+            emit(
+                c,
+                scope,
+                now,
+                NewEvent::run(
+                    EventType::RunCancelled,
+                    run_id,
+                    audited(json!({ "from": status.as_str() }), actor),
+                ),
+            )
+            .await?;
+            // Nobody holds the run, so nobody will record what its calls
+            // left outbound did: they are in doubt now, not silently lost.
+            crate::calls::abandoned_to_in_doubt(c, ledger, run_id, now).await?;
+            row
+        }
+    };
+    if let Some(parent) = row.parent_run_id.as_deref()
+        && row.status()? == RunStatus::Cancelled
+    {
+        wake_parent_in(c, scope, parent, now).await?;
+    }
+    Ok(row)
+}
+
+/// Cancels the unfinished children marked `cancel` of `run_id`, and theirs, in the
+/// caller's transaction (each parent is locked before its children); how many.
+pub(crate) async fn cancel_descendants(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    run_id: &str,
+    actor: Option<&Actor>,
+    now: Timestamp,
+) -> Result<u32, Error> {
+    let scope = ledger.scope();
+    let mut todo = children_to_cancel(c, scope, run_id).await?;
+    let mut n = 0u32;
+    while let Some(child) = todo.pop() {
+        cancel_in(c, ledger, &child, actor, now).await?;
+        n += 1;
+        todo.extend(children_to_cancel(c, scope, &child).await?);
+    }
+    Ok(n)
+}
+
+/// Puts `parent_run_id` back on the queue if it is paused: a child of it ended. Locks
+/// the parent's row, as the parent's own pause does (`children::ended_child_unseen`); callers
+/// call it before they touch the child's row, so that every transaction that locks
+/// both takes the parent first (a parent's cancel does too): no deadlock on
+/// PostgreSQL.
+pub(crate) async fn wake_parent_in(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    parent_run_id: &str,
+    now: Timestamp,
+) -> Result<(), Error> {
+    match run_for_update(c, s, parent_run_id).await {
+        Ok(parent) => {
+            if parent.status()? == RunStatus::Paused {
+                let to = RunTransition::Requeue.check(RunStatus::Paused, RunStatus::Queued)?;
+                requeue_in(c, s, &parent, to, None, now).await?;
+            }
+            Ok(())
+        }
+        // A parent deleted under its child has nobody left to wake.
+        Err(Error::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The children of `run_id` that a cancel of it carries down to: not ended, marked
+/// `cancel`.
+pub(crate) async fn children_to_cancel(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    run_id: &str,
+) -> Result<Vec<String>, Error> {
+    let rows = c
+        .all::<(String,)>(
+            "SELECT id FROM runs WHERE tenant = $1 AND workspace = $2 AND parent_run_id = $3
+               AND on_parent_cancel = $4 AND status IN ($5, $6, $7)
+             ORDER BY id",
+            args![
+                &s.tenant,
+                &s.workspace,
+                run_id,
+                crate::model::OnParentCancel::Cancel.as_str(),
+                RunStatus::Queued.as_str(),
+                RunStatus::Running.as_str(),
+                RunStatus::Paused.as_str()
+            ],
+        )
+        .await?;
+    Ok(rows.into_iter().map(|(id,)| id).collect())
 }

@@ -294,6 +294,7 @@ fn lease_of(row: &RunRow, worker: &WorkerId) -> RunLease {
         worker: worker.clone(),
         token: row.lease_token,
         expires_at: Timestamp(row.lease_expires_at.unwrap_or(0)),
+        parent: row.parent_run_id.clone(),
     }
 }
 
@@ -482,36 +483,8 @@ impl Ledger {
                 let scope = ledger.scope();
                 let (run_id, worker) = (run_id.as_str(), &worker);
                 let row = run_for_update(c, scope, run_id).await?;
-                let status = row.status()?;
-                let to = RunTransition::Claim.check(status, RunStatus::Running)?;
-                if status == RunStatus::Running {
-                    row.check_not_held(now)?;
-                }
-                let row = c
-                    .optional::<RunRow>(
-                        concat!(
-                            "UPDATE runs SET status = $8, worker = $4, lease_token = lease_token + 1,
-                                lease_expires_at = $5, started_at = COALESCE(started_at, $6),
-                                updated_at = $6, pause_reason = NULL
-                             WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $7
-                             RETURNING ",
-                            run_cols!()
-                        ),
-                        args![
-                            &scope.tenant,
-                            &scope.workspace,
-                            run_id,
-                            worker.as_str(),
-                            now.plus(lease),
-                            now,
-                            row.lease_token,
-                            to.as_str(),
-                        ],
-                    )
-                    .await?
-                    .ok_or(Error::LeaseLost)?;
-                emit_started(c, &ledger, &row, now).await?;
-                Ok(lease_of(&row, worker))
+                let lease = claim_locked(c, &ledger, &row, worker, lease, now).await?;
+                Ok(lease)
             })
         })
         .await
@@ -632,4 +605,49 @@ impl Ledger {
         })
         .await
     }
+}
+
+/// Claims the run whose row the caller locked (`run_for_update`) for `worker`: allowed
+/// when it is queued, paused, or running with no live holder (see
+/// [`Ledger::claim_run`]). Emits `run.started`.
+pub(crate) async fn claim_locked(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    row: &RunRow,
+    worker: &WorkerId,
+    lease: Duration,
+    now: Timestamp,
+) -> Result<RunLease, Error> {
+    let scope = ledger.scope();
+    let run_id = row.id.as_str();
+    let status = row.status()?;
+    let to = RunTransition::Claim.check(status, RunStatus::Running)?;
+    if status == RunStatus::Running {
+        row.check_not_held(now)?;
+    }
+    let row = c
+        .optional::<RunRow>(
+            concat!(
+                "UPDATE runs SET status = $8, worker = $4, lease_token = lease_token + 1,
+                    lease_expires_at = $5, started_at = COALESCE(started_at, $6),
+                    updated_at = $6, pause_reason = NULL
+                 WHERE tenant = $1 AND workspace = $2 AND id = $3 AND lease_token = $7
+                 RETURNING ",
+                run_cols!()
+            ),
+            args![
+                &scope.tenant,
+                &scope.workspace,
+                run_id,
+                worker.as_str(),
+                now.plus(lease),
+                now,
+                row.lease_token,
+                to.as_str(),
+            ],
+        )
+        .await?
+        .ok_or(Error::LeaseLost)?;
+    emit_started(c, ledger, &row, now).await?;
+    Ok(lease_of(&row, worker))
 }

@@ -72,9 +72,9 @@ fn refused(run: &str, e: RedriveError) -> CliError {
         RedriveError::Ledger(e @ E::InvalidTransition { .. }) => {
             CliError::invalid(format!("cannot redrive run {run}: {e}"))
         }
-        e @ (RedriveError::UnknownNode { .. } | RedriveError::ForEach { .. }) => {
-            CliError::invalid(e.to_string())
-        }
+        e @ (RedriveError::UnknownNode { .. }
+        | RedriveError::ForEach { .. }
+        | RedriveError::Child { .. }) => CliError::invalid(e.to_string()),
         e => CliError::unavailable(format!("cannot redrive run {run}: {e}")),
     }
 }

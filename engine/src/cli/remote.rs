@@ -213,6 +213,7 @@ pub(crate) async fn runs(
         ("since", &args.since),
         ("until", &args.until),
         ("prefix", &args.prefix),
+        ("parent", &args.parent),
         ("cursor", &args.cursor),
     ] {
         if let Some(v) = value {

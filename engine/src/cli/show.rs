@@ -53,6 +53,9 @@ pub struct RunsArgs {
     /// Only runs whose id starts with this text.
     #[arg(long, value_name = "TEXT")]
     pub prefix: Option<String>,
+    /// Only the children of this run: the runs its sub-workflow nodes started.
+    #[arg(long, value_name = "RUN")]
+    pub parent: Option<String>,
     /// Continue a listing after the page that printed this cursor.
     #[arg(long)]
     pub cursor: Option<String>,
@@ -195,6 +198,9 @@ fn run_header(run: &flow_ledger::Run, resume: &str) -> String {
         run.started_at.map_or("-".into(), |t| t.to_rfc3339()),
         run.finished_at.map_or("-".into(), |t| t.to_rfc3339())
     );
+    if let Some(p) = &run.parent {
+        let _ = writeln!(out, "  child of run {} (step {})", p.run_id, p.step_id);
+    }
     let _ = writeln!(out, "  inputs {}", shorten(&run.inputs.to_string()));
     if let Some(output) = &run.output {
         let _ = writeln!(out, "  output {}", shorten(&output.to_string()));
@@ -328,6 +334,17 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
             if c.status == CallStatus::InDoubt {
                 in_doubt.push(c.clone());
             }
+        }
+    }
+    let children = crate::view::run::children(ledger, run_id).await?;
+    if !children.runs.is_empty() {
+        let _ = writeln!(out, "\nchild runs (flow show <run>):");
+        for c in &children.runs {
+            let step = c.parent.as_ref().map_or("", |p| p.step.as_str());
+            let _ = writeln!(out, "  {}  {}  {step}", c.id, c.status);
+        }
+        if children.more {
+            let _ = writeln!(out, "  … more: flow runs --parent {run_id}");
         }
     }
     in_doubt_text(&mut out, &in_doubt, &events, resume, run_id);
@@ -542,6 +559,7 @@ pub(crate) async fn runs(
             after,
             inputs,
             id_prefix: args.prefix.clone().filter(|p| !p.is_empty()),
+            parent: args.parent.clone(),
         })
         .await
         .map_err(|e| match e {
@@ -642,6 +660,7 @@ pub(crate) fn next_page(prefix: String, args: &RunsArgs) -> String {
         ("--since", args.since.as_deref()),
         ("--until", args.until.as_deref()),
         ("--prefix", args.prefix.as_deref()),
+        ("--parent", args.parent.as_deref()),
     ] {
         if let Some(v) = value {
             next.push_str(&format!(" {flag} {}", super::shell_quote(v)));

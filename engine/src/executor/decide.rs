@@ -235,17 +235,18 @@ fn idle(nodes: &[NodeState], s: Situation, wake: Option<Timestamp>) -> Vec<Actio
     let in_doubt: Vec<usize> = (0..nodes.len())
         .filter(|&i| match &nodes[i] {
             // A fan-out left here is not done (`ready` closes one that is) and nothing
-            // of it can start: it holds items in doubt. Never finish over it.
-            NodeState::InDoubt { .. } | NodeState::FanOut(_) => true,
+            // of it can start: it holds items in doubt, or items waiting on their
+            // children. Never finish over it.
+            NodeState::InDoubt { .. } => true,
+            NodeState::FanOut(fan) => fan.counts().in_doubt > 0 || fan.waiting() == 0,
             _ => false,
         })
         .collect();
     let awaiting: Vec<usize> = (0..nodes.len())
-        .filter(|&i| {
-            matches!(
-                nodes[i],
-                NodeState::AwaitingApproval { .. } | NodeState::Waiting { .. }
-            )
+        .filter(|&i| match &nodes[i] {
+            NodeState::AwaitingApproval { .. } | NodeState::Waiting { .. } => true,
+            NodeState::FanOut(fan) => fan.waiting() > 0,
+            _ => false,
         })
         .collect();
     if !in_doubt.is_empty() || !awaiting.is_empty() {

@@ -5,8 +5,10 @@
 //! `start` (a node's `if`, deadline, timeout, next retry and expression context) and
 //! `reconcile` (probing in-doubt calls before the run pauses).
 
+mod child;
 pub mod decide;
 mod expand;
+mod handle;
 mod heartbeat;
 pub mod node;
 pub mod progress;
@@ -16,5 +18,7 @@ mod scope;
 mod start;
 mod state;
 
+pub use child::child_run_id;
+pub use handle::Executor;
 pub use heartbeat::RUN_LEASE;
-pub use run::{Executor, RunOutcome};
+pub use run::RunOutcome;

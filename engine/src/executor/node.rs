@@ -142,6 +142,8 @@ pub struct Fan {
     /// Items deferred (a rate limit, or a remote task still working): each holds its
     /// place in `limit` (a task's request was sent).
     deferred: usize,
+    /// Items waiting (on their sub-workflow's run): settled by the child's end.
+    waiting: usize,
     counts: Counts,
 }
 
@@ -183,6 +185,7 @@ impl Fan {
             again: BTreeSet::new(),
             running: 0,
             deferred: 0,
+            waiting: 0,
             counts: Counts::default(),
         };
         for i in 0..fan.keys.len() {
@@ -245,6 +248,7 @@ impl Fan {
                 self.deferred -= 1;
             }
             NodeState::Running { .. } => self.running -= 1,
+            NodeState::Waiting { .. } => self.waiting -= 1,
             NodeState::Succeeded { .. } => self.counts.succeeded -= 1,
             NodeState::Failed { .. } => self.counts.failed -= 1,
             NodeState::Skipped => self.counts.skipped -= 1,
@@ -265,6 +269,7 @@ impl Fan {
                 self.deferred += 1;
             }
             NodeState::Running { .. } => self.running += 1,
+            NodeState::Waiting { .. } => self.waiting += 1,
             NodeState::Succeeded { .. } => self.counts.succeeded += 1,
             NodeState::Failed { .. } => self.counts.failed += 1,
             NodeState::Skipped => self.counts.skipped += 1,
@@ -291,7 +296,11 @@ impl Fan {
         let mut wake: Option<Timestamp> = None;
         let over = self.over_tolerance();
         // A deferred item already holds its place; it takes no new one when it starts.
-        let mut room = self.limit.saturating_sub(self.running + self.deferred);
+        // An item waiting on its child run holds its place too: `concurrency` bounds the
+        // children a node has going, paused ones included.
+        let mut room = self
+            .limit
+            .saturating_sub(self.running + self.deferred + self.waiting);
         for &i in &self.again {
             if out.len() >= capacity {
                 break;
@@ -353,9 +362,10 @@ impl Fan {
         }
         if self.over_tolerance() {
             // What may have left is seen through first (an item in doubt waits for its
-            // resolution: a run never ends over a call in doubt); pending retries are
-            // dropped.
+            // resolution: a run never ends over a call in doubt; an item waiting on its
+            // child run for the child's end); pending retries are dropped.
             return self.counts.in_doubt == 0
+                && self.waiting == 0
                 && self
                     .again
                     .iter()
@@ -363,6 +373,25 @@ impl Fan {
         }
         let c = self.counts;
         c.succeeded + c.failed + c.skipped + c.cancelled == self.len()
+    }
+
+    /// Items waiting on their sub-workflow's run.
+    pub fn waiting(&self) -> usize {
+        self.waiting
+    }
+
+    /// Waiting items become interrupted, to be started again (their child ended while
+    /// the run was about to pause): each step looks at its child again.
+    pub fn interrupt_waiting(&mut self) {
+        for i in 0..self.states.len() {
+            if let NodeState::Waiting { step_id, retry, .. } = &self.states[i] {
+                let again = NodeState::Interrupted {
+                    step_id: step_id.clone(),
+                    retry: *retry,
+                };
+                self.set(i, again);
+            }
+        }
     }
 
     /// Whether items are in doubt and nothing else of the node can move without help.

@@ -64,6 +64,78 @@ pub trait Progress: Send + Sync {
     fn step(&self, event: StepEvent<'_>);
 }
 
+/// A child run's steps, reported through its parent's progress as
+/// `<parent node> › <child node>`: a sub-workflow executed in-process shows where its
+/// lines come from (and metrics keep one label per pair of nodes, not per child run).
+pub struct Nested {
+    inner: std::sync::Arc<dyn Progress>,
+    prefix: String,
+}
+
+impl Nested {
+    /// Reports `inner`'s events under the parent's node `prefix`.
+    pub fn new(inner: std::sync::Arc<dyn Progress>, prefix: &str) -> Self {
+        Self {
+            inner,
+            prefix: prefix.to_string(),
+        }
+    }
+}
+
+impl Progress for Nested {
+    fn step(&self, event: StepEvent<'_>) {
+        let name = |node: &str| format!("{} › {node}", self.prefix);
+        match event {
+            StepEvent::Started {
+                node,
+                step_id,
+                retry,
+            } => {
+                let node = name(node);
+                self.inner.step(StepEvent::Started {
+                    node: &node,
+                    step_id,
+                    retry,
+                });
+            }
+            StepEvent::Finished {
+                node,
+                tool,
+                step_id,
+                retry,
+                took,
+                result,
+            } => {
+                let node = name(node);
+                self.inner.step(StepEvent::Finished {
+                    node: &node,
+                    tool,
+                    step_id,
+                    retry,
+                    took,
+                    result,
+                });
+            }
+            StepEvent::Closed {
+                node,
+                counts,
+                error,
+            } => {
+                let node = name(node);
+                self.inner.step(StepEvent::Closed {
+                    node: &node,
+                    counts,
+                    error,
+                });
+            }
+            StepEvent::Skipped { node, why } => {
+                let node = name(node);
+                self.inner.step(StepEvent::Skipped { node: &node, why });
+            }
+        }
+    }
+}
+
 /// Reports nothing (daemon workers log instead).
 pub struct Silent;
 
@@ -146,11 +218,17 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
                     "⏸ {node}: awaiting approval (until {}); nothing was sent",
                     deadline.to_rfc3339()
                 ),
+                StepResult::Waiting {
+                    on: crate::gateway::Awaited::Child(run),
+                    ..
+                } => format!("⏸ {node}: waiting on child run {run}"),
                 StepResult::Waiting { deadline, on } => format!(
                     "⏸ {node}: waiting for {} (until {})",
                     match on {
                         crate::gateway::Awaited::Event(name) => format!("event `{name}`"),
-                        crate::gateway::Awaited::Callback => "its callback".to_owned(),
+                        crate::gateway::Awaited::Callback | crate::gateway::Awaited::Child(_) => {
+                            "its callback".to_owned()
+                        }
                     },
                     deadline.to_rfc3339()
                 ),

@@ -20,12 +20,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::decide::{Action, Finish, Situation, decide};
+use super::handle::Executor;
 use super::heartbeat;
 use super::node::NodeState;
-use super::progress::{Progress, StepEvent};
+use super::progress::StepEvent;
 use super::scope::{Prepared, RunScope, StepAt, lease_err};
 use super::state::RunState;
-use crate::gateway::{self, Gateway, RunWriter, StepCall, StepResult};
+use crate::gateway::{self, RunWriter, StepCall, StepResult};
 use crate::workflow::ValidWorkflow;
 
 /// How a run execution ended in this process.
@@ -39,30 +40,7 @@ pub struct RunOutcome {
     pub error: Option<String>,
 }
 
-/// Runs runs: shared by `flow run`, `flow resume` and the daemon.
-#[derive(Clone)]
-pub struct Executor {
-    gateway: Gateway,
-    progress: Arc<dyn Progress>,
-    rng: Arc<std::sync::Mutex<rand::rngs::StdRng>>,
-}
-
 impl Executor {
-    /// An executor over `gateway`, reporting to `progress`, drawing backoff jitter from
-    /// `rng` (seeded in tests).
-    pub fn new(gateway: Gateway, progress: Arc<dyn Progress>, rng: rand::rngs::StdRng) -> Self {
-        Self {
-            gateway,
-            progress,
-            rng: Arc::new(std::sync::Mutex::new(rng)),
-        }
-    }
-
-    /// The gateway (ledger, tools, secrets).
-    pub fn gateway(&self) -> &Gateway {
-        &self.gateway
-    }
-
     /// Executes the run held by `lease` until it finishes, pauses or is cancelled.
     /// Errors mean this process must stop touching the run (lease lost, ledger down);
     /// the run itself is left for a later resume.
@@ -191,6 +169,9 @@ impl Executor {
             plan: wf.plan(),
             prepared: &prepared,
             inputs: known.inputs,
+            executor: self,
+            halt: stop,
+            cancel: &cancel,
         };
         let outcome = match scope.rebuild_fans(&mut st).await {
             Ok(()) => scope.drive(&mut st, &cancel, &mut lost_rx, stop).await,
@@ -361,6 +342,12 @@ impl<'a> RunScope<'a> {
             retry,
         });
         let gateway = self.gateway.clone();
+        let child = self.wf.child(id).map(|child| super::child::ChildCtx {
+            executor: self.executor.nested(id),
+            child: child.clone(),
+            halt: self.halt.clone(),
+            cancel: self.cancel.clone(),
+        });
         let started = Instant::now();
         let span = tracing::info_span!("step", step = %step_id, call = %id);
         let step = async move {
@@ -368,7 +355,10 @@ impl<'a> RunScope<'a> {
             // and inline it made this future as large, copied several times per node
             // as it was built, instrumented and pushed into the set in flight (a third
             // of the executor's instructions on a fan-out of pure nodes, callgrind).
-            let result = Box::pin(gateway.run_step(call)).await;
+            let result = match child {
+                Some(cx) => Box::pin(super::child::run_child(cx, call)).await,
+                None => Box::pin(gateway.run_step(call)).await,
+            };
             (
                 Finished {
                     node,
@@ -403,14 +393,26 @@ impl<'a> RunScope<'a> {
         if !in_doubt.is_empty() {
             why.push(format!("tool call in doubt: {}", names(in_doubt)));
         }
-        let (waiting, approvals): (Vec<usize>, Vec<usize>) = awaiting
-            .iter()
-            .partition(|&&i| matches!(st.nodes[i], NodeState::Waiting { .. }));
+        let (waiting, approvals): (Vec<usize>, Vec<usize>) = awaiting.iter().partition(|&&i| {
+            matches!(
+                st.nodes[i],
+                NodeState::Waiting { .. } | NodeState::FanOut(_)
+            )
+        });
         if !approvals.is_empty() {
             why.push(format!("awaiting approval: {}", names(&approvals)));
         }
+        let (children, waiting): (Vec<usize>, Vec<usize>) = waiting
+            .iter()
+            .partition(|&&i| self.wf.nodes[i].workflow.is_some());
         if !waiting.is_empty() {
             why.push(format!("waiting: {}", names(&waiting)));
+        }
+        if !children.is_empty() {
+            why.push(format!(
+                "waiting on child: {}",
+                self.children_named(st, &children)
+            ));
         }
         let reason = why.join("; ");
         let now = self.gateway.now();
@@ -427,13 +429,16 @@ impl<'a> RunScope<'a> {
                 .map_err(|e| lease_err(e, lease))?;
             if !paused {
                 for &i in awaiting {
-                    if let NodeState::AwaitingApproval { step_id, retry }
-                    | NodeState::Waiting { step_id, retry, .. } = &st.nodes[i]
-                    {
-                        st.nodes[i] = NodeState::Interrupted {
-                            step_id: step_id.clone(),
-                            retry: *retry,
-                        };
+                    match &mut st.nodes[i] {
+                        NodeState::AwaitingApproval { step_id, retry }
+                        | NodeState::Waiting { step_id, retry, .. } => {
+                            st.nodes[i] = NodeState::Interrupted {
+                                step_id: step_id.clone(),
+                                retry: *retry,
+                            };
+                        }
+                        NodeState::FanOut(fan) => fan.interrupt_waiting(),
+                        _ => {}
                     }
                 }
                 return Ok(None);
@@ -444,6 +449,29 @@ impl<'a> RunScope<'a> {
             output: None,
             error: Some(reason),
         }))
+    }
+
+    /// The child runs sub-workflow nodes wait on, for the pause reason: `node (run
+    /// <id>)`, or for a fan-out `node: n items`.
+    fn children_named(&self, st: &RunState, nodes: &[usize]) -> String {
+        nodes
+            .iter()
+            .map(|&i| {
+                let id = &self.wf.nodes[i].id;
+                match &st.nodes[i] {
+                    NodeState::Waiting {
+                        on: crate::gateway::Awaited::Child(run),
+                        ..
+                    } => format!("{id} (run {run})"),
+                    NodeState::FanOut(fan) => match fan.waiting() {
+                        1 => format!("{id}: 1 item"),
+                        n => format!("{id}: {n} items"),
+                    },
+                    _ => id.clone(),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// Records what a step's call came back with in the node's state (and reports it).
@@ -561,6 +589,15 @@ impl<'a> RunScope<'a> {
                 Some("cancelled on request".to_string()),
             ),
         };
+        // A parent that ends other than by success leaves no `cancel` child of its
+        // running for nobody (a child waiting elsewhere, or paused).
+        if status != RunStatus::Succeeded && wf.nodes.iter().any(|n| n.workflow.is_some()) {
+            self.gateway
+                .ledger()
+                .cancel_children(lease, self.gateway.now())
+                .await
+                .map_err(|e| lease_err(e, lease))?;
+        }
         let finish = RunFinish {
             status,
             output: output.clone(),

@@ -31,6 +31,12 @@ pub(super) struct RunScope<'a> {
     pub(super) prepared: &'a Prepared,
     /// The run's inputs, as expressions read them.
     pub(super) inputs: &'a Json,
+    /// The executor itself: a sub-workflow node's step executes its child with it.
+    pub(super) executor: &'a super::handle::Executor,
+    /// Fires when the run must stop here (the caller's stop token).
+    pub(super) halt: &'a tokio_util::sync::CancellationToken,
+    /// The run's cancel request, as the heartbeat reports it.
+    pub(super) cancel: &'a std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The step a start concerns: which node, under which step id and retry, and where its

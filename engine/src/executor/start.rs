@@ -62,6 +62,14 @@ static WAIT_TOOL: std::sync::LazyLock<crate::workflow::ToolDecl> =
         reconcile: None,
     });
 
+/// What a sub-workflow node's steps name as their tool: it calls none (the executor
+/// starts its child run instead, `executor/child.rs`).
+static CHILD_TOOL: std::sync::LazyLock<crate::workflow::ToolDecl> =
+    std::sync::LazyLock::new(|| crate::workflow::ToolDecl {
+        name: "workflow".into(),
+        ..WAIT_TOOL.clone()
+    });
+
 /// Decides a node's start: `if:` first (only a first, new step evaluates it), then the
 /// deadline counted from the node's `first` start, then the timeout and the next retry's
 /// backoff (jitter from `rng`), then whether its tool exists.
@@ -99,7 +107,7 @@ pub(super) fn plan_start<'w>(
     // would fail it on the resume an event causes).
     let deadline = wf
         .deadline(decl)
-        .filter(|_| decl.wait.is_none())
+        .filter(|_| decl.wait.is_none() && decl.workflow.is_none())
         .map(|d| first.plus(d));
     if let Some(d) = deadline
         && now >= d
@@ -130,9 +138,10 @@ pub(super) fn plan_start<'w>(
         delay: retry::next_delay(&policy, next, rng),
         deadline,
     });
-    let tool = match &decl.wait {
-        Some(_) => Some(&*WAIT_TOOL),
-        None => wf.tools.get(&decl.tool),
+    let tool = match (&decl.wait, &decl.workflow) {
+        (Some(_), _) => Some(&*WAIT_TOOL),
+        (_, Some(_)) => Some(&*CHILD_TOOL),
+        _ => wf.tools.get(&decl.tool),
     };
     let Some(tool) = tool else {
         return StartPlan::Fail {

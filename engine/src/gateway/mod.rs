@@ -15,6 +15,7 @@
 //! with the next ones (`lazy.rs`), which is flushed before any other write of the run.
 
 mod approve;
+mod child;
 pub mod disposition;
 pub mod lazy;
 mod prepare;

@@ -20,6 +20,8 @@ pub enum Awaited {
     Event(String),
     /// A callback to the node's token.
     Callback,
+    /// A sub-workflow's run (its id) to end.
+    Child(String),
 }
 
 /// The token a callback node hands its downstream, and the context it renders in.
@@ -284,7 +286,7 @@ impl Gateway {
         };
         let what = match &on {
             Awaited::Event(name) => format!("no `{name}` event matched"),
-            Awaited::Callback => "no callback came".to_owned(),
+            Awaited::Callback | Awaited::Child(_) => "no callback came".to_owned(),
         };
         match wait.status {
             WaitStatus::Pending => Ok(StepResult::Waiting {

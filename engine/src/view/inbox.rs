@@ -36,6 +36,10 @@ pub struct InboxRow {
     pub run: String,
     /// The run's workflow (`name:`; empty if the run could not be read).
     pub workflow: String,
+    /// The run whose sub-workflow node started this one (it waits on it): resolving the
+    /// call lets both go on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_run: Option<String>,
     /// The node whose call is in doubt.
     pub node: String,
     /// The tool.
@@ -64,10 +68,7 @@ impl InboxRow {
         probes: &[LastProbe],
         doubts: &[Event],
     ) -> Vec<InboxRow> {
-        let names: HashMap<&str, &str> = runs
-            .iter()
-            .map(|r| (r.id.as_str(), r.workflow.as_str()))
-            .collect();
+        let names: HashMap<&str, &RunName> = runs.iter().map(|r| (r.id.as_str(), r)).collect();
         let last: HashMap<(&str, &str), &LastProbe> = probes
             .iter()
             .map(|p| ((p.run_id.as_str(), p.probe.tool_call_id.as_str()), p))
@@ -79,7 +80,10 @@ impl InboxRow {
                 let key = (c.run_id.as_str(), c.tool_call_id.as_str());
                 InboxRow {
                     run: c.run_id.clone(),
-                    workflow: names.get(c.run_id.as_str()).copied().unwrap_or("").into(),
+                    workflow: names
+                        .get(c.run_id.as_str())
+                        .map_or_else(String::new, |r| r.workflow.clone()),
+                    parent_run: names.get(c.run_id.as_str()).and_then(|r| r.parent.clone()),
                     node: c.tool_call_id.clone(),
                     tool: c.tool.clone(),
                     key: c.current_key.clone(),
@@ -220,6 +224,7 @@ mod tests {
             id: "r1".into(),
             workflow: "pay".into(),
             status: RunStatus::Paused,
+            parent: None,
         }];
         // A probe of r2's other node must not be taken for r2/charge.
         let probes = [

@@ -30,6 +30,6 @@ pub use call::{AuditEntry, CallView, ErrorView, ProbeView, ResolutionView};
 pub use event::EventView;
 pub use inbox::{InboxRow, ProbeVerdict};
 pub use items::{ItemView, ItemsView};
-pub use run::{NodeView, RunInfo, RunSummary, RunView, StepView};
+pub use run::{ChildrenView, NodeView, ParentView, RunInfo, RunSummary, RunView, StepView};
 pub use time::parse_time;
 pub use wait::WaitView;

@@ -26,7 +26,31 @@ pub struct RunSummary {
     pub finished_at: Option<Timestamp>,
     /// Why it failed, or why it is paused.
     pub error: Option<String>,
+    /// The run whose sub-workflow node started this one (a child run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentView>,
 }
+
+/// Where a child run came from: its parent run and the parent's step it is the child of.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ParentView {
+    /// The parent run.
+    pub run: String,
+    /// The parent's step (`node`, or `node[<key>]` for an item).
+    pub step: String,
+}
+
+/// A run's children (the runs its sub-workflow nodes started), by id.
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+pub struct ChildrenView {
+    /// The first [`CHILDREN_LISTED`] children, by id.
+    pub runs: Vec<RunSummary>,
+    /// Whether it has more (`flow runs --parent <run>` lists them all).
+    pub more: bool,
+}
+
+/// How many children a [`RunView`] lists.
+pub const CHILDREN_LISTED: u32 = 100;
 
 impl RunSummary {
     /// The summary of `r`.
@@ -39,6 +63,10 @@ impl RunSummary {
             started_at: r.started_at,
             finished_at: r.finished_at,
             error: r.error.clone().or_else(|| r.pause_reason.clone()),
+            parent: r.parent.as_ref().map(|p| ParentView {
+                run: p.run_id.clone(),
+                step: p.step_id.clone(),
+            }),
         }
     }
 }
@@ -137,6 +165,8 @@ pub struct RunView {
     pub approvals: Vec<super::ApprovalView>,
     /// Its nodes' waits (`wait:`, `callback:`), pending and settled.
     pub waits: Vec<super::WaitView>,
+    /// The runs its sub-workflow nodes started.
+    pub children: ChildrenView,
 }
 
 impl RunView {
@@ -162,6 +192,7 @@ impl RunView {
             })
             .await?;
         let wf = crate::snapshot::snapshot(&run).ok();
+        let children = children(ledger, run_id).await?;
         let fans: Vec<&str> = wf
             .iter()
             .flat_map(|wf| &wf.nodes)
@@ -193,6 +224,7 @@ impl RunView {
                 .collect(),
             probes: probes.iter().map(ProbeView::of).collect(),
             audit: AuditEntry::trail(&events),
+            children,
             run: RunInfo {
                 summary: RunSummary::of(&run),
                 inputs: run.inputs,
@@ -214,6 +246,23 @@ impl RunView {
             .iter()
             .filter(|c| c.status == flow_ledger::CallStatus::InDoubt)
     }
+}
+
+/// The first [`CHILDREN_LISTED`] children of `run_id`.
+pub async fn children(ledger: &Ledger, run_id: &str) -> Result<ChildrenView, flow_ledger::Error> {
+    let filter = flow_ledger::RunFilter {
+        parent: Some(run_id.to_string()),
+        limit: CHILDREN_LISTED + 1,
+        ..Default::default()
+    };
+    let mut runs = ledger.list_runs(filter).await?;
+    let more = runs.len() > CHILDREN_LISTED as usize;
+    runs.truncate(CHILDREN_LISTED as usize);
+    runs.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(ChildrenView {
+        runs: runs.iter().map(RunSummary::of).collect(),
+        more,
+    })
 }
 
 /// The run's events, oldest first (the audit trail, elicitations and in-doubt reasons
@@ -244,9 +293,12 @@ fn nodes(
                 NodeView {
                     id: n.id.clone(),
                     needs: n.needs.clone(),
-                    // A `wait:` node calls no tool; its steps name the built-in `wait`.
+                    // A `wait:` node calls no tool; its steps name the built-in `wait`
+                    // (a sub-workflow node's, `workflow`).
                     tool: if n.wait.is_some() {
                         "wait".to_owned()
+                    } else if n.workflow.is_some() {
+                        "workflow".to_owned()
                     } else {
                         n.tool.clone()
                     },

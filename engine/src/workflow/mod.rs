@@ -4,6 +4,7 @@
 //! model → cross-reference checks. It returns a [`Workflow`] only when the file has no
 //! problems at all; otherwise every problem, each with its position.
 
+pub mod children;
 pub mod diagnostic;
 pub mod expr;
 pub mod model;
@@ -32,7 +33,9 @@ pub struct Source {
     pub text: String,
 }
 
-/// Reads and validates a workflow file.
+/// Reads and validates a workflow file, and the sub-workflows it names (relative to
+/// it). The returned source's text is what a run stores: the file's, with the
+/// sub-workflows' files appended under `included:` when it has any.
 pub fn load_file(
     path: &Path,
     opts: &ValidateOptions,
@@ -44,8 +47,80 @@ pub fn load_file(
             vec![Diagnostic::new(Pos { line: 1, col: 1 }, message)],
         )
     };
-    // Bounded whatever the path names: `/dev/zero` or a FIFO report no size and stream
-    // without end, so the limit is enforced while reading (`read_limited`).
+    let text = read_text(path).map_err(|e| match e {
+        ReadError::Message(m) => fail(m),
+        ReadError::Diagnostic(d) => Diagnostics::new(file.clone(), vec![d]),
+    })?;
+    let dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let identity =
+        std::fs::canonicalize(path).map_or_else(|_| file.clone(), |p| p.display().to_string());
+    let origin = children::Origin::Dir(dir);
+    let wf = parse_in(
+        &text,
+        &file,
+        &stem_of(&file),
+        opts,
+        &origin,
+        &mut vec![identity],
+    )?;
+    let text = stored_or_fail(&wf, text, &file, opts)?;
+    Ok((wf, Source { file, text }))
+}
+
+/// The text a run of `wf` stores ([`ValidWorkflow::stored_text`]), refused past the
+/// size a stored text may have.
+fn stored_or_fail(
+    wf: &ValidWorkflow,
+    text: String,
+    file: &str,
+    opts: &ValidateOptions,
+) -> Result<String, Diagnostics> {
+    let stored = wf.stored_text(&text);
+    if matches!(stored, std::borrow::Cow::Owned(_))
+        && stored.len() <= MAX_FILE_BYTES
+        && let Err(d) = parse_named(&stored, file, &wf.name, opts)
+    {
+        // `included:` is appended to the text as is; a file whose shape does not allow
+        // that (its root a flow mapping `{…}`, a `...` end marker) is refused here,
+        // before a run stores a text nobody could execute.
+        return Err(Diagnostics::new(
+            file,
+            vec![Diagnostic::new(
+                Pos { line: 1, col: 1 },
+                format!(
+                    "with its sub-workflows appended under `included:` the workflow no longer reads back; write its top level as a block mapping (one `key:` per line) without a `...` end marker:\n{}",
+                    d.to_string().trim_end()
+                ),
+            )],
+        ));
+    }
+    if stored.len() > MAX_FILE_BYTES {
+        return Err(Diagnostics::new(
+            file,
+            vec![Diagnostic::new(
+                Pos { line: 1, col: 1 },
+                format!(
+                    "with its sub-workflows the workflow is {} bytes, over the {MAX_FILE_BYTES} bytes (1 MiB) a run may store",
+                    stored.len()
+                ),
+            )],
+        ));
+    }
+    Ok(stored.into_owned())
+}
+
+/// Why [`read_text`] could not give a file's text.
+pub(crate) enum ReadError {
+    /// About the file as a whole (size, a directory, I/O).
+    Message(String),
+    /// At a position in it (invalid UTF-8).
+    Diagnostic(Diagnostic),
+}
+
+/// A workflow file's text: bounded whatever the path names (`/dev/zero` or a FIFO
+/// report no size and stream without end, so the limit is enforced while reading,
+/// `read_limited`), UTF-8, without a byte-order mark.
+pub(crate) fn read_text(path: &Path) -> Result<String, ReadError> {
     let bytes = match crate::read_limited::read(path, MAX_FILE_BYTES as u64) {
         Ok(bytes) => bytes,
         Err(crate::read_limited::Error::TooLarge { .. }) => {
@@ -54,18 +129,27 @@ pub fn load_file(
                 Ok(m) if m.is_file() => format!("the file is {} bytes; {limit}", m.len()),
                 _ => format!("{limit}; reading stopped past that"),
             };
-            return Err(fail(message));
+            return Err(ReadError::Message(message));
         }
         Err(crate::read_limited::Error::IsDirectory { .. }) => {
-            return Err(fail("is a directory, not a workflow file".to_string()));
+            return Err(ReadError::Message(
+                "is a directory, not a workflow file".to_string(),
+            ));
         }
         Err(crate::read_limited::Error::Io { source, .. }) => {
-            return Err(fail(format!("cannot read the file: {source}")));
+            return Err(ReadError::Message(format!(
+                "cannot read the file: {source}"
+            )));
         }
     };
-    let text = decode(&bytes).map_err(|d| Diagnostics::new(file.clone(), vec![d]))?;
-    let wf = parse_with(&text, &file, opts)?;
-    Ok((wf, Source { file, text }))
+    decode(&bytes).map_err(ReadError::Diagnostic)
+}
+
+fn stem_of(file: &str) -> String {
+    Path::new(file).file_stem().map_or_else(
+        || "workflow".to_string(),
+        |s| s.to_string_lossy().into_owned(),
+    )
 }
 
 /// Reads a workflow from standard input (`flow validate -`), bounded like a file, and
@@ -94,7 +178,11 @@ pub fn load_stdin(opts: &ValidateOptions) -> Result<(ValidWorkflow, Source), Dia
         )));
     }
     let text = decode(&bytes).map_err(|d| Diagnostics::new(file.clone(), vec![d]))?;
-    let wf = parse_with(&text, &file, opts)?;
+    // Sub-workflows of a workflow read from standard input are relative to the
+    // current directory.
+    let origin = children::Origin::Dir(std::path::PathBuf::from("."));
+    let wf = parse_in(&text, &file, "workflow", opts, &origin, &mut Vec::new())?;
+    let text = stored_or_fail(&wf, text, &file, opts)?;
     Ok((wf, Source { file, text }))
 }
 
@@ -110,22 +198,41 @@ pub fn parse_with(
     file: &str,
     opts: &ValidateOptions,
 ) -> Result<ValidWorkflow, Diagnostics> {
-    let stem = Path::new(file).file_stem().map_or_else(
-        || "workflow".to_string(),
-        |s| s.to_string_lossy().into_owned(),
-    );
-    parse_named(text, file, &stem, opts)
+    parse_named(text, file, &stem_of(file), opts)
 }
 
 /// [`parse_with`] with the name a workflow without `name:` gets. A run's stored text is
 /// re-parsed under the name it was submitted with: that name keys the tools' rate limits
 /// and quotas (`<workflow>/<tool>`), so a resume or a daemon must see the same one as the
 /// process that started the run — not the snapshot's label.
+///
+/// Text holds its sub-workflows under `included:` (as a stored run's does); it never
+/// reads them from disk.
 pub fn parse_named(
     text: &str,
     file: &str,
     default_name: &str,
     opts: &ValidateOptions,
+) -> Result<ValidWorkflow, Diagnostics> {
+    parse_in(
+        text,
+        file,
+        default_name,
+        opts,
+        &children::Origin::Text,
+        &mut Vec::new(),
+    )
+}
+
+/// [`parse_named`] with where the sub-workflows come from and the files that include
+/// this one (`stack`, to refuse recursion).
+pub(crate) fn parse_in(
+    text: &str,
+    file: &str,
+    default_name: &str,
+    opts: &ValidateOptions,
+    origin: &children::Origin,
+    stack: &mut Vec<String>,
 ) -> Result<ValidWorkflow, Diagnostics> {
     if text.len() > MAX_FILE_BYTES {
         return Err(Diagnostics::new(
@@ -155,7 +262,15 @@ pub fn parse_named(
     let wf = parse::workflow(&mut cx, &root, default_name);
     let plan = validate::check(&wf, opts, &cx.declared_tools, &mut cx.diags);
     match plan {
-        Some(plan) if cx.diags.is_empty() => Ok(ValidWorkflow::new(wf, plan)),
+        Some(plan) if cx.diags.is_empty() => {
+            let mut valid = ValidWorkflow::new(wf, plan);
+            if valid.nodes.iter().any(|n| n.workflow.is_some()) {
+                let found = children::resolve(&valid, origin, stack, opts)
+                    .map_err(|d| Diagnostics::new(file, d))?;
+                valid.set_children(found);
+            }
+            Ok(valid)
+        }
         _ => Err(Diagnostics::new(file, cx.diags)),
     }
 }

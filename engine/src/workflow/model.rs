@@ -33,6 +33,12 @@ pub struct Workflow {
     pub tools: BTreeMap<String, ToolDecl>,
     /// Nodes in file order; [`crate::plan::Plan`] indexes them by position.
     pub nodes: Vec<NodeDecl>,
+    /// `included:`: the sub-workflows' files carried in the text (path as a `workflow:`
+    /// names it → that file's text, itself carrying its own). flow appends it when it
+    /// stores a run of a workflow with sub-workflows, so the stored text is whole: a
+    /// daemon on another host, or a resume after the files changed, runs what was
+    /// submitted.
+    pub included: BTreeMap<String, String>,
 }
 
 impl Workflow {
@@ -528,6 +534,21 @@ pub struct NodeDecl {
     pub callback: Option<CallbackDecl>,
     /// The node runs once per item of a list (`for_each:`), each item a step of its own.
     pub for_each: Option<ForEachDecl>,
+    /// The node calls no tool: it runs another workflow as a run of its own
+    /// (`workflow:`), whose output is the node's.
+    pub workflow: Option<ChildDecl>,
+}
+
+/// A sub-workflow node's `workflow:`: the child workflow it runs, each time as a run of
+/// its own (README, "Sub-workflows"). The child's inputs are the node's `with`.
+#[derive(Debug, Clone)]
+pub struct ChildDecl {
+    /// Where `workflow:` is written.
+    pub pos: Pos,
+    /// The child's file, relative to the file that names it.
+    pub path: String,
+    /// What a cancel of the parent run does to the child (`on_parent_cancel:`).
+    pub on_parent_cancel: flow_ledger::OnParentCancel,
 }
 
 /// Default `for_each.max_items`: a list longer than this fails the node before anything

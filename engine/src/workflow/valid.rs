@@ -1,7 +1,11 @@
 //! A workflow that passed every check, together with what the checks computed.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Deref;
+use std::sync::Arc;
+
+use super::children::Child;
 
 use super::model::Workflow;
 use crate::plan::Plan;
@@ -16,6 +20,8 @@ pub struct ValidWorkflow {
     workflow: Workflow,
     plan: Plan,
     index: HashMap<String, usize>,
+    /// Each `workflow:` node's child, by node id.
+    children: HashMap<String, Arc<Child>>,
 }
 
 impl ValidWorkflow {
@@ -31,7 +37,33 @@ impl ValidWorkflow {
             workflow,
             plan,
             index,
+            children: HashMap::new(),
         }
+    }
+
+    /// Sets the children validation read (`children::resolve`).
+    pub(super) fn set_children(&mut self, children: HashMap<String, Arc<Child>>) {
+        self.children = children;
+    }
+
+    /// The child workflow of the `workflow:` node `id`.
+    pub fn child(&self, id: &str) -> Option<&Arc<Child>> {
+        self.children.get(id)
+    }
+
+    /// The text a run of this workflow stores, given the text it was read from: that
+    /// text, with its sub-workflows appended under `included:` when it has some and
+    /// does not carry them already.
+    pub fn stored_text<'t>(&self, text: &'t str) -> Cow<'t, str> {
+        if self.children.is_empty() || !self.workflow.included.is_empty() {
+            return Cow::Borrowed(text);
+        }
+        let files: BTreeMap<&str, &str> = self
+            .children
+            .values()
+            .map(|c| (c.path.as_str(), c.text.as_str()))
+            .collect();
+        Cow::Owned(super::children::bundle(text, files.into_iter()))
     }
 
     /// The workflow's DAG.

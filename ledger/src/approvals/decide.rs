@@ -176,7 +176,10 @@ impl Ledger {
                         ],
                     )
                     .await?;
-                if decided.is_some() || crate::waits::must_look_again(c, s, &lease.run_id).await? {
+                if decided.is_some()
+                    || crate::waits::must_look_again(c, s, &lease.run_id).await?
+                    || crate::children::ended_child_unseen(c, s, &lease.run_id).await?
+                {
                     return Ok(false);
                 }
                 crate::run_states::pause_in(c, s, &lease, &reason, now).await?;

@@ -331,7 +331,7 @@ impl Ledger {
             return self.finish_run(lease, finish, now).await.map(Some);
         }
         let fresh = self.fresh_results(results)?;
-        if self.is_postgres() {
+        if self.is_postgres() && lease.parent.is_none() {
             // One statement (see `POSTGRES_BATCH_FINISH`); nothing written means a node
             // was not new or the lease is gone: the transaction below tells which (its
             // arguments are built only then, off the common path).
@@ -360,6 +360,11 @@ impl Ledger {
         let done = self
             .write(move |c| {
                 Box::pin(async move {
+                    // A child's end wakes its paused parent in the same transaction (the
+                    // parent's row locked before anything of the child: `wake_parent_in`).
+                    if let Some(parent) = &run.parent {
+                        crate::run_states::wake_parent_in(c, ledger.scope(), parent, now).await?;
+                    }
                     if let Err(e) = batch_in(c, batch, n).await {
                         if is_not_new(&e) {
                             // A lost lease is reported as such, not as "not new".

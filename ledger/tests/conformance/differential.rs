@@ -373,6 +373,7 @@ async fn learn(m: &mut Model, l: &Ledger, op: &Op) {
                         worker: w,
                         token: r.lease_token,
                         expires_at: exp,
+                        parent: None,
                     },
                 );
             }

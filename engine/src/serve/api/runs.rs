@@ -41,6 +41,8 @@ pub struct ListQuery {
     pub(crate) until: Option<String>,
     /// Only runs whose id starts with this text (as pasted from a log line).
     pub(crate) prefix: Option<String>,
+    /// Only the children of this run (the runs its sub-workflow nodes started).
+    pub(crate) parent: Option<String>,
     /// Also count the runs in each status under the same filters (`counts`).
     #[serde(default)]
     pub(crate) counts: bool,
@@ -241,6 +243,7 @@ fn filter(q: ListQuery) -> Result<(RunFilter, u32), Problem> {
         after,
         inputs: q.inputs,
         id_prefix: q.prefix.filter(|p| !p.is_empty()),
+        parent: q.parent,
     };
     Ok((filter, limit))
 }

@@ -122,6 +122,8 @@ pub(super) fn svg(wf: &ValidWorkflow, state: impl Fn(&str) -> Option<String>) ->
         let (x, y) = corner(at[i]);
         let tool = if node.wait.is_some() {
             "wait"
+        } else if let Some(w) = &node.workflow {
+            w.path.as_str()
         } else {
             &node.tool
         };

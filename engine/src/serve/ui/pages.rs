@@ -84,6 +84,8 @@ pub struct RunsQuery {
     until: String,
     /// Only runs whose id starts with this.
     prefix: String,
+    /// Only the children of this run.
+    parent: String,
     /// `NAME=VALUE`: only runs whose input NAME is VALUE.
     input: String,
     /// Runs per page.
@@ -119,6 +121,7 @@ impl RunsQuery {
             since: some(&self.since),
             until: some(&self.until),
             prefix: some(&self.prefix),
+            parent: some(&self.parent),
             limit: Some(self.limit.unwrap_or(PAGE)),
             cursor: some(&self.cursor),
             counts: true,
@@ -133,6 +136,7 @@ impl RunsQuery {
             ("workflow", &self.workflow),
             ("since", &self.since),
             ("until", &self.until),
+            ("parent", &self.parent),
             ("prefix", &self.prefix),
             ("input", &self.input),
         ] {

@@ -22,6 +22,7 @@ pub(super) const TOP_KEYS: &[&str] = &[
     "max_parallel",
     "tools",
     "nodes",
+    "included",
 ];
 pub(super) const INPUT_KEYS: &[&str] = &["type", "required", "default", "description"];
 pub(super) const DEFAULTS_KEYS: &[&str] = &["timeout", "deadline", "retry_policy"];
@@ -52,6 +53,18 @@ pub(super) const FOR_EACH_KEYS: &[&str] = &[
     "in_doubt",
 ];
 pub(super) const TOLERATE_KEYS: &[&str] = &["failed"];
+/// What a sub-workflow node may say besides `workflow:` (it calls no tool; retries
+/// belong to the child's nodes: a new child would send every call again).
+pub(super) const CHILD_NODE_KEYS: &[&str] = &[
+    "workflow",
+    "needs",
+    "with",
+    "if",
+    "description",
+    "for_each",
+    "on_parent_cancel",
+    "continue_on_error",
+];
 /// What a `wait:` node may say besides `wait:` (it calls no tool).
 pub(super) const WAIT_NODE_KEYS: &[&str] = &["needs", "if", "description", "wait"];
 pub(super) const WAIT_KEYS: &[&str] = &["event", "timeout", "on_timeout"];

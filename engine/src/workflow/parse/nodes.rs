@@ -4,15 +4,16 @@
 use std::time::Duration;
 
 use super::keys::{
-    APPROVAL_KEYS, APPROVER_ROLES, APPROVERS_KEYS, BACKOFF_KEYS, MAX_APPROVERS, MAX_DEADLINE,
-    MAX_REMINDERS, MAX_RETRIES, MAX_TIMEOUT, NODE_KEYS, RETRY_KEYS, WAIT_NODE_KEYS,
+    APPROVAL_KEYS, APPROVER_ROLES, APPROVERS_KEYS, BACKOFF_KEYS, CHILD_NODE_KEYS, MAX_APPROVERS,
+    MAX_DEADLINE, MAX_REMINDERS, MAX_RETRIES, MAX_TIMEOUT, NODE_KEYS, RETRY_KEYS, WAIT_NODE_KEYS,
 };
 use super::names::{is_node_id, reserved_retry_suffix};
 use super::values::string_list;
 use super::{Cx, get};
 use crate::workflow::diagnostic::Pos;
-use crate::workflow::model::{ApprovalDecl, NodeDecl, OnTimeout, RetryPolicy};
+use crate::workflow::model::{ApprovalDecl, ChildDecl, NodeDecl, OnTimeout, RetryPolicy};
 use crate::workflow::yaml::{Key, Node, Value};
+use flow_ledger::OnParentCancel;
 
 pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
     let id = key.name.clone();
@@ -32,7 +33,15 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
     }
     let fields = cx.map(spec, &what)?;
     let waits = get(fields, "wait").is_some();
-    if waits {
+    let child = get(fields, "workflow").is_some();
+    if child {
+        // A sub-workflow node calls no tool either.
+        cx.check_keys(
+            fields,
+            &[CHILD_NODE_KEYS],
+            &format!("{what} (a `workflow:` node)"),
+        );
+    } else if waits {
         // A `wait:` node calls no tool: what a call would need is refused by name.
         cx.check_keys(
             fields,
@@ -44,7 +53,7 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
     }
     let (tool, tool_pos) = match get(fields, "tool") {
         Some(t) => (cx.string(t, "`tool`").unwrap_or_default(), t.pos),
-        None if waits => (String::new(), key.pos),
+        None if waits || child => (String::new(), key.pos),
         None => {
             cx.error_help(
                 key.pos,
@@ -100,6 +109,42 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
         wait: get(fields, "wait").and_then(|n| super::waits::wait(cx, n)),
         callback: get(fields, "callback").and_then(|n| super::waits::callback(cx, n)),
         for_each: get(fields, "for_each").and_then(|n| super::for_each::for_each(cx, n)),
+        workflow: get(fields, "workflow").and_then(|n| child_decl(cx, n, fields)),
+    })
+}
+
+/// `workflow: PATH` and the node's `on_parent_cancel:` (`cancel`, the default, or
+/// `abandon`).
+fn child_decl(cx: &mut Cx, node: &Node, fields: &[(Key, Node)]) -> Option<ChildDecl> {
+    let path = cx.string(node, "`workflow`")?;
+    if path.trim().is_empty() {
+        cx.error_help(
+            node.pos,
+            "`workflow` is empty",
+            "name the child workflow's file, relative to this one: `workflow: provision.yaml`",
+        );
+        return None;
+    }
+    let on_parent_cancel = match get(fields, "on_parent_cancel") {
+        None => OnParentCancel::Cancel,
+        Some(n) => match cx.string(n, "`on_parent_cancel`").as_deref() {
+            Some("cancel") => OnParentCancel::Cancel,
+            Some("abandon") => OnParentCancel::Abandon,
+            Some(other) => {
+                cx.error_help(
+                    n.pos,
+                    format!("`on_parent_cancel` must be `cancel` or `abandon`, found `{other}`"),
+                    "`cancel` (the default) cancels the child with its parent; `abandon` lets it run on",
+                );
+                OnParentCancel::Cancel
+            }
+            None => OnParentCancel::Cancel,
+        },
+    };
+    Some(ChildDecl {
+        pos: node.pos,
+        path,
+        on_parent_cancel,
     })
 }
 

@@ -20,6 +20,7 @@ pub(crate) fn workflow(cx: &mut Cx, root: &Node, stem: &str) -> Workflow {
         max_parallel: DEFAULT_MAX_PARALLEL,
         tools: BTreeMap::new(),
         nodes: Vec::new(),
+        included: BTreeMap::new(),
     };
     let Some(entries) = cx.map(root, "a workflow file") else {
         return wf;
@@ -49,6 +50,25 @@ pub(crate) fn workflow(cx: &mut Cx, root: &Node, stem: &str) -> Workflow {
             cx.declared_tools.push(key.name.clone());
             if let Some(tool) = tool(cx, key, spec) {
                 wf.tools.insert(key.name.clone(), tool);
+            }
+        }
+    }
+    if let Some(n) = get(entries, "included")
+        && let Some(files) = cx.map(n, "`included`")
+    {
+        for (key, text) in files {
+            // A file's text as is: its expressions are the file's, not this one's.
+            match &text.value {
+                crate::workflow::yaml::Value::Str(t) => {
+                    wf.included.insert(key.name.clone(), t.clone());
+                }
+                _ => cx.error(
+                    text.pos,
+                    format!(
+                        "an `included` file's text must be a string, found {}",
+                        text.type_name()
+                    ),
+                ),
             }
         }
     }
