@@ -81,18 +81,26 @@ pub fn resolve(wf: &Workflow, pairs: &[String], file: Option<&Path>) -> Result<J
             path: path.display().to_string(),
             reason: e.reason(),
         })?;
-        check_depth(&text).map_err(|reason| Error::File {
+        let file_err = |reason: String| Error::File {
             path: path.display().to_string(),
             reason,
-        })?;
-        // JSON first: it is what most inputs files are, and the YAML parser holds a
-        // 470 KB list as ~50 MiB while it reads it (a 10,000-item `for_each` list).
+        };
+        // JSON first: it is what most inputs files are, and a YAML parser holds a 470 KB
+        // JSON list (one flow collection, a 10,000-item `for_each` list) as tens of MiB
+        // while it reads it — the depth check's event stream as much as the parse
+        // (`benches/README.md`, "Fan-out"). serde_json stops at 128 levels by itself;
+        // what it parsed is measured, and only text it refuses goes to the YAML side.
         let parsed: Json = match serde_json::from_str(&text) {
+            Ok(v) if json_depth(&v) > MAX_DEPTH => {
+                return Err(file_err(format!(
+                    "values are nested more than {MAX_DEPTH} levels deep"
+                )));
+            }
             Ok(v) => v,
-            Err(_) => yaml_serde::from_str(&text).map_err(|e| Error::File {
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            })?,
+            Err(_) => {
+                check_depth(&text).map_err(file_err)?;
+                yaml_serde::from_str(&text).map_err(|e| file_err(e.to_string()))?
+            }
         };
         let Json::Object(map) = parsed else {
             return Err(Error::File {
@@ -195,6 +203,22 @@ fn complete(decls: &[InputDecl], mut values: Map<String, Json>) -> Result<Json, 
         });
     }
     Ok(inputs)
+}
+
+/// How deeply `v` nests arrays and objects (a scalar: 0), without recursion.
+fn json_depth(v: &Json) -> usize {
+    let mut deepest = 0;
+    let mut stack = vec![(v, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Json>> = match v {
+            Json::Array(items) => Box::new(items.iter()),
+            Json::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        deepest = deepest.max(d + 1);
+        stack.extend(children.map(|c| (c, d + 1)));
+    }
+    deepest
 }
 
 /// Refuses YAML (or JSON) text nested deeper than [`MAX_DEPTH`], reading only the event

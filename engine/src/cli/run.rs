@@ -221,7 +221,9 @@ impl Session {
             format!("{} resume {run_id}", self.flow),
             self.json_logs,
         );
-        match self.executor.execute_until(lease, &wf, &stop).await {
+        // The run just read after the claim is the one executed: reading it again
+        // would hold a second copy of its inputs (a 10,000-item list is ~6 MiB parsed).
+        match self.executor.execute_claimed(lease, &wf, &run, &stop).await {
             Ok(outcome) => Ok(self
                 .print_outcome(run_id, &outcome, json, stdout, stderr)
                 .await),

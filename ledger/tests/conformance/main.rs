@@ -5,6 +5,7 @@ mod common;
 
 mod approvals;
 mod calls;
+mod children;
 mod cross_run;
 mod deliveries;
 mod differential;
