@@ -121,6 +121,9 @@ pub(super) async fn call_tool(
 ) -> Result<CallEnd, ServiceError> {
     let peer = client.peer();
     let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+    // Elicitation requests that arrive for this call are recorded on it: registered
+    // before the request is written, since the server may ask before the write returns.
+    let mut inflight = client.service().inflight().enter_pending(reports.cloned());
     let send = peer.send_request_with_option(request, PeerRequestOptions::no_options());
     let handle = match tokio::time::timeout_at(deadline, send).await {
         Ok(handle) => handle?,
@@ -128,11 +131,7 @@ pub(super) async fn call_tool(
         Err(_) => return Ok(CallEnd::TimedOut { cancelled: false }),
     };
     let id = handle.id.clone();
-    // Elicitation requests that arrive for this call are recorded on it.
-    let _inflight = client
-        .service()
-        .inflight()
-        .enter(id.clone(), reports.cloned());
+    inflight.rekey(id.clone());
     match tokio::time::timeout_at(deadline, handle.await_response()).await {
         Ok(Ok(ServerResult::CallToolResult(result))) => Ok(CallEnd::Answered(result)),
         Ok(Ok(ServerResult::CreateTaskResult(created))) => Ok(CallEnd::Task(created.task)),

@@ -147,6 +147,18 @@ impl Drop for InflightGuard {
     }
 }
 
+impl InflightGuard {
+    /// The call's JSON-RPC id, known once its request is written: its entry moves there
+    /// from the provisional id it was registered under ([`Inflight::enter_pending`]).
+    pub(super) fn rekey(&mut self, id: RequestId) {
+        let mut calls = self.calls.lock();
+        if let Some(reports) = calls.remove(&self.id) {
+            calls.insert(id.clone(), reports);
+        }
+        self.id = id;
+    }
+}
+
 impl Inflight {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RequestId, Option<Reports>>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
@@ -159,6 +171,18 @@ impl Inflight {
             calls: self.clone(),
             id,
         }
+    }
+
+    /// Registers a call before its request is written, under a provisional id (the
+    /// session assigns the real one as it writes): a server may ask its question before
+    /// the write returns, and the question must find the call in flight then — over
+    /// stdio, registered only after the write, a fast server's elicitation found no call
+    /// and was recorded on none. [`InflightGuard::rekey`] moves it to the real id.
+    pub(super) fn enter_pending(&self, reports: Option<Reports>) -> InflightGuard {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = RequestId::String(format!("flow-pending-{n}").into());
+        self.enter(id, reports)
     }
 
     /// Where a request that arrived for `origin` (if the transport knows) reports:
