@@ -23,11 +23,10 @@ use std::time::Duration;
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
-use crate::fence::Fence;
 use crate::ledger::Ledger;
 use crate::model::{NewRun, ParentLink, Run, RunLease, Scope};
 use crate::rows::{RunRow, run_cols};
-use crate::runs::{EnqueueTx, claim_locked, enqueue_in, run_for_update};
+use crate::runs::{EnqueueTx, claim_locked, enqueue_in, held_for_update, run_for_update};
 use crate::state::{RunStatus, StepStatus};
 use crate::worker::WorkerId;
 
@@ -66,10 +65,7 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
-                let prow = run_for_update(c, s, &parent.run_id).await?;
-                if !Fence::holds(&prow, &parent, None)? {
-                    return Err(Error::LeaseLost);
-                }
+                let prow = held_for_update(c, s, &parent).await?;
                 // A cancel of the parent carries down only to children that exist: none
                 // may start after it (the cancel took this row's lock too).
                 if prow.cancel_requested {
@@ -147,10 +143,7 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
-                let prow = run_for_update(c, s, &parent.run_id).await?;
-                if !Fence::holds(&prow, &parent, None)? {
-                    return Err(Error::LeaseLost);
-                }
+                held_for_update(c, s, &parent).await?;
                 crate::run_states::cancel_descendants(c, &ledger, &parent.run_id, None, now).await
             })
         })

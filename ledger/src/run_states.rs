@@ -425,13 +425,7 @@ pub(crate) async fn wake_parent_in(
     now: Timestamp,
 ) -> Result<(), Error> {
     match run_for_update(c, s, parent_run_id).await {
-        Ok(parent) => {
-            if parent.status()? == RunStatus::Paused {
-                let to = RunTransition::Requeue.check(RunStatus::Paused, RunStatus::Queued)?;
-                requeue_in(c, s, &parent, to, None, now).await?;
-            }
-            Ok(())
-        }
+        Ok(parent) => requeue_paused(c, s, &parent, None, now).await,
         // A parent deleted under its child has nobody left to wake.
         Err(Error::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
@@ -462,4 +456,20 @@ pub(crate) async fn children_to_cancel(
         )
         .await?;
     Ok(rows.into_iter().map(|(id,)| id).collect())
+}
+
+/// Puts the run back on the queue if it is paused: a decision, an event, a callback or a
+/// child's end lets it go on.
+pub(crate) async fn requeue_paused(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    run: &RunRow,
+    actor: Option<&Actor>,
+    now: Timestamp,
+) -> Result<(), Error> {
+    if run.status()? == RunStatus::Paused {
+        let to = RunTransition::Requeue.check(RunStatus::Paused, RunStatus::Queued)?;
+        requeue_in(c, s, run, to, actor, now).await?;
+    }
+    Ok(())
 }

@@ -50,6 +50,22 @@ pub(crate) async fn run_for_update(
         })
 }
 
+/// The run `lease` holds, its row locked until the transaction ends; `LeaseLost` when
+/// the lease no longer holds it. What a change that must not race the run's other
+/// writers (a decision, a child's end) starts with.
+pub(crate) async fn held_for_update(
+    c: &mut Conn<'_>,
+    scope: &Scope,
+    lease: &RunLease,
+) -> Result<RunRow, Error> {
+    let row = run_for_update(c, scope, &lease.run_id).await?;
+    if Fence::holds(&row, lease, None)? {
+        Ok(row)
+    } else {
+        Err(Error::LeaseLost)
+    }
+}
+
 /// What the runs of one enqueue transaction share: the hashes of the workflow texts it
 /// has already stored (a batch of 1,000 runs of one workflow writes its text once) and
 /// the `run_inputs` rows it has yet to write (one statement for the batch), which

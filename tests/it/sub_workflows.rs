@@ -59,6 +59,11 @@ fn setup(backend: Backend, url: &str, extra: &str) -> (TestDb, std::path::PathBu
     (db, file)
 }
 
+/// `flow run` of the parent with its `tenants` input (`tenants=[…]`).
+fn run_parent(db: &TestDb, file: &std::path::Path, tenants: &str) -> std::process::Output {
+    output(db.flow().arg("run").arg(file).args(["--input", tenants]))
+}
+
 fn children(db: &TestDb, run: &str) -> Vec<Value> {
     let out = output(db.flow().args(["runs", "--parent", run, "--json"]));
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -71,12 +76,7 @@ fn each_child_is_a_run_of_its_own_sent_once_and_the_parent_ends_with_their_outpu
     for backend in backends() {
         let server = rt.block_on(CountingServer::start()).expect("server");
         let (db, file) = setup(backend, &server.url(), "");
-        let out = output(
-            db.flow()
-                .arg("run")
-                .arg(&file)
-                .args(["--input", r#"tenants=["t1","t2","t3"]"#]),
-        );
+        let out = run_parent(&db, &file, r#"tenants=["t1","t2","t3"]"#);
         assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
         let run = run_id(&out);
         let result: Value = serde_json::from_slice(&out.stdout).expect("output");
@@ -118,12 +118,7 @@ fn a_failed_child_fails_its_node_naming_the_child_and_why() {
         let server = rt.block_on(CountingServer::start()).expect("server");
         server.set("/provision/t2", Behavior::status(400));
         let (db, file) = setup(backend, &server.url(), "");
-        let out = output(
-            db.flow()
-                .arg("run")
-                .arg(&file)
-                .args(["--input", r#"tenants=["t1","t2"]"#]),
-        );
+        let out = run_parent(&db, &file, r#"tenants=["t1","t2"]"#);
         assert_eq!(out.status.code(), Some(1), "{backend:?}: {}", stderr(&out));
         let run = run_id(&out);
         let s = show(&db, &run);
@@ -159,12 +154,7 @@ fn a_child_in_doubt_pauses_its_parent_until_the_child_ends() {
         let server = rt.block_on(CountingServer::start()).expect("server");
         server.set("/provision/t1", Behavior::DropMidResponse);
         let (db, file) = setup(backend, &server.url(), "");
-        let out = output(
-            db.flow()
-                .arg("run")
-                .arg(&file)
-                .args(["--input", r#"tenants=["t1","t2"]"#]),
-        );
+        let out = run_parent(&db, &file, r#"tenants=["t1","t2"]"#);
         assert_eq!(out.status.code(), Some(3), "{backend:?}: {}", stderr(&out));
         let run = run_id(&out);
         let child = format!("{run}.provision.t1");
@@ -246,12 +236,7 @@ fn cancelling_a_parent_cancels_its_children_unless_they_are_abandoned() {
             server.set("/provision/t1", Behavior::DropMidResponse);
             let extra = format!("on_parent_cancel: {mode}");
             let (db, file) = setup(backend, &server.url(), &extra);
-            let out = output(
-                db.flow()
-                    .arg("run")
-                    .arg(&file)
-                    .args(["--input", r#"tenants=["t1"]"#]),
-            );
+            let out = run_parent(&db, &file, r#"tenants=["t1"]"#);
             assert_eq!(out.status.code(), Some(3), "{backend:?}: {}", stderr(&out));
             let run = run_id(&out);
             let out = output(db.flow().args(["cancel", &run]));
@@ -337,12 +322,7 @@ fn a_paused_child_holds_its_place_in_the_concurrency() {
             "parent.yaml",
             &parent("").replace("concurrency: 2", "concurrency: 1"),
         );
-        let out = output(
-            db.flow()
-                .arg("run")
-                .arg(&file)
-                .args(["--input", r#"tenants=["t1","t2","t3"]"#]),
-        );
+        let out = run_parent(&db, &file, r#"tenants=["t1","t2","t3"]"#);
         assert_eq!(out.status.code(), Some(3), "{backend:?}: {}", stderr(&out));
         let run = run_id(&out);
         assert_eq!(

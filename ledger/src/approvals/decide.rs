@@ -3,17 +3,17 @@
 
 use serde_json::json;
 
-use super::rows::{read_row, requeue_paused, settle, with_votes};
+use super::rows::{read_row, settle, with_votes};
 use super::{Decide, Decided};
 use crate::clock::Timestamp;
 use crate::conn::args;
 use crate::error::Error;
 use crate::events::EventType;
 use crate::events::node_event;
-use crate::fence::Fence;
 use crate::ledger::Ledger;
 use crate::model::RunLease;
-use crate::runs::run_for_update;
+use crate::run_states::requeue_paused;
+use crate::runs::{held_for_update, run_for_update};
 use crate::state::ApprovalStatus;
 
 impl Ledger {
@@ -156,10 +156,7 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
-                let row = run_for_update(c, s, &lease.run_id).await?;
-                if !Fence::holds(&row, &lease, None)? {
-                    return Err(Error::LeaseLost);
-                }
+                held_for_update(c, s, &lease).await?;
                 let decided = c
                     .optional::<(String,)>(
                         "SELECT a.node_id FROM approvals a JOIN steps st ON st.tenant = a.tenant

@@ -22,7 +22,6 @@ use crate::fence::{Fence, live_run_fence};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
 use crate::state::ApprovalStatus;
-pub(crate) use rows::requeue_paused;
 use rows::{ApprovalRow, approval_cols, read_row, settle, submitter, with_votes};
 
 pub use sweep::Swept;

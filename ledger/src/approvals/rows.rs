@@ -10,8 +10,7 @@ use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
 use crate::model::Scope;
-use crate::run_states::requeue_in;
-use crate::state::{ApprovalStatus, RunStatus, RunTransition};
+use crate::state::ApprovalStatus;
 
 #[derive(Debug, sqlx::FromRow)]
 pub(super) struct ApprovalRow {
@@ -227,19 +226,4 @@ pub(super) async fn settle(
         )
         .await?;
     Ok(n == 1)
-}
-
-/// Puts the run back on the queue if it is paused (a decision lets it go on).
-pub(crate) async fn requeue_paused(
-    c: &mut Conn<'_>,
-    s: &Scope,
-    run: &crate::rows::RunRow,
-    actor: Option<&crate::model::Actor>,
-    now: Timestamp,
-) -> Result<(), Error> {
-    if run.status()? == RunStatus::Paused {
-        let to = RunTransition::Requeue.check(RunStatus::Paused, RunStatus::Queued)?;
-        requeue_in(c, s, run, to, actor, now).await?;
-    }
-    Ok(())
 }

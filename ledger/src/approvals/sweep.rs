@@ -4,13 +4,14 @@
 use serde_json::{Value, json};
 
 use super::Approval;
-use super::rows::{parse_json, read_row, requeue_paused, settle, with_votes};
+use super::rows::{parse_json, read_row, settle, with_votes};
 use crate::clock::Timestamp;
 use crate::conn::args;
 use crate::error::Error;
 use crate::events::EventType;
 use crate::events::node_event;
 use crate::ledger::Ledger;
+use crate::run_states::requeue_paused;
 use crate::runs::run_for_update;
 use crate::state::ApprovalStatus;
 

@@ -180,7 +180,7 @@ impl Ledger {
                         ],
                     )
                     .await?;
-                    crate::approvals::requeue_paused(c, s, &run, None, now).await?;
+                    crate::run_states::requeue_paused(c, s, &run, None, now).await?;
                 }
                 Ok(Published {
                     event_id,

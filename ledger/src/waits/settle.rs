@@ -6,7 +6,6 @@ use serde_json::{Value, json};
 use super::PublishedEvent;
 use super::Wait;
 use super::rows::{Settled, WaitRow, read_row, settle, wait_cols};
-use crate::approvals::requeue_paused;
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
@@ -15,6 +14,7 @@ use crate::events::node_event;
 use crate::fence::{Fence, live_run_fence};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
+use crate::run_states::requeue_paused;
 use crate::runs::run_for_update;
 use crate::state::WaitStatus;
 
