@@ -463,11 +463,11 @@ fn validation_refuses_what_a_for_each_node_cannot_mean() {
         ),
         (
             "    for_each: { items: [1, 2], key: \"${{ item }}\" }\n    if: \"${{ item == 1 }}\"\n",
-            "reads `item`, which only the `with`, `idempotency_key` and `for_each.key` of a `for_each` node can see",
+            "reads `item`, which only the `with`, `idempotency_key`, `approval.message` and `for_each.key` of a `for_each` node can see",
         ),
         (
-            "    for_each: { items: [1, 2], key: \"${{ item }}\" }\n    approval: { timeout: 1h }\n",
-            "has `for_each:` and `approval:`, which cannot be combined yet",
+            "    for_each: { items: [1, 2], key: \"${{ item }}\" }\n    callback: { timeout: 1h }\n",
+            "has `for_each:` and `callback:`, which cannot be combined yet",
         ),
     ];
     for (node, want) in cases {

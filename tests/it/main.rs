@@ -18,6 +18,7 @@ mod events;
 mod flapping;
 mod follow_up;
 mod for_each;
+mod for_each_approvals;
 mod for_each_crash;
 mod gateway;
 mod limits;

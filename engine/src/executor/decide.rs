@@ -236,16 +236,16 @@ fn idle(nodes: &[NodeState], s: Situation, wake: Option<Timestamp>) -> Vec<Actio
         .filter(|&i| match &nodes[i] {
             // A fan-out left here is not done (`ready` closes one that is) and nothing
             // of it can start: it holds items in doubt, or items waiting on their
-            // children. Never finish over it.
+            // children or their approvals. Never finish over it.
             NodeState::InDoubt { .. } => true,
-            NodeState::FanOut(fan) => fan.counts().in_doubt > 0 || fan.waiting() == 0,
+            NodeState::FanOut(fan) => fan.counts().in_doubt > 0 || fan.awaiting() == 0,
             _ => false,
         })
         .collect();
     let awaiting: Vec<usize> = (0..nodes.len())
         .filter(|&i| match &nodes[i] {
             NodeState::AwaitingApproval { .. } | NodeState::Waiting { .. } => true,
-            NodeState::FanOut(fan) => fan.waiting() > 0,
+            NodeState::FanOut(fan) => fan.awaiting() > 0,
             _ => false,
         })
         .collect();

@@ -144,6 +144,9 @@ pub struct Fan {
     deferred: usize,
     /// Items waiting (on their sub-workflow's run): settled by the child's end.
     waiting: usize,
+    /// Items awaiting their approval: nothing of theirs is in flight, so they hold no
+    /// place in `limit` (every item's approval is asked at once; approvers see them all).
+    approving: usize,
     counts: Counts,
 }
 
@@ -186,6 +189,7 @@ impl Fan {
             running: 0,
             deferred: 0,
             waiting: 0,
+            approving: 0,
             counts: Counts::default(),
         };
         for i in 0..fan.keys.len() {
@@ -249,6 +253,7 @@ impl Fan {
             }
             NodeState::Running { .. } => self.running -= 1,
             NodeState::Waiting { .. } => self.waiting -= 1,
+            NodeState::AwaitingApproval { .. } => self.approving -= 1,
             NodeState::Succeeded { .. } => self.counts.succeeded -= 1,
             NodeState::Failed { .. } => self.counts.failed -= 1,
             NodeState::Skipped => self.counts.skipped -= 1,
@@ -270,6 +275,7 @@ impl Fan {
             }
             NodeState::Running { .. } => self.running += 1,
             NodeState::Waiting { .. } => self.waiting += 1,
+            NodeState::AwaitingApproval { .. } => self.approving += 1,
             NodeState::Succeeded { .. } => self.counts.succeeded += 1,
             NodeState::Failed { .. } => self.counts.failed += 1,
             NodeState::Skipped => self.counts.skipped += 1,
@@ -363,7 +369,9 @@ impl Fan {
         if self.over_tolerance() {
             // What may have left is seen through first (an item in doubt waits for its
             // resolution: a run never ends over a call in doubt; an item waiting on its
-            // child run for the child's end); pending retries are dropped.
+            // child run for the child's end); pending retries are dropped, and so are
+            // items awaiting approval (nothing of theirs was sent; the ledger cancels
+            // their approvals when the run ends).
             return self.counts.in_doubt == 0
                 && self.waiting == 0
                 && self
@@ -380,11 +388,24 @@ impl Fan {
         self.waiting
     }
 
-    /// Waiting items become interrupted, to be started again (their child ended while
-    /// the run was about to pause): each step looks at its child again.
-    pub fn interrupt_waiting(&mut self) {
+    /// Items awaiting their approval.
+    pub fn approving(&self) -> usize {
+        self.approving
+    }
+
+    /// Items the run pauses for until someone acts: a child run's end or an approver.
+    pub fn awaiting(&self) -> usize {
+        self.waiting + self.approving
+    }
+
+    /// Items waiting (on a child or an approval) become interrupted, to be started again
+    /// (a child ended, or an approval was decided, while the run was about to pause):
+    /// each step looks again.
+    pub fn interrupt_awaiting(&mut self) {
         for i in 0..self.states.len() {
-            if let NodeState::Waiting { step_id, retry, .. } = &self.states[i] {
+            if let NodeState::Waiting { step_id, retry, .. }
+            | NodeState::AwaitingApproval { step_id, retry } = &self.states[i]
+            {
                 let again = NodeState::Interrupted {
                     step_id: step_id.clone(),
                     retry: *retry,
@@ -394,6 +415,11 @@ impl Fan {
         }
     }
 
+    /// The keys of items awaiting their approval (for the pause reason).
+    pub fn approving_keys(&self) -> impl Iterator<Item = &str> {
+        self.keys_where(|s| matches!(s, NodeState::AwaitingApproval { .. }))
+    }
+
     /// Whether items are in doubt and nothing else of the node can move without help.
     pub fn holds_in_doubt(&self) -> bool {
         self.counts.in_doubt > 0 && self.running == 0
@@ -401,10 +427,14 @@ impl Fan {
 
     /// The keys of items in doubt (for the pause reason and the inbox).
     pub fn in_doubt_keys(&self) -> impl Iterator<Item = &str> {
+        self.keys_where(|s| matches!(s, NodeState::InDoubt { .. }))
+    }
+
+    fn keys_where(&self, pred: fn(&NodeState) -> bool) -> impl Iterator<Item = &str> {
         self.keys
             .iter()
             .zip(&self.states)
-            .filter(|(_, s)| matches!(s, NodeState::InDoubt { .. }))
+            .filter(move |(_, s)| pred(s))
             .map(|(k, _)| k.as_str())
     }
 

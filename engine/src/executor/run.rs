@@ -393,17 +393,35 @@ impl<'a> RunScope<'a> {
         if !in_doubt.is_empty() {
             why.push(format!("tool call in doubt: {}", names(in_doubt)));
         }
-        let (waiting, approvals): (Vec<usize>, Vec<usize>) = awaiting.iter().partition(|&&i| {
-            matches!(
-                st.nodes[i],
-                NodeState::Waiting { .. } | NodeState::FanOut(_)
-            )
-        });
-        if !approvals.is_empty() {
-            why.push(format!("awaiting approval: {}", names(&approvals)));
-        }
-        let (children, waiting): (Vec<usize>, Vec<usize>) = waiting
+        // A fan-out may have items awaiting approval and items waiting on children.
+        let approvals: Vec<usize> = awaiting
             .iter()
+            .copied()
+            .filter(|&i| match &st.nodes[i] {
+                NodeState::AwaitingApproval { .. } => true,
+                NodeState::FanOut(fan) => fan.approving() > 0,
+                _ => false,
+            })
+            .collect();
+        if !approvals.is_empty() {
+            let named: Vec<String> = approvals
+                .iter()
+                .map(|&i| match &st.nodes[i] {
+                    NodeState::FanOut(fan) => {
+                        items_named(&self.wf.nodes[i].id, fan.approving_keys())
+                    }
+                    _ => self.wf.nodes[i].id.clone(),
+                })
+                .collect();
+            why.push(format!("awaiting approval: {}", named.join(", ")));
+        }
+        let (children, waiting): (Vec<usize>, Vec<usize>) = awaiting
+            .iter()
+            .filter(|&&i| match &st.nodes[i] {
+                NodeState::Waiting { .. } => true,
+                NodeState::FanOut(fan) => fan.waiting() > 0,
+                _ => false,
+            })
             .partition(|&&i| self.wf.nodes[i].workflow.is_some());
         if !waiting.is_empty() {
             why.push(format!("waiting: {}", names(&waiting)));
@@ -437,7 +455,7 @@ impl<'a> RunScope<'a> {
                                 retry: *retry,
                             };
                         }
-                        NodeState::FanOut(fan) => fan.interrupt_waiting(),
+                        NodeState::FanOut(fan) => fan.interrupt_awaiting(),
                         _ => {}
                     }
                 }
@@ -619,7 +637,7 @@ impl<'a> RunScope<'a> {
 /// (`notify[a], notify[b] and 3 more`).
 fn in_doubt_name(wf: &ValidWorkflow, st: &RunState, i: usize) -> String {
     let id = &wf.nodes[i].id;
-    let mut keys: Vec<&str> = match (&st.nodes[i], st.items.get(&i)) {
+    let keys: Vec<&str> = match (&st.nodes[i], st.items.get(&i)) {
         (NodeState::FanOut(fan), _) => fan.in_doubt_keys().collect(),
         // Reloaded after a probe: the items are not joined to their node yet.
         (_, Some(items)) => items
@@ -629,6 +647,12 @@ fn in_doubt_name(wf: &ValidWorkflow, st: &RunState, i: usize) -> String {
             .collect(),
         _ => return id.clone(),
     };
+    items_named(id, keys.into_iter())
+}
+
+/// Items of node `id` by name, sorted, the first five named: `n[a], n[b], and 3 more`.
+fn items_named<'k>(id: &str, keys: impl Iterator<Item = &'k str>) -> String {
+    let mut keys: Vec<&str> = keys.collect();
     keys.sort_unstable();
     let mut names: Vec<String> = keys.iter().take(5).map(|k| format!("{id}[{k}]")).collect();
     if keys.len() > 5 {

@@ -129,6 +129,7 @@ impl Prepared {
                 }
                 let mut templates = n.with.templates();
                 templates.extend(n.idempotency_key.iter());
+                templates.extend(n.approval.iter().flat_map(|a| a.message.iter()));
                 if let Some(tool) = wf.tools.get(&n.tool) {
                     templates.extend(tool.kind.templates());
                 }

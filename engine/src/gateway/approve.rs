@@ -3,7 +3,8 @@
 //! exactly this request is approved. Only then is the call claimed and marked outbound,
 //! so the decision is in the ledger before the outbound mark, and a request that changed
 //! after its approval (its digest differs) never leaves: the approval goes back to
-//! pending under the new digest (`approval.invalidated`).
+//! pending under the new digest (`approval.invalidated`). An item of a `for_each` node
+//! is asked for under its call id, `node[<key>]`: one approval per item.
 
 use flow_ledger::{AskApproval, ErrorKind, Gate};
 
@@ -60,7 +61,9 @@ impl Gateway {
         decl: &ApprovalDecl,
         r: &Rendered,
     ) -> Result<Option<StepResult>, flow_ledger::Error> {
-        let node_id = c.node.id.as_str();
+        // An item of a `for_each` node has an approval of its own (`node[<key>]`): each
+        // item's request is a different one, and approvers decide each.
+        let node_id = c.call_id.as_str();
         let message = match decl.message.as_ref().map(|t| t.render_string(&c.ctx)) {
             None => None,
             Some(Ok(m)) => Some(m),

@@ -392,17 +392,6 @@ impl Gateway {
         // An approval (the node's, or the installation's policy) is decided, for
         // exactly this request, before anything is claimed.
         if let Some(decl) = self.approval_for(c, &rendered.target, destructive) {
-            // Approvals are kept per node: an item of a `for_each` node cannot ask for
-            // one yet, so a policy that gates its call fails it (nothing is sent).
-            if c.call_id != c.node.id {
-                let message = format!(
-                    "`{}` needs an approval (the installation's policy gates tool `{}`), which an item of a `for_each` node cannot ask for yet; nothing was sent",
-                    c.call_id, c.tool.name
-                );
-                return self
-                    .fail_claimed_step(c, ErrorKind::Permanent, message)
-                    .await;
-            }
             if let Some(result) = self.approval_gate(c, &decl, &rendered).await? {
                 return Ok(result);
             }

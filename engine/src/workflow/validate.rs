@@ -160,7 +160,7 @@ fn check_node(checker: &mut RefChecker<'_>, opts: &ValidateOptions, i: usize) {
 }
 
 /// A `for_each:` node: its list reads what an `if:` may, its key reads `item`; and
-/// what is still keyed by node alone (an approval, a wait, a callback) is refused on it.
+/// what is still keyed by node alone (a wait, a callback) is refused on it.
 fn check_for_each(checker: &mut RefChecker<'_>, i: usize) {
     let node = &checker.wf.nodes[i];
     let Some(fe) = &node.for_each else {
@@ -196,7 +196,6 @@ fn check_for_each(checker: &mut RefChecker<'_>, i: usize) {
         }
     }
     let unsupported = [
-        ("approval", node.approval.is_some()),
         ("wait", node.wait.is_some()),
         ("callback", node.callback.is_some()),
     ];
@@ -465,7 +464,10 @@ impl RefChecker<'_> {
         (third, fourth, fifth): (Option<&str>, Option<&str>, Option<&str>),
         where_: &str,
     ) -> bool {
-        let approval = self.wf.nodes[t].approval.as_ref();
+        // Each item of a `for_each` node has its own approval: the node exposes none.
+        let approval = (self.wf.nodes[t].for_each.is_none())
+            .then(|| self.wf.nodes[t].approval.as_ref())
+            .flatten();
         match (third, approval) {
             (Some("output"), _) => true,
             (Some("approval"), Some(a)) => {
@@ -619,7 +621,10 @@ impl RefChecker<'_> {
             Scope::With { node } => self.wf.nodes[node].for_each.is_some(),
             Scope::NodeField { node, field } => {
                 self.wf.nodes[node].for_each.is_some()
-                    && matches!(field, "idempotency_key" | "for_each.key")
+                    && matches!(
+                        field,
+                        "idempotency_key" | "for_each.key" | "approval.message"
+                    )
             }
             _ => false,
         };
@@ -627,7 +632,7 @@ impl RefChecker<'_> {
             let where_ = self.where_(scope);
             self.error(
                 pos,
-                format!("`{src}` in {where_} reads `item`, which only the `with`, `idempotency_key` and `for_each.key` of a `for_each` node can see"),
+                format!("`{src}` in {where_} reads `item`, which only the `with`, `idempotency_key`, `approval.message` and `for_each.key` of a `for_each` node can see"),
                 Some("add `for_each: { items: …, key: … }` to the node, or remove the reference".into()),
             );
         }
