@@ -87,6 +87,7 @@ mod deliveries;
 mod error;
 mod fanouts;
 mod fence;
+mod finish;
 mod health;
 mod ledger;
 mod lineage;
@@ -122,6 +123,7 @@ pub use deliveries::{
 pub use error::Error;
 pub use events::{Event, EventFilter, EventType};
 pub use fanouts::Fanout;
+pub use finish::FinishedRun;
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
 pub use model::{
     Actor, Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,

@@ -14,7 +14,7 @@ use crate::state::{
 };
 use crate::worker::WorkerId;
 
-fn json(what: &str, s: Option<String>) -> Result<Option<Value>, Error> {
+pub(crate) fn json(what: &str, s: Option<String>) -> Result<Option<Value>, Error> {
     s.map(|s| {
         serde_json::from_str(&s).map_err(|e| Error::Corrupt {
             what: format!("{what} is not JSON: {e}"),
@@ -23,7 +23,7 @@ fn json(what: &str, s: Option<String>) -> Result<Option<Value>, Error> {
     .transpose()
 }
 
-fn ts(v: Option<i64>) -> Option<Timestamp> {
+pub(crate) fn ts(v: Option<i64>) -> Option<Timestamp> {
     v.map(Timestamp)
 }
 

@@ -11,9 +11,10 @@ use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, audited, emit};
 use crate::fence::{Fence, run_fence};
+use crate::finish::{FinishedRow, FinishedRun, finished_cols};
 use crate::ledger::Ledger;
 use crate::model::{Actor, Run, RunFinish, RunLease, Scope};
-use crate::rows::{RunRow, run_cols, run_fields};
+use crate::rows::{RunRow, run_cols};
 use crate::runs::run_for_update;
 use crate::state::{RunStatus, RunTransition};
 
@@ -27,7 +28,7 @@ const FINISH_RUN: (&str, &str) = (
          WHERE",
         run_fence!(),
         "RETURNING ",
-        run_cols!(),
+        finished_cols!(),
         ";
          INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
             payload)
@@ -40,7 +41,7 @@ const FINISH_RUN: (&str, &str) = (
             WHERE",
         run_fence!(),
         "RETURNING ",
-        run_cols!(),
+        finished_cols!(),
         "),
          e AS (
             INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id,
@@ -48,17 +49,20 @@ const FINISH_RUN: (&str, &str) = (
             SELECT $1, $2, $10, $11, $9, $3, NULL, NULL, $12,
                 pg_current_xact_id()::text::bigint FROM r)
          SELECT ",
-        run_fields!(),
+        finished_cols!(),
         " FROM r"
     ),
 );
 
 /// Runs `FINISH_RUN` with [`Ledger::finish_args`]: `LeaseLost` unless the run was
 /// still held.
-pub(crate) async fn finish_run_in(c: &mut Conn<'_>, args: Vec<Arg>) -> Result<Run, Error> {
+pub(crate) async fn finish_run_in(c: &mut Conn<'_>, args: Vec<Arg>) -> Result<FinishedRun, Error> {
     let sql = c.pick(FINISH_RUN.0, FINISH_RUN.1);
-    let rows = c.all::<RunRow>(sql, args).await?;
-    rows.into_iter().next().ok_or(Error::LeaseLost)?.into_run()
+    let rows = c.all::<FinishedRow>(sql, args).await?;
+    rows.into_iter()
+        .next()
+        .ok_or(Error::LeaseLost)?
+        .into_finished()
 }
 
 impl Ledger {
@@ -69,7 +73,7 @@ impl Ledger {
         lease: &RunLease,
         finish: RunFinish,
         now: Timestamp,
-    ) -> Result<Run, Error> {
+    ) -> Result<FinishedRun, Error> {
         let a = self.finish_args(lease, &finish, now)?;
         if let Some(parent) = lease.parent.clone() {
             // A child's end wakes its paused parent in the same transaction.

@@ -66,7 +66,7 @@ impl RunScope<'_> {
                 }
             }
         }
-        let list = match evaluate(fe, &decl.id, &ctx) {
+        let list = match evaluate(fe, &decl.id, ctx) {
             Ok(list) => list,
             Err(message) => return self.fail_now(st, at, ErrorKind::Permanent, message).await,
         };
@@ -134,7 +134,7 @@ impl RunScope<'_> {
         let NodeState::FanOut(fan) = &st.nodes[node] else {
             return Ok(());
         };
-        let outcome = fan.outcome();
+        let failure = fan.failure();
         let summary = fan.summary();
         let decl = &self.wf.nodes[node];
         let now = self.gateway.now();
@@ -150,15 +150,15 @@ impl RunScope<'_> {
             .open_step(own_origin(st, node), step, now)
             .await
             .map_err(wrap)?;
-        let error = match &outcome {
-            NodeState::Failed { kind, message } => {
+        let error = match &failure {
+            Some(message) => {
                 self.writer
-                    .fail_step(&decl.id, *kind, message.clone(), now)
+                    .fail_step(&decl.id, ErrorKind::Permanent, message.clone(), now)
                     .await
                     .map_err(wrap)?;
                 Some(message.as_str())
             }
-            _ => {
+            None => {
                 let finish = StepFinish {
                     step_id: decl.id.clone(),
                     status: StepStatus::Succeeded,
@@ -174,7 +174,9 @@ impl RunScope<'_> {
             counts: &summary,
             error,
         });
-        st.nodes[node] = outcome;
+        if let NodeState::FanOut(fan) = std::mem::replace(&mut st.nodes[node], NodeState::Skipped) {
+            st.nodes[node] = fan.into_outcome();
+        }
         Ok(())
     }
 
@@ -202,7 +204,7 @@ impl RunScope<'_> {
             let loaded = st.items.remove(&node).unwrap_or_default();
             let fan = Fan::new(&decl.id, keys, items, loaded, 1, usize::MAX);
             st.nodes[node] = NodeState::Succeeded {
-                output: fan.output(),
+                output: fan.into_output(),
             };
         }
         Ok(())
@@ -285,10 +287,14 @@ fn merge(
 
 /// Evaluates the list and each item's key: `(key, item)` in list order, or the message
 /// the node fails with.
-fn evaluate(fe: &ForEachDecl, id: &str, ctx: &Json) -> Result<Vec<(String, Json)>, String> {
+fn evaluate(fe: &ForEachDecl, id: &str, ctx: Json) -> Result<Vec<(String, Json)>, String> {
+    // The key is rendered once per item: its context holds only what it reads, never
+    // the list itself (which would make the evaluation quadratic in the list's length).
+    let mut kctx = key_context(fe, &ctx);
+    // The context is given up: a list that is an input is moved out of it, not copied.
     let value = fe
         .items
-        .render(ctx)
+        .render_owned(ctx)
         .map_err(|e| format!("`for_each.items` of node `{id}`: {e}"))?;
     let Json::Array(list) = value else {
         return Err(format!(
@@ -306,9 +312,6 @@ fn evaluate(fe: &ForEachDecl, id: &str, ctx: &Json) -> Result<Vec<(String, Json)
     let mut out = Vec::with_capacity(list.len());
     let mut seen = HashSet::with_capacity(list.len());
     let mut repeated = Vec::new();
-    // The key is rendered once per item: its context holds only what it reads, never
-    // the list itself (which would make the evaluation quadratic in the list's length).
-    let mut kctx = key_context(fe, ctx);
     for (index, item) in list.into_iter().enumerate() {
         if let Json::Object(map) = &mut kctx {
             map.insert("item".into(), item);

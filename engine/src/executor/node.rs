@@ -283,6 +283,17 @@ impl Fan {
             NodeState::InDoubt { .. } => self.counts.in_doubt += 1,
             _ => {}
         }
+        // A settled item never starts again in this execution: its context is not
+        // needed, and a large list is not held twice (items and outputs) at the end.
+        if matches!(
+            state,
+            NodeState::Succeeded { .. }
+                | NodeState::Failed { .. }
+                | NodeState::Skipped
+                | NodeState::Cancelled
+        ) {
+            self.items[i] = Json::Null;
+        }
         self.states[i] = state;
     }
 
@@ -444,55 +455,60 @@ impl Fan {
         json!({ "succeeded": c.succeeded, "failed": c.failed, "skipped": c.skipped })
     }
 
+    /// Why the node fails once [`Fan::is_done`]: too many items failed (the message
+    /// names them); `None` when it succeeds.
+    pub fn failure(&self) -> Option<String> {
+        if !self.over_tolerance() {
+            return None;
+        }
+        let failed: Vec<&str> = self
+            .keys_where(|s| matches!(s, NodeState::Failed { .. }))
+            .collect();
+        let shown = failed
+            .iter()
+            .take(10)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ");
+        let more = failed.len().saturating_sub(10);
+        Some(format!(
+            "{} of {} items failed, {} tolerated: {shown}{}",
+            failed.len(),
+            self.len(),
+            self.tolerated,
+            if more > 0 {
+                format!(" (and {more} more)")
+            } else {
+                String::new()
+            }
+        ))
+    }
+
     /// What the node comes to once [`Fan::is_done`]: its output (`items` by key, and the
-    /// counts), or the failure naming the failed items.
-    pub fn outcome(&self) -> NodeState {
-        if self.over_tolerance() {
-            let failed: Vec<&str> = self
-                .keys
-                .iter()
-                .zip(&self.states)
-                .filter(|(_, s)| matches!(s, NodeState::Failed { .. }))
-                .map(|(k, _)| k.as_str())
-                .collect();
-            let shown = failed
-                .iter()
-                .take(10)
-                .copied()
-                .collect::<Vec<_>>()
-                .join(", ");
-            let more = failed.len().saturating_sub(10);
-            let message = format!(
-                "{} of {} items failed, {} tolerated: {shown}{}",
-                failed.len(),
-                self.len(),
-                self.tolerated,
-                if more > 0 {
-                    format!(" (and {more} more)")
-                } else {
-                    String::new()
-                }
-            );
-            return NodeState::Failed {
+    /// counts), or the failure naming the failed items. Consumes the fan: each item's
+    /// output moves into the node's, never copied (a large fan-out would hold two).
+    pub fn into_outcome(self) -> NodeState {
+        match self.failure() {
+            Some(message) => NodeState::Failed {
                 kind: ErrorKind::Permanent,
                 message,
-            };
-        }
-        NodeState::Succeeded {
-            output: self.output(),
+            },
+            None => NodeState::Succeeded {
+                output: self.into_output(),
+            },
         }
     }
 
     /// `{ items: { <key>: output, … }, succeeded, failed, skipped }`: each succeeded
     /// item's output by key (a JSON object: its keys come out sorted, not in list order).
-    pub fn output(&self) -> Json {
+    pub fn into_output(self) -> Json {
+        let mut out = self.summary();
         let mut items = Map::new();
-        for (k, s) in self.keys.iter().zip(&self.states) {
+        for (k, s) in self.keys.into_iter().zip(self.states) {
             if let NodeState::Succeeded { output } = s {
-                items.insert(k.clone(), output.clone());
+                items.insert(k, output);
             }
         }
-        let mut out = self.summary();
         if let Json::Object(map) = &mut out {
             map.insert("items".into(), Json::Object(items));
         }
@@ -570,7 +586,7 @@ mod tests {
         assert!(!f.is_done(), "item 0 is still in flight");
         f.set(0, NodeState::Succeeded { output: json!(0) });
         assert!(f.is_done());
-        match f.outcome() {
+        match f.into_outcome() {
             NodeState::Failed { message, .. } => {
                 assert_eq!(message, "2 of 4 items failed, 1 tolerated: k1, k2")
             }
@@ -670,7 +686,7 @@ mod tests {
         assert_eq!(f.in_doubt_keys().collect::<Vec<_>>(), vec!["k1"]);
         f.set(1, NodeState::Succeeded { output: json!("b") });
         assert!(f.is_done());
-        let out = f.output();
+        let out = f.into_output();
         let keys: Vec<&String> = out["items"].as_object().expect("map").keys().collect();
         assert_eq!(keys, vec!["k0", "k1", "k2"]);
         assert_eq!(out["succeeded"], 3);

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flow_ledger::{
-    CallOutcome, Ledger, NewStep, PureBatchRecorded, PureCall, PureRecorded, PureResult, Run,
-    RunFinish, RunLease, StepStatus, Timestamp,
+    CallOutcome, FinishedRun, Ledger, NewStep, PureBatchRecorded, PureCall, PureRecorded,
+    PureResult, RunFinish, RunLease, StepStatus, Timestamp,
 };
 use tokio::sync::Mutex;
 use tracing::Instrument as _;
@@ -173,7 +173,7 @@ impl PureLog {
         run: &RunLease,
         finish: RunFinish,
         now: Timestamp,
-    ) -> Result<Run, flow_ledger::Error> {
+    ) -> Result<FinishedRun, flow_ledger::Error> {
         let results = {
             let mut p = self.pending.lock().await;
             *self.oldest.lock().unwrap_or_else(|e| e.into_inner()) = None;

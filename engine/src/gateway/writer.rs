@@ -13,7 +13,7 @@
 use std::time::Instant;
 
 use flow_ledger::{
-    Error, ErrorKind, Ledger, NewStep, PureCall, PureRecorded, PureResult, Run, RunFinish,
+    Error, ErrorKind, FinishedRun, Ledger, NewStep, PureCall, PureRecorded, PureResult, RunFinish,
     RunLease, StepError, StepFinish, StepStatus, Timestamp,
 };
 
@@ -150,7 +150,7 @@ impl RunWriter {
     }
 
     /// Ends the run, writing the kept results in the finish's own commit.
-    pub async fn finish(&self, finish: RunFinish, now: Timestamp) -> Result<Run, Error> {
+    pub async fn finish(&self, finish: RunFinish, now: Timestamp) -> Result<FinishedRun, Error> {
         self.pure
             .finish(&self.ledger, &self.lease, finish, now)
             .await

@@ -254,6 +254,16 @@ fn plain_path<'c>(src: &str, ctx: &'c Json) -> Option<&'c Json> {
     Some(at)
 }
 
+/// [`plain_path`], giving the value itself out of a context the caller owns.
+fn take_plain_path(src: &str, ctx: &mut Json) -> Option<Json> {
+    plain_path(src, ctx)?;
+    let mut at = ctx;
+    for part in src.trim().split('.') {
+        at = at.as_object_mut()?.get_mut(part)?;
+    }
+    Some(std::mem::take(at))
+}
+
 /// Evaluates an `if:` condition to its truthiness. A condition is one expression (see
 /// `parse::nodes::condition`); anything else is an error here rather than a non-empty string,
 /// which would always be true.
@@ -370,6 +380,19 @@ impl TValue {
                     .collect::<Result<_, ExprError>>()?,
             ),
         })
+    }
+
+    /// [`TValue::render`] in a context the caller gives up: a value that is one plain
+    /// path (`${{ inputs.customers }}`) is moved out of it rather than copied, so a
+    /// large list is not held twice while it is read.
+    pub fn render_owned(&self, mut ctx: Json) -> Result<Json, ExprError> {
+        if let Self::Str(t) = self
+            && let Some(src) = t.whole_expr()
+            && let Some(v) = take_plain_path(src, &mut ctx)
+        {
+            return Ok(v);
+        }
+        self.render(&ctx)
     }
 
     /// Visits every template inside.

@@ -6,9 +6,10 @@ use crate::clock::Timestamp;
 use crate::conn::{Arg, Conn, args};
 use crate::error::Error;
 use crate::fence::{Fence, live_run_fence, run_fence};
+use crate::finish::{FinishedRow, FinishedRun, finished_cols};
 use crate::ledger::{Ledger, check_run_lease};
-use crate::model::{PureBatchRecorded, PureResult, Run, RunFinish, RunLease};
-use crate::rows::{IntRow, RunRow, run_cols, run_fields};
+use crate::model::{PureBatchRecorded, PureResult, RunFinish, RunLease};
+use crate::rows::IntRow;
 use crate::run_states::finish_run_in;
 use crate::state::StepStatus;
 
@@ -161,7 +162,7 @@ const POSTGRES_BATCH_FINISH: &str = concat!(
     run_fence!(),
     "AND EXISTS (SELECT 1 FROM ok)
     RETURNING ",
-    run_cols!(),
+    finished_cols!(),
     "),
 e AS (
     INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
@@ -182,7 +183,7 @@ e AS (
         SELECT $13, $14, $12, NULL, NULL, $15, $8 + 1, 0 FROM r) AS x
     ORDER BY x.k, x.i)
 SELECT ",
-    run_fields!(),
+    finished_cols!(),
     " FROM r"
 );
 
@@ -326,7 +327,7 @@ impl Ledger {
         results: Vec<PureResult>,
         finish: RunFinish,
         now: Timestamp,
-    ) -> Result<Option<Run>, Error> {
+    ) -> Result<Option<FinishedRun>, Error> {
         if results.is_empty() {
             return self.finish_run(lease, finish, now).await.map(Some);
         }
@@ -340,11 +341,11 @@ impl Ledger {
             let done = self
                 .write_statement(move |c| {
                     Box::pin(async move {
-                        c.all::<RunRow>(POSTGRES_BATCH_FINISH, one)
+                        c.all::<FinishedRow>(POSTGRES_BATCH_FINISH, one)
                             .await?
                             .into_iter()
                             .next()
-                            .map(RunRow::into_run)
+                            .map(FinishedRow::into_finished)
                             .transpose()
                     })
                 })

@@ -3,7 +3,7 @@
 
 use flow_ledger::{
     CallOutcome, CallStatus, Error, EventFilter, Ledger, PureBatchRecorded, PureCall, PureRecorded,
-    PureResult, RunLease, StepStatus, Timestamp, canonical_hash,
+    PureResult, RunLease, RunStatus, StepStatus, Timestamp, canonical_hash,
 };
 use serde_json::json;
 
@@ -414,8 +414,14 @@ async fn finish_run_with_records_kept_results_and_the_finish_together(db: TestDb
         .collect();
     assert_eq!(types, expected, "events in the order they happened");
     assert_eq!(got.output, Some(json!({ "b": { "out": "b" } })));
-    // The one-statement finish resolves the run's stored text like every other read.
-    assert_eq!(got.workflow_text, new_run("run_a").workflow_text);
+    assert_eq!(
+        (got.id.as_str(), got.status),
+        ("run_a", RunStatus::Succeeded)
+    );
+    // The finish returns what it wrote, not the run's inputs and text (read them back).
+    let read = db.ledger.get_run("run_a").await.unwrap();
+    assert_eq!(read.workflow_text, new_run("run_a").workflow_text);
+    assert_eq!(read.output, got.output);
     // A lost lease is reported as such.
     let b = running(&db, "run_b", &worker("1")).await;
     let later = db.advance(LEASE + std::time::Duration::from_secs(1));

@@ -116,11 +116,11 @@ async fn a_batch_of_one_text_stores_it_once_and_every_run_reads_it_back(db: Test
         output: Some(json!({})),
         error: None,
     };
-    let done = db
-        .ledger
+    db.ledger
         .finish_run(&first.lease, fin, db.now())
         .await
         .expect("finish");
+    let done = db.ledger.get_run(&first.run.id).await.expect("get");
     assert_eq!(done.workflow_text, text);
     let one = db.ledger.get_run(&claimed[1].run.id).await.expect("get");
     assert_eq!(one.workflow_text, text);
