@@ -20,6 +20,12 @@
 //! name = "audit"
 //! kind = "file"
 //! path = "/var/log/flow/events.jsonl"
+//!
+//! [[schedules]]                             # fired by every daemon, once per tick
+//! id = "nightly"                            # (see `crate::schedule`)
+//! workflow = "workflows/reconcile.yaml"
+//! cron = "0 2 * * *"
+//! timezone = "Europe/Paris"
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -89,6 +95,12 @@ pub struct Config {
     /// `[[policy.approvals]]`: calls that need an approval whatever the workflow says.
     #[serde(default)]
     pub policy: crate::policy::Policy,
+    /// `[[schedules]]` as written (checked into [`Config::schedules`] on load).
+    #[serde(default, rename = "schedules")]
+    pub schedule_entries: Vec<crate::schedule::ScheduleConfig>,
+    /// The schedules every daemon fires (`crate::schedule`), checked.
+    #[serde(skip)]
+    pub schedules: Vec<crate::schedule::Schedule>,
     /// Where the file came from (`None` = defaults).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -202,6 +214,9 @@ impl Config {
                 reason: format!("{}: {reason}", rule.label(i)),
             })?;
         }
+        let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        config.schedules = crate::schedule::check_all(&config.schedule_entries, &base)
+            .map_err(|p| at(&path, &text, p.at, p.message))?;
         if let Some(u) = &config.api.public_url {
             let ok = url::Url::parse(u)
                 .is_ok_and(|p| matches!(p.scheme(), "http" | "https") && p.host().is_some());

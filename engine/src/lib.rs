@@ -40,6 +40,7 @@ pub mod reconcile;
 pub mod redrive;
 pub mod retry;
 pub mod runtime;
+pub mod schedule;
 pub mod schema;
 pub mod secrets;
 pub mod serve;

@@ -104,6 +104,7 @@ mod resolve;
 mod rows;
 mod run_states;
 mod runs;
+mod schedules;
 mod search;
 mod sqlite;
 mod steps;
@@ -138,6 +139,10 @@ pub use probes::{
 };
 pub use redrive::Redriven;
 pub use runs::MAX_CLAIM;
+pub use schedules::{
+    Handled, HistoryEntry, HistoryKind, MAX_HISTORY_PAGE, Overlap, ScheduleDef, ScheduleState,
+    TickPlan,
+};
 pub use search::MAX_INPUT_VALUE_LEN;
 pub use sqlite::{is_read_only_url, path_of as sqlite_path};
 pub use state::{

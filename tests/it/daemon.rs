@@ -52,13 +52,13 @@ nodes:
 mod kill;
 
 /// A `flow daemon` child whose stderr goes to a file in the test directory.
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
     log: PathBuf,
 }
 
 impl Daemon {
-    fn start(db: &TestDb, name: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
+    pub(crate) fn start(db: &TestDb, name: &str, args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let log = db.dir.path().join(format!("{name}.log"));
         let file = std::fs::File::create(&log).expect("daemon log file");
         let mut cmd = db.flow();
@@ -77,7 +77,7 @@ impl Daemon {
         self.child.id()
     }
 
-    fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let status = std::process::Command::new("kill")
             .args([sig, &self.pid().to_string()])
             .status()
@@ -85,12 +85,12 @@ impl Daemon {
         assert!(status.success(), "kill {sig} failed");
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Waits for the exit, failing the test after `limit`.
-    fn wait(&mut self, limit: Duration) -> ExitStatus {
+    pub(crate) fn wait(&mut self, limit: Duration) -> ExitStatus {
         let start = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {

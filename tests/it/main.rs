@@ -30,6 +30,8 @@ mod reconcile_kinds;
 mod redrive;
 mod retries;
 mod runs;
+mod schedules;
+mod schedules_api;
 mod search;
 mod secrets;
 mod sessions;

@@ -63,14 +63,22 @@ type Opened = (
     Executor,
     Vec<crate::events::Consumer>,
     Option<ApiAuth>,
+    Scheduled,
 );
+
+/// The schedules of `flow.toml` and who stores their definitions (`config <path>`).
+type Scheduled = crate::schedule::manage::Schedules;
 
 /// Opens what the daemon needs (reading flow.toml and the secrets once), or says why
 /// it cannot run.
 async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Opened, CliError> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     logging::init(cli.log_format, &secrets);
-    let config = Config::load(cli.config.as_deref())?;
+    let mut config = Config::load(cli.config.as_deref())?;
+    let scheduled = crate::schedule::manage::Schedules::new(
+        std::mem::take(&mut config.schedules),
+        config.path.as_deref(),
+    );
     // `--serve`: the tokens are checked before anything is opened.
     let auth = match args.serve {
         Some(addr) => Some(ApiAuth::from_config(&config.api, &secrets, addr, false)?),
@@ -109,7 +117,7 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     .map_err(CliError::from)?;
     runtime.gateway.set_public_url(public_url.as_deref());
     let executor = runtime.executor(Arc::new(Observer::new(metrics)));
-    Ok((runtime, executor, consumers, auth))
+    Ok((runtime, executor, consumers, auth, scheduled))
 }
 
 /// `--metrics-addr ADDR`: `/metrics` and `/healthz` until `stop` fires; the bound address.
@@ -133,12 +141,12 @@ async fn serve_api(
     auth: ApiAuth,
     addr: SocketAddr,
     runtime: &Runtime,
-    metrics: &Arc<Metrics>,
+    served: (Arc<Metrics>, crate::schedule::manage::Schedules),
     stop: &CancellationToken,
     stderr: &mut dyn Write,
 ) -> Result<(), CliError> {
     let (bound, _) = runtime
-        .serve_api(auth, metrics.clone(), addr, stop.clone())
+        .serve_api(auth, served, addr, stop.clone())
         .await
         .map_err(|e| CliError::unavailable(format!("cannot serve the API on {addr}: {e}")))?;
     let _ = writeln!(stderr, "flow daemon: API at http://{bound}/api/v1");
@@ -153,7 +161,7 @@ pub(crate) async fn daemon(
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let metrics = Arc::new(Metrics::new());
-    let (runtime, executor, consumers, auth) = open(cli, args, metrics.clone()).await?;
+    let (runtime, executor, consumers, auth, schedules) = open(cli, args, metrics.clone()).await?;
     let ledger = runtime.ledger.clone();
     let config = Settings {
         concurrency: usize::try_from(args.concurrency).unwrap_or(1),
@@ -167,7 +175,8 @@ pub(crate) async fn daemon(
     let stop_serving = CancellationToken::new();
     let served = serve_metrics(args, &metrics, &ledger, &stop_serving).await?;
     if let (Some(addr), Some(auth)) = (args.serve, auth) {
-        serve_api(auth, addr, &runtime, &metrics, &stop_serving, stderr).await?;
+        let served = (metrics.clone(), schedules.clone());
+        serve_api(auth, addr, &runtime, served, &stop_serving, stderr).await?;
     }
     let wake = wake_description(&config, ledger.backend_name());
     let _ = writeln!(
@@ -194,10 +203,19 @@ pub(crate) async fn daemon(
             stop_serving.clone(),
         ))
     });
+    let scheduler = (!schedules.list.is_empty()).then(|| {
+        let names: Vec<&str> = schedules.list.iter().map(|s| s.id.as_str()).collect();
+        let _ = writeln!(stderr, "flow daemon: firing schedules {}", names.join(", "));
+        let s = crate::schedule::fire::Scheduler::new(ledger.clone(), schedules, metrics.clone());
+        tokio::spawn(s.run(stop_serving.clone()))
+    });
     let service = Service::new(executor, config, metrics);
     let signals = tokio::spawn(shutdown::on_signals(service.handle()));
     let stopped = service.run().await;
     stop_serving.cancel();
+    if let Some(task) = scheduler {
+        let _ = task.await;
+    }
     if !matches!(stopped, Stopped::Immediate)
         && let Some(task) = dispatcher
     {

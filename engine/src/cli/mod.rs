@@ -16,6 +16,7 @@ mod reconcile;
 mod redrive;
 mod remote;
 mod run;
+mod schedules;
 mod serve;
 pub(crate) mod show;
 mod submit;
@@ -240,6 +241,11 @@ pub enum Command {
         after_help = "Exit codes: 0 published (or already published), 2 bad input, 5 could not reach the database.\n\nExamples:\n  flow publish shipment.delivered --data '{\"order\": \"A-17\"}' --id carrier-8812\n  FLOW_TOKEN=... flow publish shipment.delivered --data '{\"order\": \"A-17\"}' --server https://flow.internal:8080"
     )]
     Publish(publish::PublishArgs),
+    /// Schedules of flow.toml: next tick, last run, last skip; pause, resume, trigger, history.
+    #[command(
+        after_help = "Exit codes: 0 done, 2 bad input (an unknown schedule, a workflow that does not validate), 5 a flow.toml that does not check or an unreachable database.\n\nExamples:\n  flow --config flow.toml schedules\n  flow schedules pause nightly --by ada --reason 'bank holiday'\n  flow schedules trigger nightly\n  flow schedules history nightly --json"
+    )]
+    Schedules(schedules::SchedulesArgs),
     /// Create or upgrade the ledger's tables (also done automatically on first use).
     #[command(after_help = "Example:\n  flow --db postgres://flow@db.internal/flow migrate")]
     Migrate,
@@ -403,6 +409,12 @@ fn writing_command(command: &Command) -> Option<&'static str> {
             Some(events::EventsCommand::Dispatch(_)) => Some("events dispatch"),
             Some(events::EventsCommand::Tail(_)) | None => None,
         },
+        Command::Schedules(args) => match &args.command {
+            Some(schedules::SchedulesCommand::Pause(_)) => Some("schedules pause"),
+            Some(schedules::SchedulesCommand::Resume(_)) => Some("schedules resume"),
+            Some(schedules::SchedulesCommand::Trigger(_)) => Some("schedules trigger"),
+            Some(schedules::SchedulesCommand::History(_)) | None => None,
+        },
         Command::Show(_)
         | Command::Runs(_)
         | Command::Approvals(_)
@@ -500,6 +512,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Command::Deny(args) => approve::deny(cli, args, stdout, stderr).await,
             Command::Publish(args) => publish::publish(cli, args, stdout).await,
             Command::Events(args) => events::events(cli, args, stdout, stderr).await,
+            Command::Schedules(args) => schedules::schedules(cli, args, stdout).await,
             Command::Migrate => migrate(cli, stdout).await,
             Command::Version => Ok(meta::version(cli, stdout).await),
             Command::Validate { .. }

@@ -42,7 +42,11 @@ pub(crate) async fn serve(
     logging::init(cli.log_format, &secrets);
     // flow.toml once, for the tokens and for the egress policy: a bad flag or address
     // is exit 2, a bad installation exit 5 (see `ApiAuth::from_config`).
-    let config = Config::load(cli.config.as_deref())?;
+    let mut config = Config::load(cli.config.as_deref())?;
+    let schedules = crate::schedule::manage::Schedules::new(
+        std::mem::take(&mut config.schedules),
+        config.path.as_deref(),
+    );
     let auth = ApiAuth::from_config(&config.api, &secrets, args.addr, args.insecure_no_auth)?;
     let ledger = open_ledger(cli).await?;
     // "Probe now" sends its probes with this process's tools, secrets and egress, as a
@@ -59,7 +63,7 @@ pub(crate) async fn serve(
     let (bound, task) = runtime
         .serve_api(
             auth,
-            Arc::new(Metrics::new()),
+            (Arc::new(Metrics::new()), schedules),
             args.addr,
             handle.graceful().clone(),
         )

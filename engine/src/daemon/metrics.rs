@@ -62,6 +62,7 @@ pub struct Metrics {
     tools_seen: std::sync::Mutex<std::collections::HashSet<String>>,
     deliveries: Family<Labels, Gauge>,
     auth_failures: Family<Label, Counter>,
+    schedule_ticks: Family<Labels, Counter>,
     process: ProcessGauges,
 }
 
@@ -159,7 +160,13 @@ impl Metrics {
             Family::new_with_constructor(call_histogram);
         let deliveries = Family::<Labels, Gauge>::default();
         let auth_failures = Family::<Label, Counter>::default();
+        let schedule_ticks = Family::<Labels, Counter>::default();
         let process = ProcessGauges::register(&mut registry);
+        registry.register(
+            "schedule_ticks",
+            "Schedule ticks this daemon handled, by schedule and outcome (started, skipped_overlap, buffered, missed)",
+            schedule_ticks.clone(),
+        );
         registry.register(
             "api_auth_failures",
             "Presented API tokens that matched none, by where (api, console, metrics); each counts toward its address's throttle",
@@ -252,7 +259,21 @@ impl Metrics {
             tools_seen: std::sync::Mutex::new(std::collections::HashSet::new()),
             deliveries,
             auth_failures,
+            schedule_ticks,
             process,
+        }
+    }
+
+    /// Counts `n` ticks of `schedule` that came to `outcome` (schedule ids come from
+    /// `flow.toml`: a bounded set).
+    pub fn schedule_ticks(&self, schedule: &str, outcome: &'static str, n: u64) {
+        if n > 0 {
+            self.schedule_ticks
+                .get_or_create(&vec![
+                    ("schedule", schedule.to_string()),
+                    ("outcome", outcome.to_string()),
+                ])
+                .inc_by(n);
         }
     }
 

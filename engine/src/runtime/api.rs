@@ -140,15 +140,17 @@ fn check_distinct(token: &Token, secret: &str, before: &[(Token, &str)]) -> Resu
 impl Runtime {
     /// Serves the API and the console on `addr` until `stop` fires (then finishes the
     /// requests in flight): the bound address and the server's task. `metrics` is what
-    /// `/metrics` reports (a daemon passes its own).
+    /// `/metrics` reports (a daemon passes its own); `schedules` are those of the
+    /// `flow.toml` read (`/api/v1/schedules`, the console's Schedules page).
     pub async fn serve_api(
         &self,
         auth: ApiAuth,
-        metrics: Arc<Metrics>,
+        (metrics, schedules): (Arc<Metrics>, crate::schedule::manage::Schedules),
         addr: SocketAddr,
         stop: CancellationToken,
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let app = App {
+            schedules: Arc::new(schedules),
             ledger: self.ledger.clone(),
             tokens: auth.tokens,
             metrics,

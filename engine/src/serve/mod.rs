@@ -60,6 +60,8 @@ pub struct App {
     pub metrics_token: Option<String>,
     /// Failed authentications per client address (429 past the limit).
     pub throttle: throttle::Throttle,
+    /// The schedules of the `flow.toml` this server read.
+    pub schedules: Arc<crate::schedule::manage::Schedules>,
 }
 
 /// The whole server's routes with their limits.

@@ -142,6 +142,9 @@ fn parameters(op: &Operation, g: &mut SchemaGenerator) -> Vec<Json> {
     if op.path.contains("{node}") {
         params.push(json!({"name": "node", "in": "path", "required": true, "description": "The node id", "schema": {"type": "string"}}));
     }
+    if op.path.contains("{schedule}") {
+        params.push(json!({"name": "schedule", "in": "path", "required": true, "description": "The schedule id (`[[schedules]] id` of the server's flow.toml)", "schema": {"type": "string"}}));
+    }
     if op.path.contains("{token}") {
         params.push(json!({"name": "token", "in": "path", "required": true, "description": "The callback token (from `callback.url`)", "schema": {"type": "string"}}));
     }

@@ -19,6 +19,7 @@ mod races;
 mod rate;
 mod resolve;
 mod runs;
+mod schedules;
 mod search;
 mod steps;
 mod takeover;

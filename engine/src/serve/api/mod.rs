@@ -16,6 +16,7 @@ pub(crate) mod in_doubt;
 pub(crate) mod items;
 pub(crate) mod probe;
 pub(crate) mod runs;
+pub(crate) mod schedules;
 pub(crate) mod steer;
 pub(crate) mod stream;
 pub(crate) mod waits;
@@ -111,6 +112,14 @@ const fn change(
 
 /// What a change of one run answers.
 const CHANGED: &[Answer] = &[json(200, "The run after the change", schema::<RunView>)];
+/// The answers of a change to a schedule.
+const SCHEDULE_CHANGED: &[Answer] = &[json(
+    200,
+    "The schedule after the change",
+    schema::<crate::schedule::view::ScheduleView>,
+)];
+/// The problems of a change to one schedule (404: not in the server's flow.toml).
+const ON_A_SCHEDULE: &[u16] = &[400, 401, 403, 404, 409, 429, 503];
 
 /// Every operation the API serves.
 pub const OPERATIONS: &[Operation] = &[
@@ -287,6 +296,57 @@ pub const OPERATIONS: &[Operation] = &[
                 "The wait after it",
                 schema::<waits::CallbackAnswer>,
             )],
+        )
+    },
+    read(
+        "listSchedules",
+        "/api/v1/schedules",
+        "The schedules of the server's flow.toml: next tick, last run, last skip, paused",
+        || get(schedules::list),
+        None,
+        &[json(
+            200,
+            "In file order",
+            schema::<schedules::ScheduleList>,
+        )],
+    ),
+    Operation {
+        body_required: false,
+        problems: ON_A_SCHEDULE,
+        ..write(
+            "pauseSchedule",
+            "/api/v1/schedules/{schedule}/pause",
+            Role::Operator,
+            "Pause a schedule: its ticks start nothing (recorded with the token's name)",
+            || post(schedules::pause),
+            schema::<steer::Why>,
+            SCHEDULE_CHANGED,
+        )
+    },
+    Operation {
+        body_required: false,
+        problems: ON_A_SCHEDULE,
+        ..write(
+            "resumeSchedule",
+            "/api/v1/schedules/{schedule}/resume",
+            Role::Operator,
+            "Resume a schedule from now (the ticks of the pause are not caught up)",
+            || post(schedules::resume),
+            schema::<steer::Why>,
+            SCHEDULE_CHANGED,
+        )
+    },
+    Operation {
+        body_required: false,
+        problems: ON_A_SCHEDULE,
+        ..write(
+            "triggerSchedule",
+            "/api/v1/schedules/{schedule}/trigger",
+            Role::Operator,
+            "Start one run of a schedule now, with its own id; 409 when its workflow does not validate",
+            || post(schedules::trigger),
+            schema::<steer::Why>,
+            &[json(200, "The run started", schema::<schedules::Triggered>)],
         )
     },
     Operation {

@@ -32,6 +32,7 @@ mod history;
 mod inbox;
 mod live;
 mod pages;
+mod schedules;
 pub mod session;
 mod times;
 
@@ -79,6 +80,8 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/ui/runs/{id}/reconcile", post(actions::probe))
         .route("/ui/approvals", get(approvals::page))
         .route("/ui/approvals/decide", post(approvals::decide))
+        .route("/ui/schedules", get(schedules::page))
+        .route("/ui/schedules/{id}/{action}", post(schedules::act))
         .route("/ui/in-doubt", get(inbox::in_doubt))
         .route("/ui/in-doubt/selected", post(inbox::resolve_selected))
         .route("/ui/in-doubt/resolve", post(actions::resolve))
@@ -123,6 +126,7 @@ static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ("items.html", include_str!("templates/items.html")),
         ("in_doubt.html", include_str!("templates/in_doubt.html")),
         ("approvals.html", include_str!("templates/approvals.html")),
+        ("schedules.html", include_str!("templates/schedules.html")),
     ];
     for (name, text) in sources {
         if let Err(e) = env.add_template(name, text) {

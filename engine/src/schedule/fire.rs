@@ -1,0 +1,240 @@
+//! The daemon's side of schedules: store the definitions of `flow.toml` (once at start),
+//! then, about once a second and at each tick, turn every schedule's due ticks into a
+//! [`TickPlan`] and hand it to the ledger, which applies it once across all daemons.
+//!
+//! A plan is computed from the cursor read: the ticks in `(cursor, now]` (at most
+//! [`MAX_TICKS_PER_PASS`]; the next pass takes the rest) split by the catch-up window
+//! into missed ones (one range) and ones to start; each start carries its run, built
+//! now (the workflow file read and checked at each tick). A schedule whose workflow no
+//! longer validates logs why and leaves its cursor: its ticks are started once it is
+//! fixed, or recorded missed once they are older than the window.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use flow_ledger::{Handled, Ledger, ScheduleState, TickPlan, Timestamp};
+use tokio_util::sync::CancellationToken;
+
+use super::{Schedule, tick_run_id};
+use crate::daemon::metrics::Metrics;
+
+/// Most ticks one pass considers per schedule (a per-second schedule after a day
+/// without daemons has 86,400): the cursor moves past them, the next pass goes on.
+pub const MAX_TICKS_PER_PASS: usize = 1_000;
+
+/// Longest a pass waits for the next: pauses, resumes and new runs' ends are seen
+/// within it.
+const MAX_SLEEP: Duration = Duration::from_secs(1);
+
+/// What one daemon fires: the schedules of its `flow.toml`.
+pub struct Scheduler {
+    ledger: Ledger,
+    schedules: Vec<Schedule>,
+    /// Each schedule's definition hash: a stored one that differs was changed by a
+    /// daemon with another `flow.toml`, and this one leaves it alone.
+    hashes: Vec<String>,
+    metrics: Arc<Metrics>,
+    /// Who stores definitions (`config <path>`), for the history.
+    actor: String,
+}
+
+fn to_utc(t: Timestamp) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(t.0).unwrap_or_default()
+}
+
+fn to_ts(t: DateTime<Utc>) -> Timestamp {
+    Timestamp(t.timestamp_millis())
+}
+
+impl Scheduler {
+    /// A scheduler of `schedules` on `ledger` (their source is who stores them).
+    pub fn new(ledger: Ledger, schedules: super::manage::Schedules, metrics: Arc<Metrics>) -> Self {
+        let super::manage::Schedules {
+            list: schedules,
+            source: actor,
+        } = schedules;
+        let hashes = schedules
+            .iter()
+            .map(|s| flow_ledger::canonical_hash(&s.def().definition))
+            .collect();
+        Self {
+            ledger,
+            schedules,
+            hashes,
+            metrics,
+            actor,
+        }
+    }
+
+    /// Fires ticks until `stop`: stores the definitions, then passes over the schedules
+    /// each second (sooner when a tick is due sooner). A database error is logged and
+    /// the pass is tried again: ticks are not lost, they wait behind the cursor.
+    pub async fn run(self, stop: CancellationToken) {
+        let defs: Vec<_> = self.schedules.iter().map(Schedule::def).collect();
+        let mut synced = false;
+        while !stop.is_cancelled() {
+            let now = Utc::now();
+            if !synced {
+                match self
+                    .ledger
+                    .sync_schedules(defs.clone(), &self.actor, to_ts(now))
+                    .await
+                {
+                    Ok(_) => synced = true,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "schedules: cannot store the definitions; trying again")
+                    }
+                }
+            }
+            let sleep = if synced {
+                match self.pass(now).await {
+                    Ok(next) => next,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "schedules: a pass failed; trying again");
+                        MAX_SLEEP
+                    }
+                }
+            } else {
+                MAX_SLEEP
+            };
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(sleep) => {}
+            }
+        }
+    }
+
+    /// One pass over every schedule at `now`; how long until the next is worth doing.
+    pub async fn pass(&self, now: DateTime<Utc>) -> Result<Duration, flow_ledger::Error> {
+        let states = self.ledger.list_schedules().await?;
+        let mut next = now + TimeDelta::from_std(MAX_SLEEP).unwrap_or_default();
+        for (s, hash) in self.schedules.iter().zip(&self.hashes) {
+            let Some(state) = states.iter().find(|st| st.id == s.id) else {
+                continue;
+            };
+            if state.paused
+                || state.def_hash != *hash
+                || self.waits_on_buffer(s, state, now).await?
+            {
+                continue;
+            }
+            if let Some(plan) = plan(s, state, now) {
+                self.apply(s, plan, now).await?;
+            }
+            if let Some(t) = s.ticks.next_after(now) {
+                next = next.min(t);
+            }
+        }
+        Ok((next - now)
+            .to_std()
+            .unwrap_or_default()
+            .max(Duration::from_millis(20)))
+    }
+
+    /// Whether the only thing due is a buffered tick whose previous run is still
+    /// unfinished (a read, so a long run does not cost a write a second).
+    async fn waits_on_buffer(
+        &self,
+        s: &Schedule,
+        state: &ScheduleState,
+        now: DateTime<Utc>,
+    ) -> Result<bool, flow_ledger::Error> {
+        if state.buffered.is_none() || !s.ticks.between(to_utc(state.cursor), now, 1).is_empty() {
+            return Ok(false);
+        }
+        let Some(prev) = &state.last_run_id else {
+            return Ok(false);
+        };
+        match self.ledger.get_run(prev).await {
+            Ok(run) => Ok(!run.status.is_terminal()),
+            Err(flow_ledger::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn apply(
+        &self,
+        s: &Schedule,
+        plan: TickPlan,
+        now: DateTime<Utc>,
+    ) -> Result<(), flow_ledger::Error> {
+        let tried = plan.fire.len() + usize::from(plan.buffered.is_some());
+        match self.ledger.handle_ticks(plan, to_ts(now)).await? {
+            Handled::Done {
+                started,
+                skipped,
+                missed,
+                buffered,
+            } => {
+                for id in &started {
+                    tracing::info!(schedule = %s.id, run = %id, "schedule: tick started its run");
+                }
+                if skipped > 0 {
+                    tracing::info!(schedule = %s.id, ticks = skipped, "schedule: previous run unfinished; ticks skipped (overlap: skip)");
+                }
+                if missed > 0 {
+                    tracing::warn!(schedule = %s.id, ticks = missed, window = %humantime::format_duration(s.catchup), "schedule: ticks older than the catch-up window recorded missed");
+                }
+                let m = &self.metrics;
+                m.schedule_ticks(&s.id, "started", started.len() as u64);
+                m.schedule_ticks(&s.id, "skipped_overlap", skipped);
+                m.schedule_ticks(&s.id, "missed", missed);
+                m.schedule_ticks(&s.id, "buffered", u64::from(buffered));
+                tracing::debug!(schedule = %s.id, tried, "schedule: ticks handled");
+            }
+            Handled::Stale => {
+                tracing::debug!(schedule = %s.id, "schedule: another daemon handled these ticks");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The plan for `s`'s ticks after its cursor at `now`, or `None` when nothing is due.
+/// A tick whose run cannot be built (the workflow no longer validates) ends the plan
+/// before it: the cursor stays there until it can, or the tick is missed.
+pub fn plan(s: &Schedule, state: &ScheduleState, now: DateTime<Utc>) -> Option<TickPlan> {
+    let cursor = to_utc(state.cursor);
+    let due = s.ticks.between(cursor, now, MAX_TICKS_PER_PASS);
+    if due.is_empty() && state.buffered.is_none() {
+        return None;
+    }
+    let horizon = now - TimeDelta::from_std(s.catchup).unwrap_or_default();
+    let (old, fresh): (Vec<_>, Vec<_>) = due.iter().partition(|t| **t < horizon);
+    let missed = match (old.first(), old.last()) {
+        (Some(first), Some(last)) => Some((to_ts(*first), to_ts(*last), old.len() as u64)),
+        _ => None,
+    };
+    let mut new_cursor = old.last().map_or(state.cursor, |t| to_ts(*t));
+    let build = |t: DateTime<Utc>| match s.new_run(t, tick_run_id(&s.id, t)) {
+        Ok(run) => Some(run),
+        Err(e) => {
+            tracing::error!(schedule = %s.id, tick = %super::rfc3339(t), error = %e, "schedule: cannot start the tick's run");
+            None
+        }
+    };
+    let buffered = match state.buffered {
+        Some(b) => Some((b, build(to_utc(b))?)),
+        None => None,
+    };
+    let mut fire = Vec::with_capacity(fresh.len());
+    for t in fresh {
+        let Some(run) = build(t) else { break };
+        fire.push((to_ts(t), run));
+        new_cursor = to_ts(t);
+    }
+    if missed.is_none() && fire.is_empty() && buffered.is_none() {
+        return None;
+    }
+    Some(TickPlan {
+        schedule_id: s.id.clone(),
+        def_hash: state.def_hash.clone(),
+        cursor: state.cursor,
+        new_cursor,
+        missed,
+        buffered,
+        fire,
+        overlap: s.overlap,
+    })
+}

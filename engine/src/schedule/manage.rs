@@ -1,0 +1,128 @@
+//! What an operator does to schedules — list them, pause, resume, trigger — in one
+//! place for `flow schedules`, `/api/v1/schedules` and the console's Schedules page.
+//!
+//! Each change first stores the configuration's definitions as a daemon would
+//! (`Ledger::sync_schedules`), so it works before any daemon ran, then changes the
+//! schedule, recorded with who.
+
+use chrono::Utc;
+use flow_ledger::{Ledger, ScheduleState, Timestamp};
+
+use super::Schedule;
+use super::view::ScheduleView;
+
+/// Why a change to a schedule was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ManageError {
+    /// The configuration has no schedule of that id.
+    #[error("no schedule `{id}` in {config}")]
+    Unknown {
+        /// The id asked for.
+        id: String,
+        /// Where the schedules were read from.
+        config: String,
+    },
+    /// The tick's run cannot be built (its workflow does not validate, its inputs do
+    /// not fit).
+    #[error("{0}")]
+    Invalid(String),
+    /// The ledger failed.
+    #[error(transparent)]
+    Ledger(#[from] flow_ledger::Error),
+}
+
+/// The schedules of one configuration and where they were read from.
+#[derive(Debug, Clone, Default)]
+pub struct Schedules {
+    /// The checked entries.
+    pub list: Vec<Schedule>,
+    /// `config <path>`: who stores their definitions.
+    pub source: String,
+}
+
+fn now() -> Timestamp {
+    Timestamp(Utc::now().timestamp_millis())
+}
+
+impl Schedules {
+    /// `list`, read from the configuration file at `path` (`None`: no file).
+    pub fn new(list: Vec<Schedule>, path: Option<&std::path::Path>) -> Self {
+        let source = path.map_or_else(
+            || "config flow.toml (none found)".to_string(),
+            |p| format!("config {}", p.display()),
+        );
+        Self { list, source }
+    }
+
+    fn find(&self, id: &str) -> Result<&Schedule, ManageError> {
+        self.list
+            .iter()
+            .find(|s| s.id == id)
+            .ok_or_else(|| ManageError::Unknown {
+                id: id.to_string(),
+                config: self.source.clone(),
+            })
+    }
+
+    async fn store(&self, ledger: &Ledger) -> Result<Vec<ScheduleState>, ManageError> {
+        let defs = self.list.iter().map(Schedule::def).collect();
+        Ok(ledger.sync_schedules(defs, &self.source, now()).await?)
+    }
+
+    /// Every schedule as a reader sees it.
+    pub async fn views(&self, ledger: &Ledger) -> Result<Vec<ScheduleView>, ManageError> {
+        let states = ledger.list_schedules().await?;
+        let history = ledger
+            .schedule_history(None, flow_ledger::MAX_HISTORY_PAGE)
+            .await?;
+        let at = Utc::now();
+        Ok(self
+            .list
+            .iter()
+            .map(|s| ScheduleView::of(s, states.iter().find(|st| st.id == s.id), &history, at))
+            .collect())
+    }
+
+    /// The view of schedule `id`.
+    pub async fn view(&self, ledger: &Ledger, id: &str) -> Result<ScheduleView, ManageError> {
+        self.find(id)?;
+        let views = self.views(ledger).await?;
+        views
+            .into_iter()
+            .find(|v| v.id == id)
+            .ok_or_else(|| ManageError::Unknown {
+                id: id.to_string(),
+                config: self.source.clone(),
+            })
+    }
+
+    /// Pauses (`pause`) or resumes schedule `id` as `by`.
+    pub async fn set_paused(
+        &self,
+        ledger: &Ledger,
+        id: &str,
+        pause: bool,
+        by: &str,
+    ) -> Result<ScheduleState, ManageError> {
+        self.find(id)?;
+        self.store(ledger).await?;
+        Ok(ledger.set_schedule_paused(id, pause, by, now()).await?)
+    }
+
+    /// Starts one run of schedule `id` now as `by`; its id.
+    pub async fn trigger(
+        &self,
+        ledger: &Ledger,
+        id: &str,
+        by: &str,
+    ) -> Result<String, ManageError> {
+        let s = self.find(id)?;
+        let run_id = format!("sched.{}.manual.{}", s.id, ulid::Ulid::generate());
+        let run = s
+            .new_run(Utc::now(), run_id)
+            .map_err(ManageError::Invalid)?;
+        self.store(ledger).await?;
+        let enq = ledger.trigger_schedule(id, run, by, now()).await?;
+        Ok(enq.run.id)
+    }
+}
