@@ -42,3 +42,10 @@ CREATE TABLE schedule_history (
     recorded_at  BIGINT NOT NULL,
     PRIMARY KEY (tenant, workspace, schedule_id, tick_at, outcome)
 );
+
+-- A schedule's latest entries by outcome (its last run, its last skip) and its history
+-- newest first, without reading the history of every schedule.
+CREATE INDEX schedule_history_by_outcome
+    ON schedule_history (tenant, workspace, schedule_id, outcome, tick_at);
+CREATE INDEX schedule_history_by_time
+    ON schedule_history (tenant, workspace, schedule_id, recorded_at);

@@ -102,8 +102,17 @@ fn several_daemons_one_killed(backend: Backend, daemons: usize, seconds_total: u
         QUICK,
     );
     let args = ["--poll-interval", "100ms"];
+    // The others read the same file by its absolute path: they agree on the schedule.
+    let absolute = db.dir.path().join("flow.toml").display().to_string();
     let mut all: Vec<Daemon> = (0..daemons)
-        .map(|i| Daemon::start(&db, &format!("d{i}"), &args, &[]))
+        .map(|i| {
+            let env: &[(&str, &str)] = if i == 0 {
+                &[]
+            } else {
+                &[("FLOW_CONFIG", &absolute)]
+            };
+            Daemon::start(&db, &format!("d{i}"), &args, env)
+        })
         .collect();
     let start = Instant::now();
     let step = Duration::from_secs(seconds_total) / 4;
@@ -123,6 +132,10 @@ fn several_daemons_one_killed(backend: Backend, daemons: usize, seconds_total: u
         let _ = d.wait(Duration::from_secs(30));
     }
     let fired = one_run_per_tick(&db, &ctx);
+    assert!(
+        !history(&db).iter().any(|e| e.0 == "changed"),
+        "{ctx}: daemons reading one file by two paths agree on its definition"
+    );
     assert!(
         fired as u64 + 3 >= seconds_total,
         "{ctx}: {fired} ticks in {seconds_total} s (a daemon was always up)"

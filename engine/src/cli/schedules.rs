@@ -101,7 +101,7 @@ pub(crate) async fn schedules(
             let pause = matches!(args.command, Some(SchedulesCommand::Pause(_)));
             let by = one.who.name()?;
             let state = schedules
-                .set_paused(&ledger, &one.id, pause, &by)
+                .set_paused(&ledger, &one.id, pause, (&by, one.who.reason.as_deref()))
                 .await
                 .map_err(refused)?;
             let what = if state.paused { "paused" } else { "resumed" };
@@ -111,7 +111,7 @@ pub(crate) async fn schedules(
         Some(SchedulesCommand::Trigger(one)) => {
             let by = one.who.name()?;
             let run = schedules
-                .trigger(&ledger, &one.id, &by)
+                .trigger(&ledger, &one.id, (&by, one.who.reason.as_deref()))
                 .await
                 .map_err(refused)?;
             let _ = writeln!(stdout, "{run}");

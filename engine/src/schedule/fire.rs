@@ -34,6 +34,8 @@ pub struct Scheduler {
     /// Each schedule's definition hash: a stored one that differs was changed by a
     /// daemon with another `flow.toml`, and this one leaves it alone.
     hashes: Vec<String>,
+    /// Schedules this daemon said it does not fire (said once per change).
+    warned: std::sync::Mutex<std::collections::HashSet<String>>,
     metrics: Arc<Metrics>,
     /// Who stores definitions (`config <path>`), for the history.
     actor: String,
@@ -62,6 +64,7 @@ impl Scheduler {
             ledger,
             schedules,
             hashes,
+            warned: std::sync::Mutex::default(),
             metrics,
             actor,
         }
@@ -78,7 +81,7 @@ impl Scheduler {
             if !synced {
                 match self
                     .ledger
-                    .sync_schedules(defs.clone(), &self.actor, to_ts(now))
+                    .sync_schedules(defs.clone(), (&self.actor, true), to_ts(now))
                     .await
                 {
                     Ok(_) => synced = true,
@@ -106,21 +109,18 @@ impl Scheduler {
     }
 
     /// One pass over every schedule at `now`; how long until the next is worth doing.
+    /// A schedule that fails is logged and left for the next pass; the others go on.
     pub async fn pass(&self, now: DateTime<Utc>) -> Result<Duration, flow_ledger::Error> {
         let states = self.ledger.list_schedules().await?;
         let mut next = now + TimeDelta::from_std(MAX_SLEEP).unwrap_or_default();
         for (s, hash) in self.schedules.iter().zip(&self.hashes) {
-            let Some(state) = states.iter().find(|st| st.id == s.id) else {
-                continue;
-            };
-            if state.paused
-                || state.def_hash != *hash
-                || self.waits_on_buffer(s, state, now).await?
-            {
+            let state = states.iter().find(|st| st.id == s.id);
+            if !self.fires(s, state, hash) {
                 continue;
             }
-            if let Some(plan) = plan(s, state, now) {
-                self.apply(s, plan, now).await?;
+            let Some(state) = state else { continue };
+            if let Err(e) = self.one(s, state, now).await {
+                tracing::warn!(schedule = %s.id, error = %e, "schedule: its ticks could not be handled; trying again");
             }
             if let Some(t) = s.ticks.next_after(now) {
                 next = next.min(t);
@@ -130,6 +130,48 @@ impl Scheduler {
             .to_std()
             .unwrap_or_default()
             .max(Duration::from_millis(20)))
+    }
+
+    /// The due ticks of one schedule, handed to the ledger.
+    async fn one(
+        &self,
+        s: &Schedule,
+        state: &ScheduleState,
+        now: DateTime<Utc>,
+    ) -> Result<(), flow_ledger::Error> {
+        if state.paused || self.waits_on_buffer(s, state, now).await? {
+            return Ok(());
+        }
+        match plan(s, state, now) {
+            Some(plan) => self.apply(s, plan, now).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Whether this daemon fires `s`: the ledger holds the definition this daemon read.
+    /// Otherwise (another daemon stored another `flow.toml`'s, or removed it) it says
+    /// so once, at warn, and leaves the schedule to the daemons that agree with it.
+    fn fires(&self, s: &Schedule, state: Option<&ScheduleState>, hash: &str) -> bool {
+        let why = match state {
+            None => Some("it is not in the ledger (a daemon with another flow.toml removed it)"),
+            Some(st) if st.def_hash != hash => Some(
+                "the ledger holds another definition (a daemon with another flow.toml stored it)",
+            ),
+            Some(_) => None,
+        };
+        let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+        match why {
+            Some(why) => {
+                if warned.insert(s.id.clone()) {
+                    tracing::warn!(schedule = %s.id, "schedule: this daemon does not fire it: {why}; restart every daemon with the same flow.toml");
+                }
+                false
+            }
+            None => {
+                warned.remove(&s.id);
+                true
+            }
+        }
     }
 
     /// Whether the only thing due is a buffered tick whose previous run is still
@@ -165,8 +207,12 @@ impl Scheduler {
                 started,
                 skipped,
                 missed,
+                refused,
                 buffered,
             } => {
+                if refused > 0 {
+                    tracing::error!(schedule = %s.id, ticks = refused, "schedule: a tick's run id is taken by another run; nothing started (see flow schedules history)");
+                }
                 for id in &started {
                     tracing::info!(schedule = %s.id, run = %id, "schedule: tick started its run");
                 }
@@ -181,6 +227,7 @@ impl Scheduler {
                 m.schedule_ticks(&s.id, "skipped_overlap", skipped);
                 m.schedule_ticks(&s.id, "missed", missed);
                 m.schedule_ticks(&s.id, "buffered", u64::from(buffered));
+                m.schedule_ticks(&s.id, "refused", refused);
                 tracing::debug!(schedule = %s.id, tried, "schedule: ticks handled");
             }
             Handled::Stale => {

@@ -6,7 +6,7 @@
 //! schedule, recorded with who.
 
 use chrono::Utc;
-use flow_ledger::{Ledger, ScheduleState, Timestamp};
+use flow_ledger::{HistoryKind, Ledger, ScheduleState, Timestamp};
 
 use super::Schedule;
 use super::view::ScheduleView;
@@ -40,6 +40,14 @@ pub struct Schedules {
     pub source: String,
 }
 
+/// What a tick that started nothing came to.
+const SKIPS: &[HistoryKind] = &[
+    HistoryKind::SkippedOverlap,
+    HistoryKind::Missed,
+    HistoryKind::Buffered,
+    HistoryKind::Refused,
+];
+
 fn now() -> Timestamp {
     Timestamp(Utc::now().timestamp_millis())
 }
@@ -64,23 +72,37 @@ impl Schedules {
             })
     }
 
-    async fn store(&self, ledger: &Ledger) -> Result<Vec<ScheduleState>, ManageError> {
-        let defs = self.list.iter().map(Schedule::def).collect();
-        Ok(ledger.sync_schedules(defs, &self.source, now()).await?)
+    /// Stores schedule `s` if no daemon did yet (a command works before any daemon
+    /// ran); a stored one is left as it is, whatever this file says.
+    async fn store(&self, ledger: &Ledger, s: &Schedule) -> Result<(), ManageError> {
+        if ledger
+            .list_schedules()
+            .await?
+            .iter()
+            .any(|st| st.id == s.id)
+        {
+            return Ok(());
+        }
+        ledger
+            .sync_schedules(vec![s.def()], (&self.source, false), now())
+            .await?;
+        Ok(())
     }
 
     /// Every schedule as a reader sees it.
     pub async fn views(&self, ledger: &Ledger) -> Result<Vec<ScheduleView>, ManageError> {
         let states = ledger.list_schedules().await?;
-        let history = ledger
-            .schedule_history(None, flow_ledger::MAX_HISTORY_PAGE)
-            .await?;
         let at = Utc::now();
-        Ok(self
-            .list
-            .iter()
-            .map(|s| ScheduleView::of(s, states.iter().find(|st| st.id == s.id), &history, at))
-            .collect())
+        let mut out = Vec::with_capacity(self.list.len());
+        for s in &self.list {
+            let last_run = ledger
+                .last_tick(&s.id, &[HistoryKind::Started, HistoryKind::Triggered])
+                .await?;
+            let last_skip = ledger.last_tick(&s.id, SKIPS).await?;
+            let state = states.iter().find(|st| st.id == s.id);
+            out.push(ScheduleView::of(s, state, (last_run, last_skip), at));
+        }
+        Ok(out)
     }
 
     /// The view of schedule `id`.
@@ -96,33 +118,33 @@ impl Schedules {
             })
     }
 
-    /// Pauses (`pause`) or resumes schedule `id` as `by`.
+    /// Pauses (`pause`) or resumes schedule `id` as `who` (a name and a reason).
     pub async fn set_paused(
         &self,
         ledger: &Ledger,
         id: &str,
         pause: bool,
-        by: &str,
+        who: (&str, Option<&str>),
     ) -> Result<ScheduleState, ManageError> {
-        self.find(id)?;
-        self.store(ledger).await?;
-        Ok(ledger.set_schedule_paused(id, pause, by, now()).await?)
+        let s = self.find(id)?;
+        self.store(ledger, s).await?;
+        Ok(ledger.set_schedule_paused(id, pause, who, now()).await?)
     }
 
-    /// Starts one run of schedule `id` now as `by`; its id.
+    /// Starts one run of schedule `id` now as `who`; its id.
     pub async fn trigger(
         &self,
         ledger: &Ledger,
         id: &str,
-        by: &str,
+        who: (&str, Option<&str>),
     ) -> Result<String, ManageError> {
         let s = self.find(id)?;
         let run_id = format!("sched.{}.manual.{}", s.id, ulid::Ulid::generate());
         let run = s
             .new_run(Utc::now(), run_id)
             .map_err(ManageError::Invalid)?;
-        self.store(ledger).await?;
-        let enq = ledger.trigger_schedule(id, run, by, now()).await?;
+        self.store(ledger, s).await?;
+        let enq = ledger.trigger_schedule(id, run, who, now()).await?;
         Ok(enq.run.id)
     }
 }

@@ -76,6 +76,9 @@ pub struct Schedule {
     pub id: String,
     /// The workflow file (resolved against `flow.toml`'s directory).
     pub workflow: PathBuf,
+    /// The workflow file as written in `flow.toml`: what the stored definition holds,
+    /// so daemons reading the same file from other directories agree on it.
+    pub workflow_written: String,
     /// The cron expression as written.
     pub cron: String,
     /// The time zone as written (`UTC` when absent).
@@ -165,6 +168,7 @@ impl ScheduleConfig {
         Ok(Schedule {
             id: id.clone(),
             workflow: base.join(workflow),
+            workflow_written: workflow.clone(),
             cron: self.cron.get_ref().clone(),
             timezone: zone.map_or_else(|| "UTC".to_string(), |z| z.get_ref().clone()),
             ticks,
@@ -239,7 +243,7 @@ impl Schedule {
         ScheduleDef {
             id: self.id.clone(),
             definition: json!({
-                "workflow": self.workflow.display().to_string(),
+                "workflow": self.workflow_written,
                 "cron": self.cron,
                 "timezone": self.timezone,
                 "inputs": self.inputs,

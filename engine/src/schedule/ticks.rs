@@ -13,9 +13,9 @@ use chrono_tz::Tz;
 use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 
-/// Longest a fall-back repeats local time anywhere (2 h, Antarctica/Troll): the scan
-/// for the ticks after an instant starts this far before its local time, so a tick of
-/// a repeated hour is not missed.
+/// Longer than a fall-back repeats local time anywhere (2 h, Antarctica/Troll): the
+/// scan for the ticks up to an instant goes this far past its local time, so a tick
+/// whose local time is later than the instant's (in a repeated hour) is reached.
 const OVERLAP: TimeDelta = TimeDelta::hours(3);
 
 /// A parsed schedule: its cron expression and time zone.
@@ -79,9 +79,12 @@ impl Ticks {
     ) -> Vec<DateTime<Utc>> {
         let mut out = Vec::new();
         // The wall clock, as a `DateTime<Utc>` that never changes offset, from a whole
-        // second (croner keeps a start's fraction of a second in what it finds).
+        // second (croner keeps a start's fraction of a second in what it finds). It
+        // starts at `after`'s local time: a tick fires at its local time's first
+        // occurrence, and first occurrences increase with local time, so no tick after
+        // `after` has an earlier local time.
         let whole = after.with_nanosecond(0).unwrap_or(after);
-        let mut wall = whole.with_timezone(&self.tz).naive_local().and_utc() - OVERLAP;
+        let mut wall = whole.with_timezone(&self.tz).naive_local().and_utc();
         let end = until.with_timezone(&self.tz).naive_local().and_utc() + OVERLAP;
         while out.len() < limit {
             let Ok(next) = self.cron.find_next_occurrence(&wall, false) else {

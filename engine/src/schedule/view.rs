@@ -2,7 +2,7 @@
 //! the console's Schedules page): its definition from `flow.toml` beside what the
 //! ledger holds — paused or not, its next tick, its last run and its last skip.
 
-use flow_ledger::{HistoryEntry, HistoryKind, ScheduleState, Timestamp};
+use flow_ledger::{HistoryEntry, ScheduleState, Timestamp};
 use schemars::JsonSchema;
 use serde::Serialize;
 
@@ -44,7 +44,7 @@ pub struct ScheduleView {
 pub struct TickView {
     /// The tick's nominal time (the first of a missed range).
     pub tick: Timestamp,
-    /// `started`, `triggered`, `skipped_overlap`, `buffered` or `missed`.
+    /// `started`, `triggered`, `skipped_overlap`, `buffered`, `missed` or `refused`.
     pub outcome: String,
     /// The run it started.
     pub run: Option<String>,
@@ -64,12 +64,12 @@ impl TickView {
 }
 
 impl ScheduleView {
-    /// The view of `s`, with its stored state (if any) and the latest history of all
-    /// schedules, newest first (`Ledger::schedule_history`).
+    /// The view of `s`, with its stored state (if any) and its latest run and skip
+    /// (`Ledger::last_tick`).
     pub fn of(
         s: &Schedule,
         state: Option<&ScheduleState>,
-        history: &[HistoryEntry],
+        (last_run, last_skip): (Option<HistoryEntry>, Option<HistoryEntry>),
         now: chrono::DateTime<chrono::Utc>,
     ) -> Self {
         let paused = state.is_some_and(|st| st.paused);
@@ -80,12 +80,6 @@ impl ScheduleView {
             .then(|| s.ticks.next_after(from))
             .flatten()
             .map(|t| Timestamp(t.timestamp_millis()));
-        let latest = |kinds: &[HistoryKind]| {
-            history
-                .iter()
-                .find(|e| e.schedule_id == s.id && kinds.contains(&e.kind))
-                .map(TickView::of)
-        };
         Self {
             id: s.id.clone(),
             workflow: s.workflow.display().to_string(),
@@ -96,12 +90,8 @@ impl ScheduleView {
             stored: state.is_some(),
             paused,
             next_tick,
-            last_run: latest(&[HistoryKind::Started, HistoryKind::Triggered]),
-            last_skip: latest(&[
-                HistoryKind::SkippedOverlap,
-                HistoryKind::Missed,
-                HistoryKind::Buffered,
-            ]),
+            last_run: last_run.as_ref().map(TickView::of),
+            last_skip: last_skip.as_ref().map(TickView::of),
             changed_by: state.map(|st| st.changed_by.clone()),
             changed_at: state.map(|st| st.changed_at),
         }

@@ -67,6 +67,8 @@ pub enum HistoryKind {
     Buffered,
     /// Ticks older than the catch-up window when a daemon came to them (a range).
     Missed,
+    /// A tick whose run id was taken by another run (another workflow or inputs).
+    Refused,
     /// A run started by hand.
     Triggered,
     /// Paused by someone.
@@ -87,6 +89,7 @@ impl HistoryKind {
             Self::SkippedOverlap => "skipped_overlap",
             Self::Buffered => "buffered",
             Self::Missed => "missed",
+            Self::Refused => "refused",
             Self::Triggered => "triggered",
             Self::Paused => "paused",
             Self::Resumed => "resumed",
@@ -101,6 +104,7 @@ impl HistoryKind {
             "skipped_overlap" => Self::SkippedOverlap,
             "buffered" => Self::Buffered,
             "missed" => Self::Missed,
+            "refused" => Self::Refused,
             "triggered" => Self::Triggered,
             "paused" => Self::Paused,
             "resumed" => Self::Resumed,
@@ -270,12 +274,14 @@ impl Ledger {
     /// Makes the stored schedules match `defs` (what `flow.toml` says now): a new one
     /// is stored with its cursor at `now` (ticks before a schedule existed are not
     /// caught up); a changed definition is stored and recorded (`changed`, by `actor`),
-    /// taking effect from the next tick; a stored schedule no longer in `defs` is
-    /// removed and recorded (`removed`). Returns the stored states of `defs`.
+    /// taking effect from the next tick after `now` (the cursor moves there); with
+    /// `prune`, a stored schedule no longer in `defs` is removed and recorded
+    /// (`removed`) — a daemon starting with its `flow.toml` prunes, a command that
+    /// only needs the schedules stored does not. Returns the stored states of `defs`.
     pub async fn sync_schedules(
         &self,
         defs: Vec<ScheduleDef>,
-        actor: &str,
+        (actor, prune): (&str, bool),
         now: Timestamp,
     ) -> Result<Vec<ScheduleState>, Error> {
         let ledger = self.clone();
@@ -286,6 +292,9 @@ impl Ledger {
                 let mut out = Vec::with_capacity(defs.len());
                 for def in &defs {
                     out.push(sync_one(c, s, def, &actor, now).await?);
+                }
+                if !prune {
+                    return Ok(out);
                 }
                 let stored = c
                     .all::<(String,)>(
@@ -327,18 +336,20 @@ impl Ledger {
             .collect()
     }
 
-    /// Pauses (`paused`) or resumes a schedule, recorded with `actor`. A resumed
-    /// schedule's cursor moves to `now`: the ticks of the pause are not caught up.
-    /// `NotFound` for an unknown id.
+    /// Pauses (`paused`) or resumes a schedule, recorded with `actor` (and `reason`). A
+    /// resumed schedule's cursor moves to `now`: the ticks of the pause are not caught
+    /// up. A tick buffered when the schedule is paused is dropped, recorded
+    /// `skipped_overlap`. `NotFound` for an unknown id.
     pub async fn set_schedule_paused(
         &self,
         id: &str,
         paused: bool,
-        actor: &str,
+        (actor, reason): (&str, Option<&str>),
         now: Timestamp,
     ) -> Result<ScheduleState, Error> {
         let ledger = self.clone();
         let (id, actor) = (id.to_owned(), actor.to_owned());
+        let reason = reason.map(str::to_owned);
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
@@ -362,12 +373,18 @@ impl Ledger {
                     args![&s.tenant, &s.workspace, &id, paused, cursor, now, &actor],
                 )
                 .await?;
+                if let Some(at) = state.buffered {
+                    let mut dropped = entry(&id, HistoryKind::SkippedOverlap, &actor, None, now);
+                    (dropped.tick_at, dropped.last_at) = (at, at);
+                    dropped.detail = Some("a buffered tick, dropped by a pause".into());
+                    record(c, s, &dropped).await?;
+                }
                 let kind = if paused {
                     HistoryKind::Paused
                 } else {
                     HistoryKind::Resumed
                 };
-                record(c, s, &entry(&id, kind, &actor, None, now)).await?;
+                record(c, s, &entry(&id, kind, &actor, reason, now)).await?;
                 state_for_update(c, s, &id).await?.ok_or(Error::NotFound {
                     what: format!("schedule {id}"),
                 })
@@ -383,11 +400,12 @@ impl Ledger {
         &self,
         id: &str,
         run: NewRun,
-        actor: &str,
+        (actor, reason): (&str, Option<&str>),
         now: Timestamp,
     ) -> Result<Enqueued, Error> {
         let ledger = self.clone();
         let (id, actor) = (id.to_owned(), actor.to_owned());
+        let reason = reason.map(str::to_owned);
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
@@ -399,13 +417,45 @@ impl Ledger {
                 let mut tx = crate::runs::EnqueueTx::default();
                 let enq = crate::runs::enqueue_in(c, &ledger, &run, None, now, &mut tx).await?;
                 tx.finish(c, s).await?;
-                let mut e = entry(&id, HistoryKind::Triggered, &actor, None, now);
+                let mut e = entry(&id, HistoryKind::Triggered, &actor, reason, now);
                 e.run_id = Some(run.id.clone());
                 record(c, s, &e).await?;
                 Ok(enq)
             })
         })
         .await
+    }
+
+    /// The latest entry of schedule `id` whose outcome is one of `kinds` (its last run,
+    /// its last skip), by tick.
+    pub async fn last_tick(
+        &self,
+        id: &str,
+        kinds: &[HistoryKind],
+    ) -> Result<Option<HistoryEntry>, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let mut latest: Option<HistoryEntry> = None;
+        for kind in kinds {
+            let row = pc
+                .conn()
+                .optional::<HistoryRow>(
+                    "SELECT schedule_id, tick_at, outcome, run_id, last_at, count, actor, detail,
+                        recorded_at FROM schedule_history
+                     WHERE tenant = $1 AND workspace = $2 AND schedule_id = $3 AND outcome = $4
+                     ORDER BY tick_at DESC LIMIT 1",
+                    args![&s.tenant, &s.workspace, id, kind.as_str()],
+                )
+                .await?
+                .map(HistoryRow::into_entry)
+                .transpose()?;
+            if let Some(e) = row
+                && latest.as_ref().is_none_or(|l| e.tick_at > l.tick_at)
+            {
+                latest = Some(e);
+            }
+        }
+        Ok(latest)
     }
 
     /// The latest `limit` history entries of schedule `id` (all schedules: `None`),
@@ -417,19 +467,26 @@ impl Ledger {
     ) -> Result<Vec<HistoryEntry>, Error> {
         let s = self.scope();
         let mut pc = self.pool().acquire().await?;
-        pc.conn()
-            .all::<HistoryRow>(
+        let limit = i64::from(limit.min(MAX_HISTORY_PAGE));
+        // Two statements, so that one schedule's history is read by its index.
+        let (sql, a) = match id {
+            Some(id) => (
                 "SELECT schedule_id, tick_at, outcome, run_id, last_at, count, actor, detail,
                     recorded_at FROM schedule_history
-                 WHERE tenant = $1 AND workspace = $2 AND ($3 IS NULL OR schedule_id = $3)
+                 WHERE tenant = $1 AND workspace = $2 AND schedule_id = $3
                  ORDER BY recorded_at DESC, tick_at DESC LIMIT $4",
-                args![
-                    &s.tenant,
-                    &s.workspace,
-                    id,
-                    i64::from(limit.min(MAX_HISTORY_PAGE))
-                ],
-            )
+                args![&s.tenant, &s.workspace, id, limit],
+            ),
+            None => (
+                "SELECT schedule_id, tick_at, outcome, run_id, last_at, count, actor, detail,
+                    recorded_at FROM schedule_history
+                 WHERE tenant = $1 AND workspace = $2
+                 ORDER BY recorded_at DESC, tick_at DESC LIMIT $3",
+                args![&s.tenant, &s.workspace, limit],
+            ),
+        };
+        pc.conn()
+            .all::<HistoryRow>(sql, a)
             .await?
             .into_iter()
             .map(HistoryRow::into_entry)
@@ -450,11 +507,22 @@ async fn sync_one(
     match state_for_update(c, s, &def.id).await? {
         Some(state) if state.def_hash == hash => return Ok(state),
         Some(state) => {
+            // A new definition counts from its next tick: the old one's ticks after
+            // the cursor are not started under the new one (nor caught up).
             c.execute(
                 "UPDATE schedules SET definition = $4, def_hash = $5, changed_at = $6,
-                    changed_by = $7
+                    changed_by = $7, cursor_at = $8, buffered_at = NULL
                  WHERE tenant = $1 AND workspace = $2 AND id = $3",
-                args![&s.tenant, &s.workspace, &def.id, &text, &hash, now, actor],
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    &def.id,
+                    &text,
+                    &hash,
+                    now,
+                    actor,
+                    now.max(state.cursor)
+                ],
             )
             .await?;
             let detail = format!("{} → {}", state.definition, def.definition);

@@ -71,6 +71,8 @@ pub enum Handled {
         skipped: u64,
         /// Ticks recorded missed.
         missed: u64,
+        /// Ticks whose run id was taken by another run (recorded `refused`).
+        refused: u64,
         /// Whether a tick now waits for the previous run (`buffer_one`).
         buffered: bool,
     },
@@ -122,7 +124,7 @@ async fn apply(
         e.count = count;
         record(c, s, &e).await?;
     }
-    let (mut started, mut skipped) = (Vec::new(), 0u64);
+    let (mut started, mut skipped, mut refused) = (Vec::new(), 0u64, 0u64);
     let mut buffered = None;
     let mut tx = EnqueueTx::default();
     let ticks = plan.buffered.into_iter().chain(plan.fire);
@@ -142,7 +144,20 @@ async fn apply(
             record(c, s, &tick(id, at, kind, now)).await?;
             continue;
         }
-        let enq = enqueue_in(c, ledger, &run, None, now, &mut tx).await?;
+        let enq = match enqueue_in(c, ledger, &run, None, now, &mut tx).await {
+            Ok(enq) => enq,
+            Err(Error::Conflict { reason, .. }) => {
+                // The tick's run id is taken by another run (another workflow or
+                // inputs): nothing is started under it, and the tick says why.
+                let mut e = tick(id, at, HistoryKind::Refused, now);
+                e.run_id = Some(run.id.clone());
+                e.detail = Some(reason);
+                record(c, s, &e).await?;
+                refused += 1;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let mut e = tick(id, at, HistoryKind::Started, now);
         e.run_id = Some(run.id.clone());
         record(c, s, &e).await?;
@@ -169,6 +184,7 @@ async fn apply(
         started,
         skipped,
         missed,
+        refused,
         buffered: buffered.is_some(),
     })
 }

@@ -17,6 +17,8 @@ crate::conformance!(
     a_plan_applies_once_however_many_daemons_hand_it_in,
     overlap_skips_or_buffers_while_the_previous_run_is_unfinished,
     missed_ticks_changes_pauses_removals_and_triggers_are_recorded,
+    a_taken_run_id_is_refused_and_a_pause_drops_the_buffered_tick,
+    a_command_stores_without_removing_the_others,
 );
 
 fn def(id: &str, cron: &str) -> ScheduleDef {
@@ -69,7 +71,7 @@ async fn a_plan_applies_once_however_many_daemons_hand_it_in(db: TestDb) {
     let t0 = db.now();
     let states = db
         .ledger
-        .sync_schedules(vec![def("s", "* * * * * *")], "config a", t0)
+        .sync_schedules(vec![def("s", "* * * * * *")], ("config a", true), t0)
         .await
         .unwrap();
     assert_eq!(states[0].cursor, t0, "a new schedule starts at now");
@@ -92,6 +94,7 @@ async fn a_plan_applies_once_however_many_daemons_hand_it_in(db: TestDb) {
             started: vec!["sched.s.1".into(), "sched.s.2".into()],
             skipped: 0,
             missed: 0,
+            refused: 0,
             buffered: false
         }
     );
@@ -123,7 +126,7 @@ async fn overlap_skips_or_buffers_while_the_previous_run_is_unfinished(db: TestD
     let t0 = db.now();
     let state = db
         .ledger
-        .sync_schedules(vec![def("s", "* * * * * *")], "config", t0)
+        .sync_schedules(vec![def("s", "* * * * * *")], ("config", true), t0)
         .await
         .unwrap()
         .remove(0);
@@ -199,7 +202,7 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
         .ledger
         .sync_schedules(
             vec![def("s", "* * * * * *"), def("t", "@hourly")],
-            "config a",
+            ("config a", true),
             t0,
         )
         .await
@@ -222,7 +225,7 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
 
     // Paused: a plan is stale; resumed: the cursor moves to now (no catch-up).
     db.ledger
-        .set_schedule_paused("s", true, "ada", now)
+        .set_schedule_paused("s", true, ("ada", None), now)
         .await
         .unwrap();
     let state = db.ledger.list_schedules().await.unwrap().remove(0);
@@ -235,13 +238,13 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
     let later = db.advance(Duration::from_secs(60));
     let resumed = db
         .ledger
-        .set_schedule_paused("s", false, "ada", later)
+        .set_schedule_paused("s", false, ("ada", Some("back")), later)
         .await
         .unwrap();
     assert_eq!((resumed.paused, resumed.cursor), (false, later));
     assert!(matches!(
         db.ledger
-            .set_schedule_paused("nope", true, "ada", later)
+            .set_schedule_paused("nope", true, ("ada", None), later)
             .await,
         Err(flow_ledger::Error::NotFound { .. })
     ));
@@ -252,11 +255,14 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
     let changed_at = db.advance(Duration::from_secs(1));
     let states = db
         .ledger
-        .sync_schedules(vec![changed], "config b", changed_at)
+        .sync_schedules(vec![changed], ("config b", true), changed_at)
         .await
         .unwrap();
     assert_eq!(states[0].changed_by, "config b");
-    assert_eq!(states[0].cursor, later, "a change keeps the cursor");
+    assert_eq!(
+        states[0].cursor, changed_at,
+        "a change counts from its next tick: nothing of the old one is caught up"
+    );
     let ids: Vec<String> = db
         .ledger
         .list_schedules()
@@ -273,7 +279,7 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
     let triggered_at = db.advance(Duration::from_secs(1));
     let enq = db
         .ledger
-        .trigger_schedule("s", run("sched.s.manual.1"), "ada", triggered_at)
+        .trigger_schedule("s", run("sched.s.manual.1"), ("ada", None), triggered_at)
         .await
         .unwrap();
     assert!(enq.created);
@@ -297,5 +303,100 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
         .expect("changed");
     assert_eq!(change.actor.as_deref(), Some("config b"));
     assert!(change.detail.as_deref().unwrap_or_default().contains("*/5"));
-    assert_eq!(db.ledger.list_schedules().await.unwrap()[0].cursor, later);
+    assert_eq!(
+        db.ledger.list_schedules().await.unwrap()[0].cursor,
+        changed_at
+    );
+    let resumed = s_history
+        .iter()
+        .find(|e| e.kind == HistoryKind::Resumed)
+        .expect("resumed");
+    assert_eq!(
+        resumed.detail.as_deref(),
+        Some("back"),
+        "the reason is kept"
+    );
+}
+
+async fn a_taken_run_id_is_refused_and_a_pause_drops_the_buffered_tick(db: TestDb) {
+    let t0 = db.now();
+    let state = db
+        .ledger
+        .sync_schedules(vec![def("s", "* * * * * *")], ("config", true), t0)
+        .await
+        .unwrap()
+        .remove(0);
+    // Someone took tick 1's run id with other inputs.
+    let mut other = run("sched.s.1");
+    other.inputs = json!({ "not": "the schedule's" });
+    db.ledger.enqueue(other, t0).await.unwrap();
+    let now = db.advance(Duration::from_secs(5));
+    let h = db
+        .ledger
+        .handle_ticks(plan(&state, &[1, 2], Overlap::BufferOne), now)
+        .await
+        .unwrap();
+    assert!(
+        matches!(&h, Handled::Done { started, refused: 1, .. } if started == &["sched.s.2"]),
+        "the taken id is refused, the next tick starts: {h:?}"
+    );
+    let state = db.ledger.list_schedules().await.unwrap().remove(0);
+    let h = db
+        .ledger
+        .handle_ticks(plan(&state, &[1], Overlap::BufferOne), now)
+        .await
+        .unwrap();
+    assert!(matches!(h, Handled::Done { buffered: true, .. }), "{h:?}");
+    db.ledger
+        .set_schedule_paused("s", true, ("ada", None), now)
+        .await
+        .unwrap();
+    let state = db.ledger.list_schedules().await.unwrap().remove(0);
+    assert_eq!(state.buffered, None);
+    let kinds: Vec<HistoryKind> = history(&db, "s").await.into_iter().map(|h| h.0).collect();
+    assert_eq!(
+        kinds,
+        [
+            HistoryKind::Refused,
+            HistoryKind::Started,
+            HistoryKind::Buffered,
+            HistoryKind::SkippedOverlap,
+            HistoryKind::Paused
+        ],
+        "the buffered tick's end is recorded"
+    );
+    let refused = db
+        .ledger
+        .last_tick("s", &[HistoryKind::Refused])
+        .await
+        .unwrap()
+        .expect("refused entry");
+    assert_eq!(refused.run_id.as_deref(), Some("sched.s.1"));
+    assert!(refused.detail.unwrap_or_default().contains("different"));
+}
+
+async fn a_command_stores_without_removing_the_others(db: TestDb) {
+    let t0 = db.now();
+    db.ledger
+        .sync_schedules(
+            vec![def("a", "@hourly"), def("b", "@daily")],
+            ("config", true),
+            t0,
+        )
+        .await
+        .unwrap();
+    let later = db.advance(Duration::from_secs(1));
+    db.ledger
+        .sync_schedules(vec![def("c", "@hourly")], ("cli", false), later)
+        .await
+        .unwrap();
+    let ids: Vec<String> = db
+        .ledger
+        .list_schedules()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id)
+        .collect();
+    assert_eq!(ids, ["a", "b", "c"]);
 }

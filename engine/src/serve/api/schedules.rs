@@ -50,12 +50,12 @@ pub async fn list(_: Authed<Viewer>, State(app): State<Arc<App>>) -> Result<Resp
 /// Pauses or resumes schedule `id` as the caller; answers with the schedule.
 pub(crate) async fn set_paused(
     app: &App,
-    by: &str,
+    who: (&str, Option<&str>),
     id: &str,
     pause: bool,
 ) -> Result<ScheduleView, Problem> {
     app.schedules
-        .set_paused(&app.ledger, id, pause, by)
+        .set_paused(&app.ledger, id, pause, who)
         .await
         .map_err(problem)?;
     app.schedules.view(&app.ledger, id).await.map_err(problem)
@@ -66,9 +66,10 @@ pub async fn pause(
     Authed(caller, _): Authed<Operator>,
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    OptionalJson(_why): OptionalJson<Why>,
+    OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
-    Ok(Json(set_paused(&app, &caller.name, &id, true).await?).into_response())
+    let who = (caller.name.as_str(), why.reason.as_deref());
+    Ok(Json(set_paused(&app, who, &id, true).await?).into_response())
 }
 
 /// `POST /api/v1/schedules/{id}/resume`.
@@ -76,16 +77,21 @@ pub async fn resume(
     Authed(caller, _): Authed<Operator>,
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    OptionalJson(_why): OptionalJson<Why>,
+    OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
-    Ok(Json(set_paused(&app, &caller.name, &id, false).await?).into_response())
+    let who = (caller.name.as_str(), why.reason.as_deref());
+    Ok(Json(set_paused(&app, who, &id, false).await?).into_response())
 }
 
 /// Starts one run of schedule `id` as the caller.
-pub(crate) async fn trigger_as(app: &App, by: &str, id: &str) -> Result<Triggered, Problem> {
+pub(crate) async fn trigger_as(
+    app: &App,
+    who: (&str, Option<&str>),
+    id: &str,
+) -> Result<Triggered, Problem> {
     let run = app
         .schedules
-        .trigger(&app.ledger, id, by)
+        .trigger(&app.ledger, id, who)
         .await
         .map_err(problem)?;
     let schedule = app.schedules.view(&app.ledger, id).await.map_err(problem)?;
@@ -97,7 +103,8 @@ pub async fn trigger(
     Authed(caller, _): Authed<Operator>,
     State(app): State<Arc<App>>,
     Path(id): Path<String>,
-    OptionalJson(_why): OptionalJson<Why>,
+    OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
-    Ok(Json(trigger_as(&app, &caller.name, &id).await?).into_response())
+    let who = (caller.name.as_str(), why.reason.as_deref());
+    Ok(Json(trigger_as(&app, who, &id).await?).into_response())
 }

@@ -58,10 +58,14 @@ pub async fn act(
     signed.need(Role::Operator)?;
     let by = signed.caller.name.clone();
     match action.as_str() {
-        "pause" => set_paused(&ui.app, &by, &id, true).await.map(|_| ())?,
-        "resume" => set_paused(&ui.app, &by, &id, false).await.map(|_| ())?,
+        "pause" => set_paused(&ui.app, (&by, None), &id, true)
+            .await
+            .map(|_| ())?,
+        "resume" => set_paused(&ui.app, (&by, None), &id, false)
+            .await
+            .map(|_| ())?,
         "trigger" => {
-            let t = trigger_as(&ui.app, &by, &id).await?;
+            let t = trigger_as(&ui.app, (&by, None), &id).await?;
             return Ok(Page::redirect(format!("/ui/runs/{}", url(&t.run))));
         }
         other => {
