@@ -283,6 +283,11 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
         .await
         .unwrap();
     assert!(enq.created);
+    history_of_s_says_it_all(&db, changed_at).await;
+}
+
+/// The history of `s` after the test above, in order, with who and why.
+async fn history_of_s_says_it_all(db: &TestDb, changed_at: Timestamp) {
     let s_history = db.ledger.schedule_history(Some("s"), 100).await.unwrap();
     let kinds: Vec<HistoryKind> = s_history.iter().rev().map(|e| e.kind).collect();
     assert_eq!(
