@@ -122,7 +122,10 @@ impl RunScope<'_> {
         }
         let limit = fe.concurrency.unwrap_or(self.wf.max_parallel) as usize;
         let tolerated = fe.tolerate.allowed(listed);
-        let fan = Fan::new(&decl.id, keys, items, states, limit, tolerated);
+        let mut fan = Fan::new(&decl.id, keys, items, states, limit, tolerated);
+        if !self.prepared.output_read[node] {
+            fan = fan.without_outputs();
+        }
         tracing::info!(node = %decl.id, items = fan.len(), "for_each: list evaluated");
         st.nodes[node] = NodeState::FanOut(Box::new(fan));
         Ok(())
@@ -202,7 +205,10 @@ impl RunScope<'_> {
             keys.extend(stored.vanished);
             let items = vec![Json::Null; keys.len()];
             let loaded = st.items.remove(&node).unwrap_or_default();
-            let fan = Fan::new(&decl.id, keys, items, loaded, 1, usize::MAX);
+            let mut fan = Fan::new(&decl.id, keys, items, loaded, 1, usize::MAX);
+            if !self.prepared.output_read[node] {
+                fan = fan.without_outputs();
+            }
             st.nodes[node] = NodeState::Succeeded {
                 output: fan.into_output(),
             };

@@ -147,6 +147,10 @@ pub struct Fan {
     /// Items awaiting their approval: nothing of theirs is in flight, so they hold no
     /// place in `limit` (every item's approval is asked at once; approvers see them all).
     approving: usize,
+    /// Whether a later node reads this node's output: if none does, an item's output
+    /// is not kept once recorded (its step holds it), so memory follows what is in
+    /// flight, not the list.
+    keep_outputs: bool,
     counts: Counts,
 }
 
@@ -190,6 +194,7 @@ impl Fan {
             deferred: 0,
             waiting: 0,
             approving: 0,
+            keep_outputs: true,
             counts: Counts::default(),
         };
         for i in 0..fan.keys.len() {
@@ -263,7 +268,24 @@ impl Fan {
         }
     }
 
-    fn enter(&mut self, i: usize, state: NodeState) {
+    /// Items' outputs are not kept from now on (nothing reads the node's output); the
+    /// node's output then holds its counts and no `items`.
+    pub fn without_outputs(mut self) -> Self {
+        self.keep_outputs = false;
+        for s in &mut self.states {
+            if let NodeState::Succeeded { output } = s {
+                *output = Json::Null;
+            }
+        }
+        self
+    }
+
+    fn enter(&mut self, i: usize, mut state: NodeState) {
+        if !self.keep_outputs
+            && let NodeState::Succeeded { output } = &mut state
+        {
+            *output = Json::Null;
+        }
         match &state {
             NodeState::NotStarted => self.fresh.push_back(i),
             NodeState::Pending { .. } | NodeState::Interrupted { .. } => {
@@ -503,6 +525,9 @@ impl Fan {
     /// item's output by key (a JSON object: its keys come out sorted, not in list order).
     pub fn into_output(self) -> Json {
         let mut out = self.summary();
+        if !self.keep_outputs {
+            return out;
+        }
         let mut items = Map::new();
         for (k, s) in self.keys.into_iter().zip(self.states) {
             if let NodeState::Succeeded { output } = s {
@@ -690,5 +715,28 @@ mod tests {
         let keys: Vec<&String> = out["items"].as_object().expect("map").keys().collect();
         assert_eq!(keys, vec!["k0", "k1", "k2"]);
         assert_eq!(out["succeeded"], 3);
+    }
+
+    #[test]
+    fn a_fan_nobody_reads_keeps_counts_not_outputs() {
+        let mut f = fan(3, 3, 0).without_outputs();
+        for i in 0..3 {
+            run(&mut f, i);
+            f.set(
+                i,
+                NodeState::Succeeded {
+                    output: json!({ "big": i }),
+                },
+            );
+        }
+        assert!(f.is_done());
+        assert!(
+            (0..3).all(|i| f.state(i) == &NodeState::Succeeded { output: Json::Null }),
+            "outputs are not held"
+        );
+        assert_eq!(
+            f.into_output(),
+            json!({ "succeeded": 3, "failed": 0, "skipped": 0 })
+        );
     }
 }

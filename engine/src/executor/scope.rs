@@ -75,6 +75,9 @@ pub(super) struct Prepared {
     /// spec) read: an item's context holds those, not every input (a list passed as an
     /// input would otherwise be copied once per item); `None`: every input.
     pub(super) item_inputs: Vec<Option<Vec<String>>>,
+    /// For each node, whether another node's expressions read its output (a
+    /// `for_each` node nobody reads keeps no item outputs in memory).
+    pub(super) output_read: Vec<bool>,
 }
 
 impl Prepared {
@@ -107,7 +110,7 @@ impl Prepared {
             out.dedup();
             out
         };
-        let lists = wf
+        let lists: Vec<Vec<usize>> = wf
             .nodes
             .iter()
             .map(|n| {
@@ -148,11 +151,17 @@ impl Prepared {
                 })
             })
             .collect();
+        let reads: Vec<Vec<usize>> = refs.iter().map(|r| nodes(r, false)).collect();
+        let mut output_read = vec![false; wf.nodes.len()];
+        for &i in reads.iter().chain(&lists).flatten() {
+            output_read[i] = true;
+        }
         Self {
-            reads: refs.iter().map(|r| nodes(r, false)).collect(),
+            reads,
             approvals: refs.iter().map(|r| nodes(r, true)).collect(),
             lists,
             item_inputs,
+            output_read,
         }
     }
 }
