@@ -79,6 +79,10 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
         std::mem::take(&mut config.schedules),
         config.path.as_deref(),
     );
+    // A schedule whose workflow cannot be used is refused now, not found at its tick.
+    for s in &scheduled.list {
+        s.load().map_err(CliError::invalid)?;
+    }
     // `--serve`: the tokens are checked before anything is opened.
     let auth = match args.serve {
         Some(addr) => Some(ApiAuth::from_config(&config.api, &secrets, addr, false)?),

@@ -36,6 +36,8 @@ pub struct Scheduler {
     hashes: Vec<String>,
     /// Schedules this daemon said it does not fire (said once per change).
     warned: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Why a schedule's ticks cannot start, as last logged.
+    problems: std::sync::Mutex<std::collections::HashMap<String, String>>,
     metrics: Arc<Metrics>,
     /// Who stores definitions (`config <path>`), for the history.
     actor: String,
@@ -65,6 +67,7 @@ impl Scheduler {
             schedules,
             hashes,
             warned: std::sync::Mutex::default(),
+            problems: std::sync::Mutex::default(),
             metrics,
             actor,
         }
@@ -142,9 +145,29 @@ impl Scheduler {
         if state.paused || self.waits_on_buffer(s, state, now).await? {
             return Ok(());
         }
-        match plan(s, state, now) {
+        let (plan, problem) = plan(s, state, now);
+        self.say_problem(s, problem);
+        match plan {
             Some(plan) => self.apply(s, plan, now).await,
             None => Ok(()),
+        }
+    }
+
+    /// Logs why `s`'s ticks cannot start, once per distinct reason (a pass runs every
+    /// second), and that they can again.
+    fn say_problem(&self, s: &Schedule, problem: Option<String>) {
+        let mut said = self.problems.lock().unwrap_or_else(|e| e.into_inner());
+        match problem {
+            Some(p) if said.get(&s.id) != Some(&p) => {
+                tracing::error!(schedule = %s.id, error = %p, "schedule: its ticks cannot start until this is fixed (past the catch-up window they are recorded missed)");
+                said.insert(s.id.clone(), p);
+            }
+            Some(_) => {}
+            None => {
+                if said.remove(&s.id).is_some() {
+                    tracing::warn!(schedule = %s.id, "schedule: its ticks start again");
+                }
+            }
         }
     }
 
@@ -239,13 +262,19 @@ impl Scheduler {
 }
 
 /// The plan for `s`'s ticks after its cursor at `now`, or `None` when nothing is due.
-/// A tick whose run cannot be built (the workflow no longer validates) ends the plan
-/// before it: the cursor stays there until it can, or the tick is missed.
-pub fn plan(s: &Schedule, state: &ScheduleState, now: DateTime<Utc>) -> Option<TickPlan> {
+/// The workflow is read once for the plan; one that cannot be used (it no longer
+/// validates) starts nothing and says why (`Err`): the missed ticks are still
+/// recorded, and the cursor stays before the first tick to start until it can, or
+/// until that tick is older than the window and missed.
+pub fn plan(
+    s: &Schedule,
+    state: &ScheduleState,
+    now: DateTime<Utc>,
+) -> (Option<TickPlan>, Option<String>) {
     let cursor = to_utc(state.cursor);
     let due = s.ticks.between(cursor, now, MAX_TICKS_PER_PASS);
     if due.is_empty() && state.buffered.is_none() {
-        return None;
+        return (None, None);
     }
     let horizon = now - TimeDelta::from_std(s.catchup).unwrap_or_default();
     let (old, fresh): (Vec<_>, Vec<_>) = due.iter().partition(|t| **t < horizon);
@@ -254,15 +283,44 @@ pub fn plan(s: &Schedule, state: &ScheduleState, now: DateTime<Utc>) -> Option<T
         _ => None,
     };
     let mut new_cursor = old.last().map_or(state.cursor, |t| to_ts(*t));
-    let build = |t: DateTime<Utc>| match s.new_run(t, tick_run_id(&s.id, t)) {
-        Ok(run) => Some(run),
-        Err(e) => {
-            tracing::error!(schedule = %s.id, tick = %super::rfc3339(t), error = %e, "schedule: cannot start the tick's run");
-            None
+    let loaded = if fresh.is_empty() && state.buffered.is_none() {
+        None
+    } else {
+        match s.load() {
+            Ok(l) => Some(l),
+            Err(e) => {
+                // Only what does not need the workflow: the missed range.
+                let plan = missed.map(|m| TickPlan {
+                    schedule_id: s.id.clone(),
+                    def_hash: state.def_hash.clone(),
+                    cursor: state.cursor,
+                    new_cursor,
+                    missed: Some(m),
+                    buffered: None,
+                    fire: Vec::new(),
+                    overlap: s.overlap,
+                });
+                // A buffered tick stays buffered: the plan must carry it to apply.
+                return (plan.filter(|_| state.buffered.is_none()), Some(e));
+            }
+        }
+    };
+    let mut problem = None;
+    let mut build = |t: DateTime<Utc>| {
+        let loaded = loaded.as_ref()?;
+        match s.run_of(loaded, t, tick_run_id(&s.id, t)) {
+            Ok(run) => Some(run),
+            Err(e) => {
+                problem = Some(e);
+                None
+            }
         }
     };
     let buffered = match state.buffered {
-        Some(b) => Some((b, build(to_utc(b))?)),
+        Some(b) => match build(to_utc(b)) {
+            Some(run) => Some((b, run)),
+            None => return (None, problem),
+        },
         None => None,
     };
     let mut fire = Vec::with_capacity(fresh.len());
@@ -272,9 +330,9 @@ pub fn plan(s: &Schedule, state: &ScheduleState, now: DateTime<Utc>) -> Option<T
         new_cursor = to_ts(t);
     }
     if missed.is_none() && fire.is_empty() && buffered.is_none() {
-        return None;
+        return (None, problem);
     }
-    Some(TickPlan {
+    let plan = TickPlan {
         schedule_id: s.id.clone(),
         def_hash: state.def_hash.clone(),
         cursor: state.cursor,
@@ -283,5 +341,6 @@ pub fn plan(s: &Schedule, state: &ScheduleState, now: DateTime<Utc>) -> Option<T
         buffered,
         fire,
         overlap: s.overlap,
-    })
+    };
+    (Some(plan), problem)
 }

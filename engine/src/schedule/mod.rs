@@ -93,6 +93,12 @@ pub struct Schedule {
     pub catchup: Duration,
 }
 
+/// A schedule's workflow, read and checked once for the ticks of one pass.
+pub struct Loaded {
+    wf: crate::workflow::ValidWorkflow,
+    text: String,
+}
+
 /// A problem of one schedule: where (a byte offset into `flow.toml`) and what.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
@@ -256,20 +262,39 @@ impl Schedule {
     /// The run of the tick at `t` (`run_id`), its workflow read and checked now, so an
     /// edit of the file takes effect at the next tick; or why it cannot start.
     pub fn new_run(&self, t: DateTime<Utc>, run_id: String) -> Result<NewRun, String> {
+        self.run_of(&self.load()?, t, run_id)
+    }
+
+    /// The schedule's workflow, read and checked now; or why it cannot be used.
+    pub fn load(&self) -> Result<Loaded, String> {
         let opts = crate::snapshot::validate_options();
-        let (wf, source) = crate::workflow::load_file(&self.workflow, &opts)
-            .map_err(|d| format!("schedule `{}`: {d}", self.id))?;
+        crate::workflow::load_file(&self.workflow, &opts)
+            .map(|(wf, source)| Loaded {
+                wf,
+                text: source.text,
+            })
+            .map_err(|d| format!("schedule `{}`: {}", self.id, d.to_string().trim_end()))
+    }
+
+    /// The run of the tick at `t` (`run_id`) of the workflow `loaded`.
+    pub fn run_of(
+        &self,
+        loaded: &Loaded,
+        t: DateTime<Utc>,
+        run_id: String,
+    ) -> Result<NewRun, String> {
+        let Loaded { wf, text } = loaded;
         let ctx = json!({ "schedule": { "time": rfc3339(t), "id": self.id } });
         let given = match render(&Json::Object(self.inputs.clone()), &ctx)? {
             Json::Object(m) => m,
             _ => Map::new(),
         };
-        let inputs = crate::inputs::from_json(&wf, given)
+        let inputs = crate::inputs::from_json(wf, given)
             .map_err(|e| format!("schedule `{}`: {e}", self.id))?;
         Ok(NewRun {
             id: run_id,
             workflow_name: wf.name.clone(),
-            workflow_text: source.text,
+            workflow_text: text.clone(),
             inputs,
             priority: 0,
             not_before: None,
