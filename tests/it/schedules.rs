@@ -294,4 +294,16 @@ fn the_cli_lists_pauses_resumes_and_triggers_and_refuses_bad_entries() {
             stderr(&out)
         );
     }
+    // A daemon does not start with a schedule whose workflow it cannot use.
+    db.write(
+        "flow.toml",
+        "[[schedules]]\nid = \"x\"\nworkflow = \"gone.yaml\"\ncron = \"@hourly\"\n",
+    );
+    let out = output(db.flow().args(["daemon", "--exit-when-idle"]));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("schedule `x`: gone.yaml"),
+        "{}",
+        stderr(&out)
+    );
 }
