@@ -307,3 +307,43 @@ fn the_cli_lists_pauses_resumes_and_triggers_and_refuses_bad_entries() {
         stderr(&out)
     );
 }
+
+/// The daemon reads a changed `flow.toml` at its next pass: a changed schedule is
+/// recorded `changed` and fires by its new cron from its next tick; a new one starts.
+#[test]
+fn a_changed_flow_toml_takes_effect_at_the_next_tick_without_a_restart() {
+    let db = TestDb::new(Backend::Sqlite);
+    config(&db, "* * * * * *", "overlap = \"allow\"", QUICK);
+    let mut d = Daemon::start(&db, "d", &["--poll-interval", "100ms"], &[]);
+    std::thread::sleep(Duration::from_millis(2500));
+    let changed_at = chrono::Utc::now().timestamp();
+    // A new mtime second for sure, then the new file.
+    std::thread::sleep(Duration::from_millis(1100));
+    db.write(
+        "flow.toml",
+        "[[schedules]]\nid = \"every\"\nworkflow = \"w.yaml\"\ncron = \"*/3 * * * * *\"\noverlap = \"allow\"\ninputs = { at = \"${{ schedule.time }}\" }\n\n[[schedules]]\nid = \"other\"\nworkflow = \"w.yaml\"\ncron = \"* * * * * *\"\ninputs = { at = \"x\" }\n",
+    );
+    std::thread::sleep(Duration::from_secs(7));
+    d.signal("-TERM");
+    let _ = d.wait(Duration::from_secs(30));
+    let h = history(&db);
+    assert!(h.iter().any(|e| e.0 == "changed"), "{h:?}\n{}", d.log());
+    let late: Vec<i64> = h
+        .iter()
+        .filter(|e| e.0 == "started" && seconds(&e.1) > changed_at + 2)
+        .map(|e| seconds(&e.1))
+        .collect();
+    assert!(!late.is_empty(), "{h:?}");
+    assert!(
+        late.iter().all(|s| s % 3 == 0),
+        "after the change only every third second: {late:?}"
+    );
+    let out = output(db.flow().args(["schedules", "history", "other", "--json"]));
+    let other: Value = serde_json::from_str(&stdout(&out)).expect("json");
+    assert!(
+        other
+            .as_array()
+            .is_some_and(|a| a.iter().any(|e| e["outcome"] == "started")),
+        "the new schedule fired: {other}"
+    );
+}

@@ -157,6 +157,15 @@ async fn serve_api(
     Ok(())
 }
 
+/// `flow.toml` read again for its schedules (the daemon watches it).
+fn reload_schedules(path: &std::path::Path) -> Result<crate::schedule::manage::Schedules, String> {
+    let mut config = Config::load(Some(path)).map_err(|e| e.to_string())?;
+    Ok(crate::schedule::manage::Schedules::new(
+        std::mem::take(&mut config.schedules),
+        config.path.as_deref(),
+    ))
+}
+
 /// `flow daemon`.
 pub(crate) async fn daemon(
     cli: &Cli,
@@ -207,11 +216,19 @@ pub(crate) async fn daemon(
             stop_serving.clone(),
         ))
     });
+    let config_path = schedules.path.clone();
     let scheduler = (!schedules.list.is_empty()).then(|| {
         let names: Vec<&str> = schedules.list.iter().map(|s| s.id.as_str()).collect();
         let _ = writeln!(stderr, "flow daemon: firing schedules {}", names.join(", "));
         let s = crate::schedule::fire::Scheduler::new(ledger.clone(), schedules, metrics.clone());
-        tokio::spawn(s.run(stop_serving.clone()))
+        let watch = config_path.map(|path| crate::schedule::fire::Watch {
+            reload: Box::new({
+                let path = path.clone();
+                move || reload_schedules(&path)
+            }),
+            path,
+        });
+        tokio::spawn(s.run(stop_serving.clone(), watch))
     });
     let service = Service::new(executor, config, metrics);
     let signals = tokio::spawn(shutdown::on_signals(service.handle()));

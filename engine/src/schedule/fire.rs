@@ -43,6 +43,18 @@ pub struct Scheduler {
     actor: String,
 }
 
+/// Reads the configuration again (`flow.toml` changed): its schedules, or why not.
+pub type Reload = Box<dyn Fn() -> Result<super::manage::Schedules, String> + Send + Sync>;
+
+/// Where the schedules came from, watched for changes: the file, its last modification
+/// time, and how to read it again.
+pub struct Watch {
+    /// The configuration file.
+    pub path: std::path::PathBuf,
+    /// How to read it.
+    pub reload: Reload,
+}
+
 fn to_utc(t: Timestamp) -> DateTime<Utc> {
     DateTime::from_timestamp_millis(t.0).unwrap_or_default()
 }
@@ -57,6 +69,7 @@ impl Scheduler {
         let super::manage::Schedules {
             list: schedules,
             source: actor,
+            ..
         } = schedules;
         let hashes = schedules
             .iter()
@@ -75,12 +88,34 @@ impl Scheduler {
 
     /// Fires ticks until `stop`: stores the definitions, then passes over the schedules
     /// each second (sooner when a tick is due sooner). A database error is logged and
-    /// the pass is tried again: ticks are not lost, they wait behind the cursor.
-    pub async fn run(self, stop: CancellationToken) {
-        let defs: Vec<_> = self.schedules.iter().map(Schedule::def).collect();
+    /// the pass is tried again: ticks are not lost, they wait behind the cursor. With
+    /// `watch`, a change of the configuration file is read at the next pass: new and
+    /// changed schedules are stored (recorded `changed`), removed ones removed, and they
+    /// take effect from their next tick.
+    pub async fn run(mut self, stop: CancellationToken, watch: Option<Watch>) {
+        let modified = |w: &Watch| std::fs::metadata(&w.path).and_then(|m| m.modified()).ok();
+        let mut seen = watch.as_ref().and_then(modified);
+        let mut defs: Vec<_> = self.schedules.iter().map(Schedule::def).collect();
         let mut synced = false;
         while !stop.is_cancelled() {
             let now = Utc::now();
+            if let Some(w) = &watch
+                && let Some(m) = modified(w)
+                && Some(m) != seen
+            {
+                seen = Some(m);
+                match (w.reload)() {
+                    Ok(fresh) => {
+                        tracing::warn!(file = %w.path.display(), schedules = fresh.list.len(), "schedules: the configuration changed; storing its schedules");
+                        self = Self::new(self.ledger.clone(), fresh, self.metrics.clone());
+                        defs = self.schedules.iter().map(Schedule::def).collect();
+                        synced = false;
+                    }
+                    Err(e) => {
+                        tracing::error!(file = %w.path.display(), error = %e, "schedules: the changed configuration cannot be read; firing the schedules read before")
+                    }
+                }
+            }
             if !synced {
                 match self
                     .ledger

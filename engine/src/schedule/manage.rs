@@ -38,6 +38,8 @@ pub struct Schedules {
     pub list: Vec<Schedule>,
     /// `config <path>`: who stores their definitions.
     pub source: String,
+    /// The configuration file they were read from (`None`: no file).
+    pub path: Option<std::path::PathBuf>,
 }
 
 /// What a tick that started nothing came to.
@@ -59,7 +61,11 @@ impl Schedules {
             || "config flow.toml (none found)".to_string(),
             |p| format!("config {}", p.display()),
         );
-        Self { list, source }
+        Self {
+            list,
+            source,
+            path: path.map(std::path::Path::to_path_buf),
+        }
     }
 
     fn find(&self, id: &str) -> Result<&Schedule, ManageError> {
