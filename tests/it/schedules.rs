@@ -207,8 +207,25 @@ fn overlap_skip_records_the_ticks_it_skips() {
     let db = TestDb::new(Backend::Sqlite);
     let slow = "name: slow\ninputs:\n  at: { type: string, required: true }\ntools:\n  nap: { kind: command, command: [sleep, \"2.5\"] }\nnodes:\n  a: { tool: nap }\n";
     config(&db, "* * * * * *", "overlap = \"skip\"", slow);
-    let mut d = Daemon::start(&db, "d", &["--poll-interval", "100ms"], &[]);
+    let addr = crate::daemon::free_port();
+    let metrics_addr = addr.to_string();
+    let args = ["--poll-interval", "100ms", "--metrics-addr", &metrics_addr];
+    let mut d = Daemon::start(&db, "d", &args, &[]);
     std::thread::sleep(Duration::from_secs(7));
+    let (code, text) = crate::daemon::http_get(addr, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    let counted = |outcome: &str| -> u64 {
+        let prefix =
+            format!("flow_schedule_ticks_total{{schedule=\"every\",outcome=\"{outcome}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        counted("started") >= 2 && counted("skipped_overlap") >= 2,
+        "the ticks are counted: {text}"
+    );
     d.signal("-TERM");
     let _ = d.wait(Duration::from_secs(30));
     let h = history(&db);
