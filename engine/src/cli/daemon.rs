@@ -166,6 +166,30 @@ fn reload_schedules(path: &std::path::Path) -> Result<crate::schedule::manage::S
     ))
 }
 
+/// The schedules of `flow.toml`, fired beside the workers until `stop` (none: no task).
+fn spawn_scheduler(
+    schedules: crate::schedule::manage::Schedules,
+    ledger: &flow_ledger::Ledger,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+    stderr: &mut dyn Write,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let config_path = schedules.path.clone();
+    (!schedules.list.is_empty()).then(|| {
+        let names: Vec<&str> = schedules.list.iter().map(|s| s.id.as_str()).collect();
+        let _ = writeln!(stderr, "flow daemon: firing schedules {}", names.join(", "));
+        let s = crate::schedule::fire::Scheduler::new(ledger.clone(), schedules, metrics.clone());
+        let watch = config_path.map(|path| crate::schedule::fire::Watch {
+            reload: Box::new({
+                let path = path.clone();
+                move || reload_schedules(&path)
+            }),
+            path,
+        });
+        tokio::spawn(s.run(stop.clone(), watch))
+    })
+}
+
 /// `flow daemon`.
 pub(crate) async fn daemon(
     cli: &Cli,
@@ -216,20 +240,7 @@ pub(crate) async fn daemon(
             stop_serving.clone(),
         ))
     });
-    let config_path = schedules.path.clone();
-    let scheduler = (!schedules.list.is_empty()).then(|| {
-        let names: Vec<&str> = schedules.list.iter().map(|s| s.id.as_str()).collect();
-        let _ = writeln!(stderr, "flow daemon: firing schedules {}", names.join(", "));
-        let s = crate::schedule::fire::Scheduler::new(ledger.clone(), schedules, metrics.clone());
-        let watch = config_path.map(|path| crate::schedule::fire::Watch {
-            reload: Box::new({
-                let path = path.clone();
-                move || reload_schedules(&path)
-            }),
-            path,
-        });
-        tokio::spawn(s.run(stop_serving.clone(), watch))
-    });
+    let scheduler = spawn_scheduler(schedules, &ledger, &metrics, &stop_serving, stderr);
     let service = Service::new(executor, config, metrics);
     let signals = tokio::spawn(shutdown::on_signals(service.handle()));
     let stopped = service.run().await;
