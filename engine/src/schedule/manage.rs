@@ -98,30 +98,18 @@ impl Schedules {
     /// Every schedule as a reader sees it.
     pub async fn views(&self, ledger: &Ledger) -> Result<Vec<ScheduleView>, ManageError> {
         let states = ledger.list_schedules().await?;
-        let at = Utc::now();
         let mut out = Vec::with_capacity(self.list.len());
         for s in &self.list {
-            let last_run = ledger
-                .last_tick(&s.id, &[HistoryKind::Started, HistoryKind::Triggered])
-                .await?;
-            let last_skip = ledger.last_tick(&s.id, SKIPS).await?;
-            let state = states.iter().find(|st| st.id == s.id);
-            out.push(ScheduleView::of(s, state, (last_run, last_skip), at));
+            out.push(view_of(ledger, s, &states).await?);
         }
         Ok(out)
     }
 
-    /// The view of schedule `id`.
+    /// The view of schedule `id` (only its own history is read).
     pub async fn view(&self, ledger: &Ledger, id: &str) -> Result<ScheduleView, ManageError> {
-        self.find(id)?;
-        let views = self.views(ledger).await?;
-        views
-            .into_iter()
-            .find(|v| v.id == id)
-            .ok_or_else(|| ManageError::Unknown {
-                id: id.to_string(),
-                config: self.source.clone(),
-            })
+        let s = self.find(id)?;
+        let states = ledger.list_schedules().await?;
+        view_of(ledger, s, &states).await
     }
 
     /// Pauses (`pause`) or resumes schedule `id` as `who` (a name and a reason).
@@ -153,4 +141,23 @@ impl Schedules {
         let enq = ledger.trigger_schedule(id, run, who, now()).await?;
         Ok(enq.run.id)
     }
+}
+
+/// `s` as a reader sees it, beside the stored `states`: its latest run and skip read.
+async fn view_of(
+    ledger: &Ledger,
+    s: &Schedule,
+    states: &[ScheduleState],
+) -> Result<ScheduleView, ManageError> {
+    let last_run = ledger
+        .last_tick(&s.id, &[HistoryKind::Started, HistoryKind::Triggered])
+        .await?;
+    let last_skip = ledger.last_tick(&s.id, SKIPS).await?;
+    let state = states.iter().find(|st| st.id == s.id);
+    Ok(ScheduleView::of(
+        s,
+        state,
+        (last_run, last_skip),
+        Utc::now(),
+    ))
 }

@@ -249,6 +249,13 @@ fn entry(
     }
 }
 
+/// The error for a schedule that is not stored.
+fn unknown(id: &str) -> Error {
+    Error::NotFound {
+        what: format!("schedule {id}"),
+    }
+}
+
 /// The schedule `id`, its row locked until the transaction ends (on PostgreSQL; a
 /// SQLite write transaction holds the whole database).
 pub(crate) async fn state_for_update(
@@ -355,9 +362,7 @@ impl Ledger {
                 let s = ledger.scope();
                 let state = state_for_update(c, s, &id)
                     .await?
-                    .ok_or_else(|| Error::NotFound {
-                        what: format!("schedule {id}"),
-                    })?;
+                    .ok_or_else(|| unknown(&id))?;
                 if state.paused == paused {
                     return Ok(state);
                 }
@@ -385,9 +390,9 @@ impl Ledger {
                     HistoryKind::Resumed
                 };
                 record(c, s, &entry(&id, kind, &actor, reason, now)).await?;
-                state_for_update(c, s, &id).await?.ok_or(Error::NotFound {
-                    what: format!("schedule {id}"),
-                })
+                state_for_update(c, s, &id)
+                    .await?
+                    .ok_or_else(|| unknown(&id))
             })
         })
         .await
@@ -410,9 +415,7 @@ impl Ledger {
             Box::pin(async move {
                 let s = ledger.scope();
                 if state_for_update(c, s, &id).await?.is_none() {
-                    return Err(Error::NotFound {
-                        what: format!("schedule {id}"),
-                    });
+                    return Err(unknown(&id));
                 }
                 let mut tx = crate::runs::EnqueueTx::default();
                 let enq = crate::runs::enqueue_in(c, &ledger, &run, None, now, &mut tx).await?;
@@ -545,7 +548,5 @@ async fn sync_one(
     }
     state_for_update(c, s, &def.id)
         .await?
-        .ok_or_else(|| Error::NotFound {
-            what: format!("schedule {}", def.id),
-        })
+        .ok_or_else(|| unknown(&def.id))
 }
