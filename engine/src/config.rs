@@ -26,6 +26,10 @@
 //! workflow = "workflows/reconcile.yaml"
 //! cron = "0 2 * * *"
 //! timezone = "Europe/Paris"
+//!
+//! [retention]                               # what is deleted, and when
+//! runs = "30d"                              # (see `crate::retention`)
+//! events = "7d"
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -101,6 +105,12 @@ pub struct Config {
     /// The schedules every daemon fires (`crate::schedule`), checked.
     #[serde(skip)]
     pub schedules: Vec<crate::schedule::Schedule>,
+    /// `[retention]` as written (checked into [`Config::retention`] on load).
+    #[serde(default, rename = "retention")]
+    pub retention_entry: crate::retention::RetentionConfig,
+    /// What retention deletes and how fast (`crate::retention`), checked.
+    #[serde(skip)]
+    pub retention: crate::retention::Retention,
     /// Where the file came from (`None` = defaults).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -216,6 +226,10 @@ impl Config {
         }
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         config.schedules = crate::schedule::check_all(&config.schedule_entries, &base)
+            .map_err(|p| at(&path, &text, p.at, p.message))?;
+        config.retention = config
+            .retention_entry
+            .check()
             .map_err(|p| at(&path, &text, p.at, p.message))?;
         if let Some(u) = &config.api.public_url {
             let ok = url::Url::parse(u)

@@ -38,6 +38,7 @@ pub mod policy;
 pub mod read_limited;
 pub mod reconcile;
 pub mod redrive;
+pub mod retention;
 pub mod retry;
 pub mod runtime;
 pub mod schedule;

@@ -644,6 +644,8 @@ impl Ledger {
                             }
                             return claim_foreign(c, &ledger, &req, &other, now).await;
                         }
+                        // A key no call holds may be one a deleted run used.
+                        crate::retention::refuse_retired(c, s, &req.idempotency_key).await?;
                         let inserted = insert_claimed(c, &ledger, &req, expires_at, now).await?;
                         match inserted {
                             Some(row) => {

@@ -25,6 +25,23 @@ pub enum Error {
         /// What differs.
         reason: String,
     },
+    /// A brand-new claim presented an idempotency key that a run deleted by retention
+    /// used (its tombstone, migration 0015): the outcome it would replay is gone, and a
+    /// send could execute twice at a downstream that still remembers the key. Nothing
+    /// was claimed or sent; the caller chooses a new key or settles it by hand.
+    #[error(
+        "the idempotency key was used by run {run_id} (node {node_id}, {outcome}), deleted by retention on {deleted_at}; choose a new key or resolve by hand"
+    )]
+    KeyRetired {
+        /// The deleted run that used the key.
+        run_id: String,
+        /// Its node.
+        node_id: String,
+        /// How that call ended (`succeeded` or `failed`).
+        outcome: String,
+        /// When retention deleted the run.
+        deleted_at: Timestamp,
+    },
     /// A live lease is held by someone else: never two workers (or senders) at once.
     #[error("busy: leased by {holder} until {until}")]
     Busy {

@@ -101,6 +101,7 @@ mod rate;
 mod reads;
 mod redrive;
 mod resolve;
+mod retention;
 mod rows;
 mod run_states;
 mod runs;
@@ -138,6 +139,7 @@ pub use probes::{
     NewProbe, PROBE_USAGE, Probe, ProbeDecision, ProbeObserved, ProbeSchedule, RecordedProbe,
 };
 pub use redrive::Redriven;
+pub use retention::{Candidate, Deleted, Kept, RunGc, Sweep, Tombstone, key_hash};
 pub use runs::MAX_CLAIM;
 pub use schedules::{
     Handled, HistoryEntry, HistoryKind, MAX_HISTORY_PAGE, Overlap, ScheduleDef, ScheduleState,

@@ -28,6 +28,7 @@ mod reconcile;
 mod reconcile_console;
 mod reconcile_kinds;
 mod redrive;
+mod retention;
 mod retries;
 mod runs;
 mod schedules;

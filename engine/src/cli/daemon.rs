@@ -63,7 +63,7 @@ type Opened = (
     Executor,
     Vec<crate::events::Consumer>,
     Option<ApiAuth>,
-    Scheduled,
+    (Scheduled, crate::retention::Retention),
 );
 
 /// The schedules of `flow.toml` and who stores their definitions (`config <path>`).
@@ -75,6 +75,7 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     logging::init(cli.log_format, &secrets);
     let mut config = Config::load(cli.config.as_deref())?;
+    let retention = config.retention.clone();
     let scheduled = crate::schedule::manage::Schedules::new(
         std::mem::take(&mut config.schedules),
         config.path.as_deref(),
@@ -121,7 +122,7 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     .map_err(CliError::from)?;
     runtime.gateway.set_public_url(public_url.as_deref());
     let executor = runtime.executor(Arc::new(Observer::new(metrics)));
-    Ok((runtime, executor, consumers, auth, scheduled))
+    Ok((runtime, executor, consumers, auth, (scheduled, retention)))
 }
 
 /// `--metrics-addr ADDR`: `/metrics` and `/healthz` until `stop` fires; the bound address.
@@ -190,6 +191,38 @@ fn spawn_scheduler(
     })
 }
 
+/// `[retention]` of `flow.toml`, applied beside the workers until `stop` (off: no task).
+fn spawn_retention(
+    retention: crate::retention::Retention,
+    ledger: &flow_ledger::Ledger,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+    stderr: &mut dyn Write,
+) -> Option<tokio::task::JoinHandle<()>> {
+    retention.is_on().then(|| {
+        let horizon = |d: Option<std::time::Duration>| {
+            d.map_or("kept".to_owned(), |d| {
+                humantime::format_duration(d).to_string()
+            })
+        };
+        let _ = writeln!(
+            stderr,
+            "flow daemon: retention on (runs {}, events {}), at most {} rows/s",
+            horizon(retention.runs),
+            horizon(retention.events),
+            retention.rate
+        );
+        let metrics = metrics.clone();
+        tokio::spawn(crate::retention::gc::run(
+            ledger.clone(),
+            retention,
+            Arc::new(SystemClock),
+            stop.clone(),
+            Box::new(move |d| metrics.retention_deleted(d)),
+        ))
+    })
+}
+
 /// `flow daemon`.
 pub(crate) async fn daemon(
     cli: &Cli,
@@ -198,7 +231,8 @@ pub(crate) async fn daemon(
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let metrics = Arc::new(Metrics::new());
-    let (runtime, executor, consumers, auth, schedules) = open(cli, args, metrics.clone()).await?;
+    let (runtime, executor, consumers, auth, (schedules, retention)) =
+        open(cli, args, metrics.clone()).await?;
     let ledger = runtime.ledger.clone();
     let config = Settings {
         concurrency: usize::try_from(args.concurrency).unwrap_or(1),
@@ -241,11 +275,12 @@ pub(crate) async fn daemon(
         ))
     });
     let scheduler = spawn_scheduler(schedules, &ledger, &metrics, &stop_serving, stderr);
+    let retention = spawn_retention(retention, &ledger, &metrics, &stop_serving, stderr);
     let service = Service::new(executor, config, metrics);
     let signals = tokio::spawn(shutdown::on_signals(service.handle()));
     let stopped = service.run().await;
     stop_serving.cancel();
-    if let Some(task) = scheduler {
+    for task in [scheduler, retention].into_iter().flatten() {
         let _ = task.await;
     }
     if !matches!(stopped, Stopped::Immediate)

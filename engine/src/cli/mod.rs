@@ -9,6 +9,7 @@ mod daemon;
 mod error;
 mod events;
 mod follow_up;
+mod gc;
 mod logging;
 mod meta;
 mod publish;
@@ -246,6 +247,11 @@ pub enum Command {
         after_help = "Exit codes: 0 done, 2 bad input (an unknown schedule, a workflow that does not validate), 5 a flow.toml that does not check or an unreachable database.\n\nExamples:\n  flow --config flow.toml schedules\n  flow schedules pause nightly --by ada --reason 'bank holiday'\n  flow schedules trigger nightly\n  flow schedules history nightly --json"
     )]
     Schedules(schedules::SchedulesArgs),
+    /// Retention by hand: delete the finished runs, events and tombstones `[retention]` in flow.toml says are past their time.
+    #[command(
+        after_help = "A run is deleted whole in one transaction, and only when it finished before the horizon with no call open or in doubt and no unfinished child or parent; each key its calls used is left as a tombstone, and a later claim of that key is refused. Daemons do the same in the background at `rate` rows per second.\n\nExit codes: 0 done (also when retention is off), 5 a flow.toml that does not check or an unreachable database.\n\nExamples:\n  flow --config flow.toml gc --dry-run\n  flow gc --json"
+    )]
+    Gc(gc::GcArgs),
     /// Create or upgrade the ledger's tables (also done automatically on first use).
     #[command(after_help = "Example:\n  flow --db postgres://flow@db.internal/flow migrate")]
     Migrate,
@@ -409,6 +415,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
             Some(events::EventsCommand::Dispatch(_)) => Some("events dispatch"),
             Some(events::EventsCommand::Tail(_)) | None => None,
         },
+        Command::Gc(args) if !args.dry_run => Some("gc"),
         Command::Schedules(args) => match &args.command {
             Some(schedules::SchedulesCommand::Pause(_)) => Some("schedules pause"),
             Some(schedules::SchedulesCommand::Resume(_)) => Some("schedules resume"),
@@ -416,6 +423,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
             Some(schedules::SchedulesCommand::History(_)) | None => None,
         },
         Command::Show(_)
+        | Command::Gc(_)
         | Command::Runs(_)
         | Command::Approvals(_)
         | Command::Reconcile(_)
@@ -449,7 +457,8 @@ fn needs_existing_ledger(command: &Command) -> bool {
         | Command::Approvals(_)
         | Command::Approve(_)
         | Command::Deny(_)
-        | Command::Reconcile(_) => true,
+        | Command::Reconcile(_)
+        | Command::Gc(_) => true,
         Command::Events(args) => !matches!(args.command, Some(events::EventsCommand::Dispatch(_))),
         _ => false,
     }
@@ -513,6 +522,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Command::Publish(args) => publish::publish(cli, args, stdout).await,
             Command::Events(args) => events::events(cli, args, stdout, stderr).await,
             Command::Schedules(args) => schedules::schedules(cli, args, stdout).await,
+            Command::Gc(args) => gc::gc(cli, args, stdout).await,
             Command::Migrate => migrate(cli, stdout).await,
             Command::Version => Ok(meta::version(cli, stdout).await),
             Command::Validate { .. }

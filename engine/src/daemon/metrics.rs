@@ -62,8 +62,35 @@ pub struct Metrics {
     tools_seen: std::sync::Mutex<std::collections::HashSet<String>>,
     deliveries: Family<Labels, Gauge>,
     auth_failures: Family<Label, Counter>,
-    schedule_ticks: Family<Labels, Counter>,
+    background: Background,
     process: ProcessGauges,
+}
+
+/// Counters of the daemon's background tasks: the scheduler and retention.
+struct Background {
+    schedule_ticks: Family<Labels, Counter>,
+    retention_deleted: Family<Labels, Counter>,
+}
+
+impl Background {
+    fn register(registry: &mut Registry) -> Self {
+        let schedule_ticks = Family::<Labels, Counter>::default();
+        let retention_deleted = Family::<Labels, Counter>::default();
+        registry.register(
+            "schedule_ticks",
+            "Schedule ticks this daemon handled, by schedule and outcome (started, skipped_overlap, buffered, missed)",
+            schedule_ticks.clone(),
+        );
+        registry.register(
+            "retention_deleted",
+            "Rows this daemon's retention deleted, by table (runs, steps, tool_calls, outbox, key_tombstones, …)",
+            retention_deleted.clone(),
+        );
+        Self {
+            schedule_ticks,
+            retention_deleted,
+        }
+    }
 }
 
 /// This process's resources, read from `/proc` at scrape time.
@@ -160,13 +187,8 @@ impl Metrics {
             Family::new_with_constructor(call_histogram);
         let deliveries = Family::<Labels, Gauge>::default();
         let auth_failures = Family::<Label, Counter>::default();
-        let schedule_ticks = Family::<Labels, Counter>::default();
         let process = ProcessGauges::register(&mut registry);
-        registry.register(
-            "schedule_ticks",
-            "Schedule ticks this daemon handled, by schedule and outcome (started, skipped_overlap, buffered, missed)",
-            schedule_ticks.clone(),
-        );
+        let background = Background::register(&mut registry);
         registry.register(
             "api_auth_failures",
             "Presented API tokens that matched none, by where (api, console, metrics); each counts toward its address's throttle",
@@ -259,7 +281,7 @@ impl Metrics {
             tools_seen: std::sync::Mutex::new(std::collections::HashSet::new()),
             deliveries,
             auth_failures,
-            schedule_ticks,
+            background,
             process,
         }
     }
@@ -268,12 +290,24 @@ impl Metrics {
     /// `flow.toml`: a bounded set).
     pub fn schedule_ticks(&self, schedule: &str, outcome: &'static str, n: u64) {
         if n > 0 {
-            self.schedule_ticks
+            self.background
+                .schedule_ticks
                 .get_or_create(&vec![
                     ("schedule", schedule.to_string()),
                     ("outcome", outcome.to_string()),
                 ])
                 .inc_by(n);
+        }
+    }
+
+    /// Counts the rows one retention transaction deleted, by table (a fixed set of
+    /// table names).
+    pub fn retention_deleted(&self, deleted: &flow_ledger::Deleted) {
+        for (table, n) in &deleted.rows {
+            self.background
+                .retention_deleted
+                .get_or_create(&vec![("table", table.clone())])
+                .inc_by(*n);
         }
     }
 

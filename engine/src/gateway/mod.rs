@@ -520,6 +520,23 @@ impl Gateway {
                         .await
                         .map(Claimed::Done);
                 }
+                Err(flow_ledger::Error::KeyRetired {
+                    run_id,
+                    node_id,
+                    outcome,
+                    deleted_at,
+                }) => {
+                    // Nothing was claimed or sent: the outcome that key stands for was
+                    // deleted by retention, and a send could execute twice downstream.
+                    let message = format!(
+                        "idempotency key `{}` was used by run {run_id} (node {node_id}, {outcome}), deleted by retention on {deleted_at}; choose a new key or resolve by hand",
+                        r.base_key
+                    );
+                    return self
+                        .fail_claimed_step(c, ErrorKind::Conflict, message)
+                        .await
+                        .map(Claimed::Done);
+                }
                 Err(e) => return Err(e),
             }
         }

@@ -404,3 +404,16 @@ pub async fn event_types(db: &TestDb, run_id: &str) -> Vec<String> {
         .map(|e| e.event_type.as_str().to_owned())
         .collect()
 }
+
+/// One integer the test asks the database directly (not through the ledger).
+pub async fn scalar(url: &str, sql: &str) -> i64 {
+    use sqlx::Connection;
+    let sql = sqlx::AssertSqlSafe(sql.to_owned());
+    if url.starts_with("sqlite:") {
+        let mut c = sqlx::SqliteConnection::connect(url).await.expect("connect");
+        sqlx::query_scalar(sql).fetch_one(&mut c).await.expect(url)
+    } else {
+        let mut c = sqlx::PgConnection::connect(url).await.expect("connect");
+        sqlx::query_scalar(sql).fetch_one(&mut c).await.expect(url)
+    }
+}

@@ -18,6 +18,7 @@ mod pure;
 mod races;
 mod rate;
 mod resolve;
+mod retention;
 mod runs;
 mod schedules;
 mod search;

@@ -9,7 +9,7 @@ use flow_ledger::{
 use serde_json::json;
 use sqlx::Connection;
 
-use crate::common::{Backend, LEASE, T0, TestDb, empty_database, options, worker};
+use crate::common::{Backend, LEASE, T0, TestDb, empty_database, options, scalar, worker};
 
 crate::conformance!(
     a_batch_of_one_text_stores_it_once_and_every_run_reads_it_back,
@@ -39,18 +39,6 @@ fn run_of(id: &str, text: &str) -> NewRun {
         inputs: json!({"order": id}),
         priority: 0,
         not_before: None,
-    }
-}
-
-/// One integer the test asks the database directly (not through the ledger).
-async fn scalar(url: &str, sql: &str) -> i64 {
-    let sql = sqlx::AssertSqlSafe(sql.to_owned());
-    if url.starts_with("sqlite:") {
-        let mut c = sqlx::SqliteConnection::connect(url).await.expect("connect");
-        sqlx::query_scalar(sql).fetch_one(&mut c).await.expect(url)
-    } else {
-        let mut c = sqlx::PgConnection::connect(url).await.expect("connect");
-        sqlx::query_scalar(sql).fetch_one(&mut c).await.expect(url)
     }
 }
 

@@ -1,0 +1,412 @@
+//! Retention (migration 0015, `ledger/src/retention/`): a finished run goes whole in one
+//! transaction and leaves a tombstone per key, which a later claim of the key is
+//! refused by; what must stay stays (a call in doubt, an unfinished child or parent, a
+//! run too recent or not finished); the sweeps delete by age and keep what a consumer
+//! or a pending wait still needs.
+
+use std::time::Duration;
+
+use flow_ledger::{
+    Error, InDoubtReport, Kept, OnParentCancel, ParentLink, RunFinish, RunGc, RunLease, RunStatus,
+    StartAt, Sweep, Timestamp,
+};
+use serde_json::json;
+
+use crate::common::*;
+
+crate::conformance!(
+    a_finished_run_goes_whole_and_its_keys_are_refused_after,
+    what_must_stay_stays,
+    sweeps_delete_by_age_and_keep_what_is_still_needed,
+);
+
+/// Every table that holds rows of a run, with its run column.
+const RUN_TABLES: [(&str, &str); 14] = [
+    ("runs", "id"),
+    ("steps", "run_id"),
+    ("tool_calls", "run_id"),
+    ("tool_call_attempts", "run_id"),
+    ("usage", "run_id"),
+    ("call_probes", "run_id"),
+    ("call_reconcile", "run_id"),
+    ("approvals", "run_id"),
+    ("approval_votes", "run_id"),
+    ("waits", "run_id"),
+    ("callback_tokens", "run_id"),
+    ("fanouts", "run_id"),
+    ("run_inputs", "run_id"),
+    ("runs", "parent_run_id"),
+];
+
+/// Rows of `run` left in any table (0 once it is deleted).
+async fn rows_of(db: &TestDb, run: &str) -> i64 {
+    let mut n = 0;
+    for (table, col) in RUN_TABLES {
+        n += scalar(
+            &db.url,
+            &format!("SELECT COUNT(*) FROM {table} WHERE {col} = '{run}'"),
+        )
+        .await;
+    }
+    n
+}
+
+async fn finish(db: &TestDb, run: &RunLease, status: RunStatus) {
+    let f = RunFinish {
+        status,
+        output: None,
+        error: None,
+    };
+    db.ledger
+        .finish_run(run, f, db.now())
+        .await
+        .expect("finish");
+}
+
+/// A run with one succeeded call under `key`, finished.
+async fn done_with_key(db: &TestDb, id: &str, key: &str) {
+    let run = running(db, id, &worker("1")).await;
+    call_ok(db, &run, "refund", key, json!({"ok": true})).await;
+    finish(db, &run, RunStatus::Succeeded).await;
+}
+
+async fn a_finished_run_goes_whole_and_its_keys_are_refused_after(db: TestDb) {
+    done_with_key(&db, "old", "refund-42").await;
+    let later = db.advance(Duration::from_secs(3600));
+    done_with_key(&db, "young", "refund-43").await;
+    let horizon = Timestamp(later.0 - 1);
+    let cands = db.ledger.gc_candidates(horizon, None, 10).await.unwrap();
+    assert_eq!(
+        cands.iter().map(|c| c.id.as_str()).collect::<Vec<_>>(),
+        ["old"]
+    );
+    // A dry run counts and writes nothing.
+    let dry = db
+        .ledger
+        .gc_run("old", horizon, db.now(), true)
+        .await
+        .unwrap();
+    let RunGc::Deleted { rows, tombstones } = dry else {
+        panic!("{dry:?}")
+    };
+    assert_eq!(
+        (rows.of("runs"), rows.of("tool_calls"), tombstones),
+        (1, 1, 0)
+    );
+    assert!(rows_of(&db, "old").await > 0);
+    let done = db
+        .ledger
+        .gc_run("old", horizon, db.now(), false)
+        .await
+        .unwrap();
+    let RunGc::Deleted { rows, tombstones } = done else {
+        panic!("{done:?}")
+    };
+    assert_eq!((rows.of("runs"), rows.of("steps"), tombstones), (1, 1, 1));
+    assert_eq!(rows_of(&db, "old").await, 0, "no row of the run is left");
+    assert!(
+        rows_of(&db, "young").await > 0,
+        "the recent run is untouched"
+    );
+    assert_eq!(
+        db.ledger
+            .gc_run("old", horizon, db.now(), false)
+            .await
+            .unwrap(),
+        RunGc::Gone
+    );
+    let t = db
+        .ledger
+        .key_tombstone("refund-42")
+        .await
+        .unwrap()
+        .expect("tombstone");
+    assert_eq!(
+        (t.run_id.as_str(), t.node_id.as_str(), t.outcome.as_str()),
+        ("old", "refund", "succeeded")
+    );
+    let stored = scalar(
+        &db.url,
+        "SELECT COUNT(*) FROM key_tombstones WHERE key_hash = 'refund-42'",
+    )
+    .await;
+    assert_eq!(stored, 0, "the key is stored as its hash only");
+
+    // A new run presenting the key is refused, nothing claimed; a new key goes through.
+    let again = running(&db, "again", &worker("1")).await;
+    db.ledger
+        .create_step(&again, step("refund", "refund", 0), db.now())
+        .await
+        .unwrap();
+    let refused = db
+        .ledger
+        .claim_call(
+            claim(
+                &again,
+                "refund",
+                "refund",
+                "refund-42",
+                json!({"n": "refund"}),
+            ),
+            db.now(),
+        )
+        .await;
+    match refused {
+        Err(Error::KeyRetired { run_id, .. }) => assert_eq!(run_id, "old"),
+        other => panic!("expected KeyRetired, got {other:?}"),
+    }
+    assert!(db.ledger.list_calls("again").await.unwrap().is_empty());
+    claimed(
+        db.ledger
+            .claim_call(
+                claim(
+                    &again,
+                    "refund",
+                    "refund",
+                    "refund-44",
+                    json!({"n": "refund"}),
+                ),
+                db.now(),
+            )
+            .await
+            .unwrap(),
+    );
+    // The same run id submitted again is a new run, and its default keys stay refused.
+    db.ledger
+        .enqueue(new_run("old"), db.now())
+        .await
+        .expect("reuse id");
+}
+
+async fn what_must_stay_stays(db: TestDb) {
+    let w = worker("1");
+    // A cancelled run with a call in doubt.
+    let doubt = running(&db, "doubt", &w).await;
+    db.ledger
+        .create_step(&doubt, step("pay", "pay", 0), db.now())
+        .await
+        .unwrap();
+    let lease = claimed(
+        db.ledger
+            .claim_call(
+                claim(&doubt, "pay", "pay", "pay-1", json!({"n": 1})),
+                db.now(),
+            )
+            .await
+            .unwrap(),
+    );
+    db.ledger.mark_outbound(&lease, db.now()).await.unwrap();
+    let report = InDoubtReport {
+        requests_sent: 1,
+        message: "timeout".into(),
+    };
+    db.ledger
+        .mark_in_doubt(&lease, report, db.now())
+        .await
+        .unwrap();
+    finish(&db, &doubt, RunStatus::Cancelled).await;
+    // A finished parent whose child runs on; a finished child whose parent runs on.
+    let parent = running(&db, "parent", &w).await;
+    db.ledger
+        .create_step(&parent, step("p", "p", 0), db.now())
+        .await
+        .unwrap();
+    let link = |p: &str| ParentLink {
+        run_id: p.into(),
+        step_id: "p".into(),
+        on_cancel: OnParentCancel::Abandon,
+    };
+    db.ledger
+        .start_child(
+            &parent,
+            new_run("kid"),
+            link("parent"),
+            (&w, LEASE),
+            db.now(),
+        )
+        .await
+        .unwrap();
+    finish(&db, &parent, RunStatus::Failed).await;
+    let busy = running(&db, "busy", &w).await;
+    db.ledger
+        .create_step(&busy, step("p", "p", 0), db.now())
+        .await
+        .unwrap();
+    let start = db
+        .ledger
+        .start_child(
+            &busy,
+            new_run("done-kid"),
+            link("busy"),
+            (&w, LEASE),
+            db.now(),
+        )
+        .await
+        .unwrap();
+    finish(
+        &db,
+        &start.lease.expect("claimed for the parent's worker"),
+        RunStatus::Succeeded,
+    )
+    .await;
+    let queued = new_run("queued");
+    db.ledger.enqueue(queued, db.now()).await.unwrap();
+    let now = db.advance(Duration::from_secs(60));
+    let gc = |id: &'static str| {
+        let l = db.ledger.clone();
+        async move { l.gc_run(id, now, now, false).await.unwrap() }
+    };
+    assert!(
+        matches!(gc("doubt").await, RunGc::Kept(Kept::CallOpen { node, status }) if node == "pay" && status == "in_doubt")
+    );
+    assert_eq!(
+        gc("parent").await,
+        RunGc::Kept(Kept::ChildUnfinished {
+            child: "kid".into()
+        })
+    );
+    assert_eq!(
+        gc("done-kid").await,
+        RunGc::Kept(Kept::ParentUnfinished {
+            parent: "busy".into()
+        })
+    );
+    assert_eq!(gc("queued").await, RunGc::Kept(Kept::NotFinished));
+    let early = Timestamp(now.0 - 3_600_000);
+    assert_eq!(
+        db.ledger.gc_run("doubt", early, now, false).await.unwrap(),
+        RunGc::Kept(Kept::TooRecent)
+    );
+    for id in ["doubt", "parent", "done-kid", "queued"] {
+        assert!(rows_of(&db, id).await > 0, "{id} is whole");
+    }
+    // Once the parent finishes, its child may go.
+    finish(&db, &busy, RunStatus::Succeeded).await;
+    assert!(matches!(gc("done-kid").await, RunGc::Deleted { .. }));
+}
+
+/// Schedules every outbox event for consumer `hook` (on PostgreSQL an event becomes
+/// schedulable once older transactions end: rounds).
+async fn schedule_all(db: &TestDb, at: Timestamp, events: i64) {
+    let hook = flow_ledger::ScheduleDeliveries {
+        consumer: "hook".into(),
+        types: vec![],
+        start: StartAt::Beginning,
+        limit: 0,
+    };
+    let mut scheduled = 0;
+    for _ in 0..200 {
+        scheduled += db
+            .ledger
+            .schedule_deliveries(hook.clone(), at)
+            .await
+            .unwrap();
+        if i64::from(scheduled) >= events {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(i64::from(scheduled), events);
+}
+
+/// Leases and delivers every delivery of `hook`; how many.
+async fn deliver_all(db: &TestDb, at: Timestamp) -> i64 {
+    let w = worker("d");
+    let req = flow_ledger::LeaseDeliveries {
+        consumer: "hook",
+        worker: &w,
+        lease: Duration::from_secs(10),
+        limit: 100,
+    };
+    let got = db.ledger.lease_deliveries(req, at).await.unwrap();
+    for g in &got {
+        let f = flow_ledger::FinishDelivery {
+            consumer: "hook",
+            event_id: &g.event.id,
+            worker: &w,
+            outcome: flow_ledger::DeliveryOutcome::Delivered,
+        };
+        db.ledger.finish_delivery(f, at).await.unwrap();
+    }
+    i64::try_from(got.len()).unwrap()
+}
+
+async fn sweeps_delete_by_age_and_keep_what_is_still_needed(db: TestDb) {
+    done_with_key(&db, "a", "k-a").await;
+    let p = db
+        .ledger
+        .publish_event("shipment", Some("e1"), &json!({"n": 1}), None, db.now())
+        .await
+        .unwrap();
+    assert!(!p.duplicate);
+    let t1 = db.advance(Duration::from_secs(3600));
+    let events = scalar(&db.url, "SELECT COUNT(*) FROM outbox").await;
+    assert!(events > 0);
+    // A consumer with pending deliveries holds every event it has not had.
+    schedule_all(&db, t1, events).await;
+    let sweep = Sweep {
+        events_before: Some(t1),
+        history_before: Some(t1),
+        keys_before: None,
+        windows_before: Some(t1),
+        texts: true,
+        limit: 1000,
+    };
+    let d = db.ledger.gc_sweep(&sweep, t1, false).await.unwrap();
+    assert_eq!(
+        d.of("outbox"),
+        0,
+        "pending deliveries keep their events: {d:?}"
+    );
+    assert_eq!(d.of("published_events"), 1, "no wait needs it");
+    assert_eq!(
+        d.of("workflow_texts"),
+        0,
+        "run `a` still references its text"
+    );
+    // Delivered, the events go with their deliveries.
+    assert_eq!(deliver_all(&db, t1).await, events);
+    let d = db.ledger.gc_sweep(&sweep, t1, false).await.unwrap();
+    assert_eq!(
+        (d.of("outbox"), d.of("event_deliveries")),
+        (events as u64, events as u64),
+        "{d:?}"
+    );
+    assert_eq!(
+        scalar(&db.url, "SELECT COUNT(*) FROM event_deliveries").await,
+        0
+    );
+    // Run `a` goes; its text goes at the next sweep; its tombstone expires on `keys`.
+    let gone = db.ledger.gc_run("a", t1, t1, false).await.unwrap();
+    assert!(
+        matches!(gone, RunGc::Deleted { tombstones: 1, .. }),
+        "{gone:?}"
+    );
+    let d = db.ledger.gc_sweep(&sweep, t1, false).await.unwrap();
+    assert_eq!(d.of("workflow_texts"), 1, "{d:?}");
+    assert!(db.ledger.key_tombstone("k-a").await.unwrap().is_some());
+    let expire = Sweep {
+        keys_before: Some(t1),
+        ..Sweep::default()
+    };
+    let dry = db
+        .ledger
+        .gc_sweep(
+            &Sweep {
+                limit: 1000,
+                ..expire.clone()
+            },
+            t1,
+            true,
+        )
+        .await
+        .unwrap();
+    assert_eq!(dry.of("key_tombstones"), 1);
+    assert!(
+        db.ledger.key_tombstone("k-a").await.unwrap().is_some(),
+        "a dry run writes nothing"
+    );
+    let d = db.ledger.gc_sweep(&expire, t1, false).await.unwrap();
+    assert_eq!(d.of("key_tombstones"), 1, "{d:?}");
+    assert!(db.ledger.key_tombstone("k-a").await.unwrap().is_none());
+}
