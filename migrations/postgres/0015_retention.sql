@@ -6,7 +6,7 @@
 -- node that used it, the request's digest and how the call ended. A claim of a brand-new
 -- key looks here first: a tombstoned key is refused (the outcome it would replay is gone,
 -- and sending it again could execute twice at a downstream that still remembers it).
--- Tombstones expire `keys` after the run that used the key finished (`used_at`).
+-- Tombstones expire `keys` after the run was deleted (`deleted_at`).
 CREATE TABLE key_tombstones (
     tenant       TEXT   NOT NULL,
     workspace    TEXT   NOT NULL,
@@ -20,7 +20,7 @@ CREATE TABLE key_tombstones (
     PRIMARY KEY (tenant, workspace, key_hash)
 );
 -- query: tombstones past the `keys` horizon (their expiry).
-CREATE INDEX key_tombstones_by_use ON key_tombstones (tenant, workspace, used_at);
+CREATE INDEX key_tombstones_by_age ON key_tombstones (tenant, workspace, deleted_at);
 
 -- query: finished runs oldest first (the retention candidates).
 CREATE INDEX runs_by_finished ON runs (tenant, workspace, finished_at, id)

@@ -144,6 +144,8 @@ pub async fn pass(
                         pacer.spend(rows.total() + tombstones).await;
                     }
                     RunGc::Kept(why) => {
+                        // A kept run costs a transaction too: paced like a row.
+                        pacer.spend(1).await;
                         report.runs_kept += 1;
                         if report.kept.len() < KEPT_NAMED {
                             report.kept.push(KeptRun {

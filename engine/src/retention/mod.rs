@@ -4,7 +4,7 @@
 //! [retention]
 //! runs = "30d"      # finished runs older than this are deleted (whole, one per transaction)
 //! events = "7d"     # outbox events every consumer has, and published events no wait needs
-//! keys = "400d"     # idempotency-key tombstones, counted from the run's finish
+//! keys = "400d"     # idempotency-key tombstones, counted from the run's deletion
 //! rate = 1000       # rows per second a daemon deletes at most
 //! interval = "1m"   # between a daemon's passes
 //! ```
@@ -19,8 +19,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use toml::Spanned;
 
-/// Default of `keys` when `runs` is set: a key stays refused for a year and a month after
-/// the run that used it finished, longer than any downstream is known to keep keys.
+/// Default of `keys`: a key stays refused for a year and a month after the run that used
+/// it was deleted, longer than any downstream is known to keep keys.
 pub const DEFAULT_KEYS: Duration = Duration::from_secs(400 * 86_400);
 
 /// Default of `rate`: rows per second one daemon deletes at most.
@@ -39,7 +39,7 @@ pub struct RetentionConfig {
     /// Delivered events older than this are deleted.
     #[serde(default)]
     pub events: Option<Spanned<String>>,
-    /// Tombstones expire this long after their run finished.
+    /// Tombstones expire this long after their run was deleted.
     #[serde(default)]
     pub keys: Option<Spanned<String>>,
     /// Rows per second.
@@ -58,7 +58,7 @@ pub struct Retention {
     pub runs: Option<Duration>,
     /// Delivered events older than this are deleted (`None`: kept).
     pub events: Option<Duration>,
-    /// Tombstones expire this long after their run finished.
+    /// Tombstones expire this long after their run was deleted.
     pub keys: Duration,
     /// Rows per second a daemon deletes at most.
     pub rate: u32,
@@ -108,9 +108,7 @@ impl RetentionConfig {
         self.runs.is_some() || self.events.is_some()
     }
 
-    /// The checked settings. `keys` shorter than `runs` is refused: a key's tombstone
-    /// would expire before (or as soon as) its run is deleted, and the key could then
-    /// be sent again as new.
+    /// The checked settings.
     pub fn check(&self) -> Result<Retention, Problem> {
         let runs = self
             .runs
@@ -122,21 +120,12 @@ impl RetentionConfig {
             .as_ref()
             .map(|v| duration("events", v))
             .transpose()?;
-        let keys = match &self.keys {
-            Some(v) => {
-                let keys = duration("keys", v)?;
-                if runs.is_some_and(|r| keys < r) {
-                    return Err(Problem {
-                        at: v.span().start,
-                        message:
-                            "keys: must be at least `runs` (a key's tombstone must outlive its run)"
-                                .into(),
-                    });
-                }
-                keys
-            }
-            None => runs.map_or(DEFAULT_KEYS, |r| r.max(DEFAULT_KEYS)),
-        };
+        let keys = self
+            .keys
+            .as_ref()
+            .map(|v| duration("keys", v))
+            .transpose()?
+            .unwrap_or(DEFAULT_KEYS);
         let rate = match &self.rate {
             None => DEFAULT_RATE,
             Some(v) => u32::try_from(*v.get_ref())
@@ -190,19 +179,19 @@ mod tests {
         assert_eq!(r.keys, DEFAULT_KEYS);
         assert_eq!(r.rate, DEFAULT_RATE);
         assert!(r.is_on());
-        let e = check("[retention]\nruns = \"30d\"\nkeys = \"1d\"\n").expect_err("short keys");
+        let r = check("[retention]\nruns = \"30d\"\nkeys = \"1d\"\n").expect("short keys");
+        assert_eq!(
+            r.keys,
+            Duration::from_secs(86_400),
+            "counted from the deletion"
+        );
+        let e = check("[retention]\nkeys = \"0s\"\n").expect_err("zero");
         assert!(e.message.starts_with("keys:"), "{e:?}");
         let e = check("[retention]\nruns = \"soon\"\n").expect_err("bad");
         assert!(e.message.contains("`soon` is not a duration"), "{e:?}");
         assert_eq!(e.at, "[retention]\nruns = ".len());
         let e = check("[retention]\nruns = \"1d\"\nrate = 0\n").expect_err("rate");
         assert!(e.message.starts_with("rate:"), "{e:?}");
-        let r = check("[retention]\nruns = \"500d\"\n").expect("ok");
-        assert_eq!(
-            r.keys,
-            Duration::from_secs(500 * 86_400),
-            "keys follow a longer runs"
-        );
         assert!(!check("[retention]\n").expect("empty").is_on());
     }
 }

@@ -111,8 +111,10 @@ pub enum Kept {
     NotFinished,
     /// It finished after the horizon.
     TooRecent,
-    /// A call of it is not terminal: in doubt, or open under a lease. Its outcome is
-    /// still to be learned; deleting it would forget a request that may have left.
+    /// A call of it may have sent and has no known outcome: in doubt, or outbound.
+    /// Deleting it would forget a request that may have left. (A call only claimed —
+    /// never marked outbound — in a finished run can no longer send: the run fence
+    /// refuses its mark; it does not keep the run.)
     CallOpen {
         /// The call (node id).
         node: String,
@@ -138,7 +140,7 @@ pub enum RunGc {
     Deleted {
         /// Rows by table.
         rows: Deleted,
-        /// Tombstones written (a dry run: 0).
+        /// Tombstones written (or, on a dry run, that would be).
         tombstones: u64,
     },
     /// Kept, and why.
@@ -163,20 +165,47 @@ struct RunFacts {
     parent_run_id: Option<String>,
 }
 
-/// Whether the run may be deleted, its row locked first on PostgreSQL (a redrive or a
-/// second deleter waits for this transaction). `Ok(Err(kept))` when it stays.
+/// On PostgreSQL, locks the run's parent (if any) `FOR SHARE` before the run itself is
+/// locked — parent before child, the order every writer takes — so a redrive of the
+/// parent cannot commit between the parent's check and the child's deletion.
+async fn lock_parent(c: &mut Conn<'_>, s: &Scope, run_id: &str) -> Result<(), Error> {
+    let parent = c
+        .optional::<(Option<String>,)>(
+            "SELECT parent_run_id FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3",
+            args![&s.tenant, &s.workspace, run_id],
+        )
+        .await?;
+    if let Some((Some(parent),)) = parent {
+        c.optional::<(String,)>(
+            "SELECT status FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3 FOR SHARE",
+            args![&s.tenant, &s.workspace, &parent],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Whether the run may be deleted. With `lock` (a real deletion), on PostgreSQL its
+/// parent and then its row are locked first (a redrive or a second deleter waits for
+/// this transaction); a dry run locks nothing. `Ok(Err(kept))` when it stays.
 async fn check_deletable(
     c: &mut Conn<'_>,
     s: &Scope,
     run_id: &str,
     before: Timestamp,
+    lock: bool,
 ) -> Result<Option<Result<Timestamp, Kept>>, Error> {
-    let sql = c.pick(
+    let lock = lock && c.is_postgres();
+    if lock {
+        lock_parent(c, s, run_id).await?;
+    }
+    let sql = if lock {
         "SELECT status, finished_at, parent_run_id FROM runs
-         WHERE tenant = $1 AND workspace = $2 AND id = $3",
+         WHERE tenant = $1 AND workspace = $2 AND id = $3 FOR UPDATE"
+    } else {
         "SELECT status, finished_at, parent_run_id FROM runs
-         WHERE tenant = $1 AND workspace = $2 AND id = $3 FOR UPDATE",
-    );
+         WHERE tenant = $1 AND workspace = $2 AND id = $3"
+    };
     let Some(run) = c
         .optional::<RunFacts>(sql, args![&s.tenant, &s.workspace, run_id])
         .await?
@@ -195,6 +224,7 @@ async fn check_deletable(
             "SELECT tool_call_id, status FROM tool_calls
              WHERE tenant = $1 AND workspace = $2 AND run_id = $3
                AND status NOT IN ('succeeded', 'failed')
+               AND NOT (status = 'claimed' AND outbound_started_at IS NULL)
              LIMIT 1",
             args![&s.tenant, &s.workspace, run_id],
         )
@@ -254,6 +284,11 @@ async fn delete_run(
         )
         .await?;
     deleted.add("runs", n);
+    let a = || args![&s.tenant, &s.workspace, run_id];
+    let n = c.execute(sweep::RUN_EVENT_DELIVERIES, a()).await?;
+    deleted.add("event_deliveries", n);
+    let n = c.execute(sweep::RUN_EVENTS, a()).await?;
+    deleted.add("outbox", n);
     Ok((deleted, buried))
 }
 
@@ -268,6 +303,14 @@ async fn count_run(c: &mut Conn<'_>, s: &Scope, run_id: &str) -> Result<Deleted,
         counted.add(table, u64::try_from(n).unwrap_or(0));
     }
     counted.add("runs", 1);
+    let n = c
+        .optional::<IntRow>(
+            sweep::RUN_EVENTS_DRY,
+            args![&s.tenant, &s.workspace, run_id],
+        )
+        .await?
+        .map_or(0, |r| r.n);
+    counted.add("outbox", u64::try_from(n).unwrap_or(0));
     Ok(counted)
 }
 
@@ -322,20 +365,22 @@ impl Ledger {
             let s = self.scope();
             let mut pc = self.pool().acquire().await?;
             let mut c = pc.conn();
-            return Ok(match check_deletable(&mut c, s, &run_id, before).await? {
-                None => RunGc::Gone,
-                Some(Err(kept)) => RunGc::Kept(kept),
-                Some(Ok(_)) => RunGc::Deleted {
-                    rows: count_run(&mut c, s, &run_id).await?,
-                    tombstones: 0,
+            return Ok(
+                match check_deletable(&mut c, s, &run_id, before, false).await? {
+                    None => RunGc::Gone,
+                    Some(Err(kept)) => RunGc::Kept(kept),
+                    Some(Ok(_)) => RunGc::Deleted {
+                        rows: count_run(&mut c, s, &run_id).await?,
+                        tombstones: tombstones::count(&mut c, s, &run_id).await?,
+                    },
                 },
-            });
+            );
         }
         let ledger = self.clone();
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
-                Ok(match check_deletable(c, s, &run_id, before).await? {
+                Ok(match check_deletable(c, s, &run_id, before, true).await? {
                     None => RunGc::Gone,
                     Some(Err(kept)) => RunGc::Kept(kept),
                     Some(Ok(used_at)) => {

@@ -23,7 +23,7 @@ pub struct Sweep {
     pub events_before: Option<Timestamp>,
     /// Schedule history recorded before this (the runs horizon).
     pub history_before: Option<Timestamp>,
-    /// Key tombstones whose run finished before this (the `keys` horizon).
+    /// Key tombstones written (their run deleted) before this (the `keys` horizon).
     pub keys_before: Option<Timestamp>,
     /// Rate-limit windows that started before this (long closed).
     pub windows_before: Option<Timestamp>,
@@ -43,7 +43,7 @@ struct Part {
 }
 
 macro_rules! part {
-    ($table:literal, $pred:literal) => {
+    ($table:literal, $pred:expr) => {
         Part {
             table: $table,
             sqlite: concat!(
@@ -75,60 +75,155 @@ macro_rules! part {
     };
 }
 
+/// Every consumer has scheduled event `$e` (its checkpoint, inclusive, is at or past
+/// the event in (txid, seq) order).
+macro_rules! consumers_have {
+    ($e:literal) => {
+        concat!(
+            "NOT EXISTS (SELECT 1 FROM event_consumers ec WHERE ec.tenant = ",
+            $e,
+            ".tenant AND ec.workspace = ",
+            $e,
+            ".workspace AND (ec.last_txid < ",
+            $e,
+            ".txid OR (ec.last_txid = ",
+            $e,
+            ".txid AND ec.last_seq < ",
+            $e,
+            ".seq)))"
+        )
+    };
+}
+
+/// No delivery of event `$e` is pending or dead.
+macro_rules! all_delivered {
+    ($e:literal) => {
+        concat!(
+            "NOT EXISTS (SELECT 1 FROM event_deliveries d WHERE d.tenant = ",
+            $e,
+            ".tenant AND d.workspace = ",
+            $e,
+            ".workspace AND d.event_id = ",
+            $e,
+            ".id AND d.status <> 'delivered')"
+        )
+    };
+}
+
+/// An outbox event `$e` of no run, or of a run that is gone: a run's events stay as
+/// long as the run (its audit trail, who submitted it, why a call is in doubt) and go
+/// with it ([`RUN_EVENTS`]).
+macro_rules! runless {
+    ($e:literal) => {
+        concat!(
+            "(",
+            $e,
+            ".run_id IS NULL OR NOT EXISTS (SELECT 1 FROM runs r WHERE r.tenant = ",
+            $e,
+            ".tenant AND r.workspace = ",
+            $e,
+            ".workspace AND r.id = ",
+            $e,
+            ".run_id))"
+        )
+    };
+}
+
 /// The deliveries of events about to go: only delivered ones (an event with any other
 /// delivery is not deletable, `OUTBOX`), of events every consumer has scheduled.
 const DELIVERIES: Part = part!(
     "event_deliveries",
-    "o.status = 'delivered' AND o.event_id IN (SELECT e.id FROM outbox e
-        WHERE e.tenant = $1 AND e.workspace = $2 AND e.time < $3
-          AND NOT EXISTS (SELECT 1 FROM event_consumers ec
-              WHERE ec.tenant = e.tenant AND ec.workspace = e.workspace
-                AND (ec.last_txid < e.txid OR (ec.last_txid = e.txid AND ec.last_seq < e.seq)))
-          AND NOT EXISTS (SELECT 1 FROM event_deliveries d
-              WHERE d.tenant = e.tenant AND d.workspace = e.workspace AND d.event_id = e.id
-                AND d.status <> 'delivered'))"
+    concat!(
+        "o.status = 'delivered' AND o.event_id IN (SELECT e.id FROM outbox e
+        WHERE e.tenant = $1 AND e.workspace = $2 AND e.time < $3 AND ",
+        consumers_have!("e"),
+        " AND ",
+        all_delivered!("e"),
+        " AND ",
+        runless!("e"),
+        ")"
+    )
 );
 
-/// Outbox events before the horizon that every consumer has past its checkpoint and
-/// whose deliveries are gone (deleted just before, as delivered): nothing pending or
-/// dead (an operator may still redeliver a dead one) is lost.
+/// Outbox events before the horizon, of no run (or a deleted one), that every consumer
+/// has scheduled and whose deliveries are gone (deleted just before, as delivered):
+/// nothing pending or dead (an operator may still redeliver a dead one) is lost.
 const OUTBOX: Part = part!(
     "outbox",
-    "o.time < $3
-       AND NOT EXISTS (SELECT 1 FROM event_consumers ec
-           WHERE ec.tenant = o.tenant AND ec.workspace = o.workspace
-             AND (ec.last_txid < o.txid OR (ec.last_txid = o.txid AND ec.last_seq < o.seq)))
-       AND NOT EXISTS (SELECT 1 FROM event_deliveries d
+    concat!(
+        "o.time < $3 AND ",
+        consumers_have!("o"),
+        " AND ",
+        runless!("o"),
+        " AND NOT EXISTS (SELECT 1 FROM event_deliveries d
            WHERE d.tenant = o.tenant AND d.workspace = o.workspace AND d.event_id = o.id)
-     ORDER BY o.seq"
+         ORDER BY o.seq"
+    )
 );
 
 /// What a dry run counts for the outbox: the events [`OUTBOX`] deletes once their
 /// delivered deliveries are gone.
 const OUTBOX_DRY: Part = part!(
     "outbox",
-    "o.time < $3
-       AND NOT EXISTS (SELECT 1 FROM event_consumers ec
-           WHERE ec.tenant = o.tenant AND ec.workspace = o.workspace
-             AND (ec.last_txid < o.txid OR (ec.last_txid = o.txid AND ec.last_seq < o.seq)))
-       AND NOT EXISTS (SELECT 1 FROM event_deliveries d
-           WHERE d.tenant = o.tenant AND d.workspace = o.workspace AND d.event_id = o.id
-             AND d.status <> 'delivered')
-     ORDER BY o.seq"
+    concat!(
+        "o.time < $3 AND ",
+        consumers_have!("o"),
+        " AND ",
+        all_delivered!("o"),
+        " AND ",
+        runless!("o"),
+        " ORDER BY o.seq"
+    )
+);
+
+/// A deleted run's events that every consumer has, with their delivered deliveries
+/// (`$3` the run): deleted in the run's transaction. Its other events (a consumer has
+/// not had them) stay until they are delivered and past `events` ([`OUTBOX`]).
+pub(super) const RUN_EVENT_DELIVERIES: &str = concat!(
+    "DELETE FROM event_deliveries WHERE tenant = $1 AND workspace = $2 AND status = 'delivered'
+       AND event_id IN (SELECT e.id FROM outbox e
+         WHERE e.tenant = $1 AND e.workspace = $2 AND e.run_id = $3 AND ",
+    consumers_have!("e"),
+    " AND ",
+    all_delivered!("e"),
+    ")"
+);
+
+/// See [`RUN_EVENT_DELIVERIES`]: the events themselves, once no delivery of them is left.
+pub(super) const RUN_EVENTS: &str = concat!(
+    "DELETE FROM outbox WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+       AND id IN (SELECT e.id FROM outbox e
+         WHERE e.tenant = $1 AND e.workspace = $2 AND e.run_id = $3 AND ",
+    consumers_have!("e"),
+    " AND NOT EXISTS (SELECT 1 FROM event_deliveries d
+           WHERE d.tenant = e.tenant AND d.workspace = e.workspace AND d.event_id = e.id))"
+);
+
+/// What a dry run counts of a run's events.
+pub(super) const RUN_EVENTS_DRY: &str = concat!(
+    "SELECT COUNT(*) AS n FROM outbox e
+     WHERE e.tenant = $1 AND e.workspace = $2 AND e.run_id = $3 AND ",
+    consumers_have!("e"),
+    " AND ",
+    all_delivered!("e")
 );
 
 /// Published events before the horizon that no pending wait of their name has yet to
-/// read (a wait reads its name's events in `seq` order from `seen_seq`).
+/// read (a wait reads its name's events in `seq` order from `seen_seq`). The newest
+/// event of each name stays: a name's next `seq` is its largest plus one, and a wait
+/// reads the events after the `seq` it began at.
 const PUBLISHED: Part = part!(
     "published_events",
     "o.published_at < $3
        AND NOT EXISTS (SELECT 1 FROM waits w
            WHERE w.tenant = o.tenant AND w.workspace = o.workspace
-             AND w.event_name = o.name AND w.status = 'pending' AND w.seen_seq < o.seq)"
+             AND w.event_name = o.name AND w.status = 'pending' AND w.seen_seq < o.seq)
+       AND o.seq < (SELECT MAX(p.seq) FROM published_events p
+           WHERE p.tenant = o.tenant AND p.workspace = o.workspace AND p.name = o.name)"
 );
 
-/// Tombstones of keys whose run finished before the `keys` horizon.
-const TOMBSTONES: Part = part!("key_tombstones", "o.used_at < $3");
+/// Tombstones written before the `keys` horizon.
+const TOMBSTONES: Part = part!("key_tombstones", "o.deleted_at < $3");
 
 /// Schedule history recorded before the runs horizon.
 const HISTORY: Part = part!("schedule_history", "o.recorded_at < $3");
@@ -232,6 +327,12 @@ impl Ledger {
                 let mut out = Vec::new();
                 for part in parts {
                     if part.table == "workflow_texts" && c.is_postgres() {
+                        // The lock stalls enqueues: taken only when a text may go.
+                        let dry = run_part(c, &ledger, part, before, 1, true).await?;
+                        if dry == 0 {
+                            out.push((part.table, 0));
+                            continue;
+                        }
                         // An enqueue inserts its text (or finds it) before it commits; the
                         // lock waits for such enqueues, so the delete below sees their runs.
                         c.execute(

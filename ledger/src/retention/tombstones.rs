@@ -39,9 +39,9 @@ pub struct Tombstone {
     pub request_hash: String,
     /// How the call ended: `succeeded` or `failed`.
     pub outcome: String,
-    /// When that run finished: the tombstone expires `keys` after it.
+    /// When that run finished.
     pub used_at: Timestamp,
-    /// When retention deleted the run.
+    /// When retention deleted the run: the tombstone expires `keys` after it.
     pub deleted_at: Timestamp,
 }
 
@@ -97,6 +97,32 @@ pub(crate) async fn refuse_retired(c: &mut Conn<'_>, s: &Scope, key: &str) -> Re
     }
 }
 
+/// The calls of a run whose request may have left: what leaves a tombstone.
+macro_rules! sent_calls {
+    ($select:literal) => {
+        concat!(
+            "SELECT ",
+            $select,
+            " FROM tool_calls
+             WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+               AND (outbound_started_at IS NOT NULL OR outbound_requests > 0
+                    OR uncounted_sends > 0)"
+        )
+    };
+}
+
+/// How many tombstones deleting `run_id` would write (a dry run).
+pub(crate) async fn count(c: &mut Conn<'_>, s: &Scope, run_id: &str) -> Result<u64, Error> {
+    let n = c
+        .optional::<crate::rows::IntRow>(
+            sent_calls!("COUNT(*) AS n"),
+            args![&s.tenant, &s.workspace, run_id],
+        )
+        .await?
+        .map_or(0, |r| r.n);
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
 /// A call of a run about to be deleted: what its tombstone keeps.
 #[derive(sqlx::FromRow)]
 pub(crate) struct KeyedCall {
@@ -120,10 +146,7 @@ pub(crate) async fn bury(
 ) -> Result<u64, Error> {
     let calls = c
         .all::<KeyedCall>(
-            "SELECT tool_call_id, idempotency_key, request_hash, status FROM tool_calls
-             WHERE tenant = $1 AND workspace = $2 AND run_id = $3
-               AND (outbound_started_at IS NOT NULL OR outbound_requests > 0
-                    OR uncounted_sends > 0)",
+            sent_calls!("tool_call_id, idempotency_key, request_hash, status"),
             args![&s.tenant, &s.workspace, run_id],
         )
         .await?;

@@ -17,6 +17,7 @@ use crate::common::*;
 crate::conformance!(
     a_finished_run_goes_whole_and_its_keys_are_refused_after,
     what_must_stay_stays,
+    a_call_only_claimed_does_not_keep_a_finished_run,
     sweeps_delete_by_age_and_keep_what_is_still_needed,
 );
 
@@ -91,7 +92,8 @@ async fn a_finished_run_goes_whole_and_its_keys_are_refused_after(db: TestDb) {
     };
     assert_eq!(
         (rows.of("runs"), rows.of("tool_calls"), tombstones),
-        (1, 1, 0)
+        (1, 1, 1),
+        "a dry run counts what a pass would delete and write"
     );
     assert!(rows_of(&db, "old").await > 0);
     let done = db
@@ -339,6 +341,12 @@ async fn sweeps_delete_by_age_and_keep_what_is_still_needed(db: TestDb) {
         .await
         .unwrap();
     assert!(!p.duplicate);
+    let p2 = db
+        .ledger
+        .publish_event("shipment", Some("e2"), &json!({"n": 2}), None, db.now())
+        .await
+        .unwrap();
+    assert!(!p2.duplicate);
     let t1 = db.advance(Duration::from_secs(3600));
     let events = scalar(&db.url, "SELECT COUNT(*) FROM outbox").await;
     assert!(events > 0);
@@ -358,37 +366,57 @@ async fn sweeps_delete_by_age_and_keep_what_is_still_needed(db: TestDb) {
         0,
         "pending deliveries keep their events: {d:?}"
     );
-    assert_eq!(d.of("published_events"), 1, "no wait needs it");
+    assert_eq!(
+        d.of("published_events"),
+        1,
+        "no wait needs e1; e2 is its name's newest"
+    );
     assert_eq!(
         d.of("workflow_texts"),
         0,
         "run `a` still references its text"
     );
-    // Delivered, the events go with their deliveries.
+    // Delivered, the events of no run go with their deliveries; run `a`'s stay with it.
     assert_eq!(deliver_all(&db, t1).await, events);
+    let of_a = scalar(&db.url, "SELECT COUNT(*) FROM outbox WHERE run_id = 'a'").await;
+    let others = u64::try_from(events - of_a).unwrap();
     let d = db.ledger.gc_sweep(&sweep, t1, false).await.unwrap();
     assert_eq!(
         (d.of("outbox"), d.of("event_deliveries")),
-        (events as u64, events as u64),
+        (others, others),
         "{d:?}"
+    );
+    // Run `a` goes with its events; its text goes at the next sweep; its tombstone
+    // expires `keys` after the deletion.
+    let gone = db.ledger.gc_run("a", t1, t1, false).await.unwrap();
+    let RunGc::Deleted { rows, tombstones } = gone else {
+        panic!("{gone:?}")
+    };
+    let of_a = u64::try_from(of_a).unwrap();
+    assert_eq!(
+        (rows.of("outbox"), rows.of("event_deliveries"), tombstones),
+        (of_a, of_a, 1)
     );
     assert_eq!(
         scalar(&db.url, "SELECT COUNT(*) FROM event_deliveries").await,
         0
     );
-    // Run `a` goes; its text goes at the next sweep; its tombstone expires on `keys`.
-    let gone = db.ledger.gc_run("a", t1, t1, false).await.unwrap();
-    assert!(
-        matches!(gone, RunGc::Deleted { tombstones: 1, .. }),
-        "{gone:?}"
-    );
     let d = db.ledger.gc_sweep(&sweep, t1, false).await.unwrap();
     assert_eq!(d.of("workflow_texts"), 1, "{d:?}");
     assert!(db.ledger.key_tombstone("k-a").await.unwrap().is_some());
     let expire = Sweep {
-        keys_before: Some(t1),
+        keys_before: Some(Timestamp(t1.0 + 1)),
         ..Sweep::default()
     };
+    let early = Sweep {
+        keys_before: Some(t1),
+        limit: 10,
+        ..Sweep::default()
+    };
+    assert_eq!(
+        db.ledger.gc_sweep(&early, t1, false).await.unwrap().total(),
+        0
+    );
     let dry = db
         .ledger
         .gc_sweep(
@@ -409,4 +437,30 @@ async fn sweeps_delete_by_age_and_keep_what_is_still_needed(db: TestDb) {
     let d = db.ledger.gc_sweep(&expire, t1, false).await.unwrap();
     assert_eq!(d.of("key_tombstones"), 1, "{d:?}");
     assert!(db.ledger.key_tombstone("k-a").await.unwrap().is_none());
+}
+
+async fn a_call_only_claimed_does_not_keep_a_finished_run(db: TestDb) {
+    let run = running(&db, "quiet", &worker("1")).await;
+    db.ledger
+        .create_step(&run, step("pay", "pay", 0), db.now())
+        .await
+        .unwrap();
+    claimed(
+        db.ledger
+            .claim_call(
+                claim(&run, "pay", "pay", "pay-9", json!({"n": 9})),
+                db.now(),
+            )
+            .await
+            .unwrap(),
+    );
+    finish(&db, &run, RunStatus::Cancelled).await;
+    let now = db.advance(Duration::from_secs(60));
+    let gone = db.ledger.gc_run("quiet", now, now, false).await.unwrap();
+    assert!(
+        matches!(gone, RunGc::Deleted { tombstones: 0, .. }),
+        "nothing left: {gone:?}"
+    );
+    assert!(db.ledger.key_tombstone("pay-9").await.unwrap().is_none());
+    assert_eq!(rows_of(&db, "quiet").await, 0);
 }
