@@ -6,14 +6,16 @@
 //! Each run is what a real one-step run writes: enqueued in a batch of 1,000 (with an
 //! input, so the search index holds a row), claimed in batches of 50 (timed), a step,
 //! a side-effecting call (claim, outbound mark, outcome with the step's finish, so
-//! attempt, usage and events rows), and the run's finish. The test clock moves 72 s per
-//! batch, so the `1h` horizon keeps ~50,000 runs; after every batch one retention pass
+//! attempt, usage and events rows), and the run's finish. The test clock moves
+//! `3600 / (FLOW_BENCH_KEEP / 1000)` s per batch, so the `1h` horizon keeps
+//! `FLOW_BENCH_KEEP` runs (default 50,000); after every batch one retention pass
 //! (`flow::retention::gc::pass`, unpaced) deletes what is past it, leaving a tombstone per
 //! key; tombstones expire after `keys = "2h"` (compressed as the horizon is) and
 //! delivered events after `events = "1h"`.
 //!
 //! Run: `cargo bench --bench retention` (tens of minutes for a million on SQLite).
-//! Environment: `FLOW_BENCH_RUNS` (default 1000000), `FLOW_BENCH_ONLY` (`sqlite` or
+//! Environment: `FLOW_BENCH_RUNS` (default 1000000), `FLOW_BENCH_KEEP` (runs the horizon
+//! keeps, default 50000), `FLOW_BENCH_ONLY` (`sqlite` or
 //! `postgres`), `FLOW_TEST_POSTGRES_URL` (admin URL, default
 //! `postgres://postgres@127.0.0.1:5432/test`).
 
@@ -32,7 +34,6 @@ use sqlx::Connection;
 const T0: i64 = 1_800_000_000_000;
 const BATCH: usize = 1_000;
 const CLAIM: u32 = 50;
-const TICK: Duration = Duration::from_secs(72);
 const LEASE: Duration = Duration::from_secs(3600);
 
 fn env_or(name: &str, default: usize) -> usize {
@@ -147,7 +148,8 @@ async fn list_p99(ledger: &Ledger, n: usize) -> f64 {
     percentile(&mut ms, 0.99)
 }
 
-async fn bench(name: &str, url: &str, runs: usize) {
+async fn bench(name: &str, url: &str, runs: usize, keep: usize) {
+    let tick = Duration::from_secs(3600 / (keep / BATCH).max(1) as u64);
     let clock = ManualClock::new(Timestamp(T0));
     let ledger = Ledger::open(url, OpenOptions::default())
         .await
@@ -164,8 +166,8 @@ async fn bench(name: &str, url: &str, runs: usize) {
     let (mut deleted, mut gc_secs) = (0u64, 0.0);
     let start = Instant::now();
     println!(
-        "{name}: {runs} runs, horizon 1h = {} runs kept",
-        3600 / TICK.as_secs() * BATCH as u64
+        "{name}: {runs} runs, horizon 1h = {keep} runs kept ({} s per batch of {BATCH})",
+        tick.as_secs()
     );
     println!(
         "  {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9} {:>8}",
@@ -179,7 +181,7 @@ async fn bench(name: &str, url: &str, runs: usize) {
         "gc s"
     );
     for b in 0..runs / BATCH {
-        let now = clock.advance(TICK);
+        let now = clock.advance(tick);
         let batch: Vec<NewRun> = (0..BATCH)
             .map(|i| NewRun {
                 id: format!("run_{:07}", b * BATCH + i),
@@ -244,10 +246,11 @@ async fn bench(name: &str, url: &str, runs: usize) {
 async fn main() {
     let runs = env_or("FLOW_BENCH_RUNS", 1_000_000).max(BATCH * 10) / BATCH * BATCH;
     let only = std::env::var("FLOW_BENCH_ONLY").unwrap_or_default();
+    let keep = env_or("FLOW_BENCH_KEEP", 50_000).max(BATCH);
     if only.is_empty() || only == "sqlite" {
         let dir = tempfile::tempdir().expect("tempdir");
         let url = format!("sqlite://{}/flow.db", dir.path().display());
-        bench("sqlite", &url, runs).await;
+        bench("sqlite", &url, runs, keep).await;
     }
     if only.is_empty() || only == "postgres" {
         let admin = std::env::var("FLOW_TEST_POSTGRES_URL")
@@ -265,7 +268,7 @@ async fn main() {
             .await
             .expect("create database");
         let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-        bench("postgres", &format!("{base}/{name}"), runs).await;
+        bench("postgres", &format!("{base}/{name}"), runs, keep).await;
         let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
         let _ = sqlx::query(sqlx::AssertSqlSafe(sql))
             .execute(&mut conn)

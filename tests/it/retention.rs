@@ -234,3 +234,91 @@ fn gc_killed_at_random_leaves_every_run_whole_or_gone_and_keys_stay_refused() {
         rt.block_on(server.shutdown());
     }
 }
+
+/// The runs the ledger holds.
+fn runs_left(db: &TestDb) -> usize {
+    let out = output(db.flow().args(["runs", "--json", "--limit", "100"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let list: serde_json::Value = serde_json::from_str(&stdout(&out)).expect("runs json");
+    list.as_array().map_or(0, Vec::len)
+}
+
+/// A daemon with `[retention]` deletes finished runs in the background, no faster than
+/// `rate` rows per second, and counts what it deleted in `flow_retention_deleted_total`.
+#[test]
+fn a_daemon_deletes_in_the_background_at_its_rate_and_counts_it() {
+    const N: usize = 20;
+    const RATE: u64 = 40;
+    let db = TestDb::new(crate::support::Backend::Sqlite);
+    let file = db.write(
+        "note.yaml",
+        "name: note\ninputs:\n  n: { type: integer, required: true }\ntools:\n  note: { kind: command, command: [\"true\"] }\nnodes:\n  a: { tool: note }\n",
+    );
+    db.write(
+        "flow.toml",
+        &format!("[retention]\nruns = \"1s\"\nevents = \"1s\"\ninterval = \"1s\"\nrate = {RATE}\n"),
+    );
+    for n in 0..N {
+        let out = output(
+            db.flow()
+                .arg("submit")
+                .arg(&file)
+                .args(["--input", &format!("n={n}")]),
+        );
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    }
+    let addr = crate::daemon::free_port();
+    let metrics_addr = addr.to_string();
+    let args = ["--poll-interval", "100ms", "--metrics-addr", &metrics_addr];
+    let mut d = crate::daemon::Daemon::start(&db, "d", &args, &[]);
+    let start = std::time::Instant::now();
+    let (mut first_gone, mut all_gone) = (None, None);
+    while start.elapsed() < Duration::from_secs(60) {
+        let left = runs_left(&db);
+        if left < N && first_gone.is_none() {
+            first_gone = Some(start.elapsed());
+        }
+        if left == 0 {
+            all_gone = Some(start.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (code, text) = crate::daemon::http_get(addr, "/metrics").expect("metrics");
+    d.signal("-TERM");
+    let _ = d.wait(Duration::from_secs(30));
+    let log = d.log();
+    assert!(
+        log.contains("retention on (runs 1s, events 1s), at most 40 rows/s"),
+        "{log}"
+    );
+    let (Some(first), Some(all)) = (first_gone, all_gone) else {
+        panic!("the daemon did not delete every run within 60 s: {log}");
+    };
+    assert_eq!(code, 200);
+    let counted = |table: &str| -> u64 {
+        let prefix = format!("flow_retention_deleted_total{{table=\"{table}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    assert_eq!(counted("runs"), N as u64, "{text}");
+    assert!(
+        counted("steps") >= N as u64 && counted("tool_calls") >= N as u64,
+        "{text}"
+    );
+    // Paced: the rows of the runs after the first took at least rows / rate seconds.
+    let rows: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("flow_retention_deleted_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    #[allow(clippy::cast_precision_loss)]
+    let floor = (rows as f64 / RATE as f64) * 0.6;
+    assert!(
+        (all - first).as_secs_f64() >= floor,
+        "{rows} rows deleted in {:?}, faster than {RATE}/s allows",
+        all - first
+    );
+}

@@ -75,19 +75,22 @@ impl Report {
     }
 }
 
-/// Keeps a pass at `rate` rows per second, averaged from its start.
+/// Keeps a pass at `rate` rows per second, averaged from its start. Its waits end
+/// early when the daemon stops (a low rate must not hold a shutdown).
 struct Pacer {
     rate: Option<u32>,
     start: Instant,
     rows: u64,
+    stop: CancellationToken,
 }
 
 impl Pacer {
-    fn new(mode: Mode, rate: u32) -> Self {
+    fn new(mode: Mode, rate: u32, stop: Option<&CancellationToken>) -> Self {
         Self {
             rate: (mode == Mode::Paced).then_some(rate.max(1)),
             start: Instant::now(),
             rows: 0,
+            stop: stop.cloned().unwrap_or_default(),
         }
     }
 
@@ -98,7 +101,10 @@ impl Pacer {
         #[allow(clippy::cast_precision_loss)]
         let due = Duration::from_secs_f64(self.rows as f64 / f64::from(rate));
         if let Some(wait) = due.checked_sub(self.start.elapsed()) {
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.stop.cancelled() => {}
+            }
         }
     }
 }
@@ -118,7 +124,7 @@ pub async fn pass(
         dry_run: dry,
         ..Report::default()
     };
-    let mut pacer = Pacer::new(mode, retention.rate);
+    let mut pacer = Pacer::new(mode, retention.rate, stop);
     let stopped = || stop.is_some_and(CancellationToken::is_cancelled);
     if let Some(runs) = retention.runs {
         let before = now.minus(runs);
