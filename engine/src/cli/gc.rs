@@ -43,22 +43,29 @@ fn print(report: &Report, stdout: &mut dyn Write) {
     } else {
         "deleted"
     };
+    let (runs, tombstones) = (report.runs_deleted, report.tombstones);
     let _ = writeln!(
         stdout,
-        "{verb} {} runs and {} rows in all{}",
-        report.runs_deleted,
+        "{verb} {runs} run{} and {} rows in all; {tombstones} key tombstone{} {}",
+        if runs == 1 { "" } else { "s" },
         report.rows.total(),
+        if tombstones == 1 { "" } else { "s" },
         if report.dry_run {
-            String::new()
+            "would be written"
         } else {
-            format!("; {} key tombstones written", report.tombstones)
-        }
+            "written"
+        },
     );
     for (table, n) in &report.rows.rows {
         let _ = writeln!(stdout, "  {table:<20} {n}");
     }
     if report.runs_kept > 0 {
-        let _ = writeln!(stdout, "kept {} runs past the horizon:", report.runs_kept);
+        let _ = writeln!(
+            stdout,
+            "kept {} run{} past the horizon:",
+            report.runs_kept,
+            if report.runs_kept == 1 { "" } else { "s" }
+        );
         for k in &report.kept {
             let _ = writeln!(stdout, "  {}  {}", k.run_id, kept_words(&k.why));
         }
