@@ -112,9 +112,10 @@ pub enum Kept {
     /// It finished after the horizon.
     TooRecent,
     /// A call of it may have sent and has no known outcome: in doubt, or outbound.
-    /// Deleting it would forget a request that may have left. (A call only claimed —
-    /// never marked outbound — in a finished run can no longer send: the run fence
-    /// refuses its mark; it does not keep the run.)
+    /// Deleting it would forget a request that may have left. (A `claimed` call in a
+    /// finished run — its current attempt never marked outbound; any earlier attempt
+    /// settled before it was claimed again — can no longer send: the run fence refuses
+    /// its mark; it does not keep the run.)
     CallOpen {
         /// The call (node id).
         node: String,
@@ -223,8 +224,7 @@ async fn check_deletable(
         .optional::<(String, String)>(
             "SELECT tool_call_id, status FROM tool_calls
              WHERE tenant = $1 AND workspace = $2 AND run_id = $3
-               AND status NOT IN ('succeeded', 'failed')
-               AND NOT (status = 'claimed' AND outbound_started_at IS NULL)
+               AND status NOT IN ('succeeded', 'failed', 'claimed')
              LIMIT 1",
             args![&s.tenant, &s.workspace, run_id],
         )
