@@ -22,6 +22,9 @@ const NODES: [&str; 5] = ["a", "b", "c", "d", "e"];
 fn workflow(url: &str, reconcile: bool) -> String {
     // The probe asks the downstream's own record of arrivals by key; not_found is
     // trusted a second after the request left (a killed process's bytes have landed).
+    // Random kills may land on a call's re-send as well: the re-send budget is set to
+    // its most so that kills, not the budget, are what the test exercises (a spent
+    // budget pages a person by design; `doubt_budget.rs` tests that).
     let probe = if reconcile {
         format!(
             r#"
@@ -30,7 +33,8 @@ fn workflow(url: &str, reconcile: bool) -> String {
       found: "${{{{ response.status == 200 }}}}"
       not_found: "${{{{ response.status == 404 }}}}"
       after: 1s
-      interval: 200ms"#
+      interval: 200ms
+      max_resends: 10"#
         )
     } else {
         String::new()
