@@ -11,9 +11,14 @@ use sha2::{Digest, Sha256};
 pub fn canonical_hash(v: &Value) -> String {
     let mut out = String::new();
     write_canonical(v, &mut out);
-    let digest = Sha256::digest(out.as_bytes());
-    let mut hex = String::with_capacity(7 + 64);
-    hex.push_str("sha256:");
+    format!("sha256:{}", sha256_hex(&out))
+}
+
+/// The SHA-256 of `text`, lowercase hex: the one digest form the ledger stores
+/// (workflow texts, request hashes, key tombstones).
+pub(crate) fn sha256_hex(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    let mut hex = String::with_capacity(64);
     for b in digest {
         hex.push_str(&format!("{b:02x}"));
     }
@@ -27,12 +32,7 @@ pub fn canonical_hash(v: &Value) -> String {
 /// digest flow always stored in `runs.workflow_hash`, so runs from before migration 0007
 /// compare equal to a re-submit of the same text.
 pub fn workflow_hash(text: &str) -> String {
-    let digest = Sha256::digest(text.as_bytes());
-    let mut hex = String::with_capacity(64);
-    for b in digest {
-        hex.push_str(&format!("{b:02x}"));
-    }
-    hex
+    sha256_hex(text)
 }
 
 /// The canonical JSON text of `v`.

@@ -8,7 +8,6 @@
 //! leaves either the run or its tombstones.
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
@@ -20,12 +19,7 @@ use crate::model::Scope;
 /// made of order numbers or e-mail addresses; the tombstone outlives the run that held
 /// them, so it keeps only what a lookup needs.
 pub fn key_hash(key: &str) -> String {
-    let digest = Sha256::digest(key.as_bytes());
-    let mut hex = String::with_capacity(64);
-    for b in digest {
-        hex.push_str(&format!("{b:02x}"));
-    }
-    hex
+    crate::canonical::sha256_hex(key)
 }
 
 /// A deleted run's key, as its tombstone records it.
