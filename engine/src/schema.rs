@@ -69,6 +69,27 @@ fn on_parent_cancel() -> Value {
 }
 
 /// `included:`, which flow adds to a stored run's text.
+/// `schedules:` (stored with `flow schedules apply`).
+fn schedules() -> Value {
+    json!({
+        "type": "array",
+        "description": "When the workflow runs by itself; stored with `flow schedules apply FILE` and fired by every daemon (`flow run` ignores them).",
+        "items": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["id", "cron"],
+            "properties": {
+                "id": { "type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$", "description": "Unique in the installation; part of each tick's run id." },
+                "cron": { "type": "string", "description": "Five fields (six with seconds first) or @hourly, @daily, @weekly, @monthly, @yearly." },
+                "timezone": { "type": "string", "description": "IANA name; default UTC." },
+                "inputs": { "type": "object", "description": "The run's inputs; strings may read `${{ schedule.time }}` and `${{ schedule.id }}`." },
+                "overlap": { "enum": ["skip", "buffer_one", "allow"] },
+                "catchup_window": { "type": "string", "description": "How late a tick missed while no daemon ran may still start (e.g. 6h; at most 31 days); default 1m." }
+            }
+        }
+    })
+}
+
 fn included() -> Value {
     json!({
         "type": "object",
@@ -296,7 +317,7 @@ fn tool() -> Value {
 
 /// The schema as a JSON value.
 pub fn workflow_schema() -> Value {
-    json!({
+    let mut schema = json!({
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": "https://flow.dev/schema/workflow.json",
         "title": "flow workflow",
@@ -367,7 +388,10 @@ pub fn workflow_schema() -> Value {
                 }
             }
         }
-    })
+    });
+    // Beside the rest: one more level in the literal passes `json!`'s recursion limit.
+    schema["properties"]["schedules"] = schedules();
+    schema
 }
 
 /// The schema as pretty JSON with a trailing newline (the committed file's exact text).

@@ -25,6 +25,16 @@ pub enum Error {
         /// What differs.
         reason: String,
     },
+    /// A change was refused because someone else owns the thing: a schedule `flow.toml`
+    /// declares, or another workflow applied, cannot be replaced by `flow schedules
+    /// apply` (the caller picks another id, or changes it where it is declared).
+    #[error("{what} belongs to {owner}")]
+    Owned {
+        /// What was to change, e.g. ``schedule `nightly` ``.
+        what: String,
+        /// Who declared it, e.g. `flow.toml` or ``workflow `billing` ``.
+        owner: String,
+    },
     /// A brand-new claim presented an idempotency key that a run deleted by retention
     /// used (its tombstone, migration 0015): the outcome it would replay is gone, and a
     /// send could execute twice at a downstream that still remembers the key. Nothing

@@ -142,8 +142,8 @@ pub use redrive::Redriven;
 pub use retention::{Candidate, Deleted, Kept, RunGc, Sweep, Tombstone, key_hash};
 pub use runs::MAX_CLAIM;
 pub use schedules::{
-    Handled, HistoryEntry, HistoryKind, MAX_HISTORY_PAGE, Overlap, ScheduleDef, ScheduleState,
-    TickPlan,
+    APPLIED_FROM, Applied, Handled, HistoryEntry, HistoryKind, MAX_HISTORY_PAGE, Overlap,
+    ScheduleDef, ScheduleState, TickPlan, applied_from,
 };
 pub use search::MAX_INPUT_VALUE_LEN;
 pub use sqlite::{is_read_only_url, path_of as sqlite_path};

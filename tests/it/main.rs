@@ -33,6 +33,7 @@ mod retries;
 mod runs;
 mod schedules;
 mod schedules_api;
+mod schedules_applied;
 mod search;
 mod secrets;
 mod sessions;

@@ -27,7 +27,7 @@ fn config(db: &TestDb, cron: &str, extra: &str, workflow: &str) {
 const QUICK: &str = "name: tick\ninputs:\n  at: { type: string, required: true }\ntools:\n  echo: { kind: function, function: core.echo }\nnodes:\n  a: { tool: echo, with: { at: \"${{ inputs.at }}\" } }\n";
 
 /// The history of `every`, oldest first, as `(outcome, tick, run, count)`.
-fn history(db: &TestDb) -> Vec<(String, String, Option<String>, u64)> {
+pub(crate) fn history(db: &TestDb) -> Vec<(String, String, Option<String>, u64)> {
     let out = output(
         db.flow()
             .args(["schedules", "history", "every", "--limit", "500", "--json"]),
@@ -52,7 +52,7 @@ fn history(db: &TestDb) -> Vec<(String, String, Option<String>, u64)> {
 }
 
 /// The ids of the runs in the ledger that a tick started.
-fn tick_runs(db: &TestDb) -> BTreeSet<String> {
+pub(crate) fn tick_runs(db: &TestDb) -> BTreeSet<String> {
     let out = output(db.flow().args(["runs", "--json", "--limit", "1000"]));
     let list: Value = serde_json::from_str(&stdout(&out)).expect("runs json");
     list.as_array()
@@ -64,7 +64,7 @@ fn tick_runs(db: &TestDb) -> BTreeSet<String> {
         .collect()
 }
 
-fn seconds(tick: &str) -> i64 {
+pub(crate) fn seconds(tick: &str) -> i64 {
     chrono::DateTime::parse_from_rfc3339(tick)
         .expect("tick time")
         .timestamp()
@@ -72,7 +72,7 @@ fn seconds(tick: &str) -> i64 {
 
 /// Every started tick has one run, the runs are exactly those, and between the first
 /// and the last started tick no second is missing (nothing was recorded missed).
-fn one_run_per_tick(db: &TestDb, ctx: &str) -> usize {
+pub(crate) fn one_run_per_tick(db: &TestDb, ctx: &str) -> usize {
     let h = history(db);
     let started: Vec<&(String, String, Option<String>, u64)> =
         h.iter().filter(|e| e.0 == "started").collect();

@@ -167,28 +167,29 @@ fn reload_schedules(path: &std::path::Path) -> Result<crate::schedule::manage::S
     ))
 }
 
-/// The schedules of `flow.toml`, fired beside the workers until `stop` (none: no task).
+/// The schedules of `flow.toml` and those workflow files carried (`flow schedules
+/// apply`), fired beside the workers until `stop`.
 fn spawn_scheduler(
     schedules: crate::schedule::manage::Schedules,
     ledger: &flow_ledger::Ledger,
     metrics: &Arc<Metrics>,
     stop: &CancellationToken,
     stderr: &mut dyn Write,
-) -> Option<tokio::task::JoinHandle<()>> {
+) -> tokio::task::JoinHandle<()> {
     let config_path = schedules.path.clone();
-    (!schedules.list.is_empty()).then(|| {
+    if !schedules.list.is_empty() {
         let names: Vec<&str> = schedules.list.iter().map(|s| s.id.as_str()).collect();
         let _ = writeln!(stderr, "flow daemon: firing schedules {}", names.join(", "));
-        let s = crate::schedule::fire::Scheduler::new(ledger.clone(), schedules, metrics.clone());
-        let watch = config_path.map(|path| crate::schedule::fire::Watch {
-            reload: Box::new({
-                let path = path.clone();
-                move || reload_schedules(&path)
-            }),
-            path,
-        });
-        tokio::spawn(s.run(stop.clone(), watch))
-    })
+    }
+    let s = crate::schedule::fire::Scheduler::new(ledger.clone(), schedules, metrics.clone());
+    let watch = config_path.map(|path| crate::schedule::fire::Watch {
+        reload: Box::new({
+            let path = path.clone();
+            move || reload_schedules(&path)
+        }),
+        path,
+    });
+    tokio::spawn(s.run(stop.clone(), watch))
 }
 
 /// `[retention]` of `flow.toml`, applied beside the workers until `stop` (off: no task).
@@ -280,7 +281,7 @@ pub(crate) async fn daemon(
     let signals = tokio::spawn(shutdown::on_signals(service.handle()));
     let stopped = service.run().await;
     stop_serving.cancel();
-    for task in [scheduler, retention].into_iter().flatten() {
+    for task in [Some(scheduler), retention].into_iter().flatten() {
         let _ = task.await;
     }
     if !matches!(stopped, Stopped::Immediate)

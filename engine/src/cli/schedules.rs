@@ -3,7 +3,8 @@
 //!
 //! The command reads the same `flow.toml` the daemons read; a command that changes a
 //! schedule first stores the file's definitions as a daemon would (so it works before
-//! any daemon ran), then changes it, recorded with `--by`.
+//! any daemon ran), then changes it, recorded with `--by`. `apply FILE` stores the
+//! `schedules:` a workflow file carries; they are listed and steered like the others.
 
 use std::io::Write;
 
@@ -42,6 +43,23 @@ pub enum SchedulesCommand {
     Trigger(OneSchedule),
     /// What became of the latest ticks, and who changed what.
     History(HistoryArgs),
+    /// Store the `schedules:` a workflow file carries (its text with them): every daemon
+    /// fires them from the ledger, without the file. Applying the file again changes
+    /// them (from their next tick) and removes those it no longer carries.
+    Apply(ApplyArgs),
+}
+
+/// Arguments of `flow schedules apply`.
+#[derive(Debug, Args)]
+pub struct ApplyArgs {
+    /// The workflow file.
+    pub file: std::path::PathBuf,
+    /// Who applies it, recorded in each schedule's history.
+    #[command(flatten)]
+    pub who: Who,
+    /// Print JSON: `{workflow, schedules: [{id, change, next_tick}]}`.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// One schedule and who acts on it.
@@ -118,7 +136,95 @@ pub(crate) async fn schedules(
             Ok(exit::OK)
         }
         Some(SchedulesCommand::History(h)) => history(&ledger, h, stdout).await,
+        Some(SchedulesCommand::Apply(a)) => apply(&ledger, &schedules, a, stdout).await,
     }
+}
+
+/// `flow schedules apply FILE`: the file validated (schedules included, each tick's
+/// run buildable), then its schedules stored in one transaction.
+async fn apply(
+    ledger: &Ledger,
+    configured: &Schedules,
+    args: &ApplyArgs,
+    stdout: &mut dyn Write,
+) -> Result<u8, CliError> {
+    use crate::schedule::{Schedule, Target};
+    let by = args.who.name()?;
+    let (wf, source) = crate::workflow::load_file(&args.file, &crate::snapshot::validate_options())
+        .map_err(|d| CliError::Diagnostics(d.to_string()))?;
+    let file = args.file.display().to_string();
+    let mut list = Vec::with_capacity(wf.schedules.len());
+    for ws in &wf.schedules {
+        if configured.list.iter().any(|c| c.id == ws.fields.id) {
+            return Err(CliError::invalid(format!(
+                "{file}:{}:{}: schedule `{}` is declared in {} too; give this one another id (nothing was applied)",
+                ws.at.line,
+                ws.at.col,
+                ws.fields.id,
+                configured
+                    .path
+                    .as_ref()
+                    .map_or_else(|| "flow.toml".to_string(), |p| p.display().to_string())
+            )));
+        }
+        let target = Target::Applied {
+            file: file.clone(),
+            name: wf.name.clone(),
+            text: source.text.clone(),
+        };
+        let s = Schedule::new(ws.fields.clone(), target);
+        // What no tick could start is refused now, not found at the first tick.
+        s.new_run(chrono::Utc::now(), format!("sched.{}.check", s.id))
+            .map_err(|e| {
+                CliError::invalid(format!(
+                    "{file}:{}:{}: {e} (nothing was applied)",
+                    ws.at.line, ws.at.col
+                ))
+            })?;
+        list.push(s);
+    }
+    let defs = list.iter().map(Schedule::def).collect();
+    let now = Timestamp(chrono::Utc::now().timestamp_millis());
+    let changes = ledger
+        .apply_schedules(&wf.name, defs, &by, now)
+        .await
+        .map_err(|e| match e {
+            flow_ledger::Error::Owned { .. } => CliError::invalid(format!(
+                "{e}; give this one another id (nothing was applied)"
+            )),
+            e => CliError::unavailable(e.to_string()),
+        })?;
+    let next = |id: &str| {
+        list.iter()
+            .find(|s| s.id == id)
+            .and_then(|s| s.ticks.next_after(chrono::Utc::now()))
+            .map(|t| Timestamp(t.timestamp_millis()))
+    };
+    if args.json {
+        let items: Vec<Json> = changes
+            .iter()
+            .map(|(id, c)| json!({ "id": id, "change": c.as_str(), "next_tick": next(id) }))
+            .collect();
+        let _ = writeln!(
+            stdout,
+            "{}",
+            json!({ "workflow": wf.name, "schedules": items })
+        );
+        return Ok(exit::OK);
+    }
+    if changes.is_empty() {
+        let _ = writeln!(
+            stdout,
+            "{file} carries no schedules; workflow `{}` had none stored",
+            wf.name
+        );
+    }
+    for (id, c) in &changes {
+        let tick =
+            next(id).map_or_else(String::new, |t| format!(" (next tick {})", t.to_rfc3339()));
+        let _ = writeln!(stdout, "schedule {id} {}{tick}", c.as_str());
+    }
+    Ok(exit::OK)
 }
 
 async fn list(

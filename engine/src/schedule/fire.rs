@@ -1,6 +1,8 @@
 //! The daemon's side of schedules: store the definitions of `flow.toml` (once at start),
-//! then, about once a second and at each tick, turn every schedule's due ticks into a
-//! [`TickPlan`] and hand it to the ledger, which applies it once across all daemons.
+//! then, about once a second and at each tick, turn every schedule's due ticks — those
+//! of `flow.toml` and those workflow files carried (`flow schedules apply`, read from
+//! the ledger each pass) — into a [`TickPlan`] and hand it to the ledger, which applies
+//! it once across all daemons.
 //!
 //! A plan is computed from the cursor read: the ticks in `(cursor, now]` (at most
 //! [`MAX_TICKS_PER_PASS`]; the next pass takes the rest) split by the catch-up window
@@ -96,7 +98,9 @@ impl Scheduler {
         let modified = |w: &Watch| std::fs::metadata(&w.path).and_then(|m| m.modified()).ok();
         let mut seen = watch.as_ref().and_then(modified);
         let mut defs: Vec<_> = self.schedules.iter().map(Schedule::def).collect();
-        let mut synced = false;
+        // A daemon whose flow.toml declares no schedule stores (and prunes) nothing: it
+        // fires the schedules workflow files carried (`flow schedules apply`).
+        let mut synced = self.schedules.is_empty();
         while !stop.is_cancelled() {
             let now = Utc::now();
             if let Some(w) = &watch
@@ -151,7 +155,16 @@ impl Scheduler {
     pub async fn pass(&self, now: DateTime<Utc>) -> Result<Duration, flow_ledger::Error> {
         let states = self.ledger.list_schedules().await?;
         let mut next = now + TimeDelta::from_std(MAX_SLEEP).unwrap_or_default();
-        for (s, hash) in self.schedules.iter().zip(&self.hashes) {
+        // Those workflow files carried, as stored: their hash is the stored one.
+        let applied: Vec<(Schedule, String)> = super::manage::applied(&states)
+            .filter(|a| !self.schedules.iter().any(|s| s.id == a.id))
+            .filter_map(|a| {
+                let st = states.iter().find(|st| st.id == a.id)?;
+                Some((a, st.def_hash.clone()))
+            })
+            .collect();
+        let own = self.schedules.iter().zip(&self.hashes);
+        for (s, hash) in own.chain(applied.iter().map(|(s, h)| (s, h))) {
             let state = states.iter().find(|st| st.id == s.id);
             if !self.fires(s, state, hash) {
                 continue;

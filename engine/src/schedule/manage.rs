@@ -1,5 +1,7 @@
 //! What an operator does to schedules — list them, pause, resume, trigger — in one
-//! place for `flow schedules`, `/api/v1/schedules` and the console's Schedules page.
+//! place for `flow schedules`, `/api/v1/schedules` and the console's Schedules page:
+//! the schedules of `flow.toml` and those workflow files carried (`flow schedules
+//! apply`, read from the ledger).
 //!
 //! Each change first stores the configuration's definitions as a daemon would
 //! (`Ledger::sync_schedules`), so it works before any daemon ran, then changes the
@@ -14,8 +16,8 @@ use super::view::ScheduleView;
 /// Why a change to a schedule was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ManageError {
-    /// The configuration has no schedule of that id.
-    #[error("no schedule `{id}` in {config}")]
+    /// Neither the configuration nor an applied workflow has a schedule of that id.
+    #[error("no schedule `{id}` in {config} nor applied from a workflow file")]
     Unknown {
         /// The id asked for.
         id: String,
@@ -68,9 +70,18 @@ impl Schedules {
         }
     }
 
-    fn find(&self, id: &str) -> Result<&Schedule, ManageError> {
-        self.list
-            .iter()
+    /// Every schedule: the configuration's, then those workflow files carried
+    /// (`flow schedules apply`), read from the ledger's `states` (one `flow.toml`
+    /// declares under the same id wins).
+    pub fn all(&self, states: &[ScheduleState]) -> Vec<Schedule> {
+        let mut out = self.list.clone();
+        out.extend(applied(states).filter(|a| !self.list.iter().any(|s| s.id == a.id)));
+        out
+    }
+
+    fn find(&self, states: &[ScheduleState], id: &str) -> Result<Schedule, ManageError> {
+        self.all(states)
+            .into_iter()
             .find(|s| s.id == id)
             .ok_or_else(|| ManageError::Unknown {
                 id: id.to_string(),
@@ -98,8 +109,9 @@ impl Schedules {
     /// Every schedule as a reader sees it.
     pub async fn views(&self, ledger: &Ledger) -> Result<Vec<ScheduleView>, ManageError> {
         let states = ledger.list_schedules().await?;
-        let mut out = Vec::with_capacity(self.list.len());
-        for s in &self.list {
+        let all = self.all(&states);
+        let mut out = Vec::with_capacity(all.len());
+        for s in &all {
             out.push(view_of(ledger, s, &states).await?);
         }
         Ok(out)
@@ -107,9 +119,9 @@ impl Schedules {
 
     /// The view of schedule `id` (only its own history is read).
     pub async fn view(&self, ledger: &Ledger, id: &str) -> Result<ScheduleView, ManageError> {
-        let s = self.find(id)?;
         let states = ledger.list_schedules().await?;
-        view_of(ledger, s, &states).await
+        let s = self.find(&states, id)?;
+        view_of(ledger, &s, &states).await
     }
 
     /// Pauses (`pause`) or resumes schedule `id` as `who` (a name and a reason).
@@ -120,8 +132,8 @@ impl Schedules {
         pause: bool,
         who: (&str, Option<&str>),
     ) -> Result<ScheduleState, ManageError> {
-        let s = self.find(id)?;
-        self.store(ledger, s).await?;
+        let s = self.find(&ledger.list_schedules().await?, id)?;
+        self.store(ledger, &s).await?;
         Ok(ledger.set_schedule_paused(id, pause, who, now()).await?)
     }
 
@@ -132,15 +144,27 @@ impl Schedules {
         id: &str,
         who: (&str, Option<&str>),
     ) -> Result<String, ManageError> {
-        let s = self.find(id)?;
+        let s = self.find(&ledger.list_schedules().await?, id)?;
         let run_id = format!("sched.{}.manual.{}", s.id, ulid::Ulid::generate());
         let run = s
             .new_run(Utc::now(), run_id)
             .map_err(ManageError::Invalid)?;
-        self.store(ledger, s).await?;
+        self.store(ledger, &s).await?;
         let enq = ledger.trigger_schedule(id, run, who, now()).await?;
         Ok(enq.run.id)
     }
+}
+
+/// The schedules workflow files carried, as stored (one whose definition no longer
+/// reads is left out, logged).
+pub fn applied(states: &[ScheduleState]) -> impl Iterator<Item = Schedule> + '_ {
+    states.iter().filter_map(|st| match Schedule::applied(&st.id, &st.definition)? {
+        Ok(s) => Some(s),
+        Err(e) => {
+            tracing::warn!(schedule = %st.id, error = %e, "schedule: its stored definition cannot be read");
+            None
+        }
+    })
 }
 
 /// `s` as a reader sees it, beside the stored `states`: its latest run and skip read.

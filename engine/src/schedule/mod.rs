@@ -20,6 +20,7 @@
 //!   resume, trigger), one implementation; [`view`]: a schedule as they show it.
 //! - this file: the configuration, checked when `flow.toml` is read (file:line:col).
 
+pub mod fields;
 pub mod fire;
 pub mod manage;
 pub mod ticks;
@@ -34,15 +35,10 @@ use serde::Deserialize;
 use serde_json::{Map, Value as Json, json};
 
 use crate::workflow::Pos;
-use crate::workflow::expr::{self, Template};
+use crate::workflow::expr::Template;
+pub use fields::DEFAULT_CATCHUP;
+use fields::{Fields, Written};
 use ticks::Ticks;
-
-/// The catch-up window of a schedule that sets none: a tick a daemon comes to later
-/// than this (no daemon ran) is recorded missed rather than started.
-pub const DEFAULT_CATCHUP: Duration = Duration::from_secs(60);
-
-/// Longest catch-up window.
-const MAX_CATCHUP: Duration = Duration::from_secs(31 * 24 * 3600);
 
 /// One `[[schedules]]` entry as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -69,16 +65,38 @@ pub struct ScheduleConfig {
     pub catchup_window: Option<toml::Spanned<String>>,
 }
 
+/// Which workflow a schedule's ticks run, and where its text comes from.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A file `flow.toml` names: read and checked at each tick, so an edit takes effect
+    /// at the next one.
+    File {
+        /// The file (resolved against `flow.toml`'s directory).
+        path: PathBuf,
+        /// The file as written in `flow.toml`: what the stored definition holds, so
+        /// daemons reading the same file from other directories agree on it.
+        written: String,
+    },
+    /// A workflow whose `schedules:` were stored with `flow schedules apply`: its text
+    /// as applied (sub-workflows included), so every daemon on every host runs the
+    /// same one without the file; applying the file again changes it.
+    Applied {
+        /// The file as given to `apply` (shown, not read).
+        file: String,
+        /// The workflow's name: the schedules' owner (`applied_from`).
+        name: String,
+        /// The whole text.
+        text: String,
+    },
+}
+
 /// A schedule, checked.
 #[derive(Debug, Clone)]
 pub struct Schedule {
     /// Its id.
     pub id: String,
-    /// The workflow file (resolved against `flow.toml`'s directory).
-    pub workflow: PathBuf,
-    /// The workflow file as written in `flow.toml`: what the stored definition holds,
-    /// so daemons reading the same file from other directories agree on it.
-    pub workflow_written: String,
+    /// The workflow its ticks run.
+    pub target: Target,
     /// The cron expression as written.
     pub cron: String,
     /// The time zone as written (`UTC` when absent).
@@ -111,108 +129,32 @@ pub struct Problem {
 impl ScheduleConfig {
     /// Checks the entry; `base` is `flow.toml`'s directory.
     pub fn check(&self, base: &Path) -> Result<Schedule, Problem> {
-        let id = self.id.get_ref();
-        let bad = |at: usize, message: String| Problem {
-            at,
-            message: format!("schedule `{id}`: {message}"),
+        let at = |s: &toml::Spanned<String>| (s.get_ref().clone(), s.span().start);
+        let written = Written {
+            id: at(&self.id),
+            cron: at(&self.cron),
+            timezone: self.timezone.as_ref().map(at),
+            inputs: (self.inputs.clone(), self.id.span().start),
+            overlap: self.overlap.as_ref().map(at),
+            catchup_window: self.catchup_window.as_ref().map(at),
         };
-        if id.is_empty()
-            || id.len() > 64
-            || !id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
-            return Err(bad(
-                self.id.span().start,
-                "an id is 1 to 64 letters, digits, `_` or `-` (it is part of each tick's run id)"
-                    .into(),
-            ));
-        }
-        let zone = self.timezone.as_ref();
-        let ticks =
-            Ticks::parse(self.cron.get_ref(), zone.map(|z| z.get_ref().as_str())).map_err(|e| {
-                let at = match (&e, zone) {
-                    (ticks::TicksError::Zone(_), Some(z)) => z.span().start,
-                    _ => self.cron.span().start,
-                };
-                bad(at, e.to_string())
-            })?;
-        let overlap = match self.overlap.as_ref().map(|o| (o.get_ref().as_str(), o)) {
-            None | Some(("skip", _)) => Overlap::Skip,
-            Some(("buffer_one", _)) => Overlap::BufferOne,
-            Some(("allow", _)) => Overlap::Allow,
-            Some((other, o)) => {
-                return Err(bad(
-                    o.span().start,
-                    format!("overlap `{other}` is not one of skip, buffer_one, allow"),
-                ));
-            }
-        };
-        let catchup = match &self.catchup_window {
-            None => DEFAULT_CATCHUP,
-            Some(w) => humantime::parse_duration(w.get_ref())
-                .ok()
-                .filter(|d| *d <= MAX_CATCHUP)
-                .ok_or_else(|| {
-                    bad(
-                        w.span().start,
-                        format!(
-                            "catchup_window `{}` is not a duration of at most 31 days (e.g. 30s, 6h)",
-                            w.get_ref()
-                        ),
-                    )
-                })?,
-        };
-        check_inputs(&self.inputs).map_err(|m| bad(self.id.span().start, m))?;
+        let fields = written
+            .check()
+            .map_err(|(at, message)| Problem { at, message })?;
         let workflow = self.workflow.get_ref();
         if workflow.trim().is_empty() {
-            return Err(bad(
-                self.workflow.span().start,
-                "`workflow` is empty".into(),
-            ));
+            return Err(Problem {
+                at: self.workflow.span().start,
+                message: format!("schedule `{}`: `workflow` is empty", fields.id),
+            });
         }
-        Ok(Schedule {
-            id: id.clone(),
-            workflow: base.join(workflow),
-            workflow_written: workflow.clone(),
-            cron: self.cron.get_ref().clone(),
-            timezone: zone.map_or_else(|| "UTC".to_string(), |z| z.get_ref().clone()),
-            ticks,
-            inputs: self.inputs.clone(),
-            overlap,
-            catchup,
-        })
-    }
-}
-
-/// Each string input's templates parse and read only `schedule.*`.
-fn check_inputs(inputs: &Map<String, Json>) -> Result<(), String> {
-    for (name, v) in inputs {
-        for s in strings(v) {
-            let t = Template::parse(s, Pos { line: 1, col: 1 })
-                .map_err(|e| format!("input `{name}`: {e}"))?;
-            for src in t.exprs() {
-                if let Some(r) = expr::references(src)
-                    .into_iter()
-                    .find(|r| !(r == "schedule" || r.starts_with("schedule.")))
-                {
-                    return Err(format!(
-                        "input `{name}` reads `{r}`: a schedule's inputs may read only `schedule.time` and `schedule.id`"
-                    ));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The strings inside a JSON value.
-fn strings(v: &Json) -> Vec<&str> {
-    match v {
-        Json::String(s) => vec![s.as_str()],
-        Json::Array(a) => a.iter().flat_map(strings).collect(),
-        Json::Object(m) => m.values().flat_map(strings).collect(),
-        _ => Vec::new(),
+        Ok(Schedule::new(
+            fields,
+            Target::File {
+                path: base.join(workflow),
+                written: workflow.clone(),
+            },
+        ))
     }
 }
 
@@ -244,18 +186,84 @@ pub fn tick_run_id(id: &str, t: DateTime<Utc>) -> String {
 }
 
 impl Schedule {
+    /// A schedule of `fields` that runs `target`.
+    pub fn new(fields: Fields, target: Target) -> Self {
+        let Fields {
+            id,
+            cron,
+            timezone,
+            ticks,
+            inputs,
+            overlap,
+            catchup,
+        } = fields;
+        Self {
+            id,
+            target,
+            cron,
+            timezone,
+            ticks,
+            inputs,
+            overlap,
+            catchup,
+        }
+    }
+
+    /// A schedule a workflow file carried, stored by `flow schedules apply`: read back
+    /// from its stored definition; `None` for one `flow.toml` declares.
+    pub fn applied(id: &str, definition: &Json) -> Option<Result<Self, String>> {
+        let name = flow_ledger::applied_from(definition)?;
+        let text = |key: &str| definition.get(key).and_then(Json::as_str).unwrap_or("");
+        Some(Fields::of_definition(id, definition).map(|fields| {
+            Self::new(
+                fields,
+                Target::Applied {
+                    file: text("workflow").to_string(),
+                    name: name.to_string(),
+                    text: text("text").to_string(),
+                },
+            )
+        }))
+    }
+
     /// The definition the ledger stores and compares (its hash tells a change).
     pub fn def(&self) -> ScheduleDef {
+        let mut m = Fields::definition(&self.fields());
+        match &self.target {
+            Target::File { written, .. } => {
+                m.insert("workflow".into(), json!(written));
+            }
+            Target::Applied { file, name, text } => {
+                m.insert("workflow".into(), json!(file));
+                m.insert(flow_ledger::APPLIED_FROM.into(), json!(name));
+                m.insert("text".into(), json!(text));
+            }
+        }
         ScheduleDef {
             id: self.id.clone(),
-            definition: json!({
-                "workflow": self.workflow_written,
-                "cron": self.cron,
-                "timezone": self.timezone,
-                "inputs": self.inputs,
-                "overlap": self.overlap.as_str(),
-                "catchup_window": humantime::format_duration(self.catchup).to_string(),
-            }),
+            definition: Json::Object(m),
+        }
+    }
+
+    /// The fields again (what a definition holds besides the workflow).
+    fn fields(&self) -> Fields {
+        Fields {
+            id: self.id.clone(),
+            cron: self.cron.clone(),
+            timezone: self.timezone.clone(),
+            ticks: self.ticks.clone(),
+            inputs: self.inputs.clone(),
+            overlap: self.overlap,
+            catchup: self.catchup,
+        }
+    }
+
+    /// The workflow its ticks run, as an operator reads it: the file, or the file as
+    /// applied.
+    pub fn workflow_label(&self) -> String {
+        match &self.target {
+            Target::File { path, .. } => path.display().to_string(),
+            Target::Applied { file, .. } => file.clone(),
         }
     }
 
@@ -268,12 +276,25 @@ impl Schedule {
     /// The schedule's workflow, read and checked now; or why it cannot be used.
     pub fn load(&self) -> Result<Loaded, String> {
         let opts = crate::snapshot::validate_options();
-        crate::workflow::load_file(&self.workflow, &opts)
-            .map(|(wf, source)| Loaded {
-                wf,
-                text: source.text,
-            })
-            .map_err(|d| format!("schedule `{}`: {}", self.id, d.to_string().trim_end()))
+        let fail = |d: crate::workflow::Diagnostics| {
+            format!("schedule `{}`: {}", self.id, d.to_string().trim_end())
+        };
+        match &self.target {
+            Target::File { path, .. } => crate::workflow::load_file(path, &opts)
+                .map(|(wf, source)| Loaded {
+                    wf,
+                    text: source.text,
+                })
+                .map_err(fail),
+            Target::Applied { file, name, text } => {
+                crate::workflow::parse_named(text, &format!("{file} (as applied)"), name, &opts)
+                    .map(|wf| Loaded {
+                        wf,
+                        text: text.clone(),
+                    })
+                    .map_err(fail)
+            }
+        }
     }
 
     /// The run of the tick at `t` (`run_id`) of the workflow `loaded`.
@@ -335,19 +356,14 @@ mod tests {
     }
 
     #[test]
-    fn inputs_render_the_tick_and_read_nothing_else() {
+    fn inputs_render_the_tick() {
         let mut inputs = Map::new();
         inputs.insert("date".into(), json!("${{ schedule.time }}"));
         inputs.insert("tags".into(), json!(["x", "${{ schedule.id }}"]));
-        assert!(check_inputs(&inputs).is_ok());
         let ctx = json!({ "schedule": { "time": "T", "id": "s" } });
         assert_eq!(
             render(&Json::Object(inputs), &ctx).expect("render"),
             json!({ "date": "T", "tags": ["x", "s"] })
         );
-        let mut bad = Map::new();
-        bad.insert("x".into(), json!("${{ inputs.y }}"));
-        let e = check_inputs(&bad).expect_err("reads inputs");
-        assert!(e.contains("reads `inputs.y`"), "{e}");
     }
 }

@@ -1,5 +1,6 @@
 //! A schedule as a reader sees it (`flow schedules --json`, `GET /api/v1/schedules`,
-//! the console's Schedules page): its definition from `flow.toml` beside what the
+//! the console's Schedules page): its definition (`flow.toml`'s, or a workflow file's as
+//! applied) beside what the
 //! ledger holds — paused or not, its next tick, its last run and its last skip.
 
 use flow_ledger::{HistoryEntry, ScheduleState, Timestamp};
@@ -13,8 +14,11 @@ use super::Schedule;
 pub struct ScheduleView {
     /// Its id (`[[schedules]] id`).
     pub id: String,
-    /// The workflow file it runs.
+    /// The workflow file it runs (as applied, for one a workflow file carried).
     pub workflow: String,
+    /// Where it is declared: `flow.toml` (`[[schedules]]`) or `workflow` (a workflow
+    /// file's `schedules:`, stored with `flow schedules apply`).
+    pub declared_in: String,
     /// The cron expression.
     pub cron: String,
     /// The IANA time zone the cron is read in.
@@ -82,7 +86,12 @@ impl ScheduleView {
             .map(|t| Timestamp(t.timestamp_millis()));
         Self {
             id: s.id.clone(),
-            workflow: s.workflow.display().to_string(),
+            workflow: s.workflow_label(),
+            declared_in: match s.target {
+                super::Target::File { .. } => "flow.toml",
+                super::Target::Applied { .. } => "workflow",
+            }
+            .to_string(),
             cron: s.cron.clone(),
             timezone: s.timezone.clone(),
             overlap: s.overlap.as_str().to_string(),

@@ -84,7 +84,8 @@ impl Problem {
             | E::LeaseLost
             | E::InDoubt { .. }
             | E::InvalidTransition { .. }
-            | E::Terminal { .. } => StatusCode::CONFLICT,
+            | E::Terminal { .. }
+            | E::Owned { .. } => StatusCode::CONFLICT,
             E::OutputTooLarge { .. } | E::InvalidText { .. } | E::InvalidEvent { .. } => {
                 StatusCode::BAD_REQUEST
             }

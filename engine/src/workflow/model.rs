@@ -39,6 +39,18 @@ pub struct Workflow {
     /// daemon on another host, or a resume after the files changed, runs what was
     /// submitted.
     pub included: BTreeMap<String, String>,
+    /// `schedules:`: when this workflow should run by itself. Stored (and then fired by
+    /// every daemon) with `flow schedules apply FILE`; `flow run` ignores them.
+    pub schedules: Vec<WorkflowSchedule>,
+}
+
+/// One `schedules:` item, checked.
+#[derive(Debug, Clone)]
+pub struct WorkflowSchedule {
+    /// Where it is in the file.
+    pub at: Pos,
+    /// Its fields (id, cron, time zone, inputs, overlap, catch-up window).
+    pub fields: crate::schedule::fields::Fields,
 }
 
 impl Workflow {

@@ -8,6 +8,7 @@
 //! (compare-and-set, in the transaction that starts the tick's runs), and each run id
 //! is derived from the schedule and the tick besides (`ticks.rs`).
 
+mod apply;
 mod ticks;
 
 use serde_json::Value;
@@ -18,6 +19,7 @@ use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::model::{Enqueued, NewRun, Scope};
 
+pub use apply::{APPLIED_FROM, Applied, applied_from};
 pub use ticks::{Handled, Overlap, TickPlan};
 
 /// Most history entries one read returns.
@@ -283,7 +285,7 @@ impl Ledger {
     /// caught up); a changed definition is stored and recorded (`changed`, by `actor`),
     /// taking effect from the next tick after `now` (the cursor moves there); with
     /// `prune`, a stored schedule no longer in `defs` is removed and recorded
-    /// (`removed`) — a daemon starting with its `flow.toml` prunes, a command that
+    /// (`removed`) unless a workflow file carried it (`apply_schedules`) — a daemon starting with its `flow.toml` prunes, a command that
     /// only needs the schedules stored does not. Returns the stored states of `defs`.
     pub async fn sync_schedules(
         &self,
@@ -304,13 +306,18 @@ impl Ledger {
                     return Ok(out);
                 }
                 let stored = c
-                    .all::<(String,)>(
-                        "SELECT id FROM schedules WHERE tenant = $1 AND workspace = $2",
+                    .all::<(String, String)>(
+                        "SELECT id, definition FROM schedules WHERE tenant = $1 AND workspace = $2",
                         args![&s.tenant, &s.workspace],
                     )
                     .await?;
-                for (id,) in stored {
-                    if defs.iter().any(|d| d.id == id) {
+                for (id, definition) in stored {
+                    // A schedule a workflow file carried is `flow schedules apply`'s to
+                    // remove, not `flow.toml`'s.
+                    let applied = serde_json::from_str::<Value>(&definition)
+                        .ok()
+                        .is_some_and(|d| applied_from(&d).is_some());
+                    if applied || defs.iter().any(|d| d.id == id) {
                         continue;
                     }
                     c.execute(
@@ -528,7 +535,7 @@ async fn sync_one(
                 ],
             )
             .await?;
-            let detail = format!("{} → {}", state.definition, def.definition);
+            let detail = apply::change_detail(&state.definition, &def.definition);
             record(
                 c,
                 s,

@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use flow_ledger::{
-    Handled, HistoryKind, NewRun, Overlap, RunFinish, RunStatus, ScheduleDef, TickPlan, Timestamp,
+    Applied, Error, Handled, HistoryKind, NewRun, Overlap, RunFinish, RunStatus, ScheduleDef,
+    TickPlan, Timestamp,
 };
 use serde_json::json;
 
@@ -19,6 +20,7 @@ crate::conformance!(
     missed_ticks_changes_pauses_removals_and_triggers_are_recorded,
     a_taken_run_id_is_refused_and_a_pause_drops_the_buffered_tick,
     a_command_stores_without_removing_the_others,
+    a_workflow_applies_its_own_schedules_and_no_one_elses,
 );
 
 fn def(id: &str, cron: &str) -> ScheduleDef {
@@ -404,4 +406,102 @@ async fn a_command_stores_without_removing_the_others(db: TestDb) {
         .map(|s| s.id)
         .collect();
     assert_eq!(ids, ["a", "b", "c"]);
+}
+
+fn applied(id: &str, owner: &str, cron: &str) -> ScheduleDef {
+    ScheduleDef {
+        id: id.into(),
+        definition: json!({ "cron": cron, "applied_from": owner, "text": "name: w" }),
+    }
+}
+
+/// `apply_schedules` adds, changes and removes only its own workflow's schedules, in
+/// one transaction: an id `flow.toml` or another workflow holds refuses the whole
+/// apply; a daemon's pruning sync leaves applied schedules alone.
+async fn a_workflow_applies_its_own_schedules_and_no_one_elses(db: TestDb) {
+    let t0 = db.now();
+    let l = &db.ledger;
+    l.sync_schedules(vec![def("cfg", "@daily")], ("config", true), t0)
+        .await
+        .unwrap();
+    let got = l
+        .apply_schedules(
+            "w",
+            vec![applied("a", "w", "@hourly"), applied("b", "w", "@daily")],
+            "alice",
+            t0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        [("a".into(), Applied::Added), ("b".into(), Applied::Added)]
+    );
+    // Another workflow may not take `a`, nor anyone `cfg`; nothing of either is stored.
+    for (owner, id) in [("v", "a"), ("w", "cfg")] {
+        let e = l
+            .apply_schedules(
+                owner,
+                vec![
+                    applied("new", owner, "@daily"),
+                    applied(id, owner, "@daily"),
+                ],
+                "bob",
+                t0,
+            )
+            .await
+            .expect_err("owned");
+        assert!(matches!(e, Error::Owned { .. }), "{e}");
+    }
+    let ids = |states: Vec<flow_ledger::ScheduleState>| -> Vec<String> {
+        states.into_iter().map(|s| s.id).collect()
+    };
+    assert_eq!(ids(l.list_schedules().await.unwrap()), ["a", "b", "cfg"]);
+    // A daemon with another flow.toml prunes `cfg`, not the applied ones.
+    let t1 = db.advance(Duration::from_secs(1));
+    l.sync_schedules(vec![def("other", "@daily")], ("config", true), t1)
+        .await
+        .unwrap();
+    assert_eq!(ids(l.list_schedules().await.unwrap()), ["a", "b", "other"]);
+    // Applied again: `a` changed, `b` gone, `c` new.
+    let t2 = db.advance(Duration::from_secs(1));
+    let got = l
+        .apply_schedules(
+            "w",
+            vec![applied("a", "w", "@daily"), applied("c", "w", "@daily")],
+            "carol",
+            t2,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        [
+            ("a".into(), Applied::Changed),
+            ("c".into(), Applied::Added),
+            ("b".into(), Applied::Removed)
+        ]
+    );
+    assert_eq!(ids(l.list_schedules().await.unwrap()), ["a", "c", "other"]);
+    let a = history(&db, "a").await;
+    assert!(a.iter().any(|e| e.0 == HistoryKind::Changed), "{a:?}");
+    let b = l.schedule_history(Some("b"), 10).await.unwrap();
+    assert!(
+        b.iter()
+            .any(|e| e.kind == HistoryKind::Removed && e.actor.as_deref() == Some("carol")),
+        "{b:?}"
+    );
+    let again = l
+        .apply_schedules(
+            "w",
+            vec![applied("a", "w", "@daily"), applied("c", "w", "@daily")],
+            "carol",
+            t2,
+        )
+        .await
+        .unwrap();
+    assert!(
+        again.iter().all(|(_, c)| *c == Applied::Unchanged),
+        "{again:?}"
+    );
 }

@@ -23,6 +23,15 @@ pub(super) const TOP_KEYS: &[&str] = &[
     "tools",
     "nodes",
     "included",
+    "schedules",
+];
+pub(super) const SCHEDULE_KEYS: &[&str] = &[
+    "id",
+    "cron",
+    "timezone",
+    "inputs",
+    "overlap",
+    "catchup_window",
 ];
 pub(super) const INPUT_KEYS: &[&str] = &["type", "required", "default", "description"];
 pub(super) const DEFAULTS_KEYS: &[&str] = &["timeout", "deadline", "retry_policy"];

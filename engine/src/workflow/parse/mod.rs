@@ -15,6 +15,7 @@ mod names;
 mod nodes;
 mod reconcile;
 mod root;
+mod schedules;
 mod tools;
 mod values;
 mod waits;

@@ -21,6 +21,7 @@ pub(crate) fn workflow(cx: &mut Cx, root: &Node, stem: &str) -> Workflow {
         tools: BTreeMap::new(),
         nodes: Vec::new(),
         included: BTreeMap::new(),
+        schedules: Vec::new(),
     };
     let Some(entries) = cx.map(root, "a workflow file") else {
         return wf;
@@ -71,6 +72,9 @@ pub(crate) fn workflow(cx: &mut Cx, root: &Node, stem: &str) -> Workflow {
                 ),
             }
         }
+    }
+    if let Some(n) = get(entries, "schedules") {
+        wf.schedules = super::schedules::schedules(cx, n);
     }
     match get(entries, "nodes") {
         Some(n) => {
