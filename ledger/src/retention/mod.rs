@@ -14,6 +14,7 @@
 //! The engine decides the horizons and the pace (`[retention]` in `flow.toml`); the
 //! ledger decides what is safe.
 
+mod delete;
 mod sweep;
 mod tombstones;
 
@@ -26,7 +27,6 @@ use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::model::Scope;
-use crate::rows::IntRow;
 use crate::state::RunStatus;
 
 pub use sweep::Sweep;
@@ -159,36 +159,45 @@ pub struct Candidate {
     pub id: String,
 }
 
+/// A run and what could keep it, read in one statement.
 #[derive(sqlx::FromRow)]
 struct RunFacts {
     status: String,
     finished_at: Option<i64>,
     parent_run_id: Option<String>,
+    /// A call that may have sent with no known outcome (its node), and its state.
+    open_node: Option<String>,
+    open_status: Option<String>,
+    /// An unfinished child.
+    child: Option<String>,
+    /// The parent's status.
+    parent_status: Option<String>,
 }
 
-/// On PostgreSQL, locks the run's parent (if any) `FOR SHARE` before the run itself is
-/// locked — parent before child, the order every writer takes — so a redrive of the
-/// parent cannot commit between the parent's check and the child's deletion.
-async fn lock_parent(c: &mut Conn<'_>, s: &Scope, run_id: &str) -> Result<(), Error> {
-    let parent = c
-        .optional::<(Option<String>,)>(
-            "SELECT parent_run_id FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3",
-            args![&s.tenant, &s.workspace, run_id],
-        )
-        .await?;
-    if let Some((Some(parent),)) = parent {
-        c.optional::<(String,)>(
-            "SELECT status FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3 FOR SHARE",
-            args![&s.tenant, &s.workspace, &parent],
-        )
-        .await?;
-    }
-    Ok(())
-}
+/// The run's row and its blockers (`$1` tenant, `$2` workspace, `$3` the run).
+const RUN_FACTS: &str = "SELECT r.status, r.finished_at, r.parent_run_id,
+                (SELECT c.tool_call_id FROM tool_calls c
+                 WHERE c.tenant = r.tenant AND c.workspace = r.workspace AND c.run_id = r.id
+                   AND c.status NOT IN ('succeeded', 'failed', 'claimed')
+                 ORDER BY c.tool_call_id LIMIT 1) AS open_node,
+                (SELECT c.status FROM tool_calls c
+                 WHERE c.tenant = r.tenant AND c.workspace = r.workspace AND c.run_id = r.id
+                   AND c.status NOT IN ('succeeded', 'failed', 'claimed')
+                 ORDER BY c.tool_call_id LIMIT 1) AS open_status,
+                (SELECT k.id FROM runs k
+                 WHERE k.tenant = r.tenant AND k.workspace = r.workspace AND k.parent_run_id = r.id
+                   AND k.status NOT IN ('succeeded', 'failed', 'cancelled')
+                 LIMIT 1) AS child,
+                (SELECT p.status FROM runs p
+                 WHERE p.tenant = r.tenant AND p.workspace = r.workspace
+                   AND p.id = r.parent_run_id) AS parent_status
+     FROM runs r WHERE r.tenant = $1 AND r.workspace = $2 AND r.id = $3";
 
-/// Whether the run may be deleted. With `lock` (a real deletion), on PostgreSQL its
-/// parent and then its row are locked first (a redrive or a second deleter waits for
-/// this transaction); a dry run locks nothing. `Ok(Err(kept))` when it stays.
+/// Whether the run may be deleted, read in one statement (three on PostgreSQL with
+/// `lock`). With `lock` (a real deletion), on PostgreSQL its parent is locked `FOR
+/// SHARE` and then its own row `FOR UPDATE` — parent before child, the order every
+/// writer takes — so a redrive of the parent, or a second deleter, waits for this
+/// transaction; a dry run locks nothing. `Ok(Err(kept))` when it stays.
 async fn check_deletable(
     c: &mut Conn<'_>,
     s: &Scope,
@@ -198,17 +207,27 @@ async fn check_deletable(
 ) -> Result<Option<Result<Timestamp, Kept>>, Error> {
     let lock = lock && c.is_postgres();
     if lock {
-        lock_parent(c, s, run_id).await?;
+        c.all::<(String,)>(
+            "SELECT p.status FROM runs p WHERE p.tenant = $1 AND p.workspace = $2
+               AND p.id = (SELECT r.parent_run_id FROM runs r
+                           WHERE r.tenant = $1 AND r.workspace = $2 AND r.id = $3)
+             FOR SHARE",
+            args![&s.tenant, &s.workspace, run_id],
+        )
+        .await?;
     }
-    let sql = if lock {
-        "SELECT status, finished_at, parent_run_id FROM runs
-         WHERE tenant = $1 AND workspace = $2 AND id = $3 FOR UPDATE"
-    } else {
-        "SELECT status, finished_at, parent_run_id FROM runs
-         WHERE tenant = $1 AND workspace = $2 AND id = $3"
-    };
+    if lock {
+        // Locked first, then read in a statement of its own: its snapshot is taken
+        // after the lock is granted, so it sees what the holder we waited for wrote.
+        c.all::<(String,)>(
+            "SELECT status FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3
+             FOR UPDATE",
+            args![&s.tenant, &s.workspace, run_id],
+        )
+        .await?;
+    }
     let Some(run) = c
-        .optional::<RunFacts>(sql, args![&s.tenant, &s.workspace, run_id])
+        .optional::<RunFacts>(RUN_FACTS, args![&s.tenant, &s.workspace, run_id])
         .await?
     else {
         return Ok(None);
@@ -220,98 +239,18 @@ async fn check_deletable(
     if finished_at >= before.0 {
         return Ok(Some(Err(Kept::TooRecent)));
     }
-    if let Some((node, status)) = c
-        .optional::<(String, String)>(
-            "SELECT tool_call_id, status FROM tool_calls
-             WHERE tenant = $1 AND workspace = $2 AND run_id = $3
-               AND status NOT IN ('succeeded', 'failed', 'claimed')
-             LIMIT 1",
-            args![&s.tenant, &s.workspace, run_id],
-        )
-        .await?
-    {
+    if let (Some(node), Some(status)) = (run.open_node, run.open_status) {
         return Ok(Some(Err(Kept::CallOpen { node, status })));
     }
-    if let Some((child,)) = c
-        .optional::<(String,)>(
-            "SELECT id FROM runs
-             WHERE tenant = $1 AND workspace = $2 AND parent_run_id = $3
-               AND status NOT IN ('succeeded', 'failed', 'cancelled')
-             LIMIT 1",
-            args![&s.tenant, &s.workspace, run_id],
-        )
-        .await?
-    {
+    if let Some(child) = run.child {
         return Ok(Some(Err(Kept::ChildUnfinished { child })));
     }
-    if let Some(parent) = run.parent_run_id {
-        let open = c
-            .optional::<(String,)>(
-                "SELECT status FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3",
-                args![&s.tenant, &s.workspace, &parent],
-            )
-            .await?
-            .map(|(st,)| st.parse::<RunStatus>())
-            .transpose()?
-            .is_some_and(|st| !st.is_terminal());
-        if open {
+    if let (Some(parent), Some(st)) = (run.parent_run_id, run.parent_status) {
+        if !st.parse::<RunStatus>()?.is_terminal() {
             return Ok(Some(Err(Kept::ParentUnfinished { parent })));
         }
     }
     Ok(Some(Ok(Timestamp(finished_at))))
-}
-
-/// Deletes the run's rows, table by table, and leaves its tombstones.
-async fn delete_run(
-    c: &mut Conn<'_>,
-    s: &Scope,
-    run_id: &str,
-    used_at: Timestamp,
-    now: Timestamp,
-) -> Result<(Deleted, u64), Error> {
-    let mut deleted = Deleted::default();
-    let buried = tombstones::bury(c, s, run_id, used_at, now).await?;
-    for (table, delete, _) in RUN_TABLES {
-        let n = c
-            .execute(delete, args![&s.tenant, &s.workspace, run_id])
-            .await?;
-        deleted.add(table, n);
-    }
-    let n = c
-        .execute(
-            "DELETE FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3",
-            args![&s.tenant, &s.workspace, run_id],
-        )
-        .await?;
-    deleted.add("runs", n);
-    let a = || args![&s.tenant, &s.workspace, run_id];
-    let n = c.execute(sweep::RUN_EVENT_DELIVERIES, a()).await?;
-    deleted.add("event_deliveries", n);
-    let n = c.execute(sweep::RUN_EVENTS, a()).await?;
-    deleted.add("outbox", n);
-    Ok((deleted, buried))
-}
-
-/// What deleting the run would delete (the dry run).
-async fn count_run(c: &mut Conn<'_>, s: &Scope, run_id: &str) -> Result<Deleted, Error> {
-    let mut counted = Deleted::default();
-    for (table, _, count) in RUN_TABLES {
-        let n = c
-            .optional::<IntRow>(count, args![&s.tenant, &s.workspace, run_id])
-            .await?
-            .map_or(0, |r| r.n);
-        counted.add(table, u64::try_from(n).unwrap_or(0));
-    }
-    counted.add("runs", 1);
-    let n = c
-        .optional::<IntRow>(
-            sweep::RUN_EVENTS_DRY,
-            args![&s.tenant, &s.workspace, run_id],
-        )
-        .await?
-        .map_or(0, |r| r.n);
-    counted.add("outbox", u64::try_from(n).unwrap_or(0));
-    Ok(counted)
 }
 
 impl Ledger {
@@ -370,7 +309,7 @@ impl Ledger {
                     None => RunGc::Gone,
                     Some(Err(kept)) => RunGc::Kept(kept),
                     Some(Ok(_)) => RunGc::Deleted {
-                        rows: count_run(&mut c, s, &run_id).await?,
+                        rows: delete::count_run(&mut c, s, &run_id).await?,
                         tombstones: tombstones::count(&mut c, s, &run_id).await?,
                     },
                 },
@@ -384,7 +323,8 @@ impl Ledger {
                     None => RunGc::Gone,
                     Some(Err(kept)) => RunGc::Kept(kept),
                     Some(Ok(used_at)) => {
-                        let (rows, tombstones) = delete_run(c, s, &run_id, used_at, now).await?;
+                        let (rows, tombstones) =
+                            delete::delete_run(c, s, &run_id, used_at, now).await?;
                         RunGc::Deleted { rows, tombstones }
                     }
                 })

@@ -199,6 +199,20 @@ pub(super) const RUN_EVENTS: &str = concat!(
            WHERE d.tenant = e.tenant AND d.workspace = e.workspace AND d.event_id = e.id))"
 );
 
+/// PostgreSQL's one-statement deletion (`delete.rs`): the run's events whose every
+/// delivery is delivered. Its sibling [`RUN_EVENT_DELIVERIES`] deletes those
+/// deliveries in the same statement; both read one snapshot, so this cannot wait for
+/// them to be gone as [`RUN_EVENTS`] does.
+pub(super) const RUN_EVENTS_DELIVERED: &str = concat!(
+    "DELETE FROM outbox WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+       AND id IN (SELECT e.id FROM outbox e
+         WHERE e.tenant = $1 AND e.workspace = $2 AND e.run_id = $3 AND ",
+    consumers_have!("e"),
+    " AND ",
+    all_delivered!("e"),
+    ")"
+);
+
 /// What a dry run counts of a run's events.
 pub(super) const RUN_EVENTS_DRY: &str = concat!(
     "SELECT COUNT(*) AS n FROM outbox e
