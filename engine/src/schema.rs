@@ -68,7 +68,6 @@ fn on_parent_cancel() -> Value {
     json!({ "enum": ["cancel", "abandon"], "description": "A `workflow:` node's child when this run is cancelled: cancelled too (default) or left running." })
 }
 
-/// `included:`, which flow adds to a stored run's text.
 /// `schedules:` (stored with `flow schedules apply`).
 fn schedules() -> Value {
     json!({
@@ -90,6 +89,7 @@ fn schedules() -> Value {
     })
 }
 
+/// `included:`, which flow adds to a stored run's text.
 fn included() -> Value {
     json!({
         "type": "object",

@@ -144,7 +144,7 @@ fn several_daemons_one_killed(backend: Backend, daemons: usize, seconds_total: u
 
 #[test]
 fn two_daemons_on_one_sqlite_file_start_one_run_per_tick() {
-    several_daemons_one_killed(Backend::Sqlite, 2, 12);
+    several_daemons_one_killed(Backend::Sqlite, 2, 60);
 }
 
 #[test]
@@ -152,7 +152,7 @@ fn three_postgres_daemons_one_killed_twice_start_one_run_per_tick() {
     if !crate::support::postgres_available() {
         return;
     }
-    several_daemons_one_killed(Backend::Postgres, 3, 12);
+    several_daemons_one_killed(Backend::Postgres, 3, 60);
 }
 
 /// No daemon for a while: the ticks older than the window are one `missed` range, the

@@ -87,11 +87,16 @@ fn fired_from_the_ledger(backend: Backend) {
     );
     let own = db.dir.path().join("own.toml").display().to_string();
     let args = ["--poll-interval", "100ms"];
+    // A daemon with no flow.toml schedules fires them alone at first.
+    let plain = Daemon::start(&db, "plain", &args, &[]);
+    std::thread::sleep(Duration::from_secs(4));
+    let alone = tick_runs(&db).len();
+    assert!(alone >= 2, "{ctx}: {alone} runs\n{}", plain.log());
     let mut daemons = [
-        Daemon::start(&db, "plain", &args, &[]),
+        plain,
         Daemon::start(&db, "own", &args, &[("FLOW_CONFIG", &own)]),
     ];
-    std::thread::sleep(Duration::from_secs(7));
+    std::thread::sleep(Duration::from_secs(4));
     // Applied again without `every`: removed, and its ticks stop.
     db.write("ticker.yaml", &workflow(DAILY));
     let (code, changes, err) = apply(&db, "ticker.yaml", "bob");
@@ -204,6 +209,23 @@ fn apply_refuses_what_it_cannot_own_or_check_and_stores_nothing() {
     let (code, _, err) = apply(&db, "other.yaml", "alice");
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("belongs to workflow `ticker`"), "{err}");
+    // `remove` settles the clash: then the other workflow may take the id.
+    let out = output(
+        db.flow()
+            .args(["schedules", "remove", "daily", "--by", "dora"]),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let (code, changes, err) = apply(&db, "other.yaml", "alice");
+    assert_eq!(
+        (code, changes),
+        (Some(0), vec![("daily".into(), "added".into())]),
+        "{err}"
+    );
+    let out = output(
+        db.flow()
+            .args(["schedules", "remove", "nope", "--by", "dora"]),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     for verb in ["pause", "resume"] {
         let out = output(
             db.flow()

@@ -421,6 +421,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
             Some(schedules::SchedulesCommand::Resume(_)) => Some("schedules resume"),
             Some(schedules::SchedulesCommand::Trigger(_)) => Some("schedules trigger"),
             Some(schedules::SchedulesCommand::Apply(_)) => Some("schedules apply"),
+            Some(schedules::SchedulesCommand::Remove(_)) => Some("schedules remove"),
             Some(schedules::SchedulesCommand::History(_)) | None => None,
         },
         Command::Show(_)

@@ -43,6 +43,10 @@ pub enum SchedulesCommand {
     Trigger(OneSchedule),
     /// What became of the latest ticks, and who changed what.
     History(HistoryArgs),
+    /// Remove a stored schedule whoever declared it (recorded with --by): what settles
+    /// an id flow.toml and a workflow file both claim. A daemon whose flow.toml still
+    /// declares it stores it again at its next start or reload.
+    Remove(OneSchedule),
     /// Store the `schedules:` a workflow file carries (its text with them): every daemon
     /// fires them from the ledger, without the file. Applying the file again changes
     /// them (from their next tick) and removes those it no longer carries.
@@ -137,6 +141,21 @@ pub(crate) async fn schedules(
         }
         Some(SchedulesCommand::History(h)) => history(&ledger, h, stdout).await,
         Some(SchedulesCommand::Apply(a)) => apply(&ledger, &schedules, a, stdout).await,
+        Some(SchedulesCommand::Remove(one)) => {
+            let by = one.who.name()?;
+            let now = Timestamp(chrono::Utc::now().timestamp_millis());
+            ledger
+                .remove_schedule(&one.id, (&by, one.who.reason.as_deref()), now)
+                .await
+                .map_err(|e| match e {
+                    flow_ledger::Error::NotFound { .. } => {
+                        CliError::invalid(format!("no schedule `{}` is stored", one.id))
+                    }
+                    e => CliError::unavailable(e.to_string()),
+                })?;
+            let _ = writeln!(stdout, "schedule {} removed by {by}", one.id);
+            Ok(exit::OK)
+        }
     }
 }
 
@@ -153,6 +172,12 @@ async fn apply(
     let (wf, source) = crate::workflow::load_file(&args.file, &crate::snapshot::validate_options())
         .map_err(|d| CliError::Diagnostics(d.to_string()))?;
     let file = args.file.display().to_string();
+    // The stored definition names the file by its name alone: applying it from another
+    // directory (`./t.yaml`, a CI checkout) is not a change.
+    let shown = args
+        .file
+        .file_name()
+        .map_or_else(|| file.clone(), |n| n.to_string_lossy().into_owned());
     let mut list = Vec::with_capacity(wf.schedules.len());
     for ws in &wf.schedules {
         if configured.list.iter().any(|c| c.id == ws.fields.id) {
@@ -168,7 +193,7 @@ async fn apply(
             )));
         }
         let target = Target::Applied {
-            file: file.clone(),
+            file: shown.clone(),
             name: wf.name.clone(),
             text: source.text.clone(),
         };

@@ -43,6 +43,23 @@ pub struct Scheduler {
     metrics: Arc<Metrics>,
     /// Who stores definitions (`config <path>`), for the history.
     actor: String,
+    /// The schedules workflow files carried, by id: the stored hash they were read at
+    /// and the schedule (`None`: its definition does not read).
+    applied: std::sync::Mutex<AppliedCache>,
+}
+
+/// Applied schedules by id: `(stored hash, schedule)`.
+type AppliedCache = std::collections::HashMap<String, (String, Option<Arc<Schedule>>)>;
+
+/// An applied schedule from its whole stored state, or `None` (said at error).
+fn read_applied(full: &ScheduleState) -> Option<Arc<Schedule>> {
+    match Schedule::applied(&full.id, &full.definition)? {
+        Ok(s) => Some(Arc::new(s)),
+        Err(e) => {
+            tracing::error!(schedule = %full.id, error = %e, "schedule: its stored definition cannot be read; it does not fire until applied again");
+            None
+        }
+    }
 }
 
 /// Reads the configuration again (`flow.toml` changed): its schedules, or why not.
@@ -85,6 +102,7 @@ impl Scheduler {
             problems: std::sync::Mutex::default(),
             metrics,
             actor,
+            applied: std::sync::Mutex::default(),
         }
     }
 
@@ -111,9 +129,11 @@ impl Scheduler {
                 match (w.reload)() {
                     Ok(fresh) => {
                         tracing::warn!(file = %w.path.display(), schedules = fresh.list.len(), "schedules: the configuration changed; storing its schedules");
+                        // A file that declared none and still declares none prunes
+                        // nothing: the other daemons' files may declare some.
+                        synced = self.schedules.is_empty() && fresh.list.is_empty();
                         self = Self::new(self.ledger.clone(), fresh, self.metrics.clone());
                         defs = self.schedules.iter().map(Schedule::def).collect();
-                        synced = false;
                     }
                     Err(e) => {
                         tracing::error!(file = %w.path.display(), error = %e, "schedules: the changed configuration cannot be read; firing the schedules read before")
@@ -153,18 +173,11 @@ impl Scheduler {
     /// One pass over every schedule at `now`; how long until the next is worth doing.
     /// A schedule that fails is logged and left for the next pass; the others go on.
     pub async fn pass(&self, now: DateTime<Utc>) -> Result<Duration, flow_ledger::Error> {
-        let states = self.ledger.list_schedules().await?;
+        let states = self.ledger.list_schedule_heads().await?;
         let mut next = now + TimeDelta::from_std(MAX_SLEEP).unwrap_or_default();
-        // Those workflow files carried, as stored: their hash is the stored one.
-        let applied: Vec<(Schedule, String)> = super::manage::applied(&states)
-            .filter(|a| !self.schedules.iter().any(|s| s.id == a.id))
-            .filter_map(|a| {
-                let st = states.iter().find(|st| st.id == a.id)?;
-                Some((a, st.def_hash.clone()))
-            })
-            .collect();
+        let applied = self.applied(&states).await;
         let own = self.schedules.iter().zip(&self.hashes);
-        for (s, hash) in own.chain(applied.iter().map(|(s, h)| (s, h))) {
+        for (s, hash) in own.chain(applied.iter().map(|(s, h)| (&**s, h))) {
             let state = states.iter().find(|st| st.id == s.id);
             if !self.fires(s, state, hash) {
                 continue;
@@ -181,6 +194,41 @@ impl Scheduler {
             .to_std()
             .unwrap_or_default()
             .max(Duration::from_millis(20)))
+    }
+
+    /// The schedules workflow files carried (`flow schedules apply`) among the stored
+    /// `heads`, each with its stored hash. One is read whole (its workflow's text) and
+    /// parsed only when its hash is new; one whose definition cannot be read is said
+    /// once per definition and left out.
+    async fn applied(&self, heads: &[ScheduleState]) -> Vec<(Arc<Schedule>, String)> {
+        let mut known =
+            std::mem::take(&mut *self.applied.lock().unwrap_or_else(|e| e.into_inner()));
+        let mut kept = std::collections::HashMap::new();
+        for h in heads {
+            if flow_ledger::applied_from(&h.definition).is_none()
+                || self.schedules.iter().any(|s| s.id == h.id)
+            {
+                continue;
+            }
+            let entry = match known.remove(&h.id) {
+                Some((hash, s)) if hash == h.def_hash => (hash, s),
+                _ => match self.ledger.schedule_definition(&h.id).await {
+                    Ok(Some(full)) => (full.def_hash.clone(), read_applied(&full)),
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!(schedule = %h.id, error = %e, "schedule: its definition cannot be read; trying again");
+                        continue;
+                    }
+                },
+            };
+            kept.insert(h.id.clone(), entry);
+        }
+        let out = kept
+            .values()
+            .filter_map(|(hash, s)| Some((s.clone()?, hash.clone())))
+            .collect();
+        *self.applied.lock().unwrap_or_else(|e| e.into_inner()) = kept;
+        out
     }
 
     /// The due ticks of one schedule, handed to the ledger.

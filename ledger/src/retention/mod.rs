@@ -245,10 +245,10 @@ async fn check_deletable(
     if let Some(child) = run.child {
         return Ok(Some(Err(Kept::ChildUnfinished { child })));
     }
-    if let (Some(parent), Some(st)) = (run.parent_run_id, run.parent_status) {
-        if !st.parse::<RunStatus>()?.is_terminal() {
-            return Ok(Some(Err(Kept::ParentUnfinished { parent })));
-        }
+    if let (Some(parent), Some(st)) = (run.parent_run_id, run.parent_status)
+        && !st.parse::<RunStatus>()?.is_terminal()
+    {
+        return Ok(Some(Err(Kept::ParentUnfinished { parent })));
     }
     Ok(Some(Ok(Timestamp(finished_at))))
 }

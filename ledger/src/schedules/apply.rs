@@ -6,9 +6,9 @@
 //! [`APPLIED_FROM`] (the workflow's name). Applying a workflow again replaces its own
 //! schedules and removes those it no longer carries; it never touches a schedule
 //! `flow.toml` declares or another workflow applied ([`Error::Owned`]). A daemon's sync
-//! of `flow.toml` never prunes an applied schedule (`sync_schedules`); one that
-//! `flow.toml` comes to declare under the same id is taken over by it (recorded
-//! `changed`).
+//! of `flow.toml` neither prunes an applied schedule nor takes one over when its file
+//! declares the same id (`sync_schedules`: that daemon leaves it alone and says so);
+//! `flow schedules remove ID` settles such a clash.
 
 use serde_json::Value;
 
@@ -120,23 +120,31 @@ impl Ledger {
                     out.push((def.id.clone(), what));
                 }
                 let stored = c
-                    .all::<(String, String)>(
-                        "SELECT id, definition FROM schedules WHERE tenant = $1 AND workspace = $2",
+                    .all::<(String, String, String)>(
+                        "SELECT id, definition, def_hash FROM schedules
+                         WHERE tenant = $1 AND workspace = $2",
                         args![&s.tenant, &s.workspace],
                     )
                     .await?;
-                for (id, definition) in stored {
+                for (id, definition, hash) in stored {
                     let mine = serde_json::from_str::<Value>(&definition)
                         .ok()
                         .is_some_and(|d| applied_from(&d) == Some(owner.as_str()));
                     if !mine || defs.iter().any(|d| d.id == id) {
                         continue;
                     }
-                    c.execute(
-                        "DELETE FROM schedules WHERE tenant = $1 AND workspace = $2 AND id = $3",
-                        args![&s.tenant, &s.workspace, &id],
-                    )
-                    .await?;
+                    // Only the row read: one replaced since (by `flow schedules remove`
+                    // and another apply) stays.
+                    let gone = c
+                        .execute(
+                            "DELETE FROM schedules
+                             WHERE tenant = $1 AND workspace = $2 AND id = $3 AND def_hash = $4",
+                            args![&s.tenant, &s.workspace, &id, &hash],
+                        )
+                        .await?;
+                    if gone == 0 {
+                        continue;
+                    }
                     let why = format!("workflow `{owner}` applied without it");
                     record(
                         c,

@@ -300,18 +300,30 @@ impl Ledger {
                 let s = ledger.scope();
                 let mut out = Vec::with_capacity(defs.len());
                 for def in &defs {
+                    // A schedule a workflow file carried is not taken over by a
+                    // `flow.toml` entry of the same id (an older file, a typo): the row
+                    // stays the workflow's, and this daemon, seeing another definition,
+                    // says so and leaves it alone (`flow schedules remove` settles it).
+                    if applied_from(&def.definition).is_none()
+                        && let Some(st) = state_for_update(c, s, &def.id).await?
+                        && applied_from(&st.definition).is_some()
+                    {
+                        out.push(st);
+                        continue;
+                    }
                     out.push(sync_one(c, s, def, &actor, now).await?);
                 }
                 if !prune {
                     return Ok(out);
                 }
                 let stored = c
-                    .all::<(String, String)>(
-                        "SELECT id, definition FROM schedules WHERE tenant = $1 AND workspace = $2",
+                    .all::<(String, String, String)>(
+                        "SELECT id, definition, def_hash FROM schedules
+                         WHERE tenant = $1 AND workspace = $2",
                         args![&s.tenant, &s.workspace],
                     )
                     .await?;
-                for (id, definition) in stored {
+                for (id, definition, hash) in stored {
                     // A schedule a workflow file carried is `flow schedules apply`'s to
                     // remove, not `flow.toml`'s.
                     let applied = serde_json::from_str::<Value>(&definition)
@@ -320,14 +332,88 @@ impl Ledger {
                     if applied || defs.iter().any(|d| d.id == id) {
                         continue;
                     }
-                    c.execute(
-                        "DELETE FROM schedules WHERE tenant = $1 AND workspace = $2 AND id = $3",
-                        args![&s.tenant, &s.workspace, &id],
-                    )
-                    .await?;
+                    // Only the row read: one stored since (an apply) stays.
+                    let gone = c
+                        .execute(
+                            "DELETE FROM schedules
+                             WHERE tenant = $1 AND workspace = $2 AND id = $3 AND def_hash = $4",
+                            args![&s.tenant, &s.workspace, &id, &hash],
+                        )
+                        .await?;
+                    if gone == 0 {
+                        continue;
+                    }
                     record(c, s, &entry(&id, HistoryKind::Removed, &actor, None, now)).await?;
                 }
                 Ok(out)
+            })
+        })
+        .await
+    }
+
+    /// Every stored schedule, by id, each definition without a workflow's text (what a
+    /// daemon reads each second: [`Ledger::schedule_definition`] gives the whole one).
+    pub async fn list_schedule_heads(&self) -> Result<Vec<ScheduleState>, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let mut c = pc.conn();
+        let sql = c.pick(
+            "SELECT id, json_remove(definition, '$.text') AS definition, def_hash, paused,
+                cursor_at, last_run_id, buffered_at, changed_at, changed_by
+             FROM schedules WHERE tenant = $1 AND workspace = $2 ORDER BY id",
+            "SELECT id, (definition::jsonb - 'text')::text AS definition, def_hash, paused,
+                cursor_at, last_run_id, buffered_at, changed_at, changed_by
+             FROM schedules WHERE tenant = $1 AND workspace = $2 ORDER BY id",
+        );
+        c.all::<StateRow>(sql, args![&s.tenant, &s.workspace])
+            .await?
+            .into_iter()
+            .map(StateRow::into_state)
+            .collect()
+    }
+
+    /// Schedule `id` whole (its definition with a workflow's text), or `None`.
+    pub async fn schedule_definition(&self, id: &str) -> Result<Option<ScheduleState>, Error> {
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        pc.conn()
+            .optional::<StateRow>(
+                "SELECT id, definition, def_hash, paused, cursor_at, last_run_id, buffered_at,
+                    changed_at, changed_by
+                 FROM schedules WHERE tenant = $1 AND workspace = $2 AND id = $3",
+                args![&s.tenant, &s.workspace, id],
+            )
+            .await?
+            .map(StateRow::into_state)
+            .transpose()
+    }
+
+    /// Removes schedule `id`, whoever declared it, recorded `removed` with `actor` (and
+    /// `reason`): what settles an id two sources claim, or a schedule no daemon prunes.
+    /// A daemon whose `flow.toml` still declares it stores it again at its next start
+    /// or reload. `NotFound` for an unknown id.
+    pub async fn remove_schedule(
+        &self,
+        id: &str,
+        (actor, reason): (&str, Option<&str>),
+        now: Timestamp,
+    ) -> Result<ScheduleState, Error> {
+        let ledger = self.clone();
+        let (id, actor) = (id.to_owned(), actor.to_owned());
+        let reason = reason.map(str::to_owned);
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let state = state_for_update(c, s, &id)
+                    .await?
+                    .ok_or_else(|| unknown(&id))?;
+                c.execute(
+                    "DELETE FROM schedules WHERE tenant = $1 AND workspace = $2 AND id = $3",
+                    args![&s.tenant, &s.workspace, &id],
+                )
+                .await?;
+                record(c, s, &entry(&id, HistoryKind::Removed, &actor, reason, now)).await?;
+                Ok(state)
             })
         })
         .await

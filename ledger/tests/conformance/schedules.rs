@@ -424,6 +424,10 @@ async fn a_workflow_applies_its_own_schedules_and_no_one_elses(db: TestDb) {
     l.sync_schedules(vec![def("cfg", "@daily")], ("config", true), t0)
         .await
         .unwrap();
+    // Workflow `v`'s schedule `z` is never `w`'s to remove.
+    l.apply_schedules("v", vec![applied("z", "v", "@daily")], "vic", t0)
+        .await
+        .unwrap();
     let got = l
         .apply_schedules(
             "w",
@@ -456,13 +460,39 @@ async fn a_workflow_applies_its_own_schedules_and_no_one_elses(db: TestDb) {
     let ids = |states: Vec<flow_ledger::ScheduleState>| -> Vec<String> {
         states.into_iter().map(|s| s.id).collect()
     };
-    assert_eq!(ids(l.list_schedules().await.unwrap()), ["a", "b", "cfg"]);
+    assert_eq!(
+        ids(l.list_schedules().await.unwrap()),
+        ["a", "b", "cfg", "z"]
+    );
     // A daemon with another flow.toml prunes `cfg`, not the applied ones.
     let t1 = db.advance(Duration::from_secs(1));
     l.sync_schedules(vec![def("other", "@daily")], ("config", true), t1)
         .await
         .unwrap();
-    assert_eq!(ids(l.list_schedules().await.unwrap()), ["a", "b", "other"]);
+    assert_eq!(
+        ids(l.list_schedules().await.unwrap()),
+        ["a", "b", "other", "z"]
+    );
+    // Nor does a flow.toml declaring `z` take it over: it stays `v`'s.
+    l.sync_schedules(
+        vec![def("other", "@daily"), def("z", "@hourly")],
+        ("config", true),
+        t1,
+    )
+    .await
+    .unwrap();
+    let z = l.schedule_definition("z").await.unwrap().expect("z");
+    assert_eq!(flow_ledger::applied_from(&z.definition), Some("v"));
+    reapplied_then_removed(&db).await;
+}
+
+/// The second half of the story above: `w` applied again (`a` changed, `b` gone, `c`
+/// new, `v`'s `z` kept), the heads without texts, then `remove`.
+async fn reapplied_then_removed(db: &TestDb) {
+    let l = &db.ledger;
+    let ids = |states: Vec<flow_ledger::ScheduleState>| -> Vec<String> {
+        states.into_iter().map(|s| s.id).collect()
+    };
     // Applied again: `a` changed, `b` gone, `c` new.
     let t2 = db.advance(Duration::from_secs(1));
     let got = l
@@ -482,8 +512,23 @@ async fn a_workflow_applies_its_own_schedules_and_no_one_elses(db: TestDb) {
             ("b".into(), Applied::Removed)
         ]
     );
-    assert_eq!(ids(l.list_schedules().await.unwrap()), ["a", "c", "other"]);
-    let a = history(&db, "a").await;
+    assert_eq!(
+        ids(l.list_schedules().await.unwrap()),
+        ["a", "c", "other", "z"]
+    );
+    // The heads a daemon lists each second hold no text; the whole one does.
+    let heads = l.list_schedule_heads().await.unwrap();
+    assert!(
+        heads.iter().all(|h| h.definition.get("text").is_none()),
+        "{heads:?}"
+    );
+    let whole = l.schedule_definition("a").await.unwrap().expect("a");
+    assert!(whole.definition.get("text").is_some(), "{whole:?}");
+    assert_eq!(
+        heads.iter().find(|h| h.id == "a").map(|h| &h.def_hash),
+        Some(&whole.def_hash)
+    );
+    let a = history(db, "a").await;
     assert!(a.iter().any(|e| e.0 == HistoryKind::Changed), "{a:?}");
     let b = l.schedule_history(Some("b"), 10).await.unwrap();
     assert!(
@@ -504,4 +549,14 @@ async fn a_workflow_applies_its_own_schedules_and_no_one_elses(db: TestDb) {
         again.iter().all(|(_, c)| *c == Applied::Unchanged),
         "{again:?}"
     );
+    // `remove` settles a clash whoever declared the id; an unknown id is NotFound.
+    l.remove_schedule("z", ("dora", Some("moved to flow.toml")), t2)
+        .await
+        .unwrap();
+    let e = l
+        .remove_schedule("z", ("dora", None), t2)
+        .await
+        .expect_err("gone");
+    assert!(matches!(e, Error::NotFound { .. }), "{e}");
+    assert_eq!(ids(l.list_schedules().await.unwrap()), ["a", "c", "other"]);
 }
