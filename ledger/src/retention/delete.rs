@@ -9,7 +9,8 @@
 //! - PostgreSQL: data-modifying CTEs, one per table, and a count of each. They read one
 //!   snapshot and run in no set order; the foreign keys to `runs` are `NO ACTION`,
 //!   checked at the statement's end, when the children are gone too. The events go with
-//!   their delivered deliveries (`RUN_EVENTS_DELIVERED`), not after them.
+//!   their delivered deliveries, judged by what the deliveries' CTE deleted
+//!   (`RUN_EVENTS_DELIVERED`), not after them.
 
 use std::sync::LazyLock;
 
@@ -45,15 +46,22 @@ static SQLITE: LazyLock<String> = LazyLock::new(|| {
 /// PostgreSQL: one statement of CTEs answering `(t, n)` per table.
 static POSTGRES: LazyLock<String> = LazyLock::new(|| {
     let all = deletes(RUN_EVENTS_DELIVERED);
+    // Named `d_<table>` (a CTE named like a table would hide it from the others);
+    // the deliveries' returns what the events' predicate asks about.
     let ctes: Vec<String> = all
         .iter()
-        .enumerate()
-        .map(|(i, (_, d))| format!("d{i} AS ({d} RETURNING 1)"))
+        .map(|(t, d)| {
+            let returning = if *t == "event_deliveries" {
+                "consumer, event_id"
+            } else {
+                "1"
+            };
+            format!("d_{t} AS ({d} RETURNING {returning})")
+        })
         .collect();
     let counts: Vec<String> = all
         .iter()
-        .enumerate()
-        .map(|(i, (t, _))| format!("SELECT '{t}'::text AS t, (SELECT COUNT(*) FROM d{i}) AS n"))
+        .map(|(t, _)| format!("SELECT '{t}'::text AS t, (SELECT COUNT(*) FROM d_{t}) AS n"))
         .collect();
     format!("WITH {}\n{}", ctes.join(",\n"), counts.join("\nUNION ALL "))
 });

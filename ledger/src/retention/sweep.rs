@@ -199,18 +199,21 @@ pub(super) const RUN_EVENTS: &str = concat!(
            WHERE d.tenant = e.tenant AND d.workspace = e.workspace AND d.event_id = e.id))"
 );
 
-/// PostgreSQL's one-statement deletion (`delete.rs`): the run's events whose every
-/// delivery is delivered. Its sibling [`RUN_EVENT_DELIVERIES`] deletes those
-/// deliveries in the same statement; both read one snapshot, so this cannot wait for
-/// them to be gone as [`RUN_EVENTS`] does.
+/// PostgreSQL's one-statement deletion (`delete.rs`): the run's events of which no
+/// delivery is left once `d_event_deliveries` (its sibling CTE, [`RUN_EVENT_DELIVERIES`]
+/// returning `consumer, event_id`) has deleted the delivered ones. Both read one
+/// snapshot, so "no delivery left" must be asked of what that CTE really deleted: a
+/// delivery a redeliver set back to pending after the snapshot is skipped by it, and
+/// keeps its event here too.
 pub(super) const RUN_EVENTS_DELIVERED: &str = concat!(
     "DELETE FROM outbox WHERE tenant = $1 AND workspace = $2 AND run_id = $3
        AND id IN (SELECT e.id FROM outbox e
          WHERE e.tenant = $1 AND e.workspace = $2 AND e.run_id = $3 AND ",
     consumers_have!("e"),
-    " AND ",
-    all_delivered!("e"),
-    ")"
+    " AND NOT EXISTS (SELECT 1 FROM event_deliveries d
+           WHERE d.tenant = e.tenant AND d.workspace = e.workspace AND d.event_id = e.id
+             AND NOT EXISTS (SELECT 1 FROM d_event_deliveries x
+               WHERE x.consumer = d.consumer AND x.event_id = d.event_id)))"
 );
 
 /// What a dry run counts of a run's events.

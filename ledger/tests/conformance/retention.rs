@@ -19,6 +19,8 @@ crate::conformance!(
     what_must_stay_stays,
     a_call_only_claimed_does_not_keep_a_finished_run,
     sweeps_delete_by_age_and_keep_what_is_still_needed,
+    a_deleted_runs_events_go_only_when_delivered,
+    two_deleters_at_once_delete_each_run_once,
 );
 
 /// Every table that holds rows of a run, with its run column.
@@ -463,4 +465,110 @@ async fn a_call_only_claimed_does_not_keep_a_finished_run(db: TestDb) {
     );
     assert!(db.ledger.key_tombstone("pay-9").await.unwrap().is_none());
     assert_eq!(rows_of(&db, "quiet").await, 0);
+}
+
+/// A run's events go with it only once delivered: one left pending keeps itself and its
+/// delivery (no delivery is ever left without its event), the others go with theirs.
+async fn a_deleted_runs_events_go_only_when_delivered(db: TestDb) {
+    done_with_key(&db, "a", "k-a").await;
+    let t1 = db.advance(Duration::from_secs(3600));
+    let events = scalar(&db.url, "SELECT COUNT(*) FROM outbox WHERE run_id = 'a'").await;
+    assert!(events >= 2, "{events}");
+    schedule_all(
+        &db,
+        t1,
+        scalar(&db.url, "SELECT COUNT(*) FROM outbox").await,
+    )
+    .await;
+    // Every delivery but the newest is delivered.
+    let w = worker("d");
+    let req = flow_ledger::LeaseDeliveries {
+        consumer: "hook",
+        worker: &w,
+        lease: Duration::from_secs(10),
+        limit: 100,
+    };
+    let got = db.ledger.lease_deliveries(req, t1).await.unwrap();
+    let (pending, delivered) = got.split_last().expect("deliveries");
+    for g in delivered {
+        let f = flow_ledger::FinishDelivery {
+            consumer: "hook",
+            event_id: &g.event.id,
+            worker: &w,
+            outcome: flow_ledger::DeliveryOutcome::Delivered,
+        };
+        db.ledger.finish_delivery(f, t1).await.unwrap();
+    }
+    let gone = db.ledger.gc_run("a", t1, t1, false).await.unwrap();
+    let RunGc::Deleted { rows, .. } = gone else {
+        panic!("{gone:?}")
+    };
+    assert_eq!(
+        i64::try_from(got.len()).unwrap(),
+        events,
+        "one delivery per event"
+    );
+    let of_a = u64::try_from(events).unwrap();
+    assert_eq!(
+        (rows.of("outbox"), rows.of("event_deliveries")),
+        (of_a - 1, of_a - 1),
+        "{rows:?}"
+    );
+    let left = format!(
+        "SELECT COUNT(*) FROM outbox WHERE run_id = 'a' AND id = '{}'",
+        pending.event.id
+    );
+    assert_eq!(scalar(&db.url, &left).await, 1, "the pending event stays");
+    assert_eq!(
+        scalar(&db.url, "SELECT COUNT(*) FROM outbox").await,
+        1,
+        "only the pending event stays"
+    );
+    let orphans = scalar(
+        &db.url,
+        "SELECT COUNT(*) FROM event_deliveries d WHERE NOT EXISTS
+           (SELECT 1 FROM outbox e WHERE e.tenant = d.tenant AND e.workspace = d.workspace
+              AND e.id = d.event_id)",
+    )
+    .await;
+    assert_eq!(orphans, 0, "no delivery without its event");
+}
+
+/// Two deleters on one ledger at once (two connections of its pool: on PostgreSQL
+/// truly concurrent, the second waits on the run's lock), walking the runs in opposite
+/// orders: each run is deleted once, the other sees it gone, every key is tombstoned
+/// once and nothing fails.
+async fn two_deleters_at_once_delete_each_run_once(db: TestDb) {
+    let ids: Vec<String> = (0..12).map(|i| format!("r{i}")).collect();
+    for id in &ids {
+        done_with_key(&db, id, &format!("key-{id}")).await;
+    }
+    let t1 = db.advance(Duration::from_secs(3600));
+    let walk = |order: Vec<String>| {
+        let l = db.ledger.clone();
+        async move {
+            let mut deleted = Vec::new();
+            for id in order {
+                match l.gc_run(&id, t1, t1, false).await.expect("gc_run") {
+                    RunGc::Deleted { tombstones, .. } => deleted.push((id, tombstones)),
+                    RunGc::Gone => {}
+                    other => panic!("{id}: {other:?}"),
+                }
+            }
+            deleted
+        }
+    };
+    let mut backwards = ids.clone();
+    backwards.reverse();
+    let (a, b) = tokio::join!(walk(ids.clone()), walk(backwards));
+    let mut all: Vec<(String, u64)> = a.into_iter().chain(b).collect();
+    all.sort();
+    let mut want: Vec<(String, u64)> = ids.iter().map(|id| (id.clone(), 1)).collect();
+    want.sort();
+    assert_eq!(all, want, "each run deleted once, with its tombstone");
+    assert_eq!(scalar(&db.url, "SELECT COUNT(*) FROM runs").await, 0);
+    assert_eq!(
+        scalar(&db.url, "SELECT COUNT(*) FROM key_tombstones").await,
+        12
+    );
 }
