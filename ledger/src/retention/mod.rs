@@ -319,14 +319,6 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
-                if c.is_postgres() {
-                    // The check and the delete are long statements of index lookups
-                    // on one run: planning them for each run cost more than running
-                    // them (3 ms of 5 on a fresh ledger). One generic plan per
-                    // connection serves every run.
-                    c.execute("SET LOCAL plan_cache_mode = force_generic_plan", args![])
-                        .await?;
-                }
                 Ok(match check_deletable(c, s, &run_id, before, true).await? {
                     None => RunGc::Gone,
                     Some(Err(kept)) => RunGc::Kept(kept),
