@@ -12,9 +12,8 @@
 
 use serde_json::Value;
 
-use super::{HistoryKind, ScheduleDef, entry, record, state_for_update, sync_one};
+use super::{ScheduleDef, prune_stored, state_for_update, sync_one};
 use crate::clock::Timestamp;
-use crate::conn::args;
 use crate::error::Error;
 use crate::ledger::Ledger;
 
@@ -119,41 +118,12 @@ impl Ledger {
                     }
                     out.push((def.id.clone(), what));
                 }
-                let stored = c
-                    .all::<(String, String, String)>(
-                        "SELECT id, definition, def_hash FROM schedules
-                         WHERE tenant = $1 AND workspace = $2",
-                        args![&s.tenant, &s.workspace],
-                    )
-                    .await?;
-                for (id, definition, hash) in stored {
-                    let mine = serde_json::from_str::<Value>(&definition)
-                        .ok()
-                        .is_some_and(|d| applied_from(&d) == Some(owner.as_str()));
-                    if !mine || defs.iter().any(|d| d.id == id) {
-                        continue;
-                    }
-                    // Only the row read: one replaced since (by `flow schedules remove`
-                    // and another apply) stays.
-                    let gone = c
-                        .execute(
-                            "DELETE FROM schedules
-                             WHERE tenant = $1 AND workspace = $2 AND id = $3 AND def_hash = $4",
-                            args![&s.tenant, &s.workspace, &id, &hash],
-                        )
-                        .await?;
-                    if gone == 0 {
-                        continue;
-                    }
-                    let why = format!("workflow `{owner}` applied without it");
-                    record(
-                        c,
-                        s,
-                        &entry(&id, HistoryKind::Removed, &actor, Some(why), now),
-                    )
-                    .await?;
-                    out.push((id, Applied::Removed));
-                }
+                let keep = |id: &str, from: Option<&str>| {
+                    from != Some(owner.as_str()) || defs.iter().any(|d| d.id == id)
+                };
+                let why = format!("workflow `{owner}` applied without it");
+                let removed = prune_stored(c, s, keep, (&actor, Some(&why)), now).await?;
+                out.extend(removed.into_iter().map(|id| (id, Applied::Removed)));
                 Ok(out)
             })
         })

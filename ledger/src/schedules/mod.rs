@@ -251,6 +251,52 @@ fn entry(
     }
 }
 
+/// Removes each stored schedule `keep` does not keep (asked with its id and the
+/// workflow that applied it, `None` for `flow.toml`'s), recorded `removed` with `actor`
+/// and `detail`, in the caller's transaction. A row goes only as it was read
+/// (`def_hash` in the `WHERE`): one stored since stays. The ids removed.
+async fn prune_stored(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    keep: impl Fn(&str, Option<&str>) -> bool,
+    (actor, detail): (&str, Option<&str>),
+    now: Timestamp,
+) -> Result<Vec<String>, Error> {
+    let stored = c
+        .all::<(String, String, String)>(
+            "SELECT id, definition, def_hash FROM schedules WHERE tenant = $1 AND workspace = $2",
+            args![&s.tenant, &s.workspace],
+        )
+        .await?;
+    let mut removed = Vec::new();
+    for (id, definition, hash) in stored {
+        let definition = serde_json::from_str::<Value>(&definition).ok();
+        if keep(&id, definition.as_ref().and_then(applied_from)) {
+            continue;
+        }
+        let gone = c
+            .execute(
+                "DELETE FROM schedules
+                 WHERE tenant = $1 AND workspace = $2 AND id = $3 AND def_hash = $4",
+                args![&s.tenant, &s.workspace, &id, &hash],
+            )
+            .await?;
+        if gone == 0 {
+            continue;
+        }
+        let e = entry(
+            &id,
+            HistoryKind::Removed,
+            actor,
+            detail.map(str::to_owned),
+            now,
+        );
+        record(c, s, &e).await?;
+        removed.push(id);
+    }
+    Ok(removed)
+}
+
 /// The error for a schedule that is not stored.
 fn unknown(id: &str) -> Error {
     Error::NotFound {
@@ -316,35 +362,12 @@ impl Ledger {
                 if !prune {
                     return Ok(out);
                 }
-                let stored = c
-                    .all::<(String, String, String)>(
-                        "SELECT id, definition, def_hash FROM schedules
-                         WHERE tenant = $1 AND workspace = $2",
-                        args![&s.tenant, &s.workspace],
-                    )
-                    .await?;
-                for (id, definition, hash) in stored {
-                    // A schedule a workflow file carried is `flow schedules apply`'s to
-                    // remove, not `flow.toml`'s.
-                    let applied = serde_json::from_str::<Value>(&definition)
-                        .ok()
-                        .is_some_and(|d| applied_from(&d).is_some());
-                    if applied || defs.iter().any(|d| d.id == id) {
-                        continue;
-                    }
-                    // Only the row read: one stored since (an apply) stays.
-                    let gone = c
-                        .execute(
-                            "DELETE FROM schedules
-                             WHERE tenant = $1 AND workspace = $2 AND id = $3 AND def_hash = $4",
-                            args![&s.tenant, &s.workspace, &id, &hash],
-                        )
-                        .await?;
-                    if gone == 0 {
-                        continue;
-                    }
-                    record(c, s, &entry(&id, HistoryKind::Removed, &actor, None, now)).await?;
-                }
+                // A schedule a workflow file carried is `flow schedules apply`'s to
+                // remove, not `flow.toml`'s.
+                let keep = |id: &str, owner: Option<&str>| {
+                    owner.is_some() || defs.iter().any(|d| d.id == id)
+                };
+                prune_stored(c, s, keep, (&actor, None), now).await?;
                 Ok(out)
             })
         })
