@@ -27,6 +27,11 @@
 //! cron = "0 2 * * *"
 //! timezone = "Europe/Paris"
 //!
+//! [[connections]]                           # OAuth sign-ins (`flow connect NAME`;
+//! name = "tracker"                          #  see `crate::connections`)
+//! server = "https://mcp.tracker.example/mcp"
+//! scopes = ["issues:write"]
+//!
 //! [retention]                               # what is deleted, and when
 //! runs = "30d"                              # (see `crate::retention`)
 //! events = "7d"
@@ -105,6 +110,9 @@ pub struct Config {
     /// The schedules every daemon fires (`crate::schedule`), checked.
     #[serde(skip)]
     pub schedules: Vec<crate::schedule::Schedule>,
+    /// `[[connections]]`: MCP servers signed in to once by a person (`flow connect`).
+    #[serde(default)]
+    pub connections: Vec<crate::connections::ConnectionConfig>,
     /// `[retention]` as written (checked into [`Config::retention`] on load).
     #[serde(default, rename = "retention")]
     pub retention_entry: crate::retention::RetentionConfig,
@@ -223,6 +231,18 @@ impl Config {
                 path: path.display().to_string(),
                 reason: format!("{}: {reason}", rule.label(i)),
             })?;
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for c in &config.connections {
+            let problem = c.check().err().or_else(|| {
+                (!names.insert(c.name.as_str())).then(|| "the name is used twice".to_string())
+            });
+            if let Some(reason) = problem {
+                return Err(Error::Parse {
+                    path: path.display().to_string(),
+                    reason: format!("connection `{}`: {reason}", c.name),
+                });
+            }
         }
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         config.schedules = crate::schedule::check_all(&config.schedule_entries, &base)

@@ -22,6 +22,7 @@
 pub mod approval;
 pub mod cli;
 pub mod config;
+pub mod connections;
 pub mod daemon;
 pub mod diagram;
 pub mod duration_text;

@@ -289,6 +289,8 @@ fn tool() -> Value {
                     "additionalProperties": false,
                     "properties": {
                         "bearer": { "type": "string" },
+                        "connection": { "type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$",
+                            "description": "A connection of flow.toml (`[[connections]]`), signed in with `flow connect NAME`." },
                         "oauth": { "type": "object", "additionalProperties": false,
                             "required": ["client_id"],
                             "properties": {

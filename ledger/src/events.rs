@@ -104,6 +104,9 @@ pub enum EventType {
     /// Nothing came before the wait's deadline (or its heartbeat's).
     #[serde(rename = "wait.timed_out")]
     WaitTimedOut,
+    /// A connection's refresh token was refused: a person must run `flow connect` again.
+    #[serde(rename = "connection.needs_reconnect")]
+    ConnectionNeedsReconnect,
 }
 
 impl EventType {
@@ -136,6 +139,7 @@ impl EventType {
         Self::WaitRequested,
         Self::WaitCompleted,
         Self::WaitTimedOut,
+        Self::ConnectionNeedsReconnect,
     ];
 
     /// The stored and delivered name, e.g. `tool_call.in_doubt`.
@@ -168,6 +172,7 @@ impl EventType {
             Self::WaitRequested => "wait.requested",
             Self::WaitCompleted => "wait.completed",
             Self::WaitTimedOut => "wait.timed_out",
+            Self::ConnectionNeedsReconnect => "connection.needs_reconnect",
         }
     }
 
@@ -269,12 +274,40 @@ pub(crate) async fn node_event(
     .await
 }
 
+/// Inserts one event about no run (a connection's) in the caller's transaction.
+pub(crate) async fn emit_unscoped(
+    conn: &mut Conn<'_>,
+    scope: &Scope,
+    now: Timestamp,
+    event_type: EventType,
+    payload: Value,
+) -> Result<(), Error> {
+    insert(conn, scope, now, (event_type, None, None, None), payload).await
+}
+
 /// Inserts one event in the caller's transaction.
 pub(crate) async fn emit(
     conn: &mut Conn<'_>,
     scope: &Scope,
     now: Timestamp,
     ev: NewEvent<'_>,
+) -> Result<(), Error> {
+    let ids = (ev.event_type, Some(ev.run_id), ev.step_id, ev.tool_call_id);
+    insert(conn, scope, now, ids, ev.payload).await
+}
+
+/// The outbox row: type and run, step and call ids.
+async fn insert(
+    conn: &mut Conn<'_>,
+    scope: &Scope,
+    now: Timestamp,
+    (event_type, run_id, step_id, tool_call_id): (
+        EventType,
+        Option<&str>,
+        Option<&str>,
+        Option<&str>,
+    ),
+    payload: Value,
 ) -> Result<(), Error> {
     let id = format!("evt_{}", ulid::Ulid::generate());
     let sql = conn.pick(
@@ -290,12 +323,12 @@ pub(crate) async fn emit(
             &scope.tenant,
             &scope.workspace,
             id,
-            ev.event_type.as_str(),
+            event_type.as_str(),
             now,
-            ev.run_id,
-            ev.step_id,
-            ev.tool_call_id,
-            ev.payload.to_string(),
+            run_id,
+            step_id,
+            tool_call_id,
+            payload.to_string(),
         ],
     )
     .await?;

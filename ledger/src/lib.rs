@@ -82,6 +82,7 @@ mod calls;
 mod canonical;
 mod children;
 mod conn;
+mod connections;
 mod db;
 mod deliveries;
 mod error;
@@ -118,6 +119,7 @@ pub use approvals::{
 pub use canonical::{canonical_hash, canonical_json, workflow_hash};
 pub use children::{ChildStart, MAX_CHILDREN_PAGE};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use connections::{Connection, ConnectionStatus, Endpoints, RefreshFailure, Sealed};
 pub use deliveries::{
     Delivery, DeliveryFilter, DeliveryOutcome, DeliveryStatus, FinishDelivery, LeaseDeliveries,
     ScheduleDeliveries, StartAt,

@@ -10,6 +10,7 @@ mod approvals;
 mod args;
 mod chaos;
 mod client;
+mod connections;
 mod crash;
 mod daemon;
 mod doubt_budget;

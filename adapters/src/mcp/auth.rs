@@ -413,7 +413,7 @@ pub(crate) fn challenge_param(header: &str, wanted: &str) -> Option<String> {
 }
 
 /// `application/x-www-form-urlencoded` for Basic credentials (RFC 6749 §2.3.1).
-fn form_encode(text: &str) -> String {
+pub(crate) fn form_encode(text: &str) -> String {
     reqwest::Url::parse_with_params("http://x/", &[("v", text)])
         .ok()
         .and_then(|url| url.query().map(|q| q.trim_start_matches("v=").to_string()))

@@ -37,6 +37,25 @@ pub(crate) struct Discovered {
     pub(crate) resource: String,
     /// The protected resource's `scopes_supported`, space-joined, if any.
     pub(crate) scopes_supported: Option<String>,
+    /// What a sign-in (authorization code) needs besides the token endpoint.
+    pub(crate) sign_in: SignInMetadata,
+}
+
+/// The parts of the authorization server's metadata a sign-in uses (`flow connect`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct SignInMetadata {
+    #[serde(default)]
+    pub(crate) authorization_endpoint: Option<String>,
+    #[serde(default)]
+    pub(crate) registration_endpoint: Option<String>,
+    #[serde(default)]
+    pub(crate) revocation_endpoint: Option<String>,
+    #[serde(default)]
+    pub(crate) code_challenge_methods_supported: Vec<String>,
+    #[serde(default)]
+    pub(crate) client_id_metadata_document_supported: bool,
+    #[serde(default)]
+    pub(crate) scopes_supported: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -56,6 +75,8 @@ struct ServerMetadata {
     token_endpoint: Option<String>,
     #[serde(default)]
     token_endpoint_auth_methods_supported: Vec<String>,
+    #[serde(flatten)]
+    sign_in: SignInMetadata,
 }
 
 /// The URLs to fetch and the check each one passes.
@@ -214,6 +235,7 @@ pub(crate) async fn discover(
             .scopes_supported
             .filter(|s| !s.is_empty())
             .map(|s| s.join(" ")),
+        sign_in: server_metadata.sign_in,
     })
 }
 

@@ -77,10 +77,12 @@
 mod auth;
 mod call;
 mod classify;
+mod connect;
 mod discovery;
 mod elicit;
 mod jwt;
 mod pool;
+mod session_auth;
 mod stdio;
 mod task;
 mod version;
@@ -91,8 +93,10 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::{BoxFuture, Call, Error, Outcome, Reports, SideEffect, Tool};
+pub use connect::{Granted, OAuth, OAuthClient, SignIn, TokenFailure};
 pub use elicit::Elicitation;
 pub use pool::Pool;
+pub use session_auth::ConnectionTokens;
 
 /// How to reach an MCP server.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -153,6 +157,9 @@ pub enum Auth {
     None,
     /// A fixed bearer token.
     Bearer(String),
+    /// A connection's token (`flow connect NAME`), lent by the pool's
+    /// [`ConnectionTokens`] and refreshed for every worker at once.
+    Connection(String),
     /// OAuth 2 `client_credentials` grant, with the token endpoint given or found by
     /// discovery from the server's 401 (see the module docs).
     ClientCredentials {
@@ -206,6 +213,7 @@ impl std::fmt::Debug for Auth {
         match self {
             Auth::None => f.write_str("None"),
             Auth::Bearer(_) => f.write_str("Bearer(\"…\")"),
+            Auth::Connection(name) => f.debug_tuple("Connection").field(name).finish(),
             Auth::ClientCredentials {
                 token_url,
                 client_id,

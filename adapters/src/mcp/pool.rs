@@ -18,11 +18,11 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::auth::{self, AuthedClient, Credentials, Token, TokenSlot};
+use super::auth::{AuthedClient, TokenSlot};
 use super::call::{self, CallEnd};
 use super::classify::{self, Failure};
-use super::discovery;
 use super::elicit::{Elicitation, Handler};
+use super::session_auth::{self, ConnectionTokens, SessionAuth, StartCx};
 use super::stdio::{Capped, MAX_MESSAGE_BYTES};
 use super::task::{self, Wait};
 use super::version::{self, Handshake};
@@ -55,6 +55,8 @@ struct Inner {
     http: reqwest::Client,
     /// Hosts discovered authorization URLs may reach (`None`: any).
     egress: Mutex<Option<AllowList>>,
+    /// Where connections' tokens come from (`None`: this process has none).
+    connections: Mutex<Option<Arc<dyn ConnectionTokens>>>,
 }
 
 impl std::fmt::Debug for Pool {
@@ -88,6 +90,7 @@ impl Pool {
                 annotations: Mutex::new(HashMap::new()),
                 http,
                 egress: Mutex::new(None),
+                connections: Mutex::new(None),
             }),
         })
     }
@@ -98,6 +101,23 @@ impl Pool {
     /// explicit `token_url` itself; only the pool sees the discovered ones.
     pub fn restrict_egress(&self, allow: Option<AllowList>) {
         *self.inner.egress.lock().unwrap_or_else(|e| e.into_inner()) = allow;
+    }
+
+    /// Lends connections' tokens to sessions whose tools say `auth: { connection }`.
+    pub fn use_connections(&self, source: Arc<dyn ConnectionTokens>) {
+        *self
+            .inner
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(source);
+    }
+
+    fn connection_source(&self) -> Option<Arc<dyn ConnectionTokens>> {
+        self.inner
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn allow_list(&self) -> Option<AllowList> {
@@ -298,6 +318,9 @@ impl Pool {
                         .await
                     {
                         Ok(()) => continue,
+                        Err(token_error) if session.uses_connection() => {
+                            return Outcome::err(token_error, sent);
+                        }
                         Err(token_error) => {
                             // A call already left (and was refused): nothing of it was
                             // processed, but it did count, so this is not `NotSent`.
@@ -381,6 +404,7 @@ impl Pool {
         let cx = StartCx {
             http: &self.inner.http,
             allow: self.allow_list(),
+            connections: self.connection_source(),
             deadline,
         };
         let started = tokio::time::timeout_at(deadline, Session::start(key, &cx)).await;
@@ -434,43 +458,8 @@ pub(super) struct Session {
     /// Set when a stdio server's answer tripped [`MAX_MESSAGE_BYTES`] (see `stdio.rs`).
     oversized: Option<Arc<AtomicBool>>,
     pub(super) label: String,
-    auth: Option<TokenState>,
+    auth: Option<SessionAuth>,
     tools: OnceCell<HashMap<String, Annotations>>,
-}
-
-/// The OAuth state of a session that uses client credentials.
-struct TokenState {
-    slot: TokenSlot,
-    credentials: Credentials,
-    current: tokio::sync::Mutex<Token>,
-}
-
-impl TokenState {
-    /// The state holding `token`, which is now what the transport sends.
-    fn new(slot: &TokenSlot, credentials: Credentials, token: Token) -> Self {
-        slot.set(token.access_token.clone());
-        TokenState {
-            slot: slot.clone(),
-            credentials,
-            current: tokio::sync::Mutex::new(token),
-        }
-    }
-
-    /// Fetches a token for the current and the challenged scopes and installs it.
-    async fn answer(
-        &self,
-        http: &reqwest::Client,
-        challenge: &str,
-        deadline: Instant,
-    ) -> Result<(), Error> {
-        let mut current = self.current.lock().await;
-        let challenged = auth::challenge_scope(challenge);
-        let scope = auth::scope_union(current.scope.as_deref(), challenged.as_deref());
-        let token = auth::fetch_token(http, &self.credentials, scope.as_deref(), deadline).await?;
-        self.slot.set(token.access_token.clone());
-        *current = token;
-        Ok(())
-    }
 }
 
 impl Session {
@@ -482,47 +471,46 @@ impl Session {
             .is_some_and(|o| o.load(Ordering::Acquire))
     }
 
-    fn is_alive(&self) -> bool {
-        !self.client.is_closed() && !self.client.peer().is_transport_closed()
-    }
-
     fn can_reauthenticate(&self) -> bool {
         self.auth.is_some()
     }
 
+    /// Whether the session's token is a connection's: its errors keep their kind (a
+    /// connection that needs a sign-in is not sent, not transient).
+    fn uses_connection(&self) -> bool {
+        self.auth.as_ref().is_some_and(SessionAuth::is_connection)
+    }
+
+    /// Renews the token before a call when it is about to expire.
     pub(super) async fn renew_if_stale(
         &self,
         http: &reqwest::Client,
         deadline: Instant,
     ) -> Result<(), Error> {
-        let Some(state) = &self.auth else {
-            return Ok(());
-        };
-        let mut current = state.current.lock().await;
-        if !current.is_stale(Instant::now()) {
-            return Ok(());
+        match &self.auth {
+            None => Ok(()),
+            Some(auth) => auth.renew_if_stale(http, deadline).await,
         }
-        let scope = current.scope.clone();
-        let token = auth::fetch_token(http, &state.credentials, scope.as_deref(), deadline).await?;
-        state.slot.set(token.access_token.clone());
-        *current = token;
-        Ok(())
     }
 
-    /// Fetches a token covering the current and the challenged scopes.
+    /// Answers a challenge: a token covering the current and the challenged scopes.
     async fn reauthenticate(
         &self,
         http: &reqwest::Client,
         challenge: &str,
         deadline: Instant,
     ) -> Result<(), Error> {
-        let Some(state) = &self.auth else {
-            return Err(Error::permanent(
-                "no client credentials to re-authenticate with",
-            ));
-        };
         tracing::debug!(target: "flow_adapters::mcp", server = %self.label, "re-authenticating after a challenge");
-        state.answer(http, challenge, deadline).await
+        match &self.auth {
+            None => Err(Error::permanent(
+                "no client credentials to re-authenticate with",
+            )),
+            Some(auth) => auth.reauthenticate(http, challenge, deadline).await,
+        }
+    }
+
+    fn is_alive(&self) -> bool {
+        !self.client.is_closed() && !self.client.peer().is_transport_closed()
     }
 
     /// Starts a session with `initialize`, or with `server/discover` when the server
@@ -679,33 +667,7 @@ impl Session {
             custom.insert(header, value);
         }
         let slot = TokenSlot::default();
-        let mut state = None;
-        match auth {
-            Auth::None => {}
-            Auth::Bearer(token) => slot.set(token.clone()),
-            Auth::ClientCredentials {
-                token_url: Some(token_url),
-                client_id,
-                client_auth,
-                scope,
-            } => {
-                let credentials = Credentials {
-                    token_url: token_url.clone(),
-                    client_id: client_id.clone(),
-                    client_auth: client_auth.clone(),
-                    resource: auth::without_query(url),
-                    audience: token_url.clone(),
-                    methods: Vec::new(),
-                };
-                let token =
-                    auth::fetch_token(cx.http, &credentials, scope.as_deref(), cx.deadline).await?;
-                state = Some(TokenState::new(&slot, credentials, token));
-            }
-            // Discovered on the first 401.
-            Auth::ClientCredentials {
-                token_url: None, ..
-            } => {}
-        }
+        let mut state = session_auth::initial(auth, &slot, url, cx).await?;
         let tried = *handshake;
         let oversized = Arc::new(AtomicBool::new(false));
         let connect = || {
@@ -735,30 +697,9 @@ impl Session {
                 };
                 // Initializing is not the tool call: authenticating here costs no
                 // counted request.
-                match &state {
-                    Some(state) => state.answer(cx.http, &challenge, cx.deadline).await?,
-                    None => match discovery::credentials(
-                        url,
-                        auth,
-                        &challenge,
-                        cx.http,
-                        cx.allow.as_ref(),
-                        cx.deadline,
-                    )
-                    .await?
-                    {
-                        Some((credentials, scope)) => {
-                            let token = auth::fetch_token(
-                                cx.http,
-                                &credentials,
-                                scope.as_deref(),
-                                cx.deadline,
-                            )
-                            .await?;
-                            state = Some(TokenState::new(&slot, credentials, token));
-                        }
-                        None => return Err(error),
-                    },
+                let answered = (url, auth, &slot);
+                if !session_auth::answer_initialize(&mut state, answered, &challenge, cx).await? {
+                    return Err(error);
                 }
                 connect()
                     .await
@@ -775,12 +716,4 @@ impl Session {
             tools: OnceCell::new(),
         })
     }
-}
-
-/// What starting a session needs besides the server: the HTTP client, the egress
-/// allow-list for discovered URLs, and the deadline.
-struct StartCx<'a> {
-    http: &'a reqwest::Client,
-    allow: Option<AllowList>,
-    deadline: Instant,
 }

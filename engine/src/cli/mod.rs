@@ -5,6 +5,7 @@
 
 mod approve;
 pub mod color;
+mod connections;
 mod daemon;
 mod error;
 mod events;
@@ -247,6 +248,16 @@ pub enum Command {
         after_help = "Exit codes: 0 done, 2 bad input (an unknown schedule, a workflow that does not validate), 5 a flow.toml that does not check or an unreachable database.\n\nExamples:\n  flow --config flow.toml schedules\n  flow schedules pause nightly --by ada --reason 'bank holiday'\n  flow schedules trigger nightly\n  flow schedules history nightly --json"
     )]
     Schedules(schedules::SchedulesArgs),
+    /// Sign in to an MCP server once, as a person (OAuth authorization code with PKCE): workers then use and refresh the stored tokens.
+    #[command(
+        after_help = "The connection is declared in flow.toml (`[[connections]] name, server`); its tokens are stored in the ledger sealed with AES-256-GCM under FLOW_SECRET_CONNECTIONS_KEY (`flow connections keygen` prints one). The sign-in URL is printed and opened with --browser; the browser comes back to a one-shot listener on 127.0.0.1.\n\nExit codes: 0 signed in, 2 bad input or a sign-in that came back refused (an error, a wrong state, none within --timeout), 5 no key, an unreachable server or database. Nothing is stored unless the sign-in completed.\n\nExamples:\n  flow connect tracker\n  flow connect tracker --browser firefox --by ada"
+    )]
+    Connect(connections::ConnectArgs),
+    /// Connections: who signed in when, scopes, expiry, refresh state (never a token); revoke, keygen.
+    #[command(
+        after_help = "Exit codes: 0 done, 2 an unknown connection, 5 an unreachable database or a revocation the server did not take (the connection is deleted anyway).\n\nExamples:\n  flow connections\n  flow connections --json\n  flow connections revoke tracker\n  flow connections keygen"
+    )]
+    Connections(connections::ConnectionsArgs),
     /// Retention by hand: delete the finished runs, events and tombstones `[retention]` in flow.toml says are past their time.
     #[command(
         after_help = "A run is deleted whole in one transaction, and only when it finished before the horizon with no call open or in doubt and no unfinished child or parent; each key its calls used is left as a tombstone, and a later claim of that key is refused. Daemons do the same in the background at `rate` rows per second.\n\nExit codes: 0 done (also when retention is off), 5 a flow.toml that does not check or an unreachable database.\n\nExamples:\n  flow --config flow.toml gc --dry-run\n  flow gc --json"
@@ -416,6 +427,11 @@ fn writing_command(command: &Command) -> Option<&'static str> {
             Some(events::EventsCommand::Tail(_)) | None => None,
         },
         Command::Gc(args) if !args.dry_run => Some("gc"),
+        Command::Connect(_) => Some("connect"),
+        Command::Connections(args) => match &args.command {
+            Some(connections::ConnectionsCommand::Revoke(_)) => Some("connections revoke"),
+            Some(connections::ConnectionsCommand::Keygen) | None => None,
+        },
         Command::Schedules(args) => match &args.command {
             Some(schedules::SchedulesCommand::Pause(_)) => Some("schedules pause"),
             Some(schedules::SchedulesCommand::Resume(_)) => Some("schedules resume"),
@@ -525,6 +541,8 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Command::Events(args) => events::events(cli, args, stdout, stderr).await,
             Command::Schedules(args) => schedules::schedules(cli, args, stdout).await,
             Command::Gc(args) => gc::gc(cli, args, stdout).await,
+            Command::Connect(args) => connections::connect(cli, args, stdout).await,
+            Command::Connections(args) => connections::connections(cli, args, stdout).await,
             Command::Migrate => migrate(cli, stdout).await,
             Command::Version => Ok(meta::version(cli, stdout).await),
             Command::Validate { .. }

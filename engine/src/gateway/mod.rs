@@ -247,6 +247,7 @@ impl Gateway {
     ) -> Self {
         // Discovered MCP authorization URLs are fetched by the pool, past this gate.
         tools.mcp.restrict_egress(egress.allow_list());
+        crate::connections::store::install(&tools.mcp, (&ledger, &clock, &secrets), &egress);
         Self {
             inner: Arc::new(Inner {
                 ledger,

@@ -157,6 +157,7 @@ pub fn render(
             let auth = match &m.auth {
                 McpAuth::None => mcp::Auth::None,
                 McpAuth::Bearer(t) => mcp::Auth::Bearer(s(t)?),
+                McpAuth::Connection(name) => mcp::Auth::Connection(name.clone()),
                 McpAuth::ClientCredentials {
                     token_url,
                     client_id,

@@ -482,6 +482,8 @@ pub enum McpAuth {
     None,
     /// A bearer token (usually `${{ secrets.NAME }}`).
     Bearer(Template),
+    /// A connection's token (`flow connect NAME`; `[[connections]]` in `flow.toml`).
+    Connection(String),
     /// OAuth 2 `client_credentials`.
     ClientCredentials {
         /// Token endpoint; `None` discovers it from the server's 401.
@@ -718,7 +720,7 @@ impl ToolKind {
                     }
                 }
                 match &m.auth {
-                    McpAuth::None => {}
+                    McpAuth::None | McpAuth::Connection(_) => {}
                     McpAuth::Bearer(t) => out.push(t),
                     McpAuth::ClientCredentials {
                         token_url,

@@ -6,6 +6,7 @@ mod common;
 mod approvals;
 mod calls;
 mod children;
+mod connections;
 mod cross_run;
 mod deliveries;
 mod differential;

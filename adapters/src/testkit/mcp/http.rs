@@ -1,6 +1,5 @@
 //! The MCP test server over streamable HTTP, with counting and an OAuth mode.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -18,6 +17,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
 
+use super::oauth::{self, AuthCodeStats};
 use super::{Stats, TestServer};
 
 /// The OAuth mode: `tools/call` needs a token carrying `required_scope`.
@@ -115,7 +115,8 @@ impl HttpStats {
 struct Gate {
     auth: Option<AuthOptions>,
     stats: HttpStats,
-    tokens: Mutex<HashMap<String, String>>,
+    /// The authorization-code side (`oauth.rs`), which holds the live access tokens.
+    codes: Arc<AuthCodeStats>,
     issued: AtomicU32,
     /// `tools/call` answered with this status (and `Retry-After`) instead of running.
     call_failure: Mutex<Option<(u16, Option<String>)>>,
@@ -127,7 +128,8 @@ impl Gate {
     fn issue(&self, scope: &str) -> String {
         let n = self.issued.fetch_add(1, Ordering::SeqCst) + 1;
         let token = format!("testkit-token-{n}");
-        self.tokens
+        self.codes
+            .access
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(token.clone(), scope.to_string());
@@ -135,7 +137,8 @@ impl Gate {
     }
 
     fn scope_of(&self, token: &str) -> Option<String> {
-        self.tokens
+        self.codes
+            .access
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(token)
@@ -182,11 +185,14 @@ impl HttpServer {
         let gate = Arc::new(Gate {
             auth,
             stats: HttpStats::default(),
-            tokens: Mutex::new(HashMap::new()),
+            codes: Arc::new(AuthCodeStats::default()),
             issued: AtomicU32::new(0),
             call_failure: Mutex::new(None),
             sessions: Mutex::new((Vec::new(), Vec::new())),
         });
+        gate.codes
+            .access_ttl
+            .store(3600, std::sync::atomic::Ordering::SeqCst);
         let router = Router::new()
             .route("/token", post(token))
             .route(
@@ -199,7 +205,14 @@ impl HttpServer {
             )
             .nest_service("/mcp", service)
             .layer(middleware::from_fn_with_state(gate.clone(), guard))
-            .with_state(gate.clone());
+            .with_state(gate.clone())
+            .merge(
+                Router::new()
+                    .route("/authorize", get(oauth::authorize))
+                    .route("/register", post(oauth::register))
+                    .route("/revoke", post(oauth::revoke))
+                    .with_state(gate.codes.clone()),
+            );
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let end_sessions: Box<dyn FnOnce() + Send + Sync> = Box::new(move || sessions.cancel());
@@ -250,6 +263,41 @@ impl HttpServer {
             .call_failure
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = failure;
+    }
+
+    /// The authorization-code side: codes, refresh tokens, counts.
+    pub fn auth_code(&self) -> &AuthCodeStats {
+        &self.gate.codes
+    }
+
+    /// Access tokens issued from now on expire after `secs` (the `expires_in` said).
+    pub fn set_access_ttl(&self, secs: u64) {
+        self.gate.codes.access_ttl.store(secs, Ordering::SeqCst);
+    }
+
+    /// Refresh grants answer after `ms` milliseconds.
+    pub fn delay_refreshes(&self, ms: u64) {
+        self.gate.codes.refresh_delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// `/authorize` redirects with `error=<e>` instead of a code (`None`: codes again).
+    pub fn authorize_with_error(&self, e: Option<&str>) {
+        *self
+            .gate
+            .codes
+            .authorize_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = e.map(str::to_string);
+    }
+
+    /// Forgets every access token issued: the next request with one gets 401.
+    pub fn forget_access_tokens(&self) {
+        self.gate
+            .codes
+            .access
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     /// Forgets every session seen so far, as a restarted server would: their requests
@@ -375,9 +423,7 @@ async fn guard(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> R
 /// `POST /token`: the OAuth `client_credentials` grant.
 async fn token(State(gate): State<Arc<Gate>>, headers: HeaderMap, body: String) -> Response {
     gate.stats.token_requests.fetch_add(1, Ordering::SeqCst);
-    let form: HashMap<String, String> = reqwest::Url::parse(&format!("http://form/?{body}"))
-        .map(|url| url.query_pairs().into_owned().collect())
-        .unwrap_or_default();
+    let form = oauth::form(&body);
     gate.stats
         .token_resources
         .lock()
@@ -407,7 +453,7 @@ async fn token(State(gate): State<Arc<Gate>>, headers: HeaderMap, body: String) 
         (status, axum::Json(json!({"error": code}))).into_response()
     };
     if form.get("grant_type").map(String::as_str) != Some("client_credentials") {
-        return error(StatusCode::BAD_REQUEST, "unsupported_grant_type");
+        return oauth::grant(&gate.codes, &form).await;
     }
     let Some(auth) = &gate.auth else {
         return error(StatusCode::BAD_REQUEST, "invalid_request");
@@ -467,7 +513,11 @@ async fn server_metadata(State(gate): State<Arc<Gate>>, headers: HeaderMap) -> R
     axum::Json(json!({
         "issuer": origin,
         "token_endpoint": format!("{origin}/token"),
-        "grant_types_supported": ["client_credentials"],
+        "authorization_endpoint": format!("{origin}/authorize"),
+        "registration_endpoint": format!("{origin}/register"),
+        "revocation_endpoint": format!("{origin}/revoke"),
+        "code_challenge_methods_supported": ["S256"],
+        "grant_types_supported": ["client_credentials", "authorization_code", "refresh_token"],
         "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
     }))
     .into_response()

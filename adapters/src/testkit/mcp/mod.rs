@@ -25,6 +25,7 @@
 //! HTTP by [`HttpServer`] (in-process, or `flow-testkit mcp-http`).
 
 mod http;
+mod oauth;
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -51,6 +52,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 pub use http::{AuthOptions, HttpServer, HttpStats};
+pub use oauth::AuthCodeStats;
 
 /// What the tools saw: initializations, calls per tool, calls per `count` key.
 #[derive(Debug, Default)]

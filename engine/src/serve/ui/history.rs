@@ -83,6 +83,11 @@ fn describe(kind: EventType, p: &Json) -> (&'static str, String, Option<String>)
             ("idle", what, text(p, "detail"))
         }
         E::ToolCallNeedsOperator => ("warn", "needs an operator".into(), None),
+        E::ConnectionNeedsReconnect => (
+            "bad",
+            "connection needs a new sign-in".into(),
+            text(p, "connection"),
+        ),
         E::ToolCallTaskStarted => ("run", "remote task started".into(), text(p, "task_id")),
         E::ToolCallElicited => ("idle", "the server asked for input".into(), None),
         E::ApprovalRequested => ("warn", "awaiting approval".into(), text(p, "message")),

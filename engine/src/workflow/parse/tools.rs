@@ -307,9 +307,17 @@ fn mcp_elicitation(cx: &mut Cx, node: &Node) -> Option<McpElicitation> {
 
 fn mcp_auth(cx: &mut Cx, node: &Node) -> Option<McpAuth> {
     let entries = cx.map(node, "`auth`")?;
-    cx.check_keys(entries, &[&["bearer", "oauth"]], "`auth`");
+    cx.check_keys(entries, &[&["bearer", "oauth", "connection"]], "`auth`");
     if let Some(b) = get(entries, "bearer") {
         return cx.template(b, "`auth.bearer`").map(McpAuth::Bearer);
+    }
+    if let Some(c) = get(entries, "connection") {
+        let name = cx.string(c, "`auth.connection`")?;
+        if !crate::connections::valid_name(&name) {
+            cx.error(c.pos, crate::connections::NAME_HELP);
+            return None;
+        }
+        return Some(McpAuth::Connection(name));
     }
     if let Some(o) = get(entries, "oauth") {
         let f = cx.map(o, "`auth.oauth`")?;
@@ -364,6 +372,6 @@ fn mcp_auth(cx: &mut Cx, node: &Node) -> Option<McpAuth> {
             scope: get(f, "scope").and_then(|n| cx.string(n, "`auth.oauth.scope`")),
         });
     }
-    cx.error(node.pos, "`auth` needs `bearer` or `oauth`");
+    cx.error(node.pos, "`auth` needs `bearer`, `oauth` or `connection`");
     None
 }

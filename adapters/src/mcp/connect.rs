@@ -1,0 +1,454 @@
+//! The OAuth requests of a connection (`flow connect`, a shared refresh, a revocation):
+//! finding the authorization server of an MCP server that asks for a sign-in, dynamic
+//! client registration (RFC 7591), the authorization-code exchange with PKCE (RFC 7636)
+//! and `resource` (RFC 8707), the refresh grant, and revocation (RFC 7009).
+//!
+//! The engine decides when (a person signs in once; workers refresh under a ledger
+//! lease); this module only speaks the protocol. Tokens are returned to the caller and
+//! never logged; error messages carry the server's `error` / `error_description`, which
+//! hold no token.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+use tokio::time::Instant;
+
+use super::auth::without_query;
+use super::discovery;
+use crate::Error;
+use crate::egress::AllowList;
+use crate::error::head;
+use crate::http::classify::detail;
+
+/// Bound on each request of a sign-in or a refresh.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The HTTP client of connections: no redirects followed, the egress allow-list checked
+/// for every discovered URL.
+#[derive(Clone)]
+pub struct OAuth {
+    http: reqwest::Client,
+    allow: Option<AllowList>,
+}
+
+/// What the MCP server and its authorization server say a sign-in needs.
+#[derive(Debug, Clone)]
+pub struct SignIn {
+    /// The RFC 8707 resource (the MCP server, or the parent its metadata names).
+    pub resource: String,
+    /// The authorization server's issuer.
+    pub issuer: String,
+    /// Where the person signs in.
+    pub authorization_endpoint: String,
+    /// Where codes and refresh tokens become tokens.
+    pub token_endpoint: String,
+    /// Dynamic client registration, when offered.
+    pub registration_endpoint: Option<String>,
+    /// Token revocation, when offered.
+    pub revocation_endpoint: Option<String>,
+    /// `token_endpoint_auth_methods_supported`.
+    pub methods: Vec<String>,
+    /// `code_challenge_methods_supported` (PKCE).
+    pub code_challenge_methods: Vec<String>,
+    /// Whether a client id may be a metadata document URL (CIMD).
+    pub client_id_metadata_document_supported: bool,
+    /// The scope the 401 challenge asked for, if any.
+    pub challenged_scope: Option<String>,
+    /// The protected resource's `scopes_supported`, else the authorization server's.
+    pub scopes_supported: Option<String>,
+}
+
+/// The client a connection uses at the token endpoint.
+#[derive(Clone)]
+pub struct OAuthClient {
+    /// Client id.
+    pub client_id: String,
+    /// Its secret, for a confidential client.
+    pub secret: Option<String>,
+    /// `none`, `client_secret_basic` or `client_secret_post`.
+    pub method: String,
+}
+
+impl std::fmt::Debug for OAuthClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OAuthClient")
+            .field("client_id", &self.client_id)
+            .field("secret", &self.secret.as_ref().map(|_| "…"))
+            .field("method", &self.method)
+            .finish()
+    }
+}
+
+/// Tokens a grant returned.
+#[derive(Clone)]
+pub struct Granted {
+    /// The access token.
+    pub access_token: String,
+    /// A (new) refresh token, if issued.
+    pub refresh_token: Option<String>,
+    /// Seconds until the access token expires, if said.
+    pub expires_in: Option<u64>,
+    /// The scope granted, if said.
+    pub scope: Option<String>,
+}
+
+impl std::fmt::Debug for Granted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Granted")
+            .field("expires_in", &self.expires_in)
+            .field("scope", &self.scope)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a token request failed.
+#[derive(Debug)]
+pub enum TokenFailure {
+    /// The authorization server refused the grant (`invalid_grant`): the code or refresh
+    /// token is spent, expired or revoked. Asking again will not help.
+    InvalidGrant(String),
+    /// Anything else: unreachable, 5xx, another OAuth error.
+    Other(Error),
+}
+
+impl std::fmt::Display for TokenFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenFailure::InvalidGrant(m) => f.write_str(m),
+            TokenFailure::Other(e) => write!(f, "{}", e.message),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct TokenResponse {
+    access_token: String,
+    #[serde(default)]
+    refresh_token: Option<String>,
+    #[serde(default)]
+    expires_in: Option<u64>,
+    #[serde(default)]
+    scope: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct OAuthError {
+    error: String,
+    #[serde(default)]
+    error_description: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Registration {
+    client_id: String,
+    #[serde(default)]
+    client_secret: Option<String>,
+    #[serde(default)]
+    token_endpoint_auth_method: Option<String>,
+}
+
+impl OAuth {
+    /// A client limited to `allow` (`None`: any host).
+    pub fn new(allow: Option<AllowList>) -> Result<Self, Error> {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(REQUEST_TIMEOUT)
+            .user_agent(concat!("flow/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| Error::permanent(format!("cannot build the OAuth HTTP client: {e}")))?;
+        Ok(OAuth { http, allow })
+    }
+
+    fn check(&self, url: &str) -> Result<(), Error> {
+        let parsed = reqwest::Url::parse(url)
+            .map_err(|e| Error::permanent(format!("bad URL {}: {e}", without_query(url))))?;
+        let host = parsed.host_str().unwrap_or("");
+        match &self.allow {
+            Some(allow) if !allow.allows(host) => Err(Error::permanent(format!(
+                "egress to `{host}` is not allowed by `egress.allow` in flow.toml ({})",
+                without_query(url)
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Asks the MCP server at `server` for its challenge (an `initialize` without a
+    /// token) and follows discovery to its authorization server.
+    pub async fn discover(&self, server: &str) -> Result<SignIn, Error> {
+        self.check(server)?;
+        let body = serde_json::json!({
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": { "name": "flow", "version": env!("CARGO_PKG_VERSION") }
+            }
+        });
+        let response = self
+            .http
+            .post(server)
+            .header(
+                reqwest::header::ACCEPT,
+                "application/json, text/event-stream",
+            )
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| {
+                Error::not_sent(format!(
+                    "{}: could not reach the MCP server: {}",
+                    without_query(server),
+                    detail(&e)
+                ))
+            })?;
+        let status = response.status();
+        if status != reqwest::StatusCode::UNAUTHORIZED {
+            return Err(Error::permanent(format!(
+                "{}: answered HTTP {status} without a token, not 401: it does not ask for a sign-in",
+                without_query(server)
+            )));
+        }
+        let challenge = response
+            .headers()
+            .get(reqwest::header::WWW_AUTHENTICATE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("Bearer")
+            .to_string();
+        let deadline = Instant::now() + REQUEST_TIMEOUT;
+        let found = discovery::discover(
+            &self.http,
+            server,
+            &challenge,
+            self.allow.as_ref(),
+            deadline,
+        )
+        .await?;
+        let meta = found.sign_in;
+        let authorization_endpoint = meta.authorization_endpoint.ok_or_else(|| {
+            Error::permanent(format!(
+                "authorization server {} has no authorization_endpoint: it offers no sign-in",
+                without_query(&found.issuer)
+            ))
+        })?;
+        for url in [
+            Some(&authorization_endpoint),
+            meta.registration_endpoint.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .chain(meta.revocation_endpoint.as_ref())
+        {
+            self.check(url)?;
+        }
+        let as_scopes =
+            (!meta.scopes_supported.is_empty()).then(|| meta.scopes_supported.join(" "));
+        Ok(SignIn {
+            resource: found.resource,
+            issuer: found.issuer,
+            authorization_endpoint,
+            token_endpoint: found.token_url,
+            registration_endpoint: meta.registration_endpoint,
+            revocation_endpoint: meta.revocation_endpoint,
+            methods: found.methods,
+            code_challenge_methods: meta.code_challenge_methods_supported,
+            client_id_metadata_document_supported: meta.client_id_metadata_document_supported,
+            challenged_scope: super::auth::challenge_scope(&challenge),
+            scopes_supported: found.scopes_supported.or(as_scopes),
+        })
+    }
+
+    /// Registers flow as a client (RFC 7591) for `redirect_uri`: a public client
+    /// (`none`) unless the server insists on a secret.
+    pub async fn register(
+        &self,
+        endpoint: &str,
+        redirect_uri: &str,
+        scope: Option<&str>,
+    ) -> Result<OAuthClient, Error> {
+        self.check(endpoint)?;
+        let mut body = serde_json::json!({
+            "client_name": "flow",
+            "redirect_uris": [redirect_uri],
+            "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"],
+            "token_endpoint_auth_method": "none",
+        });
+        if let Some(scope) = scope {
+            body["scope"] = scope.into();
+        }
+        let what = format!("client registration at {}", without_query(endpoint));
+        let response = self
+            .http
+            .post(endpoint)
+            .json(&body)
+            .send()
+            .await
+            .map_err(|e| Error::not_sent(format!("{what}: {}", detail(&e))))?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| Error::transient(format!("{what}: {}", detail(&e)), None))?;
+        if !status.is_success() {
+            return Err(Error::permanent(format!(
+                "{what}: HTTP {status}: {}",
+                head(&bytes, 300)
+            )));
+        }
+        let reg: Registration = serde_json::from_slice(&bytes)
+            .map_err(|e| Error::permanent(format!("{what}: not a registration answer: {e}")))?;
+        let method = match (
+            &reg.client_secret,
+            reg.token_endpoint_auth_method.as_deref(),
+        ) {
+            (None, _) => "none".to_string(),
+            (Some(_), Some(m)) => m.to_string(),
+            (Some(_), None) => "client_secret_basic".to_string(),
+        };
+        Ok(OAuthClient {
+            client_id: reg.client_id,
+            secret: reg.client_secret,
+            method,
+        })
+    }
+
+    /// Exchanges an authorization `code` (with its PKCE `verifier`).
+    pub async fn exchange_code(
+        &self,
+        token_endpoint: &str,
+        client: &OAuthClient,
+        (code, verifier, redirect_uri): (&str, &str, &str),
+        resource: &str,
+    ) -> Result<Granted, TokenFailure> {
+        let form = vec![
+            ("grant_type", "authorization_code".to_string()),
+            ("code", code.to_string()),
+            ("code_verifier", verifier.to_string()),
+            ("redirect_uri", redirect_uri.to_string()),
+            ("resource", resource.to_string()),
+        ];
+        self.token(token_endpoint, client, form).await
+    }
+
+    /// Trades `refresh_token` for new tokens (for `scope`, if given).
+    pub async fn refresh(
+        &self,
+        token_endpoint: &str,
+        client: &OAuthClient,
+        refresh_token: &str,
+        (resource, scope): (&str, Option<&str>),
+    ) -> Result<Granted, TokenFailure> {
+        let mut form = vec![
+            ("grant_type", "refresh_token".to_string()),
+            ("refresh_token", refresh_token.to_string()),
+            ("resource", resource.to_string()),
+        ];
+        if let Some(scope) = scope.filter(|s| !s.is_empty()) {
+            form.push(("scope", scope.to_string()));
+        }
+        self.token(token_endpoint, client, form).await
+    }
+
+    /// Revokes `token` (RFC 7009); `hint` is `refresh_token` or `access_token`.
+    pub async fn revoke(
+        &self,
+        endpoint: &str,
+        client: &OAuthClient,
+        (token, hint): (&str, &str),
+    ) -> Result<(), Error> {
+        self.check(endpoint)?;
+        let form = vec![
+            ("token", token.to_string()),
+            ("token_type_hint", hint.to_string()),
+        ];
+        let what = format!("revocation at {}", without_query(endpoint));
+        let response = authenticate(self.http.post(endpoint), client, form)
+            .send()
+            .await
+            .map_err(|e| Error::not_sent(format!("{what}: {}", detail(&e))))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let bytes = response.bytes().await.unwrap_or_default();
+        Err(Error::permanent(format!(
+            "{what}: HTTP {status}: {}",
+            head(&bytes, 300)
+        )))
+    }
+
+    async fn token(
+        &self,
+        endpoint: &str,
+        client: &OAuthClient,
+        form: Vec<(&'static str, String)>,
+    ) -> Result<Granted, TokenFailure> {
+        self.check(endpoint).map_err(TokenFailure::Other)?;
+        let what = format!("token endpoint {}", without_query(endpoint));
+        let response = authenticate(self.http.post(endpoint), client, form)
+            .send()
+            .await
+            .map_err(|e| TokenFailure::Other(Error::not_sent(format!("{what}: {}", detail(&e)))))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| {
+            TokenFailure::Other(Error::transient(format!("{what}: {}", detail(&e)), None))
+        })?;
+        if !status.is_success() {
+            let message = match serde_json::from_slice::<OAuthError>(&bytes) {
+                Ok(e) => format!(
+                    "{what}: HTTP {status}: {}{}",
+                    e.error,
+                    e.error_description
+                        .map(|d| format!(": {}", head(d.as_bytes(), 200)))
+                        .unwrap_or_default()
+                ),
+                Err(_) => format!("{what}: HTTP {status}: {}", head(&bytes, 300)),
+            };
+            let invalid_grant = serde_json::from_slice::<OAuthError>(&bytes)
+                .is_ok_and(|e| e.error == "invalid_grant");
+            return Err(if invalid_grant {
+                TokenFailure::InvalidGrant(message)
+            } else if status.is_server_error() {
+                TokenFailure::Other(Error::transient(message, None))
+            } else {
+                TokenFailure::Other(Error::permanent(message))
+            });
+        }
+        let parsed: TokenResponse = serde_json::from_slice(&bytes).map_err(|e| {
+            TokenFailure::Other(Error::permanent(format!(
+                "{what}: the answer is not an OAuth token response: {e}"
+            )))
+        })?;
+        Ok(Granted {
+            access_token: parsed.access_token,
+            refresh_token: parsed.refresh_token,
+            expires_in: parsed.expires_in,
+            scope: parsed.scope,
+        })
+    }
+}
+
+/// `request` with the client's authentication and `form`.
+fn authenticate(
+    request: reqwest::RequestBuilder,
+    client: &OAuthClient,
+    mut form: Vec<(&'static str, String)>,
+) -> reqwest::RequestBuilder {
+    let request = match (client.method.as_str(), &client.secret) {
+        ("client_secret_basic", Some(secret)) => request.basic_auth(
+            super::auth::form_encode(&client.client_id),
+            Some(super::auth::form_encode(secret)),
+        ),
+        (_, Some(secret)) => {
+            form.push(("client_id", client.client_id.clone()));
+            form.push(("client_secret", secret.clone()));
+            request
+        }
+        (_, None) => {
+            form.push(("client_id", client.client_id.clone()));
+            request
+        }
+    };
+    request.form(&form)
+}

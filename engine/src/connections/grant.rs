@@ -1,0 +1,454 @@
+//! `flow connect NAME`: the OAuth authorization-code grant, run once by a person.
+//!
+//! Discovery from the MCP server's 401; a client (the configured id — a metadata
+//! document URL when the server takes those — else dynamic registration); PKCE with
+//! S256 only; a random `state` checked on return; RFC 8707 `resource`; a loopback
+//! redirect (`http://127.0.0.1:<port>/callback`, RFC 8252) answered by a one-shot
+//! listener. The URL is printed and handed to `--browser CMD` (or the platform's opener
+//! when there is a display). Nothing is stored unless the code was exchanged: a state
+//! mismatch, an error redirect or a refused exchange leave the ledger as it was.
+
+use std::io::Write;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use flow_adapters::mcp::{OAuth, OAuthClient, SignIn, TokenFailure};
+use flow_ledger::{Endpoints, Ledger, Sealed, Timestamp};
+use sha2::Digest as _;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::ConnectionConfig;
+use super::seal::{Key, Tokens};
+use crate::secrets::Secrets;
+
+/// Why a sign-in did not complete. Nothing was stored in any case.
+#[derive(Debug, thiserror::Error)]
+pub enum GrantError {
+    /// The installation cannot sign in: no key, a missing client secret (exit 5).
+    #[error("{0}")]
+    Setup(String),
+    /// The servers refused or could not be reached (exit 5).
+    #[error("{0}")]
+    Server(String),
+    /// The browser came back with an error, a wrong `state`, or not at all (exit 2).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// How the sign-in is run.
+pub struct Options {
+    /// The command that opens the URL (it gets the URL as its last argument); `None`
+    /// uses the platform's opener when there is a display, else only prints.
+    pub browser: Option<String>,
+    /// How long to wait for the browser to come back.
+    pub timeout: Duration,
+    /// Who signs in (recorded).
+    pub by: String,
+}
+
+/// What a sign-in stored.
+#[derive(Debug)]
+pub struct Connected {
+    /// The connection.
+    pub name: String,
+    /// The scopes granted.
+    pub scopes: Option<String>,
+    /// Seconds until the access token expires, if said.
+    pub expires_in: Option<u64>,
+    /// Whether a refresh token was issued.
+    pub has_refresh: bool,
+    /// The generation stored.
+    pub generation: i64,
+}
+
+/// A PKCE pair: the verifier (kept) and its S256 challenge (sent).
+fn pkce() -> (String, String) {
+    let mut bytes = [0u8; 32];
+    rand::fill(&mut bytes);
+    let verifier = URL_SAFE_NO_PAD.encode(bytes);
+    let challenge = URL_SAFE_NO_PAD.encode(sha2::Sha256::digest(verifier.as_bytes()));
+    (verifier, challenge)
+}
+
+fn random_state() -> String {
+    let mut bytes = [0u8; 24];
+    rand::fill(&mut bytes);
+    URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// The scope to ask for: the configured scopes, the ones runs were refused for, the
+/// challenge's; else the server's `scopes_supported`; `offline_access` added when the
+/// server lists it (a refresh token is the point).
+fn scope_for(config: &ConnectionConfig, wanted: Option<&str>, sign_in: &SignIn) -> Option<String> {
+    fn add(scopes: &mut Vec<String>, s: &str) {
+        for one in s.split_whitespace() {
+            if !scopes.iter().any(|x| x == one) {
+                scopes.push(one.to_owned());
+            }
+        }
+    }
+    let mut scopes: Vec<String> = Vec::new();
+    for s in config.scopes.iter().map(String::as_str).chain(wanted) {
+        add(&mut scopes, s);
+    }
+    if let Some(s) = &sign_in.challenged_scope {
+        add(&mut scopes, s);
+    }
+    if scopes.is_empty()
+        && let Some(supported) = &sign_in.scopes_supported
+    {
+        add(&mut scopes, supported);
+    }
+    let offers_offline = sign_in
+        .scopes_supported
+        .as_deref()
+        .is_some_and(|s| s.split_whitespace().any(|x| x == "offline_access"));
+    if offers_offline {
+        add(&mut scopes, "offline_access");
+    }
+    (!scopes.is_empty()).then(|| scopes.join(" "))
+}
+
+/// The client to sign in with: configured, metadata document, or registered.
+async fn client_for(
+    oauth: &OAuth,
+    (config, secrets): (&ConnectionConfig, &Secrets),
+    sign_in: &SignIn,
+    (redirect_uri, scope): (&str, Option<&str>),
+) -> Result<OAuthClient, GrantError> {
+    if let Some(id) = &config.client_id {
+        let is_document = id.starts_with("https://");
+        if is_document && !sign_in.client_id_metadata_document_supported {
+            return Err(GrantError::Server(format!(
+                "connection `{}`: client_id {id} is a metadata document URL, but the authorization server {} does not take those (client_id_metadata_document_supported)",
+                config.name, sign_in.issuer
+            )));
+        }
+        let secret = match &config.client_secret_name {
+            Some(secret_name) => Some(secrets.get(secret_name).map(str::to_owned).ok_or_else(|| {
+                GrantError::Setup(format!(
+                    "connection `{}`: client_secret_name `{secret_name}` has no value (set FLOW_SECRET_{secret_name} or a --secrets-file line)",
+                    config.name
+                ))
+            })?),
+            None => None,
+        };
+        let method = match (&secret, &config.token_endpoint_auth) {
+            (None, _) => "none".to_owned(),
+            (Some(_), Some(m)) => m.clone(),
+            (Some(_), None) => {
+                let lists = |m: &str| sign_in.methods.iter().any(|x| x == m);
+                if lists("client_secret_post") && !lists("client_secret_basic") {
+                    "client_secret_post".to_owned()
+                } else {
+                    "client_secret_basic".to_owned()
+                }
+            }
+        };
+        return Ok(OAuthClient {
+            client_id: id.clone(),
+            secret,
+            method,
+        });
+    }
+    let Some(endpoint) = &sign_in.registration_endpoint else {
+        return Err(GrantError::Setup(format!(
+            "connection `{}`: the authorization server {} offers no dynamic registration; set `client_id` in its [[connections]] entry",
+            config.name, sign_in.issuer
+        )));
+    };
+    oauth
+        .register(endpoint, redirect_uri, scope)
+        .await
+        .map_err(|e| GrantError::Server(format!("connection `{}`: {}", config.name, e.message)))
+}
+
+/// Runs the sign-in for `config` and stores the tokens in `ledger`. Progress (the URL
+/// to open) goes to `out`.
+pub async fn connect(
+    ledger: &Ledger,
+    (config, secrets, oauth): (&ConnectionConfig, &Secrets, &OAuth),
+    options: &Options,
+    out: &mut dyn Write,
+) -> Result<Connected, GrantError> {
+    let name = &config.name;
+    let key = Key::from_secrets(secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
+    let server =
+        |e: flow_adapters::Error| GrantError::Server(format!("connection `{name}`: {}", e.message));
+    let sign_in = oauth.discover(&config.server).await.map_err(server)?;
+    if !sign_in.code_challenge_methods.iter().any(|m| m == "S256") {
+        return Err(GrantError::Server(format!(
+            "connection `{name}`: the authorization server {} does not list PKCE S256 in code_challenge_methods_supported; flow signs in only with PKCE",
+            sign_in.issuer
+        )));
+    }
+    let wanted = ledger
+        .connection(name)
+        .await
+        .map_err(|e| GrantError::Setup(format!("cannot read the ledger: {e}")))?
+        .and_then(|c| c.scopes_wanted);
+    let scope = scope_for(config, wanted.as_deref(), &sign_in);
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .map_err(|e| {
+            GrantError::Setup(format!("cannot listen on 127.0.0.1 for the redirect: {e}"))
+        })?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| GrantError::Setup(e.to_string()))?
+        .port();
+    let redirect_uri = format!("http://127.0.0.1:{port}/callback");
+    let client = client_for(
+        oauth,
+        (config, secrets),
+        &sign_in,
+        (&redirect_uri, scope.as_deref()),
+    )
+    .await?;
+    let (verifier, challenge) = pkce();
+    let state = random_state();
+    let url = authorize_url(
+        &sign_in,
+        &client,
+        &redirect_uri,
+        (&challenge, &state),
+        scope.as_deref(),
+    )?;
+    let _ = writeln!(out, "Sign in to connection `{name}` at:\n\n  {url}\n");
+    let _ = writeln!(
+        out,
+        "Waiting for the browser to come back to {redirect_uri} …"
+    );
+    let _ = out.flush();
+    let mut opener = open_browser(options.browser.as_deref(), url.as_str());
+    let back = tokio::time::timeout(options.timeout, callback(&listener)).await;
+    if let Some(child) = opener.as_mut() {
+        let _ = child.start_kill();
+    }
+    let params = back.map_err(|_| {
+        GrantError::Refused(format!(
+            "connection `{name}`: no sign-in came back within {}s; nothing was stored",
+            options.timeout.as_secs()
+        ))
+    })??;
+    let code = code_of(name, &params, &state, &sign_in.issuer)?;
+    let granted = oauth
+        .exchange_code(
+            &sign_in.token_endpoint,
+            &client,
+            (&code, &verifier, &redirect_uri),
+            &sign_in.resource,
+        )
+        .await
+        .map_err(|f| match f {
+            TokenFailure::InvalidGrant(m) => {
+                GrantError::Refused(format!("connection `{name}`: {m}"))
+            }
+            TokenFailure::Other(e) => {
+                GrantError::Server(format!("connection `{name}`: {}", e.message))
+            }
+        })?;
+    let tokens = Tokens {
+        access_token: granted.access_token.clone(),
+        refresh_token: granted.refresh_token.clone(),
+        client_secret: client.secret.clone(),
+    };
+    let scopes = granted.scope.clone().or(scope);
+    let (key, by) = (&key, options.by.as_str());
+    store(
+        ledger,
+        (config, &sign_in, &client),
+        (key, tokens, scopes, granted.expires_in),
+        by,
+    )
+    .await
+}
+
+/// The sign-in URL: code flow, PKCE S256, state, resource, scope.
+fn authorize_url(
+    sign_in: &SignIn,
+    client: &OAuthClient,
+    redirect_uri: &str,
+    (challenge, state): (&str, &str),
+    scope: Option<&str>,
+) -> Result<url::Url, GrantError> {
+    let mut url = url::Url::parse(&sign_in.authorization_endpoint)
+        .map_err(|e| GrantError::Server(format!("bad authorization_endpoint: {e}")))?;
+    {
+        let mut q = url.query_pairs_mut();
+        q.append_pair("response_type", "code")
+            .append_pair("client_id", &client.client_id)
+            .append_pair("redirect_uri", redirect_uri)
+            .append_pair("code_challenge", challenge)
+            .append_pair("code_challenge_method", "S256")
+            .append_pair("state", state)
+            .append_pair("resource", &sign_in.resource);
+        if let Some(scope) = scope {
+            q.append_pair("scope", scope);
+        }
+    }
+    Ok(url)
+}
+
+/// The code of a redirect that passes the checks: our `state`, no `error`, the
+/// expected issuer when it names one (RFC 9207).
+fn code_of(
+    name: &str,
+    params: &[(String, String)],
+    state: &str,
+    issuer: &str,
+) -> Result<String, GrantError> {
+    let got = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    if !subtle_eq(got("state").unwrap_or(""), state) {
+        return Err(GrantError::Refused(format!(
+            "connection `{name}`: the redirect's state does not match the one sent (a forged or stale redirect); nothing was stored"
+        )));
+    }
+    if let Some(error) = got("error") {
+        let description = got("error_description").unwrap_or("");
+        return Err(GrantError::Refused(format!(
+            "connection `{name}`: the authorization server answered `{error}` {description}; nothing was stored"
+        )));
+    }
+    if let Some(iss) = got("iss")
+        && iss != issuer
+    {
+        return Err(GrantError::Refused(format!(
+            "connection `{name}`: the redirect came from issuer {iss}, not {issuer} (RFC 9207); nothing was stored"
+        )));
+    }
+    got("code").map(str::to_owned).ok_or_else(|| {
+        GrantError::Refused(format!(
+            "connection `{name}`: the redirect carries no code; nothing was stored"
+        ))
+    })
+}
+
+/// Seals `tokens` and stores the connection.
+async fn store(
+    ledger: &Ledger,
+    (config, sign_in, client): (&ConnectionConfig, &SignIn, &OAuthClient),
+    (key, tokens, scopes, expires_in): (&Key, Tokens, Option<String>, Option<u64>),
+    by: &str,
+) -> Result<Connected, GrantError> {
+    let name = &config.name;
+    let now = Timestamp(chrono::Utc::now().timestamp_millis());
+    let s = ledger.scope();
+    let sealed = Sealed {
+        sealed: key.seal((&s.tenant, &s.workspace), name, &tokens),
+        key_id: key.id().to_owned(),
+        scopes_granted: scopes.clone(),
+        access_expires_at: expires_in.map(|x| now.plus(Duration::from_secs(x))),
+        has_refresh: tokens.refresh_token.is_some(),
+    };
+    let endpoints = Endpoints {
+        server: config.server.clone(),
+        resource: sign_in.resource.clone(),
+        issuer: Some(sign_in.issuer.clone()),
+        token_endpoint: sign_in.token_endpoint.clone(),
+        revocation_endpoint: sign_in.revocation_endpoint.clone(),
+        client_id: client.client_id.clone(),
+        auth_method: client.method.clone(),
+    };
+    let has_refresh = sealed.has_refresh;
+    let generation = ledger
+        .store_connection(name, (endpoints, sealed), by, now)
+        .await
+        .map_err(|e| GrantError::Setup(format!("cannot store connection `{name}`: {e}")))?;
+    Ok(Connected {
+        name: name.clone(),
+        scopes,
+        expires_in,
+        has_refresh,
+        generation,
+    })
+}
+
+fn subtle_eq(a: &str, b: &str) -> bool {
+    use subtle::ConstantTimeEq as _;
+    a.len() == b.len() && bool::from(a.as_bytes().ct_eq(b.as_bytes()))
+}
+
+/// Starts the browser: `command` with the URL as its last argument (through `sh -c`,
+/// so it may carry its own arguments), else the platform's opener when there is a
+/// display. A browser that cannot start is reported; the URL was printed anyway.
+fn open_browser(command: Option<&str>, url: &str) -> Option<tokio::process::Child> {
+    let command = match command {
+        Some(c) => c.to_owned(),
+        None if cfg!(target_os = "macos") => "open".to_owned(),
+        None if std::env::var_os("DISPLAY").is_some()
+            || std::env::var_os("WAYLAND_DISPLAY").is_some() =>
+        {
+            "xdg-open".to_owned()
+        }
+        None => return None,
+    };
+    let spawned = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("{command} \"$FLOW_CONNECT_URL\""))
+        .env("FLOW_CONNECT_URL", url)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn();
+    match spawned {
+        Ok(child) => Some(child),
+        Err(e) => {
+            tracing::warn!(target: "flow::connections", "cannot start the browser `{command}`: {e}");
+            None
+        }
+    }
+}
+
+/// Waits for `GET /callback?…` on `listener` and answers it; other requests (a
+/// browser's favicon) get 404. The query's pairs.
+async fn callback(listener: &tokio::net::TcpListener) -> Result<Vec<(String, String)>, GrantError> {
+    loop {
+        let (mut stream, _) = listener
+            .accept()
+            .await
+            .map_err(|e| GrantError::Setup(format!("the redirect listener failed: {e}")))?;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 2048];
+        while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+            match tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk)).await {
+                Ok(Ok(n)) if n > 0 => buf.extend_from_slice(&chunk[..n]),
+                _ => break,
+            }
+        }
+        let head = String::from_utf8_lossy(&buf);
+        let target = head
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("GET "))
+            .and_then(|l| l.split(' ').next())
+            .unwrap_or("");
+        let Ok(url) = url::Url::parse(&format!("http://127.0.0.1{target}")) else {
+            continue;
+        };
+        if url.path() != "/callback" {
+            let _ = stream
+                .write_all(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                )
+                .await;
+            continue;
+        }
+        let params: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+        let ok = params.iter().any(|(k, _)| k == "code");
+        let body = if ok {
+            "flow: signed in. You can close this window."
+        } else {
+            "flow: the sign-in did not complete; see the terminal."
+        };
+        let response = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\ncache-control: no-store\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = stream.write_all(response.as_bytes()).await;
+        let _ = stream.shutdown().await;
+        return Ok(params);
+    }
+}

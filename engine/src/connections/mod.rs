@@ -1,0 +1,90 @@
+//! Connections: MCP servers that grant only the OAuth authorization-code flow, signed
+//! in to once by a person (`flow connect NAME`) and used by every worker on every host.
+//!
+//! - `flow.toml` declares them (`[[connections]]`: name, server, optional client id or
+//!   client metadata document URL, client secret name, scopes); a tool uses one with
+//!   `auth: { connection: NAME }`.
+//! - [`grant`] runs the sign-in: discovery, a client (pre-registered → metadata
+//!   document → dynamic registration), PKCE S256, `state`, `resource`, a loopback
+//!   redirect; the tokens are sealed ([`seal`]) and stored in the ledger with what a
+//!   worker needs to refresh them, so `flow.toml`'s entry is not needed to use one.
+//! - [`store::Store`] lends tokens to the MCP pool: a token within 30 s of expiry (or
+//!   refused with a 401) is refreshed under a ledger lease by exactly one worker; the
+//!   others read the new generation. A refused refresh token marks the connection
+//!   `needs_reconnect` and calls fail as not sent, naming `flow connect NAME`.
+
+pub mod grant;
+pub mod seal;
+pub mod store;
+
+use serde::Deserialize;
+
+/// What a connection name may be (it appears in commands, AAD and messages).
+pub const NAME_HELP: &str =
+    "a connection name is 1 to 63 of a-z, 0-9, `-`, `_`, starting with a letter or digit";
+
+/// Whether `name` is a valid connection name.
+pub fn valid_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-' || *b == b'_')
+}
+
+/// `[[connections]]` in `flow.toml`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionConfig {
+    /// The name tools refer to (`auth: { connection: NAME }`).
+    pub name: String,
+    /// The MCP server's URL (streamable HTTP); its authorization server is discovered.
+    pub server: String,
+    /// A pre-registered client id, or an `https://` Client ID Metadata Document URL;
+    /// without one, flow registers itself (RFC 7591) when the server offers it.
+    #[serde(default)]
+    pub client_id: Option<String>,
+    /// The secret holding a pre-registered confidential client's secret (its name:
+    /// `FLOW_SECRET_<NAME>` or a `--secrets-file` line).
+    #[serde(default)]
+    pub client_secret_name: Option<String>,
+    /// `client_secret_basic` (default with a secret) or `client_secret_post`.
+    #[serde(default)]
+    pub token_endpoint_auth: Option<String>,
+    /// Scopes to ask for; else the server's challenge, else its `scopes_supported`.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+}
+
+impl ConnectionConfig {
+    /// Checks what parsing cannot: the name, the URL, the client settings.
+    pub fn check(&self) -> Result<(), String> {
+        if !valid_name(&self.name) {
+            return Err(NAME_HELP.to_string());
+        }
+        let ok = url::Url::parse(&self.server)
+            .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+        if !ok {
+            return Err(format!(
+                "`server` `{}` is not an http(s) URL of an MCP server",
+                self.server
+            ));
+        }
+        if self.client_secret_name.is_some() && self.client_id.is_none() {
+            return Err("`client_secret_name` needs the `client_id` it belongs to".into());
+        }
+        if let Some(method) = &self.token_endpoint_auth
+            && !["client_secret_basic", "client_secret_post"].contains(&method.as_str())
+        {
+            return Err(
+                "`token_endpoint_auth` is `client_secret_basic` or `client_secret_post`".into(),
+            );
+        }
+        if self.scopes.iter().any(|s| s.is_empty() || s.contains(' ')) {
+            return Err("each of `scopes` is one scope, without spaces".into());
+        }
+        Ok(())
+    }
+}
