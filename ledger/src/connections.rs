@@ -105,6 +105,8 @@ pub struct Connection {
     pub last_refresh_at: Option<Timestamp>,
     /// The last refresh's error, if it failed.
     pub last_error: Option<String>,
+    /// When the last refresh failed (cleared by a success or a new sign-in).
+    pub failed_at: Option<Timestamp>,
     /// Who holds the refresh lease, and until when.
     pub lease: Option<(String, Timestamp)>,
 }
@@ -132,6 +134,7 @@ struct Row {
     refreshes: i64,
     last_refresh_at: Option<i64>,
     last_error: Option<String>,
+    failed_at: Option<i64>,
     refresh_holder: Option<String>,
     refresh_until: Option<i64>,
 }
@@ -143,8 +146,8 @@ macro_rules! select {
             "SELECT name, server, resource, issuer, token_endpoint, revocation_endpoint,
                 client_id, auth_method, sealed, key_id, generation, scopes_granted,
                 scopes_wanted, access_expires_at, has_refresh, status, connected_by,
-                connected_at, refreshes, last_refresh_at, last_error, refresh_holder,
-                refresh_until FROM connections ",
+                connected_at, refreshes, last_refresh_at, last_error, failed_at,
+                refresh_holder, refresh_until FROM connections ",
             $tail
         )
     };
@@ -178,6 +181,7 @@ impl Row {
             refreshes: self.refreshes,
             last_refresh_at: self.last_refresh_at.map(Timestamp),
             last_error: self.last_error,
+            failed_at: self.failed_at.map(Timestamp),
             lease: self.refresh_holder.zip(self.refresh_until.map(Timestamp)),
         })
     }
@@ -237,43 +241,58 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
-                let generation = read(c, s, &name).await?.map_or(0, |old| old.generation) + 1;
-                c.execute(
-                    "DELETE FROM connections WHERE tenant = $1 AND workspace = $2 AND name = $3",
-                    args![&s.tenant, &s.workspace, &name],
-                )
-                .await?;
                 let e = endpoints;
-                c.execute(
-                    "INSERT INTO connections (tenant, workspace, name, server, resource, issuer,
-                        token_endpoint, revocation_endpoint, client_id, auth_method, sealed,
-                        key_id, generation, scopes_granted, access_expires_at, has_refresh,
-                        status, connected_by, connected_at)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
-                        $16, $19, $17, $18)",
-                    args![
-                        &s.tenant,
-                        &s.workspace,
-                        &name,
-                        e.server,
-                        e.resource,
-                        e.issuer,
-                        e.token_endpoint,
-                        e.revocation_endpoint,
-                        e.client_id,
-                        e.auth_method,
-                        sealed.sealed,
-                        sealed.key_id,
-                        generation,
-                        sealed.scopes_granted,
-                        sealed.access_expires_at,
-                        sealed.has_refresh,
-                        &by,
-                        now,
-                        ConnectionStatus::Connected.as_str()
-                    ],
-                )
-                .await?;
+                // One statement: two sign-ins at once, or one racing a refresh, each
+                // get their own generation (a read-then-write would not on PostgreSQL).
+                let sql = "INSERT INTO connections (tenant, workspace, name, server, resource,
+                        issuer, token_endpoint, revocation_endpoint, client_id, auth_method,
+                        sealed, key_id, generation, scopes_granted, access_expires_at,
+                        has_refresh, status, connected_by, connected_at)
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 1, $13, $14,
+                        $15, $18, $16, $17)
+                     ON CONFLICT (tenant, workspace, name) DO UPDATE SET
+                        server = excluded.server, resource = excluded.resource,
+                        issuer = excluded.issuer, token_endpoint = excluded.token_endpoint,
+                        revocation_endpoint = excluded.revocation_endpoint,
+                        client_id = excluded.client_id, auth_method = excluded.auth_method,
+                        sealed = excluded.sealed, key_id = excluded.key_id,
+                        generation = connections.generation + 1,
+                        scopes_granted = excluded.scopes_granted, scopes_wanted = NULL,
+                        access_expires_at = excluded.access_expires_at,
+                        has_refresh = excluded.has_refresh, status = excluded.status,
+                        connected_by = excluded.connected_by,
+                        connected_at = excluded.connected_at, refreshes = 0,
+                        last_refresh_at = NULL, last_error = NULL, failed_at = NULL,
+                        refresh_holder = NULL, refresh_until = NULL
+                     RETURNING generation";
+                let (generation,) = c
+                    .optional::<(i64,)>(
+                        sql,
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            &name,
+                            e.server,
+                            e.resource,
+                            e.issuer,
+                            e.token_endpoint,
+                            e.revocation_endpoint,
+                            e.client_id,
+                            e.auth_method,
+                            sealed.sealed,
+                            sealed.key_id,
+                            sealed.scopes_granted,
+                            sealed.access_expires_at,
+                            sealed.has_refresh,
+                            &by,
+                            now,
+                            ConnectionStatus::Connected.as_str()
+                        ],
+                    )
+                    .await?
+                    .ok_or_else(|| Error::Corrupt {
+                        what: format!("connection {name}: the upsert returned no row"),
+                    })?;
                 Ok(generation)
             })
         })
@@ -344,6 +363,7 @@ impl Ledger {
                         "UPDATE connections SET sealed = $5, key_id = $6, scopes_granted = $7,
                             access_expires_at = $8, has_refresh = $9, generation = generation + 1,
                             refreshes = refreshes + 1, last_refresh_at = $10, last_error = NULL,
+                            failed_at = NULL,
                             refresh_holder = NULL, refresh_until = NULL
                          WHERE tenant = $1 AND workspace = $2 AND name = $3 AND refresh_holder = $4",
                         args![
@@ -388,7 +408,7 @@ impl Ledger {
                 };
                 let n = c
                     .execute(
-                        "UPDATE connections SET status = $5, last_error = $6,
+                        "UPDATE connections SET status = $5, last_error = $6, failed_at = $7,
                             refresh_holder = NULL, refresh_until = NULL
                          WHERE tenant = $1 AND workspace = $2 AND name = $3 AND refresh_holder = $4",
                         args![
@@ -397,7 +417,8 @@ impl Ledger {
                             &name,
                             &holder,
                             status.as_str(),
-                            &error
+                            &error,
+                            now
                         ],
                     )
                     .await?;
@@ -405,6 +426,44 @@ impl Ledger {
                     let payload = serde_json::json!({ "connection": name, "error": error });
                     emit_unscoped(c, s, now, EventType::ConnectionNeedsReconnect, payload).await?;
                 }
+                Ok(n == 1)
+            })
+        })
+        .await
+    }
+
+    /// Replaces connection `name`'s sealed text and key id (a key rotation), if its
+    /// tokens are still of `generation` and no refresh is under way; the generation
+    /// moves. Whether it was replaced.
+    pub async fn reseal_connection(
+        &self,
+        name: &str,
+        generation: i64,
+        (sealed, key_id): (&str, &str),
+        now: Timestamp,
+    ) -> Result<bool, Error> {
+        let ledger = self.clone();
+        let (name, sealed, key_id) = (name.to_owned(), sealed.to_owned(), key_id.to_owned());
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                let n = c
+                    .execute(
+                        "UPDATE connections SET sealed = $5, key_id = $6,
+                            generation = generation + 1
+                         WHERE tenant = $1 AND workspace = $2 AND name = $3 AND generation = $4
+                           AND (refresh_holder IS NULL OR refresh_until <= $7)",
+                        args![
+                            &s.tenant,
+                            &s.workspace,
+                            &name,
+                            generation,
+                            &sealed,
+                            &key_id,
+                            now
+                        ],
+                    )
+                    .await?;
                 Ok(n == 1)
             })
         })

@@ -8,6 +8,9 @@
 -- `generation` moves on every write of `sealed`: a refresh is leased (`refresh_holder`,
 -- `refresh_until`) on the generation it read and written only by its holder, so one
 -- refresh happens at a time and a rotated refresh token is stored before it is used.
+-- `failed_at`: when the last refresh failed (cleared by a success or a sign-in); no
+-- worker asks again for a while after it, so a server that is down gets one request per
+-- interval, not one per waiting call.
 CREATE TABLE connections (
     tenant               TEXT    NOT NULL,
     workspace            TEXT    NOT NULL,
@@ -32,6 +35,7 @@ CREATE TABLE connections (
     refreshes            BIGINT  NOT NULL DEFAULT 0,
     last_refresh_at      BIGINT,
     last_error           TEXT,
+    failed_at            BIGINT,
     refresh_holder       TEXT,
     refresh_until        BIGINT,
     PRIMARY KEY (tenant, workspace, name)

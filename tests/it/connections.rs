@@ -33,8 +33,18 @@ fn config(db: &TestDb, url: &str) -> std::path::PathBuf {
 
 /// A workflow of `n` independent `count` calls (keys `<prefix>-<i>`) with the connection.
 fn workflow(db: &TestDb, url: &str, prefix: &str, n: usize) -> std::path::PathBuf {
+    workflow_with(db, url, (prefix, n), "")
+}
+
+/// [`workflow`] with `extra` lines in the tool's definition.
+fn workflow_with(
+    db: &TestDb,
+    url: &str,
+    (prefix, n): (&str, usize),
+    extra: &str,
+) -> std::path::PathBuf {
     let mut text = format!(
-        "name: conn-{prefix}\ntools:\n  tracker:\n    kind: mcp\n    server: {{ url: \"{url}\" }}\n    tool: count\n    auth: {{ connection: tracker }}\nnodes:\n"
+        "name: conn-{prefix}\ntools:\n  tracker:\n    kind: mcp\n    server: {{ url: \"{url}\" }}\n    tool: count\n    auth: {{ connection: tracker }}\n{extra}nodes:\n"
     );
     for i in 0..n {
         text.push_str(&format!(
@@ -104,8 +114,9 @@ fn a_person_signs_in_once_and_every_process_uses_and_refreshes_the_token() {
         let server = rt
             .block_on(HttpServer::start(Some(AuthOptions::default())))
             .expect("server");
-        // Fresh for 10 s (30 s are kept as a margin), so the test can wait it out.
-        server.set_access_ttl(40);
+        // Fresh for 10 s (half the lifetime is kept as a margin), so the test can wait
+        // it out.
+        server.set_access_ttl(20);
         let db = TestDb::new(backend);
         let key = key();
         config(&db, &server.url());
@@ -340,4 +351,85 @@ fn bad_keys_rows_and_redirects_are_refused_with_nothing_stored_or_sent() {
     let text = format!("{}{}", stdout(&out), stderr(&out));
     assert!(text.contains("altered"), "{text}");
     assert_eq!(server.stats().count("k-0"), 0);
+}
+
+#[test]
+fn a_call_that_gives_up_on_a_slow_refresh_does_not_lose_the_rotated_token() {
+    let rt = runtime();
+    let server = rt
+        .block_on(HttpServer::start(Some(AuthOptions::default())))
+        .expect("server");
+    let db = TestDb::new(Backend::Sqlite);
+    let key = key();
+    config(&db, &server.url());
+    let out = connect(&db, &key, BROWSER);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // The token is refused; its refresh takes 3 s, the call may wait 1 s.
+    server.forget_access_tokens();
+    server.delay_refreshes(3000);
+    let wf = workflow_with(&db, &server.url(), ("slow", 1), "    timeout: 1s\n");
+    let out = output(flow_with(&db, &key).arg("run").arg(&wf));
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert_ne!(out.status.code(), Some(0), "{text}");
+    assert!(
+        !text.contains("in doubt") && !text.contains("in_doubt"),
+        "{text}"
+    );
+    assert_eq!(server.stats().count("slow-0"), 0);
+    // The refresh was not abandoned (the process waited for it before it exited): the
+    // next run uses what it stored, with no spent refresh token.
+    server.delay_refreshes(0);
+    let wf = workflow(&db, &server.url(), "after", 1);
+    let out = output(flow_with(&db, &key).arg("run").arg(&wf));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(server.auth_code().spent_refresh_uses(), 0);
+    assert_eq!(listed(&db, &key)[0]["status"], "connected");
+}
+
+#[test]
+fn a_rotated_key_opens_old_rows_until_rekey_reseals_them() {
+    let rt = runtime();
+    let server = rt
+        .block_on(HttpServer::start(Some(AuthOptions::default())))
+        .expect("server");
+    let db = TestDb::new(Backend::Sqlite);
+    let (old, new) = (key(), key());
+    config(&db, &server.url());
+    let out = connect(&db, &old, BROWSER);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let old_id = listed(&db, &old)[0]["key_id"].clone();
+    // Workers given both keys keep working before the rows are resealed.
+    let wf = workflow(&db, &server.url(), "rot", 1);
+    let both = |cmd: &mut std::process::Command| {
+        cmd.env("FLOW_SECRET_CONNECTIONS_KEY_OLD", &old);
+    };
+    let mut run = flow_with(&db, &new);
+    both(&mut run);
+    let out = output(run.arg("run").arg(&wf));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let mut rekey = flow_with(&db, &new);
+    both(&mut rekey);
+    let out = output(rekey.args(["connections", "rekey"]));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("resealed 1"), "{}", stdout(&out));
+    assert_ne!(listed(&db, &new)[0]["key_id"], old_id);
+    // The new key alone opens it now; the old one alone does not.
+    let out = output(
+        flow_with(&db, &new)
+            .arg("run")
+            .arg(&wf)
+            .arg("--run-id")
+            .arg("new"),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let out = output(
+        flow_with(&db, &old)
+            .arg("run")
+            .arg(&wf)
+            .arg("--run-id")
+            .arg("old"),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(format!("{}{}", stdout(&out), stderr(&out)).contains("sealed under key"));
+    assert_eq!(server.stats().count("rot-0"), 2);
 }

@@ -104,17 +104,18 @@ impl std::fmt::Debug for Granted {
 /// Why a token request failed.
 #[derive(Debug)]
 pub enum TokenFailure {
-    /// The authorization server refused the grant (`invalid_grant`): the code or refresh
-    /// token is spent, expired or revoked. Asking again will not help.
-    InvalidGrant(String),
-    /// Anything else: unreachable, 5xx, another OAuth error.
+    /// The authorization server refused the request (a 4xx: `invalid_grant` — the code
+    /// or refresh token is spent, expired or revoked —, `invalid_client`,
+    /// `invalid_scope`, …): asking again with the same will not help.
+    Refused(String),
+    /// Anything else: unreachable, 5xx, an answer that is not a token response.
     Other(Error),
 }
 
 impl std::fmt::Display for TokenFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            TokenFailure::InvalidGrant(m) => f.write_str(m),
+            TokenFailure::Refused(m) => f.write_str(m),
             TokenFailure::Other(e) => write!(f, "{}", e.message),
         }
     }
@@ -202,13 +203,9 @@ impl OAuth {
                     detail(&e)
                 ))
             })?;
-        let status = response.status();
-        if status != reqwest::StatusCode::UNAUTHORIZED {
-            return Err(Error::permanent(format!(
-                "{}: answered HTTP {status} without a token, not 401: it does not ask for a sign-in",
-                without_query(server)
-            )));
-        }
+        // A server may let `initialize` in and ask only for its tools (a 401 or 403
+        // later): its metadata is still at the well-known URLs, so discovery runs
+        // either way; the challenge, when there is one, adds its hints.
         let challenge = response
             .headers()
             .get(reqwest::header::WWW_AUTHENTICATE)
@@ -216,14 +213,17 @@ impl OAuth {
             .unwrap_or("Bearer")
             .to_string();
         let deadline = Instant::now() + REQUEST_TIMEOUT;
-        let found = discovery::discover(
-            &self.http,
-            server,
-            &challenge,
-            self.allow.as_ref(),
-            deadline,
-        )
-        .await?;
+        let allow = self.allow.as_ref();
+        let found = match discovery::discover(&self.http, server, &challenge, allow, deadline).await
+        {
+            Ok(found) => found,
+            // No protected-resource metadata: the 2025-03-26 revision's rules.
+            Err(e) if e.message.contains("no protected-resource metadata") => {
+                tracing::debug!(target: "flow_adapters::mcp", "{}; trying the 2025-03-26 discovery", e.message);
+                discovery::legacy(&self.http, server, allow, deadline).await?
+            }
+            Err(e) => return Err(e),
+        };
         let meta = found.sign_in;
         let authorization_endpoint = meta.authorization_endpoint.ok_or_else(|| {
             Error::permanent(format!(
@@ -405,14 +405,13 @@ impl OAuth {
                 ),
                 Err(_) => format!("{what}: HTTP {status}: {}", head(&bytes, 300)),
             };
-            let invalid_grant = serde_json::from_slice::<OAuthError>(&bytes)
-                .is_ok_and(|e| e.error == "invalid_grant");
-            return Err(if invalid_grant {
-                TokenFailure::InvalidGrant(message)
-            } else if status.is_server_error() {
-                TokenFailure::Other(Error::transient(message, None))
+            // 408 and 429 ask to wait; any other 4xx refuses what was sent.
+            let wait = status == reqwest::StatusCode::REQUEST_TIMEOUT
+                || status == reqwest::StatusCode::TOO_MANY_REQUESTS;
+            return Err(if status.is_client_error() && !wait {
+                TokenFailure::Refused(message)
             } else {
-                TokenFailure::Other(Error::permanent(message))
+                TokenFailure::Other(Error::transient(message, None))
             });
         }
         let parsed: TokenResponse = serde_json::from_slice(&bytes).map_err(|e| {

@@ -239,6 +239,63 @@ pub(crate) async fn discover(
     })
 }
 
+/// The 2025-03-26 revision's discovery, for a server without protected-resource
+/// metadata: the authorization server is the MCP server's origin, its RFC 8414 metadata
+/// at `<origin>/.well-known/oauth-authorization-server`, and without that the default
+/// endpoints `/authorize`, `/token` and `/register` there (with PKCE S256, which that
+/// revision requires). Used for sign-ins only.
+pub(crate) async fn legacy(
+    http: &reqwest::Client,
+    mcp_url: &str,
+    allow: Option<&AllowList>,
+    deadline: Instant,
+) -> Result<Discovered, Error> {
+    let fetch = Fetcher {
+        http,
+        allow,
+        deadline,
+    };
+    let server = Url::parse(mcp_url)
+        .map_err(|e| Error::permanent(format!("authorization discovery: bad MCP URL: {e}")))?;
+    let mut origin = server.clone();
+    origin.set_path("");
+    origin.set_query(None);
+    origin.set_fragment(None);
+    let base = origin.as_str().trim_end_matches('/').to_string();
+    let mut url = origin.clone();
+    url.set_path("/.well-known/oauth-authorization-server");
+    let found = fetch.get::<ServerMetadata>(&url).await?;
+    let (issuer, token_url, methods, mut sign_in) = match found {
+        Some(m) if m.token_endpoint.is_some() => (
+            m.issuer.unwrap_or_else(|| base.clone()),
+            m.token_endpoint.unwrap_or_default(),
+            m.token_endpoint_auth_methods_supported,
+            m.sign_in,
+        ),
+        _ => (
+            base.clone(),
+            format!("{base}/token"),
+            Vec::new(),
+            SignInMetadata {
+                authorization_endpoint: Some(format!("{base}/authorize")),
+                registration_endpoint: Some(format!("{base}/register")),
+                ..SignInMetadata::default()
+            },
+        ),
+    };
+    if sign_in.code_challenge_methods_supported.is_empty() {
+        sign_in.code_challenge_methods_supported = vec!["S256".to_string()];
+    }
+    Ok(Discovered {
+        token_url,
+        issuer,
+        methods,
+        resource: without_query(mcp_url),
+        scopes_supported: None,
+        sign_in,
+    })
+}
+
 /// Credentials and the first scope for a server found by discovery, or `None` when the
 /// workflow configured no client credentials to use.
 ///

@@ -256,6 +256,7 @@ impl Pool {
                 arguments.as_ref(),
                 std::mem::take(&mut answered),
             );
+            let bearer = session.auth.as_ref().and_then(SessionAuth::bearer);
             let end = call::call_tool(&session.client, &session.label, params, deadline, reports);
             let failure = match end.await {
                 Ok(CallEnd::InputRequired(asked)) => {
@@ -313,37 +314,22 @@ impl Pool {
             match challenge {
                 Some(challenge) if !reauthenticated && session.can_reauthenticate() => {
                     reauthenticated = true;
+                    let answer = (challenge.as_str(), bearer.as_deref());
                     match session
-                        .reauthenticate(&self.inner.http, &challenge, deadline)
+                        .reauthenticate(&self.inner.http, answer, deadline)
                         .await
                     {
                         Ok(()) => continue,
-                        Err(token_error) if session.uses_connection() => {
-                            return Outcome::err(token_error, sent);
-                        }
-                        Err(token_error) => {
-                            // A call already left (and was refused): nothing of it was
-                            // processed, but it did count, so this is not `NotSent`.
-                            let kind = match token_error.kind {
-                                crate::FailureKind::NotSent => {
-                                    crate::FailureKind::Transient { retry_after: None }
-                                }
-                                kind => kind,
-                            };
-                            let message = format!(
-                                "{what}: re-authentication after a {challenge:?} challenge failed: {}",
-                                token_error.message
+                        Err(e) => {
+                            return Outcome::err(
+                                reauth_failed(&session, e, (&what, &challenge)),
+                                sent,
                             );
-                            return Outcome::err(Error::new(kind, message), sent);
                         }
                     }
                 }
-                Some(_) if reauthenticated => {
-                    let message = format!(
-                        "{} (still refused after one re-authentication)",
-                        error.message
-                    );
-                    return Outcome::err(Error::new(error.kind, message), sent);
+                Some(challenge) if reauthenticated => {
+                    return Outcome::err(refused_again(&session, error, &challenge).await, sent);
                 }
                 _ => return Outcome::err(error, sent),
             }
@@ -438,6 +424,45 @@ impl Pool {
     }
 }
 
+/// The error of a call whose one re-authentication failed. A call already left (and was
+/// refused): nothing of it was processed, but it did count, so a token endpoint's
+/// `NotSent` becomes transient — except for a connection, whose errors say what a
+/// person must do and are not sent.
+fn reauth_failed(session: &Session, token_error: Error, (what, challenge): (&str, &str)) -> Error {
+    if session.uses_connection() {
+        return token_error;
+    }
+    let kind = match token_error.kind {
+        crate::FailureKind::NotSent => crate::FailureKind::Transient { retry_after: None },
+        kind => kind,
+    };
+    let message = format!(
+        "{what}: re-authentication after a {challenge:?} challenge failed: {}",
+        token_error.message
+    );
+    Error::new(kind, message)
+}
+
+/// The error of a call refused again after its one re-authentication. A connection's
+/// refusal is answered by a person (`flow connect`, its wanted scope recorded), and
+/// nothing of the refused call was processed.
+async fn refused_again(session: &Session, error: Error, challenge: &str) -> Error {
+    if let Some(auth) = &session.auth {
+        auth.record_refusal(challenge).await;
+    }
+    if let Some(name) = session.auth.as_ref().and_then(SessionAuth::connection) {
+        return Error::not_sent(format!(
+            "{} (still refused with a refreshed token of connection `{name}`: run `flow connect {name}`)",
+            error.message
+        ));
+    }
+    let message = format!(
+        "{} (still refused after one re-authentication)",
+        error.message
+    );
+    Error::new(error.kind, message)
+}
+
 /// A call that timed out after it was sent: unknown, saying whether the server was told.
 fn timed_out(what: &str, cancelled: bool) -> Error {
     let told = if cancelled {
@@ -497,7 +522,7 @@ impl Session {
     async fn reauthenticate(
         &self,
         http: &reqwest::Client,
-        challenge: &str,
+        answer: (&str, Option<&str>),
         deadline: Instant,
     ) -> Result<(), Error> {
         tracing::debug!(target: "flow_adapters::mcp", server = %self.label, "re-authenticating after a challenge");
@@ -505,7 +530,7 @@ impl Session {
             None => Err(Error::permanent(
                 "no client credentials to re-authenticate with",
             )),
-            Some(auth) => auth.reauthenticate(http, challenge, deadline).await,
+            Some(auth) => auth.reauthenticate(http, answer, deadline).await,
         }
     }
 

@@ -27,12 +27,15 @@ pub(super) struct StartCx<'a> {
 /// that needs a new sign-in, a missing key or an unreachable token endpoint all mean
 /// nothing was sent.
 pub trait ConnectionTokens: Send + Sync {
-    /// A usable access token of connection `name`, refreshed first when it is within
-    /// 30 s of expiry, or when it is `refused` (the token a server just answered 401 to).
+    /// A usable access token of connection `name`, refreshed first when it is near
+    /// expiry, or when it is `refused` (the token a server just answered 401 to), by
+    /// `deadline` (past it: not sent). A refresh under way is not abandoned when the
+    /// caller gives up: its rotated refresh token is stored all the same.
     fn access_token<'a>(
         &'a self,
         name: &'a str,
         refused: Option<&'a str>,
+        deadline: Instant,
     ) -> BoxFuture<'a, Result<String, Error>>;
 
     /// A server refused a call of connection `name` for lack of `scope`
@@ -92,7 +95,8 @@ impl TokenState {
 /// to sign in again); a 401 gets a refreshed token.
 pub(super) async fn answer_connection(
     (name, slot, source): (&str, &TokenSlot, &dyn ConnectionTokens),
-    challenge: &str,
+    (challenge, refused): (&str, Option<&str>),
+    deadline: Instant,
 ) -> Result<(), Error> {
     if auth::challenge_param(challenge, "error").as_deref() == Some("insufficient_scope") {
         let scope = auth::challenge_scope(challenge).unwrap_or_default();
@@ -101,8 +105,11 @@ pub(super) async fn answer_connection(
             "connection `{name}` lacks scope `{scope}` (the server answered 403 insufficient_scope); it is recorded: run `flow connect {name}` to sign in with it"
         )));
     }
-    let refused = slot.get();
-    let token = source.access_token(name, refused.as_deref()).await?;
+    // A 401 naming a scope: recorded too, in case the refreshed token lacks it.
+    if let Some(scope) = auth::challenge_scope(challenge).filter(|s| !s.is_empty()) {
+        source.wants_scope(name, &scope).await;
+    }
+    let token = source.access_token(name, refused, deadline).await?;
     slot.set(token);
     Ok(())
 }
@@ -111,6 +118,14 @@ impl SessionAuth {
     /// Whether the token is a connection's.
     pub(super) fn is_connection(&self) -> bool {
         matches!(self, SessionAuth::Connection { .. })
+    }
+
+    /// The connection's name, for a connection's token.
+    pub(super) fn connection(&self) -> Option<&str> {
+        match self {
+            SessionAuth::Connection { name, .. } => Some(name),
+            SessionAuth::Credentials(_) => None,
+        }
     }
 
     /// Renews the token before a call when it is about to expire (a connection's store
@@ -122,7 +137,7 @@ impl SessionAuth {
     ) -> Result<(), Error> {
         match self {
             SessionAuth::Connection { name, slot, source } => {
-                slot.set(source.access_token(name, None).await?);
+                slot.set(source.access_token(name, None, deadline).await?);
                 Ok(())
             }
             SessionAuth::Credentials(state) => {
@@ -140,18 +155,42 @@ impl SessionAuth {
         }
     }
 
-    /// Answers a challenge to a call.
+    /// The bearer token requests carry now (a connection's), to tell a later 401 which
+    /// token it refused: the slot may hold a newer one by then.
+    pub(super) fn bearer(&self) -> Option<String> {
+        match self {
+            SessionAuth::Connection { slot, .. } => slot.get(),
+            SessionAuth::Credentials(_) => None,
+        }
+    }
+
+    /// Answers a challenge to a request that carried `refused`.
     pub(super) async fn reauthenticate(
         &self,
         http: &reqwest::Client,
-        challenge: &str,
+        (challenge, refused): (&str, Option<&str>),
         deadline: Instant,
     ) -> Result<(), Error> {
         match self {
             SessionAuth::Credentials(state) => state.answer(http, challenge, deadline).await,
             SessionAuth::Connection { name, slot, source } => {
-                answer_connection((name, slot, source.as_ref()), challenge).await
+                answer_connection(
+                    (name, slot, source.as_ref()),
+                    (challenge, refused),
+                    deadline,
+                )
+                .await
             }
+        }
+    }
+
+    /// Records what a refusal after the one re-authentication wanted (a connection's
+    /// missing scope), so the next sign-in asks for it.
+    pub(super) async fn record_refusal(&self, challenge: &str) {
+        if let SessionAuth::Connection { name, source, .. } = self
+            && let Some(scope) = auth::challenge_scope(challenge).filter(|s| !s.is_empty())
+        {
+            source.wants_scope(name, &scope).await;
         }
     }
 }
@@ -180,7 +219,7 @@ pub(super) async fn initial(
                     "connection `{name}`: this process has no connections store"
                 )));
             };
-            slot.set(source.access_token(name, None).await?);
+            slot.set(source.access_token(name, None, cx.deadline).await?);
             Ok(Some(SessionAuth::Connection {
                 name: name.clone(),
                 slot: slot.clone(),
@@ -222,9 +261,9 @@ pub(super) async fn answer_initialize(
     cx: &StartCx<'_>,
 ) -> Result<bool, Error> {
     if let Some(state) = state {
-        state
-            .reauthenticate(cx.http, challenge, cx.deadline)
-            .await?;
+        let refused = state.bearer();
+        let answer = (challenge, refused.as_deref());
+        state.reauthenticate(cx.http, answer, cx.deadline).await?;
         return Ok(true);
     }
     let found = discovery::credentials(

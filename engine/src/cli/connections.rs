@@ -15,7 +15,7 @@ use super::who::Who;
 use super::{Cli, CliError, exit, open_ledger};
 use crate::config::Config;
 use crate::connections::grant::{self, GrantError, Options};
-use crate::connections::seal::{self, Key};
+use crate::connections::seal::{self, Key, Keys};
 use crate::secrets::Secrets;
 
 /// Arguments of `flow connect`.
@@ -56,6 +56,9 @@ pub enum ConnectionsCommand {
     Revoke(RevokeArgs),
     /// Print a new random connections key (32 bytes, base64) for FLOW_SECRET_CONNECTIONS_KEY.
     Keygen,
+    /// Reseal every connection sealed under FLOW_SECRET_CONNECTIONS_KEY_OLD with
+    /// FLOW_SECRET_CONNECTIONS_KEY (give daemons both keys first; drop the old after).
+    Rekey,
 }
 
 /// Arguments of `flow connections revoke`.
@@ -142,6 +145,7 @@ pub(crate) async fn connections(
             Ok(exit::OK)
         }
         Some(ConnectionsCommand::Revoke(r)) => revoke(cli, r, stdout).await,
+        Some(ConnectionsCommand::Rekey) => rekey(cli, stdout).await,
         None => {
             let ledger = open_ledger(cli).await?;
             list(&ledger, args.json, stdout).await
@@ -287,4 +291,58 @@ async fn revoke(cli: &Cli, args: &RevokeArgs, stdout: &mut dyn Write) -> Result<
             c.name
         ))),
     }
+}
+
+/// Reseals the rows under the old key with the current one, each only as read (its
+/// generation unchanged, no refresh under way); a row that moved meanwhile is left for
+/// another run. Exit 0 when no row is left under the old key, 5 otherwise.
+async fn rekey(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, CliError> {
+    let secrets = Secrets::load(cli.secrets_file.as_deref())?;
+    let keys = Keys::from_secrets(&secrets).map_err(|e| CliError::unavailable(e.to_string()))?;
+    let ledger = open_ledger(cli).await?;
+    let all = ledger
+        .list_connections()
+        .await
+        .map_err(|e| CliError::unavailable(e.to_string()))?;
+    let s = ledger.scope();
+    let scope = (s.tenant.as_str(), s.workspace.as_str());
+    let (mut resealed, mut left) = (0, Vec::new());
+    for c in &all {
+        if c.sealed.key_id == keys.current.id() {
+            continue;
+        }
+        let Some(old) = keys.old.as_ref().filter(|k| k.id() == c.sealed.key_id) else {
+            left.push(format!(
+                "`{}` is sealed under key {}, which is not configured",
+                c.name, c.sealed.key_id
+            ));
+            continue;
+        };
+        let tokens = old
+            .open(scope, &c.name, (&c.sealed.sealed, &c.sealed.key_id))
+            .map_err(|e| CliError::unavailable(e.to_string()))?;
+        let sealed = keys.current.seal(scope, &c.name, &tokens);
+        let now = Timestamp(chrono::Utc::now().timestamp_millis());
+        let done = ledger
+            .reseal_connection(&c.name, c.generation, (&sealed, keys.current.id()), now)
+            .await
+            .map_err(|e| CliError::unavailable(e.to_string()))?;
+        if done {
+            resealed += 1;
+        } else {
+            left.push(format!(
+                "`{}` changed meanwhile (a refresh or a sign-in); run rekey again",
+                c.name
+            ));
+        }
+    }
+    let _ = writeln!(
+        stdout,
+        "resealed {resealed} connection(s) under key {}",
+        keys.current.id()
+    );
+    if left.is_empty() {
+        return Ok(exit::OK);
+    }
+    Err(CliError::unavailable(left.join("; ")))
 }

@@ -430,6 +430,7 @@ fn writing_command(command: &Command) -> Option<&'static str> {
         Command::Connect(_) => Some("connect"),
         Command::Connections(args) => match &args.command {
             Some(connections::ConnectionsCommand::Revoke(_)) => Some("connections revoke"),
+            Some(connections::ConnectionsCommand::Rekey) => Some("connections rekey"),
             Some(connections::ConnectionsCommand::Keygen) | None => None,
         },
         Command::Schedules(args) => match &args.command {
@@ -552,6 +553,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             | Command::Man => Ok(exit::OK),
         },
     };
+    crate::connections::store::drain().await;
     error::finish(result, stderr)
 }
 

@@ -221,11 +221,8 @@ pub async fn connect(
         "Waiting for the browser to come back to {redirect_uri} …"
     );
     let _ = out.flush();
-    let mut opener = open_browser(options.browser.as_deref(), url.as_str());
+    open_browser(options.browser.as_deref(), url.as_str());
     let back = tokio::time::timeout(options.timeout, callback(&listener)).await;
-    if let Some(child) = opener.as_mut() {
-        let _ = child.start_kill();
-    }
     let params = back.map_err(|_| {
         GrantError::Refused(format!(
             "connection `{name}`: no sign-in came back within {}s; nothing was stored",
@@ -242,9 +239,7 @@ pub async fn connect(
         )
         .await
         .map_err(|f| match f {
-            TokenFailure::InvalidGrant(m) => {
-                GrantError::Refused(format!("connection `{name}`: {m}"))
-            }
+            TokenFailure::Refused(m) => GrantError::Refused(format!("connection `{name}`: {m}")),
             TokenFailure::Other(e) => {
                 GrantError::Server(format!("connection `{name}`: {}", e.message))
             }
@@ -372,8 +367,10 @@ fn subtle_eq(a: &str, b: &str) -> bool {
 
 /// Starts the browser: `command` with the URL as its last argument (through `sh -c`,
 /// so it may carry its own arguments), else the platform's opener when there is a
-/// display. A browser that cannot start is reported; the URL was printed anyway.
-fn open_browser(command: Option<&str>, url: &str) -> Option<tokio::process::Child> {
+/// display. A browser that cannot start is reported; the URL was printed anyway. The
+/// browser is left running (it may be the person's own, started by the opener); a
+/// task reaps it.
+fn open_browser(command: Option<&str>, url: &str) {
     let command = match command {
         Some(c) => c.to_owned(),
         None if cfg!(target_os = "macos") => "open".to_owned(),
@@ -382,7 +379,7 @@ fn open_browser(command: Option<&str>, url: &str) -> Option<tokio::process::Chil
         {
             "xdg-open".to_owned()
         }
-        None => return None,
+        None => return,
     };
     let spawned = tokio::process::Command::new("sh")
         .arg("-c")
@@ -391,13 +388,15 @@ fn open_browser(command: Option<&str>, url: &str) -> Option<tokio::process::Chil
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::inherit())
-        .kill_on_drop(true)
         .spawn();
     match spawned {
-        Ok(child) => Some(child),
+        Ok(mut child) => {
+            tokio::spawn(async move {
+                let _ = child.wait().await;
+            });
+        }
         Err(e) => {
             tracing::warn!(target: "flow::connections", "cannot start the browser `{command}`: {e}");
-            None
         }
     }
 }

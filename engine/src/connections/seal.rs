@@ -19,6 +19,10 @@ use crate::secrets::Secrets;
 /// The secret that holds the key.
 pub const KEY_SECRET: &str = "CONNECTIONS_KEY";
 
+/// The secret that holds the key before a rotation: rows sealed under it still open,
+/// and `flow connections rekey` reseals them under [`KEY_SECRET`]'s.
+pub const OLD_KEY_SECRET: &str = "CONNECTIONS_KEY_OLD";
+
 /// Why tokens cannot be sealed or opened. None of them carries key or token bytes.
 #[derive(Debug, thiserror::Error)]
 pub enum SealError {
@@ -157,6 +161,50 @@ impl Key {
         ["flow-conn-v1", tenant, workspace, name, self.id.as_str()]
             .join("\0")
             .into_bytes()
+    }
+}
+
+/// The configured key, and during a rotation the one before it: rows open under
+/// either (picked by the id stored with them), new ones are sealed under the current.
+pub struct Keys {
+    /// What new rows are sealed under.
+    pub current: Key,
+    /// The key being rotated out, if configured.
+    pub old: Option<Key>,
+}
+
+impl Keys {
+    /// The keys configured in `secrets` (the current one is required).
+    pub fn from_secrets(secrets: &Secrets) -> Result<Keys, SealError> {
+        let current = Key::from_secrets(secrets)?;
+        let old = secrets
+            .get(OLD_KEY_SECRET)
+            .map(Key::parse)
+            .transpose()
+            .map_err(|e| match e {
+                SealError::BadKey(why) => SealError::BadKey(format!("{OLD_KEY_SECRET}: {why}")),
+                other => other,
+            })?;
+        Ok(Keys { current, old })
+    }
+
+    /// The key a row sealed under `key_id` opens with, if configured.
+    pub fn by_id(&self, key_id: &str) -> Option<&Key> {
+        std::iter::once(&self.current)
+            .chain(&self.old)
+            .find(|k| k.id() == key_id)
+    }
+
+    /// Opens a row under whichever configured key it names.
+    pub fn open(
+        &self,
+        scope: (&str, &str),
+        name: &str,
+        (sealed, key_id): (&str, &str),
+    ) -> Result<Tokens, SealError> {
+        self.by_id(key_id)
+            .unwrap_or(&self.current)
+            .open(scope, name, (sealed, key_id))
     }
 }
 

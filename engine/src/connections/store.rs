@@ -6,44 +6,50 @@
 //! the generation read decides who refreshes: the holder posts the refresh token,
 //! writes the new tokens (rotated refresh token included) as the next generation, and
 //! only then uses them; the others poll until the generation moves and read it. A
-//! refresh token the server refuses (`invalid_grant`) marks the connection
-//! `needs_reconnect` for all; every error here means the call was not sent.
+//! refresh the server refuses (`invalid_grant`, any 4xx) marks the connection
+//! `needs_reconnect` for all; one that fails otherwise is not tried again for
+//! [`RETRY_AFTER`]. Every error here means the call was not sent.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use flow_adapters::Error;
 use flow_adapters::mcp::{ConnectionTokens, OAuth, OAuthClient, TokenFailure};
+use flow_adapters::{Error, FailureKind};
 use flow_ledger::{Clock, Connection, ConnectionStatus, Ledger, RefreshFailure, Sealed, Timestamp};
 use futures::future::BoxFuture;
 
-use super::seal::{Key, Tokens};
+use super::seal::{Keys, Tokens};
 
-/// Tokens are refreshed this long before they expire, so none expires in flight.
+/// Tokens are refreshed this long before they expire (at most half their lifetime), so
+/// none expires in flight.
 pub const SKEW: Duration = Duration::from_secs(30);
 
 /// How long a refresh lease lasts: past the token request's own 30 s timeout, so a
 /// live holder always finishes inside it.
 pub const LEASE: Duration = Duration::from_secs(60);
 
+/// After a failed refresh no worker asks again for this long: the failure is the
+/// answer (the budget of the refresh loop, counted in the ledger by `failed_at`).
+pub const RETRY_AFTER: Duration = Duration::from_secs(30);
+
 /// How often a worker that lost the race looks for the new generation.
-const POLL: Duration = Duration::from_millis(50);
+const POLL: Duration = Duration::from_millis(100);
 
-/// An access token as last read or refreshed here.
-struct Cached {
-    access: String,
-    expires_at: Option<Timestamp>,
-}
-
-/// The ledger-backed [`ConnectionTokens`] of one process.
-pub struct Store {
+/// What a refresh needs, shared with the task that does it (a caller that gives up
+/// does not cancel a refresh under way).
+struct Shared {
     ledger: Ledger,
-    key: Result<Arc<Key>, String>,
+    key: Result<Arc<Keys>, String>,
     oauth: OAuth,
     clock: Arc<dyn Clock>,
     holder: String,
-    cache: Mutex<HashMap<String, Cached>>,
+}
+
+/// The ledger-backed [`ConnectionTokens`] of one process. Every call reads its
+/// connection's row (one indexed read; a new sign-in is seen at once).
+pub struct Store {
+    shared: Arc<Shared>,
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
@@ -52,9 +58,24 @@ fn not_sent(name: &str, why: impl std::fmt::Display) -> Error {
     Error::not_sent(format!("connection `{name}`: {why}"))
 }
 
-/// Whether a token expiring at `at` is still good at `now`.
-fn fresh(at: Option<Timestamp>, now: Timestamp) -> bool {
-    at.is_none_or(|at| now.plus(SKEW) < at)
+/// Whether `row`'s access token is still good at `now`: more than [`SKEW`] (at most
+/// half its lifetime) from expiry.
+fn fresh(row: &Connection, now: Timestamp) -> bool {
+    let Some(at) = row.sealed.access_expires_at else {
+        return true;
+    };
+    let issued = row.last_refresh_at.unwrap_or(row.connected_at);
+    let lifetime = Duration::from_millis(u64::try_from(at.0 - issued.0).unwrap_or(0));
+    now.plus(SKEW.min(lifetime / 2)) < at
+}
+
+/// `text` without any of `secrets` (a server may echo what it was sent).
+fn scrubbed(text: &str, secrets: &[Option<&str>]) -> String {
+    let mut out = text.to_owned();
+    for secret in secrets.iter().flatten().filter(|s| s.len() >= 4) {
+        out = out.replace(secret, "…");
+    }
+    out
 }
 
 impl Store {
@@ -62,17 +83,18 @@ impl Store {
     /// is what a call that needs a connection fails with).
     pub fn new(
         ledger: Ledger,
-        key: Result<Key, super::seal::SealError>,
+        key: Result<Keys, super::seal::SealError>,
         oauth: OAuth,
         clock: Arc<dyn Clock>,
     ) -> Store {
         Store {
-            ledger,
-            key: key.map(Arc::new).map_err(|e| e.to_string()),
-            oauth,
-            clock,
-            holder: format!("{}:{}", std::process::id(), ulid::Ulid::generate()),
-            cache: Mutex::new(HashMap::new()),
+            shared: Arc::new(Shared {
+                ledger,
+                key: key.map(Arc::new).map_err(|e| e.to_string()),
+                oauth,
+                clock,
+                holder: format!("{}:{}", std::process::id(), ulid::Ulid::generate()),
+            }),
             locks: Mutex::new(HashMap::new()),
         }
     }
@@ -86,22 +108,115 @@ impl Store {
             .clone()
     }
 
-    fn cached(&self, name: &str, refused: Option<&str>, now: Timestamp) -> Option<String> {
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let c = cache.get(name)?;
-        (fresh(c.expires_at, now) && Some(c.access.as_str()) != refused).then(|| c.access.clone())
+    /// A usable token of `name` by `deadline`: the row's, or a refreshed one.
+    async fn token(
+        &self,
+        name: &str,
+        refused: Option<&str>,
+        deadline: tokio::time::Instant,
+    ) -> Result<String, Error> {
+        match tokio::time::timeout_at(deadline, self.token_in_time(name, refused)).await {
+            Ok(answer) => answer,
+            Err(_) => Err(not_sent(
+                name,
+                "the call's time ran out waiting for its token (a refresh under way still completes)",
+            )),
+        }
     }
 
-    fn remember(&self, name: &str, access: &str, expires_at: Option<Timestamp>) {
-        self.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            name.to_owned(),
-            Cached {
-                access: access.to_owned(),
-                expires_at,
-            },
-        );
+    async fn token_in_time(&self, name: &str, refused: Option<&str>) -> Result<String, Error> {
+        let one = self.lock_for(name);
+        let _one = one.lock().await;
+        let shared = &self.shared;
+        loop {
+            let row = shared.read(name).await?;
+            let tokens = shared.open(&row)?;
+            let now = shared.clock.now();
+            if fresh(&row, now) && Some(tokens.access_token.as_str()) != refused {
+                return Ok(tokens.access_token);
+            }
+            if !row.sealed.has_refresh {
+                return Err(not_sent(
+                    name,
+                    format!(
+                        "its access token expired and the server issued no refresh token: run `flow connect {name}`"
+                    ),
+                ));
+            }
+            let busy = row.lease.as_ref().is_some_and(|(_, until)| *until > now);
+            if let (false, Some(error), Some(at)) = (busy, &row.last_error, row.failed_at)
+                && now < at.plus(RETRY_AFTER)
+            {
+                return Err(not_sent(
+                    name,
+                    format!(
+                        "its refresh failed at {} ({error}); the next try is after {}s",
+                        at.to_rfc3339(),
+                        RETRY_AFTER.as_secs()
+                    ),
+                ));
+            }
+            if busy {
+                // Someone else refreshes: wait for the generation to move (the call's
+                // deadline bounds the wait).
+                tokio::time::sleep(POLL).await;
+                continue;
+            }
+            let leased = shared
+                .ledger
+                .lease_connection_refresh(
+                    name,
+                    (row.generation, &shared.holder),
+                    now.plus(LEASE),
+                    now,
+                )
+                .await
+                .map_err(|e| not_sent(name, format!("cannot lease the refresh: {e}")))?;
+            let Some(row) = leased else {
+                tokio::time::sleep(POLL).await;
+                continue;
+            };
+            // The refresh runs on its own: a caller that gives up (its deadline, a
+            // cancelled run) does not lose a rotated refresh token half-way, and the
+            // process waits for it before it exits ([`drain`]).
+            let (done, answer) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn({
+                let shared = shared.clone();
+                async move {
+                    let _ = done.send(shared.refresh(row).await);
+                }
+            });
+            in_flight().push(task);
+            return answer
+                .await
+                .map_err(|e| not_sent(name, format!("the refresh task failed: {e}")))?;
+        }
     }
+}
 
+/// Refreshes started by this process and maybe not finished.
+fn in_flight() -> std::sync::MutexGuard<'static, Vec<tokio::task::JoinHandle<()>>> {
+    static TASKS: Mutex<Vec<tokio::task::JoinHandle<()>>> = Mutex::new(Vec::new());
+    let mut tasks = TASKS.lock().unwrap_or_else(|e| e.into_inner());
+    tasks.retain(|t| !t.is_finished());
+    tasks
+}
+
+/// Waits (at most [`LEASE`]) for the refreshes this process started: a command that
+/// ends while one is under way would otherwise lose the rotated refresh token the
+/// server already issued. Every command calls it before it exits.
+pub async fn drain() {
+    let tasks: Vec<_> = std::mem::take(&mut *in_flight());
+    if tasks.is_empty() {
+        return;
+    }
+    let all = futures::future::join_all(tasks);
+    if tokio::time::timeout(LEASE, all).await.is_err() {
+        tracing::warn!(target: "flow::connections", "a connection refresh did not finish before exit");
+    }
+}
+
+impl Shared {
     fn open(&self, row: &Connection) -> Result<Tokens, Error> {
         let key = self.key.as_ref().map_err(|e| not_sent(&row.name, e))?;
         let s = self.ledger.scope();
@@ -138,68 +253,6 @@ impl Store {
         Ok(row)
     }
 
-    /// A usable token of `name`: the row's, or a refreshed one.
-    async fn token(&self, name: &str, refused: Option<&str>) -> Result<String, Error> {
-        let _one = self.lock_for(name);
-        let _one = _one.lock().await;
-        if let Some(token) = self.cached(name, refused, self.clock.now()) {
-            return Ok(token);
-        }
-        let waited_since = std::time::Instant::now();
-        let mut waited = false;
-        loop {
-            let row = self.read(name).await?;
-            // The refresh we waited for failed: say so rather than post again (each
-            // waiter trying in turn would send one request per waiter).
-            if waited
-                && row.lease.is_none()
-                && let Some(error) = &row.last_error
-            {
-                return Err(not_sent(name, format!("refresh failed: {error}")));
-            }
-            let tokens = self.open(&row)?;
-            let now = self.clock.now();
-            if fresh(row.sealed.access_expires_at, now)
-                && Some(tokens.access_token.as_str()) != refused
-            {
-                self.remember(name, &tokens.access_token, row.sealed.access_expires_at);
-                return Ok(tokens.access_token);
-            }
-            if !row.sealed.has_refresh {
-                return Err(not_sent(
-                    name,
-                    format!(
-                        "its access token expired and the server issued no refresh token: run `flow connect {name}`"
-                    ),
-                ));
-            }
-            let leased = self
-                .ledger
-                .lease_connection_refresh(
-                    name,
-                    (row.generation, &self.holder),
-                    now.plus(LEASE),
-                    now,
-                )
-                .await
-                .map_err(|e| not_sent(name, format!("cannot lease the refresh: {e}")))?;
-            match leased {
-                Some(row) => return self.refresh(row).await,
-                None if waited_since.elapsed() > LEASE + SKEW => {
-                    return Err(not_sent(
-                        name,
-                        "another worker's refresh did not finish in time; try again",
-                    ));
-                }
-                // Someone else refreshes: wait for the generation to move.
-                None => {
-                    waited = true;
-                    tokio::time::sleep(POLL).await;
-                }
-            }
-        }
-    }
-
     /// Refreshes `row`, whose lease this process holds.
     async fn refresh(&self, row: Connection) -> Result<String, Error> {
         let name = row.name.clone();
@@ -224,25 +277,8 @@ impl Store {
         let granted = match asked {
             Ok(granted) => granted,
             Err(failure) => {
-                let (kind, message) = match &failure {
-                    TokenFailure::InvalidGrant(m) => (RefreshFailure::NeedsReconnect, m.clone()),
-                    TokenFailure::Other(e) => (RefreshFailure::Transient, e.message.clone()),
-                };
-                let _ = self
-                    .ledger
-                    .fail_connection_refresh(&name, &self.holder, (kind, &message), now)
-                    .await;
-                return Err(match kind {
-                    RefreshFailure::NeedsReconnect => not_sent(
-                        &name,
-                        format!(
-                            "the refresh token was refused ({message}): run `flow connect {name}`"
-                        ),
-                    ),
-                    RefreshFailure::Transient => {
-                        not_sent(&name, format!("refresh failed: {message}"))
-                    }
-                });
+                let secrets = [Some(refresh_token.as_str()), old.client_secret.as_deref()];
+                return Err(self.failed(&name, &failure, &secrets, now).await);
             }
         };
         let tokens = Tokens {
@@ -255,17 +291,35 @@ impl Store {
         let key = self.key.as_ref().map_err(|e| not_sent(&name, e))?;
         let s = self.ledger.scope();
         let sealed = Sealed {
-            sealed: key.seal((&s.tenant, &s.workspace), &name, &tokens),
-            key_id: key.id().to_owned(),
+            sealed: key.current.seal((&s.tenant, &s.workspace), &name, &tokens),
+            key_id: key.current.id().to_owned(),
             scopes_granted: granted.scope.or(row.sealed.scopes_granted.clone()),
             access_expires_at: expires_at,
             has_refresh: tokens.refresh_token.is_some(),
         };
-        let stored = self
-            .ledger
-            .finish_connection_refresh(&name, &self.holder, sealed, now)
-            .await
-            .map_err(|e| not_sent(&name, format!("cannot store the refreshed tokens: {e}")))?;
+        // The new refresh token exists only here until this write lands: a ledger
+        // hiccup is tried again (within the lease) rather than losing it.
+        let mut tries = 0;
+        let stored = loop {
+            match self
+                .ledger
+                .finish_connection_refresh(&name, &self.holder, sealed.clone(), now)
+                .await
+            {
+                Ok(stored) => break stored,
+                Err(e) if tries < 5 => {
+                    tries += 1;
+                    tracing::warn!(target: "flow::connections", connection = %name, "storing the refreshed tokens failed, trying again: {e}");
+                    tokio::time::sleep(Duration::from_millis(200 * tries)).await;
+                }
+                Err(e) => {
+                    return Err(not_sent(
+                        &name,
+                        format!("cannot store the refreshed tokens: {e}"),
+                    ));
+                }
+            }
+        };
         if !stored {
             return Err(not_sent(
                 &name,
@@ -273,8 +327,38 @@ impl Store {
             ));
         }
         tracing::info!(target: "flow::connections", connection = %name, "refreshed");
-        self.remember(&name, &tokens.access_token, expires_at);
         Ok(tokens.access_token)
+    }
+
+    /// Records a failed refresh and says why the call is not sent. A refusal (4xx) or
+    /// an answer that is not a token response needs a person; the rest waits
+    /// [`RETRY_AFTER`]. The message is scrubbed of what was sent.
+    async fn failed(
+        &self,
+        name: &str,
+        failure: &TokenFailure,
+        secrets: &[Option<&str>],
+        now: Timestamp,
+    ) -> Error {
+        let (kind, message) = match failure {
+            TokenFailure::Refused(m) => (RefreshFailure::NeedsReconnect, m.clone()),
+            TokenFailure::Other(e) if e.kind == FailureKind::Permanent => {
+                (RefreshFailure::NeedsReconnect, e.message.clone())
+            }
+            TokenFailure::Other(e) => (RefreshFailure::Transient, e.message.clone()),
+        };
+        let message = scrubbed(&message, secrets);
+        let _ = self
+            .ledger
+            .fail_connection_refresh(name, &self.holder, (kind, &message), now)
+            .await;
+        match kind {
+            RefreshFailure::NeedsReconnect => not_sent(
+                name,
+                format!("the refresh was refused ({message}): run `flow connect {name}`"),
+            ),
+            RefreshFailure::Transient => not_sent(name, format!("refresh failed: {message}")),
+        }
     }
 }
 
@@ -287,7 +371,7 @@ pub fn install(
 ) {
     match OAuth::new(egress.allow_list()) {
         Ok(oauth) => {
-            let key = Key::from_secrets(secrets);
+            let key = Keys::from_secrets(secrets);
             let store = Store::new(ledger.clone(), key, oauth, clock.clone());
             pool.use_connections(Arc::new(store));
         }
@@ -302,13 +386,14 @@ impl ConnectionTokens for Store {
         &'a self,
         name: &'a str,
         refused: Option<&'a str>,
+        deadline: tokio::time::Instant,
     ) -> BoxFuture<'a, Result<String, Error>> {
-        Box::pin(self.token(name, refused))
+        Box::pin(self.token(name, refused, deadline))
     }
 
     fn wants_scope<'a>(&'a self, name: &'a str, scope: &'a str) -> BoxFuture<'a, ()> {
         Box::pin(async move {
-            if let Err(e) = self.ledger.want_connection_scope(name, scope).await {
+            if let Err(e) = self.shared.ledger.want_connection_scope(name, scope).await {
                 tracing::warn!(target: "flow::connections", connection = %name, "cannot record the wanted scope: {e}");
             }
         })

@@ -216,8 +216,6 @@ pub(super) async fn grant(stats: &AuthCodeStats, form: &HashMap<String, String>)
         }
         "refresh_token" => {
             stats.refresh_requests.fetch_add(1, Ordering::SeqCst);
-            let delay = stats.refresh_delay_ms.load(Ordering::SeqCst);
-            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
             let token = get("refresh_token");
             let live = stats
                 .refresh
@@ -236,6 +234,10 @@ pub(super) async fn grant(stats: &AuthCodeStats, form: &HashMap<String, String>)
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .push(token);
+            // Rotated at once, answered late: a client that gives up while waiting
+            // has lost the new refresh token (as with a real server).
+            let delay = stats.refresh_delay_ms.load(Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
             (client_id, scope)
         }
         _ => return error(StatusCode::BAD_REQUEST, "unsupported_grant_type"),
