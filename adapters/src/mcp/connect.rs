@@ -218,7 +218,7 @@ impl OAuth {
         {
             Ok(found) => found,
             // No protected-resource metadata: the 2025-03-26 revision's rules.
-            Err(e) if e.message.contains("no protected-resource metadata") => {
+            Err(e) if discovery::lacks_resource_metadata(&e) => {
                 tracing::debug!(target: "flow_adapters::mcp", "{}; trying the 2025-03-26 discovery", e.message);
                 discovery::legacy(&self.http, server, allow, deadline).await?
             }

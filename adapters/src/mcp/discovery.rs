@@ -24,6 +24,16 @@ use crate::Error;
 use crate::egress::AllowList;
 use crate::http::classify::detail;
 
+/// The words of the error [`discover`] ends with when a server publishes no
+/// protected-resource metadata at all: what a sign-in falls back on [`legacy`] for.
+const NO_RESOURCE_METADATA: &str = "no protected-resource metadata";
+
+/// Whether `error` is [`discover`]'s "no protected-resource metadata" (a server of the
+/// 2025-03-26 revision, or one without metadata), not a refusal or an unreachable URL.
+pub(crate) fn lacks_resource_metadata(error: &Error) -> bool {
+    error.message.contains(NO_RESOURCE_METADATA)
+}
+
 /// What discovery found: where and how to ask for a token, and for which resource.
 #[derive(Debug, Clone)]
 pub(crate) struct Discovered {
@@ -178,7 +188,7 @@ pub(crate) async fn discover(
     }
     let Some(metadata) = metadata else {
         return Err(Error::permanent(format!(
-            "authorization discovery: no protected-resource metadata for {} (tried {})",
+            "authorization discovery: {NO_RESOURCE_METADATA} for {} (tried {})",
             without_query(mcp_url),
             candidates
                 .iter()

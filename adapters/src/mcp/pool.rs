@@ -503,7 +503,10 @@ impl Session {
     /// Whether the session's token is a connection's: its errors keep their kind (a
     /// connection that needs a sign-in is not sent, not transient).
     fn uses_connection(&self) -> bool {
-        self.auth.as_ref().is_some_and(SessionAuth::is_connection)
+        self.auth
+            .as_ref()
+            .and_then(SessionAuth::connection)
+            .is_some()
     }
 
     /// Renews the token before a call when it is about to expire.

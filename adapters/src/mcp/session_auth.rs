@@ -115,11 +115,6 @@ pub(super) async fn answer_connection(
 }
 
 impl SessionAuth {
-    /// Whether the token is a connection's.
-    pub(super) fn is_connection(&self) -> bool {
-        matches!(self, SessionAuth::Connection { .. })
-    }
-
     /// The connection's name, for a connection's token.
     pub(super) fn connection(&self) -> Option<&str> {
         match self {

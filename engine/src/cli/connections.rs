@@ -7,7 +7,7 @@ use std::io::Write;
 
 use clap::{Args, Subcommand};
 use flow_adapters::mcp::{OAuth, OAuthClient};
-use flow_ledger::{Connection, Ledger, Timestamp};
+use flow_ledger::{Clock as _, Connection, Ledger, Timestamp};
 use serde_json::{Value as Json, json};
 
 use super::table::{table, terminal_width};
@@ -322,7 +322,7 @@ async fn rekey(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, CliError> {
             .open(scope, &c.name, (&c.sealed.sealed, &c.sealed.key_id))
             .map_err(|e| CliError::unavailable(e.to_string()))?;
         let sealed = keys.current.seal(scope, &c.name, &tokens);
-        let now = Timestamp(chrono::Utc::now().timestamp_millis());
+        let now = flow_ledger::SystemClock.now();
         let done = ledger
             .reseal_connection(&c.name, c.generation, (&sealed, keys.current.id()), now)
             .await

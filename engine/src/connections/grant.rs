@@ -14,7 +14,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use flow_adapters::mcp::{OAuth, OAuthClient, SignIn, TokenFailure};
-use flow_ledger::{Endpoints, Ledger, Sealed, Timestamp};
+use flow_ledger::{Clock as _, Endpoints, Ledger, Sealed};
 use sha2::Digest as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -328,7 +328,7 @@ async fn store(
     by: &str,
 ) -> Result<Connected, GrantError> {
     let name = &config.name;
-    let now = Timestamp(chrono::Utc::now().timestamp_millis());
+    let now = flow_ledger::SystemClock.now();
     let s = ledger.scope();
     let sealed = Sealed {
         sealed: key.seal((&s.tenant, &s.workspace), name, &tokens),
