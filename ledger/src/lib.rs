@@ -82,6 +82,7 @@ mod calls;
 mod canonical;
 mod children;
 mod conn;
+mod connection_pending;
 mod connections;
 mod db;
 mod deliveries;
@@ -119,6 +120,7 @@ pub use approvals::{
 pub use canonical::{canonical_hash, canonical_json, workflow_hash};
 pub use children::{ChildStart, MAX_CHILDREN_PAGE};
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
+pub use connection_pending::PendingSignIn;
 pub use connections::{Connection, ConnectionStatus, Endpoints, RefreshFailure, Sealed};
 pub use deliveries::{
     Delivery, DeliveryFilter, DeliveryOutcome, DeliveryStatus, FinishDelivery, LeaseDeliveries,

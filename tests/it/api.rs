@@ -35,7 +35,7 @@ secret = "ADMIN_TOKEN"
 
 /// A running `flow serve` on a free loopback port; killed when dropped.
 pub(crate) struct Server {
-    child: Child,
+    pub child: Child,
     /// `http://127.0.0.1:PORT`.
     pub base: String,
 }

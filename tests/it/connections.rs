@@ -16,7 +16,7 @@ use crate::support::{Backend, TestDb, backends, output, runtime, stderr, stdout}
 /// A browser that follows the redirects without a page: curl.
 const BROWSER: &str = "curl -sS -L -o /dev/null";
 
-fn key() -> String {
+pub(crate) fn key() -> String {
     let mut bytes = [0u8; 32];
     rand::fill(&mut bytes);
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -32,7 +32,7 @@ fn config(db: &TestDb, url: &str) -> std::path::PathBuf {
 }
 
 /// A workflow of `n` independent `count` calls (keys `<prefix>-<i>`) with the connection.
-fn workflow(db: &TestDb, url: &str, prefix: &str, n: usize) -> std::path::PathBuf {
+pub(crate) fn workflow(db: &TestDb, url: &str, prefix: &str, n: usize) -> std::path::PathBuf {
     workflow_with(db, url, (prefix, n), "")
 }
 
@@ -54,7 +54,7 @@ fn workflow_with(
     db.write(&format!("{prefix}.yaml"), &text)
 }
 
-fn flow_with(db: &TestDb, key: &str) -> std::process::Command {
+pub(crate) fn flow_with(db: &TestDb, key: &str) -> std::process::Command {
     let mut cmd = db.flow();
     cmd.env("FLOW_SECRET_CONNECTIONS_KEY", key)
         .arg("--config")
@@ -70,14 +70,14 @@ fn connect(db: &TestDb, key: &str, browser: &str) -> Output {
     )
 }
 
-fn listed(db: &TestDb, key: &str) -> serde_json::Value {
+pub(crate) fn listed(db: &TestDb, key: &str) -> serde_json::Value {
     let out = output(flow_with(db, key).args(["connections", "--json"]));
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     serde_json::from_slice(&out.stdout).expect("connections JSON")
 }
 
 /// Every file under `dir`, concatenated (the SQLite ledger, its WAL and journals).
-fn disk_bytes(dir: &Path) -> Vec<u8> {
+pub(crate) fn disk_bytes(dir: &Path) -> Vec<u8> {
     let mut all = Vec::new();
     for entry in std::fs::read_dir(dir).expect("read dir").flatten() {
         if entry.path().is_file() {
@@ -98,7 +98,7 @@ fn forms(token: &str) -> Vec<String> {
     ]
 }
 
-fn assert_no_token(what: &str, bytes: &[u8], tokens: &[String]) {
+pub(crate) fn assert_no_token(what: &str, bytes: &[u8], tokens: &[String]) {
     let text = String::from_utf8_lossy(bytes);
     for token in tokens {
         for form in forms(token) {

@@ -11,6 +11,7 @@ mod args;
 mod chaos;
 mod client;
 mod connections;
+mod connections_console;
 mod crash;
 mod daemon;
 mod doubt_budget;

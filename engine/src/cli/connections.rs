@@ -7,8 +7,8 @@ use std::io::Write;
 
 use clap::{Args, Subcommand};
 use flow_adapters::mcp::{OAuth, OAuthClient};
-use flow_ledger::{Clock as _, Connection, Ledger, Timestamp};
-use serde_json::{Value as Json, json};
+use flow_ledger::{Clock as _, Ledger};
+use serde_json::json;
 
 use super::table::{table, terminal_width};
 use super::who::Who;
@@ -153,39 +153,14 @@ pub(crate) async fn connections(
     }
 }
 
-fn when(t: Option<Timestamp>) -> Json {
-    t.map_or(Json::Null, |t| Json::String(t.to_rfc3339()))
-}
-
-/// What may be said of a connection in the open.
-pub fn view(c: &Connection) -> Json {
-    json!({
-        "name": c.name,
-        "status": c.status.as_str(),
-        "server": c.endpoints.server,
-        "issuer": c.endpoints.issuer,
-        "client_id": c.endpoints.client_id,
-        "connected_by": c.connected_by,
-        "connected_at": c.connected_at.to_rfc3339(),
-        "scopes": c.sealed.scopes_granted,
-        "scopes_wanted": c.scopes_wanted,
-        "access_expires_at": when(c.sealed.access_expires_at),
-        "has_refresh_token": c.sealed.has_refresh,
-        "refreshes": c.refreshes,
-        "last_refresh_at": when(c.last_refresh_at),
-        "last_error": c.last_error,
-        "key_id": c.sealed.key_id,
-    })
-}
-
 async fn list(ledger: &Ledger, json: bool, stdout: &mut dyn Write) -> Result<u8, CliError> {
     let all = ledger
         .list_connections()
         .await
         .map_err(|e| CliError::unavailable(e.to_string()))?;
     if json {
-        let out: Vec<Json> = all.iter().map(view).collect();
-        let _ = writeln!(stdout, "{}", Json::Array(out));
+        let out = crate::connections::view::views(&all, &[]);
+        let _ = writeln!(stdout, "{}", json!(out));
         return Ok(exit::OK);
     }
     if all.is_empty() {

@@ -64,6 +64,7 @@ type Opened = (
     Vec<crate::events::Consumer>,
     Option<ApiAuth>,
     (Scheduled, crate::retention::Retention),
+    Vec<crate::connections::ConnectionConfig>,
 );
 
 /// The schedules of `flow.toml` and who stores their definitions (`config <path>`).
@@ -122,7 +123,15 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     .map_err(CliError::from)?;
     runtime.gateway.set_public_url(public_url.as_deref());
     let executor = runtime.executor(Arc::new(Observer::new(metrics)));
-    Ok((runtime, executor, consumers, auth, (scheduled, retention)))
+    let connections = std::mem::take(&mut config.connections);
+    Ok((
+        runtime,
+        executor,
+        consumers,
+        auth,
+        (scheduled, retention),
+        connections,
+    ))
 }
 
 /// `--metrics-addr ADDR`: `/metrics` and `/healthz` until `stop` fires; the bound address.
@@ -146,7 +155,7 @@ async fn serve_api(
     auth: ApiAuth,
     addr: SocketAddr,
     runtime: &Runtime,
-    served: (Arc<Metrics>, crate::schedule::manage::Schedules),
+    served: crate::runtime::api::Served,
     stop: &CancellationToken,
     stderr: &mut dyn Write,
 ) -> Result<(), CliError> {
@@ -232,7 +241,7 @@ pub(crate) async fn daemon(
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let metrics = Arc::new(Metrics::new());
-    let (runtime, executor, consumers, auth, (schedules, retention)) =
+    let (runtime, executor, consumers, auth, (schedules, retention), connections) =
         open(cli, args, metrics.clone()).await?;
     let ledger = runtime.ledger.clone();
     let config = Settings {
@@ -247,7 +256,7 @@ pub(crate) async fn daemon(
     let stop_serving = CancellationToken::new();
     let served = serve_metrics(args, &metrics, &ledger, &stop_serving).await?;
     if let (Some(addr), Some(auth)) = (args.serve, auth) {
-        let served = (metrics.clone(), schedules.clone());
+        let served = (metrics.clone(), schedules.clone(), connections);
         serve_api(auth, addr, &runtime, served, &stop_serving, stderr).await?;
     }
     let wake = wake_description(&config, ledger.backend_name());

@@ -47,6 +47,7 @@ pub(crate) async fn serve(
         std::mem::take(&mut config.schedules),
         config.path.as_deref(),
     );
+    let connections = std::mem::take(&mut config.connections);
     let auth = ApiAuth::from_config(&config.api, &secrets, args.addr, args.insecure_no_auth)?;
     let ledger = open_ledger(cli).await?;
     // "Probe now" sends its probes with this process's tools, secrets and egress, as a
@@ -63,7 +64,7 @@ pub(crate) async fn serve(
     let (bound, task) = runtime
         .serve_api(
             auth,
-            (Arc::new(Metrics::new()), schedules),
+            (Arc::new(Metrics::new()), schedules, connections),
             args.addr,
             handle.graceful().clone(),
         )

@@ -15,6 +15,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use flow_adapters::mcp::{OAuth, OAuthClient, SignIn, TokenFailure};
 use flow_ledger::{Clock as _, Endpoints, Ledger, Sealed};
+use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -164,16 +165,69 @@ async fn client_for(
         .map_err(|e| GrantError::Server(format!("connection `{}`: {}", config.name, e.message)))
 }
 
-/// Runs the sign-in for `config` and stores the tokens in `ledger`. Progress (the URL
-/// to open) goes to `out`.
-pub async fn connect(
+/// A sign-in begun and waiting for its browser: everything finishing it needs. Holds
+/// the PKCE verifier and a client's secret, so it is sealed when stored (a console or
+/// API sign-in) and never printed.
+#[derive(Serialize, Deserialize)]
+pub struct Pending {
+    /// The connection.
+    pub name: String,
+    state: String,
+    verifier: String,
+    redirect_uri: String,
+    scope: Option<String>,
+    client_id: String,
+    client_secret: Option<String>,
+    method: String,
+    server: String,
+    resource: String,
+    issuer: String,
+    token_endpoint: String,
+    revocation_endpoint: Option<String>,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("name", &self.name)
+            .field("redirect_uri", &self.redirect_uri)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pending {
+    /// The `state` the redirect must carry back.
+    pub fn state(&self) -> &str {
+        &self.state
+    }
+
+    fn client(&self) -> OAuthClient {
+        OAuthClient {
+            client_id: self.client_id.clone(),
+            secret: self.client_secret.clone(),
+            method: self.method.clone(),
+        }
+    }
+}
+
+/// A sign-in begun: the URL the person opens, and what finishing needs.
+#[derive(Debug)]
+pub struct Begun {
+    /// The authorization server's sign-in page, with every parameter.
+    pub url: url::Url,
+    /// Kept until the browser comes back to `redirect_uri`.
+    pub pending: Pending,
+}
+
+/// Begins a sign-in to `config` whose browser will come back to `redirect_uri`:
+/// discovery, PKCE S256 required, the scope, a client (registered for `redirect_uri`
+/// when none is configured), a fresh verifier and `state`. Nothing is stored.
+pub async fn begin(
     ledger: &Ledger,
     (config, secrets, oauth): (&ConnectionConfig, &Secrets, &OAuth),
-    options: &Options,
-    out: &mut dyn Write,
-) -> Result<Connected, GrantError> {
+    redirect_uri: &str,
+) -> Result<Begun, GrantError> {
     let name = &config.name;
-    let key = Key::from_secrets(secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
     let server =
         |e: flow_adapters::Error| GrantError::Server(format!("connection `{name}`: {}", e.message));
     let sign_in = oauth.discover(&config.server).await.map_err(server)?;
@@ -189,6 +243,93 @@ pub async fn connect(
         .map_err(|e| GrantError::Setup(format!("cannot read the ledger: {e}")))?
         .and_then(|c| c.scopes_wanted);
     let scope = scope_for(config, wanted.as_deref(), &sign_in);
+    let client = client_for(
+        oauth,
+        (config, secrets),
+        &sign_in,
+        (redirect_uri, scope.as_deref()),
+    )
+    .await?;
+    let (verifier, challenge) = pkce();
+    let state = random_state();
+    let url = authorize_url(
+        &sign_in,
+        &client,
+        redirect_uri,
+        (&challenge, &state),
+        scope.as_deref(),
+    )?;
+    let pending = Pending {
+        name: name.clone(),
+        state,
+        verifier,
+        redirect_uri: redirect_uri.to_owned(),
+        scope,
+        client_id: client.client_id,
+        client_secret: client.secret,
+        method: client.method,
+        server: config.server.clone(),
+        resource: sign_in.resource,
+        issuer: sign_in.issuer,
+        token_endpoint: sign_in.token_endpoint,
+        revocation_endpoint: sign_in.revocation_endpoint,
+    };
+    Ok(Begun { url, pending })
+}
+
+/// Finishes sign-in `pending` with the redirect's query `params`: the checks (`state`,
+/// no `error`, the issuer), the code exchanged, the tokens sealed under `key` and stored
+/// as connected `by`. Nothing is stored when any of it fails.
+pub async fn finish(
+    ledger: &Ledger,
+    (oauth, key): (&OAuth, &Key),
+    pending: Pending,
+    params: &[(String, String)],
+    by: &str,
+) -> Result<Connected, GrantError> {
+    let name = pending.name.as_str();
+    let code = code_of(name, params, &pending.state, &pending.issuer)?;
+    let client = pending.client();
+    let granted = oauth
+        .exchange_code(
+            &pending.token_endpoint,
+            &client,
+            (&code, &pending.verifier, &pending.redirect_uri),
+            &pending.resource,
+        )
+        .await
+        .map_err(|f| match f {
+            TokenFailure::Refused(m) => GrantError::Refused(format!("connection `{name}`: {m}")),
+            TokenFailure::Other(e) => {
+                GrantError::Server(format!("connection `{name}`: {}", e.message))
+            }
+        })?;
+    let tokens = Tokens {
+        access_token: granted.access_token.clone(),
+        refresh_token: granted.refresh_token.clone(),
+        client_secret: client.secret.clone(),
+    };
+    let scopes = granted.scope.clone().or_else(|| pending.scope.clone());
+    store(
+        ledger,
+        &pending,
+        (key, tokens, scopes, granted.expires_in),
+        by,
+    )
+    .await
+}
+
+/// Runs the sign-in for `config` from this terminal — a loopback listener for the
+/// redirect, the URL printed to `out` and handed to the browser — and stores the tokens
+/// in `ledger`.
+pub async fn connect(
+    ledger: &Ledger,
+    (config, secrets, oauth): (&ConnectionConfig, &Secrets, &OAuth),
+    options: &Options,
+    out: &mut dyn Write,
+) -> Result<Connected, GrantError> {
+    let name = &config.name;
+    let key = Key::from_secrets(secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
         .map_err(|e| {
@@ -199,22 +340,7 @@ pub async fn connect(
         .map_err(|e| GrantError::Setup(e.to_string()))?
         .port();
     let redirect_uri = format!("http://127.0.0.1:{port}/callback");
-    let client = client_for(
-        oauth,
-        (config, secrets),
-        &sign_in,
-        (&redirect_uri, scope.as_deref()),
-    )
-    .await?;
-    let (verifier, challenge) = pkce();
-    let state = random_state();
-    let url = authorize_url(
-        &sign_in,
-        &client,
-        &redirect_uri,
-        (&challenge, &state),
-        scope.as_deref(),
-    )?;
+    let Begun { url, pending } = begin(ledger, (config, secrets, oauth), &redirect_uri).await?;
     let _ = writeln!(out, "Sign in to connection `{name}` at:\n\n  {url}\n");
     let _ = writeln!(
         out,
@@ -229,35 +355,7 @@ pub async fn connect(
             options.timeout.as_secs()
         ))
     })??;
-    let code = code_of(name, &params, &state, &sign_in.issuer)?;
-    let granted = oauth
-        .exchange_code(
-            &sign_in.token_endpoint,
-            &client,
-            (&code, &verifier, &redirect_uri),
-            &sign_in.resource,
-        )
-        .await
-        .map_err(|f| match f {
-            TokenFailure::Refused(m) => GrantError::Refused(format!("connection `{name}`: {m}")),
-            TokenFailure::Other(e) => {
-                GrantError::Server(format!("connection `{name}`: {}", e.message))
-            }
-        })?;
-    let tokens = Tokens {
-        access_token: granted.access_token.clone(),
-        refresh_token: granted.refresh_token.clone(),
-        client_secret: client.secret.clone(),
-    };
-    let scopes = granted.scope.clone().or(scope);
-    let (key, by) = (&key, options.by.as_str());
-    store(
-        ledger,
-        (config, &sign_in, &client),
-        (key, tokens, scopes, granted.expires_in),
-        by,
-    )
-    .await
+    finish(ledger, (oauth, &key), pending, &params, &options.by).await
 }
 
 /// The sign-in URL: code flow, PKCE S256, state, resource, scope.
@@ -323,11 +421,11 @@ fn code_of(
 /// Seals `tokens` and stores the connection.
 async fn store(
     ledger: &Ledger,
-    (config, sign_in, client): (&ConnectionConfig, &SignIn, &OAuthClient),
+    pending: &Pending,
     (key, tokens, scopes, expires_in): (&Key, Tokens, Option<String>, Option<u64>),
     by: &str,
 ) -> Result<Connected, GrantError> {
-    let name = &config.name;
+    let name = &pending.name;
     let now = flow_ledger::SystemClock.now();
     let s = ledger.scope();
     let sealed = Sealed {
@@ -338,13 +436,13 @@ async fn store(
         has_refresh: tokens.refresh_token.is_some(),
     };
     let endpoints = Endpoints {
-        server: config.server.clone(),
-        resource: sign_in.resource.clone(),
-        issuer: Some(sign_in.issuer.clone()),
-        token_endpoint: sign_in.token_endpoint.clone(),
-        revocation_endpoint: sign_in.revocation_endpoint.clone(),
-        client_id: client.client_id.clone(),
-        auth_method: client.method.clone(),
+        server: pending.server.clone(),
+        resource: pending.resource.clone(),
+        issuer: Some(pending.issuer.clone()),
+        token_endpoint: pending.token_endpoint.clone(),
+        revocation_endpoint: pending.revocation_endpoint.clone(),
+        client_id: pending.client_id.clone(),
+        auth_method: pending.method.clone(),
     };
     let has_refresh = sealed.has_refresh;
     let generation = ledger

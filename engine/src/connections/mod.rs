@@ -12,10 +12,15 @@
 //!   refused with a 401) is refreshed under a ledger lease by exactly one worker; the
 //!   others read the new generation. A refused refresh token marks the connection
 //!   `needs_reconnect` and calls fail as not sent, naming `flow connect NAME`.
+//! - [`remote`] begins the same sign-in from the console or the API and finishes it on
+//!   whichever server the browser comes back to (the pending sign-in waits, sealed, in
+//!   the ledger).
 
 pub mod grant;
+pub mod remote;
 pub mod seal;
 pub mod store;
+pub mod view;
 
 use serde::Deserialize;
 

@@ -115,8 +115,25 @@ impl Key {
 
     /// `tokens` sealed for connection `name` of `scope` (base64 of nonce ‖ ciphertext).
     pub fn seal(&self, scope: (&str, &str), name: &str, tokens: &Tokens) -> String {
-        let mut data = serde_json::to_vec(tokens).unwrap_or_default();
-        let aad = self.aad(scope, name);
+        self.seal_value(scope, name, tokens)
+    }
+
+    /// The tokens of connection `name` of `scope` sealed under `key_id` as `sealed`.
+    pub fn open(
+        &self,
+        scope: (&str, &str),
+        name: &str,
+        (sealed, key_id): (&str, &str),
+    ) -> Result<Tokens, SealError> {
+        self.open_value(scope, name, (sealed, key_id))
+    }
+
+    /// Any record sealed for `label` of `scope`: a connection's tokens (label = its
+    /// name) or a sign-in waiting for its browser (`pending:<name>`; a name cannot hold
+    /// `:`, so the two never open as each other).
+    pub fn seal_value<T: Serialize>(&self, scope: (&str, &str), label: &str, value: &T) -> String {
+        let mut data = serde_json::to_vec(value).unwrap_or_default();
+        let aad = self.aad(scope, label);
         // Sealing fails only for inputs past GCM's length limit (64 GiB).
         match self.key.seal_in_place_append_tag(Aad::from(aad), &mut data) {
             Ok(nonce) => {
@@ -128,28 +145,28 @@ impl Key {
         }
     }
 
-    /// The tokens of connection `name` of `scope` sealed under `key_id` as `sealed`.
-    pub fn open(
+    /// What [`Key::seal_value`] sealed for `label` under `key_id`.
+    pub fn open_value<T: serde::de::DeserializeOwned>(
         &self,
         scope: (&str, &str),
-        name: &str,
+        label: &str,
         (sealed, key_id): (&str, &str),
-    ) -> Result<Tokens, SealError> {
+    ) -> Result<T, SealError> {
         if key_id != self.id {
             return Err(SealError::OtherKey {
-                name: name.to_owned(),
+                name: label.to_owned(),
                 stored: key_id.to_owned(),
                 configured: self.id.clone(),
             });
         }
-        let tampered = || SealError::Tampered(name.to_owned());
+        let tampered = || SealError::Tampered(label.to_owned());
         let mut bytes = STANDARD.decode(sealed).map_err(|_| tampered())?;
         if bytes.len() < NONCE_LEN {
             return Err(tampered());
         }
         let mut data = bytes.split_off(NONCE_LEN);
         let nonce = Nonce::try_assume_unique_for_key(&bytes).map_err(|_| tampered())?;
-        let aad = self.aad(scope, name);
+        let aad = self.aad(scope, label);
         let plain = self
             .key
             .open_in_place(nonce, Aad::from(aad), &mut data)

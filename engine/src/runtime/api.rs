@@ -137,20 +137,30 @@ fn check_distinct(token: &Token, secret: &str, before: &[(Token, &str)]) -> Resu
     Ok(())
 }
 
+/// What a server shows beside the ledger: its metrics, and the schedules and
+/// connections of the `flow.toml` it read.
+pub type Served = (
+    Arc<Metrics>,
+    crate::schedule::manage::Schedules,
+    Vec<crate::connections::ConnectionConfig>,
+);
+
 impl Runtime {
     /// Serves the API and the console on `addr` until `stop` fires (then finishes the
     /// requests in flight): the bound address and the server's task. `metrics` is what
     /// `/metrics` reports (a daemon passes its own); `schedules` are those of the
-    /// `flow.toml` read (`/api/v1/schedules`, the console's Schedules page).
+    /// `flow.toml` read (`/api/v1/schedules`, the console's Schedules page), and so
+    /// are `connections` (the sign-ins the console and the API can begin).
     pub async fn serve_api(
         &self,
         auth: ApiAuth,
-        (metrics, schedules): (Arc<Metrics>, crate::schedule::manage::Schedules),
+        (metrics, schedules, connections): Served,
         addr: SocketAddr,
         stop: CancellationToken,
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let app = App {
             schedules: Arc::new(schedules),
+            connections,
             ledger: self.ledger.clone(),
             tokens: auth.tokens,
             metrics,

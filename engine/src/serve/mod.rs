@@ -62,6 +62,8 @@ pub struct App {
     pub throttle: throttle::Throttle,
     /// The schedules of the `flow.toml` this server read.
     pub schedules: Arc<crate::schedule::manage::Schedules>,
+    /// The `[[connections]]` of that `flow.toml` (the console's and the API's *Connect*).
+    pub connections: Vec<crate::connections::ConnectionConfig>,
 }
 
 /// The whole server's routes with their limits.

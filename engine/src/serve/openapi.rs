@@ -126,14 +126,17 @@ fn problem_text(status: u16) -> &'static str {
         413 => "Body over 16 MiB",
         422 => "The workflow does not validate (errors lists every diagnostic)",
         429 => "Too many failed authentications from this address (Retry-After says when to retry)",
+        502 => {
+            "A server flow had to ask (an MCP or authorization server) failed (detail says which)"
+        }
         503 => "The database cannot be used now",
         _ => "Error",
     }
 }
 
 /// The query parameters of `op`: one per property of its query type (integers stay
-/// integers, enums stay enums), and `id` / `node` / `token` for a path with `{id}` /
-/// `{node}` / `{token}`.
+/// integers, enums stay enums), and `id` / `node` / `schedule` / `name` / `token` for a
+/// path with `{id}` / `{node}` / `{schedule}` / `{name}` / `{token}`.
 fn parameters(op: &Operation, g: &mut SchemaGenerator) -> Vec<Json> {
     let mut params = Vec::new();
     if op.path.contains("{id}") {
@@ -144,6 +147,9 @@ fn parameters(op: &Operation, g: &mut SchemaGenerator) -> Vec<Json> {
     }
     if op.path.contains("{schedule}") {
         params.push(json!({"name": "schedule", "in": "path", "required": true, "description": "The schedule id (`[[schedules]] id` of the server's flow.toml)", "schema": {"type": "string"}}));
+    }
+    if op.path.contains("{name}") {
+        params.push(json!({"name": "name", "in": "path", "required": true, "description": "The connection (`[[connections]] name` of the server's flow.toml)", "schema": {"type": "string"}}));
     }
     if op.path.contains("{token}") {
         params.push(json!({"name": "token", "in": "path", "required": true, "description": "The callback token (from `callback.url`)", "schema": {"type": "string"}}));

@@ -1,11 +1,14 @@
 //! Connections (migration 0017, `ledger/src/connections.rs`): a refresh is leased on
 //! the generation read, only the holder writes the next generation, an expired lease
 //! can be taken over, a refused refresh token stops everyone (with one event), and a
-//! new sign-in moves past any refresh leased on the old tokens.
+//! new sign-in moves past any refresh leased on the old tokens; a sign-in begun on one
+//! server (migration 0018) is taken by exactly one callback, and never once expired.
 
 use std::time::Duration;
 
-use flow_ledger::{ConnectionStatus, Endpoints, EventFilter, RefreshFailure, Sealed};
+use flow_ledger::{
+    ConnectionStatus, Endpoints, EventFilter, PendingSignIn, RefreshFailure, Sealed,
+};
 
 use crate::common::*;
 
@@ -13,6 +16,7 @@ crate::conformance!(
     one_holder_at_a_time_writes_the_next_generation,
     a_refused_refresh_stops_every_worker_until_a_new_sign_in,
     wanted_scopes_accumulate_and_deletion_returns_the_row,
+    a_pending_sign_in_is_taken_once_and_never_after_it_expires,
 );
 
 fn endpoints() -> Endpoints {
@@ -237,4 +241,52 @@ async fn wanted_scopes_accumulate_and_deletion_returns_the_row(db: TestDb) {
     assert_eq!(gone.scopes_wanted.as_deref(), Some("x y"));
     assert!(l.connection("tracker").await.unwrap().is_none());
     assert!(l.delete_connection("tracker").await.unwrap().is_none());
+}
+
+fn pending(name: &str, expires_at: flow_ledger::Timestamp) -> PendingSignIn {
+    PendingSignIn {
+        name: name.into(),
+        sealed: format!("sealed-{name}"),
+        key_id: "k1".into(),
+        begun_by: "ada".into(),
+        expires_at,
+    }
+}
+
+async fn a_pending_sign_in_is_taken_once_and_never_after_it_expires(db: TestDb) {
+    let l = &db.ledger;
+    let now = db.now();
+    let later = now.plus(Duration::from_secs(600));
+    l.put_pending_sign_in("h1", pending("tracker", later), now)
+        .await
+        .unwrap();
+    l.put_pending_sign_in("h2", pending("wiki", now.plus(Duration::from_secs(1))), now)
+        .await
+        .unwrap();
+    // Two callbacks with the same state at once: exactly one gets the row.
+    let (a, b) = tokio::join!(
+        l.take_pending_sign_in("h1", now),
+        l.take_pending_sign_in("h1", now)
+    );
+    let got: Vec<PendingSignIn> = [a.unwrap(), b.unwrap()].into_iter().flatten().collect();
+    assert_eq!(got, vec![pending("tracker", later)]);
+    assert_eq!(l.take_pending_sign_in("h1", now).await.unwrap(), None);
+    assert_eq!(l.take_pending_sign_in("nope", now).await.unwrap(), None);
+    // Past its expiry: refused (and gone).
+    let after = now.plus(Duration::from_secs(2));
+    assert_eq!(l.take_pending_sign_in("h2", after).await.unwrap(), None);
+    assert_eq!(l.take_pending_sign_in("h2", now).await.unwrap(), None);
+    // A new sign-in sweeps the rows that expired before it.
+    l.put_pending_sign_in("h3", pending("wiki", now.plus(Duration::from_secs(1))), now)
+        .await
+        .unwrap();
+    l.put_pending_sign_in("h4", pending("tracker", later), after)
+        .await
+        .unwrap();
+    assert_eq!(
+        l.take_pending_sign_in("h3", now).await.unwrap(),
+        None,
+        "swept"
+    );
+    assert!(l.take_pending_sign_in("h4", after).await.unwrap().is_some());
 }

@@ -118,8 +118,14 @@ pub(super) async fn authorize(
 ) -> Response {
     let get = |k: &str| q.get(k).cloned().unwrap_or_default();
     let redirect = get("redirect_uri");
-    if !redirect.starts_with("http://127.0.0.1:") {
-        return (StatusCode::BAD_REQUEST, "redirect_uri must be loopback").into_response();
+    // A loopback redirect (`flow connect`, RFC 8252) or an https one (a console's
+    // `public_url`), as an authorization server would allow.
+    if !redirect.starts_with("http://127.0.0.1:") && !redirect.starts_with("https://") {
+        return (
+            StatusCode::BAD_REQUEST,
+            "redirect_uri must be loopback or https",
+        )
+            .into_response();
     }
     let state = get("state");
     let target = match stats

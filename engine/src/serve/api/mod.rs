@@ -10,8 +10,10 @@
 //! - `approvals.rs`: the approvals inbox and a person's decision.
 //! - `items.rs`: a `for_each` node's items, paged.
 //! - `waits.rs`: publishing events, callbacks to `callback:` nodes, the list of waits.
+//! - `connections.rs`: the connections, and a sign-in begun from here.
 
 pub(crate) mod approvals;
+pub(crate) mod connections;
 pub(crate) mod in_doubt;
 pub(crate) mod items;
 pub(crate) mod probe;
@@ -347,6 +349,31 @@ pub const OPERATIONS: &[Operation] = &[
             || post(schedules::trigger),
             schema::<steer::Why>,
             &[json(200, "The run started", schema::<schedules::Triggered>)],
+        )
+    },
+    read(
+        "listConnections",
+        "/api/v1/connections",
+        "The connections: who signed in when, scopes, expiry, refresh state (never a token)",
+        || get(connections::list),
+        None,
+        &[json(200, "By name", schema::<connections::ConnectionList>)],
+    ),
+    Operation {
+        body_required: false,
+        problems: &[400, 401, 403, 404, 409, 429, 502, 503],
+        ..write(
+            "connectConnection",
+            "/api/v1/connections/{name}/connect",
+            Role::Admin,
+            "Begin a sign-in (authorization code + PKCE): open authorize_url in a browser; it comes back to [api] public_url",
+            || post(connections::connect),
+            |_| schemars::json_schema!({"type": "object"}),
+            &[json(
+                200,
+                "The sign-in begun",
+                schema::<connections::SignInStarted>,
+            )],
         )
     },
     Operation {

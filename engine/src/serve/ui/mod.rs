@@ -5,7 +5,8 @@
 //! - `pages.rs`: the pages (runs, one run, sign-in); `inbox.rs` the In doubt worklist and
 //!   its "resolve selected"; `approvals.rs` the Approvals inbox and its decide form;
 //!   `history.rs` a run's timeline, `graph.rs` its DAG as SVG, `ago.rs` and `times.rs`
-//!   relative times.
+//!   relative times; `connections.rs` the Connections page, *Connect* and the sign-in's
+//!   callback.
 //! - `actions.rs`: the other forms' POSTs (resolve one call, bulk resolve, cancel and
 //!   redrive a run, probe now, sign in and out).
 //! - `live.rs`: the signed-in event stream (`/ui/events`) and `assets/live.js`, which
@@ -26,6 +27,7 @@
 mod actions;
 mod ago;
 mod approvals;
+mod connections;
 mod forms;
 mod graph;
 mod history;
@@ -80,6 +82,12 @@ pub fn routes(app: Arc<App>) -> Router {
         .route("/ui/runs/{id}/reconcile", post(actions::probe))
         .route("/ui/approvals", get(approvals::page))
         .route("/ui/approvals/decide", post(approvals::decide))
+        .route("/ui/connections", get(connections::page))
+        .route(
+            crate::connections::remote::CALLBACK_PATH,
+            get(connections::callback),
+        )
+        .route("/ui/connections/{name}/connect", post(connections::connect))
         .route("/ui/schedules", get(schedules::page))
         .route("/ui/schedules/{id}/{action}", post(schedules::act))
         .route("/ui/in-doubt", get(inbox::in_doubt))
@@ -127,6 +135,18 @@ static TEMPLATES: LazyLock<Environment<'static>> = LazyLock::new(|| {
         ("in_doubt.html", include_str!("templates/in_doubt.html")),
         ("approvals.html", include_str!("templates/approvals.html")),
         ("schedules.html", include_str!("templates/schedules.html")),
+        (
+            "connections.html",
+            include_str!("templates/connections.html"),
+        ),
+        (
+            "connection_sign_in.html",
+            include_str!("templates/connection_sign_in.html"),
+        ),
+        (
+            "connection_done.html",
+            include_str!("templates/connection_done.html"),
+        ),
     ];
     for (name, text) in sources {
         if let Err(e) = env.add_template(name, text) {
