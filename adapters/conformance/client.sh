@@ -31,7 +31,16 @@ connection=""
 client_id="$(field client_id)"
 secret="$(field client_secret)"
 key="$(field private_key_pem)"
-if [[ "$scenario" == auth/* && -z "$secret" && -z "$key" ]]; then
+idp_id_token="$(field idp_id_token)"
+cross_app=""
+if [[ -n "$idp_id_token" ]]; then
+  # Cross-app access: the suite plays the enterprise identity provider and hands over
+  # the person's ID token; `flow connect` trades it for an ID-JAG and that for tokens.
+  connection=conf
+  auth='    auth: { connection: conf }'
+  export FLOW_SECRET_CONF_CLIENT="$secret" FLOW_SECRET_IDP_ID_TOKEN="$idp_id_token"
+  cross_app="$(printf 'client_secret_name = "CONF_CLIENT"\n\n[connections.cross_app]\nidp_token_endpoint = "%s"\nidp_client_id = "%s"\nid_token_secret = "IDP_ID_TOKEN"\n' "$(field idp_token_endpoint)" "$(field idp_client_id)")"
+elif [[ "$scenario" == auth/* && -z "$secret" && -z "$key" ]]; then
   # An authorization-code scenario: sign in once with `flow connect` (the suite's
   # /authorize redirects at once, so curl is the browser), then run with the connection.
   connection=conf
@@ -73,6 +82,7 @@ run=("$flow" --db "sqlite://$work/flow.db" --config "$work/flow.toml")
 if [[ -n "$connection" ]]; then
   printf '[[connections]]\nname = "%s"\nserver = "%s"\n' "$connection" "$url" >> flow.toml
   if [[ -n "$client_id" ]]; then printf 'client_id = "%s"\n' "$client_id" >> flow.toml; fi
+  if [[ -n "$cross_app" ]]; then printf '%b' "$cross_app" >> flow.toml; fi
   FLOW_SECRET_CONNECTIONS_KEY="$("$flow" connections keygen)"
   export FLOW_SECRET_CONNECTIONS_KEY
   "${run[@]}" connect "$connection" --by conformance --timeout 30s --browser "curl -sS -L -o /dev/null"

@@ -12,6 +12,7 @@ mod chaos;
 mod client;
 mod connections;
 mod connections_console;
+mod connections_cross_app;
 mod crash;
 mod daemon;
 mod doubt_budget;

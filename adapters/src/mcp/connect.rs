@@ -20,6 +20,15 @@ use crate::egress::AllowList;
 use crate::error::head;
 use crate::http::classify::detail;
 
+/// The RFC 8693 token-exchange grant.
+const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+/// The token type of an identity assertion authorization grant (ID-JAG, SEP-990).
+const ID_JAG: &str = "urn:ietf:params:oauth:token-type:id-jag";
+/// An OpenID Connect ID token as the subject of an exchange.
+const ID_TOKEN: &str = "urn:ietf:params:oauth:token-type:id_token";
+/// The RFC 7523 JWT bearer grant.
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+
 /// Bound on each request of a sign-in or a refresh.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -38,8 +47,9 @@ pub struct SignIn {
     pub resource: String,
     /// The authorization server's issuer.
     pub issuer: String,
-    /// Where the person signs in.
-    pub authorization_endpoint: String,
+    /// Where the person signs in (absent at a server that takes only grants without a
+    /// browser, such as cross-app access's JWT bearer grant).
+    pub authorization_endpoint: Option<String>,
     /// Where codes and refresh tokens become tokens.
     pub token_endpoint: String,
     /// Dynamic client registration, when offered.
@@ -90,6 +100,8 @@ pub struct Granted {
     pub expires_in: Option<u64>,
     /// The scope granted, if said.
     pub scope: Option<String>,
+    /// What a token exchange (RFC 8693) issued, if said.
+    pub issued_token_type: Option<String>,
 }
 
 impl std::fmt::Debug for Granted {
@@ -124,6 +136,8 @@ impl std::fmt::Display for TokenFailure {
 #[derive(Deserialize)]
 struct TokenResponse {
     access_token: String,
+    #[serde(default)]
+    issued_token_type: Option<String>,
     #[serde(default)]
     refresh_token: Option<String>,
     #[serde(default)]
@@ -225,14 +239,9 @@ impl OAuth {
             Err(e) => return Err(e),
         };
         let meta = found.sign_in;
-        let authorization_endpoint = meta.authorization_endpoint.ok_or_else(|| {
-            Error::permanent(format!(
-                "authorization server {} has no authorization_endpoint: it offers no sign-in",
-                without_query(&found.issuer)
-            ))
-        })?;
+        let authorization_endpoint = meta.authorization_endpoint;
         for url in [
-            Some(&authorization_endpoint),
+            authorization_endpoint.as_ref(),
             meta.registration_endpoint.as_ref(),
         ]
         .into_iter()
@@ -350,6 +359,58 @@ impl OAuth {
         self.token(token_endpoint, client, form).await
     }
 
+    /// Cross-app access, step 1 (RFC 8693 at the person's identity provider): trades
+    /// their `id_token` for an ID-JAG — an identity assertion authorization grant — for
+    /// the authorization server `audience` (its issuer) and the MCP server `resource`.
+    /// `idp_client` authenticates flow at the identity provider.
+    pub async fn exchange_id_token(
+        &self,
+        idp_token_endpoint: &str,
+        idp_client: &OAuthClient,
+        id_token: &str,
+        (audience, resource, scope): (&str, &str, Option<&str>),
+    ) -> Result<String, TokenFailure> {
+        let mut form = vec![
+            ("grant_type", TOKEN_EXCHANGE.to_string()),
+            ("requested_token_type", ID_JAG.to_string()),
+            ("subject_token", id_token.to_string()),
+            ("subject_token_type", ID_TOKEN.to_string()),
+            ("audience", audience.to_string()),
+            ("resource", resource.to_string()),
+        ];
+        if let Some(scope) = scope.filter(|s| !s.is_empty()) {
+            form.push(("scope", scope.to_string()));
+        }
+        let answer = self.token(idp_token_endpoint, idp_client, form).await?;
+        match answer.issued_token_type.as_deref() {
+            Some(ID_JAG) => Ok(answer.access_token),
+            other => Err(TokenFailure::Other(Error::permanent(format!(
+                "token endpoint {}: the exchange issued {}, not an ID-JAG ({ID_JAG})",
+                without_query(idp_token_endpoint),
+                other.unwrap_or("no issued_token_type")
+            )))),
+        }
+    }
+
+    /// Cross-app access, step 2 (RFC 7523 §2.1 at the MCP server's authorization
+    /// server): the ID-JAG `assertion` as a JWT bearer grant, the client authenticated.
+    pub async fn jwt_bearer(
+        &self,
+        token_endpoint: &str,
+        client: &OAuthClient,
+        assertion: &str,
+        scope: Option<&str>,
+    ) -> Result<Granted, TokenFailure> {
+        let mut form = vec![
+            ("grant_type", JWT_BEARER.to_string()),
+            ("assertion", assertion.to_string()),
+        ];
+        if let Some(scope) = scope.filter(|s| !s.is_empty()) {
+            form.push(("scope", scope.to_string()));
+        }
+        self.token(token_endpoint, client, form).await
+    }
+
     /// Revokes `token` (RFC 7009); `hint` is `refresh_token` or `access_token`.
     pub async fn revoke(
         &self,
@@ -424,6 +485,7 @@ impl OAuth {
             refresh_token: parsed.refresh_token,
             expires_in: parsed.expires_in,
             scope: parsed.scope,
+            issued_token_type: parsed.issued_token_type,
         })
     }
 }

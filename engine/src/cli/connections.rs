@@ -112,9 +112,13 @@ pub(crate) async fn connect(
         timeout,
         by,
     };
-    let done = grant::connect(&ledger, (entry, &secrets, &oauth), &options, stdout)
-        .await
-        .map_err(grant_error)?;
+    let done = if entry.cross_app.is_some() {
+        crate::connections::cross_app::connect(&ledger, (entry, &secrets, &oauth), &options.by)
+            .await
+    } else {
+        grant::connect(&ledger, (entry, &secrets, &oauth), &options, stdout).await
+    }
+    .map_err(grant_error)?;
     let _ = writeln!(
         stdout,
         "connected `{}`: scopes {}, access token {}, refresh token {}",

@@ -81,7 +81,11 @@ fn random_state() -> String {
 /// The scope to ask for: the configured scopes, the ones runs were refused for, the
 /// challenge's; else the server's `scopes_supported`; `offline_access` added when the
 /// server lists it (a refresh token is the point).
-fn scope_for(config: &ConnectionConfig, wanted: Option<&str>, sign_in: &SignIn) -> Option<String> {
+pub(super) fn scope_for(
+    config: &ConnectionConfig,
+    wanted: Option<&str>,
+    sign_in: &SignIn,
+) -> Option<String> {
     fn add(scopes: &mut Vec<String>, s: &str) {
         for one in s.split_whitespace() {
             if !scopes.iter().any(|x| x == one) {
@@ -112,7 +116,7 @@ fn scope_for(config: &ConnectionConfig, wanted: Option<&str>, sign_in: &SignIn) 
 }
 
 /// The client to sign in with: configured, metadata document, or registered.
-async fn client_for(
+pub(super) async fn client_for(
     oauth: &OAuth,
     (config, secrets): (&ConnectionConfig, &Secrets),
     sign_in: &SignIn,
@@ -199,6 +203,18 @@ impl Pending {
     /// The `state` the redirect must carry back.
     pub fn state(&self) -> &str {
         &self.state
+    }
+
+    fn endpoints(&self) -> Endpoints {
+        Endpoints {
+            server: self.server.clone(),
+            resource: self.resource.clone(),
+            issuer: Some(self.issuer.clone()),
+            token_endpoint: self.token_endpoint.clone(),
+            revocation_endpoint: self.revocation_endpoint.clone(),
+            client_id: self.client_id.clone(),
+            auth_method: self.method.clone(),
+        }
     }
 
     fn client(&self) -> OAuthClient {
@@ -310,10 +326,13 @@ pub async fn finish(
         client_secret: client.secret.clone(),
     };
     let scopes = granted.scope.clone().or_else(|| pending.scope.clone());
+    let expires_in = granted.expires_in;
+    let endpoints = pending.endpoints();
     store(
         ledger,
-        &pending,
-        (key, tokens, scopes, granted.expires_in),
+        name,
+        endpoints,
+        (key, tokens, scopes, expires_in),
         by,
     )
     .await
@@ -366,7 +385,13 @@ fn authorize_url(
     (challenge, state): (&str, &str),
     scope: Option<&str>,
 ) -> Result<url::Url, GrantError> {
-    let mut url = url::Url::parse(&sign_in.authorization_endpoint)
+    let endpoint = sign_in.authorization_endpoint.as_deref().ok_or_else(|| {
+        GrantError::Server(format!(
+            "authorization server {} has no authorization_endpoint: it offers no sign-in in a browser",
+            sign_in.issuer
+        ))
+    })?;
+    let mut url = url::Url::parse(endpoint)
         .map_err(|e| GrantError::Server(format!("bad authorization_endpoint: {e}")))?;
     {
         let mut q = url.query_pairs_mut();
@@ -418,14 +443,14 @@ fn code_of(
     })
 }
 
-/// Seals `tokens` and stores the connection.
-async fn store(
+/// Seals `tokens` and stores connection `name` with its `endpoints`.
+pub(super) async fn store(
     ledger: &Ledger,
-    pending: &Pending,
+    name: &str,
+    endpoints: Endpoints,
     (key, tokens, scopes, expires_in): (&Key, Tokens, Option<String>, Option<u64>),
     by: &str,
 ) -> Result<Connected, GrantError> {
-    let name = &pending.name;
     let now = flow_ledger::SystemClock.now();
     let s = ledger.scope();
     let sealed = Sealed {
@@ -435,22 +460,13 @@ async fn store(
         access_expires_at: expires_in.map(|x| now.plus(Duration::from_secs(x))),
         has_refresh: tokens.refresh_token.is_some(),
     };
-    let endpoints = Endpoints {
-        server: pending.server.clone(),
-        resource: pending.resource.clone(),
-        issuer: Some(pending.issuer.clone()),
-        token_endpoint: pending.token_endpoint.clone(),
-        revocation_endpoint: pending.revocation_endpoint.clone(),
-        client_id: pending.client_id.clone(),
-        auth_method: pending.method.clone(),
-    };
     let has_refresh = sealed.has_refresh;
     let generation = ledger
         .store_connection(name, (endpoints, sealed), by, now)
         .await
         .map_err(|e| GrantError::Setup(format!("cannot store connection `{name}`: {e}")))?;
     Ok(Connected {
-        name: name.clone(),
+        name: name.to_owned(),
         scopes,
         expires_in,
         has_refresh,

@@ -12,10 +12,13 @@
 //!   refused with a 401) is refreshed under a ledger lease by exactly one worker; the
 //!   others read the new generation. A refused refresh token marks the connection
 //!   `needs_reconnect` and calls fail as not sent, naming `flow connect NAME`.
+//! - [`cross_app`] signs in without a browser where the enterprise's identity provider
+//!   vouches for the person (SEP-990): their ID token → an ID-JAG → an access token.
 //! - [`remote`] begins the same sign-in from the console or the API and finishes it on
 //!   whichever server the browser comes back to (the pending sign-in waits, sealed, in
 //!   the ledger).
 
+pub mod cross_app;
 pub mod grant;
 pub mod remote;
 pub mod seal;
@@ -61,6 +64,28 @@ pub struct ConnectionConfig {
     /// Scopes to ask for; else the server's challenge, else its `scopes_supported`.
     #[serde(default)]
     pub scopes: Vec<String>,
+    /// Cross-app access: sign in with the person's ID token from the enterprise identity
+    /// provider instead of a browser (`[connections.cross_app]`).
+    #[serde(default)]
+    pub cross_app: Option<CrossAppConfig>,
+}
+
+/// `[connections.cross_app]`: the identity provider that trades a person's ID token for
+/// an ID-JAG the MCP server's authorization server takes as a JWT bearer grant
+/// (SEP-990; RFC 8693 then RFC 7523).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CrossAppConfig {
+    /// The identity provider's token endpoint (where the token exchange is posted).
+    pub idp_token_endpoint: String,
+    /// flow's client id at the identity provider.
+    pub idp_client_id: String,
+    /// The secret holding flow's client secret there, if it is a confidential client.
+    #[serde(default)]
+    pub idp_client_secret_name: Option<String>,
+    /// The secret holding the person's ID token (`FLOW_SECRET_<NAME>` or a
+    /// `--secrets-file` line), read by `flow connect` only.
+    pub id_token_secret: String,
 }
 
 impl ConnectionConfig {
@@ -89,6 +114,25 @@ impl ConnectionConfig {
         }
         if self.scopes.iter().any(|s| s.is_empty() || s.contains(' ')) {
             return Err("each of `scopes` is one scope, without spaces".into());
+        }
+        if let Some(x) = &self.cross_app {
+            if self.client_id.is_none() {
+                return Err("`cross_app` needs `client_id` (and usually `client_secret_name`): the JWT bearer grant comes from a client the authorization server knows".into());
+            }
+            let ok = url::Url::parse(&x.idp_token_endpoint)
+                .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());
+            if !ok {
+                return Err(format!(
+                    "`cross_app.idp_token_endpoint` `{}` is not an http(s) URL",
+                    x.idp_token_endpoint
+                ));
+            }
+            if x.idp_client_id.is_empty() || x.id_token_secret.is_empty() {
+                return Err(
+                    "`cross_app.idp_client_id` and `cross_app.id_token_secret` must not be empty"
+                        .into(),
+                );
+            }
         }
         Ok(())
     }

@@ -17,6 +17,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use serde_json::{Value, json};
 
+use super::cross_app::{self, CrossAppStats};
 use super::oauth::{self, AuthCodeStats};
 use super::{Stats, TestServer};
 
@@ -117,6 +118,8 @@ struct Gate {
     stats: HttpStats,
     /// The authorization-code side (`oauth.rs`), which holds the live access tokens.
     codes: Arc<AuthCodeStats>,
+    /// Cross-app access: the IdP's exchanges and the JWT bearer grants.
+    cross: Arc<CrossAppStats>,
     issued: AtomicU32,
     /// `tools/call` answered with this status (and `Retry-After`) instead of running.
     call_failure: Mutex<Option<(u16, Option<String>)>>,
@@ -186,6 +189,7 @@ impl HttpServer {
             auth,
             stats: HttpStats::default(),
             codes: Arc::new(AuthCodeStats::default()),
+            cross: Arc::new(CrossAppStats::default()),
             issued: AtomicU32::new(0),
             call_failure: Mutex::new(None),
             sessions: Mutex::new((Vec::new(), Vec::new())),
@@ -212,6 +216,14 @@ impl HttpServer {
                     .route("/register", post(oauth::register))
                     .route("/revoke", post(oauth::revoke))
                     .with_state(gate.codes.clone()),
+            )
+            .merge(
+                Router::new()
+                    .route("/idp/token", post(cross_app::idp_token))
+                    .with_state(cross_app::Idp {
+                        codes: gate.codes.clone(),
+                        cross: gate.cross.clone(),
+                    }),
             );
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -248,6 +260,26 @@ impl HttpServer {
     /// What arrived over HTTP, rejected requests included.
     pub fn http(&self) -> &HttpStats {
         &self.gate.stats
+    }
+
+    /// The identity provider's token endpoint (cross-app access), `http://…/idp/token`.
+    pub fn idp_token_url(&self) -> String {
+        format!("http://{}/idp/token", self.addr)
+    }
+
+    /// The ID token the identity provider accepts in a token exchange (`None`: none).
+    pub fn set_id_token(&self, token: Option<&str>) {
+        *self
+            .gate
+            .cross
+            .id_token
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = token.map(str::to_string);
+    }
+
+    /// What cross-app access saw.
+    pub fn cross_app(&self) -> &CrossAppStats {
+        &self.gate.cross
     }
 
     /// Issues a token for `scope` without a token request (for bearer-token tests).
@@ -452,6 +484,15 @@ async fn token(State(gate): State<Arc<Gate>>, headers: HeaderMap, body: String) 
     let error = |status: StatusCode, code: &str| {
         (status, axum::Json(json!({"error": code}))).into_response()
     };
+    if form.get("grant_type").map(String::as_str) == Some(JWT_BEARER) {
+        let expected = gate
+            .auth
+            .as_ref()
+            .map(|a| (a.client_id.as_str(), a.client_secret.as_str()));
+        let client = (client_id.as_str(), client_secret.as_str());
+        let stats = (gate.codes.as_ref(), gate.cross.as_ref());
+        return cross_app::jwt_bearer(stats, (client, expected), &form, &origin(&headers));
+    }
     if form.get("grant_type").map(String::as_str) != Some("client_credentials") {
         return oauth::grant(&gate.codes, &form).await;
     }
@@ -478,6 +519,9 @@ async fn token(State(gate): State<Arc<Gate>>, headers: HeaderMap, body: String) 
     }))
     .into_response()
 }
+
+/// The RFC 7523 grant type.
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 
 /// Basic credentials are form-urlencoded before base64 (RFC 6749 §2.3.1).
 fn decode(text: &str) -> String {
@@ -517,7 +561,7 @@ async fn server_metadata(State(gate): State<Arc<Gate>>, headers: HeaderMap) -> R
         "registration_endpoint": format!("{origin}/register"),
         "revocation_endpoint": format!("{origin}/revoke"),
         "code_challenge_methods_supported": ["S256"],
-        "grant_types_supported": ["client_credentials", "authorization_code", "refresh_token"],
+        "grant_types_supported": ["client_credentials", "authorization_code", "refresh_token", JWT_BEARER],
         "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
     }))
     .into_response()

@@ -24,6 +24,7 @@
 //! Served over stdio by `flow-testkit mcp-stdio` ([`serve_stdio`]) and over streamable
 //! HTTP by [`HttpServer`] (in-process, or `flow-testkit mcp-http`).
 
+mod cross_app;
 mod http;
 mod oauth;
 
@@ -51,6 +52,7 @@ use rmcp::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+pub use cross_app::CrossAppStats;
 pub use http::{AuthOptions, HttpServer, HttpStats};
 pub use oauth::AuthCodeStats;
 

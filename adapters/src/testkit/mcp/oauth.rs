@@ -91,7 +91,7 @@ impl AuthCodeStats {
         spent.extend(live.drain().map(|(k, _)| k));
     }
 
-    fn mint(&self, prefix: &str) -> String {
+    pub(super) fn mint(&self, prefix: &str) -> String {
         let n = self.issued.fetch_add(1, Ordering::SeqCst) + 1;
         let mut random = [0u8; 12];
         let _ = aws_lc_rs::rand::fill(&mut random);

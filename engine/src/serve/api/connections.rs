@@ -70,6 +70,11 @@ pub(crate) async fn begin(app: &App, name: &str, by: &str) -> Result<SignInStart
             "no connection `{name}` is declared in the server's flow.toml"
         )));
     };
+    if config.cross_app.is_some() {
+        return Err(Problem::conflict(format!(
+            "connection `{name}` signs in by cross-app access (the person's ID token, no browser): run `flow connect {name}` with the ID token as its secret"
+        )));
+    }
     let Some(public_url) = app.gateway.public_url() else {
         return Err(Problem::conflict(
             "signing in from the console or the API needs `public_url` under `[api]` in flow.toml (the address browsers reach this server at; the sign-in comes back to it); or run `flow connect` where a browser is",
