@@ -2,7 +2,7 @@
 -- and finished by whichever server the browser comes back to
 -- (`GET /ui/connections/callback`): the callback carries only `code` and `state`, so
 -- what finishing needs — the PKCE verifier, the client, the endpoints, who began it —
--- waits here, keyed by the SHA-256 of `state` (the state itself is never stored).
+-- waits here, keyed by the SHA-256 of `state` (the state itself only inside `sealed`).
 --
 -- `sealed` is that record encrypted with AES-256-GCM under the connections key, like a
 -- connection's tokens (the verifier and a client secret are in it). A row is taken

@@ -296,6 +296,16 @@ fn bad_keys_rows_and_redirects_are_refused_with_nothing_stored_or_sent() {
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("access_denied"), "{}", stderr(&out));
     server.authorize_with_error(None);
+    // A redirect without the `iss` the server's metadata promises (RFC 9207).
+    server.omit_iss(true);
+    let out = connect(&db, &key, BROWSER);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("carries no `iss`"),
+        "{}",
+        stderr(&out)
+    );
+    server.omit_iss(false);
     // A forged redirect: the right callback, another state.
     let forge = db.write(
         "forge.py",

@@ -108,11 +108,71 @@ async fn authorize(url: &str) -> String {
 
 /// The browser back at `server`: status and page.
 async fn land(server: &Server, path: &str) -> (StatusCode, String) {
-    let resp = reqwest::get(format!("{}{path}", server.base))
-        .await
-        .expect("callback");
+    land_with(server, path, None).await
+}
+
+/// [`land`] with a `Cookie` header.
+async fn land_with(server: &Server, path: &str, cookie: Option<&str>) -> (StatusCode, String) {
+    let mut req = reqwest::Client::new().get(format!("{}{path}", server.base));
+    if let Some(c) = cookie {
+        req = req.header("cookie", c);
+    }
+    let resp = req.send().await.expect("callback");
     let status = resp.status();
     (status, resp.text().await.unwrap_or_default())
+}
+
+/// A state nobody began, a stolen code with a live state, and an error redirect, on
+/// servers `a` and `b` after connection `c` was stored: each refused, nothing stored
+/// (`connected_at` and the refresh count do not move).
+async fn refused_redirects_store_nothing((a, b): (&Server, &Server), mcp: &HttpServer, c: &Value) {
+    // A state nobody began, a stolen code with a live state, and an error
+    // redirect: refused, nothing stored (the generation does not move).
+    let generation = |c: &Value| c["refreshes"].clone();
+    let before = generation(c);
+    let (_, started) = begin(a, ADMIN).await;
+    let fresh = authorize(started["authorize_url"].as_str().unwrap_or_default()).await;
+    let (status, page) = land(a, &fresh.replace("state=", "state=x")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    assert!(page.contains("no sign-in is waiting"), "{page}");
+    let stolen: String = fresh
+        .split('&')
+        .map(|kv| {
+            if kv.contains("code=") {
+                "/ui/connections/callback?code=stolen"
+            } else {
+                kv
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("&");
+    assert!(
+        stolen.contains("code=stolen") && stolen.contains("state="),
+        "{stolen}"
+    );
+    let (status, page) = land(b, &stolen).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    assert!(page.contains("invalid_grant"), "{page}");
+    assert_eq!(
+        mcp.auth_code().code_requests(),
+        2,
+        "the stolen code was refused"
+    );
+    mcp.authorize_with_error(Some("access_denied"));
+    let (_, started) = begin(a, ADMIN).await;
+    let back = authorize(started["authorize_url"].as_str().unwrap_or_default()).await;
+    let (status, page) = land(b, &back).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    assert!(page.contains("access_denied"), "{page}");
+    mcp.authorize_with_error(None);
+    assert_eq!(mcp.auth_code().code_requests(), 2);
+    let (_, body) = call(b, "GET", "/api/v1/connections", Some(VIEWER), None).await;
+    let after = &body["connections"][0];
+    assert_eq!(
+        (after["connected_at"].clone(), generation(after)),
+        (c["connected_at"].clone(), before),
+        "nothing stored: {body}"
+    );
 }
 
 #[test]
@@ -174,18 +234,7 @@ fn a_sign_in_begun_on_one_server_finishes_on_another_and_only_once() {
                 "{body}"
             );
 
-            // A forged state and an error redirect: refused, nothing stored.
-            let forged = back.replace("state=", "state=x");
-            let (status, _) = land(&a.server, &forged).await;
-            assert_eq!(status, StatusCode::BAD_REQUEST);
-            mcp.authorize_with_error(Some("access_denied"));
-            let (_, started) = begin(&a.server, ADMIN).await;
-            let back = authorize(started["authorize_url"].as_str().unwrap_or_default()).await;
-            let (status, page) = land(&b.server, &back).await;
-            assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
-            assert!(page.contains("access_denied"), "{page}");
-            mcp.authorize_with_error(None);
-            assert_eq!(mcp.auth_code().code_requests(), 1);
+            refused_redirects_store_nothing((&a.server, &b.server), &mcp, c).await;
         });
         let c = &crate::connections::listed(&db, &key)[0];
         assert_eq!(c["connected_by"], "ada", "{c}");
@@ -308,7 +357,14 @@ fn the_console_page_signs_an_admin_in_and_shows_viewers_no_button() {
                     .form(&form);
             async move {
                 let resp = req.send().await.expect("post");
-                (resp.status(), resp.text().await.expect("body"))
+                let cookie = resp
+                    .headers()
+                    .get("set-cookie")
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.split(';').next())
+                    .unwrap_or_default()
+                    .to_string();
+                (resp.status(), resp.text().await.expect("body"), cookie)
             }
         };
         let vera = http_session(server, VIEWER).await;
@@ -328,8 +384,9 @@ fn the_console_page_signs_an_admin_in_and_shows_viewers_no_button() {
         let (_, page) = get(&ada).await;
         assert!(page.contains(">Connect<"), "{page}");
         assert_eq!(post(&ada, Some("forged")).await.0, StatusCode::FORBIDDEN);
-        let (status, page) = post(&ada, None).await;
+        let (status, page, cookie) = post(&ada, None).await;
         assert_eq!(status, StatusCode::OK, "{page}");
+        assert!(cookie.starts_with("flow_connect_tracker="), "{cookie}");
         let href = page
             .split("id=\"authorize\" href=\"")
             .nth(1)
@@ -338,7 +395,21 @@ fn the_console_page_signs_an_admin_in_and_shows_viewers_no_button() {
             .replace("&amp;", "&")
             .replace("&#x2f;", "/");
         let back = authorize(&href).await;
+        // Another browser (no cookie) cannot finish it, and spends it.
         let (status, page) = land(server, &back).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+        assert!(page.contains("begun in another browser"), "{page}");
+        assert_eq!(mcp.auth_code().code_requests(), 0, "no code exchanged");
+        let (_, page, cookie) = post(&ada, None).await;
+        let href = page
+            .split("id=\"authorize\" href=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_else(|| panic!("no sign-in link: {page}"))
+            .replace("&amp;", "&")
+            .replace("&#x2f;", "/");
+        let back = authorize(&href).await;
+        let (status, page) = land_with(server, &back, Some(&cookie)).await;
         assert_eq!(status, StatusCode::OK, "{page}");
         let (_, page) = get(&ada).await;
         assert!(

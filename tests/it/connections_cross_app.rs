@@ -76,6 +76,7 @@ fn an_id_token_becomes_a_connection_without_a_browser() {
             "one refused exchange, then one exchange and one bearer grant"
         );
         assert_eq!(server.auth_code().code_requests(), 0, "no browser grant");
+        assert_eq!(x.idp_clients(), ["flow-at-idp", "flow-at-idp"]);
         let list = listed(&db, &key);
         assert_eq!(
             (list[0]["status"].as_str(), list[0]["scopes"].as_str()),

@@ -62,6 +62,10 @@ pub struct SignIn {
     pub code_challenge_methods: Vec<String>,
     /// Whether a client id may be a metadata document URL (CIMD).
     pub client_id_metadata_document_supported: bool,
+    /// Whether the server says its redirects carry `iss`
+    /// (`authorization_response_iss_parameter_supported`, RFC 9207): then a redirect
+    /// without it is refused, as a mix-up attack's would be.
+    pub iss_required: bool,
     /// The scope the 401 challenge asked for, if any.
     pub challenged_scope: Option<String>,
     /// The protected resource's `scopes_supported`, else the authorization server's.
@@ -262,6 +266,7 @@ impl OAuth {
             methods: found.methods,
             code_challenge_methods: meta.code_challenge_methods_supported,
             client_id_metadata_document_supported: meta.client_id_metadata_document_supported,
+            iss_required: meta.authorization_response_iss_parameter_supported,
             challenged_scope: super::auth::challenge_scope(&challenge),
             scopes_supported: found.scopes_supported.or(as_scopes),
         })

@@ -66,6 +66,8 @@ pub(crate) struct SignInMetadata {
     pub(crate) client_id_metadata_document_supported: bool,
     #[serde(default)]
     pub(crate) scopes_supported: Vec<String>,
+    #[serde(default)]
+    pub(crate) authorization_response_iss_parameter_supported: bool,
 }
 
 #[derive(Deserialize)]

@@ -71,7 +71,9 @@ pub struct RevokeArgs {
 fn grant_error(e: GrantError) -> CliError {
     match e {
         GrantError::Refused(m) => CliError::invalid(m),
-        GrantError::Setup(m) | GrantError::Server(m) => CliError::unavailable(m),
+        GrantError::Setup(m) | GrantError::Server(m) | GrantError::Ledger(m) => {
+            CliError::unavailable(m)
+        }
     }
 }
 

@@ -68,7 +68,7 @@ pub async fn connect(
     let wanted = ledger
         .connection(name)
         .await
-        .map_err(|e| GrantError::Setup(format!("cannot read the ledger: {e}")))?
+        .map_err(|e| GrantError::Ledger(format!("cannot read the ledger: {e}")))?
         .and_then(|c| c.scopes_wanted);
     let scope = scope_for(config, wanted.as_deref(), &sign_in);
     // `client_id` is required with `cross_app` (checked on load): no registration.

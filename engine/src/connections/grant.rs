@@ -35,6 +35,9 @@ pub enum GrantError {
     /// The browser came back with an error, a wrong `state`, or not at all (exit 2).
     #[error("{0}")]
     Refused(String),
+    /// The ledger could not be read or written (exit 5; HTTP 503).
+    #[error("{0}")]
+    Ledger(String),
 }
 
 /// How the sign-in is run.
@@ -186,6 +189,9 @@ pub struct Pending {
     server: String,
     resource: String,
     issuer: String,
+    /// The server promised `iss` on its redirects (RFC 9207).
+    #[serde(default)]
+    iss_required: bool,
     token_endpoint: String,
     revocation_endpoint: Option<String>,
 }
@@ -203,6 +209,11 @@ impl Pending {
     /// The `state` the redirect must carry back.
     pub fn state(&self) -> &str {
         &self.state
+    }
+
+    /// The MCP server signed in to.
+    pub fn server(&self) -> &str {
+        &self.server
     }
 
     fn endpoints(&self) -> Endpoints {
@@ -253,10 +264,16 @@ pub async fn begin(
             sign_in.issuer
         )));
     }
+    if sign_in.authorization_endpoint.is_none() {
+        return Err(GrantError::Server(format!(
+            "connection `{name}`: authorization server {} has no authorization_endpoint: it offers no sign-in in a browser (cross-app access? see [connections.cross_app])",
+            sign_in.issuer
+        )));
+    }
     let wanted = ledger
         .connection(name)
         .await
-        .map_err(|e| GrantError::Setup(format!("cannot read the ledger: {e}")))?
+        .map_err(|e| GrantError::Ledger(format!("cannot read the ledger: {e}")))?
         .and_then(|c| c.scopes_wanted);
     let scope = scope_for(config, wanted.as_deref(), &sign_in);
     let client = client_for(
@@ -287,6 +304,7 @@ pub async fn begin(
         server: config.server.clone(),
         resource: sign_in.resource,
         issuer: sign_in.issuer,
+        iss_required: sign_in.iss_required,
         token_endpoint: sign_in.token_endpoint,
         revocation_endpoint: sign_in.revocation_endpoint,
     };
@@ -304,7 +322,8 @@ pub async fn finish(
     by: &str,
 ) -> Result<Connected, GrantError> {
     let name = pending.name.as_str();
-    let code = code_of(name, params, &pending.state, &pending.issuer)?;
+    let issuer = (pending.issuer.as_str(), pending.iss_required);
+    let code = code_of(name, params, &pending.state, issuer)?;
     let client = pending.client();
     let granted = oauth
         .exchange_code(
@@ -410,12 +429,12 @@ fn authorize_url(
 }
 
 /// The code of a redirect that passes the checks: our `state`, no `error`, the
-/// expected issuer when it names one (RFC 9207).
+/// expected issuer when it names one — or always, when the server promised to (RFC 9207).
 fn code_of(
     name: &str,
     params: &[(String, String)],
     state: &str,
-    issuer: &str,
+    (issuer, iss_required): (&str, bool),
 ) -> Result<String, GrantError> {
     let got = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     if !subtle_eq(got("state").unwrap_or(""), state) {
@@ -423,10 +442,9 @@ fn code_of(
             "connection `{name}`: the redirect's state does not match the one sent (a forged or stale redirect); nothing was stored"
         )));
     }
-    if let Some(error) = got("error") {
-        let description = got("error_description").unwrap_or("");
+    if iss_required && got("iss").is_none() {
         return Err(GrantError::Refused(format!(
-            "connection `{name}`: the authorization server answered `{error}` {description}; nothing was stored"
+            "connection `{name}`: the redirect carries no `iss` although {issuer} promises one (RFC 9207: a mix-up attack's redirect would look like this); nothing was stored"
         )));
     }
     if let Some(iss) = got("iss")
@@ -434,6 +452,12 @@ fn code_of(
     {
         return Err(GrantError::Refused(format!(
             "connection `{name}`: the redirect came from issuer {iss}, not {issuer} (RFC 9207); nothing was stored"
+        )));
+    }
+    if let Some(error) = got("error") {
+        let description = got("error_description").unwrap_or("");
+        return Err(GrantError::Refused(format!(
+            "connection `{name}`: the authorization server answered `{error}` {description}; nothing was stored"
         )));
     }
     got("code").map(str::to_owned).ok_or_else(|| {
@@ -464,7 +488,7 @@ pub(super) async fn store(
     let generation = ledger
         .store_connection(name, (endpoints, sealed), by, now)
         .await
-        .map_err(|e| GrantError::Setup(format!("cannot store connection `{name}`: {e}")))?;
+        .map_err(|e| GrantError::Ledger(format!("cannot store connection `{name}`: {e}")))?;
     Ok(Connected {
         name: name.to_owned(),
         scopes,

@@ -5,14 +5,23 @@
 //! same grant as `flow connect` with `[api] public_url` + [`CALLBACK_PATH`] as the
 //! redirect; what finishing needs (the PKCE verifier, the client, the endpoints, who
 //! began it) is sealed under the connections key and stored in the ledger keyed by the
-//! SHA-256 of `state` ([`flow_ledger::PendingSignIn`]). The redirect may land on any
-//! server behind that URL sharing the ledger: the first to take the row finishes the
-//! sign-in; a replayed, forged or late redirect finds no row and stores nothing.
+//! SHA-256 of `state` ([`flow_ledger::PendingSignIn`]; the state itself is only inside
+//! the sealed record). The redirect may land on any server behind that URL sharing the
+//! ledger: the first to take the row finishes the sign-in; a replayed, forged or late
+//! redirect finds no row and stores nothing.
+//!
+//! A sign-in begun in the console is also bound to the browser that began it: a random
+//! cookie (`flow_connect_<name>`, `SameSite=Lax` so the authorization server's redirect
+//! carries it, `Path` the callback's) whose hash is sealed with the record, so a sign-in
+//! URL seen by someone else (a shared screen, a proxy log) cannot be finished in their
+//! browser with their account. An API caller gets no cookie: its `authorize_url` is a
+//! secret for its 10 minutes.
 
 use std::time::Duration;
 
 use flow_adapters::mcp::OAuth;
 use flow_ledger::{Clock as _, Ledger, PendingSignIn, Timestamp};
+use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use super::ConnectionConfig;
@@ -37,23 +46,44 @@ pub struct Started {
     pub expires_at: Timestamp,
 }
 
-/// The ledger's key of a pending sign-in: the hash of its `state` (the state itself,
-/// the capability to finish it, is never stored).
-fn state_key(state: &str) -> String {
-    let digest = sha2::Sha256::digest(state.as_bytes());
+/// What waits in the ledger, sealed: the sign-in and, when a browser began it, the
+/// hash of that browser's cookie.
+#[derive(Serialize, Deserialize)]
+struct Waiting {
+    pending: Pending,
+    #[serde(default)]
+    browser: Option<String>,
+}
+
+/// The name of the cookie that binds a console sign-in to its browser.
+pub fn cookie_name(connection: &str) -> String {
+    format!("flow_connect_{connection}")
+}
+
+/// A new random value for the cookie of [`cookie_name`].
+pub fn new_browser_nonce() -> String {
+    let mut bytes = [0u8; 24];
+    rand::fill(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn hex_sha256(text: &str) -> String {
+    let digest = sha2::Sha256::digest(text.as_bytes());
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The label a pending sign-in is sealed under (a name cannot hold `:`).
 fn label(name: &str) -> String {
     format!("pending:{name}")
 }
 
-/// Begins a sign-in to `config` for `by`, its browser to come back to `public_url`.
+/// Begins a sign-in to `config` for `by`, its browser to come back to `public_url`;
+/// with `browser` (a console sign-in's cookie value) only that browser can finish it.
 pub async fn start(
     ledger: &Ledger,
     (config, secrets, oauth): (&ConnectionConfig, &Secrets, &OAuth),
     public_url: &str,
-    by: &str,
+    (by, browser): (&str, Option<&str>),
 ) -> Result<Started, GrantError> {
     let key = Key::from_secrets(secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
     let redirect_uri = format!("{}{CALLBACK_PATH}", public_url.trim_end_matches('/'));
@@ -61,11 +91,13 @@ pub async fn start(
     let now = flow_ledger::SystemClock.now();
     let expires_at = now.plus(PENDING_FOR);
     let s = ledger.scope();
-    let sealed = key.seal_value(
-        (&s.tenant, &s.workspace),
-        &label(&config.name),
-        &begun.pending,
-    );
+    // The row's key is the state's hash; the state itself is only in the sealed record.
+    let state_key = hex_sha256(begun.pending.state());
+    let waiting = Waiting {
+        pending: begun.pending,
+        browser: browser.map(hex_sha256),
+    };
+    let sealed = key.seal_value((&s.tenant, &s.workspace), &label(&config.name), &waiting);
     let pending = PendingSignIn {
         name: config.name.clone(),
         sealed,
@@ -74,9 +106,9 @@ pub async fn start(
         expires_at,
     };
     ledger
-        .put_pending_sign_in(&state_key(begun.pending.state()), pending, now)
+        .put_pending_sign_in(&state_key, pending, now)
         .await
-        .map_err(|e| GrantError::Setup(format!("cannot record the sign-in: {e}")))?;
+        .map_err(|e| GrantError::Ledger(format!("cannot record the sign-in: {e}")))?;
     Ok(Started {
         authorize_url: begun.url.to_string(),
         redirect_uri,
@@ -84,13 +116,16 @@ pub async fn start(
     })
 }
 
-/// Finishes the sign-in the redirect's query `params` belong to. A redirect without a
-/// `state`, or whose sign-in is unknown, already finished or expired, is refused and
-/// nothing is stored.
+/// Finishes the sign-in the redirect's query `params` belong to, for the browser whose
+/// cookies `cookie` reads, if the connection is still `declared` with the same server.
+/// A redirect without a `state`, or whose sign-in is unknown, already finished or
+/// expired, is refused and nothing is stored; so is one from another browser (the
+/// sign-in is then spent: begin again).
 pub async fn complete(
     ledger: &Ledger,
-    (secrets, oauth): (&Secrets, &OAuth),
+    (secrets, oauth, declared): (&Secrets, &OAuth, &[ConnectionConfig]),
     params: &[(String, String)],
+    cookie: impl Fn(&str) -> Option<String>,
 ) -> Result<Connected, GrantError> {
     let state = params
         .iter()
@@ -99,18 +134,19 @@ pub async fn complete(
         .ok_or_else(|| {
             GrantError::Refused("the redirect carries no state; nothing was stored".into())
         })?;
+    // The keys first: a server that cannot open the record must not spend it.
+    let keys = Keys::from_secrets(secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
     let now = flow_ledger::SystemClock.now();
     let taken = ledger
-        .take_pending_sign_in(&state_key(state), now)
+        .take_pending_sign_in(&hex_sha256(state), now)
         .await
-        .map_err(|e| GrantError::Setup(format!("cannot read the sign-in: {e}")))?
+        .map_err(|e| GrantError::Ledger(format!("cannot read the sign-in: {e}")))?
         .ok_or_else(|| {
             GrantError::Refused(
                 "no sign-in is waiting for this redirect (it was finished already, expired after 10 minutes, or never begun here); nothing was stored — begin again with Connect"
                     .into(),
             )
         })?;
-    let keys = Keys::from_secrets(secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
     let key = keys.by_id(&taken.key_id).ok_or_else(|| {
         GrantError::Setup(format!(
             "the sign-in to `{}` was begun under connections key {}, which this server does not have; give every server the same FLOW_SECRET_CONNECTIONS_KEY",
@@ -118,7 +154,7 @@ pub async fn complete(
         ))
     })?;
     let s = ledger.scope();
-    let pending: Pending = key
+    let waiting: Waiting = key
         .open_value(
             (&s.tenant, &s.workspace),
             &label(&taken.name),
@@ -130,6 +166,26 @@ pub async fn complete(
                 taken.name
             ))
         })?;
+    if let Some(expected) = &waiting.browser {
+        let presented = cookie(&cookie_name(&taken.name)).map(|c| hex_sha256(&c));
+        if presented.as_deref() != Some(expected.as_str()) {
+            return Err(GrantError::Refused(format!(
+                "the sign-in to `{}` was begun in another browser (or this one lost its cookie); nothing was stored — begin again with Connect in this browser",
+                taken.name
+            )));
+        }
+    }
+    let pending = waiting.pending;
+    let declared_here = declared
+        .iter()
+        .any(|c| c.name == taken.name && c.server == pending.server());
+    if !declared_here {
+        return Err(GrantError::Setup(format!(
+            "connection `{}` is no longer declared with server {} in this server's flow.toml; nothing was stored",
+            taken.name,
+            pending.server()
+        )));
+    }
     grant::finish(
         ledger,
         (oauth, &keys.current),

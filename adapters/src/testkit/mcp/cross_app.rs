@@ -29,6 +29,8 @@ pub struct CrossAppStats {
     pub(super) id_token: Mutex<Option<String>>,
     /// Live ID-JAGs → (audience, resource).
     jags: Mutex<HashMap<String, (String, String)>>,
+    /// The client id each exchange presented (form field or HTTP Basic).
+    idp_clients: Mutex<Vec<String>>,
     exchanges: AtomicU32,
     bearer_grants: AtomicU32,
     refused: AtomicU32,
@@ -43,6 +45,14 @@ impl CrossAppStats {
     /// JWT bearer grants asked of the authorization server (refused ones included).
     pub fn bearer_grants(&self) -> u32 {
         self.bearer_grants.load(Ordering::SeqCst)
+    }
+
+    /// The client id each token exchange presented, in order.
+    pub fn idp_clients(&self) -> Vec<String> {
+        self.idp_clients
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Requests of either kind refused.
@@ -76,6 +86,18 @@ pub(super) async fn idp_token(State(idp): State<Idp>, body: String) -> Response 
     x.exchanges.fetch_add(1, Ordering::SeqCst);
     let f = form(&body);
     let get = |k: &str| f.get(k).cloned().unwrap_or_default();
+    let client = get("client_id");
+    if client.is_empty() {
+        return x.refuse(
+            StatusCode::UNAUTHORIZED,
+            "invalid_client",
+            "which client asks?",
+        );
+    }
+    x.idp_clients
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(client);
     if get("grant_type") != TOKEN_EXCHANGE {
         return x.refuse(
             StatusCode::BAD_REQUEST,
@@ -142,18 +164,25 @@ pub(super) fn jwt_bearer(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .remove(&assertion);
-    let Some((audience, _resource)) = live else {
+    let Some((audience, resource)) = live else {
         return x.refuse(
             StatusCode::BAD_REQUEST,
             "invalid_grant",
             "unknown or spent ID-JAG",
         );
     };
-    if audience.trim_end_matches('/') != origin.trim_end_matches('/') {
+    if audience != origin {
         return x.refuse(
             StatusCode::BAD_REQUEST,
             "invalid_grant",
             "the ID-JAG is for another audience",
+        );
+    }
+    if resource != format!("{origin}/mcp") {
+        return x.refuse(
+            StatusCode::BAD_REQUEST,
+            "invalid_grant",
+            "the ID-JAG is for another resource",
         );
     }
     let scope = f.get("scope").cloned().unwrap_or_default();

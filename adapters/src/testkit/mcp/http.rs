@@ -262,6 +262,12 @@ impl HttpServer {
         &self.gate.stats
     }
 
+    /// Redirects from `/authorize` leave out `iss` (`true`), though the metadata
+    /// promises it (RFC 9207).
+    pub fn omit_iss(&self, omit: bool) {
+        self.gate.codes.omit_iss.store(omit, Ordering::SeqCst);
+    }
+
     /// The identity provider's token endpoint (cross-app access), `http://…/idp/token`.
     pub fn idp_token_url(&self) -> String {
         format!("http://{}/idp/token", self.addr)
@@ -561,6 +567,7 @@ async fn server_metadata(State(gate): State<Arc<Gate>>, headers: HeaderMap) -> R
         "registration_endpoint": format!("{origin}/register"),
         "revocation_endpoint": format!("{origin}/revoke"),
         "code_challenge_methods_supported": ["S256"],
+        "authorization_response_iss_parameter_supported": true,
         "grant_types_supported": ["client_credentials", "authorization_code", "refresh_token", JWT_BEARER],
         "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
     }))

@@ -46,6 +46,8 @@ pub struct AuthCodeStats {
     pub(super) access_ttl: AtomicU64,
     /// The error `/authorize` redirects with instead of a code, if set.
     pub(super) authorize_error: Mutex<Option<String>>,
+    /// `/authorize` leaves `iss` out of its redirects (though the metadata promises it).
+    pub(super) omit_iss: std::sync::atomic::AtomicBool,
     /// Every access and refresh token issued, for tests that look for them on disk.
     pub(super) all_tokens: Mutex<Vec<String>>,
 }
@@ -114,6 +116,7 @@ fn error(status: StatusCode, code: &str) -> Response {
 /// `GET /authorize`: approves at once, redirecting to `redirect_uri` with a code.
 pub(super) async fn authorize(
     State(stats): State<Arc<AuthCodeStats>>,
+    headers: axum::http::HeaderMap,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     let get = |k: &str| q.get(k).cloned().unwrap_or_default();
@@ -155,6 +158,20 @@ pub(super) async fn authorize(
                 );
             format!("{redirect}?code={code}&state={state}")
         }
+    };
+    // RFC 9207: the redirect names its issuer (this server's origin), as the metadata
+    // promises, unless the test asked for a redirect without it.
+    let target = match reqwest::Url::parse(&target) {
+        Ok(mut url) if !stats.omit_iss.load(Ordering::SeqCst) => {
+            let host = headers
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("127.0.0.1");
+            url.query_pairs_mut()
+                .append_pair("iss", &format!("http://{host}"));
+            url.to_string()
+        }
+        _ => target,
     };
     (StatusCode::FOUND, [(header::LOCATION, target)]).into_response()
 }

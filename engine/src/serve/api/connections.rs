@@ -54,17 +54,23 @@ pub async fn list(_: Authed<Viewer>, State(app): State<Arc<App>>) -> Result<Resp
 }
 
 /// A failed sign-in as a problem: setup (no key, no `public_url`) 409, the servers 502,
-/// a refusal 400.
+/// a refusal 400, the ledger 503.
 pub(crate) fn grant_problem(e: GrantError) -> Problem {
     match e {
         GrantError::Setup(m) => Problem::conflict(m),
         GrantError::Server(m) => Problem::new(axum::http::StatusCode::BAD_GATEWAY, m),
         GrantError::Refused(m) => Problem::bad_request(m),
+        GrantError::Ledger(m) => Problem::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, m),
     }
 }
 
-/// Begins a sign-in to connection `name` for `by`.
-pub(crate) async fn begin(app: &App, name: &str, by: &str) -> Result<SignInStarted, Problem> {
+/// Begins a sign-in to connection `name` for `by`; with `browser` (the console's
+/// cookie value) only that browser can finish it.
+pub(crate) async fn begin(
+    app: &App,
+    name: &str,
+    (by, browser): (&str, Option<&str>),
+) -> Result<SignInStarted, Problem> {
     let Some(config) = app.connections.iter().find(|c| c.name == name) else {
         return Err(Problem::not_found(format!(
             "no connection `{name}` is declared in the server's flow.toml"
@@ -83,9 +89,14 @@ pub(crate) async fn begin(app: &App, name: &str, by: &str) -> Result<SignInStart
     let oauth = flow_adapters::mcp::OAuth::new(app.gateway.egress().1.cloned())
         .map_err(|e| Problem::conflict(e.message))?;
     let secrets = app.gateway.secrets();
-    let started = remote::start(&app.ledger, (config, secrets, &oauth), public_url, by)
-        .await
-        .map_err(grant_problem)?;
+    let started = remote::start(
+        &app.ledger,
+        (config, secrets, &oauth),
+        public_url,
+        (by, browser),
+    )
+    .await
+    .map_err(grant_problem)?;
     Ok(SignInStarted {
         authorize_url: started.authorize_url,
         redirect_uri: started.redirect_uri,
@@ -99,5 +110,5 @@ pub async fn connect(
     State(app): State<Arc<App>>,
     Path(name): Path<String>,
 ) -> Result<Response, Problem> {
-    Ok(Json(begin(&app, &name, &caller.name).await?).into_response())
+    Ok(Json(begin(&app, &name, (&caller.name, None)).await?).into_response())
 }
