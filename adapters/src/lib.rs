@@ -32,6 +32,7 @@
 //!   tests, and the `flow-testkit` binary.
 
 mod error;
+mod lazy_client;
 mod process;
 mod redact;
 mod tool;

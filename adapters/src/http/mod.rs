@@ -67,20 +67,27 @@ const ERROR_BODY_SNIPPET: usize = 512;
 /// Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Client {
-    inner: reqwest::Client,
+    inner: crate::lazy_client::LazyClient,
 }
 
 impl Client {
-    /// Builds the pool. Redirects are never followed by reqwest itself: the tool follows
-    /// them when asked, so that every hop is counted in `requests_sent`.
+    /// The pool, built at the first request (see `lazy_client`). Redirects are never
+    /// followed by reqwest itself: the tool follows them when asked, so that every hop
+    /// is counted in `requests_sent`.
     pub fn new() -> Result<Self, Error> {
-        let inner = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(CONNECT_TIMEOUT)
-            .user_agent(concat!("flow/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| Error::permanent(format!("cannot build the HTTP client: {e}")))?;
+        let inner = crate::lazy_client::LazyClient::new("HTTP", || {
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .connect_timeout(CONNECT_TIMEOUT)
+                .user_agent(concat!("flow/", env!("CARGO_PKG_VERSION")))
+        });
         Ok(Client { inner })
+    }
+
+    /// Builds the pool now if no request has (so its cost falls before a call's outbound
+    /// mark, not between the mark and the send).
+    pub fn warm(&self) -> Result<(), Error> {
+        self.inner.get().map(|_| ())
     }
 
     /// A tool performing `spec` through this pool.
@@ -383,6 +390,7 @@ impl HttpTool {
             let mut request = self
                 .client
                 .inner
+                .get()?
                 .request(hop.method.clone(), hop.url.clone())
                 .headers(hop.headers.clone())
                 .timeout(remaining);

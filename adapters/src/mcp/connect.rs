@@ -36,7 +36,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// for every discovered URL.
 #[derive(Clone)]
 pub struct OAuth {
-    http: reqwest::Client,
+    http: crate::lazy_client::LazyClient,
     allow: Option<AllowList>,
 }
 
@@ -169,13 +169,14 @@ struct Registration {
 impl OAuth {
     /// A client limited to `allow` (`None`: any host).
     pub fn new(allow: Option<AllowList>) -> Result<Self, Error> {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(REQUEST_TIMEOUT)
-            .user_agent(concat!("flow/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| Error::permanent(format!("cannot build the OAuth HTTP client: {e}")))?;
+        // Built at the first request: every process that may use a connection makes one.
+        let http = crate::lazy_client::LazyClient::new("OAuth HTTP", || {
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .connect_timeout(Duration::from_secs(10))
+                .timeout(REQUEST_TIMEOUT)
+                .user_agent(concat!("flow/", env!("CARGO_PKG_VERSION")))
+        });
         Ok(OAuth { http, allow })
     }
 
@@ -206,6 +207,7 @@ impl OAuth {
         });
         let response = self
             .http
+            .get()?
             .post(server)
             .header(
                 reqwest::header::ACCEPT,
@@ -232,13 +234,14 @@ impl OAuth {
             .to_string();
         let deadline = Instant::now() + REQUEST_TIMEOUT;
         let allow = self.allow.as_ref();
-        let found = match discovery::discover(&self.http, server, &challenge, allow, deadline).await
+        let found = match discovery::discover(self.http.get()?, server, &challenge, allow, deadline)
+            .await
         {
             Ok(found) => found,
             // No protected-resource metadata: the 2025-03-26 revision's rules.
             Err(e) if discovery::lacks_resource_metadata(&e) => {
                 tracing::debug!(target: "flow_adapters::mcp", "{}; trying the 2025-03-26 discovery", e.message);
-                discovery::legacy(&self.http, server, allow, deadline).await?
+                discovery::legacy(self.http.get()?, server, allow, deadline).await?
             }
             Err(e) => return Err(e),
         };
@@ -294,6 +297,7 @@ impl OAuth {
         let what = format!("client registration at {}", without_query(endpoint));
         let response = self
             .http
+            .get()?
             .post(endpoint)
             .json(&body)
             .send()
@@ -429,7 +433,7 @@ impl OAuth {
             ("token_type_hint", hint.to_string()),
         ];
         let what = format!("revocation at {}", without_query(endpoint));
-        let response = authenticate(self.http.post(endpoint), client, form)
+        let response = authenticate(self.http.get()?.post(endpoint), client, form)
             .send()
             .await
             .map_err(|e| Error::not_sent(format!("{what}: {}", detail(&e))))?;
@@ -452,7 +456,8 @@ impl OAuth {
     ) -> Result<Granted, TokenFailure> {
         self.check(endpoint).map_err(TokenFailure::Other)?;
         let what = format!("token endpoint {}", without_query(endpoint));
-        let response = authenticate(self.http.post(endpoint), client, form)
+        let http = self.http.get().map_err(TokenFailure::Other)?;
+        let response = authenticate(http.post(endpoint), client, form)
             .send()
             .await
             .map_err(|e| TokenFailure::Other(Error::not_sent(format!("{what}: {}", detail(&e)))))?;

@@ -52,7 +52,7 @@ pub struct Pool {
 struct Inner {
     slots: Mutex<HashMap<Key, Slot>>,
     annotations: Mutex<HashMap<(Key, String), Annotations>>,
-    http: reqwest::Client,
+    http: crate::lazy_client::LazyClient,
     /// Hosts discovered authorization URLs may reach (`None`: any).
     egress: Mutex<Option<AllowList>>,
     /// Where connections' tokens come from (`None`: this process has none).
@@ -78,12 +78,12 @@ const STDERR_TAIL_BYTES: usize = 2048;
 impl Pool {
     /// An empty pool with its own HTTP connection pool (rustls, no redirects).
     pub fn new() -> Result<Self, Error> {
-        let http = reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .connect_timeout(CONNECT_TIMEOUT)
-            .user_agent(concat!("flow/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| Error::permanent(format!("cannot build the MCP HTTP client: {e}")))?;
+        let http = crate::lazy_client::LazyClient::new("MCP HTTP", || {
+            reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .connect_timeout(CONNECT_TIMEOUT)
+                .user_agent(concat!("flow/", env!("CARGO_PKG_VERSION")))
+        });
         Ok(Pool {
             inner: Arc::new(Inner {
                 slots: Mutex::new(HashMap::new()),
@@ -353,8 +353,13 @@ impl Pool {
         )
     }
 
-    /// The HTTP client sessions and token requests use.
-    pub(super) fn http(&self) -> &reqwest::Client {
+    /// Builds the HTTP client now if nothing has (see `http::Client::warm`).
+    pub fn warm(&self) -> Result<(), Error> {
+        self.inner.http.get().map(|_| ())
+    }
+
+    /// The HTTP client sessions and token requests use (built at the first use).
+    pub(super) fn http(&self) -> &crate::lazy_client::LazyClient {
         &self.inner.http
     }
 
@@ -512,7 +517,7 @@ impl Session {
     /// Renews the token before a call when it is about to expire.
     pub(super) async fn renew_if_stale(
         &self,
-        http: &reqwest::Client,
+        http: &crate::lazy_client::LazyClient,
         deadline: Instant,
     ) -> Result<(), Error> {
         match &self.auth {
@@ -524,7 +529,7 @@ impl Session {
     /// Answers a challenge: a token covering the current and the challenged scopes.
     async fn reauthenticate(
         &self,
-        http: &reqwest::Client,
+        http: &crate::lazy_client::LazyClient,
         answer: (&str, Option<&str>),
         deadline: Instant,
     ) -> Result<(), Error> {
@@ -698,13 +703,14 @@ impl Session {
         let mut state = session_auth::initial(auth, &slot, url, cx).await?;
         let tried = *handshake;
         let oversized = Arc::new(AtomicBool::new(false));
+        let http = cx.http.get()?;
         let connect = || {
             let config = StreamableHttpClientTransportConfig::with_uri(url)
                 .custom_headers(custom.clone())
                 // A silent re-initialize-and-resend would be a hidden, uncounted re-send.
                 .reinit_on_expired_session(false);
             let client = AuthedClient {
-                inner: cx.http.clone(),
+                inner: http.clone(),
                 token: slot.clone(),
                 oversized: oversized.clone(),
             };

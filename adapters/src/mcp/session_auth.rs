@@ -15,7 +15,7 @@ use crate::egress::AllowList;
 /// What starting a session needs besides the server: the HTTP client, the egress
 /// allow-list for discovered URLs, where connections' tokens come from, the deadline.
 pub(super) struct StartCx<'a> {
-    pub(super) http: &'a reqwest::Client,
+    pub(super) http: &'a crate::lazy_client::LazyClient,
     pub(super) allow: Option<AllowList>,
     pub(super) connections: Option<Arc<dyn ConnectionTokens>>,
     pub(super) deadline: Instant,
@@ -76,14 +76,15 @@ impl TokenState {
     /// Fetches a token for the current and the challenged scopes and installs it.
     pub(super) async fn answer(
         &self,
-        http: &reqwest::Client,
+        http: &crate::lazy_client::LazyClient,
         challenge: &str,
         deadline: Instant,
     ) -> Result<(), Error> {
         let mut current = self.current.lock().await;
         let challenged = auth::challenge_scope(challenge);
         let scope = auth::scope_union(current.scope.as_deref(), challenged.as_deref());
-        let token = auth::fetch_token(http, &self.credentials, scope.as_deref(), deadline).await?;
+        let token =
+            auth::fetch_token(http.get()?, &self.credentials, scope.as_deref(), deadline).await?;
         self.slot.set(token.access_token.clone());
         *current = token;
         Ok(())
@@ -127,7 +128,7 @@ impl SessionAuth {
     /// decides for its own).
     pub(super) async fn renew_if_stale(
         &self,
-        http: &reqwest::Client,
+        http: &crate::lazy_client::LazyClient,
         deadline: Instant,
     ) -> Result<(), Error> {
         match self {
@@ -142,7 +143,8 @@ impl SessionAuth {
                 }
                 let scope = current.scope.clone();
                 let token =
-                    auth::fetch_token(http, &state.credentials, scope.as_deref(), deadline).await?;
+                    auth::fetch_token(http.get()?, &state.credentials, scope.as_deref(), deadline)
+                        .await?;
                 state.slot.set(token.access_token.clone());
                 *current = token;
                 Ok(())
@@ -162,7 +164,7 @@ impl SessionAuth {
     /// Answers a challenge to a request that carried `refused`.
     pub(super) async fn reauthenticate(
         &self,
-        http: &reqwest::Client,
+        http: &crate::lazy_client::LazyClient,
         (challenge, refused): (&str, Option<&str>),
         deadline: Instant,
     ) -> Result<(), Error> {
@@ -236,7 +238,8 @@ pub(super) async fn initial(
                 methods: Vec::new(),
             };
             let token =
-                auth::fetch_token(cx.http, &credentials, scope.as_deref(), cx.deadline).await?;
+                auth::fetch_token(cx.http.get()?, &credentials, scope.as_deref(), cx.deadline)
+                    .await?;
             Ok(Some(SessionAuth::Credentials(Box::new(TokenState::new(
                 slot,
                 credentials,
@@ -265,7 +268,7 @@ pub(super) async fn answer_initialize(
         url,
         auth,
         challenge,
-        cx.http,
+        cx.http.get()?,
         cx.allow.as_ref(),
         cx.deadline,
     )
@@ -273,7 +276,8 @@ pub(super) async fn answer_initialize(
     let Some((credentials, scope)) = found else {
         return Ok(false);
     };
-    let token = auth::fetch_token(cx.http, &credentials, scope.as_deref(), cx.deadline).await?;
+    let token =
+        auth::fetch_token(cx.http.get()?, &credentials, scope.as_deref(), cx.deadline).await?;
     *state = Some(SessionAuth::Credentials(Box::new(TokenState::new(
         slot,
         credentials,

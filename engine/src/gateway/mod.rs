@@ -422,7 +422,9 @@ impl Gateway {
             return Ok(StepResult::Deferred { until });
         }
 
-        // 5–7. Outbound, the adapter, the outcome.
+        // 5–7. Outbound, the adapter, the outcome. The HTTP clients exist before the
+        // mark (they are built on first use).
+        self.tools().warm();
         self.inner.ledger.mark_outbound(&lease, self.now()).await?;
         self.inner.faults.hit(Point::AfterOutbound, node_id);
         let Sent {

@@ -15,6 +15,19 @@ pub struct Tools {
 }
 
 impl Tools {
+    /// Builds the HTTP clients if they are not yet: they are made on first use (a run
+    /// of pure functions never pays for loading the system's root certificates), and
+    /// the gateway calls this before a call's outbound mark, so building one never
+    /// widens the window between the mark and the request leaving. A client that cannot
+    /// be built fails that call, not sent, when it is used.
+    pub fn warm(&self) {
+        for built in [self.http.warm(), self.mcp.warm()] {
+            if let Err(e) = built {
+                tracing::warn!("{}", e.message);
+            }
+        }
+    }
+
     /// Built-in functions and fresh pools.
     pub fn new() -> Result<Self, flow_adapters::Error> {
         Ok(Self {
