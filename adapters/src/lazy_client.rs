@@ -3,19 +3,21 @@
 //! Building a `reqwest::Client` loads the platform's root certificates: every file under
 //! `/etc/ssl/certs` opened, read and PEM-decoded (~150 files; measured as most of the
 //! system time and a tenth of the user time of a `flow run` of 100 pure nodes). A
-//! process builds up to three (HTTP tools, MCP sessions, connection refreshes), and a
-//! run of pure functions sends nothing: it should pay for none of them.
+//! process has several (HTTP tools, MCP sessions, connection refreshes, webhooks), and
+//! a run of pure functions sends nothing: it should pay for none of them.
 
 use std::sync::{Arc, OnceLock};
 
 use crate::Error;
 
 /// A `reqwest::Client` made by `build` the first time it is needed, then shared by every
-/// clone. A build that fails is remembered (it would fail again) and reported as *not
-/// sent*: nothing left the process.
+/// clone. A build that fails is reported as *not sent* (nothing left the process) and
+/// tried again at the next use: it may have failed for a passing reason (a process out
+/// of file descriptors cannot read the certificates), and a remembered failure would
+/// fail every call until a restart.
 #[derive(Clone)]
 pub(crate) struct LazyClient {
-    cell: Arc<OnceLock<Result<reqwest::Client, String>>>,
+    cell: Arc<OnceLock<reqwest::Client>>,
     build: fn() -> reqwest::ClientBuilder,
     what: &'static str,
 }
@@ -39,11 +41,15 @@ impl LazyClient {
         }
     }
 
-    /// The client, built now if this is the first use.
+    /// The client, built now if no use has built it yet. (Two first uses at once may
+    /// both build one; the first stored wins, the other is dropped.)
     pub(crate) fn get(&self) -> Result<&reqwest::Client, Error> {
-        self.cell
-            .get_or_init(|| (self.build)().build().map_err(|e| e.to_string()))
-            .as_ref()
-            .map_err(|e| Error::not_sent(format!("cannot build the {} client: {e}", self.what)))
+        if let Some(client) = self.cell.get() {
+            return Ok(client);
+        }
+        let built = (self.build)()
+            .build()
+            .map_err(|e| Error::not_sent(format!("cannot build the {} client: {e}", self.what)))?;
+        Ok(self.cell.get_or_init(|| built))
     }
 }

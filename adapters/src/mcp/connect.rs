@@ -180,6 +180,11 @@ impl OAuth {
         Ok(OAuth { http, allow })
     }
 
+    /// Builds the HTTP client now if no request has (see `http::Client::warm`).
+    pub fn warm(&self) -> Result<(), Error> {
+        self.http.get().map(|_| ())
+    }
+
     fn check(&self, url: &str) -> Result<(), Error> {
         let parsed = reqwest::Url::parse(url)
             .map_err(|e| Error::permanent(format!("bad URL {}: {e}", without_query(url))))?;

@@ -353,8 +353,12 @@ impl Pool {
         )
     }
 
-    /// Builds the HTTP client now if nothing has (see `http::Client::warm`).
+    /// Builds the HTTP clients now if nothing has (see `http::Client::warm`): the
+    /// sessions' and the connections' refresh client.
     pub fn warm(&self) -> Result<(), Error> {
+        if let Some(source) = self.connection_source() {
+            source.warm();
+        }
         self.inner.http.get().map(|_| ())
     }
 

@@ -41,6 +41,10 @@ pub trait ConnectionTokens: Send + Sync {
     /// A server refused a call of connection `name` for lack of `scope`
     /// (`insufficient_scope`): the next sign-in asks for it.
     fn wants_scope<'a>(&'a self, name: &'a str, scope: &'a str) -> BoxFuture<'a, ()>;
+
+    /// Builds whatever a refresh will need (its HTTP client) now, so a refresh during a
+    /// call does not pay for it between the call's outbound mark and its send.
+    fn warm(&self) {}
 }
 
 /// The OAuth state of a session.

@@ -398,4 +398,10 @@ impl ConnectionTokens for Store {
             }
         })
     }
+
+    fn warm(&self) {
+        if let Err(e) = self.shared.oauth.warm() {
+            tracing::warn!(target: "flow::connections", "{}", e.message);
+        }
+    }
 }
