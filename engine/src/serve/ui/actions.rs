@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use super::forms::{how, reason, url};
+use super::forms::{CsrfForm, form, how, reason, url};
 use super::inbox::{InboxQuery, inbox};
 use super::pages::sign_in_page;
 use super::session::{Signed, local_next, set_cookie};
@@ -23,12 +23,6 @@ use crate::serve::api::probe::probe_run;
 use crate::serve::api::steer::{cancel_run, settle};
 use crate::serve::auth::{Role, Tokens};
 use crate::serve::problem::Problem;
-
-/// A form body, its rejection a 400 page.
-fn form<T>(f: Result<Form<T>, FormRejection>) -> Result<T, Page> {
-    f.map(|Form(v)| v)
-        .map_err(|e| Page::error(StatusCode::BAD_REQUEST, e.body_text()))
-}
 
 /// The sign-in form.
 #[derive(Debug, Default, Deserialize)]
@@ -231,20 +225,13 @@ pub async fn redrive(
     Ok(Page::redirect(format!("/ui/runs/{}", url(&id))))
 }
 
-/// The "probe now" form of a run page.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-pub struct ProbeForm {
-    csrf: String,
-}
-
 /// `POST /ui/runs/{id}/reconcile`: probes the paused run's calls in doubt now
 /// (operators and admins; reconciliation), then shows the run with its probe history.
 pub async fn probe(
     signed: Signed,
     State(ui): State<Arc<Ui>>,
     Path(id): Path<String>,
-    f: Result<Form<ProbeForm>, FormRejection>,
+    f: Result<Form<CsrfForm>, FormRejection>,
 ) -> Result<Page, Page> {
     let f = form(f)?;
     signed.check_csrf(&ui, &f.csrf)?;

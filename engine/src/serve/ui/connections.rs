@@ -15,9 +15,9 @@ use axum::extract::rejection::FormRejection;
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use serde_json::json;
 
+use super::forms::{CsrfForm, form};
 use super::session::{Signed, cookie};
 use super::{Page, Ui, who};
 use crate::connections::grant::GrantError;
@@ -49,24 +49,15 @@ pub async fn page(signed: Signed, State(ui): State<Arc<Ui>>) -> Result<Page, Pag
     Ok(Page::render(StatusCode::OK, "connections.html", &ctx))
 }
 
-/// The body of the Connect form.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-pub struct ConnectForm {
-    csrf: String,
-}
-
 /// `POST /ui/connections/{name}/connect`: begins the sign-in; a page with the link and
 /// the cookie that binds the sign-in to this browser.
 pub async fn connect(
     signed: Signed,
     State(ui): State<Arc<Ui>>,
     Path(name): Path<String>,
-    f: Result<Form<ConnectForm>, FormRejection>,
+    f: Result<Form<CsrfForm>, FormRejection>,
 ) -> Result<Response, Page> {
-    let f = f
-        .map(|Form(v)| v)
-        .map_err(|e| Page::error(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let f = form(f)?;
     signed.check_csrf(&ui, &f.csrf)?;
     signed.need(Role::Admin)?;
     let nonce = remote::new_browser_nonce();

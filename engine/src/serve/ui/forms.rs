@@ -1,11 +1,34 @@
-//! What the console's forms share: reading a form's resolution as the JSON API would,
-//! a typed reason, and the URL escaping of the addresses the pages link to. Its own
+//! What the console's forms share: a form body read (its rejection a 400 page), the
+//! body of a form that carries only its CSRF token, reading a form's resolution as the
+//! JSON API would, a typed reason, and the URL escaping of the addresses the pages link
+//! to. Its own
 //! file so that both the POST handlers (`actions.rs`) and the worklist (`inbox.rs`)
 //! use one reading of a resolution without importing each other.
 
+use axum::extract::Form;
+use axum::extract::rejection::FormRejection;
+use axum::http::StatusCode;
+use serde::Deserialize;
 use serde_json::Value as Json;
 
+use super::Page;
+
 use crate::serve::api::steer::{Outcome, resolution};
+
+/// A form body, its rejection a 400 page.
+pub(super) fn form<T>(f: Result<Form<T>, FormRejection>) -> Result<T, Page> {
+    f.map(|Form(v)| v)
+        .map_err(|e| Page::error(StatusCode::BAD_REQUEST, e.body_text()))
+}
+
+/// The body of a button form that carries nothing but its CSRF token (probe now, a
+/// schedule's pause/resume/run now, a connection's Connect).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct CsrfForm {
+    /// The session's CSRF token.
+    pub(super) csrf: String,
+}
 
 /// `s` for a URL's query or path segment.
 pub(super) fn url(s: &str) -> String {

@@ -8,10 +8,9 @@ use std::sync::Arc;
 use axum::extract::rejection::FormRejection;
 use axum::extract::{Form, Path, State};
 use axum::http::StatusCode;
-use serde::Deserialize;
 use serde_json::json;
 
-use super::forms::url;
+use super::forms::{CsrfForm, form, url};
 use super::session::Signed;
 use super::{Page, Ui, who};
 use crate::serve::api::schedules::{set_paused, trigger_as};
@@ -37,23 +36,14 @@ pub async fn page(signed: Signed, State(ui): State<Arc<Ui>>) -> Result<Page, Pag
     Ok(Page::render(StatusCode::OK, "schedules.html", &ctx))
 }
 
-/// The body of the Pause, Resume and Run now forms.
-#[derive(Debug, Default, Deserialize)]
-#[serde(default)]
-pub struct ScheduleForm {
-    csrf: String,
-}
-
 /// `POST /ui/schedules/{id}/{action}`: pause, resume or trigger, then the page again.
 pub async fn act(
     signed: Signed,
     State(ui): State<Arc<Ui>>,
     Path((id, action)): Path<(String, String)>,
-    f: Result<Form<ScheduleForm>, FormRejection>,
+    f: Result<Form<CsrfForm>, FormRejection>,
 ) -> Result<Page, Page> {
-    let f = f
-        .map(|Form(v)| v)
-        .map_err(|e| Page::error(StatusCode::BAD_REQUEST, e.body_text()))?;
+    let f = form(f)?;
     signed.check_csrf(&ui, &f.csrf)?;
     signed.need(Role::Operator)?;
     let by = signed.caller.name.clone();
