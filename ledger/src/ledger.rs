@@ -76,6 +76,9 @@ impl Ledger {
     /// Safe to call concurrently: PostgreSQL takes an advisory lock, SQLite a write lock.
     pub async fn migrate(&self) -> Result<(), Error> {
         self.writable()?;
+        if self.is_migrated().await {
+            return Ok(());
+        }
         match &self.inner.pool {
             Pool::Sqlite(p, _) => {
                 // sqlx takes no lock across processes on SQLite: two processes opening a
@@ -98,6 +101,39 @@ impl Ledger {
             Pool::Postgres(p) => postgres::MIGRATOR.run(p).await?,
         }
         Ok(())
+    }
+
+    /// Whether the ledger holds exactly this build's migrations, each applied with the
+    /// checksum embedded here: one read, where sqlx's migrator takes a lock (an advisory
+    /// lock round trip on PostgreSQL), creates its table if missing and reads twice.
+    /// Every command opens the ledger, so this is paid by each `flow run`. Anything else
+    /// (a fresh database, a pending, failed, edited or unknown migration, an error) is
+    /// `false`, and the migrator then applies or refuses as it always did.
+    async fn is_migrated(&self) -> bool {
+        const SQL: &str =
+            "SELECT version, checksum, success FROM _sqlx_migrations ORDER BY version";
+        let applied: Result<Vec<(i64, Vec<u8>, bool)>, sqlx::Error> = match &self.inner.pool {
+            Pool::Sqlite(p, _) => sqlx::query_as(SQL).fetch_all(p).await,
+            Pool::Postgres(p) => sqlx::query_as(SQL).fetch_all(p).await,
+        };
+        let migrator = match &self.inner.pool {
+            Pool::Sqlite(..) => &sqlite::MIGRATOR,
+            Pool::Postgres(_) => &postgres::MIGRATOR,
+        };
+        let Ok(applied) = applied else {
+            return false;
+        };
+        let wanted: Vec<_> = migrator
+            .iter()
+            .filter(|m| m.migration_type.is_up_migration())
+            .collect();
+        applied.len() == wanted.len()
+            && applied
+                .iter()
+                .zip(&wanted)
+                .all(|((version, checksum, success), m)| {
+                    *success && *version == m.version && checksum.as_slice() == &*m.checksum
+                })
     }
 
     /// The newest migration this build carries: the ledger schema version it expects

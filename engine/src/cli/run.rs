@@ -113,6 +113,26 @@ fn interrupts(
     }))
 }
 
+/// PostgreSQL plans a run's statements from the tables' statistics, and without them
+/// (autovacuum off, or not yet come by after a burst) it takes any index that starts
+/// with `(tenant, workspace)` as good as the right one: measured, W2's batch of 100
+/// pure results checked every call of the tenant for its keys (26 ms of a 73 ms run at
+/// 6,000 calls, growing with the table). A daemon checks every few seconds; a one-shot
+/// `flow run` or `flow resume` checks beside its run, on another connection, so the run
+/// does not wait for it (an ANALYZE, when one is due, gets the 2 s the close of the
+/// ledger waits at exit).
+fn refresh_statistics_meanwhile(ledger: &Ledger) {
+    if ledger.backend_name() != "postgres" {
+        return;
+    }
+    let ledger = ledger.clone();
+    tokio::spawn(async move {
+        if let Err(e) = ledger.refresh_planner_statistics().await {
+            tracing::debug!(error = %e, "cannot check the planner statistics");
+        }
+    });
+}
+
 impl Session {
     /// Loads secrets and config, opens the ledger, builds the executor. With `wf`, every
     /// secret it names is checked before the ledger is even opened.
@@ -131,6 +151,7 @@ impl Session {
             return Err(CliError::invalid(why));
         }
         let ledger = open_ledger(cli).await?;
+        refresh_statistics_meanwhile(&ledger);
         let public_url = config.api.public_url.clone();
         let runtime =
             Runtime::with_ledger(ledger.clone(), secrets, (config.egress, config.policy))?;
@@ -215,6 +236,22 @@ impl Session {
                 return Err(CliError::invalid(message));
             }
         };
+        self.execute_leased(lease, &wf, &run, json, stdout, stderr)
+            .await
+    }
+
+    /// Executes `run`, claimed here under `lease`, as `wf` (its stored workflow, parsed),
+    /// then prints the result.
+    async fn execute_leased(
+        &self,
+        lease: RunLease,
+        wf: &ValidWorkflow,
+        run: &flow_ledger::Run,
+        json: bool,
+        stdout: &mut dyn Write,
+        stderr: &mut dyn Write,
+    ) -> Result<u8, CliError> {
+        let run_id = run.id.as_str();
         let stop = tokio_util::sync::CancellationToken::new();
         let _interrupts = interrupts(
             stop.clone(),
@@ -223,7 +260,7 @@ impl Session {
         );
         // The run just read after the claim is the one executed: reading it again
         // would hold a second copy of its inputs (a 10,000-item list is ~6 MiB parsed).
-        match self.executor.execute_claimed(lease, &wf, &run, &stop).await {
+        match self.executor.execute_claimed(lease, wf, run, &stop).await {
             Ok(outcome) => Ok(self
                 .print_outcome(run_id, &outcome, json, stdout, stderr)
                 .await),
@@ -385,17 +422,26 @@ pub(crate) async fn run(
     )?;
     let run_id = new.id.clone();
     let session = Session::open(cli, true, Some(&wf)).await?;
-    match session.ledger.enqueue(new, session.now()).await {
-        Ok(enq) => {
-            if enq.created {
-                let _ = writeln!(stderr, "run {run_id} started ({})", wf.name);
-            } else {
-                let _ = writeln!(
-                    stderr,
-                    "run {run_id} exists with the same workflow and inputs ({}); attaching",
-                    enq.run.status
-                );
-            }
+    let (worker, now) = (&session.worker, session.now());
+    match session
+        .ledger
+        .enqueue_and_claim(new, worker, RUN_LEASE, now)
+        .await
+    {
+        Ok((enq, Some(lease))) => {
+            let _ = writeln!(stderr, "run {run_id} started ({})", wf.name);
+            // Created and claimed here with the text just parsed: the stored copy is
+            // that text, so it is not parsed again, and no step can exist yet.
+            return session
+                .execute_leased(lease, &wf, &enq.run, args.json, stdout, stderr)
+                .await;
+        }
+        Ok((enq, None)) => {
+            let _ = writeln!(
+                stderr,
+                "run {run_id} exists with the same workflow and inputs ({}); attaching",
+                enq.run.status
+            );
         }
         Err(flow_ledger::Error::Conflict { reason, .. }) => {
             return Err(conflict(&run_id, &reason));

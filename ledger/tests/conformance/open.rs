@@ -10,6 +10,7 @@ use crate::common::*;
 crate::conformance!(
     scopes_never_see_each_other,
     migrate_is_idempotent,
+    an_edited_or_unknown_migration_is_still_refused,
     planner_statistics_follow_a_burst
 );
 
@@ -79,6 +80,44 @@ async fn scopes_never_see_each_other(db: TestDb) {
             )
             .await
             .unwrap(),
+    );
+}
+
+/// Opening skips sqlx's migrator when the ledger holds exactly this build's migrations;
+/// anything else must still reach it: an applied migration whose text changed, and a
+/// ledger migrated by a newer flow (a version this build does not carry).
+async fn an_edited_or_unknown_migration_is_still_refused(db: TestDb) {
+    let sqlite = db.url.starts_with("sqlite:");
+    let opts = || OpenOptions {
+        migrate: true,
+        ..OpenOptions::default()
+    };
+    // Migrated: opening again (the fast path) works.
+    Ledger::open(&db.url, opts()).await.unwrap().close().await;
+    // A version from the future, then gone again.
+    let newer = "INSERT INTO _sqlx_migrations (version, description, installed_on, success, checksum, execution_time)
+        SELECT 999999, 'from a newer flow', installed_on, success, checksum, execution_time
+        FROM _sqlx_migrations WHERE version = 2 RETURNING version";
+    assert_eq!(scalar(&db.url, newer).await, 999_999);
+    let unknown = Ledger::open(&db.url, opts()).await;
+    assert!(
+        unknown.is_err(),
+        "an unknown applied migration must be refused"
+    );
+    let forget = "DELETE FROM _sqlx_migrations WHERE version = 999999 RETURNING version";
+    assert_eq!(scalar(&db.url, forget).await, 999_999);
+    Ledger::open(&db.url, opts()).await.unwrap().close().await;
+    // An applied migration whose text changed.
+    let edit = if sqlite {
+        "UPDATE _sqlx_migrations SET checksum = X'00' WHERE version = 1 RETURNING version"
+    } else {
+        "UPDATE _sqlx_migrations SET checksum = '\\x00'::bytea WHERE version = 1 RETURNING version"
+    };
+    assert_eq!(scalar(&db.url, edit).await, 1);
+    let edited = Ledger::open(&db.url, opts()).await;
+    assert!(
+        matches!(&edited, Err(e) if e.to_string().contains("modified")),
+        "an edited migration must be refused: {edited:?}"
     );
 }
 

@@ -9,6 +9,7 @@ use crate::common::*;
 
 crate::conformance!(
     enqueue_is_idempotent_by_id,
+    enqueue_and_claim_claims_only_a_run_it_created,
     claim_next_orders_by_priority_then_not_before,
     claim_next_reclaims_expired_leases_and_fences_the_old_holder,
     claim_next_merges_expired_and_queued_runs_in_queue_order,
@@ -21,6 +22,40 @@ crate::conformance!(
     expire_dead_local_workers_frees_runs_and_calls,
     counts_and_lists,
 );
+
+/// `flow run`'s one commit: a new run is queued and claimed together (the events say
+/// both, in order); a run that already existed is not claimed, so another holder's lease
+/// stays whole and the caller waits for it as before.
+async fn enqueue_and_claim_claims_only_a_run_it_created(db: TestDb) {
+    let now = db.now();
+    let (enq, lease) = db
+        .ledger
+        .enqueue_and_claim(new_run("run_a"), &worker("a"), LEASE, now)
+        .await
+        .unwrap();
+    assert!(enq.created);
+    let lease = lease.expect("a created run is claimed");
+    assert_eq!((lease.run_id.as_str(), lease.token), ("run_a", 1));
+    let run = db.ledger.get_run("run_a").await.unwrap();
+    assert_eq!(run.status, RunStatus::Running);
+    assert_eq!(
+        event_types(&db, "run_a").await,
+        ["run.queued", "run.started"],
+        "queued then started, in one transaction"
+    );
+    // The same run again, from another worker: attached, not claimed, lease untouched.
+    let (again, none) = db
+        .ledger
+        .enqueue_and_claim(new_run("run_a"), &worker("b"), LEASE, now)
+        .await
+        .unwrap();
+    assert!(!again.created && none.is_none());
+    assert!(matches!(
+        db.ledger.claim_run("run_a", &worker("b"), LEASE, now).await,
+        Err(Error::Busy { .. })
+    ));
+    db.ledger.heartbeat(&lease, LEASE, now).await.unwrap();
+}
 
 async fn enqueue_is_idempotent_by_id(db: TestDb) {
     let now = db.now();
