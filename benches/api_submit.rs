@@ -14,9 +14,9 @@
 mod common;
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use flow_ledger::{Ledger, NewRun, OpenOptions, RunStatus, SqliteSynchronous, SystemClock};
+use flow_ledger::{Ledger, NewRun, OpenOptions, SqliteSynchronous, SystemClock};
 use futures::stream::{self, StreamExt};
 use serde_json::json;
 
@@ -35,24 +35,9 @@ fn flow(url: &str, args: &[&str], stderr: Stdio) -> Child {
 
 /// `flow serve --insecure-no-auth` on a free loopback port; its base URL.
 fn serve(url: &str) -> (Child, String) {
-    use std::io::{BufRead, BufReader};
     let args = ["serve", "--insecure-no-auth", "--addr", "127.0.0.1:0"];
     let mut child = flow(url, &args, Stdio::piped());
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let base = loop {
-        let line = lines
-            .next()
-            .expect("flow serve exited")
-            .expect("stderr line");
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            break rest
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+    let base = common::api_base(&mut child);
     (child, base)
 }
 
@@ -85,50 +70,6 @@ async fn fill(ledger: &Ledger, prefix: &str, n: usize) {
     }
 }
 
-/// Waits until `n` runs succeeded; returns the last `finished_at` (ms).
-async fn wait_done(ledger: &Ledger, n: usize) -> i64 {
-    loop {
-        let counts = ledger.count_runs_by_status().await.expect("count");
-        let done = counts
-            .iter()
-            .find(|(s, _)| *s == RunStatus::Succeeded)
-            .map_or(0, |(_, c)| *c);
-        if usize::try_from(done).unwrap_or(0) >= n {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let last = ledger
-        .list_runs(flow_ledger::RunFilter {
-            status: Some(RunStatus::Succeeded),
-            limit: u32::MAX,
-            ..Default::default()
-        })
-        .await
-        .expect("list");
-    last.iter()
-        .filter_map(|r| r.finished_at)
-        .map(|t| t.0)
-        .max()
-        .unwrap_or(0)
-}
-
-/// The earliest `started_at` (ms) of the ledger's runs.
-async fn first_start(ledger: &Ledger) -> i64 {
-    let all = ledger
-        .list_runs(flow_ledger::RunFilter {
-            limit: u32::MAX,
-            ..Default::default()
-        })
-        .await
-        .expect("list");
-    all.iter()
-        .filter_map(|r| r.started_at)
-        .map(|t| t.0)
-        .min()
-        .unwrap_or(0)
-}
-
 fn main() {
     let rt = common::runtime();
     let runs = common::env_usize("FLOW_BENCH_RUNS", 10_000);
@@ -149,8 +90,7 @@ fn main() {
         assert!(status.success());
         // First start to last finish, from the ledger (the process start-up is not
         // the drain), as the end-to-end figure below is taken.
-        let last = wait_done(&ledger, runs).await;
-        let first = first_start(&ledger).await;
+        let (first, last) = common::wait_succeeded(&ledger, runs).await;
         let drain = runs as f64 * 1000.0 / (last - first).max(1) as f64;
         println!("drain of {runs} pre-submitted runs, 1 daemon, SQLite FULL: {drain:.0} runs/s (first start to last finish)");
         ledger.close().await;
@@ -183,7 +123,7 @@ fn main() {
             })
             .await;
         let submitted = started.elapsed();
-        let last_ms = wait_done(&ledger, runs).await;
+        let (_, last_ms) = common::wait_succeeded(&ledger, runs).await;
         let e2e = runs as f64 * 1000.0 / (last_ms - first_ms).max(1) as f64;
         println!(
             "end to end, {runs} runs via runs:batch (100 a batch, 4 in flight) while 1 daemon drains: {e2e:.0} runs/s ({:.0}% of the drain rate); submitting alone took {submitted:?} ({:.0} runs/s)",

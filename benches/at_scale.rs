@@ -154,7 +154,6 @@ async fn doubts(ledger: &Ledger, runs: usize, count: usize) -> f64 {
 
 /// `flow serve --insecure-no-auth` on a free loopback port over `url`; its base URL.
 fn serve(url: &str) -> (Child, String) {
-    use std::io::{BufRead, BufReader};
     let mut child = Command::new(env!("CARGO_BIN_EXE_flow"))
         .env("FLOW_DATABASE_URL", url)
         .env_remove("RUST_LOG")
@@ -163,21 +162,7 @@ fn serve(url: &str) -> (Child, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn flow serve");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let base = loop {
-        let line = lines
-            .next()
-            .expect("flow serve exited")
-            .expect("stderr line");
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            break rest
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+    let base = common::api_base(&mut child);
     (child, base)
 }
 

@@ -22,7 +22,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flow_ledger::{Clock, Ledger, NewRun, OpenOptions, RunStatus, SystemClock};
+use flow_ledger::{Clock, Ledger, NewRun, OpenOptions, SystemClock};
 use futures::stream::{self, StreamExt};
 use serde_json::json;
 
@@ -56,24 +56,8 @@ fn flow(url: &str, args: &[&str], stderr: Stdio) -> Child {
 
 /// Starts `flow <args>` (a serving command) and returns it with its API's base URL.
 fn serving(url: &str, args: &[&str]) -> (Child, String) {
-    use std::io::{BufRead, BufReader};
     let mut child = flow(url, args, Stdio::piped());
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let base = loop {
-        let line = lines.next().expect("flow exited").expect("stderr line");
-        if let Some(rest) = line.split("listening on ").nth(1) {
-            break rest
-                .split_whitespace()
-                .next()
-                .unwrap_or_default()
-                .to_string();
-        }
-        if let Some(rest) = line.split("API at ").nth(1) {
-            let api = rest.split_whitespace().next().unwrap_or_default();
-            break api.trim_end_matches("/api/v1").to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+    let base = common::api_base(&mut child);
     (child, base)
 }
 
@@ -103,33 +87,6 @@ async fn fill(ledger: &Ledger, n: usize) {
     }
 }
 
-/// Waits until `n` runs succeeded; the first start and last finish (ms) the ledger has.
-async fn wait_done(ledger: &Ledger, n: usize) -> (i64, i64) {
-    let deadline = Instant::now() + Duration::from_secs(600);
-    loop {
-        let counts = ledger.count_runs_by_status().await.expect("count");
-        let done = counts
-            .iter()
-            .find(|(s, _)| *s == RunStatus::Succeeded)
-            .map_or(0, |(_, c)| *c);
-        if usize::try_from(done).unwrap_or(0) >= n {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{done} of {n} runs after 10 min");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let all = ledger
-        .list_runs(flow_ledger::RunFilter {
-            limit: u32::MAX,
-            ..Default::default()
-        })
-        .await
-        .expect("list");
-    let first = all.iter().filter_map(|r| r.started_at).map(|t| t.0).min();
-    let last = all.iter().filter_map(|r| r.finished_at).map(|t| t.0).max();
-    (first.unwrap_or(0), last.unwrap_or(0))
-}
-
 fn rate(n: usize, from_ms: i64, to_ms: i64) -> f64 {
     n as f64 * 1000.0 / (to_ms - from_ms).max(1) as f64
 }
@@ -141,7 +98,7 @@ async fn drain(url: &str, n: usize) -> f64 {
     let args = ["daemon", "--exit-when-idle", "--concurrency", "64"];
     let status = flow(url, &args, Stdio::null()).wait().expect("daemon");
     assert!(status.success());
-    let (first, last) = wait_done(&ledger, n).await;
+    let (first, last) = common::wait_succeeded(&ledger, n).await;
     ledger.close().await;
     rate(n, first, last)
 }
@@ -170,7 +127,7 @@ async fn submit(ledger: &Ledger, base: &str, n: usize) -> f64 {
             }
         })
         .await;
-    let (_, last) = wait_done(ledger, n).await;
+    let (_, last) = common::wait_succeeded(ledger, n).await;
     rate(n, started, last)
 }
 

@@ -8,7 +8,7 @@
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The multi-threaded tokio runtime every program drives its work on.
@@ -83,4 +83,56 @@ pub fn fsync_floor(dir: &Path) -> Duration {
         .collect();
     samples.sort();
     samples[samples.len() / 2]
+}
+
+/// Reads a serving `flow`'s stderr (piped) until it names its address — `flow serve`'s
+/// "listening on URL" or `flow daemon --serve`'s "API at URL/api/v1" — and returns the
+/// base URL; the rest of stderr is drained on a thread so the child never blocks on it.
+pub fn api_base(child: &mut Child) -> String {
+    use std::io::{BufRead, BufReader};
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
+    let base = loop {
+        let line = lines.next().expect("flow exited").expect("stderr line");
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string();
+        }
+        if let Some(rest) = line.split("API at ").nth(1) {
+            let api = rest.split_whitespace().next().unwrap_or_default();
+            break api.trim_end_matches("/api/v1").to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    base
+}
+
+/// Waits (at most 10 minutes) until `n` runs of `ledger` succeeded; returns the first
+/// `started_at` and the last `finished_at` (ms) of its runs, the span a rate is taken over.
+pub async fn wait_succeeded(ledger: &flow_ledger::Ledger, n: usize) -> (i64, i64) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let counts = ledger.count_runs_by_status().await.expect("count");
+        let done = counts
+            .iter()
+            .find(|(s, _)| *s == flow_ledger::RunStatus::Succeeded)
+            .map_or(0, |(_, c)| *c);
+        if usize::try_from(done).unwrap_or(0) >= n {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{done} of {n} runs after 10 min");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let all = ledger
+        .list_runs(flow_ledger::RunFilter {
+            limit: u32::MAX,
+            ..Default::default()
+        })
+        .await
+        .expect("list");
+    let first = all.iter().filter_map(|r| r.started_at).map(|t| t.0).min();
+    let last = all.iter().filter_map(|r| r.finished_at).map(|t| t.0).max();
+    (first.unwrap_or(0), last.unwrap_or(0))
 }
