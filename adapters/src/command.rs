@@ -121,6 +121,16 @@ impl CommandTool {
                 command.env(name, value);
             }
         }
+        // The call's trace, as OpenTelemetry's environment carrier names it: over what
+        // `env_allow` passed on from flow's own environment, under the spec's `env`
+        // (the workflow wins, as with an HTTP tool's headers).
+        if let Some(trace) = &call.trace {
+            command.env("TRACEPARENT", &trace.parent);
+            match &trace.state {
+                Some(state) => command.env("TRACESTATE", state),
+                None => command.env_remove("TRACESTATE"),
+            };
+        }
         command.envs(self.spec.env.iter().map(|(k, v)| (k, v)));
         if let Some(cwd) = &self.spec.cwd {
             command.current_dir(cwd);

@@ -48,4 +48,4 @@ pub mod mcp;
 pub mod testkit;
 
 pub use error::{Error, FailureKind};
-pub use tool::{BoxFuture, Call, Outcome, Report, Reports, SideEffect, Tool};
+pub use tool::{BoxFuture, Call, Outcome, Report, Reports, SideEffect, Tool, TraceContext};

@@ -65,6 +65,20 @@ pub struct Call {
     /// Where to send what happens during the call (`None`: nobody records it; a
     /// remote task is then waited for all the same).
     pub reports: Option<Reports>,
+    /// The W3C trace context of the call (its CLIENT span, or the one stored with the
+    /// call's first outbound mark on a re-send): each adapter carries it the way its
+    /// downstream reads it. Never part of the request's digest.
+    pub trace: Option<TraceContext>,
+}
+
+/// A W3C trace context (`traceparent` and `tracestate`), as text: adapters pass it on
+/// without knowing OpenTelemetry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceContext {
+    /// `00-<trace id>-<span id>-<flags>`.
+    pub parent: String,
+    /// Vendor state, when the trace has any.
+    pub state: Option<String>,
 }
 
 impl Call {
@@ -75,7 +89,14 @@ impl Call {
             idempotency_key: idempotency_key.into(),
             timeout,
             reports: None,
+            trace: None,
         }
+    }
+
+    /// The same call, carrying `trace` to the downstream.
+    pub fn with_trace(mut self, trace: Option<TraceContext>) -> Self {
+        self.trace = trace;
+        self
     }
 
     /// The same call, sending its reports to `reports`.

@@ -119,6 +119,10 @@ pub struct Config {
     /// What retention deletes and how fast (`crate::retention`), checked.
     #[serde(skip)]
     pub retention: crate::retention::Retention,
+    /// `[telemetry]`: where traces go (`crate::telemetry`; the environment's
+    /// `OTEL_*` variables configure the rest).
+    #[serde(default)]
+    pub telemetry: crate::telemetry::TelemetryConfig,
     /// Where the file came from (`None` = defaults).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -263,6 +267,10 @@ impl Config {
                 });
             }
         }
+        config.telemetry.check().map_err(|reason| Error::Parse {
+            path: path.display().to_string(),
+            reason,
+        })?;
         config.path = Some(path);
         Ok(config)
     }

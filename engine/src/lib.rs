@@ -47,5 +47,6 @@ pub mod schema;
 pub mod secrets;
 pub mod serve;
 pub mod snapshot;
+pub mod telemetry;
 pub mod view;
 pub mod workflow;

@@ -43,6 +43,7 @@ mod sessions;
 mod sub_workflows;
 mod support;
 mod tasks;
+mod telemetry;
 mod ui;
 mod ui_approvals;
 mod ui_children;

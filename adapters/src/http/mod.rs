@@ -252,6 +252,7 @@ impl HttpTool {
             })?;
             headers.insert(header, value);
         }
+        trace_headers(&mut headers, call.trace.as_ref());
         let body = match (&spec.body, &call.args) {
             (Some(body), _) => Some(body),
             (None, Value::Null) => None,
@@ -551,4 +552,24 @@ fn parse_body(body: &[u8]) -> Value {
     }
     serde_json::from_slice(body)
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(body).into_owned()))
+}
+
+/// W3C `traceparent` / `tracestate` for the call's trace, unless the tool's spec sets
+/// its own (the workflow's headers win). A context that is not a valid header value is
+/// left out: a trace never stops a call.
+fn trace_headers(headers: &mut HeaderMap, trace: Option<&crate::TraceContext>) {
+    let Some(trace) = trace else { return };
+    let pairs = [
+        ("traceparent", Some(&trace.parent)),
+        ("tracestate", trace.state.as_ref()),
+    ];
+    for (name, value) in pairs {
+        let Some(value) = value else { continue };
+        if headers.contains_key(name) {
+            continue;
+        }
+        if let Ok(value) = HeaderValue::from_str(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
 }

@@ -31,15 +31,25 @@ pub(super) const MAX_INPUT_ROUNDS: u32 = 8;
 /// The responses and the server's state an `input_required` round sends back.
 pub(super) type Answered = (Option<InputResponses>, Option<String>);
 
-/// The `tools/call` params of one round: the arguments, and the last round's answers.
+/// The `tools/call` params of one round: the arguments, the last round's answers and
+/// the call's trace (in `_meta.traceparent` / `tracestate`, the keys MCP reserves).
 pub(super) fn params(
     tool: &str,
     arguments: Option<&JsonObject>,
     (responses, state): Answered,
+    trace: Option<&crate::TraceContext>,
 ) -> CallToolRequestParams {
     let mut params = CallToolRequestParams::new(tool.to_owned());
     if let Some(arguments) = arguments {
         params = params.with_arguments(arguments.clone());
+    }
+    if let Some(trace) = trace {
+        let mut meta = rmcp::model::MetaObject::new();
+        meta.set_traceparent(trace.parent.clone());
+        if let Some(state) = &trace.state {
+            meta.set_tracestate(state.clone());
+        }
+        params.meta = Some(meta.into());
     }
     params.input_responses = responses;
     params.request_state = state;

@@ -313,7 +313,12 @@ impl McpTool {
         };
         let deadline = Instant::now() + call.timeout;
         self.pool
-            .call(&self.spec, arguments, deadline, call.reports.as_ref())
+            .call(
+                &self.spec,
+                arguments,
+                deadline,
+                (call.reports.as_ref(), call.trace.as_ref()),
+            )
             .await
     }
 

@@ -236,7 +236,7 @@ impl Pool {
         spec: &Spec,
         arguments: Option<JsonObject>,
         deadline: Instant,
-        reports: Option<&Reports>,
+        (reports, trace): (Option<&Reports>, Option<&crate::TraceContext>),
     ) -> Outcome {
         let key = Self::key(spec);
         let session = match self.session(&key, deadline).await {
@@ -255,6 +255,7 @@ impl Pool {
                 &spec.tool,
                 arguments.as_ref(),
                 std::mem::take(&mut answered),
+                trace,
             );
             let bearer = session.auth.as_ref().and_then(SessionAuth::bearer);
             let end = call::call_tool(&session.client, &session.label, params, deadline, reports);

@@ -74,8 +74,8 @@ type Scheduled = crate::schedule::manage::Schedules;
 /// it cannot run.
 async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Opened, CliError> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
-    logging::init(cli.log_format, &secrets);
     let mut config = Config::load(cli.config.as_deref())?;
+    logging::init(cli.log_format, &secrets, &config.telemetry);
     let retention = config.retention.clone();
     let scheduled = crate::schedule::manage::Schedules::new(
         std::mem::take(&mut config.schedules),

@@ -12,11 +12,14 @@
 
 use std::io::Write;
 
-use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use super::LogFormat;
 use crate::secrets::Secrets;
+use crate::telemetry::TelemetryConfig;
 
 /// Default filter when `RUST_LOG` is unset: warnings, and none of rmcp's ERROR lines for
 /// auth challenges that flow handles itself.
@@ -90,26 +93,41 @@ impl<'a> MakeWriter<'a> for MakeScrubbed {
     }
 }
 
-/// Installs the global subscriber (once per process; later calls are no-ops).
-pub fn init(format: LogFormat, secrets: &Secrets) {
+/// Installs the global subscriber (once per process; later calls are no-ops): log lines
+/// on stderr as `RUST_LOG` (default [`DEFAULT_FILTER`]) says, and with `telemetry`'s
+/// endpoint configured, flow's spans exported over OTLP (`crate::telemetry`). Each has
+/// its own filter, so `RUST_LOG=warn` does not silence the traces.
+pub fn init(format: LogFormat, secrets: &Secrets, telemetry: &TelemetryConfig) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let writer = MakeScrubbed {
         secrets: secrets.clone(),
         json: matches!(format, LogFormat::Json),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let fmt = tracing_subscriber::fmt::layer()
         .with_writer(writer)
         .with_ansi(false);
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .try_init(),
+    let logs: Box<dyn Layer<Registry> + Send + Sync> = match format {
+        LogFormat::Text => Box::new(fmt.with_filter(filter)),
+        LogFormat::Json => Box::new(
+            fmt.json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_filter(filter),
+        ),
     };
+    let (traces, refused) = match crate::telemetry::layer(telemetry, secrets) {
+        Ok(layer) => (layer, None),
+        Err(why) => (None, Some(why)),
+    };
+    let installed = tracing_subscriber::registry()
+        .with(logs)
+        .with(traces)
+        .try_init()
+        .is_ok();
+    if let (true, Some(why)) = (installed, refused) {
+        tracing::warn!("telemetry is off: {why}");
+    }
 }
 
 /// The command's own stderr (results, hints, errors) in `--log-format json`: every line

@@ -353,7 +353,10 @@ fn dispatch(cli: Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
                     return error::finish(Err(e), stderr);
                 }
             };
-            runtime.block_on(async_command(&cli, stdout, stderr))
+            let code = runtime.block_on(async_command(&cli, stdout, stderr));
+            // The last spans leave after the runtime's work, on the exporter's thread.
+            crate::telemetry::finish();
+            code
         }
     }
 }

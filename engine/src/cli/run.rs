@@ -142,11 +142,11 @@ impl Session {
         wf: Option<&Workflow>,
     ) -> Result<Self, CliError> {
         let secrets = Secrets::load(cli.secrets_file.as_deref())?;
-        logging::init(cli.log_format, &secrets);
+        let config = Config::load(cli.config.as_deref())?;
+        logging::init(cli.log_format, &secrets, &config.telemetry);
         if let Some(wf) = wf {
             check_secrets(wf, &secrets)?;
         }
-        let config = Config::load(cli.config.as_deref())?;
         if let Some(why) = wf.and_then(|wf| config.refuses(wf)) {
             return Err(CliError::invalid(why));
         }

@@ -39,10 +39,10 @@ pub(crate) async fn serve(
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
-    logging::init(cli.log_format, &secrets);
     // flow.toml once, for the tokens and for the egress policy: a bad flag or address
     // is exit 2, a bad installation exit 5 (see `ApiAuth::from_config`).
     let mut config = Config::load(cli.config.as_deref())?;
+    logging::init(cli.log_format, &secrets, &config.telemetry);
     let schedules = crate::schedule::manage::Schedules::new(
         std::mem::take(&mut config.schedules),
         config.path.as_deref(),

@@ -41,7 +41,11 @@ pub(crate) async fn submit(
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
-    logging::init(cli.log_format, &Secrets::default());
+    logging::init(
+        cli.log_format,
+        &Secrets::default(),
+        &crate::telemetry::TelemetryConfig::default(),
+    );
     let (wf, new) = check_new_run(
         &args.file,
         &args.inputs,

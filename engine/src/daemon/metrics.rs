@@ -96,15 +96,19 @@ impl Background {
 /// This process's resources, read from `/proc` at scrape time.
 struct ProcessGauges {
     resident_bytes: Gauge,
-    cpu_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
+    cpu_seconds: Counter<f64, std::sync::atomic::AtomicU64>,
     open_fds: Gauge,
+    /// Spans this process's telemetry dropped (`crate::telemetry::dropped_spans`),
+    /// brought up to date at scrape time.
+    spans_dropped: Counter,
 }
 
 impl ProcessGauges {
     fn register(registry: &mut Registry) -> Self {
         let resident_bytes = Gauge::default();
-        let cpu_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        let cpu_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
         let open_fds = Gauge::default();
+        let spans_dropped = Counter::default();
         let start_time = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         start_time.set(
             std::time::SystemTime::now()
@@ -116,10 +120,16 @@ impl ProcessGauges {
             "Resident memory of this process (read at scrape time from /proc)",
             resident_bytes.clone(),
         );
+        // A counter (`_total`): CPU time only grows, and rate() needs to know it.
         registry.register(
             "process_cpu_seconds",
             "CPU time this process has used, user and system (read at scrape time)",
             cpu_seconds.clone(),
+        );
+        registry.register(
+            "telemetry_spans_dropped",
+            "Trace spans this process could not export (collector down, slow or refusing)",
+            spans_dropped.clone(),
         );
         registry.register(
             "process_open_fds",
@@ -135,6 +145,7 @@ impl ProcessGauges {
             resident_bytes,
             cpu_seconds,
             open_fds,
+            spans_dropped,
         }
     }
 }
@@ -360,7 +371,16 @@ impl Metrics {
                 .iter()
                 .filter_map(|&i| fields.get(i).and_then(|v| v.parse::<f64>().ok()))
                 .sum();
-            self.process.cpu_seconds.set(ticks / 100.0);
+            let seconds = ticks / 100.0;
+            let counted = self.process.cpu_seconds.get();
+            if seconds > counted {
+                self.process.cpu_seconds.inc_by(seconds - counted);
+            }
+        }
+        let dropped = crate::telemetry::dropped_spans();
+        let counted = self.process.spans_dropped.get();
+        if dropped > counted {
+            self.process.spans_dropped.inc_by(dropped - counted);
         }
         if let Ok(dir) = std::fs::read_dir("/proc/self/fd") {
             self.process

@@ -133,10 +133,17 @@ impl Executor {
         known: Known<'_>,
         stop: &CancellationToken,
     ) -> Result<RunOutcome, gateway::Error> {
-        let span = tracing::info_span!("run", run = %lease.run_id);
-        self.execute_inner(lease, wf, known, stop)
-            .instrument(span)
-            .await
+        let span = crate::telemetry::spans::run(&lease.run_id, &wf.name, lease.token);
+        let outcome = self
+            .execute_inner(lease, wf, known, stop)
+            .instrument(span.clone())
+            .await;
+        let status = match &outcome {
+            Ok(o) => o.status.as_str(),
+            Err(_) => "interrupted",
+        };
+        span.record("flow.run.outcome", status);
+        outcome
     }
 
     async fn execute_inner(
@@ -349,7 +356,15 @@ impl<'a> RunScope<'a> {
             cancel: self.cancel.clone(),
         });
         let started = Instant::now();
-        let span = tracing::info_span!("step", step = %step_id, call = %id);
+        let span = crate::telemetry::spans::step(
+            &crate::telemetry::spans::Step {
+                run_id: &call.run().run_id,
+                node: &call.call_id,
+                step_id: &step_id,
+                retry,
+            },
+            self.gateway.tools().is_pure(call.tool),
+        );
         let step = async move {
             // Boxed: the gateway's future is tens of kilobytes (every phase of a call),
             // and inline it made this future as large, copied several times per node

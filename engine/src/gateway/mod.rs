@@ -18,18 +18,22 @@ mod approve;
 mod child;
 pub mod disposition;
 pub mod lazy;
+mod outbound;
 mod prepare;
 mod record;
 pub mod render;
 mod task;
 mod tools;
+mod trace;
 mod wait;
 mod writer;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use flow_adapters::{Call, FailureKind, Outcome, SideEffect, Tool};
+use tracing::Instrument as _;
+
+use flow_adapters::{Call, FailureKind, SideEffect, Tool};
 use flow_ledger::{
     CallClaim, CallLease, ClaimCall, Clock, ErrorKind, Ledger, RateAcquire, RateDecision,
     Resolution, Resolve, RunLease, StepStatus, Timestamp, Window,
@@ -400,53 +404,15 @@ impl Gateway {
         }
         let lease = match self.claim(c, &rendered, class).await? {
             Claimed::Lease(lease) => lease,
-            Claimed::Done(result) => return self.then_callback(c, result).await,
+            Claimed::Done(result) => {
+                trace::replayed(&result);
+                return self.then_callback(c, result).await;
+            }
         };
-        self.inner.faults.hit(Point::AfterClaim, node_id);
-        if let Some(expired) = self.callback_expired(c, &lease).await? {
-            return Ok(expired);
-        }
-
-        // A call already sent whose remote task is recorded: ask how it ended.
-        if let Some(task) = lease.remote_task.clone() {
-            let collected = self
-                .collect(c, &lease, tool.as_ref(), &rendered.args, (&task, class))
-                .await?;
-            self.inner.faults.hit(Point::AfterComplete, node_id);
-            return self.then_callback(c, collected).await;
-        }
-
-        // 4. Rate limit and quota, counted across workers.
-        if let Some(until) = self.rate_limited(c.workflow, c.tool).await? {
-            self.inner.ledger.release_call(&lease, self.now()).await?;
-            return Ok(StepResult::Deferred { until });
-        }
-
-        // 5–7. Outbound, the adapter, the outcome. The HTTP clients exist before the
-        // mark (they are built on first use).
-        self.tools().warm();
-        self.inner.ledger.mark_outbound(&lease, self.now()).await?;
-        self.inner.faults.hit(Point::AfterOutbound, node_id);
-        let Sent {
-            outcome,
-            next,
-            sent,
-            unknown_before,
-        } = self
-            .send(c, &lease, tool.as_ref(), &rendered.args, class)
-            .await;
-        self.inner.faults.hit(Point::AfterResponse, node_id);
-        if sent > 1 {
-            self.count_extra_requests(c, sent - 1).await?;
-        }
-        if outcome.task.is_some() {
-            return self.task_working(c, &lease, outcome, sent).await;
-        }
-        let result = self
-            .complete(c, &lease, next, outcome.result, sent, unknown_before)
-            .await?;
-        self.inner.faults.hit(Point::AfterComplete, node_id);
-        self.then_callback(c, result).await
+        let span = trace::call_span(c, &rendered.target, &lease);
+        self.call_leased(c, &rendered.args, (tool.as_ref(), class), lease)
+            .instrument(span)
+            .await
     }
 
     /// A callback node whose call succeeded goes on to its callback; any other result
@@ -542,78 +508,6 @@ impl Gateway {
                 }
                 Err(e) => return Err(e),
             }
-        }
-    }
-
-    /// Sends under `lease`, again with the same key for as long as `disposition` says
-    /// so; the outcome of the last send and what it decided.
-    async fn send(
-        &self,
-        c: &StepCall<'_>,
-        lease: &CallLease,
-        tool: &dyn Tool,
-        args: &Json,
-        class: SideEffect,
-    ) -> Sent {
-        let node_id = c.node.id.as_str();
-        // `disposition` decides after every send whether the same key goes out again,
-        // and what the attempt's end is.
-        let mut sent = 0u32;
-        let mut sends = 0u32;
-        let mut unknown_before = lease.prior_sends > 0;
-        let (outcome, next) = loop {
-            let out = self
-                .call_renewing(
-                    lease,
-                    tool,
-                    Call::new(args.clone(), lease.key.clone(), c.timeout),
-                    None,
-                )
-                .await;
-            sent += out.requests_sent;
-            sends += 1;
-            if out.task.is_some() {
-                // A remote task still works: nothing is decided until it ends.
-                break (out, Disposition::InDoubt);
-            }
-            let observed = Observed::of(&out.result);
-            let history = History {
-                unknown_before,
-                resends_left: (1 + c.resend_budget)
-                    .saturating_sub(lease.prior_sends.saturating_add(sends)),
-            };
-            let next = disposition(observed, class, history);
-            unknown_before |= observed == Observed::Unknown;
-            if next == Disposition::ResendSameKey {
-                // Same key, same effect attempt: the downstream dedupes.
-                let retry_after = match &out.result {
-                    Err(e) => match e.kind {
-                        FailureKind::Transient { retry_after } => retry_after,
-                        _ => None,
-                    },
-                    Ok(_) => None,
-                };
-                let delay = c
-                    .next_retry
-                    .as_ref()
-                    .map_or(Duration::from_millis(500), |r| r.delay)
-                    .max(retry_after.unwrap_or_default());
-                tracing::info!(
-                    node = node_id,
-                    resend = sends,
-                    ?observed,
-                    "outcome of the attempt unknown; re-sending with the same idempotency key"
-                );
-                tokio::time::sleep(delay).await;
-                continue;
-            }
-            break (out, next);
-        };
-        Sent {
-            outcome,
-            next,
-            sent,
-            unknown_before,
         }
     }
 
@@ -776,16 +670,4 @@ struct Rendered {
 enum Claimed {
     Lease(CallLease),
     Done(StepResult),
-}
-
-/// What the sends of one attempt came to.
-struct Sent {
-    /// The last send's outcome.
-    outcome: Outcome,
-    /// What `disposition` decided from it.
-    next: Disposition,
-    /// Requests sent in all (an adapter may send more than one per call).
-    sent: u32,
-    /// Whether an earlier send of this attempt (or a crashed process's) had an unknown outcome.
-    unknown_before: bool,
 }

@@ -28,6 +28,18 @@ impl Tools {
         }
     }
 
+    /// Whether `tool` is a pure in-process function: its steps need no claim and no
+    /// outbound mark, and their spans are exported only on request (they can be
+    /// thousands per run).
+    pub fn is_pure(&self, tool: &crate::workflow::ToolDecl) -> bool {
+        match &tool.kind {
+            crate::workflow::ToolKind::Function { function } => {
+                self.functions.get(function).is_some_and(|f| f.is_pure())
+            }
+            _ => false,
+        }
+    }
+
     /// Built-in functions and fresh pools.
     pub fn new() -> Result<Self, flow_adapters::Error> {
         Ok(Self {

@@ -1,0 +1,192 @@
+//! The guard around the SDK's batch processor: it bounds the spans waiting for export
+//! and counts every span that never reached the collector, and it scrubs secret values
+//! from every exported span (the last gate, whatever put them there).
+//!
+//! The SDK's batch processor counts the spans it drops, privately; flow needs the count
+//! as a metric. So the guard counts what it hands on (`queued`) and the exporter wrapper
+//! what was exported or failed (`handled`): their difference is what waits, and the
+//! guard drops — counted — instead of handing on a span the queue could not take.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use opentelemetry::{Context, KeyValue, StringValue, Value};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
+
+use crate::secrets::Secrets;
+
+/// How much larger the SDK's queue is than the guard's bound: two threads ending spans
+/// at the same instant could both pass the guard's check.
+pub(super) const MARGIN: usize = 64;
+
+/// Spans this process ended for export that never reached a collector.
+static DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Spans dropped since the process started: a full queue, a failed or timed-out export,
+/// or left unsent at exit. Read by the daemon's `flow_telemetry_spans_dropped_total`.
+pub fn dropped_spans() -> u64 {
+    DROPPED.load(Ordering::Relaxed)
+}
+
+/// What the guard handed on and what the exporter is done with.
+#[derive(Debug, Default)]
+struct Counts {
+    queued: AtomicU64,
+    handled: AtomicU64,
+}
+
+/// The process's counts, kept for [`count_unsent`] at exit.
+static COUNTS: OnceLock<Arc<Counts>> = OnceLock::new();
+
+/// After a shutdown that timed out: whatever was handed on and not handled is lost.
+pub(super) fn count_unsent() {
+    if let Some(counts) = COUNTS.get() {
+        let queued = counts.queued.load(Ordering::Relaxed);
+        let handled = counts.handled.swap(queued, Ordering::Relaxed);
+        DROPPED.fetch_add(queued.saturating_sub(handled), Ordering::Relaxed);
+    }
+}
+
+/// The exporter, counting, and the guard to put around the processor that uses it.
+pub(super) fn guarded<E: SpanExporter>(
+    inner: E,
+    bound: usize,
+    secrets: Secrets,
+) -> (Counted<E>, Guard) {
+    let counts = Arc::new(Counts::default());
+    let _ = COUNTS.set(counts.clone());
+    (
+        Counted {
+            inner,
+            counts: counts.clone(),
+        },
+        Guard {
+            counts,
+            bound: u64::try_from(bound).unwrap_or(u64::MAX),
+            secrets,
+        },
+    )
+}
+
+/// An exporter that counts what it exported, and as dropped what it failed to.
+#[derive(Debug)]
+pub(super) struct Counted<E> {
+    inner: E,
+    counts: Arc<Counts>,
+}
+
+impl<E: SpanExporter> SpanExporter for Counted<E> {
+    fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
+        let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
+        let export = self.inner.export(batch);
+        let counts = &self.counts;
+        async move {
+            let result = export.await;
+            if result.is_err() {
+                DROPPED.fetch_add(n, Ordering::Relaxed);
+            }
+            counts.handled.fetch_add(n, Ordering::Relaxed);
+            result
+        }
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The bound and the scrubbing, before the processor sees a span.
+#[derive(Debug)]
+pub(super) struct Guard {
+    counts: Arc<Counts>,
+    bound: u64,
+    secrets: Secrets,
+}
+
+impl Guard {
+    /// The processor `inner` behind this guard.
+    pub(super) fn around<P: SpanProcessor>(self, inner: P) -> Guarded<P> {
+        Guarded { guard: self, inner }
+    }
+}
+
+/// A span processor behind a [`Guard`].
+#[derive(Debug)]
+pub(super) struct Guarded<P> {
+    guard: Guard,
+    inner: P,
+}
+
+impl<P: SpanProcessor> SpanProcessor for Guarded<P> {
+    fn on_start(&self, span: &mut Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, mut span: SpanData) {
+        if !span.span_context.is_sampled() {
+            return;
+        }
+        let counts = &self.guard.counts;
+        let waiting = counts
+            .queued
+            .load(Ordering::Relaxed)
+            .saturating_sub(counts.handled.load(Ordering::Relaxed));
+        if waiting >= self.guard.bound {
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        scrub(&mut span, &self.guard.secrets);
+        counts.queued.fetch_add(1, Ordering::Relaxed);
+        self.inner.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// Replaces every secret value in the span's name, attributes and events' attributes.
+fn scrub(span: &mut SpanData, secrets: &Secrets) {
+    if secrets.finds(span.name.as_bytes()) {
+        span.name = secrets.scrub(&span.name).into();
+    }
+    scrub_all(&mut span.attributes, secrets);
+    for event in span.events.events.iter_mut() {
+        if secrets.finds(event.name.as_bytes()) {
+            event.name = secrets.scrub(&event.name).into();
+        }
+        scrub_all(&mut event.attributes, secrets);
+    }
+    for link in span.links.links.iter_mut() {
+        scrub_all(&mut link.attributes, secrets);
+    }
+}
+
+fn scrub_all(attributes: &mut [KeyValue], secrets: &Secrets) {
+    for kv in attributes {
+        if let Value::String(text) = &kv.value
+            && secrets.finds(text.as_str().as_bytes())
+        {
+            kv.value = Value::String(StringValue::from(secrets.scrub(text.as_str())));
+        }
+    }
+}

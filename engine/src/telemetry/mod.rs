@@ -1,0 +1,290 @@
+//! OpenTelemetry traces: a span per run segment, per step and per call that leaves the
+//! process, exported over OTLP; the call's trace context is carried to the downstream
+//! (HTTP headers, MCP `_meta`, command environment — see `crate::gateway::trace`).
+//!
+//! Off unless an endpoint is configured (`OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`,
+//! `OTEL_EXPORTER_OTLP_ENDPOINT`, or `[telemetry] otlp_endpoint` in flow.toml): then no
+//! layer is installed, and a span costs what a disabled tracing span costs.
+//!
+//! Export never blocks or fails a run: ended spans go to a bounded queue that the SDK's
+//! batch processor drains on its own thread; a full queue or a failed export drops
+//! spans, counted ([`dropped_spans`], `flow_telemetry_spans_dropped_total`). At exit a
+//! process waits at most [`EXIT_FLUSH`] for its last batch.
+//!
+//! The spans are tracing spans (the executor's `run` and `step`, the gateway's `call`)
+//! turned into OpenTelemetry spans by `tracing-opentelemetry`: their `otel.name` and
+//! `otel.kind` fields name them; only spans of flow's own targets are exported, never
+//! log events (a log line may quote a downstream's answer; an exported span holds only
+//! what flow chose to put in it, scrubbed again on the way out).
+
+mod export;
+pub mod spans;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use opentelemetry::KeyValue;
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, WithExportConfig as _};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
+use serde::Deserialize;
+use tracing::Subscriber;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::{FilterExt as _, LevelFilter, Targets, filter_fn};
+use tracing_subscriber::registry::LookupSpan;
+
+pub use export::dropped_spans;
+
+use crate::secrets::Secrets;
+
+/// The longest a process waits at exit for its last spans to leave: a collector that
+/// hangs must not hold up `flow run`'s exit code (the spans are then dropped, counted and
+/// named in a warning).
+pub const EXIT_FLUSH: Duration = Duration::from_secs(1);
+
+/// The tracing target of a pure function step's span. Such steps can be thousands per
+/// run; the exporting layer drops this target unless `[telemetry] pure_steps = true`.
+pub const PURE_STEP_TARGET: &str = "flow::pure_step";
+
+/// The queue of ended spans waiting for export, unless `OTEL_BSP_MAX_QUEUE_SIZE` says
+/// otherwise (the SDK's default).
+const QUEUE: usize = 2_048;
+
+/// `[telemetry]` in flow.toml. Environment variables (`OTEL_EXPORTER_OTLP_*`,
+/// `OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`) configure the
+/// rest the standard way, and an endpoint in the environment wins over this file's.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/HTTP base URL (`http://collector:4318`; flow appends
+    /// `/v1/traces`). Unset, and no endpoint in the environment: no traces.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// Export a span for every pure function step too (off: they can be thousands).
+    #[serde(default)]
+    pub pure_steps: bool,
+}
+
+impl TelemetryConfig {
+    /// Checks the file's endpoint when flow.toml is loaded, so a typo is an
+    /// installation error at start, not traces silently missing.
+    pub fn check(&self) -> Result<(), String> {
+        let Some(endpoint) = &self.otlp_endpoint else {
+            return Ok(());
+        };
+        match url::Url::parse(endpoint) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") => Ok(()),
+            Ok(url) => Err(format!(
+                "[telemetry] otlp_endpoint: unsupported scheme `{}` (use http or https)",
+                url.scheme()
+            )),
+            Err(e) => Err(format!(
+                "[telemetry] otlp_endpoint: not a URL ({e}): {endpoint:?}"
+            )),
+        }
+    }
+}
+
+/// Where the exporter sends, once the environment and flow.toml are read.
+#[derive(Debug, PartialEq, Eq)]
+enum Endpoint {
+    /// No endpoint anywhere, or `OTEL_SDK_DISABLED=true` / `OTEL_TRACES_EXPORTER=none`.
+    Off,
+    /// The environment names it: the SDK reads it (signal-specific first).
+    FromEnvironment,
+    /// flow.toml's base URL, with the signal's path appended (an endpoint given in code
+    /// is used verbatim by the SDK).
+    Given(String),
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn endpoint(config: &TelemetryConfig) -> Endpoint {
+    if env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        || env("OTEL_TRACES_EXPORTER").is_some_and(|v| v.eq_ignore_ascii_case("none"))
+    {
+        return Endpoint::Off;
+    }
+    if env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
+        || env("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+    {
+        return Endpoint::FromEnvironment;
+    }
+    match &config.otlp_endpoint {
+        Some(base) if base.trim_end_matches('/').ends_with("/v1/traces") => {
+            Endpoint::Given(base.clone())
+        }
+        Some(base) => Endpoint::Given(format!("{}/v1/traces", base.trim_end_matches('/'))),
+        None => Endpoint::Off,
+    }
+}
+
+/// The OTLP protocol the environment asks for; `Err` for one this build cannot speak.
+fn protocol() -> Result<Protocol, String> {
+    let asked =
+        env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"));
+    match asked.as_deref().map(str::trim) {
+        None | Some("http/protobuf") => Ok(Protocol::HttpBinary),
+        Some("http/json") => Ok(Protocol::HttpJson),
+        Some("grpc") => Err(
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported by this flow: \
+             use http/protobuf and the collector's OTLP/HTTP port (4318)"
+                .into(),
+        ),
+        Some(other) => Err(format!(
+            "OTEL_EXPORTER_OTLP_PROTOCOL={other:?} is not one of http/protobuf, http/json"
+        )),
+    }
+}
+
+/// The process's resource: the environment's attributes (`OTEL_RESOURCE_ATTRIBUTES`,
+/// `OTEL_SERVICE_NAME`), with `service.name` `flow` unless they name one.
+fn resource() -> Resource {
+    let named = env("OTEL_SERVICE_NAME").is_some()
+        || env("OTEL_RESOURCE_ATTRIBUTES").is_some_and(|v| {
+            v.split(',')
+                .any(|kv| kv.trim().starts_with("service.name="))
+        });
+    let mut builder = Resource::builder();
+    if !named {
+        builder = builder.with_service_name("flow");
+    }
+    builder
+        .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+        .build()
+}
+
+/// The provider this process exports through, flushed at exit ([`finish`]).
+static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
+
+/// The exporting layer for the process's subscriber, or `Ok(None)` when telemetry is
+/// off; `Err` says why it is off although it was asked for (the caller warns: a trace
+/// never stops flow from running).
+pub fn layer<S>(
+    config: &TelemetryConfig,
+    secrets: &Secrets,
+) -> Result<Option<Box<dyn Layer<S> + Send + Sync>>, String>
+where
+    S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
+{
+    let given = match endpoint(config) {
+        Endpoint::Off => return Ok(None),
+        Endpoint::FromEnvironment => None,
+        Endpoint::Given(url) => Some(url),
+    };
+    let protocol = protocol()?;
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_protocol(protocol);
+    if let Some(url) = given {
+        builder = builder.with_endpoint(url);
+    }
+    let exporter = builder
+        .build()
+        .map_err(|e| format!("cannot build the OTLP exporter: {e}"))?;
+    let queue = env("OTEL_BSP_MAX_QUEUE_SIZE")
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(QUEUE);
+    let (exporter, guard) = export::guarded(exporter, queue, secrets.clone());
+    // The SDK's own queue is a little larger than the guard's bound, so the guard is
+    // the one that drops (and counts) a span when the collector falls behind.
+    let batch = BatchSpanProcessor::builder(exporter)
+        .with_batch_config(
+            BatchConfigBuilder::default()
+                .with_max_queue_size(queue + export::MARGIN)
+                .build(),
+        )
+        .build();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(guard.around(batch))
+        .with_resource(resource())
+        .build();
+    let tracer = provider.tracer("flow");
+    // A second install in one process (tests call the CLI in-process) keeps the first.
+    let _ = PROVIDER.set(provider);
+    let pure = if config.pure_steps {
+        LevelFilter::INFO
+    } else {
+        LevelFilter::OFF
+    };
+    let targets = Targets::new()
+        .with_target("flow", LevelFilter::INFO)
+        .with_target(PURE_STEP_TARGET, pure);
+    let spans_only = filter_fn(|meta| meta.is_span());
+    let layer = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_level(false)
+        .with_filter(targets.and(spans_only));
+    Ok(Some(Box::new(layer)))
+}
+
+/// Sends what is left and stops the exporter, waiting at most [`EXIT_FLUSH`]; warns
+/// when spans were dropped. Called once, as the process's command ends.
+pub fn finish() {
+    let Some(provider) = PROVIDER.get() else {
+        return;
+    };
+    if provider.shutdown_with_timeout(EXIT_FLUSH).is_err() {
+        export::count_unsent();
+    }
+    let dropped = dropped_spans();
+    if dropped > 0 {
+        tracing::warn!(
+            dropped,
+            "telemetry: {dropped} span(s) were not exported (the OTLP collector did not take them)"
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_endpoint_gets_the_signal_path_once() {
+        // Only meaningful without an endpoint in the environment (CI sets none).
+        if env("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+            || env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
+            || env("OTEL_SDK_DISABLED").is_some()
+            || env("OTEL_TRACES_EXPORTER").is_some()
+        {
+            return;
+        }
+        let of = |url: &str| {
+            endpoint(&TelemetryConfig {
+                otlp_endpoint: Some(url.into()),
+                pure_steps: false,
+            })
+        };
+        assert_eq!(
+            of("http://c:4318"),
+            Endpoint::Given("http://c:4318/v1/traces".into())
+        );
+        assert_eq!(
+            of("http://c:4318/"),
+            Endpoint::Given("http://c:4318/v1/traces".into())
+        );
+        assert_eq!(
+            of("http://c:4318/v1/traces"),
+            Endpoint::Given("http://c:4318/v1/traces".into())
+        );
+        assert_eq!(endpoint(&TelemetryConfig::default()), Endpoint::Off);
+    }
+
+    #[test]
+    fn a_bad_file_endpoint_is_refused_on_load() {
+        let bad = |url: &str| TelemetryConfig {
+            otlp_endpoint: Some(url.into()),
+            pure_steps: false,
+        };
+        assert!(bad("collector:4318").check().is_err());
+        assert!(bad("ftp://c/").check().is_err());
+        assert!(bad("https://c:4318").check().is_ok());
+    }
+}
