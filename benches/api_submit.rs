@@ -57,6 +57,7 @@ fn new_run(prefix: &str, i: usize) -> NewRun {
         inputs: json!({ "i": i }),
         priority: 0,
         not_before: None,
+        trace_parent: None,
     }
 }
 

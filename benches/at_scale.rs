@@ -73,6 +73,7 @@ fn new_run(i: usize) -> NewRun {
         inputs: json!({"order_id": order_id(i), "customer": format!("cust_{}", i % 500)}),
         priority: 0,
         not_before: None,
+        trace_parent: None,
     }
 }
 

@@ -40,6 +40,7 @@ fn new_run(i: usize) -> NewRun {
         inputs: serde_json::json!({ "i": i }),
         priority: 0,
         not_before: None,
+        trace_parent: None,
     }
 }
 

@@ -65,6 +65,7 @@ async fn bench(label: &str, url: &str, floor: Duration) {
             inputs: serde_json::json!({}),
             priority: 0,
             not_before: None,
+            trace_parent: None,
         };
         ledger.enqueue(run, clock.now()).await.expect("enqueue");
     }

@@ -84,6 +84,7 @@ async fn run_once(url: &str, text: &str) -> Duration {
         inputs: serde_json::json!({}),
         priority: 0,
         not_before: None,
+        trace_parent: None,
     };
     ledger.enqueue(run, clock.now()).await.expect("enqueue");
     let lease = ledger

@@ -190,6 +190,7 @@ async fn bench(name: &str, url: &str, runs: usize, keep: usize) {
                 inputs: json!({ "order_id": b * BATCH + i }),
                 priority: 0,
                 not_before: None,
+                trace_parent: None,
             })
             .collect();
         ledger

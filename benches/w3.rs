@@ -80,6 +80,7 @@ async fn fill(ledger: &Ledger, n: usize) {
                 inputs: json!({ "i": i }),
                 priority: 0,
                 not_before: None,
+                trace_parent: None,
             })
             .collect();
         let now = SystemClock.now();

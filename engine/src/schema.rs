@@ -303,6 +303,10 @@ fn tool() -> Value {
                                 "scope": { "type": "string" } } }
                     }
                 },
+                "propagate_trace": {
+                    "type": "boolean", "default": true,
+                    "description": "Send the call's trace context in `_meta.traceparent` / `tracestate`; false for a server that refuses unknown `_meta` keys."
+                },
                 "elicitation": {
                     "description": "How the server's elicitation requests are answered; default decline.",
                     "oneOf": [

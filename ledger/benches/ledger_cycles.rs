@@ -87,6 +87,7 @@ async fn task_cycles(ledger: Ledger, task: usize, round: usize, deadline: Instan
                 inputs: json!({}),
                 priority: 0,
                 not_before: None,
+                trace_parent: None,
             },
             clock.now(),
         )
@@ -166,6 +167,7 @@ async fn task_pure_runs(ledger: Ledger, task: usize, round: usize, deadline: Ins
                     inputs: json!({}),
                     priority: 0,
                     not_before: None,
+                    trace_parent: None,
                 },
                 clock.now(),
             )

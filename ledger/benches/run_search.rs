@@ -74,6 +74,7 @@ fn new_run(i: usize) -> NewRun {
         }),
         priority: 0,
         not_before: None,
+        trace_parent: None,
     }
 }
 

@@ -66,6 +66,7 @@ async fn main() {
                 inputs: json!({"order_id": format!("{batch}-{i}")}),
                 priority: 0,
                 not_before: None,
+                trace_parent: None,
             })
             .collect();
         ledger

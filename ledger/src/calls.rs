@@ -413,7 +413,8 @@ const CLAIM_NEW_ATTEMPT: (&str, CallTransition) = (
         "UPDATE tool_calls SET status = $12, attempt_count = attempt_count + 1,
             lease_holder = $5, lease_token = lease_token + 1, run_token = $6,
             lease_expires_at = $7, step_id = $8, output = NULL, error_kind = NULL,
-            error_message = NULL, finished_at = NULL, updated_at = $9
+            error_message = NULL, finished_at = NULL, updated_at = $9,
+            trace_parent = NULL, trace_state = NULL
          WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
            AND status = $11 AND lease_token = $10
          RETURNING ",
@@ -735,6 +736,8 @@ impl Ledger {
             expires_at: Timestamp(row.lease_expires_at.unwrap_or(0)),
             prior_sends,
             remote_task: None,
+            trace_parent: row.trace_parent.clone(),
+            trace_state: row.trace_state.clone(),
         })
     }
 

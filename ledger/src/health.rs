@@ -46,6 +46,42 @@ impl Ledger {
         Ok(row.map_or(0, |r| r.n))
     }
 
+    /// The calls of this scope in doubt, by tool, with when the oldest of each went into
+    /// doubt: a daemon's `flow_tool_calls_in_doubt{tool}` and
+    /// `flow_oldest_in_doubt_seconds` (the alert everyone writes: "a call has waited for
+    /// a person for an hour"). Tools in alphabetical order.
+    pub async fn calls_in_doubt_by_tool(&self) -> Result<Vec<InDoubtTool>, Error> {
+        #[derive(Debug, sqlx::FromRow)]
+        struct Row {
+            tool: String,
+            n: i64,
+            oldest: Option<i64>,
+        }
+        let s = self.scope();
+        let mut pc = self.pool().acquire().await?;
+        let rows = pc
+            .conn()
+            .all::<Row>(
+                "SELECT tool, COUNT(*) AS n, MIN(in_doubt_at) AS oldest FROM tool_calls
+                 WHERE tenant = $1 AND workspace = $2 AND status = $3
+                 GROUP BY tool ORDER BY tool",
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    crate::state::CallStatus::InDoubt.as_str()
+                ],
+            )
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| InDoubtTool {
+                tool: r.tool,
+                calls: r.n,
+                oldest: crate::clock::Timestamp(r.oldest.unwrap_or(0)),
+            })
+            .collect())
+    }
+
     /// Event deliveries by consumer and status (pending, delivered, dead): what a
     /// daemon's `/metrics` reports, so a dead letter is seen without running
     /// `flow events --failed`.
@@ -79,4 +115,15 @@ impl Ledger {
             })
             .collect()
     }
+}
+
+/// The calls of one tool in doubt ([`Ledger::calls_in_doubt_by_tool`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InDoubtTool {
+    /// The tool's name in its workflow.
+    pub tool: String,
+    /// How many of its calls are in doubt.
+    pub calls: i64,
+    /// When the oldest of them went into doubt.
+    pub oldest: crate::clock::Timestamp,
 }

@@ -111,6 +111,7 @@ mod schedules;
 mod search;
 mod sqlite;
 mod steps;
+mod trace;
 mod waits;
 mod writer;
 
@@ -130,18 +131,19 @@ pub use error::Error;
 pub use events::{Event, EventFilter, EventType};
 pub use fanouts::Fanout;
 pub use finish::FinishedRun;
+pub use health::InDoubtTool;
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
 pub use model::{
     Actor, Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,
     Enqueued, HeartbeatAck, InDoubtReport, NewRun, NewStep, OnParentCancel, ParentLink,
-    PureBatchRecorded, PureCall, PureRecorded, PureResult, RateAcquire, RateDecision, Replayed,
-    RequestsSent, Resolution, Resolve, Run, RunCursor, RunFilter, RunFinish, RunLease, Scope, Step,
-    StepError, StepFinish, ToolCall, Usage, Window,
+    RateAcquire, RateDecision, Replayed, RequestsSent, Resolution, Resolve, Run, RunCursor,
+    RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage, Window,
 };
 pub use operator::{InDoubtFilter, MAX_BATCH};
 pub use probes::{
     NewProbe, PROBE_USAGE, Probe, ProbeDecision, ProbeObserved, ProbeSchedule, RecordedProbe,
 };
+pub use pure::{PureBatchRecorded, PureCall, PureRecorded, PureResult};
 pub use redrive::Redriven;
 pub use retention::{Candidate, Deleted, Kept, RunGc, Sweep, Tombstone, key_hash};
 pub use runs::MAX_CLAIM;

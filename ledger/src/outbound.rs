@@ -101,12 +101,23 @@ impl Ledger {
                 let lease = &lease;
                 let (from, to) = CallTransition::MarkOutbound.states();
                 let mut a = fence_args(&ledger, lease);
-                a.extend(args![now, to.as_str(), from.as_str()]);
+                a.extend(args![
+                    now,
+                    to.as_str(),
+                    from.as_str(),
+                    lease.trace_parent.as_deref(),
+                    lease.trace_state.as_deref()
+                ]);
+                // The trace context is stored by the key's first mark only: a re-send
+                // keeps the original's (SET reads the row as it was).
                 let n = c
                     .execute(
                         concat!(
                             "UPDATE tool_calls SET status = $9, outbound_started_at = $8,
-                                remote_task = NULL, updated_at = $8 WHERE",
+                                remote_task = NULL, updated_at = $8,
+                                trace_parent = COALESCE(trace_parent, $11),
+                                trace_state = CASE WHEN trace_parent IS NULL THEN $12
+                                    ELSE trace_state END WHERE",
                             live_call_fence!(),
                             "AND status = $10"
                         ),

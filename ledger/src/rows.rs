@@ -60,6 +60,9 @@ pub(crate) struct RunRow {
     pub parent_run_id: Option<String>,
     pub parent_step_id: Option<String>,
     pub on_parent_cancel: Option<String>,
+    /// The latest execution segment's span context (migration 0019).
+    #[sqlx(default)]
+    pub trace_segment: Option<String>,
 }
 
 /// The columns a [`RunRow`] reads, for a statement whose rows come from the `runs` table
@@ -72,7 +75,7 @@ pub(crate) struct RunRow {
 /// tables in `RETURNING`; the conformance suite's claims and finishes read it back).
 macro_rules! run_cols {
     () => {
-        "id, workflow_name, CASE WHEN runs.workflow_text <> '' THEN runs.workflow_text ELSE (SELECT wt.text FROM workflow_texts wt WHERE wt.tenant = runs.tenant AND wt.workspace = runs.workspace AND wt.hash = runs.workflow_hash) END AS workflow_text, workflow_hash, inputs, inputs_hash, status, priority, not_before, created_at, started_at, finished_at, worker, lease_token, lease_expires_at, cancel_requested, pause_reason, output, error, parent_run_id, parent_step_id, on_parent_cancel"
+        "id, workflow_name, CASE WHEN runs.workflow_text <> '' THEN runs.workflow_text ELSE (SELECT wt.text FROM workflow_texts wt WHERE wt.tenant = runs.tenant AND wt.workspace = runs.workspace AND wt.hash = runs.workflow_hash) END AS workflow_text, workflow_hash, inputs, inputs_hash, status, priority, not_before, created_at, started_at, finished_at, worker, lease_token, lease_expires_at, cancel_requested, pause_reason, output, error, parent_run_id, parent_step_id, on_parent_cancel, trace_segment"
     };
 }
 pub(crate) use run_cols;
@@ -81,7 +84,7 @@ pub(crate) use run_cols;
 /// [`run_cols`] (its text is already resolved).
 macro_rules! run_fields {
     () => {
-        "id, workflow_name, workflow_text, workflow_hash, inputs, inputs_hash, status, priority, not_before, created_at, started_at, finished_at, worker, lease_token, lease_expires_at, cancel_requested, pause_reason, output, error, parent_run_id, parent_step_id, on_parent_cancel"
+        "id, workflow_name, workflow_text, workflow_hash, inputs, inputs_hash, status, priority, not_before, created_at, started_at, finished_at, worker, lease_token, lease_expires_at, cancel_requested, pause_reason, output, error, parent_run_id, parent_step_id, on_parent_cancel, trace_segment"
     };
 }
 pub(crate) use run_fields;
@@ -160,6 +163,7 @@ impl RunRow {
             cancel_requested: self.cancel_requested,
             priority: i32::try_from(self.priority).unwrap_or(0),
             parent,
+            trace_segment: self.trace_segment,
         })
     }
 }
@@ -241,11 +245,17 @@ pub(crate) struct CallRow {
     pub finished_at: Option<i64>,
     pub remote_task: Option<String>,
     pub uncounted_sends: i64,
+    /// The stored trace context (migration 0019); absent from column lists that do not
+    /// need it.
+    #[sqlx(default)]
+    pub trace_parent: Option<String>,
+    #[sqlx(default)]
+    pub trace_state: Option<String>,
 }
 
 macro_rules! call_cols {
     () => {
-        "run_id, tool_call_id, step_id, tool, idempotency_key, request, request_hash, status, attempt_count, outbound_requests, lease_holder, lease_token, run_token, lease_expires_at, outbound_started_at, in_doubt_at, output, error_kind, error_message, resolution, resolved_by, resolved_at, resolution_note, created_at, finished_at, remote_task, uncounted_sends"
+        "run_id, tool_call_id, step_id, tool, idempotency_key, request, request_hash, status, attempt_count, outbound_requests, lease_holder, lease_token, run_token, lease_expires_at, outbound_started_at, in_doubt_at, output, error_kind, error_message, resolution, resolved_by, resolved_at, resolution_note, created_at, finished_at, remote_task, uncounted_sends, trace_parent, trace_state"
     };
 }
 pub(crate) use call_cols;

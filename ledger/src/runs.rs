@@ -106,8 +106,8 @@ pub(crate) async fn enqueue_in(
         .execute(
             "INSERT INTO runs (tenant, workspace, id, workflow_name, workflow_text,
                 workflow_hash, inputs, inputs_hash, status, priority, not_before,
-                created_at, updated_at)
-             VALUES ($1, $2, $3, $4, '', $5, $6, $7, 'queued', $8, $9, $10, $10)
+                created_at, updated_at, trace_segment)
+             VALUES ($1, $2, $3, $4, '', $5, $6, $7, 'queued', $8, $9, $10, $10, $11)
              ON CONFLICT DO NOTHING",
             args![
                 &scope.tenant,
@@ -120,6 +120,7 @@ pub(crate) async fn enqueue_in(
                 run.priority,
                 run.not_before.unwrap_or(now),
                 now,
+                run.trace_parent.as_deref(),
             ],
         )
         .await?;

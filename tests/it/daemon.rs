@@ -166,6 +166,7 @@ fn enqueue(rt: &tokio::runtime::Runtime, ledger: &Ledger, text: &str, id: &str, 
         inputs: serde_json::json!({ "i": i }),
         priority: 0,
         not_before: None,
+        trace_parent: None,
     };
     rt.block_on(ledger.enqueue(run, flow_ledger::Clock::now(&flow_ledger::SystemClock)))
         .expect("enqueue");
@@ -315,7 +316,7 @@ fn metrics_healthz_and_json_logs_carry_the_ids() {
     for line in [
         "flow_runs{status=\"succeeded\"} 3",
         "flow_queue_depth 0",
-        "flow_tool_calls_in_doubt 0",
+        "flow_oldest_in_doubt_seconds 0",
         "flow_database_up 1",
         "flow_daemon_runs_finished_total{status=\"succeeded\"} 3",
         // Calls are counted and timed per tool (and outcome).

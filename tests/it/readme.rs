@@ -38,3 +38,70 @@ fn the_readme_test_command_is_what_ci_runs() {
         "the test command installs the runner it needs"
     );
 }
+
+/// The metric names `text` mentions (`flow_…`), a histogram's series named by its
+/// metric (`_bucket`, `_count`, `_sum` dropped).
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let re = regex::Regex::new(r"flow_[a-z_]+[a-z]").expect("regex");
+    re.find_iter(text)
+        .map(|m| {
+            let name = m.as_str();
+            ["_bucket", "_count", "_sum"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s))
+                .unwrap_or(name)
+                .to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn the_dashboard_and_alerts_use_exactly_the_metrics_the_readme_lists() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let table: String = readme
+        .split("### Metrics, health and logs")
+        .nth(1)
+        .expect("the metrics section")
+        .lines()
+        .skip_while(|l| !l.starts_with("| metric"))
+        .take_while(|l| l.starts_with('|'))
+        .map(|l| l.split('|').nth(1).unwrap_or_default().to_string() + "\n")
+        .collect();
+    let listed = metric_names(&table);
+    assert!(listed.len() > 15, "the table was read: {listed:?}");
+
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("docs/grafana-dashboard.json")).expect("dashboard"),
+    )
+    .expect("the dashboard is JSON");
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .expect("panels")
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t["expr"].as_str().map(str::to_string))
+        .collect();
+    let shown = metric_names(&exprs.join("\n"));
+    assert_eq!(shown, listed, "a panel per README metric, and no other");
+
+    let alerts_text = std::fs::read_to_string(repo().join("docs/alerts.yml")).expect("alerts");
+    let alerts: serde_json::Value = yaml_serde::from_str(&alerts_text).expect("alerts.yml is YAML");
+    let rules = alerts["groups"][0]["rules"].as_array().expect("rules");
+    let used: Vec<String> = rules
+        .iter()
+        .map(|r| r["expr"].as_str().expect("an expr").to_string())
+        .collect();
+    let unknown: Vec<String> = metric_names(&used.join("\n"))
+        .difference(&listed)
+        .cloned()
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "alerts on unlisted metrics: {unknown:?}"
+    );
+    assert!(
+        used.iter()
+            .any(|e| e.contains("flow_oldest_in_doubt_seconds")),
+        "the in-doubt alert is there"
+    );
+}

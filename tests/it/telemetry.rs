@@ -301,3 +301,270 @@ fn a_collector_that_is_down_or_hangs_neither_fails_nor_holds_up_the_run() {
         "the hanging collector was reached"
     );
 }
+
+/// The span context a `traceparent` names: (trace id, span id), hex.
+fn ids(traceparent: &str) -> (String, String) {
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "{traceparent}");
+    (parts[1].to_owned(), parts[2].to_owned())
+}
+
+/// The run spans of one outcome.
+fn runs_ending<'a>(spans: &'a [Span], outcome: &str) -> Vec<&'a Span> {
+    spans
+        .iter()
+        .filter(|s| {
+            s.name == "flow.run traced" && attr(s, "flow.run.outcome").as_deref() == Some(outcome)
+        })
+        .collect()
+}
+
+/// `flow run FILE`, traced, killed after `pay`'s request left; the run id.
+fn crash_after_response(db: &TestDb, file: &std::path::Path, otlp: &str) -> String {
+    let crashed = output(
+        db.flow()
+            .arg("run")
+            .arg(file)
+            .env("FLOW_FAULT", "after_response:pay")
+            .env("FLOW_SECRET_API_TOKEN", SECRET)
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp),
+    );
+    assert_eq!(crashed.status.code(), None, "{}", stderr(&crashed));
+    crate::support::run_id(&crashed)
+}
+
+#[test]
+fn a_resend_after_a_crash_carries_the_original_traceparent_and_each_segment_links_back() {
+    for backend in crate::support::backends() {
+        let rt = runtime();
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        let (otlp, received) = rt.block_on(collector(false));
+        let db = TestDb::new(backend);
+        let file = db.write("w.yaml", &workflow(&server.url()));
+        let traced = |cmd: &mut std::process::Command| {
+            cmd.env("FLOW_SECRET_API_TOKEN", SECRET)
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp);
+        };
+
+        // 1. Killed after the request left, before its outcome was recorded.
+        let run = crash_after_response(&db, &file, &otlp);
+        let first = server.log();
+        assert_eq!(first.len(), 1, "{backend:?}");
+        let original = first[0]
+            .header("traceparent")
+            .expect("the first send carried a traceparent")
+            .to_owned();
+        let (trace, span) = ids(&original);
+
+        // 2. Resumed: in doubt, the run pauses — and that segment is exported at once,
+        // linked to the killed one (the trace of the original send).
+        let mut cmd = db.flow();
+        cmd.args(["resume", &run]);
+        traced(&mut cmd);
+        let paused = output(&mut cmd);
+        assert_eq!(
+            paused.status.code(),
+            Some(3),
+            "{backend:?}: {}",
+            stderr(&paused)
+        );
+        let spans = received.spans();
+        let segment = runs_ending(&spans, "paused");
+        assert_eq!(
+            segment.len(),
+            1,
+            "{backend:?}: the paused segment was exported"
+        );
+        assert!(
+            segment[0].links.iter().any(|l| hex(&l.trace_id) == trace),
+            "{backend:?}: the paused segment links to the killed one: {:?}",
+            segment[0].links
+        );
+        assert_ne!(
+            hex(&segment[0].trace_id),
+            trace,
+            "{backend:?}: a segment is its own trace"
+        );
+        assert_eq!(
+            server.log().len(),
+            1,
+            "{backend:?}: nothing re-sent blindly"
+        );
+
+        // 3. An operator says `retry`: the same key goes out again with the original's
+        // traceparent; the new CLIENT span says it is a re-send and links to the original,
+        // and no exported CLIENT span claims the original's id.
+        let mut cmd = db.flow();
+        cmd.args(["resume", &run, "--resolve", "pay=retry"]);
+        traced(&mut cmd);
+        let resolved = output(&mut cmd);
+        assert_eq!(
+            resolved.status.code(),
+            Some(0),
+            "{backend:?}: {}",
+            stderr(&resolved)
+        );
+        let log = server.log();
+        assert_eq!(log.len(), 2, "{backend:?}");
+        assert_eq!(log[1].key, first[0].key, "{backend:?}: the same key");
+        assert_eq!(
+            log[1].header("traceparent"),
+            Some(original.as_str()),
+            "{backend:?}: the re-send carries the stored traceparent"
+        );
+        let spans = received.spans();
+        let clients: Vec<&Span> = spans
+            .iter()
+            .filter(|s| s.kind == SpanKind::Client as i32)
+            .collect();
+        assert_eq!(
+            clients.len(),
+            1,
+            "{backend:?}: one CLIENT span, the re-send's"
+        );
+        let resend = clients[0];
+        assert_eq!(attr(resend, "flow.call.resend").as_deref(), Some("true"));
+        assert_ne!(hex(&resend.span_id), span, "{backend:?}");
+        assert!(
+            resend
+                .links
+                .iter()
+                .any(|l| hex(&l.trace_id) == trace && hex(&l.span_id) == span),
+            "{backend:?}: the re-send links to the original send: {:?}",
+            resend.links
+        );
+        let done = runs_ending(&spans, "succeeded");
+        assert_eq!(done.len(), 1, "{backend:?}");
+        assert!(
+            done[0]
+                .links
+                .iter()
+                .any(|l| l.span_id == segment[0].span_id),
+            "{backend:?}: the last segment links to the paused one"
+        );
+    }
+}
+
+/// One MCP call (`count`, a side effect) to the testkit server at `url`.
+fn mcp_workflow(url: &str, propagate: bool) -> String {
+    format!(
+        r#"name: traced-mcp
+tools:
+  count:
+    kind: mcp
+    server: {{ url: "{url}" }}
+    tool: count
+    propagate_trace: {propagate}
+nodes:
+  tick: {{ tool: count, with: {{ key: k1 }} }}
+"#
+    )
+}
+
+#[test]
+fn an_mcp_call_carries_its_client_span_in_meta_unless_the_tool_says_no() {
+    let rt = runtime();
+    let server = rt
+        .block_on(flow_adapters::testkit::mcp::HttpServer::start(None))
+        .expect("mcp server");
+    let (otlp, received) = rt.block_on(collector(false));
+    let run = |propagate: bool| {
+        let db = TestDb::new(Backend::Sqlite);
+        let file = db.write("w.yaml", &mcp_workflow(&server.url(), propagate));
+        output(
+            db.flow()
+                .arg("run")
+                .arg(&file)
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp),
+        )
+    };
+
+    let out = run(true);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let metas = server.http().call_metas();
+    assert_eq!(metas.len(), 1, "{metas:?}");
+    let spans = received.spans();
+    let client = one(&spans, "execute_tool count");
+    assert_eq!(
+        attr(client, "mcp.method.name").as_deref(),
+        Some("tools/call")
+    );
+    assert_eq!(attr(client, "mcp.tool.name").as_deref(), Some("count"));
+    let expected = format!("00-{}-{}-01", hex(&client.trace_id), hex(&client.span_id));
+    assert_eq!(metas[0]["traceparent"], serde_json::json!(expected));
+
+    // A server that refuses `_meta` keys it does not know: the call fails while flow
+    // propagates, and succeeds with `propagate_trace: false`, carrying none.
+    server.refuse_unknown_meta(true);
+    let refused = run(true);
+    assert_ne!(
+        refused.status.code(),
+        Some(0),
+        "the strict server refused the call"
+    );
+    assert!(
+        stderr(&refused).contains("unknown _meta key"),
+        "{}",
+        stderr(&refused)
+    );
+    let out = run(false);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let metas = server.http().call_metas();
+    assert!(
+        metas.last().is_some_and(|m| m.get("traceparent").is_none()),
+        "{metas:?}"
+    );
+}
+
+#[test]
+fn a_run_submitted_with_a_traceparent_continues_that_trace() {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let (otlp, received) = rt.block_on(collector(false));
+    let db = TestDb::new(Backend::Sqlite);
+    let api = crate::api::serve(&db);
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let text = workflow(&server.url()).replace(
+        r#"headers: { Authorization: "Bearer ${{ secrets.API_TOKEN }}" }"#,
+        "headers: {}",
+    );
+    let text = text.replace("/refunds/${{ secrets.API_TOKEN }}", "/refunds");
+    let status = rt.block_on(async {
+        reqwest::Client::new()
+            .post(format!("{}/api/v1/runs", api.base))
+            .bearer_auth(crate::api::OPERATOR)
+            .header("traceparent", parent)
+            .json(&serde_json::json!({"workflow": text, "run_id": "traced-1"}))
+            .send()
+            .await
+            .expect("submit")
+            .status()
+    });
+    assert_eq!(status, reqwest::StatusCode::CREATED);
+    drop(api);
+    let out = output(
+        db.flow()
+            .args(["daemon", "--exit-when-idle", "--poll-interval", "50ms"])
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let spans = received.spans();
+    let run = one(&spans, "flow.run traced");
+    assert_eq!(attr(run, "flow.run.outcome").as_deref(), Some("succeeded"));
+    let (trace, span) = ids(parent);
+    assert_eq!(
+        hex(&run.trace_id),
+        trace,
+        "the run continues the submitter's trace"
+    );
+    assert_eq!(hex(&run.parent_span_id), span);
+    let client = one(&spans, "execute_tool refund");
+    assert_eq!(hex(&client.trace_id), trace);
+    let log = server.log();
+    assert!(
+        log[0]
+            .header("traceparent")
+            .is_some_and(|t| t.contains(&trace)),
+        "{log:?}"
+    );
+}

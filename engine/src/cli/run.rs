@@ -403,6 +403,7 @@ pub(super) fn check_new_run(
         inputs,
         priority: 0,
         not_before: None,
+        trace_parent: None,
     };
     Ok((wf, new))
 }

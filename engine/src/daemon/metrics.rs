@@ -49,9 +49,7 @@ pub struct Metrics {
     registry: Registry,
     runs: Family<Label, Gauge>,
     queue_depth: Gauge,
-    in_doubt: Gauge,
-    approvals_pending: Gauge,
-    waits_pending: Gauge,
+    waiting: Waiting,
     database_up: Gauge,
     runs_claimed: Counter,
     runs_finished: Family<Label, Counter>,
@@ -64,6 +62,62 @@ pub struct Metrics {
     auth_failures: Family<Label, Counter>,
     background: Background,
     process: ProcessGauges,
+}
+
+/// What waits for a person, read from the ledger at scrape time: calls in doubt (by tool,
+/// and the oldest one's wait), approvals and waits.
+struct Waiting {
+    in_doubt: Family<Labels, Gauge>,
+    oldest_in_doubt: Gauge,
+    approvals: Gauge,
+    waits: Gauge,
+}
+
+impl Waiting {
+    fn register(registry: &mut Registry) -> Self {
+        let w = Self {
+            in_doubt: Family::default(),
+            oldest_in_doubt: Gauge::default(),
+            approvals: Gauge::default(),
+            waits: Gauge::default(),
+        };
+        registry.register(
+            "tool_calls_in_doubt",
+            "Tool calls in doubt by tool, each waiting for a resolution (read at scrape time)",
+            w.in_doubt.clone(),
+        );
+        registry.register(
+            "oldest_in_doubt_seconds",
+            "How long the oldest call in doubt has waited for a resolution; 0 when none (read at scrape time)",
+            w.oldest_in_doubt.clone(),
+        );
+        registry.register(
+            "approvals_pending",
+            "Node calls awaiting approval, nothing sent yet (read at scrape time)",
+            w.approvals.clone(),
+        );
+        registry.register(
+            "waits_pending",
+            "Nodes waiting for an event or a callback (read at scrape time)",
+            w.waits.clone(),
+        );
+        w
+    }
+
+    /// Calls in doubt by tool (a tool none of whose calls is in doubt any more drops
+    /// out) and the oldest one's wait, in seconds.
+    fn set_in_doubt(&self, tools: &[flow_ledger::InDoubtTool]) {
+        self.in_doubt.clear();
+        for t in tools {
+            self.in_doubt
+                .get_or_create(&vec![("tool", t.tool.clone())])
+                .set(t.calls);
+        }
+        let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
+        let oldest = tools.iter().map(|t| t.oldest).min();
+        self.oldest_in_doubt
+            .set(oldest.map_or(0, |o| (now.0 - o.0).max(0) / 1000));
+    }
 }
 
 /// Counters of the daemon's background tasks: the scheduler and retention.
@@ -185,9 +239,6 @@ impl Metrics {
         let mut registry = Registry::with_prefix("flow");
         let runs = Family::<Label, Gauge>::default();
         let queue_depth = Gauge::default();
-        let in_doubt = Gauge::default();
-        let approvals_pending = Gauge::default();
-        let waits_pending = Gauge::default();
         let database_up = Gauge::default();
         let runs_claimed = Counter::default();
         let runs_finished = Family::<Label, Counter>::default();
@@ -221,25 +272,7 @@ impl Metrics {
             "Queued runs waiting for a worker (read at scrape time)",
             queue_depth.clone(),
         );
-        registry.register(
-            "tool_calls_in_doubt",
-            "Tool calls in doubt, each waiting for a resolution (read at scrape time)",
-            in_doubt.clone(),
-        );
-        for (name, help, gauge) in [
-            (
-                "approvals_pending",
-                "Node calls awaiting approval, nothing sent yet (read at scrape time)",
-                &approvals_pending,
-            ),
-            (
-                "waits_pending",
-                "Nodes waiting for an event or a callback (read at scrape time)",
-                &waits_pending,
-            ),
-        ] {
-            registry.register(name, help, gauge.clone());
-        }
+        let waiting = Waiting::register(&mut registry);
         registry.register(
             "database_up",
             "1 if the ledger database answered the last scrape, else 0",
@@ -279,9 +312,7 @@ impl Metrics {
             registry,
             runs,
             queue_depth,
-            in_doubt,
-            approvals_pending,
-            waits_pending,
+            waiting,
             database_up,
             runs_claimed,
             runs_finished,
@@ -420,7 +451,7 @@ impl Metrics {
         self.refresh_process();
         let read = async {
             let by_status = ledger.count_runs_by_status().await?;
-            let in_doubt = ledger.count_calls_in_doubt().await?;
+            let in_doubt = ledger.calls_in_doubt_by_tool().await?;
             let deliveries = ledger.count_deliveries().await?;
             let approvals = ledger.count_pending_approvals().await?;
             let waits = ledger.count_pending_waits().await?;
@@ -444,10 +475,12 @@ impl Metrics {
                         self.queue_depth.set(n);
                     }
                 }
-                self.in_doubt.set(in_doubt);
-                self.approvals_pending
+                self.waiting.set_in_doubt(&in_doubt);
+                self.waiting
+                    .approvals
                     .set(i64::try_from(approvals).unwrap_or(i64::MAX));
-                self.waits_pending
+                self.waiting
+                    .waits
                     .set(i64::try_from(waits).unwrap_or(i64::MAX));
                 self.database_up.set(1);
                 true

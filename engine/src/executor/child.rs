@@ -87,6 +87,7 @@ pub(super) async fn run_child(
         inputs,
         priority: 0,
         not_before: None,
+        trace_parent: None,
     };
     let link = ParentLink {
         run_id: lease.run_id.clone(),

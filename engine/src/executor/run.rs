@@ -89,6 +89,7 @@ impl Executor {
             inputs: inputs.unwrap_or(&run.inputs),
             steps: &steps,
             cancel_requested: run.cancel_requested,
+            trace_segment: run.trace_segment.as_deref(),
         };
         self.execute_known(lease, wf, known, stop).await
     }
@@ -122,6 +123,7 @@ impl Executor {
             inputs: &run.inputs,
             steps: &steps,
             cancel_requested: run.cancel_requested,
+            trace_segment: run.trace_segment.as_deref(),
         };
         self.execute_known(lease, wf, known, stop).await
     }
@@ -134,6 +136,7 @@ impl Executor {
         stop: &CancellationToken,
     ) -> Result<RunOutcome, gateway::Error> {
         let span = crate::telemetry::spans::run(&lease.run_id, &wf.name, lease.token);
+        self.trace_segment(&lease, &span, known.trace_segment).await;
         let outcome = self
             .execute_inner(lease, wf, known, stop)
             .instrument(span.clone())
@@ -144,6 +147,30 @@ impl Executor {
         };
         span.record("flow.run.outcome", status);
         outcome
+    }
+
+    /// A run's first segment continues its submitter's trace (`previous` before the first
+    /// claim); a later one links to the previous segment. A traced segment is recorded as
+    /// the run's latest (one fenced write, only when traced), so the next links to it.
+    async fn trace_segment(&self, lease: &RunLease, span: &tracing::Span, previous: Option<&str>) {
+        use crate::telemetry::w3c;
+        // Before `of`, which starts the span: a parent can only be given before.
+        match previous {
+            Some(submitter) if lease.token == 1 => w3c::continue_from(span, submitter),
+            Some(segment) => w3c::link(span, segment, None),
+            None => {}
+        }
+        let Some((context, _)) = w3c::of(span) else {
+            return;
+        };
+        if let Err(e) = self
+            .gateway
+            .ledger()
+            .set_trace_segment(lease, &context)
+            .await
+        {
+            tracing::debug!(error = %e, "cannot record the run's trace segment");
+        }
     }
 
     async fn execute_inner(
@@ -681,6 +708,8 @@ struct Known<'a> {
     inputs: &'a Json,
     steps: &'a [Step],
     cancel_requested: bool,
+    /// The previous execution segment's span context, when it was traced.
+    trace_segment: Option<&'a str>,
 }
 
 /// A step that came back from the gateway.

@@ -284,6 +284,7 @@ mod tests {
             inputs: json!({}),
             priority: 0,
             not_before: None,
+            trace_parent: None,
         };
         ledger.enqueue(run, now).await.expect("enqueue");
         let worker = WorkerId::new("test-host", 1, "1");

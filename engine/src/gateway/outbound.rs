@@ -32,7 +32,7 @@ impl Gateway {
         c: &StepCall<'_>,
         args: &Json,
         (tool, class): (&dyn Tool, SideEffect),
-        lease: CallLease,
+        mut lease: CallLease,
     ) -> Result<StepResult, flow_ledger::Error> {
         let node_id = c.call_id.as_str();
         self.inner.faults.hit(Point::AfterClaim, node_id);
@@ -56,6 +56,7 @@ impl Gateway {
         // 5–7. Outbound, the adapter, the outcome. The HTTP clients exist before the
         // mark (they are built on first use).
         self.tools().warm();
+        trace::decide(&mut lease);
         self.inner.ledger.mark_outbound(&lease, self.now()).await?;
         trace::marked();
         self.inner.faults.hit(Point::AfterOutbound, node_id);
@@ -95,8 +96,9 @@ impl Gateway {
         let mut sent = 0u32;
         let mut sends = 0u32;
         let mut unknown_before = lease.prior_sends > 0;
-        // The context the downstream sees: this call's CLIENT span.
-        let trace = trace::outbound_context();
+        // The context the downstream sees, stored with the key's first mark (unless
+        // the tool asks for none).
+        let trace = trace::carried(lease).filter(|_| trace::propagates(c.tool));
         let (outcome, next) = loop {
             let out = self
                 .call_renewing(

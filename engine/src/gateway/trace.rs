@@ -2,18 +2,13 @@
 //! leaves the process, its events, and the trace context each adapter carries to the
 //! downstream. With telemetry off every function here is a no-op on a disabled span.
 
-use std::collections::HashMap;
-
 use flow_adapters::TraceContext;
 use flow_ledger::CallLease;
-use opentelemetry::propagation::TextMapPropagator as _;
-use opentelemetry::trace::TraceContextExt as _;
-use opentelemetry_sdk::propagation::TraceContextPropagator;
 use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::{StepCall, StepResult, Target};
-use crate::telemetry::spans;
+use crate::telemetry::{spans, w3c};
 
 /// The CLIENT span of the call `lease` holds for step `c`, to `target`.
 pub(super) fn call_span(c: &StepCall<'_>, target: &Target, lease: &CallLease) -> Span {
@@ -41,19 +36,41 @@ pub(super) fn call_span(c: &StepCall<'_>, target: &Target, lease: &CallLease) ->
     spans::call(&named)
 }
 
-/// The trace context the current span hands to a downstream (`traceparent`, and
-/// `tracestate` when the trace has one); `None` when nothing is traced.
-pub(super) fn outbound_context() -> Option<TraceContext> {
-    let cx = Span::current().context();
-    if !cx.span().span_context().is_valid() {
-        return None;
+/// Decides the trace context `lease`'s request carries, before its outbound mark: the
+/// one stored with this key's first mark when there is one (a re-send after a crash or
+/// a `retry` resolution carries the original's, and this span says it is a re-send and
+/// links to the original), else this CLIENT span's, set on the lease for the mark to
+/// store.
+pub(super) fn decide(lease: &mut CallLease) {
+    let span = Span::current();
+    match &lease.trace_parent {
+        Some(stored) => {
+            span.record("flow.call.resend", true);
+            w3c::link(&span, stored, lease.trace_state.as_deref());
+        }
+        None => {
+            if let Some((parent, state)) = w3c::of(&span) {
+                lease.trace_parent = Some(parent);
+                lease.trace_state = state;
+            }
+        }
     }
-    let mut carrier: HashMap<String, String> = HashMap::new();
-    TraceContextPropagator::new().inject_context(&cx, &mut carrier);
-    Some(TraceContext {
-        parent: carrier.remove("traceparent")?,
-        state: carrier.remove("tracestate").filter(|s| !s.is_empty()),
+}
+
+/// The trace context `lease`'s request carries ([`decide`]).
+pub(super) fn carried(lease: &CallLease) -> Option<TraceContext> {
+    lease.trace_parent.as_ref().map(|parent| TraceContext {
+        parent: parent.clone(),
+        state: lease.trace_state.clone(),
     })
+}
+
+/// Whether calls of `tool` carry the trace context (an MCP tool may say no).
+pub(super) fn propagates(tool: &crate::workflow::ToolDecl) -> bool {
+    match &tool.kind {
+        crate::workflow::ToolKind::Mcp(m) => m.propagate_trace,
+        _ => true,
+    }
 }
 
 /// The call's outbound mark is durable: the request may leave from here on.
@@ -61,11 +78,9 @@ pub(super) fn marked() {
     Span::current().add_event("outbound.marked", Vec::new());
 }
 
-/// The same key goes out again (`resend` sends so far).
+/// The same key goes out again within this span (`sends` so far).
 pub(super) fn resend(sends: u32) {
-    let span = Span::current();
-    span.record("flow.call.resend", true);
-    span.add_event(
+    Span::current().add_event(
         "resend",
         vec![opentelemetry::KeyValue::new(
             "flow.call.sends",

@@ -319,6 +319,7 @@ impl Schedule {
             inputs,
             priority: 0,
             not_before: None,
+            trace_parent: None,
         })
     }
 }

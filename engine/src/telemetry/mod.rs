@@ -19,6 +19,7 @@
 
 mod export;
 pub mod spans;
+pub mod w3c;
 
 use std::sync::OnceLock;
 use std::time::Duration;

@@ -6,7 +6,10 @@
 //!   pause and a week-long run is not one trace-long span.
 //! - `flow.step <node>`: one step (a node's try; retries are their own steps).
 //! - `execute_tool <tool>` (kind CLIENT): a call that leaves the process, from its claim
-//!   to its outcome, with the events `outbound.marked`, `in_doubt` and `resend`. A result
+//!   to its outcome, with the events `outbound.marked`, `in_doubt` and `resend`;
+//!   `flow.call.resend = true` when its key was sent before (after a crash, or a `retry`
+//!   resolution), absent otherwise (set once: an attribute recorded twice is exported
+//!   twice). A result
 //!   replayed from the ledger is an event on its step (`replayed`), never a CLIENT span.
 //!
 //! Built as tracing spans: `otel.name` / `otel.kind` name them for the exporter, and the
@@ -94,7 +97,7 @@ pub fn call(t: &CallTarget<'_>) -> Span {
         flow.tool.kind = t.kind,
         flow.call.key = %t.key,
         flow.call.state = Empty,
-        flow.call.resend = false,
+        flow.call.resend = Empty,
         http.request.method = t.method.as_deref(),
         url.full = t.url.as_deref(),
         mcp.method.name = t.mcp_tool.map(|_| "tools/call"),

@@ -10,7 +10,8 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::ledger::{Ledger, check_run_lease};
-use crate::model::{CallOutcome, PureCall, PureRecorded, Replayed, StepError, StepFinish};
+use crate::model::{CallOutcome, Replayed, StepError, StepFinish};
+use crate::pure::{PureCall, PureRecorded};
 use crate::state::{CallStatus, ClaimDecision, ErrorKind, decide_claim, decide_foreign_claim};
 use crate::steps::{create_step_in, finish_step_in};
 

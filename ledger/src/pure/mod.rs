@@ -21,14 +21,16 @@
 mod batch;
 mod fresh;
 mod general;
+mod types;
 
 use crate::clock::Timestamp;
 use crate::error::Error;
 use crate::ledger::Ledger;
-use crate::model::{CallOutcome, PureCall, PureRecorded};
+use crate::model::CallOutcome;
 use crate::state::StepStatus;
 
 use fresh::{Fresh, write_fresh};
+pub use types::{PureBatchRecorded, PureCall, PureRecorded, PureResult};
 
 impl Ledger {
     /// Records a pure in-process function's call in ONE commit: creates the step if

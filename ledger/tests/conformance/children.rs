@@ -28,6 +28,7 @@ fn child(id: &str) -> NewRun {
         inputs: json!({ "tenant": "t1" }),
         priority: 0,
         not_before: None,
+        trace_parent: None,
     }
 }
 

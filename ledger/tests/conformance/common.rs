@@ -298,6 +298,7 @@ pub fn new_run(id: &str) -> NewRun {
         inputs: json!({"order": 42}),
         priority: 0,
         not_before: None,
+        trace_parent: None,
     }
 }
 

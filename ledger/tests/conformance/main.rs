@@ -27,4 +27,5 @@ mod steps;
 mod takeover;
 mod tasks;
 mod texts;
+mod trace;
 mod waits;

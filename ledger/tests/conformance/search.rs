@@ -32,6 +32,7 @@ fn run_with(id: &str, workflow: &str, inputs: Value) -> NewRun {
         inputs,
         priority: 0,
         not_before: None,
+        trace_parent: None,
     }
 }
 

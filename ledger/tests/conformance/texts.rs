@@ -39,6 +39,7 @@ fn run_of(id: &str, text: &str) -> NewRun {
         inputs: json!({"order": id}),
         priority: 0,
         not_before: None,
+        trace_parent: None,
     }
 }
 

@@ -167,6 +167,7 @@ fn schedule_and_cap(backend: Backend) {
         inputs: serde_json::json!({}),
         priority: 0,
         not_before: None,
+        trace_parent: None,
     };
     rt.block_on(ledger.enqueue(new_run, clock.now()))
         .expect("enqueue");

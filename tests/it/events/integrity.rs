@@ -333,6 +333,7 @@ fn tail_from_start_reads_a_backlog_larger_than_a_page() {
                 inputs: serde_json::json!({}),
                 priority: 0,
                 not_before: None,
+                trace_parent: None,
             };
             let now = flow_ledger::SystemClock.now();
             ledger.enqueue(run, now).await.expect("enqueue");

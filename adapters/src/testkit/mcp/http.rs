@@ -71,9 +71,20 @@ pub struct HttpStats {
     token_requests: AtomicU32,
     metadata_requests: AtomicU32,
     token_resources: Mutex<Vec<String>>,
+    /// The `params._meta` of every `tools/call` (`null` when absent).
+    call_metas: Mutex<Vec<Value>>,
 }
 
 impl HttpStats {
+    /// The `params._meta` of every `tools/call` so far, in arrival order (`null` for a
+    /// call without one): what a client propagated (trace context, progress token).
+    pub fn call_metas(&self) -> Vec<Value> {
+        self.call_metas
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// Every HTTP request to `/mcp` (POST, GET, DELETE), rejected ones included.
     pub fn requests(&self) -> u32 {
         self.requests.load(Ordering::SeqCst)
@@ -125,6 +136,9 @@ struct Gate {
     call_failure: Mutex<Option<(u16, Option<String>)>>,
     /// Session ids seen so far, and those the server pretends to have forgotten.
     sessions: Mutex<(Vec<String>, Vec<String>)>,
+    /// Refuse a `tools/call` whose `_meta` holds a key this server does not know (all
+    /// but `progressToken`), as a strict server may.
+    strict_meta: std::sync::atomic::AtomicBool,
 }
 
 impl Gate {
@@ -193,6 +207,7 @@ impl HttpServer {
             issued: AtomicU32::new(0),
             call_failure: Mutex::new(None),
             sessions: Mutex::new((Vec::new(), Vec::new())),
+            strict_meta: std::sync::atomic::AtomicBool::new(false),
         });
         gate.codes
             .access_ttl
@@ -303,6 +318,12 @@ impl HttpServer {
             .unwrap_or_else(|e| e.into_inner()) = failure;
     }
 
+    /// From now on, refuses (JSON-RPC error -32602) every `tools/call` whose `_meta` holds
+    /// a key other than `progressToken`.
+    pub fn refuse_unknown_meta(&self, on: bool) {
+        self.gate.strict_meta.store(on, Ordering::SeqCst);
+    }
+
     /// The authorization-code side: codes, refresh tokens, counts.
     pub fn auth_code(&self) -> &AuthCodeStats {
         &self.gate.codes
@@ -384,12 +405,17 @@ async fn guard(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> R
     let Ok(bytes) = axum::body::to_bytes(body, 16 * 1024 * 1024).await else {
         return (StatusCode::BAD_REQUEST, "unreadable body").into_response();
     };
-    let method = serde_json::from_slice::<Value>(&bytes)
-        .ok()
-        .and_then(|v| v.get("method").and_then(Value::as_str).map(str::to_string));
+    let message = serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null);
+    let method = message
+        .get("method")
+        .and_then(Value::as_str)
+        .map(str::to_string);
     let is_call = method.as_deref() == Some("tools/call");
     if is_call {
         gate.stats.tool_call_requests.fetch_add(1, Ordering::SeqCst);
+        if let Some(refused) = meta_of_call(&gate, &message) {
+            return refused;
+        }
     }
     if method.as_deref() == Some("initialize") {
         gate.stats
@@ -456,6 +482,40 @@ async fn guard(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> R
     }
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
+}
+
+/// Records a `tools/call`'s `_meta`; in strict mode, the JSON-RPC error a server that
+/// knows no other key than `progressToken` answers.
+fn meta_of_call(gate: &Gate, message: &Value) -> Option<Response> {
+    let meta = message
+        .pointer("/params/_meta")
+        .cloned()
+        .unwrap_or(Value::Null);
+    gate.stats
+        .call_metas
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(meta.clone());
+    if !gate.strict_meta.load(Ordering::SeqCst) {
+        return None;
+    }
+    let unknown = meta
+        .as_object()?
+        .keys()
+        .find(|k| k.as_str() != "progressToken")?
+        .clone();
+    let body = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": message.get("id").cloned().unwrap_or(Value::Null),
+        "error": { "code": -32602, "message": format!("unknown _meta key `{unknown}`") },
+    });
+    Some(
+        (
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response(),
+    )
 }
 
 /// `POST /token`: the OAuth `client_credentials` grant.

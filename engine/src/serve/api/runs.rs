@@ -317,6 +317,7 @@ fn check(
         inputs,
         priority: 0,
         not_before: None,
+        trace_parent: None,
     })
 }
 
@@ -373,9 +374,11 @@ fn conflict(e: flow_ledger::Error, id: &str) -> Problem {
 pub async fn submit(
     Authed(caller, _): Authed<Operator>,
     State(app): State<Arc<App>>,
+    headers: axum::http::HeaderMap,
     ApiJson(req): ApiJson<SubmitRun>,
 ) -> Result<Response, Problem> {
-    let new = check(req, "", &mut Parsed::new(), app.gateway.public_url())?;
+    let mut new = check(req, "", &mut Parsed::new(), app.gateway.public_url())?;
+    new.trace_parent = traceparent(&headers);
     let id = new.id.clone();
     let actor = Actor {
         by: caller.name,
@@ -399,6 +402,13 @@ pub async fn submit(
     Ok((status, Json(body)).into_response())
 }
 
+/// The W3C `traceparent` a submitter sent (its runs continue that trace), when it is a
+/// valid one: anything else is ignored, as the W3C specification asks.
+fn traceparent(headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = headers.get("traceparent")?.to_str().ok()?.trim();
+    crate::telemetry::w3c::parse(value, None).map(|_| value.to_owned())
+}
+
 /// The body of `POST /api/v1/runs:batch`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -413,8 +423,10 @@ pub struct Batch {
 pub async fn batch(
     Authed(caller, _): Authed<Operator>,
     State(app): State<Arc<App>>,
+    headers: axum::http::HeaderMap,
     ApiJson(req): ApiJson<Batch>,
 ) -> Result<Response, Problem> {
+    let trace = traceparent(&headers);
     if req.runs.is_empty() || req.runs.len() > flow_ledger::MAX_BATCH {
         return Err(Problem::bad_request(format!(
             "runs: a batch holds 1 to {} runs, not {}",
@@ -425,12 +437,14 @@ pub async fn batch(
     let mut runs = Vec::with_capacity(req.runs.len());
     let mut parsed = Parsed::new();
     for (i, r) in req.runs.into_iter().enumerate() {
-        runs.push(check(
+        let mut new = check(
             r,
             &format!("runs[{i}]."),
             &mut parsed,
             app.gateway.public_url(),
-        )?);
+        )?;
+        new.trace_parent.clone_from(&trace);
+        runs.push(new);
     }
     let actor = Actor {
         by: caller.name,

@@ -250,11 +250,16 @@ fn mcp_tool(cx: &mut Cx, fields: &[(Key, Node)], server: &Node, tool: &Node) -> 
         None => McpElicitation::Decline,
         Some(n) => mcp_elicitation(cx, n)?,
     };
+    let propagate_trace = match get(fields, "propagate_trace") {
+        None => true,
+        Some(n) => cx.bool(n, "`propagate_trace`")?,
+    };
     Some(McpTool {
         server,
         tool: cx.string(tool, "`tool`")?,
         auth,
         elicitation,
+        propagate_trace,
     })
 }
 
