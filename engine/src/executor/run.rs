@@ -145,7 +145,7 @@ impl Executor {
             Ok(o) => o.status.as_str(),
             Err(_) => "interrupted",
         };
-        span.record("flow.run.outcome", status);
+        crate::telemetry::spans::run_ended(&span, status);
         outcome
     }
 

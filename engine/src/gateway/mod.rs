@@ -31,8 +31,6 @@ mod writer;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::Instrument as _;
-
 use flow_adapters::{Call, FailureKind, SideEffect, Tool};
 use flow_ledger::{
     CallClaim, CallLease, ClaimCall, Clock, ErrorKind, Ledger, RateAcquire, RateDecision,
@@ -409,9 +407,7 @@ impl Gateway {
                 return self.then_callback(c, result).await;
             }
         };
-        let span = trace::call_span(c, &rendered.target, &lease);
-        self.call_leased(c, &rendered.args, (tool.as_ref(), class), lease)
-            .instrument(span)
+        self.call_leased(c, &rendered, (tool.as_ref(), class), lease)
             .await
     }
 

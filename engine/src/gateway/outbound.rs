@@ -9,36 +9,31 @@ use flow_adapters::{Call, FailureKind, Outcome, SideEffect, Tool};
 use flow_ledger::CallLease;
 use serde_json::Value as Json;
 
-use super::{Disposition, Gateway, History, Observed, StepCall, StepResult, disposition, trace};
+use tracing::Instrument as _;
+
+use super::{
+    Disposition, Gateway, History, Observed, Rendered, StepCall, StepResult, disposition, trace,
+};
 use crate::fault::Point;
 
 impl Gateway {
-    /// The call `lease` holds, from its claim to its outcome, in the current (CLIENT)
-    /// span: the span records the call's state when it ends.
+    /// The call `lease` holds, from its claim to its outcome. Steps 5–7 — from just
+    /// before the outbound mark — run in the call's CLIENT span, which records how the
+    /// call ended; a call that sends nothing (its callback expired, a remote task to
+    /// collect, a rate limit) gets none.
     pub(super) async fn call_leased(
         &self,
         c: &StepCall<'_>,
-        args: &Json,
+        rendered: &Rendered,
         (tool, class): (&dyn Tool, SideEffect),
         lease: CallLease,
-    ) -> Result<StepResult, flow_ledger::Error> {
-        let result = self.leased(c, args, (tool, class), lease).await;
-        trace::ended(&result);
-        result
-    }
-
-    async fn leased(
-        &self,
-        c: &StepCall<'_>,
-        args: &Json,
-        (tool, class): (&dyn Tool, SideEffect),
-        mut lease: CallLease,
     ) -> Result<StepResult, flow_ledger::Error> {
         let node_id = c.call_id.as_str();
         self.inner.faults.hit(Point::AfterClaim, node_id);
         if let Some(expired) = self.callback_expired(c, &lease).await? {
             return Ok(expired);
         }
+        let args = &rendered.args;
 
         // A call already sent whose remote task is recorded: ask how it ended.
         if let Some(task) = lease.remote_task.clone() {
@@ -53,6 +48,24 @@ impl Gateway {
             return Ok(StepResult::Deferred { until });
         }
 
+        let span = trace::call_span(c, &rendered.target, &lease, self.secrets_of(c));
+        let result = self
+            .outbound(c, args, (tool, class), lease)
+            .instrument(span.clone())
+            .await;
+        trace::ended(&span, &result);
+        result
+    }
+
+    /// Steps 5–7: the outbound mark, the sends and the outcome.
+    async fn outbound(
+        &self,
+        c: &StepCall<'_>,
+        args: &Json,
+        (tool, class): (&dyn Tool, SideEffect),
+        mut lease: CallLease,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let node_id = c.call_id.as_str();
         // 5–7. Outbound, the adapter, the outcome. The HTTP clients exist before the
         // mark (they are built on first use).
         self.tools().warm();

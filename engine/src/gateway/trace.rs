@@ -8,10 +8,18 @@ use tracing::Span;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use super::{StepCall, StepResult, Target};
+use crate::secrets::Secrets;
 use crate::telemetry::{spans, w3c};
 
-/// The CLIENT span of the call `lease` holds for step `c`, to `target`.
-pub(super) fn call_span(c: &StepCall<'_>, target: &Target, lease: &CallLease) -> Span {
+/// The CLIENT span of the call `lease` holds for step `c`, to `target`. A URL that holds
+/// a secret anywhere (its query and fragment are cut from every URL, after which a
+/// secret's remains would no longer match the scrub) shows only its origin.
+pub(super) fn call_span(
+    c: &StepCall<'_>,
+    target: &Target,
+    lease: &CallLease,
+    secrets: &Secrets,
+) -> Span {
     let mut named = spans::CallTarget {
         tool: &c.tool.name,
         kind: "function",
@@ -25,8 +33,14 @@ pub(super) fn call_span(c: &StepCall<'_>, target: &Target, lease: &CallLease) ->
         Target::Command(_) => named.kind = "command",
         Target::Http(spec) => {
             named.kind = "http";
-            named.method = Some(spec.method.to_ascii_uppercase());
-            named.url = spans::redacted_url(&spec.url);
+            if crate::telemetry::enabled() {
+                named.method = Some(spec.method.to_ascii_uppercase());
+                named.url = if secrets.finds(spec.url.as_bytes()) {
+                    spans::origin_of(&spec.url)
+                } else {
+                    spans::redacted_url(&spec.url)
+                };
+            }
         }
         Target::Mcp(spec) => {
             named.kind = "mcp";
@@ -43,9 +57,13 @@ pub(super) fn call_span(c: &StepCall<'_>, target: &Target, lease: &CallLease) ->
 /// store.
 pub(super) fn decide(lease: &mut CallLease) {
     let span = Span::current();
+    // Sent before: under this key by a process that died, or before a `retry`
+    // resolution — whether or not that send was traced.
+    if lease.prior_sends > 0 || lease.trace_parent.is_some() {
+        spans::call_resent(&span);
+    }
     match &lease.trace_parent {
         Some(stored) => {
-            span.record("flow.call.resend", true);
             w3c::link(&span, stored, lease.trace_state.as_deref());
         }
         None => {
@@ -101,20 +119,15 @@ pub(super) fn replayed(result: &StepResult) {
     );
 }
 
-/// Records how the call ended on its CLIENT span (the current span).
-pub(super) fn ended(result: &Result<StepResult, flow_ledger::Error>) {
-    let span = Span::current();
-    let state = match result {
-        Ok(r) => state(r),
-        Err(_) => "interrupted",
+/// Records how the call ended on its CLIENT span.
+pub(super) fn ended(span: &Span, result: &Result<StepResult, flow_ledger::Error>) {
+    let (state, failed) = match result {
+        Ok(r) => (state(r), matches!(r, StepResult::Failed { .. })),
+        Err(_) => ("interrupted", true),
     };
-    span.record("flow.call.state", state);
-    match result {
-        Ok(StepResult::InDoubt) => span.add_event("in_doubt", Vec::new()),
-        Ok(StepResult::Failed { .. }) | Err(_) => {
-            span.record("otel.status_code", "ERROR");
-        }
-        _ => {}
+    spans::call_ended(span, state, failed);
+    if let Ok(StepResult::InDoubt) = result {
+        span.add_event("in_doubt", Vec::new());
     }
 }
 

@@ -161,6 +161,12 @@ fn resource() -> Resource {
 /// The provider this process exports through, flushed at exit ([`finish`]).
 static PROVIDER: OnceLock<SdkTracerProvider> = OnceLock::new();
 
+/// Whether this process exports traces: the spans' OpenTelemetry attributes are only
+/// computed then (off, a span carries only the fields its log lines show).
+pub fn enabled() -> bool {
+    PROVIDER.get().is_some()
+}
+
 /// The exporting layer for the process's subscriber, or `Ok(None)` when telemetry is
 /// off; `Err` says why it is off although it was asked for (the caller warns: a trace
 /// never stops flow from running).

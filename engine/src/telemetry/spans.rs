@@ -5,31 +5,53 @@
 //!   process. A resume or a takeover is a new segment, so no span stays open across a
 //!   pause and a week-long run is not one trace-long span.
 //! - `flow.step <node>`: one step (a node's try; retries are their own steps).
-//! - `execute_tool <tool>` (kind CLIENT): a call that leaves the process, from its claim
-//!   to its outcome, with the events `outbound.marked`, `in_doubt` and `resend`;
-//!   `flow.call.resend = true` when its key was sent before (after a crash, or a `retry`
-//!   resolution), absent otherwise (set once: an attribute recorded twice is exported
-//!   twice). A result
-//!   replayed from the ledger is an event on its step (`replayed`), never a CLIENT span.
+//! - `execute_tool <tool>` (kind CLIENT): a call that leaves the process, from just
+//!   before its outbound mark to its outcome (a call deferred by a rate limit, or whose
+//!   callback expired, sends nothing and gets none), with the events `outbound.marked`,
+//!   `in_doubt` and `resend`; `flow.call.resend = true` when its key was sent before
+//!   (after a crash, or a `retry` resolution). A result replayed from the ledger is an
+//!   event on its step (`replayed`), never a CLIENT span.
 //!
-//! Built as tracing spans: `otel.name` / `otel.kind` name them for the exporter, and the
-//! plain fields (`run`, `step`, `call`) keep the log lines' span context as it was.
+//! Built as tracing spans with the fields their log lines always had (`run`, `step`,
+//! `call`) and `otel.name` / `otel.kind`; every other attribute is set on the exported
+//! span only while telemetry is on ([`super::enabled`]), so with it off a log line and
+//! a span cost what they did before.
 
+use opentelemetry::KeyValue;
+use opentelemetry::trace::Status;
 use tracing::Span;
-use tracing::field::Empty;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+
+/// Sets `attributes` on `span`'s exported span, when there is one.
+fn set(span: &Span, attributes: impl FnOnce() -> Vec<KeyValue>) {
+    if super::enabled() && !span.is_disabled() {
+        for kv in attributes() {
+            span.set_attribute(kv.key, kv.value);
+        }
+    }
+}
 
 /// The span of one execution segment of run `run_id` of `workflow`, under fencing
 /// token `segment` (each claim of the run increments it).
 pub fn run(run_id: &str, workflow: &str, segment: i64) -> Span {
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "run",
         run = %run_id,
         otel.name = %format_args!("flow.run {workflow}"),
-        flow.run.id = %run_id,
-        flow.workflow = %workflow,
-        flow.run.segment = segment,
-        flow.run.outcome = Empty,
-    )
+    );
+    set(&span, || {
+        vec![
+            KeyValue::new("flow.run.id", run_id.to_owned()),
+            KeyValue::new("flow.workflow", workflow.to_owned()),
+            KeyValue::new("flow.run.segment", segment),
+        ]
+    });
+    span
+}
+
+/// Records how a segment ended (`succeeded`, `paused`, …) on its span.
+pub fn run_ended(span: &Span, outcome: &'static str) {
+    set(span, || vec![KeyValue::new("flow.run.outcome", outcome)]);
 }
 
 /// Where a step stands: its run, node, step id and try.
@@ -55,18 +77,23 @@ pub fn step(s: &Step<'_>, pure: bool) -> Span {
                 step = %s.step_id,
                 call = %s.node,
                 otel.name = %format_args!("flow.step {}", s.node),
-                flow.run.id = %s.run_id,
-                flow.node = %s.node,
-                flow.step.id = %s.step_id,
-                flow.step.attempt = u64::from(s.retry) + 1,
             )
         };
     }
-    if pure {
+    let span = if pure {
         step_span!(super::PURE_STEP_TARGET)
     } else {
         step_span!("flow::step")
-    }
+    };
+    set(&span, || {
+        vec![
+            KeyValue::new("flow.run.id", s.run_id.to_owned()),
+            KeyValue::new("flow.node", s.node.to_owned()),
+            KeyValue::new("flow.step.id", s.step_id.to_owned()),
+            KeyValue::new("flow.step.attempt", i64::from(s.retry) + 1),
+        ]
+    });
+    span
 }
 
 /// What the CLIENT span of a call names.
@@ -79,31 +106,55 @@ pub struct CallTarget<'a> {
     pub key: &'a str,
     /// HTTP: the method, upper case.
     pub method: Option<String>,
-    /// HTTP: the URL without credentials, query or fragment.
+    /// HTTP: the URL as a trace may show it ([`redacted_url`]).
     pub url: Option<String>,
     /// MCP: the tool's name on its server.
     pub mcp_tool: Option<&'a str>,
 }
 
-/// The CLIENT span of one call that leaves the process (after its claim).
+/// The CLIENT span of one call that leaves the process (from its outbound mark).
 pub fn call(t: &CallTarget<'_>) -> Span {
-    tracing::info_span!(
+    let span = tracing::info_span!(
         target: "flow::call",
         "call",
         otel.name = %format_args!("execute_tool {}", t.tool),
         otel.kind = "client",
-        gen_ai.operation.name = "execute_tool",
-        gen_ai.tool.name = %t.tool,
-        flow.tool.kind = t.kind,
-        flow.call.key = %t.key,
-        flow.call.state = Empty,
-        flow.call.resend = Empty,
-        http.request.method = t.method.as_deref(),
-        url.full = t.url.as_deref(),
-        mcp.method.name = t.mcp_tool.map(|_| "tools/call"),
-        mcp.tool.name = t.mcp_tool,
-        otel.status_code = Empty,
-    )
+    );
+    set(&span, || {
+        let mut kv = vec![
+            KeyValue::new("gen_ai.operation.name", "execute_tool"),
+            KeyValue::new("gen_ai.tool.name", t.tool.to_owned()),
+            KeyValue::new("flow.tool.kind", t.kind),
+            KeyValue::new("flow.call.key", t.key.to_owned()),
+        ];
+        if let Some(method) = &t.method {
+            kv.push(KeyValue::new("http.request.method", method.clone()));
+        }
+        if let Some(url) = &t.url {
+            kv.push(KeyValue::new("url.full", url.clone()));
+        }
+        if let Some(tool) = t.mcp_tool {
+            kv.push(KeyValue::new("mcp.method.name", "tools/call"));
+            kv.push(KeyValue::new("mcp.tool.name", tool.to_owned()));
+        }
+        kv
+    });
+    span
+}
+
+/// Records how a call ended (`succeeded`, `in_doubt`, …) on its CLIENT span; a failure
+/// is the span's error status.
+pub fn call_ended(span: &Span, state: &'static str, failed: bool) {
+    set(span, || vec![KeyValue::new("flow.call.state", state)]);
+    if failed && super::enabled() {
+        span.set_status(Status::error(state));
+    }
+}
+
+/// Marks a CLIENT span as the re-send of a key sent before (set once: an attribute set
+/// twice is exported twice).
+pub fn call_resent(span: &Span) {
+    set(span, || vec![KeyValue::new("flow.call.resend", true)]);
 }
 
 /// `url` as a trace may show it: no user info, query or fragment (any may hold a
@@ -117,6 +168,12 @@ pub fn redacted_url(url: &str) -> Option<String> {
     Some(parsed.to_string())
 }
 
+/// Only `url`'s scheme, host and port: for a URL that holds a secret.
+pub fn origin_of(url: &str) -> Option<String> {
+    let parsed = url::Url::parse(url).ok()?;
+    Some(parsed.origin().ascii_serialization())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,5 +183,9 @@ mod tests {
         let got = redacted_url("https://user:pw@api.example.com/v1/refunds?token=abc#x");
         assert_eq!(got.as_deref(), Some("https://api.example.com/v1/refunds"));
         assert_eq!(redacted_url("not a url"), None);
+        assert_eq!(
+            origin_of("https://discord.com/api/webhooks/1/tok?wait=true").as_deref(),
+            Some("https://discord.com")
+        );
     }
 }

@@ -44,13 +44,8 @@ async fn in_doubt(db: &TestDb, run: &RunLease, (node, tool): (&str, &str), trace
         .unwrap();
 }
 
-async fn a_keys_trace_context_is_kept_for_its_resends_and_forgotten_with_the_key(db: TestDb) {
-    let run = running(&db, "run_a", &worker("1")).await;
-    in_doubt(&db, &run, ("pay", "payments"), Some(FIRST)).await;
-    db.ledger
-        .pause_run(&run, "in doubt", db.now())
-        .await
-        .unwrap();
+/// An operator's `retry` of `run_a`'s paused `pay`, and the run claimed again.
+async fn retry_pay(db: &TestDb) -> RunLease {
     db.ledger
         .resolve_call(
             Resolve {
@@ -64,11 +59,20 @@ async fn a_keys_trace_context_is_kept_for_its_resends_and_forgotten_with_the_key
         )
         .await
         .unwrap();
-    let run = db
-        .ledger
+    db.ledger
         .claim_run("run_a", &worker("2"), LEASE, db.now())
         .await
+        .unwrap()
+}
+
+async fn a_keys_trace_context_is_kept_for_its_resends_and_forgotten_with_the_key(db: TestDb) {
+    let run = running(&db, "run_a", &worker("1")).await;
+    in_doubt(&db, &run, ("pay", "payments"), Some(FIRST)).await;
+    db.ledger
+        .pause_run(&run, "in doubt", db.now())
+        .await
         .unwrap();
+    let run = retry_pay(&db).await;
     // The same key again: the stored context comes with the claim, and a second mark
     // does not replace it.
     let mut again = claimed(
@@ -83,8 +87,35 @@ async fn a_keys_trace_context_is_kept_for_its_resends_and_forgotten_with_the_key
     again.trace_parent = Some(OTHER.into());
     again.trace_state = None;
     db.ledger.mark_outbound(&again, db.now()).await.unwrap();
+    // In doubt once more and retried: the first mark's context is still the one stored.
+    let report = InDoubtReport {
+        requests_sent: 1,
+        message: "timeout".into(),
+    };
+    db.ledger
+        .mark_in_doubt(&again, report, db.now())
+        .await
+        .unwrap();
+    db.ledger
+        .pause_run(&run, "in doubt", db.now())
+        .await
+        .unwrap();
+    let run = retry_pay(&db).await;
+    let third = claimed(
+        db.ledger
+            .claim_call(claim(&run, "pay", "pay", "k_pay", json!({})), db.now())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        third.trace_parent.as_deref(),
+        Some(FIRST),
+        "the first mark's stays"
+    );
+    assert_eq!(third.trace_state.as_deref(), Some("vendor=1"));
+    db.ledger.mark_outbound(&third, db.now()).await.unwrap();
     let failed = CompleteCall {
-        lease: &again,
+        lease: &third,
         outcome: CallOutcome::Failed(StepError {
             kind: ErrorKind::Transient,
             message: "503".into(),
