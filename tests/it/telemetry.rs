@@ -609,3 +609,59 @@ nodes:
     let got = std::fs::read_to_string(&seen).expect("the command wrote its TRACEPARENT");
     assert_eq!(got, expected);
 }
+
+#[test]
+fn a_daemon_counts_the_spans_a_dead_collector_did_not_take() {
+    let rt = runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    let down = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        format!("http://{}", l.local_addr().expect("addr"))
+    };
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write("w.yaml", &workflow(&server.url()));
+    let submitted = output(db.flow().arg("submit").arg(&file));
+    assert_eq!(submitted.status.code(), Some(0), "{}", stderr(&submitted));
+    let metrics = crate::daemon::free_port();
+    let metrics_arg = metrics.to_string();
+    let mut daemon = crate::daemon::Daemon::start(
+        &db,
+        "d",
+        &["--poll-interval", "100ms", "--metrics-addr", &metrics_arg],
+        &[
+            ("FLOW_SECRET_API_TOKEN", SECRET),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &down),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    );
+    let dropped = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("flow_telemetry_spans_dropped_total"))
+            .and_then(|l| l.split_whitespace().last())
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    let started = Instant::now();
+    let seen = loop {
+        let body = crate::daemon::http_get(metrics, "/metrics").map(|(_, b)| b);
+        let n = body.as_deref().and_then(dropped).unwrap_or(0.0);
+        if n >= 3.0 || started.elapsed() > Duration::from_secs(20) {
+            break (n, body);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    daemon.signal("-TERM");
+    let _ = daemon.wait(Duration::from_secs(10));
+    assert_eq!(
+        server.log().len(),
+        1,
+        "the run was executed: {}",
+        daemon.log()
+    );
+    // run, step and CLIENT span of the one run, at least.
+    assert!(
+        seen.0 >= 3.0,
+        "dropped spans are counted: {:?}\n{}",
+        seen.1,
+        daemon.log()
+    );
+}

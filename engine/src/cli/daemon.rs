@@ -75,7 +75,11 @@ type Scheduled = crate::schedule::manage::Schedules;
 async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Opened, CliError> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     let mut config = Config::load(cli.config.as_deref())?;
-    logging::init(cli.log_format, &secrets, &config.telemetry);
+    logging::init(
+        cli.log_format,
+        &secrets,
+        (&config.telemetry, crate::telemetry::Process::Service),
+    );
     let retention = config.retention.clone();
     let scheduled = crate::schedule::manage::Schedules::new(
         std::mem::take(&mut config.schedules),

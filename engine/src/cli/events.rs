@@ -383,7 +383,11 @@ fn load_consumers(cli: &Cli) -> Result<Vec<Consumer>, CliError> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     // Before anything can log: webhook signing keys are secrets and are scrubbed too.
     let config = Config::load(cli.config.as_deref())?;
-    logging::init(cli.log_format, &secrets, &config.telemetry);
+    logging::init(
+        cli.log_format,
+        &secrets,
+        (&config.telemetry, crate::telemetry::Process::Service),
+    );
     let consumers = events::consumers(&config.consumers, &secrets)
         .map_err(|e| CliError::unavailable(e.to_string()))?;
     if consumers.is_empty() {

@@ -19,7 +19,7 @@ use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use super::LogFormat;
 use crate::secrets::Secrets;
-use crate::telemetry::TelemetryConfig;
+use crate::telemetry::{Process, TelemetryConfig};
 
 /// Default filter when `RUST_LOG` is unset: warnings, and none of rmcp's ERROR lines for
 /// auth challenges that flow handles itself.
@@ -97,7 +97,11 @@ impl<'a> MakeWriter<'a> for MakeScrubbed {
 /// on stderr as `RUST_LOG` (default [`DEFAULT_FILTER`]) says, and with `telemetry`'s
 /// endpoint configured, flow's spans exported over OTLP (`crate::telemetry`). Each has
 /// its own filter, so `RUST_LOG=warn` does not silence the traces.
-pub fn init(format: LogFormat, secrets: &Secrets, telemetry: &TelemetryConfig) {
+pub fn init(
+    format: LogFormat,
+    secrets: &Secrets,
+    (telemetry, process): (&TelemetryConfig, Process),
+) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let writer = MakeScrubbed {
@@ -116,7 +120,7 @@ pub fn init(format: LogFormat, secrets: &Secrets, telemetry: &TelemetryConfig) {
                 .with_filter(filter),
         ),
     };
-    let (traces, refused) = match crate::telemetry::layer(telemetry, secrets) {
+    let (traces, refused) = match crate::telemetry::layer(telemetry, secrets, process) {
         Ok(layer) => (layer, None),
         Err(why) => (None, Some(why)),
     };

@@ -143,7 +143,11 @@ impl Session {
     ) -> Result<Self, CliError> {
         let secrets = Secrets::load(cli.secrets_file.as_deref())?;
         let config = Config::load(cli.config.as_deref())?;
-        logging::init(cli.log_format, &secrets, &config.telemetry);
+        logging::init(
+            cli.log_format,
+            &secrets,
+            (&config.telemetry, crate::telemetry::Process::Command),
+        );
         if let Some(wf) = wf {
             check_secrets(wf, &secrets)?;
         }

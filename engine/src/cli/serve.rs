@@ -42,7 +42,11 @@ pub(crate) async fn serve(
     // flow.toml once, for the tokens and for the egress policy: a bad flag or address
     // is exit 2, a bad installation exit 5 (see `ApiAuth::from_config`).
     let mut config = Config::load(cli.config.as_deref())?;
-    logging::init(cli.log_format, &secrets, &config.telemetry);
+    logging::init(
+        cli.log_format,
+        &secrets,
+        (&config.telemetry, crate::telemetry::Process::Service),
+    );
     let schedules = crate::schedule::manage::Schedules::new(
         std::mem::take(&mut config.schedules),
         config.path.as_deref(),

@@ -44,7 +44,10 @@ pub(crate) async fn submit(
     logging::init(
         cli.log_format,
         &Secrets::default(),
-        &crate::telemetry::TelemetryConfig::default(),
+        (
+            &crate::telemetry::TelemetryConfig::default(),
+            crate::telemetry::Process::Command,
+        ),
     );
     let (wf, new) = check_new_run(
         &args.file,

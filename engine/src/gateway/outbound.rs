@@ -86,6 +86,9 @@ impl Gateway {
         if outcome.task.is_some() {
             return self.task_working(c, &lease, outcome, sent).await;
         }
+        if next == Disposition::InDoubt {
+            trace::in_doubt(outcome.result.as_ref().err().map(|e| e.message.as_str()));
+        }
         let result = self
             .complete(c, &lease, next, outcome.result, sent, unknown_before)
             .await?;

@@ -126,9 +126,20 @@ pub(super) fn ended(span: &Span, result: &Result<StepResult, flow_ledger::Error>
         Err(_) => ("interrupted", true),
     };
     spans::call_ended(span, state, failed);
-    if let Ok(StepResult::InDoubt) = result {
-        span.add_event("in_doubt", Vec::new());
-    }
+}
+
+/// The outcome of the call's send is unknown: it goes in doubt, for `reason` (what the
+/// adapter saw; scrubbed on export like every attribute).
+pub(super) fn in_doubt(reason: Option<&str>) {
+    let attributes = reason
+        .map(|r| {
+            vec![opentelemetry::KeyValue::new(
+                "flow.call.reason",
+                r.to_owned(),
+            )]
+        })
+        .unwrap_or_default();
+    Span::current().add_event("in_doubt", attributes);
 }
 
 /// A result's state as the span shows it.

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use opentelemetry::{Context, KeyValue, StringValue, Value};
 use opentelemetry_sdk::Resource;
-use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanExporter, SpanProcessor};
 
 use crate::secrets::Secrets;
@@ -50,9 +50,13 @@ pub(super) fn count_unsent() {
     }
 }
 
-/// The exporter, counting, and the guard to put around the processor that uses it.
+/// Builds the exporter a [`Counted`] sends through, on its first export.
+pub(super) type Build<E> = Box<dyn Fn() -> Result<E, String> + Send + Sync>;
+
+/// The exporter `build` makes, counting, and the guard to put around the processor
+/// that uses it.
 pub(super) fn guarded<E: SpanExporter>(
-    inner: E,
+    build: impl Fn() -> Result<E, String> + Send + Sync + 'static,
     bound: usize,
     secrets: Secrets,
 ) -> (Counted<E>, Guard) {
@@ -60,7 +64,9 @@ pub(super) fn guarded<E: SpanExporter>(
     let _ = COUNTS.set(counts.clone());
     (
         Counted {
-            inner,
+            build: Box::new(build),
+            built: OnceLock::new(),
+            resource: std::sync::Mutex::new(None),
             counts: counts.clone(),
         },
         Guard {
@@ -71,20 +77,53 @@ pub(super) fn guarded<E: SpanExporter>(
     )
 }
 
-/// An exporter that counts what it exported, and as dropped what it failed to.
-#[derive(Debug)]
+/// An exporter, built on the exporter thread at its first export, that counts what it
+/// exported, and as dropped what it failed to (or could not be built to) send.
 pub(super) struct Counted<E> {
-    inner: E,
+    build: Build<E>,
+    /// The exporter, or `None` when it could not be built (said once, as a warning).
+    built: OnceLock<Option<E>>,
+    /// The resource the provider gave before the exporter existed.
+    resource: std::sync::Mutex<Option<Resource>>,
     counts: Arc<Counts>,
+}
+
+impl<E> std::fmt::Debug for Counted<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Counted").finish_non_exhaustive()
+    }
+}
+
+impl<E: SpanExporter> Counted<E> {
+    fn exporter(&self) -> Option<&E> {
+        self.built
+            .get_or_init(|| match (self.build)() {
+                Ok(mut exporter) => {
+                    let resource = self.resource.lock().map(|r| r.clone()).ok().flatten();
+                    if let Some(resource) = resource {
+                        exporter.set_resource(&resource);
+                    }
+                    Some(exporter)
+                }
+                Err(why) => {
+                    tracing::warn!("telemetry: {why}; spans are dropped");
+                    None
+                }
+            })
+            .as_ref()
+    }
 }
 
 impl<E: SpanExporter> SpanExporter for Counted<E> {
     fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
         let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
-        let export = self.inner.export(batch);
+        let export = self.exporter().map(|e| e.export(batch));
         let counts = &self.counts;
         async move {
-            let result = export.await;
+            let result = match export {
+                Some(export) => export.await,
+                None => Err(OTelSdkError::InternalFailure("no exporter".into())),
+            };
             if result.is_err() {
                 DROPPED.fetch_add(n, Ordering::Relaxed);
             }
@@ -94,15 +133,28 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
     }
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
-        self.inner.shutdown_with_timeout(timeout)
+        self.built
+            .get()
+            .and_then(Option::as_ref)
+            .map_or(Ok(()), |e| e.shutdown_with_timeout(timeout))
     }
 
     fn force_flush(&self) -> OTelSdkResult {
-        self.inner.force_flush()
+        self.built
+            .get()
+            .and_then(Option::as_ref)
+            .map_or(Ok(()), SpanExporter::force_flush)
     }
 
     fn set_resource(&mut self, resource: &Resource) {
-        self.inner.set_resource(resource);
+        match self.built.get_mut().and_then(Option::as_mut) {
+            Some(exporter) => exporter.set_resource(resource),
+            None => {
+                if let Ok(mut kept) = self.resource.lock() {
+                    *kept = Some(resource.clone());
+                }
+            }
+        }
     }
 }
 

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{Protocol, WithExportConfig as _};
+use opentelemetry_otlp::{Protocol, RetryPolicy, WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use serde::Deserialize;
@@ -167,12 +167,29 @@ pub fn enabled() -> bool {
     PROVIDER.get().is_some()
 }
 
+/// What kind of process exports: it decides whether a failed export is tried again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Process {
+    /// A command that ends with its run (`flow run`, `resume`, `submit`): it exports
+    /// once, at exit, and a collector that refuses must not hold the exit up with
+    /// retries (one attempt, within [`EXIT_FLUSH`]).
+    Command,
+    /// A daemon or server: a failed batch is tried again with the OTLP recommended
+    /// backoff, on the exporter's own thread.
+    Service,
+}
+
 /// The exporting layer for the process's subscriber, or `Ok(None)` when telemetry is
 /// off; `Err` says why it is off although it was asked for (the caller warns: a trace
 /// never stops flow from running).
+///
+/// The OTLP client is built by the exporter's thread at its first export, not here: a
+/// command whose run takes 30 ms must not wait for an HTTP client (its thread and TLS
+/// roots) before its first node.
 pub fn layer<S>(
     config: &TelemetryConfig,
     secrets: &Secrets,
+    process: Process,
 ) -> Result<Option<Box<dyn Layer<S> + Send + Sync>>, String>
 where
     S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
@@ -183,20 +200,27 @@ where
         Endpoint::Given(url) => Some(url),
     };
     let protocol = protocol()?;
-    let mut builder = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_protocol(protocol);
-    if let Some(url) = given {
-        builder = builder.with_endpoint(url);
-    }
-    let exporter = builder
-        .build()
-        .map_err(|e| format!("cannot build the OTLP exporter: {e}"))?;
+    let retry = match process {
+        Process::Command => RetryPolicy::disabled(),
+        Process::Service => RetryPolicy::recommended(),
+    };
+    let build = move || {
+        let mut builder = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(protocol)
+            .with_retry_policy(retry.clone());
+        if let Some(url) = &given {
+            builder = builder.with_endpoint(url.clone());
+        }
+        builder
+            .build()
+            .map_err(|e| format!("cannot build the OTLP exporter: {e}"))
+    };
     let queue = env("OTEL_BSP_MAX_QUEUE_SIZE")
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|n| *n > 0)
         .unwrap_or(QUEUE);
-    let (exporter, guard) = export::guarded(exporter, queue, secrets.clone());
+    let (exporter, guard) = export::guarded(build, queue, secrets.clone());
     // The SDK's own queue is a little larger than the guard's bound, so the guard is
     // the one that drops (and counts) a span when the collector falls behind.
     let batch = BatchSpanProcessor::builder(exporter)
