@@ -16,11 +16,8 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use flow_ledger::{Ledger, NewRun, OpenOptions, SqliteSynchronous, SystemClock};
+use flow_ledger::{Ledger, OpenOptions, SqliteSynchronous, SystemClock};
 use futures::stream::{self, StreamExt};
-use serde_json::json;
-
-const ONE_NODE: &str = "name: one\ninputs:\n  i: { type: integer, required: true }\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  echo: { tool: e, with: { i: \"${{ inputs.i }}\" } }\n";
 
 fn flow(url: &str, args: &[&str], stderr: Stdio) -> Child {
     Command::new(env!("CARGO_BIN_EXE_flow"))
@@ -49,23 +46,14 @@ async fn open(url: &str) -> Ledger {
     Ledger::open(url, opts).await.expect("open ledger")
 }
 
-fn new_run(prefix: &str, i: usize) -> NewRun {
-    NewRun {
-        id: format!("{prefix}-{i:06}"),
-        workflow_name: "one".into(),
-        workflow_text: ONE_NODE.into(),
-        inputs: json!({ "i": i }),
-        priority: 0,
-        not_before: None,
-        trace_parent: None,
-    }
-}
-
 /// Enqueues `n` runs through the library, 1,000 per commit (not measured).
 async fn fill(ledger: &Ledger, prefix: &str, n: usize) {
     let ids: Vec<usize> = (0..n).collect();
     for chunk in ids.chunks(1_000) {
-        let runs = chunk.iter().map(|&i| new_run(prefix, i)).collect();
+        let runs = chunk
+            .iter()
+            .map(|&i| common::one_node_run(prefix, i))
+            .collect();
         let now = flow_ledger::Clock::now(&SystemClock);
         ledger.enqueue_batch(runs, None, now).await.expect("fill");
     }
@@ -110,16 +98,8 @@ fn main() {
                 let client = client.clone();
                 let base = base.clone();
                 async move {
-                    let list: Vec<_> = (b * 100..((b + 1) * 100).min(runs))
-                        .map(|i| json!({"workflow": ONE_NODE, "inputs": {"i": i}, "run_id": format!("api-{i:06}")}))
-                        .collect();
-                    let resp = client
-                        .post(format!("{base}/api/v1/runs:batch"))
-                        .json(&json!({ "runs": list }))
-                        .send()
-                        .await
-                        .expect("submit");
-                    assert!(resp.status().is_success(), "{}", resp.text().await.unwrap_or_default());
+                    let range = b * 100..((b + 1) * 100).min(runs);
+                    common::submit_one_node_batch(&client, &base, None, range).await;
                 }
             })
             .await;

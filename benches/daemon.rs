@@ -30,18 +30,8 @@ use flow_ledger::{
 use futures::stream::{self, StreamExt};
 use rand::{Rng, SeedableRng};
 
-const ONE_NODE: &str = "name: one\ninputs:\n  i: { type: integer, required: true }\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  echo: { tool: e, with: { i: \"${{ inputs.i }}\" } }\n";
-
 fn new_run(i: usize) -> NewRun {
-    NewRun {
-        id: format!("bench-{i:06}"),
-        workflow_name: "one".into(),
-        workflow_text: ONE_NODE.into(),
-        inputs: serde_json::json!({ "i": i }),
-        priority: 0,
-        not_before: None,
-        trace_parent: None,
-    }
+    common::one_node_run("bench", i)
 }
 
 /// Enqueues `n` runs, 16 at a time.

@@ -22,11 +22,8 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use flow_ledger::{Clock, Ledger, NewRun, OpenOptions, SystemClock};
+use flow_ledger::{Clock, Ledger, OpenOptions, SystemClock};
 use futures::stream::{self, StreamExt};
-use serde_json::json;
-
-const ONE_NODE: &str = "name: one\ninputs:\n  i: { type: integer, required: true }\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  echo: { tool: e, with: { i: \"${{ inputs.i }}\" } }\n";
 
 /// Runs a batch carries (`runs:batch` takes up to 1,000).
 const BATCH: usize = 500;
@@ -73,15 +70,7 @@ async fn fill(ledger: &Ledger, n: usize) {
     for chunk in ids.chunks(1_000) {
         let runs = chunk
             .iter()
-            .map(|&i| NewRun {
-                id: format!("pre-{i:06}"),
-                workflow_name: "one".into(),
-                workflow_text: ONE_NODE.into(),
-                inputs: json!({ "i": i }),
-                priority: 0,
-                not_before: None,
-                trace_parent: None,
-            })
+            .map(|&i| common::one_node_run("pre", i))
             .collect();
         let now = SystemClock.now();
         ledger.enqueue_batch(runs, None, now).await.expect("fill");
@@ -114,17 +103,8 @@ async fn submit(ledger: &Ledger, base: &str, n: usize) -> f64 {
         .for_each_concurrent(4, |b| {
             let (client, base) = (client.clone(), base.to_owned());
             async move {
-                let list: Vec<_> = (b * BATCH..((b + 1) * BATCH).min(n))
-                    .map(|i| json!({"workflow": ONE_NODE, "inputs": {"i": i}, "run_id": format!("api-{i:06}")}))
-                    .collect();
-                let resp = client
-                    .post(format!("{base}/api/v1/runs:batch"))
-                    .bearer_auth(TOKEN)
-                    .json(&json!({ "runs": list }))
-                    .send()
-                    .await
-                    .expect("submit");
-                assert!(resp.status().is_success(), "{}", resp.text().await.unwrap_or_default());
+                let range = b * BATCH..((b + 1) * BATCH).min(n);
+                common::submit_one_node_batch(&client, &base, Some(TOKEN), range).await;
             }
         })
         .await;

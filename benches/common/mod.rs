@@ -136,3 +136,46 @@ pub async fn wait_succeeded(ledger: &flow_ledger::Ledger, n: usize) -> (i64, i64
     let last = all.iter().filter_map(|r| r.finished_at).map(|t| t.0).max();
     (first.unwrap_or(0), last.unwrap_or(0))
 }
+
+/// The one-node workflow of the queue benchmarks (its input `i` keeps runs apart).
+pub const ONE_NODE: &str = "name: one\ninputs:\n  i: { type: integer, required: true }\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  echo: { tool: e, with: { i: \"${{ inputs.i }}\" } }\n";
+
+/// Run `<prefix>-<i>` of [`ONE_NODE`], to enqueue through the library.
+pub fn one_node_run(prefix: &str, i: usize) -> flow_ledger::NewRun {
+    flow_ledger::NewRun {
+        id: format!("{prefix}-{i:06}"),
+        workflow_name: "one".into(),
+        workflow_text: ONE_NODE.into(),
+        inputs: serde_json::json!({ "i": i }),
+        priority: 0,
+        not_before: None,
+        trace_parent: None,
+    }
+}
+
+/// Submits runs `api-<i>` of [`ONE_NODE`] for each `i` of `range` in one
+/// `POST /api/v1/runs:batch` to `base` (with `token` when the server wants one).
+pub async fn submit_one_node_batch(
+    client: &reqwest::Client,
+    base: &str,
+    token: Option<&str>,
+    range: std::ops::Range<usize>,
+) {
+    let list: Vec<_> = range
+        .map(|i| serde_json::json!({"workflow": ONE_NODE, "inputs": {"i": i}, "run_id": format!("api-{i:06}")}))
+        .collect();
+    let mut request = client.post(format!("{base}/api/v1/runs:batch"));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    let resp = request
+        .json(&serde_json::json!({ "runs": list }))
+        .send()
+        .await
+        .expect("submit");
+    assert!(
+        resp.status().is_success(),
+        "{}",
+        resp.text().await.unwrap_or_default()
+    );
+}

@@ -135,13 +135,7 @@ fn a_run_exports_its_spans_and_the_downstream_continues_the_client_span() {
     let (otlp, received) = rt.block_on(collector(false));
     let db = TestDb::new(Backend::Sqlite);
     let file = db.write("w.yaml", &workflow(&server.url()));
-    let out = output(
-        db.flow()
-            .arg("run")
-            .arg(&file)
-            .env("FLOW_SECRET_API_TOKEN", SECRET)
-            .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp),
-    );
+    let out = output(traced(&db, &otlp).arg("run").arg(&file));
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
 
     let spans = received.spans();
@@ -261,11 +255,8 @@ fn a_collector_that_is_down_or_hangs_neither_fails_nor_holds_up_the_run() {
     let rt = runtime();
     let server = rt.block_on(CountingServer::start()).expect("server");
     let (hanging, received) = rt.block_on(collector(true));
-    // A port nobody listens on: bound, then closed.
-    let down = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        format!("http://{}", l.local_addr().expect("addr"))
-    };
+    // A port nobody listens on (bound, then closed).
+    let down = format!("http://{}", crate::daemon::free_port());
     // The same run without telemetry: the yardstick.
     let run_once = |endpoint: Option<&str>| {
         let db = TestDb::new(Backend::Sqlite);
@@ -321,15 +312,21 @@ fn runs_ending<'a>(spans: &'a [Span], outcome: &str) -> Vec<&'a Span> {
         .collect()
 }
 
+/// `flow` on `db` with the workflow's secret, exporting to `otlp`.
+fn traced(db: &TestDb, otlp: &str) -> std::process::Command {
+    let mut cmd = db.flow();
+    cmd.env("FLOW_SECRET_API_TOKEN", SECRET)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp);
+    cmd
+}
+
 /// `flow run FILE`, traced, killed after `pay`'s request left; the run id.
 fn crash_after_response(db: &TestDb, file: &std::path::Path, otlp: &str) -> String {
     let crashed = output(
-        db.flow()
+        traced(db, otlp)
             .arg("run")
             .arg(file)
-            .env("FLOW_FAULT", "after_response:pay")
-            .env("FLOW_SECRET_API_TOKEN", SECRET)
-            .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp),
+            .env("FLOW_FAULT", "after_response:pay"),
     );
     assert_eq!(crashed.status.code(), None, "{}", stderr(&crashed));
     crate::support::run_id(&crashed)
@@ -343,10 +340,6 @@ fn a_resend_after_a_crash_carries_the_original_traceparent_and_each_segment_link
         let (otlp, received) = rt.block_on(collector(false));
         let db = TestDb::new(backend);
         let file = db.write("w.yaml", &workflow(&server.url()));
-        let traced = |cmd: &mut std::process::Command| {
-            cmd.env("FLOW_SECRET_API_TOKEN", SECRET)
-                .env("OTEL_EXPORTER_OTLP_ENDPOINT", &otlp);
-        };
 
         // 1. Killed after the request left, before its outcome was recorded.
         let run = crash_after_response(&db, &file, &otlp);
@@ -360,10 +353,7 @@ fn a_resend_after_a_crash_carries_the_original_traceparent_and_each_segment_link
 
         // 2. Resumed: in doubt, the run pauses — and that segment is exported at once,
         // linked to the killed one (the trace of the original send).
-        let mut cmd = db.flow();
-        cmd.args(["resume", &run]);
-        traced(&mut cmd);
-        let paused = output(&mut cmd);
+        let paused = output(traced(&db, &otlp).args(["resume", &run]));
         assert_eq!(
             paused.status.code(),
             Some(3),
@@ -396,10 +386,7 @@ fn a_resend_after_a_crash_carries_the_original_traceparent_and_each_segment_link
         // 3. An operator says `retry`: the same key goes out again with the original's
         // traceparent; the new CLIENT span says it is a re-send and links to the original,
         // and no exported CLIENT span claims the original's id.
-        let mut cmd = db.flow();
-        cmd.args(["resume", &run, "--resolve", "pay=retry"]);
-        traced(&mut cmd);
-        let resolved = output(&mut cmd);
+        let resolved = output(traced(&db, &otlp).args(["resume", &run, "--resolve", "pay=retry"]));
         assert_eq!(
             resolved.status.code(),
             Some(0),
@@ -614,10 +601,8 @@ nodes:
 fn a_daemon_counts_the_spans_a_dead_collector_did_not_take() {
     let rt = runtime();
     let server = rt.block_on(CountingServer::start()).expect("server");
-    let down = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        format!("http://{}", l.local_addr().expect("addr"))
-    };
+    // A port nobody listens on (bound, then closed).
+    let down = format!("http://{}", crate::daemon::free_port());
     let db = TestDb::new(Backend::Sqlite);
     let file = db.write("w.yaml", &workflow(&server.url()));
     let submitted = output(db.flow().arg("submit").arg(&file));

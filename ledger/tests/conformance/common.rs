@@ -418,3 +418,17 @@ pub async fn scalar(url: &str, sql: &str) -> i64 {
         sqlx::query_scalar(sql).fetch_one(&mut c).await.expect(url)
     }
 }
+
+/// The holder of `lease` marks its call outbound, one request leaves and its outcome is
+/// lost (`message`): the call is in doubt.
+pub async fn sent_then_in_doubt(db: &TestDb, lease: &CallLease, message: &str) {
+    db.ledger.mark_outbound(lease, db.now()).await.unwrap();
+    let report = flow_ledger::InDoubtReport {
+        requests_sent: 1,
+        message: message.into(),
+    };
+    db.ledger
+        .mark_in_doubt(lease, report, db.now())
+        .await
+        .unwrap();
+}

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use flow_ledger::inbox::InboxFilter;
 use flow_ledger::{
-    CallStatus, EventType, InDoubtReport, NewProbe, ProbeDecision, ProbeObserved, Resolution,
-    Resolve, RunStatus,
+    CallStatus, EventType, NewProbe, ProbeDecision, ProbeObserved, Resolution, Resolve, RunStatus,
 };
 use serde_json::json;
 
@@ -35,15 +34,7 @@ async fn in_doubt(db: &TestDb, run_id: &str) {
             .await
             .unwrap(),
     );
-    db.ledger.mark_outbound(&lease, db.now()).await.unwrap();
-    let report = InDoubtReport {
-        requests_sent: 1,
-        message: "timed out".into(),
-    };
-    db.ledger
-        .mark_in_doubt(&lease, report, db.now())
-        .await
-        .unwrap();
+    sent_then_in_doubt(db, &lease, "timed out").await;
     db.ledger
         .pause_run(&run, "pay in doubt", db.now())
         .await

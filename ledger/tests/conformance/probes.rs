@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use flow_ledger::{
-    CallStatus, Error, InDoubtReport, NewProbe, ProbeDecision, ProbeObserved, Resolution, Resolve,
-    RunLease, Timestamp,
+    CallStatus, Error, NewProbe, ProbeDecision, ProbeObserved, Resolution, Resolve, RunLease,
+    Timestamp,
 };
 use serde_json::json;
 
@@ -129,15 +129,7 @@ async fn in_doubt(db: &TestDb, run_id: &str, pause: bool) -> RunLease {
             .await
             .unwrap(),
     );
-    db.ledger.mark_outbound(&lease, db.now()).await.unwrap();
-    let report = InDoubtReport {
-        requests_sent: 1,
-        message: "timed out".into(),
-    };
-    db.ledger
-        .mark_in_doubt(&lease, report, db.now())
-        .await
-        .unwrap();
+    sent_then_in_doubt(db, &lease, "timed out").await;
     if pause {
         db.ledger
             .pause_run(&run, "pay in doubt", db.now())

@@ -1,8 +1,8 @@
 //! Operator resolution and pure calls.
 
 use flow_ledger::{
-    CallClaim, CallOutcome, CallStatus, Error, ErrorKind, EventFilter, EventType, InDoubtReport,
-    PureCall, PureRecorded, Resolution, Resolve, RunLease, StepError, StepStatus, canonical_hash,
+    CallClaim, CallOutcome, CallStatus, Error, ErrorKind, EventFilter, EventType, PureCall,
+    PureRecorded, Resolution, Resolve, RunLease, StepError, StepStatus, canonical_hash,
 };
 use serde_json::{Value, json};
 
@@ -31,15 +31,7 @@ async fn in_doubt(db: &TestDb) -> RunLease {
             .await
             .unwrap(),
     );
-    db.ledger.mark_outbound(&lease, db.now()).await.unwrap();
-    let report = InDoubtReport {
-        requests_sent: 1,
-        message: "connection reset".into(),
-    };
-    db.ledger
-        .mark_in_doubt(&lease, report, db.now())
-        .await
-        .unwrap();
+    sent_then_in_doubt(db, &lease, "connection reset").await;
     db.ledger
         .pause_run(&run, "pay in doubt", db.now())
         .await
@@ -125,15 +117,7 @@ async fn settling_the_last_doubt_requeues_a_paused_run(db: TestDb) {
                 .await
                 .unwrap(),
         );
-        db.ledger.mark_outbound(&lease, db.now()).await.unwrap();
-        let report = InDoubtReport {
-            requests_sent: 1,
-            message: "connection reset".into(),
-        };
-        db.ledger
-            .mark_in_doubt(&lease, report, db.now())
-            .await
-            .unwrap();
+        sent_then_in_doubt(&db, &lease, "connection reset").await;
     }
     db.ledger
         .pause_run(&run, "pay, ship in doubt", db.now())

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use flow_ledger::{
-    Error, InDoubtReport, Kept, OnParentCancel, ParentLink, RunFinish, RunGc, RunLease, RunStatus,
-    StartAt, Sweep, Timestamp,
+    Error, Kept, OnParentCancel, ParentLink, RunFinish, RunGc, RunLease, RunStatus, StartAt, Sweep,
+    Timestamp,
 };
 use serde_json::json;
 
@@ -199,15 +199,7 @@ async fn what_must_stay_stays(db: TestDb) {
             .await
             .unwrap(),
     );
-    db.ledger.mark_outbound(&lease, db.now()).await.unwrap();
-    let report = InDoubtReport {
-        requests_sent: 1,
-        message: "timeout".into(),
-    };
-    db.ledger
-        .mark_in_doubt(&lease, report, db.now())
-        .await
-        .unwrap();
+    sent_then_in_doubt(&db, &lease, "timeout").await;
     finish(&db, &doubt, RunStatus::Cancelled).await;
     // A finished parent whose child runs on; a finished child whose parent runs on.
     let parent = running(&db, "parent", &w).await;

@@ -4,9 +4,7 @@
 
 use std::time::Duration;
 
-use flow_ledger::{
-    CallOutcome, CompleteCall, ErrorKind, InDoubtReport, Resolution, Resolve, RunLease, StepError,
-};
+use flow_ledger::{CallOutcome, CompleteCall, ErrorKind, Resolution, Resolve, RunLease, StepError};
 use serde_json::json;
 
 use crate::common::*;
@@ -33,15 +31,7 @@ async fn in_doubt(db: &TestDb, run: &RunLease, (node, tool): (&str, &str), trace
     assert_eq!(lease.trace_parent, None, "a fresh key has no trace yet");
     lease.trace_parent = trace.map(str::to_owned);
     lease.trace_state = trace.map(|_| "vendor=1".to_owned());
-    db.ledger.mark_outbound(&lease, db.now()).await.unwrap();
-    let report = InDoubtReport {
-        requests_sent: 1,
-        message: "connection reset".into(),
-    };
-    db.ledger
-        .mark_in_doubt(&lease, report, db.now())
-        .await
-        .unwrap();
+    sent_then_in_doubt(db, &lease, "connection reset").await;
 }
 
 /// An operator's `retry` of `run_a`'s paused `pay`, and the run claimed again.
@@ -86,16 +76,8 @@ async fn a_keys_trace_context_is_kept_for_its_resends_and_forgotten_with_the_key
     assert_eq!(again.trace_state.as_deref(), Some("vendor=1"));
     again.trace_parent = Some(OTHER.into());
     again.trace_state = None;
-    db.ledger.mark_outbound(&again, db.now()).await.unwrap();
     // In doubt once more and retried: the first mark's context is still the one stored.
-    let report = InDoubtReport {
-        requests_sent: 1,
-        message: "timeout".into(),
-    };
-    db.ledger
-        .mark_in_doubt(&again, report, db.now())
-        .await
-        .unwrap();
+    sent_then_in_doubt(&db, &again, "timeout").await;
     db.ledger
         .pause_run(&run, "in doubt", db.now())
         .await
