@@ -112,13 +112,10 @@ impl Ledger {
     async fn is_migrated(&self) -> bool {
         const SQL: &str =
             "SELECT version, checksum, success FROM _sqlx_migrations ORDER BY version";
-        let applied: Result<Vec<(i64, Vec<u8>, bool)>, sqlx::Error> = match &self.inner.pool {
-            Pool::Sqlite(p, _) => sqlx::query_as(SQL).fetch_all(p).await,
-            Pool::Postgres(p) => sqlx::query_as(SQL).fetch_all(p).await,
-        };
-        let migrator = match &self.inner.pool {
-            Pool::Sqlite(..) => &sqlite::MIGRATOR,
-            Pool::Postgres(_) => &postgres::MIGRATOR,
+        type Applied = Result<Vec<(i64, Vec<u8>, bool)>, sqlx::Error>;
+        let (applied, migrator): (Applied, _) = match &self.inner.pool {
+            Pool::Sqlite(p, _) => (sqlx::query_as(SQL).fetch_all(p).await, &sqlite::MIGRATOR),
+            Pool::Postgres(p) => (sqlx::query_as(SQL).fetch_all(p).await, &postgres::MIGRATOR),
         };
         let Ok(applied) = applied else {
             return false;

@@ -390,7 +390,9 @@ impl<'a> RunScope<'a> {
                 step_id: &step_id,
                 retry,
             },
-            self.gateway.tools().is_pure(call.tool),
+            // The target only decides what is exported: no registry lookup per step
+            // when nothing is.
+            crate::telemetry::enabled() && self.gateway.tools().is_pure(call.tool),
         );
         let step = async move {
             // Boxed: the gateway's future is tens of kilobytes (every phase of a call),

@@ -3,12 +3,12 @@
 //! from every exported span (the last gate, whatever put them there).
 //!
 //! The SDK's batch processor counts the spans it drops, privately; flow needs the count
-//! as a metric. So the guard counts what it hands on (`queued`) and the exporter wrapper
-//! what was exported or failed (`handled`): their difference is what waits, and the
+//! as a metric. So the guard counts what it hands on (`QUEUED`) and the exporter wrapper
+//! what was exported or failed (`HANDLED`): their difference is what waits, and the
 //! guard drops — counted — instead of handing on a span the queue could not take.
 
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use opentelemetry::{Context, KeyValue, StringValue, Value};
@@ -31,23 +31,17 @@ pub fn dropped_spans() -> u64 {
     DROPPED.load(Ordering::Relaxed)
 }
 
-/// What the guard handed on and what the exporter is done with.
-#[derive(Debug, Default)]
-struct Counts {
-    queued: AtomicU64,
-    handled: AtomicU64,
-}
-
-/// The process's counts, kept for [`count_unsent`] at exit.
-static COUNTS: OnceLock<Arc<Counts>> = OnceLock::new();
+/// Spans the guard handed on to the processor, and spans the exporter is done with
+/// (exported or failed): their difference is what waits. One exporting provider per
+/// process (`super::PROVIDER`), so the counts are the process's.
+static QUEUED: AtomicU64 = AtomicU64::new(0);
+static HANDLED: AtomicU64 = AtomicU64::new(0);
 
 /// After a shutdown that timed out: whatever was handed on and not handled is lost.
 pub(super) fn count_unsent() {
-    if let Some(counts) = COUNTS.get() {
-        let queued = counts.queued.load(Ordering::Relaxed);
-        let handled = counts.handled.swap(queued, Ordering::Relaxed);
-        DROPPED.fetch_add(queued.saturating_sub(handled), Ordering::Relaxed);
-    }
+    let queued = QUEUED.load(Ordering::Relaxed);
+    let handled = HANDLED.swap(queued, Ordering::Relaxed);
+    DROPPED.fetch_add(queued.saturating_sub(handled), Ordering::Relaxed);
 }
 
 /// Builds the exporter a [`Counted`] sends through, on its first export.
@@ -60,17 +54,13 @@ pub(super) fn guarded<E: SpanExporter>(
     bound: usize,
     secrets: Secrets,
 ) -> (Counted<E>, Guard) {
-    let counts = Arc::new(Counts::default());
-    let _ = COUNTS.set(counts.clone());
     (
         Counted {
             build: Box::new(build),
             built: OnceLock::new(),
             resource: std::sync::Mutex::new(None),
-            counts: counts.clone(),
         },
         Guard {
-            counts,
             bound: u64::try_from(bound).unwrap_or(u64::MAX),
             secrets,
         },
@@ -85,7 +75,6 @@ pub(super) struct Counted<E> {
     built: OnceLock<Option<E>>,
     /// The resource the provider gave before the exporter existed.
     resource: std::sync::Mutex<Option<Resource>>,
-    counts: Arc<Counts>,
 }
 
 impl<E> std::fmt::Debug for Counted<E> {
@@ -118,7 +107,6 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
     fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
         let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
         let export = self.exporter().map(|e| e.export(batch));
-        let counts = &self.counts;
         async move {
             let result = match export {
                 Some(export) => export.await,
@@ -127,7 +115,7 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
             if result.is_err() {
                 DROPPED.fetch_add(n, Ordering::Relaxed);
             }
-            counts.handled.fetch_add(n, Ordering::Relaxed);
+            HANDLED.fetch_add(n, Ordering::Relaxed);
             result
         }
     }
@@ -161,7 +149,6 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
 /// The bound and the scrubbing, before the processor sees a span.
 #[derive(Debug)]
 pub(super) struct Guard {
-    counts: Arc<Counts>,
     bound: u64,
     secrets: Secrets,
 }
@@ -189,17 +176,15 @@ impl<P: SpanProcessor> SpanProcessor for Guarded<P> {
         if !span.span_context.is_sampled() {
             return;
         }
-        let counts = &self.guard.counts;
-        let waiting = counts
-            .queued
+        let waiting = QUEUED
             .load(Ordering::Relaxed)
-            .saturating_sub(counts.handled.load(Ordering::Relaxed));
+            .saturating_sub(HANDLED.load(Ordering::Relaxed));
         if waiting >= self.guard.bound {
             DROPPED.fetch_add(1, Ordering::Relaxed);
             return;
         }
         scrub(&mut span, &self.guard.secrets);
-        counts.queued.fetch_add(1, Ordering::Relaxed);
+        QUEUED.fetch_add(1, Ordering::Relaxed);
         self.inner.on_end(span);
     }
 

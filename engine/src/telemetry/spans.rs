@@ -66,8 +66,9 @@ pub struct Step<'a> {
     pub retry: u32,
 }
 
-/// The span of one step; a pure function's under [`super::PURE_STEP_TARGET`], which the
-/// exporter drops unless `[telemetry] pure_steps = true`.
+/// The span of one step; a pure function's (`pure`, asked only while telemetry is on)
+/// under [`super::PURE_STEP_TARGET`], which the exporter drops unless
+/// `[telemetry] pure_steps = true`.
 pub fn step(s: &Step<'_>, pure: bool) -> Span {
     macro_rules! step_span {
         ($target:expr) => {
