@@ -121,6 +121,12 @@ pub struct Outcome {
     /// connection to it was lost while it worked): the result is then an `Unknown`
     /// error, and the task is what [`Tool::collect`] asks about later.
     pub task: Option<String>,
+    /// The MCP session the call went over (Streamable HTTP's `Mcp-Session-Id`), for the
+    /// call's trace (`mcp.session.id`); `None` for other tools and stdio servers.
+    pub mcp_session: Option<String>,
+    /// The status of the HTTP answer the outcome was read from (the last hop's), for the
+    /// call's trace (`http.response.status_code`); `None` when no answer came.
+    pub http_status: Option<u16>,
 }
 
 impl Outcome {
@@ -130,6 +136,8 @@ impl Outcome {
             result: Ok(value),
             requests_sent,
             task: None,
+            mcp_session: None,
+            http_status: None,
         }
     }
 
@@ -139,6 +147,8 @@ impl Outcome {
             result: Err(error),
             requests_sent,
             task: None,
+            mcp_session: None,
+            http_status: None,
         }
     }
 
@@ -148,6 +158,8 @@ impl Outcome {
             result: Err(Error::unknown(message)),
             requests_sent,
             task: Some(task.to_owned()),
+            mcp_session: None,
+            http_status: None,
         }
     }
 }

@@ -580,6 +580,14 @@ pub struct ToolCall {
     /// Sends whose request count is unknown (the holder died after the outbound mark):
     /// each may have sent at least one request beyond `outbound_requests`.
     pub uncounted_sends: u32,
+    /// The W3C `traceparent` stored with the current attempt's first outbound mark when
+    /// that send was traced: every re-send of the key carries it, and a probe's or a
+    /// resolution's span links to it, so a trace shows what became of the call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_parent: Option<String>,
+    /// The `tracestate` stored beside it, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_state: Option<String>,
 }
 
 impl ToolCall {

@@ -331,6 +331,8 @@ impl CallRow {
             finished_at: ts(self.finished_at),
             remote_task: self.remote_task,
             uncounted_sends: count(self.uncounted_sends),
+            trace_parent: self.trace_parent,
+            trace_state: self.trace_state,
         })
     }
 }

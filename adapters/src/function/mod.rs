@@ -258,6 +258,8 @@ impl FunctionTool {
             result,
             requests_sent: sent,
             task: None,
+            mcp_session: None,
+            http_status: None,
         }
     }
 }

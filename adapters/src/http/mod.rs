@@ -289,7 +289,12 @@ impl HttpTool {
                 response,
                 deadline,
                 sent,
-            }) => self.finish(&hop, response, deadline, sent).await,
+            }) => {
+                let status = response.status().as_u16();
+                let mut outcome = self.finish(&hop, response, deadline, sent).await;
+                outcome.http_status = Some(status);
+                outcome
+            }
             Err(outcome) => outcome,
         }
     }

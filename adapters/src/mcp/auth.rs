@@ -39,6 +39,30 @@ impl TokenSlot {
     }
 }
 
+/// The `Mcp-Session-Id` a Streamable HTTP session's requests carry once the server gave
+/// one (rmcp keeps it inside its transport): a call's trace names it (`mcp.session.id`).
+#[derive(Clone, Default)]
+pub(crate) struct SessionSeen(Arc<RwLock<Option<Arc<str>>>>);
+
+impl SessionSeen {
+    fn note(&self, id: Option<&Arc<str>>) {
+        if let Some(id) = id {
+            let mut seen = self.0.write().unwrap_or_else(|e| e.into_inner());
+            if seen.as_ref() != Some(id) {
+                *seen = Some(id.clone());
+            }
+        }
+    }
+
+    pub(crate) fn get(&self) -> Option<String> {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+            .map(str::to_owned)
+    }
+}
+
 /// rmcp's reqwest transport with the `Authorization` value taken from a [`TokenSlot`]
 /// at send time instead of being fixed when the transport is built.
 ///
@@ -52,6 +76,8 @@ pub(crate) struct AuthedClient {
     pub(crate) token: TokenSlot,
     /// Set when an answer's SSE event was over the limit.
     pub(crate) oversized: Arc<std::sync::atomic::AtomicBool>,
+    /// The session id the requests carry.
+    pub(crate) session: SessionSeen,
 }
 
 /// The text rmcp 3.11 (pinned) gives an SSE event over its limit.
@@ -109,6 +135,7 @@ impl StreamableHttpClient for AuthedClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        self.session.note(session_id.as_ref());
         self.inner
             .post_message_with_max_sse_event_size(
                 uri,
@@ -131,6 +158,7 @@ impl StreamableHttpClient for AuthedClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, StreamableHttpError<Self::Error>> {
+        self.session.note(session_id.as_ref());
         self.inner
             .post_message_with_response_limits(
                 uri,

@@ -18,7 +18,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
-use super::auth::{AuthedClient, TokenSlot};
+use super::auth::{AuthedClient, SessionSeen, TokenSlot};
 use super::call::{self, CallEnd};
 use super::classify::{self, Failure};
 use super::elicit::{Elicitation, Handler};
@@ -243,6 +243,24 @@ impl Pool {
             Ok(session) => session,
             Err(error) => return Outcome::err(error, 0),
         };
+        let mut outcome = self
+            .call_on(&key, &session, spec, arguments, deadline, (reports, trace))
+            .await;
+        outcome.mcp_session = session.http_session.as_ref().and_then(SessionSeen::get);
+        outcome
+    }
+
+    /// [`Pool::call`] on `session`: the `tools/call` rounds, a re-authentication after a
+    /// challenge, a task waited for.
+    async fn call_on(
+        &self,
+        key: &Key,
+        session: &Arc<Session>,
+        spec: &Spec,
+        arguments: Option<JsonObject>,
+        deadline: Instant,
+        (reports, trace): (Option<&Reports>, Option<&crate::TraceContext>),
+    ) -> Outcome {
         if let Err(error) = session.renew_if_stale(&self.inner.http, deadline).await {
             return Outcome::err(error, 0);
         }
@@ -277,6 +295,8 @@ impl Pool {
                         result: classify::output(result, &what),
                         requests_sent: sent + 1,
                         task: None,
+                        mcp_session: None,
+                        http_status: None,
                     };
                 }
                 Ok(CallEnd::Task(task)) => {
@@ -294,7 +314,7 @@ impl Pool {
                         reports,
                         sent: sent + 1,
                     };
-                    return self.wait(&key, &session, wait).await;
+                    return self.wait(key, session, wait).await;
                 }
                 Ok(CallEnd::TimedOut { cancelled }) => {
                     return Outcome::err(timed_out(&what, cancelled), sent + 1);
@@ -310,7 +330,7 @@ impl Pool {
             } = failure;
             sent += u32::from(left);
             if discard {
-                self.discard(&key, &session).await;
+                self.discard(key, session).await;
             }
             match challenge {
                 Some(challenge) if !reauthenticated && session.can_reauthenticate() => {
@@ -323,14 +343,14 @@ impl Pool {
                         Ok(()) => continue,
                         Err(e) => {
                             return Outcome::err(
-                                reauth_failed(&session, e, (&what, &challenge)),
+                                reauth_failed(session, e, (&what, &challenge)),
                                 sent,
                             );
                         }
                     }
                 }
                 Some(challenge) if reauthenticated => {
-                    return Outcome::err(refused_again(&session, error, &challenge).await, sent);
+                    return Outcome::err(refused_again(session, error, &challenge).await, sent);
                 }
                 _ => return Outcome::err(error, sent),
             }
@@ -495,6 +515,8 @@ pub(super) struct Session {
     pub(super) label: String,
     auth: Option<SessionAuth>,
     tools: OnceCell<HashMap<String, Annotations>>,
+    /// A Streamable HTTP session's id, once the server gave one.
+    http_session: Option<SessionSeen>,
 }
 
 impl Session {
@@ -664,6 +686,7 @@ impl Session {
                 label,
                 auth: None,
                 tools: OnceCell::new(),
+                http_session: None,
             }),
             Err(e) => {
                 if let Some(next) = handshake.next_after(&e) {
@@ -708,6 +731,7 @@ impl Session {
         let mut state = session_auth::initial(auth, &slot, url, cx).await?;
         let tried = *handshake;
         let oversized = Arc::new(AtomicBool::new(false));
+        let seen = SessionSeen::default();
         let http = cx.http.get()?;
         let connect = || {
             let config = StreamableHttpClientTransportConfig::with_uri(url)
@@ -718,6 +742,7 @@ impl Session {
                 inner: http.clone(),
                 token: slot.clone(),
                 oversized: oversized.clone(),
+                session: seen.clone(),
             };
             Handler::new(tried, policy, &label).serve_with_lifecycle(
                 StreamableHttpClientTransport::with_client(client, config),
@@ -753,6 +778,7 @@ impl Session {
             label,
             auth: state,
             tools: OnceCell::new(),
+            http_session: Some(seen),
         })
     }
 }

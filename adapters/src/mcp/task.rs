@@ -164,6 +164,8 @@ fn completed(result: JsonObject, what: &str, sent: u32) -> Outcome {
             result: classify::output(result, what),
             requests_sent: sent,
             task: None,
+            mcp_session: None,
+            http_status: None,
         },
         Err(e) => Outcome::err(
             Error::permanent(format!(

@@ -603,7 +603,8 @@ async fn resolve(
         note: actor.reason,
     };
     match session.ledger.resolve_call(req, session.now()).await {
-        Ok(_) => {
+        Ok(call) => {
+            crate::telemetry::spans::resolved(&call, crate::telemetry::spans::Resolver::Cli);
             let _ = writeln!(stderr, "resolved {node} as {how}");
             Ok(())
         }

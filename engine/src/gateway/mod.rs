@@ -584,7 +584,8 @@ impl Gateway {
             by: format!("flow ({})", c.run().worker),
             note: Some("declared safe to re-send (read-only or idempotency: header)".into()),
         };
-        self.inner.ledger.resolve_call(resolve, self.now()).await?;
+        let call = self.inner.ledger.resolve_call(resolve, self.now()).await?;
+        crate::telemetry::spans::resolved(&call, crate::telemetry::spans::Resolver::Flow);
         Ok(true)
     }
 

@@ -80,6 +80,7 @@ impl Gateway {
             unknown_before,
         } = self.send(c, &lease, tool, args, class).await;
         self.inner.faults.hit(Point::AfterResponse, node_id);
+        trace::answered(&outcome);
         if sent > 1 {
             self.count_extra_requests(c, sent - 1).await?;
         }

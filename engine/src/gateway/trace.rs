@@ -91,6 +91,16 @@ pub(super) fn propagates(tool: &crate::workflow::ToolDecl) -> bool {
     }
 }
 
+/// What the adapter saw of the answer (an HTTP status, an MCP session), on the CLIENT
+/// span.
+pub(super) fn answered(outcome: &flow_adapters::Outcome) {
+    spans::call_answered(
+        &Span::current(),
+        outcome.http_status,
+        outcome.mcp_session.as_deref(),
+    );
+}
+
 /// The call's outbound mark is durable: the request may leave from here on.
 pub(super) fn marked() {
     Span::current().add_event("outbound.marked", Vec::new());

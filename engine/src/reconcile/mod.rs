@@ -26,6 +26,7 @@ mod probe;
 use flow_ledger::{CallStatus, NewProbe, Resolution, Resolve, Timestamp};
 use serde::Serialize;
 use serde_json::Value as Json;
+use tracing::Instrument as _;
 
 pub use decide::{Answer, Timing, Verdict, verdict};
 pub use probe::NotAsked;
@@ -114,16 +115,46 @@ pub enum Error {
 
 /// Probes one in-doubt call and carries out the verdict (see the module docs).
 pub async fn reconcile_call(gateway: &Gateway, p: ProbeCall<'_>) -> Result<Reconciled, Error> {
+    let due = match due(gateway, &p).await? {
+        Ok(due) => due,
+        Err(outcome) => return Ok(outcome),
+    };
+    let span = crate::telemetry::spans::probe(&due.call);
+    let dry_run = p.dry_run;
+    let outcome = probe_due(gateway, p, due).instrument(span.clone()).await?;
+    match &outcome {
+        Reconciled::Probed {
+            probe,
+            observed,
+            decision,
+            http_status,
+            ..
+        } => {
+            let probed = crate::telemetry::spans::Probed {
+                number: *probe,
+                observed: observed.as_str(),
+                decision: decision.as_str(),
+                http_status: *http_status,
+                dry_run,
+            };
+            crate::telemetry::spans::probed(&span, &probed);
+        }
+        Reconciled::NotAsked { why, .. } => crate::telemetry::spans::probe_not_asked(&span, why),
+        _ => {}
+    }
+    Ok(outcome)
+}
+
+/// Asks the downstream about a call that is due, records the answer and carries out
+/// the verdict.
+async fn probe_due(gateway: &Gateway, p: ProbeCall<'_>, due: Due<'_>) -> Result<Reconciled, Error> {
     let ledger = gateway.ledger();
     let Due {
         tool,
         r,
         call,
         schedule,
-    } = match due(gateway, &p).await? {
-        Ok(due) => due,
-        Err(outcome) => return Ok(outcome),
-    };
+    } = due;
     let ctx = probe::context(&call, p.inputs, p.run_id);
     let asked = match probe::ask(gateway, p.wf, tool, r, &ctx).await {
         Ok(asked) => asked,
@@ -333,7 +364,10 @@ async fn settle(
         note: Some(note),
     };
     match gateway.ledger().resolve_call(resolve, gateway.now()).await {
-        Ok(_) => Ok(None),
+        Ok(call) => {
+            crate::telemetry::spans::resolved(&call, crate::telemetry::spans::Resolver::Reconcile);
+            Ok(None)
+        }
         Err(
             flow_ledger::Error::InvalidTransition { .. }
             | flow_ledger::Error::Terminal { .. }

@@ -45,12 +45,40 @@ pub(super) fn count_unsent() {
 }
 
 /// Builds the exporter a [`Counted`] sends through, on its first export.
-pub(super) type Build<E> = Box<dyn Fn() -> Result<E, String> + Send + Sync>;
+pub(super) type Build<E> = Box<dyn Fn() -> Result<Built<E>, String> + Send + Sync>;
+
+/// An exporter, and the runtime its exports run on when it needs one (tonic needs a
+/// Tokio reactor; the SDK's export thread has none).
+pub(super) struct Built<E> {
+    exporter: E,
+    /// The runtime, and the longest an export may take on it (connecting included:
+    /// tonic's own timeout starts once the request is sent, so a collector that drops
+    /// packets would hold the export thread for the system's connect timeout).
+    runtime: Option<(tokio::runtime::Runtime, Duration)>,
+}
+
+impl<E> Built<E> {
+    /// An exporter that runs on whatever polls it (the blocking HTTP client).
+    pub(super) fn plain(exporter: E) -> Self {
+        Self {
+            exporter,
+            runtime: None,
+        }
+    }
+
+    /// An exporter whose exports are driven on `runtime`, each for at most `timeout`.
+    pub(super) fn on(exporter: E, runtime: tokio::runtime::Runtime, timeout: Duration) -> Self {
+        Self {
+            exporter,
+            runtime: Some((runtime, timeout)),
+        }
+    }
+}
 
 /// The exporter `build` makes, counting, and the guard to put around the processor
 /// that uses it.
 pub(super) fn guarded<E: SpanExporter>(
-    build: impl Fn() -> Result<E, String> + Send + Sync + 'static,
+    build: impl Fn() -> Result<Built<E>, String> + Send + Sync + 'static,
     bound: usize,
     secrets: Secrets,
 ) -> (Counted<E>, Guard) {
@@ -72,7 +100,7 @@ pub(super) fn guarded<E: SpanExporter>(
 pub(super) struct Counted<E> {
     build: Build<E>,
     /// The exporter, or `None` when it could not be built (said once, as a warning).
-    built: OnceLock<Option<E>>,
+    built: OnceLock<Option<Built<E>>>,
     /// The resource the provider gave before the exporter existed.
     resource: std::sync::Mutex<Option<Resource>>,
 }
@@ -84,15 +112,15 @@ impl<E> std::fmt::Debug for Counted<E> {
 }
 
 impl<E: SpanExporter> Counted<E> {
-    fn exporter(&self) -> Option<&E> {
+    fn exporter(&self) -> Option<&Built<E>> {
         self.built
             .get_or_init(|| match (self.build)() {
-                Ok(mut exporter) => {
+                Ok(mut built) => {
                     let resource = self.resource.lock().map(|r| r.clone()).ok().flatten();
                     if let Some(resource) = resource {
-                        exporter.set_resource(&resource);
+                        built.exporter.set_resource(&resource);
                     }
-                    Some(exporter)
+                    Some(built)
                 }
                 Err(why) => {
                     tracing::warn!("telemetry: {why}; spans are dropped");
@@ -106,10 +134,17 @@ impl<E: SpanExporter> Counted<E> {
 impl<E: SpanExporter> SpanExporter for Counted<E> {
     fn export(&self, batch: Vec<SpanData>) -> impl Future<Output = OTelSdkResult> + Send {
         let n = u64::try_from(batch.len()).unwrap_or(u64::MAX);
-        let export = self.exporter().map(|e| e.export(batch));
+        let export = self
+            .exporter()
+            .map(|b| (b.exporter.export(batch), b.runtime.as_ref()));
         async move {
             let result = match export {
-                Some(export) => export.await,
+                // The SDK's export thread blocks on this future, outside any runtime.
+                // The timer is made inside the runtime (it needs its clock).
+                Some((export, Some((runtime, timeout)))) => runtime
+                    .block_on(async { tokio::time::timeout(*timeout, export).await })
+                    .unwrap_or(Err(OTelSdkError::Timeout(*timeout))),
+                Some((export, None)) => export.await,
                 None => Err(OTelSdkError::InternalFailure("no exporter".into())),
             };
             if result.is_err() {
@@ -124,19 +159,19 @@ impl<E: SpanExporter> SpanExporter for Counted<E> {
         self.built
             .get()
             .and_then(Option::as_ref)
-            .map_or(Ok(()), |e| e.shutdown_with_timeout(timeout))
+            .map_or(Ok(()), |b| b.exporter.shutdown_with_timeout(timeout))
     }
 
     fn force_flush(&self) -> OTelSdkResult {
         self.built
             .get()
             .and_then(Option::as_ref)
-            .map_or(Ok(()), SpanExporter::force_flush)
+            .map_or(Ok(()), |b| b.exporter.force_flush())
     }
 
     fn set_resource(&mut self, resource: &Resource) {
         match self.built.get_mut().and_then(Option::as_mut) {
-            Some(exporter) => exporter.set_resource(resource),
+            Some(built) => built.exporter.set_resource(resource),
             None => {
                 if let Ok(mut kept) = self.resource.lock() {
                     *kept = Some(resource.clone());

@@ -26,7 +26,10 @@ use std::time::Duration;
 
 use opentelemetry::KeyValue;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{Protocol, RetryPolicy, WithExportConfig as _, WithHttpConfig as _};
+use opentelemetry_otlp::tonic_types::transport::ClientTlsConfig;
+use opentelemetry_otlp::{
+    Protocol, RetryPolicy, WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _,
+};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
 use serde::Deserialize;
@@ -58,10 +61,15 @@ const QUEUE: usize = 2_048;
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TelemetryConfig {
-    /// The collector's OTLP/HTTP base URL (`http://collector:4318`; flow appends
-    /// `/v1/traces`). Unset, and no endpoint in the environment: no traces.
+    /// The collector's OTLP base URL (`http://collector:4318`, where flow appends
+    /// `/v1/traces`; `http://collector:4317` with `otlp_protocol = "grpc"`). Unset, and
+    /// no endpoint in the environment: no traces.
     #[serde(default)]
     pub otlp_endpoint: Option<String>,
+    /// `http/protobuf` (default), `http/json` or `grpc`; `OTEL_EXPORTER_OTLP_PROTOCOL`
+    /// wins.
+    #[serde(default)]
+    pub otlp_protocol: Option<String>,
     /// Export a span for every pure function step too (off: they can be thousands).
     #[serde(default)]
     pub pure_steps: bool,
@@ -71,6 +79,9 @@ impl TelemetryConfig {
     /// Checks the file's endpoint when flow.toml is loaded, so a typo is an
     /// installation error at start, not traces silently missing.
     pub fn check(&self) -> Result<(), String> {
+        if let Some(asked) = &self.otlp_protocol {
+            parse_protocol(asked).map_err(|e| format!("[telemetry] otlp_protocol: {e}"))?;
+        }
         let Some(endpoint) = &self.otlp_endpoint else {
             return Ok(());
         };
@@ -94,8 +105,8 @@ enum Endpoint {
     Off,
     /// The environment names it: the SDK reads it (signal-specific first).
     FromEnvironment,
-    /// flow.toml's base URL, with the signal's path appended (an endpoint given in code
-    /// is used verbatim by the SDK).
+    /// flow.toml's base URL (an endpoint given in code is used verbatim by the SDK:
+    /// [`signal_url`] appends OTLP/HTTP's signal path).
     Given(String),
 }
 
@@ -115,30 +126,110 @@ fn endpoint(config: &TelemetryConfig) -> Endpoint {
         return Endpoint::FromEnvironment;
     }
     match &config.otlp_endpoint {
-        Some(base) if base.trim_end_matches('/').ends_with("/v1/traces") => {
-            Endpoint::Given(base.clone())
-        }
-        Some(base) => Endpoint::Given(format!("{}/v1/traces", base.trim_end_matches('/'))),
+        Some(base) => Endpoint::Given(base.clone()),
         None => Endpoint::Off,
     }
 }
 
-/// The OTLP protocol the environment asks for; `Err` for one this build cannot speak.
-fn protocol() -> Result<Protocol, String> {
-    let asked =
-        env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"));
-    match asked.as_deref().map(str::trim) {
-        None | Some("http/protobuf") => Ok(Protocol::HttpBinary),
-        Some("http/json") => Ok(Protocol::HttpJson),
-        Some("grpc") => Err(
-            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc is not supported by this flow: \
-             use http/protobuf and the collector's OTLP/HTTP port (4318)"
-                .into(),
-        ),
-        Some(other) => Err(format!(
-            "OTEL_EXPORTER_OTLP_PROTOCOL={other:?} is not one of http/protobuf, http/json"
+/// The URL the SDK is given for flow.toml's base URL: OTLP/HTTP posts to the signal's
+/// path (appended once), gRPC calls a method on the host (the URL as given).
+fn signal_url(base: &str, protocol: Protocol) -> String {
+    let base = base.trim_end_matches('/');
+    if protocol == Protocol::Grpc || base.ends_with("/v1/traces") {
+        base.to_owned()
+    } else {
+        format!("{base}/v1/traces")
+    }
+}
+
+fn parse_protocol(asked: &str) -> Result<Protocol, String> {
+    match asked.trim() {
+        "http/protobuf" => Ok(Protocol::HttpBinary),
+        "http/json" => Ok(Protocol::HttpJson),
+        "grpc" => Ok(Protocol::Grpc),
+        other => Err(format!(
+            "{other:?} is not one of http/protobuf, http/json, grpc"
         )),
     }
+}
+
+/// The OTLP protocol the environment asks for, else flow.toml, else OTLP/HTTP with
+/// protobuf (the specification's default); `Err` for one flow does not speak.
+fn protocol(config: &TelemetryConfig) -> Result<Protocol, String> {
+    let asked = [
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+    ]
+    .into_iter()
+    .find_map(|name| env(name).map(|v| (name, v)));
+    match (asked, &config.otlp_protocol) {
+        (Some((name, asked)), _) => parse_protocol(&asked).map_err(|e| format!("{name}: {e}")),
+        (None, Some(file)) => parse_protocol(file),
+        (None, None) => Ok(Protocol::HttpBinary),
+    }
+}
+
+/// Whether the exporter talks TLS: gRPC needs to be told (with the platform's roots);
+/// the HTTP client decides from the URL itself.
+fn is_https(given: Option<&str>) -> bool {
+    given
+        .map(str::to_owned)
+        .or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+        .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        .is_some_and(|url| url.trim().to_ascii_lowercase().starts_with("https://"))
+}
+
+/// The OTLP exporter for `protocol`, built on the exporter's thread ([`layer`]). A gRPC
+/// exporter (tonic) needs a Tokio reactor, which the SDK's export thread does not have:
+/// it gets a current-thread runtime of its own, built here and kept beside it.
+fn build_exporter(
+    protocol: Protocol,
+    given: Option<&str>,
+    retry: &RetryPolicy,
+) -> Result<export::Built<opentelemetry_otlp::SpanExporter>, String> {
+    let failed = |e: &dyn std::fmt::Display| format!("cannot build the OTLP exporter: {e}");
+    if protocol != Protocol::Grpc {
+        let mut builder = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(protocol)
+            .with_retry_policy(retry.clone());
+        if let Some(url) = given {
+            builder = builder.with_endpoint(signal_url(url, protocol));
+        }
+        return builder
+            .build()
+            .map(export::Built::plain)
+            .map_err(|e| failed(&e));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| failed(&e))?;
+    let mut builder = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .with_protocol(protocol)
+        .with_retry_policy(retry.clone());
+    if let Some(url) = given {
+        builder = builder.with_endpoint(signal_url(url, protocol));
+    }
+    if is_https(given) {
+        builder = builder.with_tls_config(ClientTlsConfig::new().with_native_roots());
+    }
+    // The channel is made lazily but registers with the reactor it is built in.
+    let exporter = {
+        let _entered = runtime.enter();
+        builder.build().map_err(|e| failed(&e))?
+    };
+    Ok(export::Built::on(exporter, runtime, export_timeout()))
+}
+
+/// The OTLP export timeout (`OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else
+/// `OTEL_EXPORTER_OTLP_TIMEOUT`, in milliseconds; 10 s by default, as the SDK's).
+fn export_timeout() -> Duration {
+    env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+        .or_else(|| env("OTEL_EXPORTER_OTLP_TIMEOUT"))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(10), Duration::from_millis)
 }
 
 /// The process's resource: the environment's attributes (`OTEL_RESOURCE_ATTRIBUTES`,
@@ -199,23 +290,12 @@ where
         Endpoint::FromEnvironment => None,
         Endpoint::Given(url) => Some(url),
     };
-    let protocol = protocol()?;
+    let protocol = protocol(config)?;
     let retry = match process {
         Process::Command => RetryPolicy::disabled(),
         Process::Service => RetryPolicy::recommended(),
     };
-    let build = move || {
-        let mut builder = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(protocol)
-            .with_retry_policy(retry.clone());
-        if let Some(url) = &given {
-            builder = builder.with_endpoint(url.clone());
-        }
-        builder
-            .build()
-            .map_err(|e| format!("cannot build the OTLP exporter: {e}"))
-    };
+    let build = move || build_exporter(protocol, given.as_deref(), &retry);
     let queue = env("OTEL_BSP_MAX_QUEUE_SIZE")
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|n| *n > 0)
@@ -290,32 +370,45 @@ mod tests {
         let of = |url: &str| {
             endpoint(&TelemetryConfig {
                 otlp_endpoint: Some(url.into()),
-                pure_steps: false,
+                ..TelemetryConfig::default()
             })
         };
         assert_eq!(
-            of("http://c:4318"),
-            Endpoint::Given("http://c:4318/v1/traces".into())
-        );
-        assert_eq!(
             of("http://c:4318/"),
-            Endpoint::Given("http://c:4318/v1/traces".into())
-        );
-        assert_eq!(
-            of("http://c:4318/v1/traces"),
-            Endpoint::Given("http://c:4318/v1/traces".into())
+            Endpoint::Given("http://c:4318/".into())
         );
         assert_eq!(endpoint(&TelemetryConfig::default()), Endpoint::Off);
+        let http = Protocol::HttpBinary;
+        assert_eq!(signal_url("http://c:4318", http), "http://c:4318/v1/traces");
+        assert_eq!(
+            signal_url("http://c:4318/", http),
+            "http://c:4318/v1/traces"
+        );
+        assert_eq!(
+            signal_url("http://c:4318/v1/traces", http),
+            "http://c:4318/v1/traces"
+        );
+        assert_eq!(
+            signal_url("http://c:4317/", Protocol::Grpc),
+            "http://c:4317"
+        );
     }
 
     #[test]
     fn a_bad_file_endpoint_is_refused_on_load() {
         let bad = |url: &str| TelemetryConfig {
             otlp_endpoint: Some(url.into()),
-            pure_steps: false,
+            ..TelemetryConfig::default()
         };
         assert!(bad("collector:4318").check().is_err());
         assert!(bad("ftp://c/").check().is_err());
         assert!(bad("https://c:4318").check().is_ok());
+        let protocol = |p: &str| TelemetryConfig {
+            otlp_protocol: Some(p.into()),
+            ..TelemetryConfig::default()
+        };
+        assert!(protocol("grpc").check().is_ok());
+        assert!(protocol("http/json").check().is_ok());
+        assert!(protocol("udp").check().is_err());
     }
 }

@@ -11,12 +11,20 @@
 //!   `in_doubt` and `resend`; `flow.call.resend = true` when its key was sent before
 //!   (after a crash, or a `retry` resolution). A result replayed from the ledger is an
 //!   event on its step (`replayed`), never a CLIENT span.
+//! - `flow.probe <tool>` (kind CLIENT): a reconciliation probe of an in-doubt call, with
+//!   the event `probe` (what it found, what flow decided); `flow.resolve <node>`: an
+//!   in-doubt call settled (by an operator, the API, or a probe), with the event
+//!   `resolved` (how, by whom). The call's CLIENT span ended when it went in doubt, so
+//!   both link to it (the context stored with its outbound mark) instead of adding to it.
 //!
 //! Built as tracing spans with the fields their log lines always had (`run`, `step`,
-//! `call`) and `otel.name` / `otel.kind`; every other attribute is set on the exported
+//! `call`) and `otel.name` / `otel.kind`, under stable targets a `RUST_LOG` filter can
+//! name (`flow::run`, `flow::step`, `flow::pure_step`, `flow::call`, `flow::probe`,
+//! `flow::resolve`: README "Logs"); every other attribute is set on the exported
 //! span only while telemetry is on ([`super::enabled`]), so with it off a log line and
 //! a span cost what they did before.
 
+use flow_ledger::ToolCall;
 use opentelemetry::KeyValue;
 use opentelemetry::trace::Status;
 use tracing::Span;
@@ -35,6 +43,7 @@ fn set(span: &Span, attributes: impl FnOnce() -> Vec<KeyValue>) {
 /// token `segment` (each claim of the run increments it).
 pub fn run(run_id: &str, workflow: &str, segment: i64) -> Span {
     let span = tracing::info_span!(
+        target: "flow::run",
         "run",
         run = %run_id,
         otel.name = %format_args!("flow.run {workflow}"),
@@ -152,10 +161,160 @@ pub fn call_ended(span: &Span, state: &'static str, failed: bool) {
     }
 }
 
+/// What a CLIENT span's call was answered with: the HTTP status, and the MCP session
+/// (`Mcp-Session-Id`) it went over.
+pub fn call_answered(span: &Span, http_status: Option<u16>, mcp_session: Option<&str>) {
+    set(span, || {
+        let mut kv = Vec::new();
+        if let Some(status) = http_status {
+            kv.push(KeyValue::new(
+                "http.response.status_code",
+                i64::from(status),
+            ));
+        }
+        if let Some(id) = mcp_session {
+            kv.push(KeyValue::new("mcp.session.id", id.to_owned()));
+        }
+        kv
+    });
+}
+
 /// Marks a CLIENT span as the re-send of a key sent before (set once: an attribute set
 /// twice is exported twice).
 pub fn call_resent(span: &Span) {
     set(span, || vec![KeyValue::new("flow.call.resend", true)]);
+}
+
+/// Links `span` to `call`'s CLIENT span, when its send was traced.
+fn link_to_call(span: &Span, call: &ToolCall) {
+    if super::enabled()
+        && let Some(parent) = &call.trace_parent
+    {
+        super::w3c::link(span, parent, call.trace_state.as_deref());
+    }
+}
+
+/// The attributes naming an in-doubt call on a probe's or a resolution's span.
+fn call_attributes(call: &ToolCall) -> Vec<KeyValue> {
+    vec![
+        KeyValue::new("flow.run.id", call.run_id.clone()),
+        KeyValue::new("flow.node", call.tool_call_id.clone()),
+        KeyValue::new("gen_ai.tool.name", call.tool.clone()),
+        KeyValue::new("flow.call.key", call.current_key.clone()),
+    ]
+}
+
+/// The CLIENT span of a reconciliation probe about `call` (a request to its
+/// downstream), linked to the call's own CLIENT span.
+pub fn probe(call: &ToolCall) -> Span {
+    let span = tracing::info_span!(
+        target: "flow::probe",
+        "probe",
+        call = %call.tool_call_id,
+        otel.name = %format_args!("flow.probe {}", call.tool),
+        otel.kind = "client",
+    );
+    set(&span, || call_attributes(call));
+    link_to_call(&span, call);
+    span
+}
+
+/// What a probe found and what flow decided (or, in a dry run, would decide).
+pub struct Probed {
+    /// The probe's number (1-based).
+    pub number: u32,
+    /// `found`, `not_found`, `unknown`.
+    pub observed: &'static str,
+    /// `succeed`, `resend`, `probe_again`, `needs_operator`.
+    pub decision: &'static str,
+    /// The probe's HTTP status, if HTTP.
+    pub http_status: Option<u16>,
+    /// `flow reconcile --dry-run`: nothing was recorded or settled.
+    pub dry_run: bool,
+}
+
+/// What a probe found, as the event `probe` on its span.
+pub fn probed(span: &Span, p: &Probed) {
+    if !super::enabled() {
+        return;
+    }
+    let mut kv = vec![
+        KeyValue::new("flow.probe.number", i64::from(p.number)),
+        KeyValue::new("flow.probe.observed", p.observed),
+        KeyValue::new("flow.probe.decision", p.decision),
+    ];
+    if p.dry_run {
+        kv.push(KeyValue::new("flow.probe.dry_run", true));
+    }
+    let http_status = p.http_status;
+    if let Some(status) = http_status {
+        kv.push(KeyValue::new(
+            "http.response.status_code",
+            i64::from(status),
+        ));
+    }
+    span.add_event("probe", kv);
+}
+
+/// No probe could be sent (a rate limit, a missing secret, egress): the event
+/// `not_asked` with why, so the probe's span does not look like a request that left.
+pub fn probe_not_asked(span: &Span, why: &str) {
+    if super::enabled() {
+        span.add_event(
+            "not_asked",
+            vec![KeyValue::new("flow.probe.why", why.to_owned())],
+        );
+    }
+}
+
+/// Who settled an in-doubt call, as a trace shows it: the kind of resolver, never the
+/// person (the ledger's resolution keeps the OS user or the API token's name; a trace
+/// goes to a third-party collector).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolver {
+    /// A reconciliation probe (`reconcile`).
+    Reconcile,
+    /// flow itself: the tool is declared safe to re-send (`flow`).
+    Flow,
+    /// An operator at the command line (`cli`).
+    Cli,
+    /// A caller of the operator API or the console (`api`).
+    Api,
+}
+
+impl Resolver {
+    fn as_str(self) -> &'static str {
+        match self {
+            Resolver::Reconcile => "reconcile",
+            Resolver::Flow => "flow",
+            Resolver::Cli => "cli",
+            Resolver::Api => "api",
+        }
+    }
+}
+
+/// `call` was just settled by `by` (it holds the resolution): a short
+/// `flow.resolve <node>` span with the event `resolved` (`flow.resolution`: `succeeded`,
+/// `failed`, `retry`; `flow.resolved.by`), a child of whatever span settles it (the
+/// probe's, or the step's when flow re-sends on its own) and linked to the call's CLIENT
+/// span. The operator's note is not exported (free text).
+pub fn resolved(call: &ToolCall, by: Resolver) {
+    if !super::enabled() {
+        return;
+    }
+    let span = tracing::info_span!(
+        target: "flow::resolve",
+        "resolve",
+        call = %call.tool_call_id,
+        otel.name = %format_args!("flow.resolve {}", call.tool_call_id),
+    );
+    set(&span, || call_attributes(call));
+    link_to_call(&span, call);
+    let mut kv = vec![KeyValue::new("flow.resolved.by", by.as_str())];
+    if let Some(how) = &call.resolution {
+        kv.push(KeyValue::new("flow.resolution", how.clone()));
+    }
+    span.add_event("resolved", kv);
 }
 
 /// `url` as a trace may show it: no user info, query or fragment (any may hold a

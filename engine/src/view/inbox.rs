@@ -190,6 +190,8 @@ mod tests {
             created_at: Timestamp(500),
             finished_at: None,
             remote_task: None,
+            trace_parent: None,
+            trace_state: None,
             uncounted_sends: 0,
         }
     }

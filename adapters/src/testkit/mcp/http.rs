@@ -359,6 +359,12 @@ impl HttpServer {
             .clear();
     }
 
+    /// The `Mcp-Session-Id` of every live session a request carried so far, in order.
+    pub fn sessions_seen(&self) -> Vec<String> {
+        let sessions = self.gate.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        sessions.0.clone()
+    }
+
     /// Forgets every session seen so far, as a restarted server would: their requests
     /// get 404 from now on, and clients must initialize a new session.
     pub fn expire_sessions(&self) {

@@ -237,7 +237,10 @@ pub(crate) async fn settle_many(
         };
         match app.ledger.resolve_call(req, super::now()).await {
             // The ledger re-queues a paused run whose last doubt this settles.
-            Ok(_) => done.settled += 1,
+            Ok(call) => {
+                crate::telemetry::spans::resolved(&call, crate::telemetry::spans::Resolver::Api);
+                done.settled += 1;
+            }
             Err(e) => {
                 let p = resolve_refused(&e, &c.run_id, &c.tool_call_id);
                 if p.status.is_server_error() {

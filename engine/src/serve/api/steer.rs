@@ -209,7 +209,9 @@ pub(crate) async fn settle(
     app.ledger
         .resolve_call(req, now())
         .await
-        .map(|_| ())
+        .map(|call| {
+            crate::telemetry::spans::resolved(&call, crate::telemetry::spans::Resolver::Api)
+        })
         .map_err(|e| resolve_refused(&e, run, node))
 }
 

@@ -9,12 +9,16 @@ use flow_adapters::testkit::http::CountingServer;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
+use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use prost::Message as _;
 
 use crate::support::{Backend, TestDb, output, runtime, stderr};
+
+mod grpc;
+mod probes;
 
 /// A secret the HTTP tool puts in its URL path and its Authorization header: no form of
 /// it may reach an exported span.
@@ -85,7 +89,17 @@ fn hex(bytes: &[u8]) -> String {
 
 /// Attribute `key` of `span` as text (strings, integers and booleans).
 fn attr(span: &Span, key: &str) -> Option<String> {
-    let kv = span.attributes.iter().find(|kv| kv.key == key)?;
+    value(&span.attributes, key)
+}
+
+/// Attribute `key` of the first event `name` of `span`, as text.
+fn event_attr(span: &Span, name: &str, key: &str) -> Option<String> {
+    let event = span.events.iter().find(|e| e.name == name)?;
+    value(&event.attributes, key)
+}
+
+fn value(attributes: &[KeyValue], key: &str) -> Option<String> {
+    let kv = attributes.iter().find(|kv| kv.key == key)?;
     match kv.value.as_ref()?.value.as_ref()? {
         Any::StringValue(s) => Some(s.clone()),
         Any::IntValue(i) => Some(i.to_string()),
@@ -171,6 +185,10 @@ fn a_run_exports_its_spans_and_the_downstream_continues_the_client_span() {
         Some("succeeded")
     );
     assert_eq!(attr(client, "http.request.method").as_deref(), Some("POST"));
+    assert_eq!(
+        attr(client, "http.response.status_code").as_deref(),
+        Some("200")
+    );
     // The URL holds the secret: only its origin is shown.
     assert_eq!(attr(client, "url.full"), Some(server.url()));
     let events: Vec<&str> = client.events.iter().map(|e| e.name.as_str()).collect();
@@ -422,6 +440,22 @@ fn a_resend_after_a_crash_carries_the_original_traceparent_and_each_segment_link
             "{backend:?}: the re-send links to the original send: {:?}",
             resend.links
         );
+        // The operator's decision is a span of its own, linked to the call it settled.
+        let settled = one(&spans, "flow.resolve pay");
+        assert_eq!(
+            event_attr(settled, "resolved", "flow.resolution").as_deref(),
+            Some("retry")
+        );
+        // The kind of resolver, not the person (the ledger keeps the OS user).
+        assert_eq!(
+            event_attr(settled, "resolved", "flow.resolved.by").as_deref(),
+            Some("cli")
+        );
+        assert!(
+            settled.links.iter().any(|l| hex(&l.span_id) == span),
+            "{backend:?}: the resolution links to the original send: {:?}",
+            settled.links
+        );
         let done = runs_ending(&spans, "succeeded");
         assert_eq!(done.len(), 1, "{backend:?}");
         assert!(
@@ -479,6 +513,9 @@ fn an_mcp_call_carries_its_client_span_in_meta_unless_the_tool_says_no() {
         Some("tools/call")
     );
     assert_eq!(attr(client, "mcp.tool.name").as_deref(), Some("count"));
+    let sessions = server.sessions_seen();
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    assert_eq!(attr(client, "mcp.session.id"), Some(sessions[0].clone()));
     let expected = format!("00-{}-{}-01", hex(&client.trace_id), hex(&client.span_id));
     assert_eq!(metas[0]["traceparent"], serde_json::json!(expected));
 
