@@ -297,6 +297,22 @@ pub(crate) async fn emit(
 }
 
 /// The outbox row: type and run, step and call ids.
+/// The ULIDs of this process's event ids, in creation order: event ids order the
+/// outbox for consumers (deliveries are leased in id order), and two ids made in one
+/// millisecond by `Ulid::generate` would sort at random.
+static EVENT_IDS: std::sync::Mutex<ulid::Generator> = std::sync::Mutex::new(ulid::Generator::new());
+
+/// A new event id (`evt_<ULID>`), greater than every one this process made before.
+pub(crate) fn new_event_id() -> String {
+    let mut ids = EVENT_IDS.lock().unwrap_or_else(|e| e.into_inner());
+    let id = match ids.generate() {
+        Ok(id) => id,
+        // 2^80 ids in one millisecond: never in practice; order then by chance.
+        Err(_) => ulid::Ulid::generate(),
+    };
+    format!("evt_{id}")
+}
+
 async fn insert(
     conn: &mut Conn<'_>,
     scope: &Scope,
@@ -309,7 +325,7 @@ async fn insert(
     ),
     payload: Value,
 ) -> Result<(), Error> {
-    let id = format!("evt_{}", ulid::Ulid::generate());
+    let id = new_event_id();
     let sql = conn.pick(
         "INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id, payload)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
@@ -333,4 +349,17 @@ async fn insert(
     )
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_event_id;
+
+    #[test]
+    fn event_ids_made_in_one_millisecond_keep_their_order() {
+        // Thousands of ids fall in each millisecond here: plain ULIDs would sort at
+        // random within it.
+        let ids: Vec<String> = (0..5_000).map(|_| new_event_id()).collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "ids out of order");
+    }
 }

@@ -128,7 +128,7 @@ impl Ledger {
             output,
             error,
             now,
-            format!("evt_{}", ulid::Ulid::generate()),
+            crate::events::new_event_id(),
             event.as_str(),
             payload.to_string(),
         ];

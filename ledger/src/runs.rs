@@ -342,7 +342,7 @@ async fn emit_started_all(
         .iter()
         .map(|row| {
             json!({
-                "id": format!("evt_{}", ulid::Ulid::generate()),
+                "id": crate::events::new_event_id(),
                 "run": row.id,
                 "payload": started_payload(row).to_string(),
             })
@@ -487,9 +487,7 @@ impl Ledger {
         ];
         let (sqlite, pg) = CLAIM_NEXT;
         if self.is_postgres() {
-            let ids: Vec<String> = (0..limit)
-                .map(|_| format!("evt_{}", ulid::Ulid::generate()))
-                .collect();
+            let ids: Vec<String> = (0..limit).map(|_| crate::events::new_event_id()).collect();
             a.extend(args![serde_json::Value::from(ids).to_string()]);
             let mut rows = self
                 .write_statement(move |c| Box::pin(async move { c.all::<RunRow>(pg, a).await }))

@@ -140,9 +140,9 @@ impl Fresh {
             attempt_key(&self.key, 1),
             self.started_at,
             self.finished_at,
-            format!("evt_{}", ulid::Ulid::generate()),
+            crate::events::new_event_id(),
             started,
-            format!("evt_{}", ulid::Ulid::generate()),
+            crate::events::new_event_id(),
             event,
             done,
         ];
@@ -182,9 +182,9 @@ impl Fresh {
             "sk": attempt_key(&self.key, 1),
             "t0": self.started_at.0,
             "t1": self.finished_at.0,
-            "e0": format!("evt_{}", ulid::Ulid::generate()),
+            "e0": crate::events::new_event_id(),
             "p0": p0,
-            "e1": format!("evt_{}", ulid::Ulid::generate()),
+            "e1": crate::events::new_event_id(),
             "p1": p1,
         })
     }
