@@ -131,7 +131,7 @@ fn statuses(rt: &tokio::runtime::Runtime, ledger: &Ledger) -> HashMap<String, Ru
 }
 
 /// Polls until `done` holds, failing after `limit` with `what`.
-fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
+pub(crate) fn wait_until(limit: Duration, what: &str, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
         assert!(start.elapsed() < limit, "timed out after {limit:?}: {what}");

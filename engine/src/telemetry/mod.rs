@@ -103,8 +103,9 @@ impl TelemetryConfig {
 enum Endpoint {
     /// No endpoint anywhere, or `OTEL_SDK_DISABLED=true` / `OTEL_TRACES_EXPORTER=none`.
     Off,
-    /// The environment names it: the SDK reads it (signal-specific first).
-    FromEnvironment,
+    /// The environment names it (signal-specific first): the SDK reads it itself; flow
+    /// only looks at its scheme.
+    FromEnvironment(String),
     /// flow.toml's base URL (an endpoint given in code is used verbatim by the SDK:
     /// [`signal_url`] appends OTLP/HTTP's signal path).
     Given(String),
@@ -120,10 +121,10 @@ fn endpoint(config: &TelemetryConfig) -> Endpoint {
     {
         return Endpoint::Off;
     }
-    if env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_some()
-        || env("OTEL_EXPORTER_OTLP_ENDPOINT").is_some()
+    if let Some(url) =
+        env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
     {
-        return Endpoint::FromEnvironment;
+        return Endpoint::FromEnvironment(url);
     }
     match &config.otlp_endpoint {
         Some(base) => Endpoint::Given(base.clone()),
@@ -169,22 +170,14 @@ fn protocol(config: &TelemetryConfig) -> Result<Protocol, String> {
     }
 }
 
-/// Whether the exporter talks TLS: gRPC needs to be told (with the platform's roots);
-/// the HTTP client decides from the URL itself.
-fn is_https(given: Option<&str>) -> bool {
-    given
-        .map(str::to_owned)
-        .or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
-        .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
-        .is_some_and(|url| url.trim().to_ascii_lowercase().starts_with("https://"))
-}
-
 /// The OTLP exporter for `protocol`, built on the exporter's thread ([`layer`]). A gRPC
 /// exporter (tonic) needs a Tokio reactor, which the SDK's export thread does not have:
-/// it gets a current-thread runtime of its own, built here and kept beside it.
+/// it gets a current-thread runtime of its own, built here and kept beside it. `https`:
+/// gRPC must be told to talk TLS (with the platform's roots); the HTTP client decides
+/// from the URL itself.
 fn build_exporter(
     protocol: Protocol,
-    given: Option<&str>,
+    (given, https): (Option<&str>, bool),
     retry: &RetryPolicy,
 ) -> Result<export::Built<opentelemetry_otlp::SpanExporter>, String> {
     let failed = |e: &dyn std::fmt::Display| format!("cannot build the OTLP exporter: {e}");
@@ -212,7 +205,7 @@ fn build_exporter(
     if let Some(url) = given {
         builder = builder.with_endpoint(signal_url(url, protocol));
     }
-    if is_https(given) {
+    if https {
         builder = builder.with_tls_config(ClientTlsConfig::new().with_native_roots());
     }
     // The channel is made lazily but registers with the reactor it is built in.
@@ -285,17 +278,18 @@ pub fn layer<S>(
 where
     S: Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
 {
-    let given = match endpoint(config) {
+    let (given, url) = match endpoint(config) {
         Endpoint::Off => return Ok(None),
-        Endpoint::FromEnvironment => None,
-        Endpoint::Given(url) => Some(url),
+        Endpoint::FromEnvironment(url) => (None, url),
+        Endpoint::Given(url) => (Some(url.clone()), url),
     };
+    let https = url.trim().to_ascii_lowercase().starts_with("https://");
     let protocol = protocol(config)?;
     let retry = match process {
         Process::Command => RetryPolicy::disabled(),
         Process::Service => RetryPolicy::recommended(),
     };
-    let build = move || build_exporter(protocol, given.as_deref(), &retry);
+    let build = move || build_exporter(protocol, (given.as_deref(), https), &retry);
     let queue = env("OTEL_BSP_MAX_QUEUE_SIZE")
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|n| *n > 0)

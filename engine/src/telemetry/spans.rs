@@ -246,8 +246,7 @@ pub fn probed(span: &Span, p: &Probed) {
     if p.dry_run {
         kv.push(KeyValue::new("flow.probe.dry_run", true));
     }
-    let http_status = p.http_status;
-    if let Some(status) = http_status {
+    if let Some(status) = p.http_status {
         kv.push(KeyValue::new(
             "http.response.status_code",
             i64::from(status),

@@ -7,7 +7,6 @@ use flow_adapters::testkit::http::CountingServer;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
-use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
 
 use super::{Received, SECRET, attr, hex, named, one, traced, workflow};
@@ -51,18 +50,6 @@ async fn grpc_collector() -> (String, Received) {
             .await;
     });
     (format!("http://{addr}"), received)
-}
-
-/// Waits up to 20 s for `received` to hold a span named `name`.
-fn wait_for_span(received: &Received, name: &str) -> Vec<Span> {
-    let started = Instant::now();
-    loop {
-        let spans = received.spans();
-        if !named(&spans, name).is_empty() || started.elapsed() > Duration::from_secs(20) {
-            return spans;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
@@ -119,7 +106,10 @@ fn spans_go_over_grpc_when_asked_from_a_command_or_a_daemon() {
             ("OTEL_BSP_SCHEDULE_DELAY", "100"),
         ],
     );
-    let spans = wait_for_span(&received, "flow.run by_daemon");
+    crate::daemon::wait_until(Duration::from_secs(20), "the daemon's run span", || {
+        !named(&received.spans(), "flow.run by_daemon").is_empty()
+    });
+    let spans = received.spans();
     daemon.signal("-TERM");
     let status = daemon.wait(Duration::from_secs(10));
     assert_eq!(status.code(), Some(0), "{}", daemon.log());
