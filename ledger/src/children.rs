@@ -22,11 +22,12 @@ use std::time::Duration;
 
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
+use crate::enqueue::{EnqueueTx, enqueue_in};
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::model::{NewRun, ParentLink, Run, RunLease, Scope};
 use crate::rows::{RunRow, run_cols};
-use crate::runs::{EnqueueTx, claim_locked, enqueue_in, held_for_update, run_for_update};
+use crate::runs::{claim_locked, held_for_update, run_for_update};
 use crate::state::{RunStatus, StepStatus};
 use crate::worker::WorkerId;
 

@@ -17,7 +17,8 @@
 //! - [`events`]: outbox [`Event`]s, written in the transaction of their state change;
 //!   `deliveries.rs`: per-consumer delivery queues and checkpoints for the dispatcher.
 //! - [`Error`]: one enum; sqlx errors are mapped at the boundary.
-//! - the operations, each one transaction: `runs.rs` (queue), `steps.rs`, `calls.rs`
+//! - the operations, each one transaction: `runs.rs` (queue: claims, leases),
+//!   `enqueue.rs` (runs onto it, one or a batch in a fixed number of statements), `steps.rs`, `calls.rs`
 //!   (claim), `outbound.rs` (mark_outbound, complete, in doubt, release), `resolve.rs`
 //!   (operator resolution), `pure/` (every way a pure result is written: one statement
 //!   for a brand-new call in `fresh.rs`, batches of kept results in `batch.rs`, the
@@ -86,6 +87,7 @@ mod connection_pending;
 mod connections;
 mod db;
 mod deliveries;
+mod enqueue;
 mod error;
 mod fanouts;
 mod fence;

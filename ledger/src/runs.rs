@@ -1,5 +1,5 @@
-//! The run queue: enqueue, claim, heartbeat, release, expiry of dead local workers
-//! (a claimed run's finish, pause, requeue and cancel are `run_states.rs`).
+//! The run queue: claim, heartbeat, release, expiry of dead local workers (putting runs
+//! on it is `enqueue.rs`; a claimed run's finish, pause, requeue and cancel are `run_states.rs`).
 //!
 //! A run's lease is `(worker, lease_token, lease_expires_at)` on its row. Every claim
 //! increments `lease_token`, so a worker that lost its run (expired and re-claimed)
@@ -9,16 +9,14 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::canonical::{canonical_hash, workflow_hash};
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
-use crate::events::{EventType, NewEvent, audited, emit};
+use crate::events::{EventType, NewEvent, emit};
 use crate::fence::{Fence, run_fence};
 use crate::ledger::Ledger;
-use crate::model::{Actor, ClaimRuns, Claimed, Enqueued, HeartbeatAck, NewRun, RunLease, Scope};
+use crate::model::{ClaimRuns, Claimed, HeartbeatAck, RunLease, Scope};
 use crate::rows::{RunRow, TextRow, run_cols, run_fields};
-use crate::search::PendingInputs;
 use crate::state::{RunStatus, RunTransition};
 use crate::worker::WorkerId;
 
@@ -64,123 +62,6 @@ pub(crate) async fn held_for_update(
     } else {
         Err(Error::LeaseLost)
     }
-}
-
-/// What the runs of one enqueue transaction share: the hashes of the workflow texts it
-/// has already stored (a batch of 1,000 runs of one workflow writes its text once) and
-/// the `run_inputs` rows it has yet to write (one statement for the batch), which
-/// [`EnqueueTx::finish`] writes before the transaction commits.
-#[derive(Debug, Default)]
-pub(crate) struct EnqueueTx {
-    texts: std::collections::HashSet<String>,
-    inputs: PendingInputs,
-}
-
-impl EnqueueTx {
-    /// Writes what the transaction's runs left pending; call it after the last
-    /// `enqueue_in`, inside the same transaction.
-    pub(crate) async fn finish(&mut self, c: &mut Conn<'_>, scope: &Scope) -> Result<(), Error> {
-        self.inputs.write(c, scope).await
-    }
-}
-
-/// One run onto the queue in the caller's transaction (see [`Ledger::enqueue`]); a
-/// batch calls it once per run inside one transaction, with one `tx` for all, and then
-/// [`EnqueueTx::finish`].
-///
-/// The run row holds an empty `workflow_text`; the text goes once into
-/// `workflow_texts` under its SHA-256 (insert-if-absent, in this transaction), and every
-/// read resolves it there (`rows::run_cols`).
-pub(crate) async fn enqueue_in(
-    c: &mut Conn<'_>,
-    ledger: &Ledger,
-    run: &NewRun,
-    actor: Option<&Actor>,
-    now: Timestamp,
-    tx: &mut EnqueueTx,
-) -> Result<Enqueued, Error> {
-    let inputs_hash = canonical_hash(&run.inputs);
-    let hash = workflow_hash(&run.workflow_text);
-    let scope = ledger.scope();
-    let inserted = c
-        .execute(
-            "INSERT INTO runs (tenant, workspace, id, workflow_name, workflow_text,
-                workflow_hash, inputs, inputs_hash, status, priority, not_before,
-                created_at, updated_at, trace_segment)
-             VALUES ($1, $2, $3, $4, '', $5, $6, $7, 'queued', $8, $9, $10, $10, $11)
-             ON CONFLICT DO NOTHING",
-            args![
-                &scope.tenant,
-                &scope.workspace,
-                &run.id,
-                &run.workflow_name,
-                &hash,
-                run.inputs.to_string(),
-                &inputs_hash,
-                run.priority,
-                run.not_before.unwrap_or(now),
-                now,
-                run.trace_parent.as_deref(),
-            ],
-        )
-        .await?;
-    if inserted == 1 && !tx.texts.contains(&hash) {
-        c.execute(
-            "INSERT INTO workflow_texts (tenant, workspace, hash, text, created_at)
-             VALUES ($1, $2, $3, $4, $5)
-             ON CONFLICT DO NOTHING",
-            args![
-                &scope.tenant,
-                &scope.workspace,
-                &hash,
-                &run.workflow_text,
-                now
-            ],
-        )
-        .await?;
-        tx.texts.insert(hash.clone());
-    }
-    if inserted == 1 {
-        // Searchable by input value from the moment it commits (`search.rs`).
-        tx.inputs.add(c, scope, &run.id, now, &run.inputs).await?;
-    }
-    let row = run_for_update(c, scope, &run.id).await?;
-    if inserted == 0 {
-        if row.workflow_hash != hash || row.inputs_hash != inputs_hash {
-            let what = if row.workflow_hash != hash {
-                "workflow"
-            } else {
-                "set of inputs"
-            };
-            return Err(Error::Conflict {
-                other_run: row.id,
-                other_node: String::new(),
-                reason: format!("run id already used with a different {what}"),
-            });
-        }
-        return Ok(Enqueued {
-            run: row.into_run()?,
-            created: false,
-        });
-    }
-    let payload = json!({
-        "workflow_name": run.workflow_name,
-        "workflow_hash": hash,
-        "priority": run.priority,
-        "not_before": run.not_before,
-    });
-    emit(
-        c,
-        scope,
-        now,
-        NewEvent::run(EventType::RunQueued, &run.id, audited(payload, actor)),
-    )
-    .await?;
-    crate::notify::notify_queued(c, scope).await?;
-    Ok(Enqueued {
-        run: row.into_run()?,
-        created: true,
-    })
 }
 
 /// Claims the queue: SQLite inside `BEGIN IMMEDIATE` (one writer at a time), PostgreSQL
@@ -379,63 +260,6 @@ async fn emit_started(
 }
 
 impl Ledger {
-    /// Puts a run on the queue. Idempotent by id: the same workflow hash and inputs
-    /// return the existing run (`created: false`); anything else is a `Conflict`.
-    /// Emits `run.queued`.
-    pub async fn enqueue(&self, run: NewRun, now: Timestamp) -> Result<Enqueued, Error> {
-        self.enqueue_as(run, None, now).await
-    }
-
-    /// [`Ledger::enqueue`] on behalf of `actor` (recorded as `by`/`reason` in the
-    /// `run.queued` event: the operator API's audit trail).
-    pub async fn enqueue_as(
-        &self,
-        run: NewRun,
-        actor: Option<Actor>,
-        now: Timestamp,
-    ) -> Result<Enqueued, Error> {
-        let ledger = self.clone();
-        self.write(move |c| {
-            Box::pin(async move {
-                let mut tx = EnqueueTx::default();
-                let enq = enqueue_in(c, &ledger, &run, actor.as_ref(), now, &mut tx).await?;
-                tx.finish(c, ledger.scope()).await?;
-                Ok(enq)
-            })
-        })
-        .await
-    }
-
-    /// [`Ledger::enqueue`], and when the run is new, [`Ledger::claim_run`] in the same
-    /// transaction: `flow run` executes the run it creates, and one commit instead of
-    /// two is a durable commit less per run (an fsync on SQLite, a flushed WAL record on
-    /// PostgreSQL). A run that already existed is not claimed here (`None`): another
-    /// worker may hold it, and the caller waits for its lease as before.
-    pub async fn enqueue_and_claim(
-        &self,
-        run: NewRun,
-        worker: &WorkerId,
-        lease: Duration,
-        now: Timestamp,
-    ) -> Result<(Enqueued, Option<RunLease>), Error> {
-        let ledger = self.clone();
-        let worker = worker.clone();
-        self.write(move |c| {
-            Box::pin(async move {
-                let mut tx = EnqueueTx::default();
-                let enq = enqueue_in(c, &ledger, &run, None, now, &mut tx).await?;
-                tx.finish(c, ledger.scope()).await?;
-                if !enq.created {
-                    return Ok((enq, None));
-                }
-                let row = run_for_update(c, ledger.scope(), &run.id).await?;
-                let lease = claim_locked(c, &ledger, &row, &worker, lease, now).await?;
-                Ok((enq, Some(lease)))
-            })
-        })
-        .await
-    }
-
     /// Claims up to `limit` runs (at most [`MAX_CLAIM`]): queued ones whose `not_before`
     /// has passed and running ones whose lease expired, highest priority first, then
     /// oldest `not_before`.

@@ -533,8 +533,8 @@ impl Ledger {
                 if state_for_update(c, s, &id).await?.is_none() {
                     return Err(unknown(&id));
                 }
-                let mut tx = crate::runs::EnqueueTx::default();
-                let enq = crate::runs::enqueue_in(c, &ledger, &run, None, now, &mut tx).await?;
+                let mut tx = crate::enqueue::EnqueueTx::default();
+                let enq = crate::enqueue::enqueue_in(c, &ledger, &run, None, now, &mut tx).await?;
                 tx.finish(c, s).await?;
                 let mut e = entry(&id, HistoryKind::Triggered, &actor, reason, now);
                 e.run_id = Some(run.id.clone());

@@ -5,10 +5,10 @@
 
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
+use crate::enqueue::{EnqueueTx, enqueue_in};
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::model::{NewRun, Scope};
-use crate::runs::{EnqueueTx, enqueue_in};
 use crate::state::RunStatus;
 
 use super::{HistoryEntry, HistoryKind, record, state_for_update};

@@ -2,6 +2,7 @@
 //! text once, every read of a run gets its full text back, re-submits still compare the
 //! hash, and runs written before the migration keep reading their inline text.
 
+use flow_ledger::events::{EventFilter, EventType};
 use flow_ledger::{
     ClaimRuns, Error, Ledger, NewRun, OpenOptions, RunFilter, RunFinish, RunStatus, Scope,
     Timestamp, canonical_hash, workflow_hash,
@@ -16,6 +17,7 @@ crate::conformance!(
     two_texts_in_one_batch_are_two_rows,
     a_resubmit_still_compares_the_hash,
     each_scope_stores_its_own_copy,
+    a_batch_answers_in_order_and_queues_each_new_run_once,
 );
 
 /// About 5 KB of workflow: what a real multi-node file weighs.
@@ -179,6 +181,62 @@ async fn a_resubmit_still_compares_the_hash(db: TestDb) {
     ));
     assert_eq!(stored_texts(&db.url).await, 1);
     assert_eq!(db.ledger.get_run("run_x").await.unwrap().workflow_text, a);
+}
+
+/// A batch is written a slice of runs per statement (1,000 a slice): more than a slice,
+/// an id already queued and an id repeated inside the batch still answer in request
+/// order, each new run once with its own `run.queued` event, in the batch's order.
+async fn a_batch_answers_in_order_and_queues_each_new_run_once(db: TestDb) {
+    let text = big_text("wf");
+    db.ledger
+        .enqueue(run_of("run_0005", &text), db.now())
+        .await
+        .expect("one run first");
+    let mut runs: Vec<NewRun> = (0..1_500)
+        .rev()
+        .map(|i| run_of(&format!("run_{i:04}"), &text))
+        .collect();
+    // A repeat inside the batch, across the slice boundary and within one slice.
+    runs.insert(1_200, run_of("run_1499", &text));
+    runs.push(run_of("run_0001", &text));
+    let got = db
+        .ledger
+        .enqueue_batch(runs.clone(), None, db.now())
+        .await
+        .expect("batch");
+    let ids: Vec<&str> = got.iter().map(|e| e.run.id.as_str()).collect();
+    let want: Vec<&str> = runs.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, want);
+    let created: Vec<bool> = got.iter().map(|e| e.created).collect();
+    for (i, run) in runs.iter().enumerate() {
+        let first = runs.iter().position(|r| r.id == run.id) == Some(i);
+        let expect = first && run.id != "run_0005";
+        assert_eq!(created[i], expect, "{} at {i}", run.id);
+        assert_eq!(got[i].run.workflow_text, text, "{}", run.id);
+        assert_eq!(got[i].run.inputs, json!({"order": run.id}));
+    }
+    let queued: Vec<String> = db
+        .ledger
+        .list_events(EventFilter {
+            limit: 5_000,
+            ..Default::default()
+        })
+        .await
+        .expect("events")
+        .into_iter()
+        .filter(|e| e.event_type == EventType::RunQueued)
+        .filter_map(|e| e.run_id)
+        .collect();
+    let mut want: Vec<String> = vec!["run_0005".into()];
+    want.extend(
+        runs.iter()
+            .enumerate()
+            .filter(|(i, r)| created[*i] && r.id != "run_0005")
+            .map(|(_, r)| r.id.clone()),
+    );
+    assert_eq!(queued.len(), 1_500);
+    assert_eq!(queued, want, "one run.queued per new run, in batch order");
+    assert_eq!(stored_texts(&db.url).await, 1);
 }
 
 async fn each_scope_stores_its_own_copy(db: TestDb) {
