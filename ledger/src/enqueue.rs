@@ -1,13 +1,19 @@
-//! Putting runs on the queue: one run or a batch of them, each a fixed number of
-//! statements however many runs it holds.
+//! Putting runs on the queue: one run or a batch of them, in statements per slice of
+//! 1,000 runs and per distinct workflow text, not per run.
 //!
 //! A batch (the API's `runs:batch`, up to 1,000 runs) used to be written run by run:
 //! insert, read back, event and wake-up for each, four round trips a run. On PostgreSQL
 //! that was ~2,000 round trips for 500 runs inside one transaction, and a daemon saw none
 //! of them until the last — submission and execution took turns (benches/README.md,
-//! "W3"). Now a batch is: one insert of every run, the distinct workflow texts, one read
-//! of the rows, one insert of the `run.queued` events, the `run_inputs` rows, and one
-//! wake-up.
+//! "W3"). Now a slice is: the distinct new workflow texts (in hash order, so two
+//! concurrent batches lock them in one order), one insert of every run whose `RETURNING`
+//! gives its row, one insert of the `run.queued` events, the `run_inputs` rows and one
+//! wake-up. Only an id already there (a retried submit, a repeat in the batch) costs a
+//! read of its own.
+//!
+//! A text is stored before the runs that use it (their `RETURNING` resolves it), so a
+//! transaction that goes on after a `Conflict` (a schedule's tick) may keep a text no run
+//! uses; retention's sweep of unreferenced texts removes it.
 //!
 //! The run row holds an empty `workflow_text`; the text goes once into `workflow_texts`
 //! under its SHA-256 (insert-if-absent, in this transaction), and every read resolves it
@@ -175,18 +181,25 @@ async fn enqueue_slice(
 ) -> Result<Vec<Enqueued>, Error> {
     let scope = ledger.scope();
     let hashes = hashes_of(runs);
+    let mut texts: Vec<(&str, &str)> = Vec::new();
     for (run, h) in runs.iter().zip(&hashes) {
-        if !tx.texts.contains(&h.workflow) {
-            store_text(c, scope, &h.workflow, &run.workflow_text, now).await?;
-            tx.texts.insert(h.workflow.clone());
+        if tx.texts.insert(h.workflow.clone()) {
+            texts.push((&h.workflow, &run.workflow_text));
         }
+    }
+    texts.sort_unstable();
+    for (hash, text) in texts {
+        store_text(c, scope, hash, text, now).await?;
     }
     let mut inserted = insert_runs(c, scope, runs, &hashes, now).await?;
     let mut out = Vec::with_capacity(runs.len());
     let mut events = Vec::new();
     for (run, h) in runs.iter().zip(&hashes) {
-        // The first of this id in the slice is the one inserted; a repeat compares.
+        // The first of this id in the slice is the one inserted; a repeat, or an id
+        // already there, is read and compared. Each is compared: which of two entries
+        // of one id an insert took is the database's to choose.
         if let Some(row) = inserted.remove(&run.id) {
+            same_run(&row, h)?;
             // Searchable by input value from the moment it commits (`search.rs`).
             tx.inputs.add(c, scope, &run.id, now, &run.inputs).await?;
             events.push(queued_event(run, h, actor));
@@ -196,20 +209,8 @@ async fn enqueue_slice(
             });
             continue;
         }
-        // Already there (rare: a retried submit): its row, locked, compared.
         let row = run_for_update(c, scope, &run.id).await?;
-        if row.workflow_hash != h.workflow || row.inputs_hash != h.inputs {
-            let what = if row.workflow_hash != h.workflow {
-                "workflow"
-            } else {
-                "set of inputs"
-            };
-            return Err(Error::Conflict {
-                other_run: row.id,
-                other_node: String::new(),
-                reason: format!("run id already used with a different {what}"),
-            });
-        }
+        same_run(&row, h)?;
         out.push(Enqueued {
             run: row.into_run()?,
             created: false,
@@ -220,6 +221,24 @@ async fn enqueue_slice(
         crate::notify::notify_queued(c, scope).await?;
     }
     Ok(out)
+}
+
+/// `Conflict` unless the stored run has the workflow and inputs asked for: an id is one
+/// run, whoever submits it again.
+fn same_run(row: &RunRow, h: &Hashes) -> Result<(), Error> {
+    if row.workflow_hash == h.workflow && row.inputs_hash == h.inputs {
+        return Ok(());
+    }
+    let what = if row.workflow_hash != h.workflow {
+        "workflow"
+    } else {
+        "set of inputs"
+    };
+    Err(Error::Conflict {
+        other_run: row.id.clone(),
+        other_node: String::new(),
+        reason: format!("run id already used with a different {what}"),
+    })
 }
 
 /// Each run's hashes; a batch of one workflow hashes its text once.

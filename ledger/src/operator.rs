@@ -55,7 +55,7 @@ impl Ledger {
         actor: Option<Actor>,
         now: Timestamp,
     ) -> Result<Vec<Enqueued>, Error> {
-        if runs.len() >= STATISTICS_AFTER {
+        if runs.len() >= STATISTICS_AFTER && self.writable().is_ok() {
             self.statistics_before_a_burst().await;
         }
         let ledger = self.clone();

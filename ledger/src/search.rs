@@ -57,7 +57,7 @@ pub(crate) fn index_rows(inputs: &Value) -> Vec<(String, String)> {
 }
 
 /// The `run_inputs` rows of the runs an enqueue transaction created, written together
-/// by [`PendingInputs::write`] before it commits (`enqueue_in` adds, its callers write).
+/// by [`PendingInputs::write`] before it commits (`enqueue.rs` adds, its callers write).
 ///
 /// One statement for a batch rather than one per run: on SQLite an `INSERT … SELECT` of
 /// several rows opens a statement journal, and inside the writer's per-job `SAVEPOINT`
