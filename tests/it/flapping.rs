@@ -16,6 +16,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::Notify;
 
 use crate::support::{Backend, TestDb, backends, output, run_id, runtime, show, stderr};
 
@@ -76,8 +77,11 @@ async fn read_request(stream: &mut TcpStream) -> Option<String> {
     }
 }
 
-/// Serves `script` on `addr`, recording every arrival in `arrivals`.
-async fn flap(addr: SocketAddr, script: Script, arrivals: Arrivals) {
+/// Serves `script` on `addr`, recording every arrival in `arrivals`. A refusal window
+/// ends after `script.refuse` or as soon as `reopen` is notified, whichever is first: a
+/// test that must know the downstream is still down (or back) says so instead of racing
+/// a clock on a loaded machine.
+async fn flap(addr: SocketAddr, script: Script, arrivals: Arrivals, reopen: Arc<Notify>) {
     let mut resets = 0;
     let mut unavailable = 0;
     'serve: loop {
@@ -102,7 +106,10 @@ async fn flap(addr: SocketAddr, script: Script, arrivals: Arrivals) {
                 let _ = stream.set_zero_linger();
                 drop(stream);
                 drop(listener);
-                tokio::time::sleep(script.refuse).await;
+                tokio::select! {
+                    () = tokio::time::sleep(script.refuse) => {}
+                    () = reopen.notified() => {}
+                }
                 continue 'serve;
             }
             let (status, body) = if unavailable < script.unavailable {
@@ -149,7 +156,7 @@ fn episode(
         probe.local_addr().expect("addr")
     };
     let arrivals: Arrivals = Arc::default();
-    let server = rt.spawn(flap(addr, script, arrivals.clone()));
+    let server = rt.spawn(flap(addr, script, arrivals.clone(), Arc::default()));
     let db = TestDb::new(backend);
     let idempotency = if header { ", idempotency: header" } else { "" };
     let file = db.write(
@@ -297,13 +304,15 @@ fn resume_of_a_reset_call_keeps_its_key_while_the_downstream_is_down() {
             probe.local_addr().expect("addr")
         };
         let arrivals: Arrivals = Arc::default();
+        // Down for a minute unless told to come back: the resume below must meet a
+        // downstream that is still down however slow the machine is.
         let script = Script {
             resets: 1,
-            refuse: Duration::from_millis(4_000),
+            refuse: Duration::from_secs(60),
             unavailable: 0,
         };
-        let started = std::time::Instant::now();
-        let server = rt.spawn(flap(addr, script, arrivals.clone()));
+        let reopen: Arc<Notify> = Arc::default();
+        let server = rt.spawn(flap(addr, script, arrivals.clone(), reopen.clone()));
         let db = TestDb::new(backend);
         let file = db.write(
             "flap.yaml",
@@ -323,26 +332,29 @@ fn resume_of_a_reset_call_keeps_its_key_while_the_downstream_is_down() {
             Some(0),
             "{backend:?}: the fault point must fire"
         );
-        // The reset (and so the refusal window) began after `started` and before the
-        // crashed process ended: the downstream is down until `started + refuse` at least
-        // and back by `down_until` at the latest.
-        let down_until = std::time::Instant::now() + script.refuse;
         let run = run_id(&crashed);
         let resumed = output(db.flow().arg("resume").arg(&run));
-        assert!(
-            started.elapsed() < script.refuse,
-            "{backend:?}: the downstream had to be still down for this resume"
-        );
         assert_eq!(
             resumed.status.code(),
             Some(3),
             "{backend:?}: a refused re-send keeps the call in doubt: {}",
             stderr(&resumed)
         );
-        std::thread::sleep(
-            (down_until + Duration::from_millis(500))
-                .saturating_duration_since(std::time::Instant::now()),
+        assert_eq!(
+            arrivals.lock().expect("arrivals").len(),
+            1,
+            "{backend:?}: only the reset send arrived while the downstream was down"
         );
+        // Back up: wait until a connection is accepted before the operator retries.
+        reopen.notify_one();
+        let back = std::time::Instant::now();
+        while std::net::TcpStream::connect(addr).is_err() {
+            assert!(
+                back.elapsed() < Duration::from_secs(10),
+                "{backend:?}: the downstream never came back"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let last = output(
             db.flow()
                 .arg("resume")
