@@ -490,8 +490,9 @@ async fn wait_status(db: &TestDb, run: &str, status: &str) -> Value {
     }
 }
 
-/// A 2 s approval whose daemon is SIGKILLed while it waits: another daemon times it out,
-/// once; the node fails (`on_timeout: fail`), nothing is sent, and no second timer
+/// An 8 s approval whose daemon is SIGKILLed while it waits (8 s: long enough that the
+/// first daemon is killed before the deadline however loaded the machine): another
+/// daemon times it out, once; the node fails (`on_timeout: fail`), nothing is sent, and no second timer
 /// fires later.
 #[test]
 fn a_timeout_is_taken_once_by_another_daemon_on_both_backends() {
@@ -502,7 +503,7 @@ fn a_timeout_is_taken_once_by_another_daemon_on_both_backends() {
         let db = TestDb::new(backend);
         let file = db.write(
             "refund.yaml",
-            &workflow(&down.url(), "      timeout: 2s\n      on_timeout: fail"),
+            &workflow(&down.url(), "      timeout: 8s\n      on_timeout: fail"),
         );
         let metrics = crate::daemon::free_port();
         let daemon = |extra: &[&str]| {

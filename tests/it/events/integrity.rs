@@ -283,10 +283,14 @@ fn crash_points_leave_no_event_without_its_state_change_and_vice_versa() {
     }
 }
 
+/// `events tail` prints only events written after it started, whole runs in order. The
+/// tail says nothing when it is ready, so the test does not guess when that is: it
+/// writes runs until one is followed from `run.queued` to `run.succeeded` (a slow start
+/// only costs another run), and no event of the run written before the tail may appear.
 #[test]
 fn tail_follows_new_events() {
     let db = TestDb::new(Backend::Sqlite);
-    run_hello(&db);
+    let old = run_hello(&db);
     let mut tail = db
         .flow()
         .args(["events", "tail", "--json", "--poll-interval", "50ms"])
@@ -294,28 +298,49 @@ fn tail_follows_new_events() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn tail");
-    // Give it time to find the end of the outbox, then write new events.
-    std::thread::sleep(Duration::from_millis(500));
-    let run = run_hello(&db);
-    let reader = std::io::BufReader::new(tail.stdout.take().expect("stdout"));
-    let mut seen = Vec::new();
-    for line in std::io::BufRead::lines(reader) {
-        let e: Value = serde_json::from_str(&line.expect("line")).expect("json line");
-        check_shape(&e);
-        let done = e["type"] == "run.succeeded";
-        seen.push(e);
-        if done {
+    let out = tail.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(out)) {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen: Vec<Value> = Vec::new();
+    let mut followed = None;
+    for _ in 0..20 {
+        std::thread::sleep(Duration::from_millis(250));
+        let run = run_hello(&db);
+        while let Ok(line) = rx.recv_timeout(Duration::from_secs(5)) {
+            let e: Value = serde_json::from_str(&line).expect("json line");
+            check_shape(&e);
+            let done = e["type"] == "run.succeeded" && e["run_id"] == run.as_str();
+            seen.push(e);
+            if done {
+                break;
+            }
+        }
+        let this: Vec<&Value> = seen
+            .iter()
+            .filter(|e| e["run_id"] == run.as_str())
+            .collect();
+        let whole = this.first().is_some_and(|e| e["type"] == "run.queued")
+            && this.last().is_some_and(|e| e["type"] == "run.succeeded");
+        if whole {
+            followed = Some(this.len());
             break;
         }
     }
     let _ = tail.kill();
     let _ = tail.wait();
     assert!(
-        seen.iter().all(|e| e["run_id"] == run.as_str()),
+        seen.iter().all(|e| e["run_id"] != old.as_str()),
         "only new events: {seen:?}"
     );
-    assert_eq!(seen[0]["type"], "run.queued");
-    assert!(seen.len() >= 8, "{seen:?}");
+    let n = followed.unwrap_or_else(|| panic!("no run was followed whole: {seen:?}"));
+    assert!(n >= 8, "{seen:?}");
 }
 
 #[test]
