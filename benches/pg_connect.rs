@@ -3,11 +3,11 @@
 //!
 //! `cargo bench --bench pg_connect`. Prints, beside this machine's fsync floor, medians of
 //! `FLOW_BENCH_SAMPLES` (default 20) runs of:
-//! 1. `flow runs` (a read) on the default URL (`sslmode=prefer`: TLS when the server
-//!    offers it, as the local server does) and on `?sslmode=disable` — target: the
-//!    default within 2× the plain one;
+//! 1. `flow runs` (a read) over TLS (`?sslmode=prefer`, what a URL without `sslmode`
+//!    gets from a server off this machine; the local server offers TLS) and on the
+//!    default URL, which on loopback is plain text — target: TLS within 2× plain;
 //! 2. `flow run` of a 200-node chain of pure `core.echo` nodes, on both URLs — target
-//!    ≤ 150 ms on the default URL.
+//!    ≤ 150 ms over TLS.
 //!
 //! A fresh database on the local server (`FLOW_TEST_PG_HOST`/`FLOW_TEST_PG_PORT`, user
 //! `postgres`), migrated once before measuring.
@@ -62,8 +62,8 @@ fn main() {
         return;
     }
     let (host, port) = common::pg_host_port();
-    let tls = format!("postgres://postgres@{host}:{port}/{name}");
-    let plain = format!("{tls}?sslmode=disable");
+    let plain = format!("postgres://postgres@{host}:{port}/{name}");
+    let tls = format!("{plain}?sslmode=prefer");
     let file = dir.path().join("chain200.yaml");
     std::fs::write(&file, common::chain(200)).expect("write chain");
     let file = file.display().to_string();
@@ -75,13 +75,13 @@ fn main() {
     let runs_tls = median(&tls, &["runs"], samples);
     let runs_plain = median(&plain, &["runs"], samples);
     println!(
-        "postgres: `flow runs`, median of {samples}: default URL (sslmode=prefer, TLS) {runs_tls:.1?}, sslmode=disable {runs_plain:.1?} = {:.2}x (target <= 2.0x)",
+        "postgres: `flow runs`, median of {samples}: sslmode=prefer (TLS) {runs_tls:.1?}, default URL on loopback (plain) {runs_plain:.1?} = {:.2}x (target <= 2.0x)",
         runs_tls.as_secs_f64() / runs_plain.as_secs_f64()
     );
     let chain_tls = median(&tls, &["run", &file], samples);
     let chain_plain = median(&plain, &["run", &file], samples);
     println!(
-        "postgres: `flow run` of a 200-node chain, median of {samples}: default URL {chain_tls:.1?} (target <= 150ms), sslmode=disable {chain_plain:.1?}"
+        "postgres: `flow run` of a 200-node chain, median of {samples}: sslmode=prefer (TLS) {chain_tls:.1?} (target <= 150ms), default URL on loopback (plain) {chain_plain:.1?}"
     );
     common::psql(
         "test",

@@ -20,6 +20,15 @@ impl Ledger {
         }
     }
 
+    /// [`Ledger::refresh_planner_statistics`] on a connection of its own, so that a
+    /// one-shot command's run keeps the pool's connection and opens no second one.
+    pub async fn refresh_planner_statistics_aside(&self) -> Result<Vec<String>, Error> {
+        match self.pool() {
+            Pool::Postgres(p) => Ok(crate::postgres::refresh_statistics_aside(p).await?),
+            Pool::Sqlite(..) => Ok(Vec::new()),
+        }
+    }
+
     /// Whether the database answers a trivial statement: health checks need a round
     /// trip, not just a pool that once connected.
     pub async fn ping(&self) -> Result<(), Error> {

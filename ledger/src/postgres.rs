@@ -7,7 +7,8 @@
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions, PgSslMode};
 
 use crate::error::Error;
 use crate::options::OpenOptions;
@@ -50,6 +51,7 @@ pub(crate) async fn connect(
         .map_err(|e| unavailable(format!("bad URL: {e}")))?
         .statement_cache_capacity(256)
         .application_name("flow");
+    let connect = loopback_without_tls(connect, url);
     let max = if opts.max_connections == 0 {
         10
     } else {
@@ -81,6 +83,32 @@ pub(crate) async fn connect(
         },
     }
     pool.await.map_err(pool_error)
+}
+
+/// TLS to a server on this machine's loopback interface protects nothing (whoever can
+/// read loopback traffic is root here) and costs every connection a handshake: ~4 ms of
+/// the server's time each, a fifth of a PostgreSQL `flow run` of W2 (benches/README.md).
+/// So a loopback host connects in plain text unless the URL (`sslmode=…`) or
+/// `PGSSLMODE` asks for a mode; any other host keeps the driver's default (`prefer`).
+fn loopback_without_tls(connect: PgConnectOptions, url: &str) -> PgConnectOptions {
+    let in_url = url.split_once('?').is_some_and(|(_, query)| {
+        query
+            .split('&')
+            .any(|kv| kv.starts_with("sslmode=") || kv.starts_with("ssl-mode="))
+    });
+    if in_url || std::env::var_os("PGSSLMODE").is_some() || !is_loopback(connect.get_host()) {
+        return connect;
+    }
+    connect.ssl_mode(PgSslMode::Disable)
+}
+
+/// `localhost`, `127.0.0.0/8` or `::1` (a Unix socket never uses TLS anyway).
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The tables whose planner statistics the ledger keeps from going stale.
@@ -117,15 +145,39 @@ WHERE pg_stat_get_mod_since_analyze(c.oid) >= 1000
 /// 10,000 runs, growing with the table), and four daemons drained ~370 runs/s instead of
 /// ~1,650. One process at a time analyzes (an advisory lock; the others skip).
 pub(crate) async fn refresh_statistics(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    refresh_statistics_on(&mut conn).await
+}
+
+/// [`refresh_statistics`] for a one-shot command, beside its run: the check on a
+/// connection of its own, closed after (taking the pool's idle connection for it made
+/// the run open a second one: a connection's start-up on the run's path, ~4 ms). When a
+/// table is stale, the ANALYZE goes through the pool, whose close the exiting process
+/// waits for.
+pub(crate) async fn refresh_statistics_aside(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    let mut conn = PgConnection::connect_with(&pool.connect_options()).await?;
+    let stale = stale_tables(&mut conn).await;
+    let _ = conn.close().await;
+    if stale?.is_empty() {
+        return Ok(Vec::new());
+    }
+    refresh_statistics(pool).await
+}
+
+async fn stale_tables(conn: &mut PgConnection) -> Result<Vec<String>, sqlx::Error> {
     let tables: Vec<String> = TABLES.iter().map(|t| (*t).to_owned()).collect();
-    let stale: Vec<String> = sqlx::query_scalar(STALE)
+    sqlx::query_scalar(STALE)
         .bind(&tables)
-        .fetch_all(pool)
-        .await?;
+        .fetch_all(&mut *conn)
+        .await
+}
+
+async fn refresh_statistics_on(conn: &mut PgConnection) -> Result<Vec<String>, sqlx::Error> {
+    let stale = stale_tables(conn).await?;
     if stale.is_empty() {
         return Ok(stale);
     }
-    let mut tx = pool.begin().await?;
+    let mut tx = conn.begin().await?;
     let ours: bool =
         sqlx::query_scalar("SELECT pg_try_advisory_xact_lock(hashtext('flow.analyze'))")
             .fetch_one(&mut *tx)
@@ -140,4 +192,26 @@ pub(crate) async fn refresh_statistics(pool: &PgPool) -> Result<Vec<String>, sql
         .await?;
     tx.commit().await?;
     Ok(stale)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback;
+
+    #[test]
+    fn loopback_hosts_are_told_from_others() {
+        for host in [
+            "localhost",
+            "LOCALHOST",
+            "127.0.0.1",
+            "127.1.2.3",
+            "::1",
+            "[::1]",
+        ] {
+            assert!(is_loopback(host), "{host}");
+        }
+        for host in ["db.example", "10.0.0.5", "::2", "localhost.example", ""] {
+            assert!(!is_loopback(host), "{host}");
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! How many PostgreSQL sessions a command opens. Each one is a TLS handshake when the
-//! server offers TLS (the default `sslmode=prefer` takes it), so a command that does one
+//! How many PostgreSQL sessions a command opens. Each one is a start-up (off loopback, a
+//! TLS handshake when the server offers it), so a command that does one
 //! thing after another must open exactly one.
 
 use std::time::{Duration, Instant};

@@ -118,8 +118,8 @@ fn interrupts(
 /// with `(tenant, workspace)` as good as the right one: measured, W2's batch of 100
 /// pure results checked every call of the tenant for its keys (26 ms of a 73 ms run at
 /// 6,000 calls, growing with the table). A daemon checks every few seconds; a one-shot
-/// `flow run` or `flow resume` checks beside its run, on another connection, so the run
-/// does not wait for it (an ANALYZE, when one is due, gets the 2 s the close of the
+/// `flow run` or `flow resume` checks beside its run, on a connection of its own, so the
+/// run neither waits for it nor for a second connection of the pool (an ANALYZE, when one is due, gets the 2 s the close of the
 /// ledger waits at exit).
 fn refresh_statistics_meanwhile(ledger: &Ledger) {
     if ledger.backend_name() != "postgres" {
@@ -127,7 +127,7 @@ fn refresh_statistics_meanwhile(ledger: &Ledger) {
     }
     let ledger = ledger.clone();
     tokio::spawn(async move {
-        if let Err(e) = ledger.refresh_planner_statistics().await {
+        if let Err(e) = ledger.refresh_planner_statistics_aside().await {
             tracing::debug!(error = %e, "cannot check the planner statistics");
         }
     });

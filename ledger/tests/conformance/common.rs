@@ -43,6 +43,13 @@ impl TestDb {
     }
 }
 
+impl PgDrop {
+    /// Drops database `name` when this is dropped.
+    pub fn new(name: String) -> Self {
+        Self(Some(name))
+    }
+}
+
 impl Drop for PgDrop {
     fn drop(&mut self) {
         if let Some(name) = self.0.take() {

@@ -196,7 +196,7 @@ async fn sqlite_creates_its_directory_and_accepts_both_url_forms() {
 }
 
 /// A new database meeting a burst: once the runs outnumber what the statistics say,
-/// the refresh analyzes `runs` (PostgreSQL), after which a run is found by its primary
+/// the refresh (either form) analyzes `runs` (PostgreSQL), after which a run is found by its primary
 /// key rather than by scanning the tenant through another index; then nothing is
 /// stale. SQLite has nothing to refresh.
 async fn planner_statistics_follow_a_burst(db: TestDb) {
@@ -217,10 +217,11 @@ async fn planner_statistics_follow_a_burst(db: TestDb) {
         );
         return;
     }
-    // The server's activity counters lag a little behind the commits.
+    // The server's activity counters lag a little behind the commits. The check a
+    // one-shot command makes beside its run (on a connection of its own) analyzes too.
     let started = std::time::Instant::now();
     loop {
-        let analyzed = db.ledger.refresh_planner_statistics().await.unwrap();
+        let analyzed = db.ledger.refresh_planner_statistics_aside().await.unwrap();
         if analyzed.iter().any(|t| t == "runs") {
             break;
         }
@@ -284,4 +285,50 @@ async fn sqlite_read_only_urls_read_and_refuse_writes() {
     .unwrap_err();
     assert!(matches!(err, Error::Unavailable { .. }), "{err}");
     assert!(!missing.exists() && !missing.parent().unwrap().exists());
+}
+
+/// Whether the ledger's own connections to the database at `url` use TLS
+/// (`pg_stat_ssl`, read from another connection while the ledger holds its pool).
+async fn ledger_uses_tls(url: &str, admin: &mut sqlx::PgConnection) -> bool {
+    let ledger = Ledger::open(url, OpenOptions::default()).await.unwrap();
+    ledger.ping().await.unwrap();
+    let ssl: Vec<bool> = sqlx::query_scalar(
+        "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+         WHERE a.datname = current_database() AND a.application_name = 'flow'",
+    )
+    .fetch_all(&mut *admin)
+    .await
+    .unwrap();
+    ledger.close().await;
+    assert!(!ssl.is_empty(), "the ledger's connection is not listed");
+    ssl.iter().all(|s| *s)
+}
+
+/// A server on loopback is reached in plain text (TLS there protects nothing and costs
+/// each connection a handshake) unless the URL asks for TLS, which is then used.
+#[tokio::test]
+async fn a_loopback_server_is_reached_without_tls_unless_the_url_asks() {
+    let Some((url, name)) = fresh_pg_database().await else {
+        assert!(!ci(), "PostgreSQL is required in CI");
+        return;
+    };
+    let _drop = PgDrop::new(name);
+    assert!(
+        url.contains("127.0.0.1") || url.contains("localhost"),
+        "this test needs a loopback server: {url}"
+    );
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    assert!(
+        !ledger_uses_tls(&url, &mut admin).await,
+        "plain on loopback"
+    );
+    let server_tls: String = sqlx::query_scalar("SHOW ssl")
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+    if server_tls == "on" {
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let asked = format!("{url}{sep}sslmode=require");
+        assert!(ledger_uses_tls(&asked, &mut admin).await, "TLS when asked");
+    }
 }
