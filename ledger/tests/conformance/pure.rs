@@ -14,6 +14,7 @@ crate::conformance!(
     batch_writes_what_one_call_at_a_time_writes,
     batch_records_every_result_with_its_events,
     batch_is_all_or_nothing_when_a_node_is_not_new,
+    a_long_batch_is_written_in_order_and_all_or_nothing,
     batch_is_fenced_by_the_run_lease,
     batch_refuses_a_key_used_by_another_run,
     concurrent_writers_commit_together_and_fail_alone,
@@ -269,6 +270,72 @@ async fn batch_is_all_or_nothing_when_a_node_is_not_new(db: TestDb) {
             node_id: "d".into()
         }
     );
+}
+
+/// A batch of 300 results: every result written, its events in batch order; and one
+/// node that is not new, far into the batch, leaves nothing of the rows before it.
+async fn a_long_batch_is_written_in_order_and_all_or_nothing(db: TestDb) {
+    let n = 300;
+    let nodes: Vec<String> = (0..n).map(|i| format!("n{i:03}")).collect();
+    let batch = |run: &str, t| -> Vec<PureResult> {
+        nodes
+            .iter()
+            .map(|node| result(node, &format!("{run}:{node}"), t))
+            .collect()
+    };
+    let a = running(&db, "run_a", &worker("1")).await;
+    let t = db.now();
+    let got = db
+        .ledger
+        .record_pure_calls(&a, batch("run_a", t), t)
+        .await
+        .unwrap();
+    assert_eq!(got, PureBatchRecorded::All);
+    assert_eq!(db.ledger.list_steps("run_a").await.unwrap().len(), n);
+    assert_eq!(db.ledger.list_calls("run_a").await.unwrap().len(), n);
+    assert_eq!(db.ledger.list_attempts("run_a").await.unwrap().len(), n);
+    let events = db
+        .ledger
+        .list_events(EventFilter {
+            run_id: Some("run_a".into()),
+            limit: 10_000,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let steps: Vec<(String, String)> = events
+        .iter()
+        .filter_map(|e| Some((e.event_type.as_str().to_owned(), e.step_id.clone()?)))
+        .collect();
+    let expected: Vec<(String, String)> = nodes
+        .iter()
+        .flat_map(|node| {
+            [
+                ("step.started".to_owned(), node.clone()),
+                ("step.succeeded".to_owned(), node.clone()),
+            ]
+        })
+        .collect();
+    assert_eq!(steps, expected, "events in batch order");
+
+    let b = running(&db, "run_b", &worker("1")).await;
+    db.ledger
+        .record_pure_call(pure(&b, "n250", json!(1)), t)
+        .await
+        .unwrap();
+    let before = snapshot(&db.ledger, "run_b").await;
+    let got = db
+        .ledger
+        .record_pure_calls(&b, batch("run_b", t), t)
+        .await
+        .unwrap();
+    assert_eq!(
+        got,
+        PureBatchRecorded::NotNew {
+            node_id: "n250".into()
+        }
+    );
+    assert_eq!(snapshot(&db.ledger, "run_b").await, before, "nothing stays");
 }
 
 async fn batch_is_fenced_by_the_run_lease(db: TestDb) {
