@@ -152,7 +152,7 @@ async fn write_batch(
     results: &[PureResult],
     now: Timestamp,
 ) -> Result<(), flow_ledger::Error> {
-    match ledger.record_pure_calls(run, results.to_vec(), now).await? {
+    match ledger.record_pure_calls(run, results, now).await? {
         PureBatchRecorded::All => Ok(()),
         PureBatchRecorded::NotNew { node_id } => {
             tracing::warn!(
@@ -180,7 +180,7 @@ impl PureLog {
             std::mem::take(&mut p.results)
         };
         if let Some(done) = ledger
-            .finish_run_with(run, results.clone(), finish.clone(), now)
+            .finish_run_with(run, &results, finish.clone(), now)
             .await?
         {
             return Ok(done);

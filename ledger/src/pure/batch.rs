@@ -198,7 +198,7 @@ impl Ledger {
     pub async fn record_pure_calls(
         &self,
         run: &RunLease,
-        results: Vec<PureResult>,
+        results: &[PureResult],
         now: Timestamp,
     ) -> Result<PureBatchRecorded, Error> {
         if results.is_empty() {
@@ -241,12 +241,23 @@ impl Ledger {
     }
 }
 /// The bound values of `SQLITE_BATCH` / `POSTGRES_BATCH`, and how many results.
-fn batch_args(ledger: &Ledger, run: &RunLease, fresh: &[Fresh], now: Timestamp) -> (Vec<Arg>, i64) {
-    let items = serde_json::Value::Array(fresh.iter().map(Fresh::batch_item).collect());
+fn batch_args(
+    ledger: &Ledger,
+    run: &RunLease,
+    fresh: &[Fresh],
+    now: Timestamp,
+) -> Result<(Vec<Arg>, i64), Error> {
+    let items: Vec<_> = fresh.iter().map(Fresh::batch_item).collect();
+    // Strings and numbers only, so it cannot fail in practice; were it to, nothing is
+    // written.
+    let items = serde_json::to_string(&items).map_err(|e| Error::Backend {
+        message: format!("a batch of pure results as JSON: {e}"),
+        retryable: false,
+    })?;
     let n = i64::try_from(fresh.len()).unwrap_or(i64::MAX);
     let s = ledger.scope();
-    let a = [Fence::run(s, run), args![now, items.to_string(), n]].concat();
-    (a, n)
+    let a = [Fence::run(s, run), args![now, items, n]].concat();
+    Ok((a, n))
 }
 
 /// The error a batch rolls itself back with when not every result was new (SQLite may
@@ -285,7 +296,7 @@ impl Ledger {
         fresh: &[Fresh],
         now: Timestamp,
     ) -> Result<bool, Error> {
-        let (a, n) = batch_args(self, run, fresh, now);
+        let (a, n) = batch_args(self, run, fresh, now)?;
         match self
             .write_statement(move |c| Box::pin(async move { batch_in(c, a, n).await }))
             .await
@@ -296,19 +307,22 @@ impl Ledger {
         }
     }
 
-    fn fresh_results(&self, results: Vec<PureResult>) -> Result<Vec<Fresh>, Error> {
+    /// The rows of `results`, their JSON printed once. Borrowed: the caller keeps the
+    /// results for the one-at-a-time way, and a copy of each request and output tree
+    /// cost more than these few strings (W1's profile).
+    fn fresh_results(&self, results: &[PureResult]) -> Result<Vec<Fresh>, Error> {
         let mut fresh = Vec::with_capacity(results.len());
         for r in results {
             fresh.push(Fresh {
                 output: Some(self.checked_json(&r.output)?),
-                step_id: r.step_id,
+                step_id: r.step_id.clone(),
                 retry: 0,
-                tool_call_id: r.tool_call_id,
-                node_id: r.node_id,
-                tool: r.tool,
-                key: r.idempotency_key,
+                tool_call_id: r.tool_call_id.clone(),
+                node_id: r.node_id.clone(),
+                tool: r.tool.clone(),
+                key: r.idempotency_key.clone(),
                 request: r.request.to_string(),
-                request_hash: r.request_hash,
+                request_hash: r.request_hash.clone(),
                 status: StepStatus::Succeeded,
                 error: None,
                 started_at: r.started_at,
@@ -325,7 +339,7 @@ impl Ledger {
     pub async fn finish_run_with(
         &self,
         lease: &RunLease,
-        results: Vec<PureResult>,
+        results: &[PureResult],
         finish: RunFinish,
         now: Timestamp,
     ) -> Result<Option<FinishedRun>, Error> {
@@ -337,7 +351,7 @@ impl Ledger {
             // One statement (see `POSTGRES_BATCH_FINISH`); nothing written means a node
             // was not new or the lease is gone: the transaction below tells which (its
             // arguments are built only then, off the common path).
-            let (mut one, _) = batch_args(self, lease, &fresh, now);
+            let (mut one, _) = batch_args(self, lease, &fresh, now)?;
             one.extend(self.finish_args(lease, &finish, now)?.into_iter().skip(5));
             let done = self
                 .write_statement(move |c| {
@@ -355,7 +369,7 @@ impl Ledger {
                 return Ok(done);
             }
         }
-        let (batch, n) = batch_args(self, lease, &fresh, now);
+        let (batch, n) = batch_args(self, lease, &fresh, now)?;
         let fin = self.finish_args(lease, &finish, now)?;
         let ledger = self.clone();
         let run = lease.clone();

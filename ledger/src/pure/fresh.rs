@@ -167,27 +167,52 @@ impl Fresh {
 
     /// This call as an element of the batch statements' JSON array (a succeeded first
     /// attempt: `SQLITE_BATCH` / `POSTGRES_BATCH` write exactly what `*_FRESH` would).
-    pub(super) fn batch_item(&self) -> serde_json::Value {
+    /// A struct serialized straight into the array's text, not a `serde_json::Value`
+    /// map: the map cost sixteen key and value allocations per node and a second walk to
+    /// print it (callgrind, benches/README.md "W2").
+    pub(super) fn batch_item(&self) -> BatchItem<'_> {
         let (p0, p1) = self.payloads();
-        json!({
-            "step": self.step_id,
-            "node": self.node_id,
-            "call": self.tool_call_id,
-            "tool": self.tool,
-            "key": self.key,
-            "req": self.request,
-            "hash": self.request_hash,
-            "out": self.output,
-            "att": format!("att_{}", ulid::Ulid::generate()),
-            "sk": attempt_key(&self.key, 1),
-            "t0": self.started_at.0,
-            "t1": self.finished_at.0,
-            "e0": crate::events::new_event_id(),
-            "p0": p0,
-            "e1": crate::events::new_event_id(),
-            "p1": p1,
-        })
+        BatchItem {
+            step: &self.step_id,
+            node: &self.node_id,
+            call: &self.tool_call_id,
+            tool: &self.tool,
+            key: &self.key,
+            req: &self.request,
+            hash: &self.request_hash,
+            out: self.output.as_deref(),
+            att: format!("att_{}", ulid::Ulid::generate()),
+            sk: attempt_key(&self.key, 1),
+            t0: self.started_at.0,
+            t1: self.finished_at.0,
+            e0: crate::events::new_event_id(),
+            p0,
+            e1: crate::events::new_event_id(),
+            p1,
+        }
     }
+}
+
+/// One element of the batch statements' JSON array; the field names are what the
+/// statements read (`->> 'step'`, …).
+#[derive(serde::Serialize)]
+pub(super) struct BatchItem<'a> {
+    step: &'a str,
+    node: &'a str,
+    call: &'a str,
+    tool: &'a str,
+    key: &'a str,
+    req: &'a str,
+    hash: &'a str,
+    out: Option<&'a str>,
+    att: String,
+    sk: String,
+    t0: i64,
+    t1: i64,
+    e0: String,
+    p0: String,
+    e1: String,
+    p1: String,
 }
 
 /// Writes one brand-new pure call in one statement; `false` (nothing written) when the

@@ -105,7 +105,7 @@ async fn kept_results_of_items_are_recorded_under_their_own_call(db: TestDb) {
     };
     let recorded = db
         .ledger
-        .record_pure_calls(&run, vec![item("a"), item("b")], at)
+        .record_pure_calls(&run, &[item("a"), item("b")], at)
         .await
         .unwrap();
     assert_eq!(recorded, PureBatchRecorded::All);
@@ -129,7 +129,7 @@ async fn kept_results_of_items_are_recorded_under_their_own_call(db: TestDb) {
     // The same item again is not new: the batch writes nothing.
     let again = db
         .ledger
-        .record_pure_calls(&run, vec![item("b")], at)
+        .record_pure_calls(&run, &[item("b")], at)
         .await
         .unwrap();
     assert!(

@@ -156,7 +156,7 @@ async fn batch_writes_what_one_call_at_a_time_writes(db: TestDb) {
         let got = db.ledger.record_pure_call(one, t).await.unwrap();
         assert_eq!(got, PureRecorded::Recorded);
     }
-    let got = db.ledger.record_pure_calls(&a, batch, t).await.unwrap();
+    let got = db.ledger.record_pure_calls(&a, &batch, t).await.unwrap();
     assert_eq!(got, PureBatchRecorded::All);
     let (sa, sb) = (
         snapshot(&db.ledger, "run_a").await,
@@ -185,7 +185,7 @@ async fn batch_records_every_result_with_its_events(db: TestDb) {
     ];
     let got = db
         .ledger
-        .record_pure_calls(&run, batch, db.now())
+        .record_pure_calls(&run, &batch, db.now())
         .await
         .unwrap();
     assert_eq!(got, PureBatchRecorded::All);
@@ -240,7 +240,7 @@ async fn batch_is_all_or_nothing_when_a_node_is_not_new(db: TestDb) {
     ];
     let got = db
         .ledger
-        .record_pure_calls(&run, batch, db.now())
+        .record_pure_calls(&run, &batch, db.now())
         .await
         .unwrap();
     assert_eq!(
@@ -261,7 +261,7 @@ async fn batch_is_all_or_nothing_when_a_node_is_not_new(db: TestDb) {
         .unwrap();
     let got = db
         .ledger
-        .record_pure_calls(&run, vec![result("d", "run_a:d", t)], t)
+        .record_pure_calls(&run, &[result("d", "run_a:d", t)], t)
         .await
         .unwrap();
     assert_eq!(
@@ -287,7 +287,7 @@ async fn a_long_batch_is_written_in_order_and_all_or_nothing(db: TestDb) {
     let t = db.now();
     let got = db
         .ledger
-        .record_pure_calls(&a, batch("run_a", t), t)
+        .record_pure_calls(&a, &batch("run_a", t), t)
         .await
         .unwrap();
     assert_eq!(got, PureBatchRecorded::All);
@@ -326,7 +326,7 @@ async fn a_long_batch_is_written_in_order_and_all_or_nothing(db: TestDb) {
     let before = snapshot(&db.ledger, "run_b").await;
     let got = db
         .ledger
-        .record_pure_calls(&b, batch("run_b", t), t)
+        .record_pure_calls(&b, &batch("run_b", t), t)
         .await
         .unwrap();
     assert_eq!(
@@ -344,7 +344,7 @@ async fn batch_is_fenced_by_the_run_lease(db: TestDb) {
     let later = db.advance(LEASE + std::time::Duration::from_secs(1));
     let got = db
         .ledger
-        .record_pure_calls(&run, vec![result("a", "run_a:a", t)], later)
+        .record_pure_calls(&run, &[result("a", "run_a:a", t)], later)
         .await;
     assert!(matches!(got, Err(Error::LeaseLost)), "{got:?}");
     // Taken over by another worker: the old holder's batch is refused too.
@@ -356,7 +356,7 @@ async fn batch_is_fenced_by_the_run_lease(db: TestDb) {
     assert!(other.token > run.token);
     let got = db
         .ledger
-        .record_pure_calls(&run, vec![result("a", "run_a:a", t)], later)
+        .record_pure_calls(&run, &[result("a", "run_a:a", t)], later)
         .await;
     assert!(matches!(got, Err(Error::LeaseLost)), "{got:?}");
     assert!(db.ledger.list_steps("run_a").await.unwrap().is_empty());
@@ -371,7 +371,7 @@ async fn batch_refuses_a_key_used_by_another_run(db: TestDb) {
     db.ledger.record_pure_call(first, t).await.unwrap();
     let got = db
         .ledger
-        .record_pure_calls(&b, vec![result("greet", "greet-shared", t)], t)
+        .record_pure_calls(&b, &[result("greet", "greet-shared", t)], t)
         .await;
     assert_eq!(
         got.unwrap(),
@@ -406,9 +406,7 @@ async fn concurrent_writers_commit_together_and_fail_alone(db: TestDb) {
             let l = db.ledger.clone();
             tokio::spawn(async move {
                 let key = format!("{}:n", run.run_id);
-                let r = l
-                    .record_pure_calls(&run, vec![result("n", &key, t)], t)
-                    .await;
+                let r = l.record_pure_calls(&run, &[result("n", &key, t)], t).await;
                 (run.run_id, r)
             })
         })
@@ -444,7 +442,7 @@ async fn finish_run_with_records_kept_results_and_the_finish_together(db: TestDb
         .ledger
         .finish_run_with(
             &run,
-            vec![result("a", "run_a:a", t), result("b", "run_a:b", t)],
+            &[result("a", "run_a:a", t), result("b", "run_a:b", t)],
             finish(),
             t,
         )
@@ -461,7 +459,7 @@ async fn finish_run_with_records_kept_results_and_the_finish_together(db: TestDb
         .ledger
         .finish_run_with(
             &run,
-            vec![result("a", "run_a:a", t), result("c", "run_a:c", t)],
+            &[result("a", "run_a:a", t), result("c", "run_a:c", t)],
             finish(),
             t,
         )
@@ -494,7 +492,7 @@ async fn finish_run_with_records_kept_results_and_the_finish_together(db: TestDb
     let later = db.advance(LEASE + std::time::Duration::from_secs(1));
     let got = db
         .ledger
-        .finish_run_with(&b, vec![result("a", "run_b:a", t)], finish(), later)
+        .finish_run_with(&b, &[result("a", "run_b:a", t)], finish(), later)
         .await;
     assert!(matches!(got, Err(Error::LeaseLost)), "{got:?}");
 }
