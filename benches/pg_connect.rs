@@ -75,13 +75,13 @@ fn main() {
     let runs_tls = median(&tls, &["runs"], samples);
     let runs_plain = median(&plain, &["runs"], samples);
     println!(
-        "postgres: `flow runs`, median of {samples}: sslmode=prefer (TLS) {runs_tls:.1?}, default URL on loopback (plain) {runs_plain:.1?} = {:.2}x (target <= 2.0x)",
+        "postgres: `flow runs`, median of {samples}: sslmode=prefer (TLS) {runs_tls:.1?}, default URL (plain on loopback) {runs_plain:.1?} = {:.2}x (target <= 2.0x)",
         runs_tls.as_secs_f64() / runs_plain.as_secs_f64()
     );
     let chain_tls = median(&tls, &["run", &file], samples);
     let chain_plain = median(&plain, &["run", &file], samples);
     println!(
-        "postgres: `flow run` of a 200-node chain, median of {samples}: sslmode=prefer (TLS) {chain_tls:.1?} (target <= 150ms), default URL on loopback (plain) {chain_plain:.1?}"
+        "postgres: `flow run` of a 200-node chain, median of {samples}: sslmode=prefer (TLS) {chain_tls:.1?} (target <= 150ms), default URL (plain on loopback) {chain_plain:.1?}"
     );
     common::psql(
         "test",

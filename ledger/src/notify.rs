@@ -2,7 +2,8 @@
 //! in-process signal on SQLite.
 //!
 //! `enqueue` and `requeue_run` send a notification inside their own transaction, so it is
-//! delivered when (and only if) the run is committed. A daemon that listens claims at
+//! delivered when (and only if) the run is committed (`enqueue_and_claim` sends none:
+//! the run it creates is already claimed). A daemon that listens claims at
 //! once instead of at its next poll. A notification is only a latency hint: one lost while
 //! the listener reconnects costs at most a poll interval, never a run, because daemons
 //! keep polling.

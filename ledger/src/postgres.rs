@@ -37,6 +37,41 @@ pub(crate) async fn connect(
     url_redacted: &str,
     opts: &OpenOptions,
 ) -> Result<PgPool, Error> {
+    let connect = PgConnectOptions::from_str(url)
+        .map_err(|e| Error::Unavailable {
+            url: url_redacted.to_owned(),
+            reason: format!("bad URL: {e}"),
+        })?
+        .statement_cache_capacity(256)
+        .application_name("flow");
+    if let Some(plain) = loopback_without_tls(&connect, url) {
+        match open_pool(&plain, url_redacted, opts).await {
+            // The server answered and refused (a loopback server that accepts only
+            // TLS, say): try again as the URL alone would have connected.
+            Err(Refused {
+                by_server: true, ..
+            }) => {}
+            done => return done.map_err(|r| r.error),
+        }
+    }
+    open_pool(&connect, url_redacted, opts)
+        .await
+        .map_err(|r| r.error)
+}
+
+/// Why [`open_pool`] failed, and whether the server itself answered with the refusal
+/// (rather than not answering, or not being there).
+struct Refused {
+    error: Error,
+    by_server: bool,
+}
+
+/// Opens the pool (see [`connect`]).
+async fn open_pool(
+    connect: &PgConnectOptions,
+    url_redacted: &str,
+    opts: &OpenOptions,
+) -> Result<PgPool, Refused> {
     let unavailable = |reason: String| Error::Unavailable {
         url: url_redacted.to_owned(),
         reason,
@@ -47,19 +82,21 @@ pub(crate) async fn connect(
             opts.connect_timeout.as_millis()
         ))
     };
-    let connect = PgConnectOptions::from_str(url)
-        .map_err(|e| unavailable(format!("bad URL: {e}")))?
-        .statement_cache_capacity(256)
-        .application_name("flow");
-    let connect = loopback_without_tls(connect, url);
     let max = if opts.max_connections == 0 {
         10
     } else {
         opts.max_connections
     };
-    let pool_error = |e: sqlx::Error| match e {
-        sqlx::Error::PoolTimedOut => no_answer(),
-        e => unavailable(e.to_string()),
+    let refused = |e: sqlx::Error| Refused {
+        by_server: matches!(e, sqlx::Error::Database(_)),
+        error: match e {
+            sqlx::Error::PoolTimedOut => no_answer(),
+            e => unavailable(e.to_string()),
+        },
+    };
+    let failed = |error: Error| Refused {
+        error,
+        by_server: false,
     };
     let pool = PgPoolOptions::new()
         .max_connections(max)
@@ -68,38 +105,41 @@ pub(crate) async fn connect(
         .connect_with(connect.clone());
     tokio::pin!(pool);
     tokio::select! {
-        r = &mut pool => return r.map_err(pool_error),
+        r = &mut pool => return r.map_err(refused),
         () = tokio::time::sleep(DIAGNOSE_AFTER.min(opts.connect_timeout)) => {}
     }
-    let direct = <sqlx::PgConnection as sqlx::Connection>::connect_with(&connect);
+    let direct = <sqlx::PgConnection as sqlx::Connection>::connect_with(connect);
     tokio::select! {
-        r = &mut pool => return r.map_err(pool_error),
+        r = &mut pool => return r.map_err(refused),
         r = tokio::time::timeout(opts.connect_timeout, direct) => match r {
             Ok(Ok(conn)) => {
                 let _ = sqlx::Connection::close(conn).await;
             }
-            Ok(Err(e)) => return Err(unavailable(e.to_string())),
-            Err(_) => return Err(no_answer()),
+            Ok(Err(e)) => return Err(refused(e)),
+            Err(_) => return Err(failed(no_answer())),
         },
     }
-    pool.await.map_err(pool_error)
+    pool.await.map_err(refused)
 }
 
 /// TLS to a server on this machine's loopback interface protects nothing (whoever can
 /// read loopback traffic is root here) and costs every connection a handshake: ~4 ms of
-/// the server's time each, a fifth of a PostgreSQL `flow run` of W2 (benches/README.md).
-/// So a loopback host connects in plain text unless the URL (`sslmode=…`) or
-/// `PGSSLMODE` asks for a mode; any other host keeps the driver's default (`prefer`).
-fn loopback_without_tls(connect: PgConnectOptions, url: &str) -> PgConnectOptions {
-    let in_url = url.split_once('?').is_some_and(|(_, query)| {
-        query
-            .split('&')
-            .any(|kv| kv.starts_with("sslmode=") || kv.starts_with("ssl-mode="))
+/// the server's time each, a fifth of a PostgreSQL `flow run` of W2 (benches/README.md,
+/// "PostgreSQL start-up"). So a loopback host connects in plain text unless the URL or
+/// the environment says anything about TLS (an `ssl…` parameter, a `PGSSL…` variable:
+/// a mode, a client certificate, a root); any other host keeps the driver's default
+/// (`prefer`). `Some` only when the options were changed: [`connect`] goes back to the
+/// default if the server refuses a plain connection (one that accepts only TLS).
+fn loopback_without_tls(connect: &PgConnectOptions, url: &str) -> Option<PgConnectOptions> {
+    let in_url = url::Url::parse(url).is_ok_and(|u| {
+        u.query_pairs()
+            .any(|(k, _)| k.to_ascii_lowercase().starts_with("ssl"))
     });
-    if in_url || std::env::var_os("PGSSLMODE").is_some() || !is_loopback(connect.get_host()) {
-        return connect;
+    let in_env = std::env::vars_os().any(|(k, _)| k.to_string_lossy().starts_with("PGSSL"));
+    if in_url || in_env || !is_loopback(connect.get_host()) {
+        return None;
     }
-    connect.ssl_mode(PgSslMode::Disable)
+    Some(connect.clone().ssl_mode(PgSslMode::Disable))
 }
 
 /// `localhost`, `127.0.0.0/8` or `::1` (a Unix socket never uses TLS anyway).
@@ -196,7 +236,43 @@ async fn refresh_statistics_on(conn: &mut PgConnection) -> Result<Vec<String>, s
 
 #[cfg(test)]
 mod tests {
-    use super::is_loopback;
+    use std::str::FromStr;
+
+    use sqlx::postgres::{PgConnectOptions, PgSslMode};
+
+    use super::{is_loopback, loopback_without_tls};
+
+    /// What `loopback_without_tls` makes of `url`: `Some(mode)` when it changed it.
+    fn plain(url: &str) -> Option<PgSslMode> {
+        let opts = PgConnectOptions::from_str(url).expect("url");
+        loopback_without_tls(&opts, url).map(|o| o.get_ssl_mode())
+    }
+
+    #[test]
+    fn only_a_loopback_url_that_says_nothing_of_tls_goes_plain() {
+        if std::env::vars_os().any(|(k, _)| k.to_string_lossy().starts_with("PGSSL")) {
+            return; // the environment asks for TLS: nothing is ever changed
+        }
+        for url in [
+            "postgres://u@127.0.0.1:5432/db",
+            "postgresql://u@localhost/db",
+            "postgres://u@[::1]/db?application_name=x",
+        ] {
+            assert!(matches!(plain(url), Some(PgSslMode::Disable)), "{url}");
+        }
+        for url in [
+            "postgres://u@127.0.0.1/db?sslmode=prefer",
+            "postgres://u@127.0.0.1/db?a=b&sslmode=require",
+            "postgres://u@127.0.0.1/db?ssl-mode=require",
+            "postgres://u@127.0.0.1/db?ssl%6Dode=require",
+            "postgres://u@localhost/db?sslcert=/c.pem&sslkey=/k.pem",
+            "postgres://u@localhost/db?sslrootcert=/ca.pem",
+            "postgres://u@db.example/db",
+            "postgres://u@10.0.0.5/db",
+        ] {
+            assert!(plain(url).is_none(), "{url}");
+        }
+    }
 
     #[test]
     fn loopback_hosts_are_told_from_others() {

@@ -370,13 +370,33 @@ async fn async_command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write
 /// The ledgers this process opened (see [`open_ledger`]), closed before it exits.
 static OPENED: std::sync::Mutex<Vec<flow_ledger::Ledger>> = std::sync::Mutex::new(Vec::new());
 
+/// Work a command left running beside it (the planner-statistics check of `run` and
+/// `resume`), finished before the ledgers close: its connection says goodbye too, and an
+/// ANALYZE it started through the pool is not cut off by the pool's close.
+static BESIDE: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Runs `work` beside the command; the process waits for it (within the exit's bound)
+/// before closing its ledgers.
+pub(crate) fn spawn_beside(work: impl std::future::Future<Output = ()> + Send + 'static) {
+    let handle = tokio::spawn(work);
+    BESIDE
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(handle);
+}
+
 /// Closes every ledger this process opened: PostgreSQL then sees each session end with
 /// a goodbye instead of logging "connection reset by peer" for every one, and SQLite's
 /// writer finishes cleanly. Bounded: a database that went away must not hold up the
 /// exit code.
 async fn close_opened() {
+    let beside = std::mem::take(&mut *BESIDE.lock().unwrap_or_else(|e| e.into_inner()));
     let opened = std::mem::take(&mut *OPENED.lock().unwrap_or_else(|e| e.into_inner()));
-    let closing = futures::future::join_all(opened.iter().map(flow_ledger::Ledger::close));
+    let closing = async {
+        futures::future::join_all(beside).await;
+        futures::future::join_all(opened.iter().map(flow_ledger::Ledger::close)).await;
+    };
     let _ = tokio::time::timeout(std::time::Duration::from_secs(2), closing).await;
 }
 

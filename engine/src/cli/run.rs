@@ -119,14 +119,14 @@ fn interrupts(
 /// pure results checked every call of the tenant for its keys (26 ms of a 73 ms run at
 /// 6,000 calls, growing with the table). A daemon checks every few seconds; a one-shot
 /// `flow run` or `flow resume` checks beside its run, on a connection of its own, so the
-/// run neither waits for it nor for a second connection of the pool (an ANALYZE, when one is due, gets the 2 s the close of the
-/// ledger waits at exit).
+/// run neither waits for it nor for a second connection of the pool; the exit waits for
+/// the check (and an ANALYZE it started) within its 2 s bound before closing the ledger.
 fn refresh_statistics_meanwhile(ledger: &Ledger) {
     if ledger.backend_name() != "postgres" {
         return;
     }
     let ledger = ledger.clone();
-    tokio::spawn(async move {
+    super::spawn_beside(async move {
         if let Err(e) = ledger.refresh_planner_statistics_aside().await {
             tracing::debug!(error = %e, "cannot check the planner statistics");
         }

@@ -292,14 +292,24 @@ async fn sqlite_read_only_urls_read_and_refuse_writes() {
 async fn ledger_uses_tls(url: &str, admin: &mut sqlx::PgConnection) -> bool {
     let ledger = Ledger::open(url, OpenOptions::default()).await.unwrap();
     ledger.ping().await.unwrap();
-    let ssl: Vec<bool> = sqlx::query_scalar(
-        "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
-         WHERE a.datname = current_database() AND a.application_name = 'flow'",
-    )
-    .fetch_all(&mut *admin)
-    .await
-    .unwrap();
+    let listed = "SELECT s.ssl FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+         WHERE a.datname = current_database() AND a.application_name = 'flow'";
+    let ssl: Vec<bool> = sqlx::query_scalar(listed)
+        .fetch_all(&mut *admin)
+        .await
+        .unwrap();
     ledger.close().await;
+    // Gone before the next look, which must see only its own ledger's connections.
+    let started = std::time::Instant::now();
+    while !sqlx::query_scalar::<_, bool>(listed)
+        .fetch_all(&mut *admin)
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "never closed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(!ssl.is_empty(), "the ledger's connection is not listed");
     ssl.iter().all(|s| *s)
 }
