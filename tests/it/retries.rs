@@ -150,7 +150,9 @@ fn a_backoff_survives_a_crash_during_the_wait() {
             "w.yaml",
             &workflow(
                 &server.url(),
-                "{ max_retries: 1, backoff: { initial: 3s, max: 3s, jitter: 0 } }",
+                // 10 s: the kill below must land inside the wait however slowly the
+                // polling `flow show`s run on a loaded machine.
+                "{ max_retries: 1, backoff: { initial: 10s, max: 10s, jitter: 0 } }",
                 "",
             ),
         );
@@ -197,7 +199,7 @@ fn a_backoff_survives_a_crash_during_the_wait() {
         assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
         assert_eq!(server.total(), 2, "{backend:?}");
         assert_eq!(server.count("backoff-1:charge:2"), 1);
-        // The retry did not start before its durable not_before (3 s after the failure).
+        // The retry did not start before its durable not_before (10 s after the failure).
         let waited = resumed_at.elapsed();
         let s = show(&db, "backoff-1");
         let retry = s["steps"]
