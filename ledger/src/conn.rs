@@ -92,6 +92,16 @@ macro_rules! args {
 }
 pub(crate) use args;
 
+/// A statement's JSON argument (a batch's rows as one array), `what` naming it in the
+/// error. Strings and numbers only, so it cannot fail in practice; were it to, nothing
+/// is written.
+pub(crate) fn json_arg<T: serde::Serialize + ?Sized>(v: &T, what: &str) -> Result<String, Error> {
+    serde_json::to_string(v).map_err(|e| Error::Backend {
+        message: format!("{what} as JSON: {e}"),
+        retryable: false,
+    })
+}
+
 /// Rows that decode from both drivers.
 pub(crate) trait AnyRow:
     for<'r> FromRow<'r, SqliteRow> + for<'r> FromRow<'r, PgRow> + Send + Unpin

@@ -34,7 +34,7 @@ use serde_json::json;
 
 use crate::canonical::{canonical_hash, workflow_hash};
 use crate::clock::Timestamp;
-use crate::conn::{Conn, args};
+use crate::conn::{Conn, args, json_arg};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, audited, emit, new_event_id};
 use crate::ledger::Ledger;
@@ -43,6 +43,9 @@ use crate::rows::{RunRow, run_cols};
 use crate::runs::{claim_locked, run_for_update};
 use crate::search::PendingInputs;
 use crate::worker::WorkerId;
+
+/// What the JSON arguments here hold, for an error that names them.
+const RUNS: &str = "a batch of runs";
 
 /// Runs one statement set writes: a caller's longer list (a test's 50,000) is written in
 /// slices of this many, in order, in the same transaction.
@@ -167,8 +170,22 @@ pub(crate) async fn enqueue_in(
     now: Timestamp,
     tx: &mut EnqueueTx,
 ) -> Result<Enqueued, Error> {
-    let mut one = enqueue_all_in(c, ledger, std::slice::from_ref(run), actor, now, tx).await?;
-    one.pop().ok_or_else(|| Error::NotFound {
+    let (enq, _) = enqueue_one_in(c, ledger, run, actor, now, tx).await?;
+    Ok(enq)
+}
+
+/// [`enqueue_in`], with the row it inserted when the run is new.
+async fn enqueue_one_in(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    run: &NewRun,
+    actor: Option<&Actor>,
+    now: Timestamp,
+    tx: &mut EnqueueTx,
+) -> Result<Queued, Error> {
+    let one = std::slice::from_ref(run);
+    let mut queued = enqueue_slice(c, ledger, one, actor, now, tx).await?;
+    queued.pop().ok_or_else(|| Error::NotFound {
         what: format!("run {}", run.id),
     })
 }
@@ -341,7 +358,12 @@ async fn insert_runs(
         let sql = c.pick(sqlite, pg);
         c.all::<RunRow>(
             sql,
-            args![&scope.tenant, &scope.workspace, now, to_json(&values)?],
+            args![
+                &scope.tenant,
+                &scope.workspace,
+                now,
+                json_arg(&values, RUNS)?
+            ],
         )
         .await?
     };
@@ -389,21 +411,12 @@ async fn insert_queued(
             &scope.tenant,
             &scope.workspace,
             now,
-            to_json(events)?,
+            json_arg(events, RUNS)?,
             EventType::RunQueued.as_str()
         ],
     )
     .await?;
     Ok(())
-}
-
-/// A statement's JSON argument. Strings and numbers only, so it cannot fail in practice;
-/// were it to, nothing is written.
-fn to_json<T: Serialize + ?Sized>(v: &T) -> Result<String, Error> {
-    serde_json::to_string(v).map_err(|e| Error::Backend {
-        message: format!("a batch of runs as JSON: {e}"),
-        retryable: false,
-    })
 }
 
 impl Ledger {
@@ -454,14 +467,8 @@ impl Ledger {
                     claims: true,
                     ..EnqueueTx::default()
                 };
-                let one = std::slice::from_ref(&run);
-                let queued = enqueue_slice(c, &ledger, one, None, now, &mut tx).await?;
+                let (enq, row) = enqueue_one_in(c, &ledger, &run, None, now, &mut tx).await?;
                 tx.finish(c, ledger.scope()).await?;
-                let Some((enq, row)) = queued.into_iter().next() else {
-                    return Err(Error::NotFound {
-                        what: format!("run {}", run.id),
-                    });
-                };
                 // A new run's row was inserted by this transaction (and so is locked by
                 // it); a run that was there is not claimed here.
                 let Some(row) = row else {

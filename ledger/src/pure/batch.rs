@@ -3,7 +3,7 @@
 //! other write of the run (see ARCHITECTURE.md, "Lazy pure results").
 
 use crate::clock::Timestamp;
-use crate::conn::{Arg, Conn, args};
+use crate::conn::{Arg, Conn, args, json_arg};
 use crate::error::Error;
 use crate::fence::{Fence, live_run_fence, run_fence};
 use crate::finish::{FinishedRow, FinishedRun, finished_cols};
@@ -248,12 +248,7 @@ fn batch_args(
     now: Timestamp,
 ) -> Result<(Vec<Arg>, i64), Error> {
     let items: Vec<_> = fresh.iter().map(Fresh::batch_item).collect();
-    // Strings and numbers only, so it cannot fail in practice; were it to, nothing is
-    // written.
-    let items = serde_json::to_string(&items).map_err(|e| Error::Backend {
-        message: format!("a batch of pure results as JSON: {e}"),
-        retryable: false,
-    })?;
+    let items = json_arg(&items, "a batch of pure results")?;
     let n = i64::try_from(fresh.len()).unwrap_or(i64::MAX);
     let s = ledger.scope();
     let a = [Fence::run(s, run), args![now, items, n]].concat();
