@@ -21,6 +21,8 @@ pub(crate) enum Arg {
     Int(Option<i64>),
     Text(Option<String>),
     Bool(bool),
+    /// Bytes: a batch's rows in SQLite's JSONB ([`jsonb_arg`]).
+    Blob(Vec<u8>),
 }
 
 impl From<i64> for Arg {
@@ -95,11 +97,40 @@ pub(crate) use args;
 /// A statement's JSON argument (a batch's rows as one array), `what` naming it in the
 /// error. Strings and numbers only, so it cannot fail in practice; were it to, nothing
 /// is written.
-pub(crate) fn json_arg<T: serde::Serialize + ?Sized>(v: &T, what: &str) -> Result<String, Error> {
+fn json_arg<T: serde::Serialize + ?Sized>(v: &T, what: &str) -> Result<String, Error> {
     serde_json::to_string(v).map_err(|e| Error::Backend {
         message: format!("{what} as JSON: {e}"),
         retryable: false,
     })
+}
+
+/// A statement's rows for SQLite in its binary JSON (JSONB), `what` naming it in the
+/// error: `jsonb_each` and `->>` read it as it is, where a JSON text argument is parsed
+/// into JSONB again by each statement that reads it, and each string with a quote in it
+/// (a request, an output, an event payload) unescaped again by each `->>` (strings are
+/// written raw). Four statements of a 102-node batch spent ~20% of a `flow run`'s
+/// instructions there (benches/README.md, "W2 on SQLite: the batch in SQLite's JSONB").
+fn jsonb_arg<T: serde::Serialize>(v: &T, what: &str) -> Result<Arg, Error> {
+    serde_sqlite_jsonb::to_vec(v)
+        .map(Arg::Blob)
+        .map_err(|e| Error::Backend {
+            message: format!("{what} as JSONB: {e}"),
+            retryable: false,
+        })
+}
+
+/// A batch's rows as each backend reads them best: SQLite's JSONB ([`jsonb_arg`], for
+/// `jsonb_each`), JSON text on PostgreSQL (`$n::jsonb` parses it once per statement).
+pub(crate) fn rows_arg<T: serde::Serialize>(
+    postgres: bool,
+    v: &T,
+    what: &str,
+) -> Result<Arg, Error> {
+    if postgres {
+        json_arg(v, what).map(Arg::from)
+    } else {
+        jsonb_arg(v, what)
+    }
 }
 
 /// Rows that decode from both drivers.
@@ -126,6 +157,7 @@ macro_rules! bind_all {
                 Arg::Int(v) => q.bind(v),
                 Arg::Text(v) => q.bind(v),
                 Arg::Bool(v) => q.bind(v),
+                Arg::Blob(v) => q.bind(v),
             };
         }
         q

@@ -34,7 +34,7 @@ use serde_json::json;
 
 use crate::canonical::{canonical_hash, workflow_hash};
 use crate::clock::Timestamp;
-use crate::conn::{Conn, args, json_arg};
+use crate::conn::{Conn, args, rows_arg};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, audited, emit, new_event_id};
 use crate::ledger::Ledger;
@@ -71,7 +71,8 @@ impl EnqueueTx {
     }
 }
 
-/// Inserts the runs of `$4` (a JSON array of [`RunValues`]) that are not there yet, in
+/// Inserts the runs of `$4` (an array of [`RunValues`]: SQLite's JSONB or JSON text,
+/// `conn::rows_arg`) that are not there yet, in
 /// array order, and returns their rows (their texts are stored first). `WHERE true`:
 /// SQLite's upsert after a `SELECT` needs a `WHERE` to tell `ON CONFLICT` from a join's
 /// `ON`. The rows come from `RETURNING`, not from a read by id afterwards: a read of 500
@@ -117,7 +118,8 @@ const INSERT_ONE_RUN: &str = concat!(
     run_cols!()
 );
 
-/// The `run.queued` events of `$4` (a JSON array of [`QueuedEvent`]), in array order: the
+/// The `run.queued` events of `$4` (an array of [`QueuedEvent`], as `INSERT_RUNS`'s), in
+/// array order: the
 /// same rows `events::emit` writes one at a time.
 const INSERT_QUEUED: (&str, &str) = (
     "INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
@@ -362,7 +364,7 @@ async fn insert_runs(
                 &scope.tenant,
                 &scope.workspace,
                 now,
-                json_arg(&values, RUNS)?
+                rows_arg(c.is_postgres(), &values, RUNS)?
             ],
         )
         .await?
@@ -411,7 +413,7 @@ async fn insert_queued(
             &scope.tenant,
             &scope.workspace,
             now,
-            json_arg(events, RUNS)?,
+            rows_arg(c.is_postgres(), &events, RUNS)?,
             EventType::RunQueued.as_str()
         ],
     )

@@ -38,6 +38,32 @@ pub(crate) struct Inner {
     pub(crate) read_only: bool,
 }
 
+/// The migrations a ledger has applied, as [`holds_migrations`] compares them.
+const APPLIED_MIGRATIONS: &str =
+    "SELECT version, checksum, success FROM _sqlx_migrations ORDER BY version";
+
+/// What [`APPLIED_MIGRATIONS`] read (or the error reading it).
+type Applied = Result<Vec<(i64, Vec<u8>, bool)>, sqlx::Error>;
+
+/// Whether `applied` is exactly `migrator`'s migrations, each a success with the
+/// checksum embedded here (see [`Ledger::is_migrated`]); an error reading is `false`.
+fn holds_migrations(applied: Applied, migrator: &sqlx::migrate::Migrator) -> bool {
+    let Ok(applied) = applied else {
+        return false;
+    };
+    let wanted: Vec<_> = migrator
+        .iter()
+        .filter(|m| m.migration_type.is_up_migration())
+        .collect();
+    applied.len() == wanted.len()
+        && applied
+            .iter()
+            .zip(&wanted)
+            .all(|((version, checksum, success), m)| {
+                *success && *version == m.version && checksum.as_slice() == &*m.checksum
+            })
+}
+
 impl Ledger {
     /// Opens `sqlite://PATH` (or `sqlite:PATH`; the file and its parent directory are
     /// created if missing) or `postgres://…` / `postgresql://…`, and applies migrations
@@ -49,8 +75,15 @@ impl Ledger {
     pub async fn open(url: &str, opts: OpenOptions) -> Result<Ledger, Error> {
         let url_redacted = redact_url(url);
         let read_only = sqlite::is_read_only_url(url);
+        let mut migrated = None;
         let pool = if let Some(path) = sqlite::path_of(url) {
-            let (pool, writer) = sqlite::connect(path, &url_redacted, &opts, read_only).await?;
+            let (pool, mut writer) = sqlite::connect(path, &url_redacted, &opts, read_only).await?;
+            // Asked on the writer's connection before it goes to the writer's task: the
+            // pool's first connection waits for a read that may never come.
+            let applied = sqlx::query_as(APPLIED_MIGRATIONS)
+                .fetch_all(&mut writer)
+                .await;
+            migrated = Some(holds_migrations(applied, &sqlite::MIGRATOR));
             Pool::sqlite(pool, writer)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Pool::Postgres(postgres::connect(url, &url_redacted, &opts).await?)
@@ -66,7 +99,7 @@ impl Ledger {
                 read_only,
             }),
         };
-        if opts.migrate && !read_only {
+        if opts.migrate && !read_only && migrated != Some(true) {
             ledger.migrate().await?;
         }
         Ok(ledger)
@@ -110,27 +143,15 @@ impl Ledger {
     /// (a fresh database, a pending, failed, edited or unknown migration, an error) is
     /// `false`, and the migrator then applies or refuses as it always did.
     async fn is_migrated(&self) -> bool {
-        const SQL: &str =
-            "SELECT version, checksum, success FROM _sqlx_migrations ORDER BY version";
-        type Applied = Result<Vec<(i64, Vec<u8>, bool)>, sqlx::Error>;
-        let (applied, migrator): (Applied, _) = match &self.inner.pool {
-            Pool::Sqlite(p, _) => (sqlx::query_as(SQL).fetch_all(p).await, &sqlite::MIGRATOR),
-            Pool::Postgres(p) => (sqlx::query_as(SQL).fetch_all(p).await, &postgres::MIGRATOR),
-        };
-        let Ok(applied) = applied else {
-            return false;
-        };
-        let wanted: Vec<_> = migrator
-            .iter()
-            .filter(|m| m.migration_type.is_up_migration())
-            .collect();
-        applied.len() == wanted.len()
-            && applied
-                .iter()
-                .zip(&wanted)
-                .all(|((version, checksum, success), m)| {
-                    *success && *version == m.version && checksum.as_slice() == &*m.checksum
-                })
+        let sql = APPLIED_MIGRATIONS;
+        match &self.inner.pool {
+            Pool::Sqlite(p, _) => {
+                holds_migrations(sqlx::query_as(sql).fetch_all(p).await, &sqlite::MIGRATOR)
+            }
+            Pool::Postgres(p) => {
+                holds_migrations(sqlx::query_as(sql).fetch_all(p).await, &postgres::MIGRATOR)
+            }
+        }
     }
 
     /// The newest migration this build carries: the ledger schema version it expects

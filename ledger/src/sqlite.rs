@@ -101,14 +101,14 @@ pub(crate) async fn connect(
     let pool_options = SqlitePoolOptions::new()
         .max_connections(max)
         .acquire_timeout(opts.connect_timeout.max(opts.busy_timeout * 2));
-    let pool = while_busy(opts.busy_timeout, || {
-        pool_options.clone().connect_with(connect.clone())
-    })
-    .await
-    .map_err(|e| unavailable(e.to_string()))?;
+    // The writer's connection is the first one (it creates the file and switches it to
+    // WAL); the pool connects when something first reads. A one-shot `flow run` of pure
+    // nodes never does: each SQLite connection reads and parses the whole schema when it
+    // opens (~4% of a 102-node run's instructions) and gets a thread of its own.
     let writer = while_busy(opts.busy_timeout, || connect.connect())
         .await
         .map_err(|e| unavailable(e.to_string()))?;
+    let pool = pool_options.connect_lazy_with(connect);
     Ok((pool, writer))
 }
 

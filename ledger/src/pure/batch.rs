@@ -3,7 +3,7 @@
 //! other write of the run (see ARCHITECTURE.md, "Lazy pure results").
 
 use crate::clock::Timestamp;
-use crate::conn::{Arg, Conn, args, json_arg};
+use crate::conn::{Arg, Conn, args, rows_arg};
 use crate::error::Error;
 use crate::fence::{Fence, live_run_fence, run_fence};
 use crate::finish::{FinishedRow, FinishedRun, finished_cols};
@@ -21,9 +21,9 @@ use super::fresh::{Fresh, write_fresh};
 /// `Conflict` can come out of that op).
 const NOT_NEW: &str = "not new: record it the general way";
 
-/// Many succeeded first attempts at once (`$7`: a JSON array of `Fresh::batch_item`,
-/// `$8`: its length): the same rows and events as `SQLITE_FRESH` for each, in one
-/// command. Each insert after the first happens only if the one before wrote all `$8`
+/// Many succeeded first attempts at once (`$7`: an array of `Fresh::batch_item` in
+/// SQLite's JSONB, `conn::rows_arg`; `$8`: its length): the same rows and events as
+/// `SQLITE_FRESH` for each, in one command. Each insert after the first happens only if the one before wrote all `$8`
 /// rows; the caller rolls back unless the last returns `2 × $8` rows (all or nothing).
 ///
 /// `jsonb_each`, not `json_each`: `json_each` hands each element back as JSON *text*, so
@@ -31,6 +31,7 @@ const NOT_NEW: &str = "not new: record it the general way";
 /// payloads included) — fifteen parses per element per statement, 30% of a 102-node
 /// `flow run` (callgrind, benches/README.md "W2"). `jsonb_each` hands back the element's
 /// binary form, which `->>` reads without parsing; the values it extracts are the same.
+/// The argument itself is JSONB too, so no statement parses the batch as text.
 const SQLITE_BATCH: &str = concat!(
     "
 INSERT INTO steps (tenant, workspace, run_id, step_id, node_id, retry, status, created_at,
@@ -248,7 +249,7 @@ fn batch_args(
     now: Timestamp,
 ) -> Result<(Vec<Arg>, i64), Error> {
     let items: Vec<_> = fresh.iter().map(Fresh::batch_item).collect();
-    let items = json_arg(&items, "a batch of pure results")?;
+    let items = rows_arg(ledger.is_postgres(), &items, "a batch of pure results")?;
     let n = i64::try_from(fresh.len()).unwrap_or(i64::MAX);
     let s = ledger.scope();
     let a = [Fence::run(s, run), args![now, items, n]].concat();

@@ -12,6 +12,7 @@ use crate::common::{LEASE, TestDb, event_types, new_run, running, step, worker};
 crate::conformance!(
     fresh_pure_call_matches_the_general_way,
     batch_writes_what_one_call_at_a_time_writes,
+    batch_keeps_every_character_of_its_values,
     batch_records_every_result_with_its_events,
     batch_is_all_or_nothing_when_a_node_is_not_new,
     a_long_batch_is_written_in_order_and_all_or_nothing,
@@ -173,6 +174,64 @@ async fn batch_writes_what_one_call_at_a_time_writes(db: TestDb) {
         v
     };
     assert_eq!(strip(&sa["calls"]), strip(&sb["calls"]));
+}
+
+/// The batch's rows travel to SQLite as binary JSON with raw strings: quotes,
+/// backslashes, escapes, non-ASCII and long values come back byte for byte, as the
+/// one-at-a-time way (plain SQL parameters) stores them.
+async fn batch_keeps_every_character_of_its_values(db: TestDb) {
+    let a = running(&db, "run_a", &worker("1")).await;
+    let b = running(&db, "run_b", &worker("1")).await;
+    let t = db.now();
+    let awkward = [
+        json!("say \"hi\" \\ and \\\" then\nnew line\ttab \u{0001}\u{001f}"),
+        json!({ "é": "ünïcödé ✓ 😀 𝄞", "k\"ey": ["\\u0041", "\u{7f}", null, true, 1.5e300] }),
+        json!("x".repeat(70_000)),
+        json!({ "nested": { "deep": [[["\\\\"]]], "empty": "" } }),
+    ];
+    let mut batch = Vec::new();
+    for (i, out) in awkward.iter().enumerate() {
+        let node = format!("n{i}");
+        let request = json!({ "node": node, "with": out });
+        let key = format!("ké\"y {i} ✓");
+        batch.push(PureResult {
+            step_id: node.clone(),
+            node_id: node.clone(),
+            tool_call_id: node.clone(),
+            tool: "core.echo".into(),
+            idempotency_key: format!("run_a:{key}"),
+            request_hash: canonical_hash(&request),
+            request: request.clone(),
+            output: out.clone(),
+            started_at: t,
+            finished_at: t,
+        });
+        let mut one = pure(&b, &node, out.clone());
+        one.idempotency_key = format!("run_b:{key}");
+        one.request_hash = canonical_hash(&request);
+        one.request = request;
+        let got = db.ledger.record_pure_call(one, t).await.unwrap();
+        assert_eq!(got, PureRecorded::Recorded);
+    }
+    let got = db.ledger.record_pure_calls(&a, &batch, t).await.unwrap();
+    assert_eq!(got, PureBatchRecorded::All);
+    let (sa, sb) = (
+        snapshot(&db.ledger, "run_a").await,
+        snapshot(&db.ledger, "run_b").await,
+    );
+    assert_eq!(sa["steps"], sb["steps"]);
+    assert_eq!(sa["events"], sb["events"]);
+    for (i, out) in awkward.iter().enumerate() {
+        assert_eq!(&sa["steps"][i][2], out, "step n{i}'s output");
+        assert_eq!(&sa["calls"][i][3], out, "call n{i}'s output");
+    }
+    // The keys and the calls' requests, read back as stored.
+    let calls = db.ledger.list_calls("run_a").await.unwrap();
+    for (i, c) in calls.iter().enumerate() {
+        assert_eq!(c.idempotency_key, format!("run_a:ké\"y {i} ✓"));
+        assert_eq!(c.request, batch[i].request, "call n{i}'s request");
+        assert_eq!(c.request_hash, batch[i].request_hash);
+    }
 }
 
 async fn batch_records_every_result_with_its_events(db: TestDb) {
