@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::clock::Timestamp;
-use crate::conn::{Conn, args};
+use crate::conn::{Conn, args, rows_arg};
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
 use crate::fence::{Fence, run_fence};
@@ -161,15 +161,24 @@ const CLAIM_NEXT: (&str, &str) = (
     ),
 );
 
-/// `run.started` events of many claimed runs in ONE statement on SQLite (`$4`: a JSON
-/// array of `{id, run, payload}` in queue order; the outbox columns mirror
-/// `events::emit`). PostgreSQL writes them inside its claim statement.
+/// `run.started` events of many claimed runs in ONE statement on SQLite (`$4`: an
+/// array of [`StartedEvent`] in queue order, in SQLite's JSONB, `conn::rows_arg`; the
+/// outbox columns mirror `events::emit`). PostgreSQL writes them inside its claim
+/// statement.
 const SQLITE_EMIT_STARTED_ALL: &str =
     "INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
         payload)
      SELECT $1, $2, j.value ->> 'id', 'run.started', $3, j.value ->> 'run', NULL, NULL,
         j.value ->> 'payload'
-     FROM json_each($4) AS j ORDER BY CAST(j.key AS INTEGER)";
+     FROM jsonb_each($4) AS j ORDER BY CAST(j.key AS INTEGER)";
+
+/// One element of `SQLITE_EMIT_STARTED_ALL`'s array.
+#[derive(serde::Serialize)]
+struct StartedEvent<'a> {
+    id: String,
+    run: &'a str,
+    payload: String,
+}
 
 /// Most runs one claim takes, whatever limit is asked for (a PostgreSQL claim binds one
 /// event id per run it may take).
@@ -219,25 +228,19 @@ async fn emit_started_all(
     if rows.is_empty() {
         return Ok(());
     }
-    let events: Vec<serde_json::Value> = rows
+    let events: Vec<StartedEvent<'_>> = rows
         .iter()
-        .map(|row| {
-            json!({
-                "id": crate::events::new_event_id(),
-                "run": row.id,
-                "payload": started_payload(row).to_string(),
-            })
+        .map(|row| StartedEvent {
+            id: crate::events::new_event_id(),
+            run: &row.id,
+            payload: started_payload(row).to_string(),
         })
         .collect();
     let scope = ledger.scope();
+    let events = rows_arg(conn.is_postgres(), &events, "run.started events")?;
     conn.execute(
         SQLITE_EMIT_STARTED_ALL,
-        args![
-            &scope.tenant,
-            &scope.workspace,
-            now,
-            serde_json::Value::Array(events).to_string()
-        ],
+        args![&scope.tenant, &scope.workspace, now, events],
     )
     .await?;
     Ok(())
