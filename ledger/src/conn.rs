@@ -121,6 +121,11 @@ fn jsonb_arg<T: serde::Serialize>(v: &T, what: &str) -> Result<Arg, Error> {
 
 /// A batch's rows as each backend reads them best: SQLite's JSONB ([`jsonb_arg`], for
 /// `jsonb_each`), JSON text on PostgreSQL (`$n::jsonb` parses it once per statement).
+///
+/// Keep the rows' fields strings, integers and `Option`s of them: `serde_sqlite_jsonb`
+/// 0.2 writes a newtype struct (`struct Id(String)` with a derived `Serialize`) as
+/// null and a float by `Display` (`1.0` as `1`, NaN as text SQLite refuses), where
+/// JSON text would have kept them.
 pub(crate) fn rows_arg<T: serde::Serialize>(
     postgres: bool,
     v: &T,

@@ -72,8 +72,8 @@ impl EnqueueTx {
 }
 
 /// Inserts the runs of `$4` (an array of [`RunValues`]: SQLite's JSONB or JSON text,
-/// `conn::rows_arg`) that are not there yet, in
-/// array order, and returns their rows (their texts are stored first). `WHERE true`:
+/// `conn::rows_arg`) that are not there yet, in array order, and returns their rows
+/// (their texts are stored first). `WHERE true`:
 /// SQLite's upsert after a `SELECT` needs a `WHERE` to tell `ON CONFLICT` from a join's
 /// `ON`. The rows come from `RETURNING`, not from a read by id afterwards: a read of 500
 /// ids planned against stale statistics scanned every run of the tenant once per id
@@ -119,8 +119,7 @@ const INSERT_ONE_RUN: &str = concat!(
 );
 
 /// The `run.queued` events of `$4` (an array of [`QueuedEvent`], as `INSERT_RUNS`'s), in
-/// array order: the
-/// same rows `events::emit` writes one at a time.
+/// array order: the same rows `events::emit` writes one at a time.
 const INSERT_QUEUED: (&str, &str) = (
     "INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id,
         payload)
@@ -135,7 +134,8 @@ const INSERT_QUEUED: (&str, &str) = (
      FROM jsonb_array_elements($4::jsonb) WITH ORDINALITY AS x(e, k) ORDER BY k",
 );
 
-/// One run as `INSERT_RUNS` reads it.
+/// One run as `INSERT_RUNS` reads it (strings, integers and `Option`s only: see
+/// `conn::rows_arg`).
 #[derive(Serialize)]
 struct RunValues<'a> {
     id: &'a str,

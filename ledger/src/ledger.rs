@@ -139,7 +139,8 @@ impl Ledger {
     /// Whether the ledger holds exactly this build's migrations, each applied with the
     /// checksum embedded here: one read, where sqlx's migrator takes a lock (an advisory
     /// lock round trip on PostgreSQL), creates its table if missing and reads twice.
-    /// Every command opens the ledger, so this is paid by each `flow run`. Anything else
+    /// Every command opens the ledger, so this is paid by each `flow run` (on SQLite
+    /// `open` asks the same on the writer's connection, [`holds_migrations`]). Anything else
     /// (a fresh database, a pending, failed, edited or unknown migration, an error) is
     /// `false`, and the migrator then applies or refuses as it always did.
     async fn is_migrated(&self) -> bool {

@@ -44,7 +44,8 @@ pub fn is_read_only_url(url: &str) -> bool {
     })
 }
 
-/// Opens the pool (reads, migrations) and the group-commit writer's own connection.
+/// Opens the group-commit writer's own connection and creates the pool (reads,
+/// migrations), which connects at its first use.
 /// With `read_only`, every connection is opened read-only (SQLite itself then refuses
 /// any write) and a missing file is an error instead of being created.
 pub(crate) async fn connect(
@@ -120,6 +121,8 @@ pub(crate) async fn connect(
 /// handler (waiting would deadlock). Seen in CI: `flow show`, polling for a run, failed
 /// with exit 5 while `flow run` was opening the same new file. The refused one only
 /// has to try again; this waits as long as `busy_timeout` lets any statement wait.
+/// Only the writer's connection, a process's first, needs it: the pool's connect later,
+/// to a file this process already switched to WAL (which lasts).
 async fn while_busy<T, F, Fut>(patience: Duration, attempt: F) -> Result<T, sqlx::Error>
 where
     F: FnMut() -> Fut,

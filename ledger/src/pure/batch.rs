@@ -23,8 +23,9 @@ const NOT_NEW: &str = "not new: record it the general way";
 
 /// Many succeeded first attempts at once (`$7`: an array of `Fresh::batch_item` in
 /// SQLite's JSONB, `conn::rows_arg`; `$8`: its length): the same rows and events as
-/// `SQLITE_FRESH` for each, in one command. Each insert after the first happens only if the one before wrote all `$8`
-/// rows; the caller rolls back unless the last returns `2 × $8` rows (all or nothing).
+/// `SQLITE_FRESH` for each, in one command. Each insert after the first happens only if
+/// the one before wrote all `$8` rows; the caller rolls back unless the last returns
+/// `2 × $8` rows (all or nothing).
 ///
 /// `jsonb_each`, not `json_each`: `json_each` hands each element back as JSON *text*, so
 /// every `j.value ->> 'field'` parsed the whole element again (request, output and event

@@ -165,11 +165,12 @@ impl Fresh {
         (started.to_string(), done.to_string())
     }
 
-    /// This call as an element of the batch statements' JSON array (a succeeded first
+    /// This call as an element of the batch statements' array (a succeeded first
     /// attempt: `SQLITE_BATCH` / `POSTGRES_BATCH` write exactly what `*_FRESH` would).
-    /// A struct serialized straight into the array's text, not a `serde_json::Value`
-    /// map: the map cost sixteen key and value allocations per node and a second walk to
-    /// print it (callgrind, benches/README.md "W2").
+    /// A struct serialized straight into the array (SQLite's JSONB, or JSON text on
+    /// PostgreSQL: `conn::rows_arg`), not a `serde_json::Value` map: the map cost sixteen
+    /// key and value allocations per node and a second walk to print it (callgrind,
+    /// benches/README.md "W2").
     pub(super) fn batch_item(&self) -> BatchItem<'_> {
         let (p0, p1) = self.payloads();
         BatchItem {
@@ -193,8 +194,9 @@ impl Fresh {
     }
 }
 
-/// One element of the batch statements' JSON array; the field names are what the
-/// statements read (`->> 'step'`, …).
+/// One element of the batch statements' array; the field names are what the
+/// statements read (`->> 'step'`, …). Strings, integers and `Option`s only (see
+/// `conn::rows_arg`).
 #[derive(serde::Serialize)]
 pub(super) struct BatchItem<'a> {
     step: &'a str,

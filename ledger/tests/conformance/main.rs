@@ -4,6 +4,7 @@
 mod common;
 
 mod approvals;
+mod batch_rows;
 mod calls;
 mod children;
 mod connections;
