@@ -79,11 +79,14 @@ impl Ledger {
         let pool = if let Some(path) = sqlite::path_of(url) {
             let (pool, mut writer) = sqlite::connect(path, &url_redacted, &opts, read_only).await?;
             // Asked on the writer's connection before it goes to the writer's task: the
-            // pool's first connection waits for a read that may never come.
-            let applied = sqlx::query_as(APPLIED_MIGRATIONS)
-                .fetch_all(&mut writer)
-                .await;
-            migrated = Some(holds_migrations(applied, &sqlite::MIGRATOR));
+            // pool's first connection waits for a read that may never come. Not asked
+            // where nothing would be migrated anyway.
+            if opts.migrate && !read_only {
+                let applied = sqlx::query_as(APPLIED_MIGRATIONS)
+                    .fetch_all(&mut writer)
+                    .await;
+                migrated = Some(holds_migrations(applied, &sqlite::MIGRATOR));
+            }
             Pool::sqlite(pool, writer)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Pool::Postgres(postgres::connect(url, &url_redacted, &opts).await?)
