@@ -46,15 +46,7 @@ async fn a_batch_of_runs_keeps_every_character(db: TestDb) {
         assert_eq!(run.not_before, want.not_before.unwrap_or(now));
         assert_eq!(run.trace_segment, want.trace_parent);
     }
-    let queued = db
-        .ledger
-        .list_events(EventFilter::default())
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|e| e.event_type == EventType::RunQueued)
-        .map(|e| (e.run_id.unwrap(), e.payload["workflow_name"].clone()))
-        .collect::<Vec<_>>();
+    let queued = names_in_events(&db, EventType::RunQueued).await;
     let want: Vec<_> = runs
         .iter()
         .map(|r| (r.id.clone(), json!(r.workflow_name)))
@@ -70,14 +62,18 @@ async fn a_batch_of_runs_keeps_every_character(db: TestDb) {
     let claimed = db.ledger.claim_next(claim, now).await.unwrap();
     let ids: Vec<_> = claimed.iter().map(|l| l.run_id.as_str()).collect();
     assert_eq!(ids, ["run_0", "run_1", "run_2"]);
-    let started = db
-        .ledger
+    let started = names_in_events(&db, EventType::RunStarted).await;
+    assert_eq!(started, want, "run.started events, in queue order");
+}
+
+/// The run and the `workflow_name` of its payload of each event of type `t`, in order.
+async fn names_in_events(db: &TestDb, t: EventType) -> Vec<(String, serde_json::Value)> {
+    db.ledger
         .list_events(EventFilter::default())
         .await
         .unwrap()
         .into_iter()
-        .filter(|e| e.event_type == EventType::RunStarted)
+        .filter(|e| e.event_type == t)
         .map(|e| (e.run_id.unwrap(), e.payload["workflow_name"].clone()))
-        .collect::<Vec<_>>();
-    assert_eq!(started, want, "run.started events, in queue order");
+        .collect()
 }

@@ -110,6 +110,25 @@ async fn snapshot(l: &Ledger, run_id: &str) -> serde_json::Value {
     json!({ "steps": steps, "calls": calls, "attempts": attempts, "events": events })
 }
 
+/// Records `batch` for run `a` (`run_a`) in one batch, after the test recorded the same
+/// nodes one at a time for `run_b`; checks the batch took them all and both runs' steps
+/// read alike, and returns the two snapshots (`run_a`, `run_b`) to compare further.
+async fn batch_beside_one_at_a_time(
+    db: &TestDb,
+    a: &RunLease,
+    batch: &[PureResult],
+    t: Timestamp,
+) -> (serde_json::Value, serde_json::Value) {
+    let got = db.ledger.record_pure_calls(a, batch, t).await.unwrap();
+    assert_eq!(got, PureBatchRecorded::All);
+    let (sa, sb) = (
+        snapshot(&db.ledger, "run_a").await,
+        snapshot(&db.ledger, "run_b").await,
+    );
+    assert_eq!(sa["steps"], sb["steps"]);
+    (sa, sb)
+}
+
 async fn fresh_pure_call_matches_the_general_way(db: TestDb) {
     // Run a: a brand-new node (the one-statement way). Run b: the same node after its
     // step was created running first (an interrupted step: the general way).
@@ -157,13 +176,7 @@ async fn batch_writes_what_one_call_at_a_time_writes(db: TestDb) {
         let got = db.ledger.record_pure_call(one, t).await.unwrap();
         assert_eq!(got, PureRecorded::Recorded);
     }
-    let got = db.ledger.record_pure_calls(&a, &batch, t).await.unwrap();
-    assert_eq!(got, PureBatchRecorded::All);
-    let (sa, sb) = (
-        snapshot(&db.ledger, "run_a").await,
-        snapshot(&db.ledger, "run_b").await,
-    );
-    assert_eq!(sa["steps"], sb["steps"]);
+    let (sa, sb) = batch_beside_one_at_a_time(&db, &a, &batch, t).await;
     assert_eq!(sa["attempts"], sb["attempts"]);
     assert_eq!(sa["events"], sb["events"]);
     let strip = |v: &serde_json::Value| {
@@ -213,13 +226,7 @@ async fn batch_keeps_every_character_of_its_values(db: TestDb) {
         let got = db.ledger.record_pure_call(one, t).await.unwrap();
         assert_eq!(got, PureRecorded::Recorded);
     }
-    let got = db.ledger.record_pure_calls(&a, &batch, t).await.unwrap();
-    assert_eq!(got, PureBatchRecorded::All);
-    let (sa, sb) = (
-        snapshot(&db.ledger, "run_a").await,
-        snapshot(&db.ledger, "run_b").await,
-    );
-    assert_eq!(sa["steps"], sb["steps"]);
+    let (sa, sb) = batch_beside_one_at_a_time(&db, &a, &batch, t).await;
     assert_eq!(sa["events"], sb["events"]);
     for (i, out) in awkward.iter().enumerate() {
         assert_eq!(&sa["steps"][i][2], out, "step n{i}'s output");
