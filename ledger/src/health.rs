@@ -1,6 +1,6 @@
 //! What a daemon's `/healthz` and `/metrics` read (a liveness probe and the in-doubt
 //! count: each one cheap statement on a pooled read connection), and the upkeep a
-//! daemon does between claims (planner statistics).
+//! daemon does beside its claims (planner statistics).
 
 use crate::conn::args;
 use crate::db::Pool;

@@ -164,8 +164,17 @@ const TABLES: [&str; 7] = [
 
 /// The ledger's tables whose statistics describe a table much smaller than it now is:
 /// never analyzed, or changed more rows since than the statistics counted (and at
-/// least 1,000). Autovacuum would get there, but only after its nap (a minute) and a
-/// 10% change; meanwhile a burst meets plans made for an empty table.
+/// least 64). Autovacuum would get there, but only after its nap (a minute) and a
+/// 10% change; meanwhile a burst meets plans made for an empty table. The floor is
+/// low because the harm starts early: with no statistics, the fence of each run's
+/// final statement (`pure/batch.rs`) read every call of the tenant through
+/// `tool_calls_expired_leases` (148 rows and up to 19 ms at the 150th run of a new
+/// database), and a table analyzed whenever its changes outnumber its rows is analyzed
+/// a logarithmic number of times as it grows.
+/// A table never analyzed is also stale once it fills two pages: the activity counters
+/// reach the view late (a backend reports them at most once a second, and one that
+/// then goes idle, as a pooled connection does after a burst, only ~10 s later),
+/// a drain of 500 runs is over by then, but a file's size is known at once.
 ///
 /// The count is `pg_stat_user_tables.n_mod_since_analyze`'s own function: planning a
 /// query over that view cost the server ~6 ms at every PostgreSQL `flow run` (its
@@ -174,8 +183,9 @@ const STALE: &str = "
 SELECT n.name AS t
 FROM unnest($1::text[]) AS n(name)
 JOIN pg_class c ON c.oid = to_regclass(n.name)
-WHERE pg_stat_get_mod_since_analyze(c.oid) >= 1000
-  AND (c.reltuples < 0 OR pg_stat_get_mod_since_analyze(c.oid) > c.reltuples)";
+WHERE (pg_stat_get_mod_since_analyze(c.oid) >= 64
+       AND (c.reltuples < 0 OR pg_stat_get_mod_since_analyze(c.oid) > c.reltuples))
+   OR (c.reltuples < 0 AND pg_relation_size(c.oid) >= 16384)";
 
 /// ANALYZEs the ledger's tables whose statistics are stale (see `STALE`) and returns
 /// their names. With no statistics, or statistics taken while the tables were empty,
