@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flow::config::Egress;
+use flow::executor::Executor;
 use flow::executor::progress::Silent;
-use flow::executor::{Executor, RUN_LEASE};
 use flow::fault::Faults;
 use flow::gateway::{Gateway, Tools};
 use flow::secrets::Secrets;
@@ -88,7 +88,12 @@ async fn run_once(url: &str, text: &str) -> Duration {
     };
     ledger.enqueue(run, clock.now()).await.expect("enqueue");
     let lease = ledger
-        .claim_run(&id, &WorkerId::current(), RUN_LEASE, clock.now())
+        .claim_run(
+            &id,
+            &WorkerId::current(),
+            flow::lease::length(),
+            clock.now(),
+        )
         .await
         .expect("claim");
     let started = Instant::now();

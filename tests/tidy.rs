@@ -183,6 +183,11 @@ fn no_sql_reads_the_database_clock() {
         .into_iter()
         .chain(files("migrations", ".sql"));
     for path in paths {
+        // The one reader of the server's clock, which decides nothing: it anchors every
+        // process's `SystemClock` to it (see that file).
+        if path.ends_with("ledger/src/ledger_clock.rs") {
+            continue;
+        }
         let text = read(&path);
         let lines: Vec<&str> = text.lines().collect();
         for n in database_clock_lines(&text) {

@@ -94,6 +94,29 @@ impl CommandTool {
         CommandTool { spec }
     }
 
+    /// The program's environment and working directory.
+    fn environment(&self, command: &mut tokio::process::Command, call: &Call) {
+        for name in &self.spec.env_allow {
+            if let Some(value) = std::env::var_os(name) {
+                command.env(name, value);
+            }
+        }
+        // The call's trace, as OpenTelemetry's environment carrier names it: over what
+        // `env_allow` passed on from flow's own environment, under the spec's `env`
+        // (the workflow wins, as with an HTTP tool's headers).
+        if let Some(trace) = &call.trace {
+            command.env("TRACEPARENT", &trace.parent);
+            match &trace.state {
+                Some(state) => command.env("TRACESTATE", state),
+                None => command.env_remove("TRACESTATE"),
+            };
+        }
+        command.envs(self.spec.env.iter().map(|(k, v)| (k, v)));
+        if let Some(cwd) = &self.spec.cwd {
+            command.current_dir(cwd);
+        }
+    }
+
     async fn run(&self, call: Call) -> Outcome {
         let Some(program) = self.spec.argv.first() else {
             return Outcome::err(Error::permanent("command: `argv` is empty"), 0);
@@ -116,24 +139,10 @@ impl CommandTool {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(true);
-        for name in &self.spec.env_allow {
-            if let Some(value) = std::env::var_os(name) {
-                command.env(name, value);
-            }
-        }
-        // The call's trace, as OpenTelemetry's environment carrier names it: over what
-        // `env_allow` passed on from flow's own environment, under the spec's `env`
-        // (the workflow wins, as with an HTTP tool's headers).
-        if let Some(trace) = &call.trace {
-            command.env("TRACEPARENT", &trace.parent);
-            match &trace.state {
-                Some(state) => command.env("TRACESTATE", state),
-                None => command.env_remove("TRACESTATE"),
-            };
-        }
-        command.envs(self.spec.env.iter().map(|(k, v)| (k, v)));
-        if let Some(cwd) = &self.spec.cwd {
-            command.current_dir(cwd);
+        self.environment(&mut command, &call);
+        // The last moment before anything of the call can happen (`crate::fence`).
+        if let Err(why) = call.fence.check() {
+            return Outcome::err(Error::fenced(why, &format!("command `{program}`"), 0), 0);
         }
         let mut child = match command.spawn() {
             Ok(child) => child,

@@ -93,6 +93,29 @@ impl Error {
     pub fn not_sent(message: impl Into<String>) -> Self {
         Self::new(FailureKind::NotSent, message)
     }
+
+    /// The call's [`crate::Fence`] closed before its next request was handed to the
+    /// transport: [`FailureKind::NotSent`] when none of the call's `sent` requests left
+    /// yet (the engine tells it from other not-sent failures by its fence, which is
+    /// closed), else [`FailureKind::Unknown`] (an earlier request, a redirect hop or an
+    /// MCP round, may have acted).
+    pub fn fenced(why: crate::Closed, what: &str, sent: u32) -> Self {
+        if sent == 0 {
+            Self::not_sent(format!("{what}: not sent: {why}"))
+        } else {
+            Self::unknown(format!(
+                "{what}: an earlier request of the call was sent and the next one not: {why}"
+            ))
+        }
+    }
+
+    /// The call's [`crate::Fence`] closed while its request was under way: it may have
+    /// been processed ([`FailureKind::Unknown`]).
+    pub fn fenced_in_flight(why: crate::Closed, what: &str) -> Self {
+        Self::unknown(format!(
+            "{what}: {why} while the request was under way; it may have been processed"
+        ))
+    }
 }
 
 /// Joins an error and its sources into one line ("a: b: c"), skipping a source whose

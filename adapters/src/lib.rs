@@ -32,6 +32,7 @@
 //!   tests, and the `flow-testkit` binary.
 
 mod error;
+mod fence;
 mod lazy_client;
 mod process;
 mod redact;
@@ -48,4 +49,5 @@ pub mod mcp;
 pub mod testkit;
 
 pub use error::{Error, FailureKind};
+pub use fence::{Closed, Fence, Window};
 pub use tool::{BoxFuture, Call, Outcome, Report, Reports, SideEffect, Tool, TraceContext};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::Error;
+use crate::{Error, Fence};
 
 /// A boxed, sendable future, so that [`Tool`] stays dyn-compatible (the engine holds
 /// `Box<dyn Tool>` built from a workflow's tool spec).
@@ -69,6 +69,11 @@ pub struct Call {
     /// call's first outbound mark on a re-send): each adapter carries it the way its
     /// downstream reads it. Never part of the request's digest.
     pub trace: Option<TraceContext>,
+    /// Until when a request of this call may still leave the process (the engine's
+    /// leases by this process's monotonic clock): every adapter checks it immediately
+    /// before a request, a reconnect or a re-send is handed to the transport, and a
+    /// request not yet answered is given up when it closes (see [`crate::Fence`]).
+    pub fence: Fence,
 }
 
 /// A W3C trace context (`traceparent` and `tracestate`), as text: adapters pass it on
@@ -90,7 +95,14 @@ impl Call {
             timeout,
             reports: None,
             trace: None,
+            fence: Fence::open(),
         }
+    }
+
+    /// The same call, sent only while `fence` is open.
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = fence;
+        self
     }
 
     /// The same call, carrying `trace` to the downstream.

@@ -92,12 +92,24 @@ impl Faults {
             })
     }
 
-    /// Aborts the process if the fault for `node` at `point` is configured.
+    /// Aborts the process if the fault for `node` at `point` is configured — or, with
+    /// `FLOW_FAULT_ACTION=stop`, stops it (SIGSTOP, as a GC pause, a debugger or a frozen
+    /// VM would) the first time, and goes on when it is continued: the fencing tests
+    /// pause a worker right after its outbound mark this way.
     pub fn hit(&self, point: Point, node: &str) {
         if let Some((p, n)) = &self.fault
             && *p == point
             && (n == node || crate::item_id::is_item_of(n, node))
         {
+            if std::env::var("FLOW_FAULT_ACTION").as_deref() == Ok("stop") {
+                static STOPPED: std::sync::Once = std::sync::Once::new();
+                STOPPED.call_once(|| {
+                    eprintln!("flow: FLOW_FAULT {point:?} at node {node}: stopping (SIGSTOP)");
+                    let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+                    eprintln!("flow: FLOW_FAULT {point:?} at node {node}: continued");
+                });
+                return;
+            }
             eprintln!("flow: FLOW_FAULT {point:?} at node {node}: aborting");
             std::process::abort();
         }

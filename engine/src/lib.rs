@@ -34,6 +34,7 @@ pub mod host_pattern;
 pub mod inputs;
 pub mod item_id;
 pub mod json_line;
+pub mod lease;
 pub mod plan;
 pub mod policy;
 pub mod read_limited;

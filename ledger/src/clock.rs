@@ -185,18 +185,71 @@ pub trait Clock: Send + Sync {
     fn now(&self) -> Timestamp;
 }
 
-/// The wall clock.
+/// This process's time: the ledger's clock where the ledger has one, else the wall clock.
+///
+/// Leases, `not_before`, deadlines and schedule ticks are compared with the `now` each
+/// process passes in, so a process whose wall clock is ahead would take live leases over
+/// and fire ticks early, and one behind would never claim. A PostgreSQL ledger anchors
+/// every process to the *server's* clock instead ([`anchor`], from
+/// `Ledger::anchor_clock` at open and every 30 s): `now` is then the server's time at the
+/// last anchoring plus the monotonic time since, which neither a skewed nor a stepped
+/// wall clock moves. A SQLite ledger has no clock of its own; the processes sharing its
+/// file share their host's clock.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-            .unwrap_or(0);
-        Timestamp(ms)
+        let anchored = *ANCHOR.read().unwrap_or_else(|e| e.into_inner());
+        match anchored {
+            Some(a) => {
+                let since = i64::try_from(a.at.elapsed().as_millis()).unwrap_or(i64::MAX);
+                Timestamp(a.ledger_ms.saturating_add(since))
+            }
+            None => Timestamp(wall_ms()),
+        }
     }
+}
+
+/// The wall clock, epoch milliseconds.
+fn wall_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// The ledger's time at a monotonic instant, and how far the wall clock was from it.
+#[derive(Debug, Clone, Copy)]
+struct Anchor {
+    ledger_ms: i64,
+    at: std::time::Instant,
+    skew_ms: i64,
+}
+
+static ANCHOR: std::sync::RwLock<Option<Anchor>> = std::sync::RwLock::new(None);
+
+/// Anchors [`SystemClock`] to the ledger's clock: the database read `ledger_ms` at the
+/// monotonic instant `at`. Returns the wall clock's skew from it, in milliseconds
+/// (positive: this host's clock is ahead).
+pub fn anchor(ledger_ms: i64, at: std::time::Instant) -> i64 {
+    let wall_then = wall_ms() - i64::try_from(at.elapsed().as_millis()).unwrap_or(0);
+    let skew_ms = wall_then - ledger_ms;
+    *ANCHOR.write().unwrap_or_else(|e| e.into_inner()) = Some(Anchor {
+        ledger_ms,
+        at,
+        skew_ms,
+    });
+    skew_ms
+}
+
+/// The wall clock's skew from the ledger's at the last anchoring, in milliseconds
+/// (`None`: not anchored — a SQLite ledger, or none open yet).
+pub fn skew_ms() -> Option<i64> {
+    ANCHOR
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .map(|a| a.skew_ms)
 }
 
 /// A clock that only moves when told to, so lease expiry, backoff and rate windows can be

@@ -29,8 +29,12 @@ pub(crate) enum Pool {
 
 impl Pool {
     /// A SQLite pool for reads and a writer task on `write_conn` for every write.
-    pub(crate) fn sqlite(pool: SqlitePool, write_conn: SqliteConnection) -> Pool {
-        let writer = Writer::spawn(write_conn, Arc::new(Mutex::new(())));
+    pub(crate) fn sqlite(
+        pool: SqlitePool,
+        write_conn: SqliteConnection,
+        wal: Option<crate::writer::WalGuard>,
+    ) -> Pool {
+        let writer = Writer::spawn(write_conn, Arc::new(Mutex::new(())), wal);
         Pool::Sqlite(pool, writer)
     }
 

@@ -173,6 +173,14 @@ pub enum Error {
         /// What failed to parse.
         what: String,
     },
+    /// This process can no longer write the ledger safely (its SQLite write-ahead log
+    /// was deleted or replaced under it): every write is refused from then on, and the
+    /// process should stop — a restart opens the ledger as it now is. Never retryable.
+    #[error("the ledger cannot be written by this process any more: {reason}")]
+    Unusable {
+        /// What happened, and what to do.
+        reason: String,
+    },
     /// Any other database error. `retryable` is true for transient conditions (connection
     /// lost, pool timeout, SQLITE_BUSY, serialization failure, deadlock).
     #[error("database error: {message}")]

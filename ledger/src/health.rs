@@ -29,6 +29,31 @@ impl Ledger {
         }
     }
 
+    /// Whether this process can *write* the ledger now, for `/healthz`: a read that
+    /// answers proves little on SQLite, where the write lock may be held for minutes by
+    /// another process, the disk may be full, or the WAL may have been replaced. On
+    /// SQLite this is a real write through the writer's group commit — one row of the
+    /// migrations table rewritten as it is (`BEGIN IMMEDIATE`, a WAL frame, `COMMIT`) —
+    /// so each of those fails it; on PostgreSQL (whose server reports its own
+    /// writability) and on a read-only ledger, [`Ledger::ping`].
+    pub async fn probe_writable(&self) -> Result<(), Error> {
+        if self.is_postgres() || self.writable().is_err() {
+            return self.ping().await;
+        }
+        self.write_statement(|c| {
+            Box::pin(async move {
+                c.execute(
+                    "UPDATE _sqlx_migrations SET success = success
+                     WHERE version = (SELECT MIN(version) FROM _sqlx_migrations)",
+                    args![],
+                )
+                .await?;
+                Ok(())
+            })
+        })
+        .await
+    }
+
     /// Whether the database answers a trivial statement: health checks need a round
     /// trip, not just a pool that once connected.
     pub async fn ping(&self) -> Result<(), Error> {

@@ -87,7 +87,9 @@ impl Ledger {
                     .await;
                 migrated = Some(holds_migrations(applied, &sqlite::MIGRATOR));
             }
-            Pool::sqlite(pool, writer)
+            let wal =
+                (!read_only).then(|| crate::writer::WalGuard::new(format!("{path}-wal").into()));
+            Pool::sqlite(pool, writer, wal)
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Pool::Postgres(postgres::connect(url, &url_redacted, &opts).await?)
         } else {
@@ -105,6 +107,7 @@ impl Ledger {
         if opts.migrate && !read_only && migrated != Some(true) {
             ledger.migrate().await?;
         }
+        ledger.keep_clock_anchored().await;
         Ok(ledger)
     }
 

@@ -94,6 +94,7 @@ mod fence;
 mod finish;
 mod health;
 mod ledger;
+mod ledger_clock;
 mod lineage;
 mod operator;
 mod options;
@@ -135,6 +136,7 @@ pub use fanouts::Fanout;
 pub use finish::FinishedRun;
 pub use health::InDoubtTool;
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
+pub use ledger_clock::{REANCHOR_EVERY, SKEW_WARNING};
 pub use model::{
     Actor, Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,
     Enqueued, HeartbeatAck, InDoubtReport, NewRun, NewStep, OnParentCancel, ParentLink,

@@ -368,6 +368,45 @@ impl Ledger {
         .await
     }
 
+    /// Gives the call back, unsent: outbound (or still claimed, when the mark did not
+    /// commit) → claimed with no holder and a lease that ends at `now`, attempt, key and
+    /// sends unchanged, so the next claim takes it over and sends the same key as if the
+    /// mark had never been written (`CallTransition::GiveBack`).
+    ///
+    /// Only the holder may say this, and only when it knows no byte of the request left:
+    /// its fence closed before the adapter handed the request to the transport, or the
+    /// mark's acknowledgement was lost before anything was sent. Fenced by both tokens
+    /// and not by expiry (like `complete_call`): once another worker took the run over,
+    /// its claim decided the call (in doubt) and this is `LeaseLost`.
+    pub async fn give_back_unsent(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
+        let ledger = self.clone();
+        let lease = lease.clone();
+        self.write_statement(move |c| {
+            Box::pin(async move {
+                let (from, to) = CallTransition::GiveBack.states();
+                let mut a = fence_args(&ledger, &lease);
+                a.extend(args![now, to.as_str(), from.as_str()]);
+                let n = c
+                    .execute(
+                        concat!(
+                            "UPDATE tool_calls SET status = $9, lease_holder = NULL,
+                                lease_expires_at = $8, updated_at = $8
+                             WHERE",
+                            call_fence!(),
+                            "AND status IN ($9, $10) AND remote_task IS NULL"
+                        ),
+                        a,
+                    )
+                    .await?;
+                if n == 0 {
+                    return Err(Error::LeaseLost);
+                }
+                Ok(())
+            })
+        })
+        .await
+    }
+
     /// Records the remote task the downstream started for this outbound call (an MCP
     /// task id), durably, the moment the adapter reports it, with a
     /// `tool_call.task_started` event. From then on a crash or a timeout does not leave

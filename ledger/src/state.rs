@@ -310,6 +310,11 @@ pub enum CallTransition {
     /// takes it over to collect the task, or its holder lets it go while the task
     /// still works (`release_task`). The request is never sent again on this edge.
     Collect,
+    /// outbound → claimed with no holder (`give_back_unsent`), on the holder's own word
+    /// that the marked request never left: its fence closed before the send (a pause or
+    /// a ledger outage outlived the lease by its own clock), or the mark's acknowledgement
+    /// was lost. Only the holder knows this; a new holder finding `outbound` cannot.
+    GiveBack,
 }
 
 impl CallTransition {
@@ -326,6 +331,7 @@ impl CallTransition {
             Self::Takeover => (Claimed, &[Claimed]),
             Self::Release => (Claimed, &[Claimed]),
             Self::Collect => (Outbound, &[Outbound]),
+            Self::GiveBack => (Outbound, &[Claimed]),
         }
     }
 
@@ -366,6 +372,7 @@ pub fn check_call_transition(from: CallStatus, to: CallStatus) -> Result<CallTra
         (Failed, Claimed) => CallTransition::RetryFailed,
         (Claimed, Claimed) => CallTransition::Takeover,
         (Outbound, Outbound) => CallTransition::Collect,
+        (Outbound, Claimed) => CallTransition::GiveBack,
         _ => {
             return Err(Error::InvalidTransition {
                 what: "tool call",
@@ -580,6 +587,7 @@ mod tests {
             (Failed, Claimed),
             (Claimed, Claimed),
             (Outbound, Outbound),
+            (Outbound, Claimed),
         ];
         for from in CallStatus::ALL {
             for to in CallStatus::ALL {
@@ -601,6 +609,7 @@ mod tests {
             (T::Takeover, Claimed, Claimed),
             (T::Release, Claimed, Claimed),
             (T::Collect, Outbound, Outbound),
+            (T::GiveBack, Outbound, Claimed),
         ];
         for t in [
             T::MarkOutbound,
@@ -612,6 +621,7 @@ mod tests {
             T::Takeover,
             T::Release,
             T::Collect,
+            T::GiveBack,
         ] {
             for &to in CallStatus::ALL {
                 let want = named.iter().find(|(n, _, end)| *n == t && *end == to);

@@ -120,11 +120,74 @@ fn closed() -> Error {
     }
 }
 
+/// The identity (device, inode) of the ledger's write-ahead log as this process opened
+/// it. A WAL deleted or replaced under a running process (`rm flow.db-wal`, a restore
+/// copied over it) leaves this process writing into an unlinked file that no other
+/// process reads and that a crash loses — marks included, so a call that left could
+/// look never sent. Checked before every batch; once it differs, nothing more is
+/// written here ([`Error::Unusable`]).
+#[derive(Debug)]
+pub(crate) struct WalGuard {
+    path: std::path::PathBuf,
+    seen: Option<(u64, u64)>,
+    broken: Option<String>,
+}
+
+impl WalGuard {
+    /// Watches the WAL at `path` (`<database>-wal`).
+    pub(crate) fn new(path: std::path::PathBuf) -> Self {
+        let mut guard = WalGuard {
+            path,
+            seen: None,
+            broken: None,
+        };
+        guard.seen = guard.identity();
+        guard
+    }
+
+    fn identity(&self) -> Option<(u64, u64)> {
+        use std::os::unix::fs::MetadataExt as _;
+        std::fs::metadata(&self.path)
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+    }
+
+    /// `Err` once the WAL this process writes is no longer the file at its path.
+    fn check(&mut self) -> Result<(), Error> {
+        if self.broken.is_none() {
+            match (self.seen, self.identity()) {
+                (None, now) => self.seen = now,
+                (Some(a), Some(b)) if a == b => {}
+                (Some(_), now) => {
+                    let what = if now.is_some() { "replaced" } else { "deleted" };
+                    let reason = format!(
+                        "the SQLite write-ahead log {} was {what} while this process had the ledger open: its writes would go to a file no other process reads and a crash would lose them, so this process writes nothing more; restart it",
+                        self.path.display()
+                    );
+                    tracing::error!("{reason}");
+                    self.broken = Some(reason);
+                }
+            }
+        }
+        match &self.broken {
+            Some(reason) => Err(Error::Unusable {
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Writer {
-    /// Starts the writer task on `conn` (a connection of its own, not one of the pool's).
-    pub(crate) fn spawn(conn: SqliteConnection, gate: Arc<Mutex<()>>) -> Writer {
+    /// Starts the writer task on `conn` (a connection of its own, not one of the pool's);
+    /// `wal` watches the database's write-ahead log (`None`: not watched).
+    pub(crate) fn spawn(
+        conn: SqliteConnection,
+        gate: Arc<Mutex<()>>,
+        wal: Option<WalGuard>,
+    ) -> Writer {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(conn, gate, rx));
+        tokio::spawn(run(conn, gate, rx, wal));
         Writer { tx }
     }
 
@@ -155,6 +218,7 @@ async fn run(
     mut conn: SqliteConnection,
     gate: Arc<Mutex<()>>,
     mut rx: mpsc::UnboundedReceiver<Msg>,
+    mut wal: Option<WalGuard>,
 ) {
     let mut next: Option<Msg> = None;
     loop {
@@ -175,6 +239,10 @@ async fn run(
             }
         };
         let _gate = gate.lock().await;
+        if let Some(Err(e)) = wal.as_mut().map(WalGuard::check) {
+            first.fail(e);
+            continue;
+        }
         if let Err(e) = exec(&mut conn, "BEGIN IMMEDIATE; SAVEPOINT op").await {
             // A connection left inside a transaction would refuse every later BEGIN.
             let _ = exec(&mut conn, "ROLLBACK").await;
@@ -260,7 +328,7 @@ mod tests {
             .await
             .expect("schema");
         let gate = Arc::new(Mutex::new(()));
-        let writer = Writer::spawn(opts.connect().await.expect("writer"), gate.clone());
+        let writer = Writer::spawn(opts.connect().await.expect("writer"), gate.clone(), None);
         (writer, gate, reader)
     }
 

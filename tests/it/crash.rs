@@ -30,6 +30,18 @@ nodes:
     )
 }
 
+/// `--resolve` right after a crash, before anybody took the run over: the call is
+/// still `outbound`, and the message says to resume first.
+fn resolving_before_a_resume_is_refused(db: &TestDb, run: &str, ctx: &str) {
+    let early = output(db.flow().args(["resume", run, "--resolve", "charge=retry"]));
+    assert_eq!(early.status.code(), Some(2), "{ctx}: {}", stderr(&early));
+    assert!(
+        stderr(&early).contains(&format!("run `flow resume {run}` first")),
+        "{ctx}: {}",
+        stderr(&early)
+    );
+}
+
 /// What each fault point must lead to.
 struct Case {
     point: &'static str,
@@ -89,6 +101,10 @@ fn fault_point(backend: Backend, case: &Case) {
         "{ctx}: requests before resume"
     );
 
+    if case.in_doubt {
+        resolving_before_a_resume_is_refused(&db, &run, &ctx);
+        assert_eq!(server.count(&key), case.arrived_before_resume, "{ctx}");
+    }
     let resumed = output(db.flow().args(["resume", &run]));
     if case.in_doubt {
         assert_eq!(

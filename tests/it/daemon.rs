@@ -50,6 +50,8 @@ nodes:
 }
 
 mod kill;
+mod skew;
+mod sqlite_health;
 
 /// A `flow daemon` child whose stderr goes to a file in the test directory.
 pub(crate) struct Daemon {

@@ -18,6 +18,7 @@ mod daemon;
 mod doubt_budget;
 mod elicit;
 mod events;
+mod fencing;
 mod flapping;
 mod follow_up;
 mod for_each;

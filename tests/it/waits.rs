@@ -311,6 +311,10 @@ fn a_callback_completes_its_node_once_and_its_token_is_never_stored() {
 
             let (st, _) = post(&format!("{url}/heartbeat"), json!({})).await;
             assert_eq!(st, StatusCode::OK, "{ctx}: heartbeat");
+            // A failure without a reason is refused, and the token stays usable.
+            let (st, body) = post(&url, json!({ "ok": false })).await;
+            assert_eq!(st, StatusCode::BAD_REQUEST, "{ctx}: {body}");
+            assert!(body.to_string().contains("needs `error`"), "{ctx}: {body}");
             let done = json!({ "ok": true, "output": { "tracking": "TRK-9" } });
             let (st, body) = post(&url, done.clone()).await;
             assert_eq!(st, StatusCode::OK, "{ctx}: {body}");

@@ -224,6 +224,10 @@ impl FunctionTool {
     }
 
     async fn run(&self, call: Call) -> Outcome {
+        if let Err(why) = call.fence.check() {
+            let what = format!("function `{}`", self.name);
+            return Outcome::err(Error::fenced(why, &what, 0), 0);
+        }
         let sent = if self.spec.pure { 0 } else { 1 };
         let future = AssertUnwindSafe((self.function)(call.args)).catch_unwind();
         let result = match tokio::time::timeout(call.timeout, future).await {

@@ -314,7 +314,7 @@ impl HttpTool {
             .map_err(|error| Outcome::err(error, 0))?;
         let mut sent = 0_u32;
         for hops in 0..=MAX_REDIRECTS {
-            let response = match self.send(&hop, deadline, &mut sent).await {
+            let response = match self.send(&hop, deadline, &call.fence, &mut sent).await {
                 Ok(response) => response,
                 Err(error) => return Err(Outcome::err(error, sent)),
             };
@@ -380,10 +380,16 @@ impl HttpTool {
 
     /// Sends one hop; a connect failure is retried once at once (it provably never
     /// left). `sent` counts the requests that did leave.
+    ///
+    /// `fence` is checked immediately before each try (the connect retry and every
+    /// redirect hop included), and a try still connecting or waiting when it closes is
+    /// dropped: a worker paused past its lease, or cut off from the ledger, does not send
+    /// when it wakes.
     async fn send(
         &self,
         hop: &Hop,
         deadline: Instant,
+        fence: &crate::Fence,
         sent: &mut u32,
     ) -> Result<reqwest::Response, Error> {
         let what = hop.describe();
@@ -392,6 +398,9 @@ impl HttpTool {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 break;
+            }
+            if let Err(why) = fence.check() {
+                return Err(Error::fenced(why, &what, *sent));
             }
             let mut request = self
                 .client
@@ -403,7 +412,16 @@ impl HttpTool {
             if let Some(body) = &hop.body {
                 request = request.body(body.clone());
             }
-            match request.send().await {
+            // The fence first: a process woken after a pause gives the request up before
+            // it polls the connection that may have completed meanwhile.
+            let answer = match fence.race(request.send()).await {
+                Ok(answer) => answer,
+                Err(why) => {
+                    *sent += 1;
+                    return Err(Error::fenced_in_flight(why, &what));
+                }
+            };
+            match answer {
                 Ok(response) => {
                     *sent += 1;
                     return Ok(response);

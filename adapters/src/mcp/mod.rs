@@ -317,7 +317,7 @@ impl McpTool {
                 &self.spec,
                 arguments,
                 deadline,
-                (call.reports.as_ref(), call.trace.as_ref()),
+                (call.reports.as_ref(), call.trace.as_ref(), &call.fence),
             )
             .await
     }

@@ -75,6 +75,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// stderr kept per stdio server for error messages.
 const STDERR_TAIL_BYTES: usize = 2048;
 
+/// What goes around a call's request besides its arguments: where reports go, the
+/// trace context, and the fence it may leave under.
+type Around<'a> = (
+    Option<&'a Reports>,
+    Option<&'a crate::TraceContext>,
+    &'a crate::Fence,
+);
+
 impl Pool {
     /// An empty pool with its own HTTP connection pool (rustls, no redirects).
     pub fn new() -> Result<Self, Error> {
@@ -236,7 +244,7 @@ impl Pool {
         spec: &Spec,
         arguments: Option<JsonObject>,
         deadline: Instant,
-        (reports, trace): (Option<&Reports>, Option<&crate::TraceContext>),
+        around: Around<'_>,
     ) -> Outcome {
         let key = Self::key(spec);
         let session = match self.session(&key, deadline).await {
@@ -244,7 +252,7 @@ impl Pool {
             Err(error) => return Outcome::err(error, 0),
         };
         let mut outcome = self
-            .call_on(&key, &session, spec, arguments, deadline, (reports, trace))
+            .call_on(&key, &session, spec, arguments, deadline, around)
             .await;
         outcome.mcp_session = session.http_session.as_ref().and_then(SessionSeen::get);
         outcome
@@ -259,7 +267,7 @@ impl Pool {
         spec: &Spec,
         arguments: Option<JsonObject>,
         deadline: Instant,
-        (reports, trace): (Option<&Reports>, Option<&crate::TraceContext>),
+        (reports, trace, fence): Around<'_>,
     ) -> Outcome {
         if let Err(error) = session.renew_if_stale(&self.inner.http, deadline).await {
             return Outcome::err(error, 0);
@@ -276,8 +284,16 @@ impl Pool {
                 trace,
             );
             let bearer = session.auth.as_ref().and_then(SessionAuth::bearer);
+            // Checked before every round and re-send, and raced with it (`crate::fence`).
+            if let Err(why) = fence.check() {
+                return Outcome::err(Error::fenced(why, &what, sent), sent);
+            }
             let end = call::call_tool(&session.client, &session.label, params, deadline, reports);
-            let failure = match end.await {
+            let end = match fence.race(end).await {
+                Ok(end) => end,
+                Err(why) => return Outcome::err(Error::fenced_in_flight(why, &what), sent + 1),
+            };
+            let failure = match end {
                 Ok(CallEnd::InputRequired(asked)) => {
                     sent += 1;
                     match call::next_round(&spec.elicitation, asked, reports, &mut rounds) {

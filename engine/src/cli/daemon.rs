@@ -297,7 +297,7 @@ pub(crate) async fn daemon(
     for task in [Some(scheduler), retention].into_iter().flatten() {
         let _ = task.await;
     }
-    if !matches!(stopped, Stopped::Immediate)
+    if !matches!(stopped, Stopped::Immediate | Stopped::Unusable(_))
         && let Some(task) = dispatcher
     {
         // Let the dispatcher record the batch it is sending before the process ends.
@@ -346,6 +346,15 @@ pub(crate) async fn daemon(
             // At once means at once: do not wait for the runtime to wind down tasks,
             // connections or child processes.
             std::process::exit(i32::from(code));
+        }
+        Stopped::Unusable(reason) => {
+            let _ = writeln!(
+                stderr,
+                "flow daemon: stopped at once, runs left to their leases: {reason}"
+            );
+            let _ = stderr.flush();
+            // Nothing more may be written from this process (not even a release).
+            std::process::exit(i32::from(exit::UNAVAILABLE));
         }
     }
 }

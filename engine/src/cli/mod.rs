@@ -545,7 +545,14 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
     {
         let _ = writeln!(stderr, "{warning}");
     }
-    let result = match check_ledger_args(cli) {
+    let checked = check_ledger_args(cli).and_then(|()| {
+        // A lease length that cannot be read is refused before any lease is taken.
+        if runs_workflows(&cli.command) {
+            crate::lease::from_env().map_err(|e| CliError::invalid(e.to_string()))?;
+        }
+        Ok(())
+    });
+    let result = match checked {
         Err(e) => Err(e),
         Ok(()) => match &cli.command {
             Command::Run(args) => run::run(cli, args, stdout, stderr).await,

@@ -11,7 +11,7 @@ use serde_json::Value as Json;
 
 use super::{Cli, CliError, exit, logging, open_ledger};
 use crate::config::Config;
-use crate::executor::{Executor, RUN_LEASE, RunOutcome, progress};
+use crate::executor::{Executor, RunOutcome, progress};
 use crate::runtime::Runtime;
 use crate::secrets::Secrets;
 use crate::snapshot::{snapshot, validate_options};
@@ -191,7 +191,7 @@ impl Session {
         loop {
             match self
                 .ledger
-                .claim_run(run_id, &self.worker, RUN_LEASE, self.now())
+                .claim_run(run_id, &self.worker, crate::lease::length(), self.now())
                 .await
             {
                 Ok(lease) => return Ok(Some(lease)),
@@ -430,7 +430,7 @@ pub(crate) async fn run(
     let (worker, now) = (&session.worker, session.now());
     match session
         .ledger
-        .enqueue_and_claim(new, worker, RUN_LEASE, now)
+        .enqueue_and_claim(new, worker, crate::lease::length(), now)
         .await
     {
         Ok((enq, Some(lease))) => {
@@ -614,6 +614,13 @@ async fn resolve(
         Err(flow_ledger::Error::Terminal { status }) => Err(CliError::invalid(format!(
             "cannot resolve `{node}` as retry: run {run_id} is {status}, so nothing can re-send it; record what happened with `--resolve {node}=succeeded --output JSON` or `--resolve {node}=failed`; nothing was written"
         ))),
+        // Left `outbound` by a worker that stopped (a crash) before anybody looked: it is
+        // not in doubt until a resume takes the run over and finds it so.
+        Err(flow_ledger::Error::InvalidTransition { from, .. }) if from == "outbound" => {
+            Err(CliError::invalid(format!(
+                "cannot resolve `{node}` yet: its call is still `outbound` (the worker that sent it stopped before anybody looked, or still holds it); run `flow resume {run_id}` first — it takes the run over once the holder's lease has ended and finds the call in doubt — then resolve it; nothing was written"
+            )))
+        }
         Err(e @ flow_ledger::Error::InvalidTransition { .. }) => Err(CliError::invalid(format!(
             "cannot resolve `{node}`: {e} (only calls in doubt can be resolved)"
         ))),

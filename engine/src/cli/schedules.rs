@@ -143,7 +143,7 @@ pub(crate) async fn schedules(
         Some(SchedulesCommand::Apply(a)) => apply(&ledger, &schedules, a, stdout).await,
         Some(SchedulesCommand::Remove(one)) => {
             let by = one.who.name()?;
-            let now = Timestamp(chrono::Utc::now().timestamp_millis());
+            let now = Timestamp(crate::schedule::now_utc().timestamp_millis());
             ledger
                 .remove_schedule(&one.id, (&by, one.who.reason.as_deref()), now)
                 .await
@@ -199,7 +199,7 @@ async fn apply(
         };
         let s = Schedule::new(ws.fields.clone(), target);
         // What no tick could start is refused now, not found at the first tick.
-        s.new_run(chrono::Utc::now(), format!("sched.{}.check", s.id))
+        s.new_run(crate::schedule::now_utc(), format!("sched.{}.check", s.id))
             .map_err(|e| {
                 CliError::invalid(format!(
                     "{file}:{}:{}: {e} (nothing was applied)",
@@ -209,7 +209,7 @@ async fn apply(
         list.push(s);
     }
     let defs = list.iter().map(Schedule::def).collect();
-    let now = Timestamp(chrono::Utc::now().timestamp_millis());
+    let now = Timestamp(crate::schedule::now_utc().timestamp_millis());
     let changes = ledger
         .apply_schedules(&wf.name, defs, &by, now)
         .await
@@ -222,7 +222,7 @@ async fn apply(
     let next = |id: &str| {
         list.iter()
             .find(|s| s.id == id)
-            .and_then(|s| s.ticks.next_after(chrono::Utc::now()))
+            .and_then(|s| s.ticks.next_after(crate::schedule::now_utc()))
             .map(|t| Timestamp(t.timestamp_millis()))
     };
     if args.json {

@@ -155,6 +155,9 @@ struct ProcessGauges {
     /// Spans this process's telemetry dropped (`crate::telemetry::dropped_spans`),
     /// brought up to date at scrape time.
     spans_dropped: Counter,
+    /// How far this host's wall clock is from the PostgreSQL server's at the last
+    /// anchoring (`flow_ledger::clock::skew_ms`); flow goes by the server's.
+    clock_skew: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl ProcessGauges {
@@ -163,6 +166,12 @@ impl ProcessGauges {
         let cpu_seconds = Counter::<f64, std::sync::atomic::AtomicU64>::default();
         let open_fds = Gauge::default();
         let spans_dropped = Counter::default();
+        let clock_skew = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "clock_skew_seconds",
+            "This host's wall clock minus the PostgreSQL server's, at the last anchoring (flow judges leases, deadlines and ticks by the server's; 0 on SQLite)",
+            clock_skew.clone(),
+        );
         let start_time = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         start_time.set(
             std::time::SystemTime::now()
@@ -200,6 +209,7 @@ impl ProcessGauges {
             cpu_seconds,
             open_fds,
             spans_dropped,
+            clock_skew,
         }
     }
 }
@@ -384,6 +394,9 @@ impl Metrics {
     /// Reads this process's memory, CPU time and open files from `/proc` (Linux; left
     /// at 0 elsewhere).
     fn refresh_process(&self) {
+        #[allow(clippy::cast_precision_loss)] // milliseconds of skew fit an f64 exactly
+        let skew = flow_ledger::clock::skew_ms().unwrap_or(0) as f64 / 1000.0;
+        self.process.clock_skew.set(skew);
         if let Ok(status) = std::fs::read_to_string("/proc/self/status")
             && let Some(kb) = status
                 .lines()
@@ -605,11 +618,16 @@ async fn metrics_page(State(s): State<Arc<Served>>) -> Response {
 }
 
 async fn healthz(State(s): State<Arc<Served>>) -> Response {
-    match tokio::time::timeout(DB_TIMEOUT, s.ledger.ping()).await {
+    // A write, on SQLite: a ledger that answers reads but cannot be written (its lock
+    // held, the disk full, its WAL gone) must not look healthy.
+    match tokio::time::timeout(DB_TIMEOUT, s.ledger.probe_writable()).await {
         Ok(Ok(())) => (StatusCode::OK, "ok\n").into_response(),
         Ok(Err(e)) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("database {} unreachable: {e}\n", s.ledger.url_redacted()),
+            format!(
+                "database {} unreachable or not writable: {e}\n",
+                s.ledger.url_redacted()
+            ),
         )
             .into_response(),
         Err(_) => (

@@ -16,6 +16,9 @@ use std::time::Instant;
 pub(crate) struct Outage {
     url: String,
     state: Mutex<State>,
+    /// Set once a ledger call found the ledger unusable by this process
+    /// (`flow_ledger::Error::Unusable`): the daemon stops.
+    unusable: Mutex<Option<String>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -43,7 +46,16 @@ impl Outage {
                 down: false,
                 since: Instant::now(),
             }),
+            unusable: Mutex::new(None),
         }
+    }
+
+    /// Why this process may not write the ledger any more, once a call found so.
+    pub fn unusable(&self) -> Option<String> {
+        self.unusable
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -58,6 +70,10 @@ impl Outage {
     /// A ledger call started at `started` by `who` failed with `e`. Returns whether this
     /// report marked the database unreachable (and logged it).
     pub fn failed(&self, started: Instant, who: &str, e: &flow_ledger::Error) -> bool {
+        if let flow_ledger::Error::Unusable { reason } = e {
+            *self.unusable.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.clone());
+            return false;
+        }
         if !is_outage(e) {
             return false;
         }

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::Metrics;
 use super::outage::Outage;
-use crate::executor::{Executor, RUN_LEASE};
+use crate::executor::Executor;
 use crate::gateway;
 use crate::workflow::ValidWorkflow;
 
@@ -162,6 +162,11 @@ async fn execute_inner(shared: &Shared, claimed: Claimed) -> &'static str {
             tracing::warn!(run = %run.id, "lost the run's lease: another worker has it now");
             "lost"
         }
+        Err(gateway::Error::Ledger(e @ flow_ledger::Error::Unusable { .. })) => {
+            // Nothing more is written from here: the run is left to its lease.
+            shared.outage.failed(Instant::now(), "run", &e);
+            "lost"
+        }
         Err(gateway::Error::Ledger(e)) => {
             tracing::warn!(run = %run.id, error = %e, "the ledger failed during the run; giving it back to the queue");
             give_back(shared, &lease).await
@@ -212,8 +217,10 @@ async fn give_back(shared: &Shared, lease: &RunLease) -> &'static str {
         }
         match released {
             Ok(()) => return "queued",
-            Err(flow_ledger::Error::LeaseLost) => return "lost",
-            Err(e) if started.elapsed() >= RUN_LEASE * 2 => {
+            Err(flow_ledger::Error::LeaseLost | flow_ledger::Error::Unusable { .. }) => {
+                return "lost";
+            }
+            Err(e) if started.elapsed() >= crate::lease::length() * 2 => {
                 tracing::warn!(run = %lease.run_id, error = %e, "could not release the run; its lease will expire");
                 return "lost";
             }

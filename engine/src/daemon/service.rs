@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 use super::metrics::Metrics;
 use super::run_task::{self, Ended, Shared};
 use super::{Handle, Settings};
-use crate::executor::{Executor, RUN_LEASE};
+use crate::executor::Executor;
 
 /// How often leases of provably dead workers on this host are expired, so their runs
 /// are reclaimed at once instead of after the lease length.
@@ -92,7 +92,7 @@ const RELISTEN_AFTER: Duration = Duration::from_secs(5);
 const CLAIM_GAP: Duration = Duration::from_millis(5);
 
 /// Why [`Service::run`] returned.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Stopped {
     /// `exit_when_idle`: nothing queued, nothing in flight.
     Idle,
@@ -109,6 +109,9 @@ pub enum Stopped {
     },
     /// An immediate stop: runs in flight were left to their leases.
     Immediate,
+    /// The ledger cannot be written by this process any more (its SQLite WAL was
+    /// deleted or replaced): stopped at once, runs left to their leases; the reason.
+    Unusable(String),
 }
 
 /// A daemon: the claim loop and the runs it executes.
@@ -221,6 +224,9 @@ impl Service {
                 self.reap(joined, &mut leases);
             }
             self.shared.metrics.set_in_flight(tasks.len());
+            if let Some(reason) = self.shared.outage.unusable() {
+                return Stopped::Unusable(reason);
+            }
             if graceful.is_cancelled() {
                 break;
             }
@@ -340,7 +346,7 @@ impl Service {
         let started = Instant::now();
         let req = ClaimRuns {
             worker: &self.config.worker,
-            lease: RUN_LEASE,
+            lease: crate::lease::length(),
             limit: u32::try_from(free).unwrap_or(u32::MAX),
         };
         let claimed = self.ledger().claim_next_runs(req, self.now()).await?;

@@ -16,7 +16,6 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::handle::Executor;
-use super::heartbeat::RUN_LEASE;
 use crate::gateway::{self, Awaited, StepCall, StepResult};
 use crate::workflow::children::Child;
 
@@ -96,7 +95,13 @@ pub(super) async fn run_child(
     };
     let ledger = gw.ledger();
     let started = match ledger
-        .start_child(lease, new, link, (&lease.worker, RUN_LEASE), gw.now())
+        .start_child(
+            lease,
+            new,
+            link,
+            (&lease.worker, crate::lease::length()),
+            gw.now(),
+        )
         .await
     {
         Ok(s) => s,

@@ -9,10 +9,9 @@ use flow_ledger::RunLease;
 use tokio::sync::watch;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::gateway::Gateway;
+use flow_adapters::Window;
 
-/// How long a run lease lasts; the heartbeat renews it every third of this.
-pub const RUN_LEASE: Duration = Duration::from_secs(30);
+use crate::gateway::Gateway;
 
 /// Starts the heartbeat of `lease`. It stops when the returned handle is dropped,
 /// however the run loop ends, a panic included: a detached heartbeat would keep
@@ -21,21 +20,27 @@ pub(super) fn start(
     ledger: flow_ledger::Ledger,
     lease: RunLease,
     gateway: Gateway,
-    cancel: Arc<AtomicBool>,
+    (cancel, window): (Arc<AtomicBool>, Window),
     lost: watch::Sender<bool>,
 ) -> AbortOnDropHandle<()> {
     AbortOnDropHandle::new(tokio::spawn(heartbeat(
-        ledger, lease, gateway, cancel, lost,
+        ledger,
+        lease,
+        gateway,
+        (cancel, window),
+        lost,
     )))
 }
 
 /// Renews the run lease every third of its length and polls for a cancellation request
-/// every second (a read; the renewal is a write, so it runs less often).
+/// every second (a read; the renewal is a write, so it runs less often). Each renewal
+/// confirms `window` from the moment it was asked (the lease cannot end earlier than
+/// that plus its length); a refused one closes it, so no call of the run sends again.
 async fn heartbeat(
     ledger: flow_ledger::Ledger,
     lease: RunLease,
     gateway: Gateway,
-    cancel: Arc<AtomicBool>,
+    (cancel, window): (Arc<AtomicBool>, Window),
     lost: watch::Sender<bool>,
 ) {
     const CANCEL_POLL: Duration = Duration::from_secs(1);
@@ -45,16 +50,22 @@ async fn heartbeat(
     let mut failures = 0u32;
     loop {
         tick.tick().await;
-        if last_renewal.elapsed() >= RUN_LEASE / 3 {
-            match ledger.heartbeat(&lease, RUN_LEASE, gateway.now()).await {
+        if last_renewal.elapsed() >= crate::lease::length() / 3 {
+            let asked = Instant::now();
+            match ledger
+                .heartbeat(&lease, crate::lease::length(), gateway.now())
+                .await
+            {
                 Ok(ack) => {
                     failures = 0;
                     last_renewal = Instant::now();
+                    window.confirm(crate::lease::confirmed_until(asked));
                     if ack.cancel_requested {
                         cancel.store(true, Ordering::Relaxed);
                     }
                 }
                 Err(flow_ledger::Error::LeaseLost) => {
+                    window.lose();
                     tracing::error!(
                         run = lease.run_id,
                         "run lease lost: another worker took the run over; stopping here"

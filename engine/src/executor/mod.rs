@@ -20,5 +20,4 @@ mod state;
 
 pub use child::child_run_id;
 pub use handle::Executor;
-pub use heartbeat::RUN_LEASE;
 pub use run::RunOutcome;

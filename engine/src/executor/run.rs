@@ -186,14 +186,18 @@ impl Executor {
 
         let cancel = Arc::new(AtomicBool::new(known.cancel_requested));
         let (lost_tx, mut lost_rx) = watch::channel(false);
+        let window = flow_adapters::Window::until(crate::lease::local_deadline(
+            lease.expires_at,
+            self.gateway.now(),
+        ));
         let heartbeat = heartbeat::start(
             ledger.clone(),
             lease.clone(),
             self.gateway.clone(),
-            cancel.clone(),
+            (cancel.clone(), window.clone()),
             lost_tx,
         );
-        let writer = RunWriter::new(ledger.clone(), lease.clone());
+        let writer = RunWriter::new(ledger.clone(), lease.clone(), window);
         let scope = RunScope {
             gateway: &self.gateway,
             progress: &*self.progress,

@@ -50,10 +50,6 @@ use crate::fault::{Faults, Point};
 use crate::secrets::Secrets;
 use crate::workflow::{NodeDecl, ToolDecl, Workflow};
 
-/// How long a call lease lasts between renewals; the gateway renews it every third of
-/// this while the adapter works.
-pub const CALL_LEASE: Duration = Duration::from_secs(30);
-
 /// Problems that stop the whole run's execution here (not a node failure).
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -449,7 +445,7 @@ impl Gateway {
                         request: r.request.clone(),
                         request_hash: r.request_hash.clone(),
                         retry_failed: c.retry > 0,
-                        lease: CALL_LEASE,
+                        lease: crate::lease::length(),
                     },
                     self.now(),
                 )

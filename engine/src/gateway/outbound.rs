@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use flow_adapters::{Call, FailureKind, Outcome, SideEffect, Tool};
+use flow_adapters::{Call, FailureKind, Outcome, SideEffect, Tool, Window};
 use flow_ledger::CallLease;
 use serde_json::Value as Json;
 
@@ -70,7 +70,10 @@ impl Gateway {
         // mark (they are built on first use).
         self.tools().warm();
         trace::decide(&mut lease);
-        self.inner.ledger.mark_outbound(&lease, self.now()).await?;
+        let window = self.call_window(&lease);
+        if let Err(e) = self.inner.ledger.mark_outbound(&lease, self.now()).await {
+            return self.mark_failed(c, &lease, e).await;
+        }
         trace::marked();
         self.inner.faults.hit(Point::AfterOutbound, node_id);
         let Sent {
@@ -78,8 +81,20 @@ impl Gateway {
             next,
             sent,
             unknown_before,
-        } = self.send(c, &lease, tool, args, class).await;
+        } = self.send(c, (&lease, &window), tool, args, class).await;
         self.inner.faults.hit(Point::AfterResponse, node_id);
+        if sent == 0
+            && matches!(&outcome.result, Err(e) if e.kind == FailureKind::NotSent)
+            && let Err(why) = Self::fence(c, &window).check()
+        {
+            // Nothing left: the fence closed before the request reached the transport.
+            tracing::warn!(
+                node = node_id,
+                call = lease.tool_call_id,
+                "not sending: {why}; the call goes back to be claimed again, never in doubt"
+            );
+            return self.give_back(&lease).await;
+        }
         trace::answered(&outcome);
         if sent > 1 {
             self.count_extra_requests(c, sent - 1).await?;
@@ -102,7 +117,7 @@ impl Gateway {
     async fn send(
         &self,
         c: &StepCall<'_>,
-        lease: &CallLease,
+        (lease, window): (&CallLease, &Window),
         tool: &dyn Tool,
         args: &Json,
         class: SideEffect,
@@ -119,7 +134,8 @@ impl Gateway {
         let (outcome, next) = loop {
             let out = self
                 .call_renewing(
-                    lease,
+                    c,
+                    (lease, window),
                     tool,
                     Call::new(args.clone(), lease.key.clone(), c.timeout).with_trace(trace.clone()),
                     None,
@@ -173,6 +189,48 @@ impl Gateway {
         }
     }
 }
+
+impl Gateway {
+    /// The outbound mark failed. `LeaseLost`: another worker holds the call; stop. Any
+    /// other failure may be a commit whose acknowledgement was lost: this process knows
+    /// it sent nothing, so it gives the call back (outbound or still claimed → claimed),
+    /// retrying while the ledger is unreachable, instead of leaving a mark a later
+    /// holder would have to call in doubt.
+    async fn mark_failed(
+        &self,
+        c: &StepCall<'_>,
+        lease: &CallLease,
+        error: flow_ledger::Error,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        if !(error.is_retryable() || matches!(error, flow_ledger::Error::Unavailable { .. })) {
+            return Err(error);
+        }
+        tracing::warn!(
+            node = c.node.id.as_str(),
+            call = lease.tool_call_id,
+            error = %error,
+            "the outbound mark may not have been written; nothing was sent: giving the call back"
+        );
+        self.give_back(lease).await
+    }
+
+    /// Gives the call back unsent (`Ledger::give_back_unsent`, retried while the ledger
+    /// is unreachable) and defers the step briefly: its next start claims the call again
+    /// under a live lease, or finds that another worker holds the run.
+    async fn give_back(&self, lease: &CallLease) -> Result<StepResult, flow_ledger::Error> {
+        let ledger = &self.inner.ledger;
+        self.holder_write("give the unsent call back", |now| {
+            ledger.give_back_unsent(lease, now)
+        })
+        .await?;
+        Ok(StepResult::Deferred {
+            until: self.now().plus(GIVEN_BACK_RETRY),
+        })
+    }
+}
+
+/// How soon a step whose call was given back unsent starts again.
+const GIVEN_BACK_RETRY: Duration = Duration::from_secs(1);
 
 /// What the sends of one attempt came to.
 struct Sent {

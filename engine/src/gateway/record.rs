@@ -207,26 +207,29 @@ impl Gateway {
                 requests_sent: sent,
                 message: self.secrets_of(c).scrub(&message),
             };
-            self.inner.ledger.mark_in_doubt(lease, report, now).await?;
+            let ledger = &self.inner.ledger;
+            self.holder_write("record the call in doubt", |now| {
+                ledger.mark_in_doubt(lease, report.clone(), now)
+            })
+            .await?;
             return Ok(StepResult::InDoubt);
         }
         let (outcome, next) = self.outcome_of(c, result, next == Disposition::NewAttempt, now);
         let step = StepFinish::from_outcome(&c.step_id, outcome.clone());
         // A callback node's step goes on after its call succeeded: it waits.
         let waits = c.node.callback.is_some() && matches!(outcome, CallOutcome::Succeeded(_));
-        self.inner
-            .ledger
-            .complete_call(
-                CompleteCall {
-                    lease,
-                    outcome: outcome.clone(),
-                    requests_sent: sent,
-                    step: (!waits).then_some(step),
-                    next_step: next.clone(),
-                },
-                now,
-            )
-            .await?;
+        let ledger = &self.inner.ledger;
+        self.holder_write("record the call's outcome", |now| {
+            let req = CompleteCall {
+                lease,
+                outcome: outcome.clone(),
+                requests_sent: sent,
+                step: (!waits).then(|| step.clone()),
+                next_step: next.clone(),
+            };
+            ledger.complete_call(req, now)
+        })
+        .await?;
         Ok(result_of(outcome, next))
     }
 
@@ -284,5 +287,54 @@ pub(super) fn replayed_result(r: Replayed) -> StepResult {
         (output, None) => StepResult::Succeeded {
             output: output.unwrap_or(Json::Null),
         },
+    }
+}
+
+/// How long the holder of a call goes on retrying a write of what it knows (the
+/// outcome it holds, a call given back unsent) while the ledger fails transiently. The
+/// writes are fenced by tokens: once another worker takes the run over they are
+/// refused (`LeaseLost`) and the retrying ends; until then the answer in hand is worth
+/// more than a call left in doubt (a stalled PostgreSQL, a SQLite write lock, a full
+/// disk for minutes).
+const HOLDER_WRITE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+impl Gateway {
+    /// Runs `write` (with a fresh `now` each time) until it succeeds, fails for a reason
+    /// that repeating cannot change, or [`HOLDER_WRITE_PATIENCE`] runs out; backs off
+    /// from 100 ms to 5 s and says so once, then once a minute.
+    pub(super) async fn holder_write<T, F, Fut>(
+        &self,
+        what: &str,
+        mut write: F,
+    ) -> Result<T, flow_ledger::Error>
+    where
+        F: FnMut(Timestamp) -> Fut,
+        Fut: std::future::Future<Output = Result<T, flow_ledger::Error>>,
+    {
+        let started = std::time::Instant::now();
+        let mut delay = std::time::Duration::from_millis(100);
+        let mut said: Option<std::time::Instant> = None;
+        loop {
+            match write(self.now()).await {
+                Err(e)
+                    if (e.is_retryable()
+                        || matches!(e, flow_ledger::Error::Unavailable { .. }))
+                        && started.elapsed() < HOLDER_WRITE_PATIENCE =>
+                {
+                    if said.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
+                        tracing::warn!(error = %e, "cannot {what} yet; retrying while this worker holds the call");
+                        said = Some(std::time::Instant::now());
+                    }
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(std::time::Duration::from_secs(5));
+                }
+                other => {
+                    if said.is_some() && other.is_ok() {
+                        tracing::info!("could {what} after {:?}", started.elapsed());
+                    }
+                    return other;
+                }
+            }
+        }
     }
 }

@@ -16,13 +16,11 @@
 
 use std::time::Duration;
 
-use flow_adapters::{Call, Outcome, Report, Reports, SideEffect, Tool};
+use flow_adapters::{Call, Fence, Outcome, Report, Reports, SideEffect, Tool, Window};
 use flow_ledger::CallLease;
 use serde_json::Value as Json;
 
-use super::{
-    CALL_LEASE, Disposition, Gateway, History, Observed, StepCall, StepResult, disposition,
-};
+use super::{Disposition, Gateway, History, Observed, StepCall, StepResult, disposition};
 
 /// How soon a step whose remote task was still working starts again (it then waits
 /// for the task for up to its timeout).
@@ -46,7 +44,10 @@ impl Gateway {
             "asking how the remote task of a call already sent ended"
         );
         let call = Call::new(args.clone(), lease.key.clone(), c.timeout);
-        let out = self.call_renewing(lease, tool, call, Some(task_id)).await;
+        let window = self.call_window(lease);
+        let out = self
+            .call_renewing(c, (lease, &window), tool, call, Some(task_id))
+            .await;
         if out.task.is_some() {
             return self.task_working(c, lease, out, 1).await;
         }
@@ -112,15 +113,24 @@ impl Gateway {
     /// Calls the adapter (or, with `collect`, asks it how that remote task ended),
     /// renewing the call lease every third of its length meanwhile and recording what
     /// the adapter reports as it happens (a task id, an elicitation).
+    ///
+    /// The adapter gets the call's fence: the run lease's window and the call lease's,
+    /// by this process's monotonic clock. Each renewal that succeeds confirms the call's
+    /// window from the moment it was asked; a refused one (`LeaseLost`) closes it at
+    /// once, and one that cannot reach the ledger lets it lapse at its deadline. The
+    /// renewals run beside the adapter, so a renewal stuck on the ledger neither holds
+    /// the adapter up nor keeps the window open.
     pub(super) async fn call_renewing(
         &self,
-        lease: &CallLease,
+        c: &StepCall<'_>,
+        (lease, window): (&CallLease, &Window),
         tool: &dyn Tool,
         call: Call,
         collect: Option<&str>,
     ) -> Outcome {
+        let fence = Self::fence(c, window);
         let (reports, mut reported) = Reports::channel();
-        let call = call.with_reports(reports);
+        let call = call.with_reports(reports).with_fence(fence);
         let hard_limit = call.timeout + Duration::from_secs(5);
         let work = match collect {
             Some(task) => tool.collect(call, task),
@@ -128,8 +138,8 @@ impl Gateway {
         };
         let fut = tokio::time::timeout(hard_limit, work);
         tokio::pin!(fut);
-        let mut tick = tokio::time::interval(CALL_LEASE / 3);
-        tick.tick().await;
+        let renewing = self.renew_call(lease, window);
+        tokio::pin!(renewing);
         loop {
             tokio::select! {
                 out = &mut fut => {
@@ -140,10 +150,46 @@ impl Gateway {
                     return out.unwrap_or_else(|_| Outcome::err(flow_adapters::Error::unknown("the tool did not return within its timeout"), 1));
                 }
                 Some(report) = reported.recv() => self.record_report(lease, report).await,
-                _ = tick.tick() => {
-                    if let Err(e) = self.inner.ledger.renew_call_lease(lease, CALL_LEASE, self.now()).await {
-                        tracing::warn!(call = lease.tool_call_id, error = %e, "could not renew the call lease; the outcome may be refused");
-                    }
+                () = &mut renewing => {}
+            }
+        }
+    }
+
+    /// The call lease `lease` by this process's monotonic clock, from its stored end.
+    pub(super) fn call_window(&self, lease: &CallLease) -> Window {
+        Window::until(crate::lease::local_deadline(lease.expires_at, self.now()))
+    }
+
+    /// What a request of the call may leave under: the run's window and the call's.
+    pub(super) fn fence(c: &StepCall<'_>, window: &Window) -> Fence {
+        Fence::of([c.writer.window().clone(), window.clone()])
+    }
+
+    /// Renews the call lease every third of its length, confirming or closing `window`
+    /// (see [`Gateway::call_renewing`]); never returns while the lease is held.
+    async fn renew_call(&self, lease: &CallLease, window: &Window) {
+        let mut tick = tokio::time::interval(crate::lease::length() / 3);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let asked = std::time::Instant::now();
+            match self
+                .inner
+                .ledger
+                .renew_call_lease(lease, crate::lease::length(), self.now())
+                .await
+            {
+                Ok(_) => window.confirm(crate::lease::confirmed_until(asked)),
+                Err(flow_ledger::Error::LeaseLost) => {
+                    window.lose();
+                    tracing::error!(
+                        call = lease.tool_call_id,
+                        "call lease lost: another worker holds the call; nothing more is sent under it"
+                    );
+                    return std::future::pending().await;
+                }
+                Err(e) => {
+                    tracing::warn!(call = lease.tool_call_id, error = %e, "could not renew the call lease; no request leaves once it lapses by this process's clock");
                 }
             }
         }

@@ -17,6 +17,8 @@ use flow_ledger::{
     RunLease, StepError, StepFinish, StepStatus, Timestamp,
 };
 
+use flow_adapters::Window;
+
 use super::StepOrigin;
 use super::lazy::PureLog;
 
@@ -25,15 +27,18 @@ use super::lazy::PureLog;
 pub struct RunWriter {
     ledger: Ledger,
     lease: RunLease,
+    window: Window,
     pure: PureLog,
 }
 
 impl RunWriter {
-    /// The writer of the run `lease` holds, with nothing kept yet.
-    pub fn new(ledger: Ledger, lease: RunLease) -> Self {
+    /// The writer of the run `lease` holds, with nothing kept yet; `window` is the run
+    /// lease by this process's clock, which the heartbeat confirms.
+    pub fn new(ledger: Ledger, lease: RunLease, window: Window) -> Self {
         Self {
             ledger,
             lease,
+            window,
             pure: PureLog::new(),
         }
     }
@@ -41,6 +46,12 @@ impl RunWriter {
     /// The run lease every write is fenced by.
     pub fn lease(&self) -> &RunLease {
         &self.lease
+    }
+
+    /// The run lease by this process's monotonic clock: part of every call's fence, so
+    /// no request leaves once the heartbeat could not confirm the run in time.
+    pub fn window(&self) -> &Window {
+        &self.window
     }
 
     /// Writes the kept pure results now (they came due).

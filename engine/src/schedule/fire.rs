@@ -119,8 +119,10 @@ impl Scheduler {
         // A daemon whose flow.toml declares no schedule stores (and prunes) nothing: it
         // fires the schedules workflow files carried (`flow schedules apply`).
         let mut synced = self.schedules.is_empty();
+        // An outage is one line when it starts and one when it ends, not one per pass.
+        let mut failing = false;
         while !stop.is_cancelled() {
-            let now = Utc::now();
+            let now = super::now_utc();
             if let Some(w) = &watch
                 && let Some(m) = modified(w)
                 && Some(m) != seen
@@ -148,15 +150,24 @@ impl Scheduler {
                 {
                     Ok(_) => synced = true,
                     Err(e) => {
-                        tracing::warn!(error = %e, "schedules: cannot store the definitions; trying again")
+                        if !std::mem::replace(&mut failing, true) {
+                            tracing::warn!(error = %e, "schedules: cannot store the definitions; trying again every {}s (said once)", MAX_SLEEP.as_secs());
+                        }
                     }
                 }
             }
             let sleep = if synced {
                 match self.pass(now).await {
-                    Ok(next) => next,
+                    Ok(next) => {
+                        if std::mem::replace(&mut failing, false) {
+                            tracing::info!("schedules: the ledger answers again; firing");
+                        }
+                        next
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "schedules: a pass failed; trying again");
+                        if !std::mem::replace(&mut failing, true) {
+                            tracing::warn!(error = %e, "schedules: a pass failed; trying again every {}s (said once)", MAX_SLEEP.as_secs());
+                        }
                         MAX_SLEEP
                     }
                 }

@@ -7,7 +7,6 @@
 //! (`Ledger::sync_schedules`), so it works before any daemon ran, then changes the
 //! schedule, recorded with who.
 
-use chrono::Utc;
 use flow_ledger::{HistoryKind, Ledger, ScheduleState, Timestamp};
 
 use super::Schedule;
@@ -53,7 +52,7 @@ const SKIPS: &[HistoryKind] = &[
 ];
 
 fn now() -> Timestamp {
-    Timestamp(Utc::now().timestamp_millis())
+    Timestamp(super::now_utc().timestamp_millis())
 }
 
 impl Schedules {
@@ -147,7 +146,7 @@ impl Schedules {
         let s = self.find(&ledger.list_schedules().await?, id)?;
         let run_id = format!("sched.{}.manual.{}", s.id, ulid::Ulid::generate());
         let run = s
-            .new_run(Utc::now(), run_id)
+            .new_run(super::now_utc(), run_id)
             .map_err(ManageError::Invalid)?;
         self.store(ledger, &s).await?;
         let enq = ledger.trigger_schedule(id, run, who, now()).await?;
@@ -182,6 +181,6 @@ async fn view_of(
         s,
         state,
         (last_run, last_skip),
-        Utc::now(),
+        super::now_utc(),
     ))
 }

@@ -174,6 +174,14 @@ fn render(v: &Json, ctx: &Json) -> Result<Json, String> {
     })
 }
 
+/// Now, as schedules judge it: `SystemClock` (the PostgreSQL server's clock where the
+/// ledger has one), so a daemon whose wall clock is ahead never fires a tick early nor
+/// records future ticks as missed, and one behind never fires late.
+pub fn now_utc() -> DateTime<Utc> {
+    let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
+    DateTime::from_timestamp_millis(now.as_millis()).unwrap_or_else(Utc::now)
+}
+
 /// A tick's nominal time as RFC 3339 (UTC, seconds).
 pub fn rfc3339(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)

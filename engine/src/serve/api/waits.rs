@@ -84,7 +84,7 @@ pub struct CallbackBody {
     /// The node's output (any JSON).
     #[serde(default)]
     pub(crate) output: Option<Json_>,
-    /// Why the work failed (with `ok: false`).
+    /// Why the work failed: required with `ok: false` (400 without it).
     pub(crate) error: Option<String>,
 }
 
@@ -113,6 +113,13 @@ pub async fn callback(
     Path(token): Path<String>,
     ApiJson(body): ApiJson<CallbackBody>,
 ) -> Result<Response, Problem> {
+    // A failure without a reason would fail the node with none: refused before the
+    // token is used, so the caller can send it again with `error`.
+    if !body.ok && body.error.as_deref().is_none_or(|e| e.trim().is_empty()) {
+        return Err(Problem::bad_request(
+            "`ok: false` needs `error`: say why the work failed (the node fails with it); the callback was not used",
+        ));
+    }
     let reply = CallbackReply {
         ok: body.ok,
         output: body.output,

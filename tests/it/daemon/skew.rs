@@ -1,0 +1,112 @@
+//! A daemon whose wall clock is wrong judges leases and queued runs by the PostgreSQL
+//! server's clock (`flow_ledger::SystemClock` anchored by `Ledger::anchor_clock`), not
+//! its own. Before, a daemon 5 minutes ahead took a healthy daemon's live run over
+//! within a second (its call in doubt, the run paused for a human), and one 5 minutes
+//! behind claimed nothing. The skewed daemon runs under libfaketime (`faketime`, which
+//! `.ci/test` installs); SQLite has no server clock (its processes share one host's).
+
+use std::time::Duration;
+
+use flow_adapters::testkit::http::{Behavior, CountingServer};
+
+use super::{Daemon, submit, wait_until};
+use crate::support::{Backend, TestDb, call, postgres_available, runtime, show};
+
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// `slow` (held at the downstream) then `next`.
+fn workflow(url: &str) -> String {
+    format!(
+        r#"name: skewed
+tools:
+  post: {{ kind: http, method: POST, url: "{url}/${{{{ with.path }}}}", timeout: 30s }}
+nodes:
+  slow: {{ tool: post, with: {{ path: slow }} }}
+  next: {{ tool: post, needs: [slow], with: {{ path: next }} }}
+"#
+    )
+}
+
+/// The environment that sets a daemon's clocks `offset` off (`+5m`, `-5m`).
+fn skewed(offset: &str) -> [(&'static str, String); 3] {
+    [
+        ("LD_PRELOAD", LIBFAKETIME.to_string()),
+        ("FAKETIME", offset.to_string()),
+        // tokio's timers and the lease windows run on the monotonic clock.
+        ("DONT_FAKE_MONOTONIC", "1".to_string()),
+    ]
+}
+
+/// Whether the test can run here; in CI it must.
+fn runnable() -> bool {
+    let faketime = std::path::Path::new(LIBFAKETIME).exists();
+    let ci = flow_adapters::testkit::flags::ci();
+    assert!(
+        !ci || (faketime && postgres_available()),
+        "CI needs libfaketime ({LIBFAKETIME}, .ci/test installs it) and PostgreSQL"
+    );
+    if !faketime || !postgres_available() {
+        eprintln!("skipped: needs libfaketime at {LIBFAKETIME} and PostgreSQL");
+    }
+    faketime && postgres_available()
+}
+
+#[test]
+fn a_daemon_five_minutes_ahead_does_not_take_a_live_run_over() {
+    if !runnable() {
+        return;
+    }
+    let rt = runtime();
+    let down = rt.block_on(CountingServer::start()).expect("downstream");
+    down.set("/slow", Behavior::hold(Duration::from_secs(6)));
+    let db = TestDb::new(Backend::Postgres);
+    let file = db.write("skewed.yaml", &workflow(&down.url()));
+    let run = submit(&db, &file);
+
+    let honest = Daemon::start(&db, "honest", &["--poll-interval", "100ms"], &[]);
+    let key = format!("{run}:slow:1");
+    wait_until(
+        Duration::from_secs(30),
+        "the honest daemon sends slow",
+        || down.count(&key) == 1,
+    );
+    let env = skewed("+5m");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let ahead = Daemon::start(&db, "ahead", &["--poll-interval", "100ms"], &env);
+    wait_until(Duration::from_secs(40), "the run finishes", || {
+        show(&db, &run)["run"]["status"] == "succeeded"
+    });
+    let s = show(&db, &run);
+    assert_eq!(call(&s, "slow")["status"], "succeeded", "{s:#}");
+    assert_eq!(down.count(&key), 1, "slow was sent once");
+    assert_eq!(down.count(&format!("{run}:next:1")), 1);
+    let said = ahead.log();
+    assert!(
+        said.contains("ahead of the database server's"),
+        "the skewed daemon reports its skew:\n{said}"
+    );
+    drop((honest, ahead));
+}
+
+#[test]
+fn a_daemon_five_minutes_behind_still_claims() {
+    if !runnable() {
+        return;
+    }
+    let rt = runtime();
+    let down = rt.block_on(CountingServer::start()).expect("downstream");
+    let db = TestDb::new(Backend::Postgres);
+    let file = db.write("skewed.yaml", &workflow(&down.url()));
+    let env = skewed("-5m");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let behind = Daemon::start(&db, "behind", &["--poll-interval", "100ms"], &env);
+    let run = submit(&db, &file);
+    wait_until(Duration::from_secs(30), "the behind daemon runs it", || {
+        show(&db, &run)["run"]["status"] == "succeeded"
+    });
+    assert!(
+        behind.log().contains("behind the database server's"),
+        "{}",
+        behind.log()
+    );
+}

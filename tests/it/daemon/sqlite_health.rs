@@ -1,0 +1,91 @@
+//! A SQLite ledger that answers reads but cannot be written must not look healthy, and
+//! a daemon whose write-ahead log was deleted under it stops before it writes (marks)
+//! anything more. Before, `/healthz` only read (200 while another process held the
+//! write lock for a minute), and after `rm flow.db-wal` a daemon went on marking and
+//! sending into the unlinked file, which a SIGKILL then lost: resuming sent those keys
+//! again.
+
+use std::time::Duration;
+
+use flow_adapters::testkit::http::{Behavior, CountingServer};
+
+use super::{Daemon, free_port, http_get, slow_then_next, submit, wait_until};
+use crate::support::{Backend, TestDb, show};
+
+#[test]
+fn healthz_fails_while_another_process_holds_the_write_lock() {
+    let rt = crate::support::runtime();
+    let down = rt.block_on(CountingServer::start()).expect("downstream");
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write("slow.yaml", &slow_then_next(&down.url()));
+    let run = submit(&db, &file);
+    let addr = free_port();
+    let addr_arg = addr.to_string();
+    let d = Daemon::start(
+        &db,
+        "d",
+        &["--poll-interval", "100ms", "--metrics-addr", &addr_arg],
+        &[],
+    );
+    wait_until(Duration::from_secs(20), "the run and /healthz", || {
+        show(&db, &run)["run"]["status"] == "succeeded"
+            && http_get(addr, "/healthz").is_some_and(|(code, _)| code == 200)
+    });
+    // Another connection (another process would do the same) takes SQLite's write lock
+    // and keeps it.
+    let path = db.dir.path().join("flow.db");
+    let mut holder = rt.block_on(async {
+        use sqlx::{ConnectOptions as _, Executor as _};
+        let mut c = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .connect()
+            .await
+            .expect("a second connection");
+        c.execute("BEGIN IMMEDIATE").await.expect("the write lock");
+        c
+    });
+    let (code, body) = http_get(addr, "/healthz").expect("healthz answers");
+    assert_eq!(
+        code, 503,
+        "a ledger nobody can write is not healthy: {body}"
+    );
+    rt.block_on(async {
+        use sqlx::Executor as _;
+        holder.execute("ROLLBACK").await.expect("release the lock");
+    });
+    drop(holder);
+    wait_until(Duration::from_secs(15), "/healthz recovers", || {
+        http_get(addr, "/healthz").is_some_and(|(code, _)| code == 200)
+    });
+    drop(d);
+}
+
+#[test]
+fn a_daemon_whose_wal_was_deleted_stops_before_it_writes_again() {
+    let rt = crate::support::runtime();
+    let down = rt.block_on(CountingServer::start()).expect("downstream");
+    down.set("/slow", Behavior::hold(Duration::from_secs(2)));
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write("slow.yaml", &slow_then_next(&down.url()));
+    let run = submit(&db, &file);
+    let mut d = Daemon::start(&db, "d", &["--poll-interval", "100ms"], &[]);
+    wait_until(Duration::from_secs(20), "slow in flight", || {
+        down.count(&format!("{run}:slow:1")) == 1
+    });
+    // The operator deletes the WAL under the running daemon (what it held — the claim
+    // and the mark — is lost with it; nothing can bring that back).
+    let wal = db.dir.path().join("flow.db-wal");
+    std::fs::remove_file(&wal).expect("rm flow.db-wal");
+    let status = d.wait(Duration::from_secs(30));
+    assert_eq!(status.code(), Some(5), "exit 5:\n{}", d.log());
+    assert!(
+        d.log().contains("write-ahead log") && d.log().contains("restart it"),
+        "{}",
+        d.log()
+    );
+    assert_eq!(
+        down.count(&format!("{run}:next:1")),
+        0,
+        "nothing more was marked and sent after the WAL went"
+    );
+}
