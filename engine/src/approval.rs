@@ -36,6 +36,16 @@ pub enum Refusal {
         /// Who decided.
         by: Option<String>,
     },
+    /// The approval's deadline passed (409, as a decision that lost a race): it timed
+    /// out, recorded by a sweep or not, and its `on_timeout` applies.
+    #[error(
+        "the approval timed out at its deadline {}: a decision after it is refused",
+        deadline.to_rfc3339()
+    )]
+    PastDeadline {
+        /// The deadline.
+        deadline: Timestamp,
+    },
     /// This decider may not decide this approval (403).
     #[error("{0}")]
     Forbidden(String),
@@ -123,7 +133,9 @@ pub fn rule_strings(rule: &Json, key: &str) -> Vec<String> {
 /// Whether `who` may decide `approval` at all, and with what inputs (an approve's
 /// inputs are checked and completed with defaults; a deny takes none). The one rule:
 ///
-/// - only a `pending` approval is decided (else `Decided`, naming the winner);
+/// - only a `pending` approval is decided (else `Decided`, naming the winner, or
+///   `PastDeadline` for one that timed out; a pending one past its deadline is refused
+///   by the ledger, which judges the deadline in the decision's transaction);
 /// - a `viewer` never decides;
 /// - with `roles` or `tokens` listed, the decider's role (an admin counts as an
 ///   operator) or token name must be among them; with neither, any operator decides;
@@ -136,6 +148,11 @@ pub fn authorize(
     approve: bool,
     inputs: Map<String, Json>,
 ) -> Result<Option<Json>, Refusal> {
+    if approval.status == ApprovalStatus::TimedOut {
+        return Err(Refusal::PastDeadline {
+            deadline: approval.deadline,
+        });
+    }
     if approval.status != ApprovalStatus::Pending {
         return Err(Refusal::Decided {
             status: approval.status,
@@ -241,6 +258,9 @@ pub async fn decide(
         flow_ledger::Error::Decided { status, by } => {
             DecideError::Refused(Refusal::Decided { status, by })
         }
+        flow_ledger::Error::PastDeadline { deadline } => {
+            DecideError::Refused(Refusal::PastDeadline { deadline })
+        }
         flow_ledger::Error::NotFound { .. } => not_found(),
         other => DecideError::Ledger(other),
     })
@@ -311,13 +331,14 @@ mod tests {
             Err(Refusal::Decided { by: Some(_), .. }) => "decided",
             Err(Refusal::Decided { by: None, .. }) => "decided-anonymously",
             Err(Refusal::BadInputs(_)) => "bad",
+            Err(Refusal::PastDeadline { .. }) => "late",
         }
     }
 
     /// The table: rule, status, submitter, decider `name/role`, approve?, inputs → verdict.
     #[test]
     fn who_may_decide_what() {
-        use ApprovalStatus::{Approved as A, Pending as P};
+        use ApprovalStatus::{Approved as A, Pending as P, TimedOut as T};
         let any = json!({});
         let (ops, admins) = (
             json!({ "roles": ["operator"] }),
@@ -335,6 +356,8 @@ mod tests {
             (&any, P, None, "x/viewer", true, "{}", "forbidden"),
             (&any, P, None, "x/viewer", false, "{}", "forbidden"),
             (&any, A, None, "x/admin", true, "{}", "decided"),
+            (&any, T, None, "x/admin", true, "{}", "late"),
+            (&any, T, None, "x/admin", false, "{}", "late"),
             (&ops, P, None, "x/admin", true, "{}", "ok"),
             (&admins, P, None, "x/operator", true, "{}", "forbidden"),
             (&named, P, None, "alice/operator", true, "{}", "ok"),

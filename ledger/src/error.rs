@@ -96,6 +96,17 @@ pub enum Error {
         /// Who decided, when a person did.
         by: Option<String>,
     },
+    /// A decision (approve or deny) came at or after the approval's deadline: it timed
+    /// out there, whether or not a sweep had recorded it yet, and nothing is decided
+    /// after it (the node's `on_timeout` applies). Nothing of the decision was recorded.
+    #[error(
+        "the approval timed out at its deadline {}: a decision after it is refused",
+        deadline.to_rfc3339()
+    )]
+    PastDeadline {
+        /// The approval's deadline.
+        deadline: Timestamp,
+    },
     /// An approver decided on a request that has changed since they saw it (the digest
     /// they passed is not the one awaiting approval now).
     #[error(

@@ -615,6 +615,58 @@ fn runs_are_listed_in_pages_with_filters() {
     }
 }
 
+/// Three HTTP nodes in a row, `first`, `second`, `third`, at the counting server `url`.
+fn three_calls(db: &TestDb, url: &str) -> std::path::PathBuf {
+    db.write(
+        "w.yaml",
+        &format!(
+            "name: interrupt\ntools:\n  api: {{ kind: http, method: POST, url: \"{url}/first\", timeout: 10s }}\n  next: {{ kind: http, method: POST, url: \"{url}/second\", timeout: 10s }}\n  last: {{ kind: http, method: POST, url: \"{url}/third\", timeout: 10s }}\nnodes:\n  first: {{ tool: api, with: {{ n: 1 }} }}\n  second: {{ tool: next, needs: [first], with: {{ n: 2 }} }}\n  third: {{ tool: last, needs: [second], with: {{ n: 3 }} }}\n"
+        ),
+    )
+}
+
+/// Starts `flow ARGS` with stderr in a file, waits until the server has received
+/// `calls` requests (the last one held in flight), sends `signal` (`INT`, `TERM`) once,
+/// and returns the exit code and stderr.
+fn signal_in_flight(
+    db: &TestDb,
+    args: &[&std::ffi::OsStr],
+    server: &flow_adapters::testkit::http::CountingServer,
+    calls: u32,
+    signal: &str,
+) -> (Option<i32>, String) {
+    let log = db.write("run.log", "");
+    let mut child = db
+        .flow()
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("spawn");
+    let started = Instant::now();
+    while server.total() < calls {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "call {calls} never left"
+        );
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            let err = std::fs::read_to_string(&log).unwrap_or_default();
+            panic!("flow exited ({status}) before call {calls} left: {err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let kill = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &child.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(kill.success());
+    let status = child.wait().expect("wait");
+    (
+        status.code(),
+        std::fs::read_to_string(&log).unwrap_or_default(),
+    )
+}
+
 /// Ctrl-C during `flow run`: no new step starts, the call in flight finishes and is
 /// recorded, the lease is released, the command to continue is printed, exit 130; the
 /// resume then sends only what had not been sent.
@@ -625,39 +677,15 @@ fn ctrl_c_stops_starting_steps_and_leaves_a_resumable_run() {
     let server = rt.block_on(CountingServer::start()).expect("server");
     server.set("/first", Behavior::hold(Duration::from_millis(1_500)));
     let db = TestDb::new(Backend::Sqlite);
-    let file = db.write(
-        "w.yaml",
-        &format!(
-            "name: interrupt\ntools:\n  api: {{ kind: http, method: POST, url: \"{url}/first\", timeout: 10s }}\n  next: {{ kind: http, method: POST, url: \"{url}/second\", timeout: 10s }}\nnodes:\n  first: {{ tool: api, with: {{ n: 1 }} }}\n  second: {{ tool: next, needs: [first], with: {{ n: 2 }} }}\n",
-            url = server.url()
-        ),
-    );
-    let log = db.write("run.log", "");
-    let child = db
-        .flow()
-        .arg("run")
-        .arg(&file)
-        .args(["--run-id", "ctrl-c-1"])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("spawn");
-    let started = Instant::now();
-    while server.total() == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the first call never left"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let kill = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status()
-        .expect("kill");
-    assert!(kill.success());
-    let out = child.wait_with_output().expect("wait");
-    let err = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(out.status.code(), Some(130), "{err}");
+    let file = three_calls(&db, &server.url());
+    let args: [&std::ffi::OsStr; 4] = [
+        "run".as_ref(),
+        file.as_os_str(),
+        "--run-id".as_ref(),
+        "ctrl-c-1".as_ref(),
+    ];
+    let (code, err) = signal_in_flight(&db, &args, &server, 1, "INT");
+    assert_eq!(code, Some(130), "{err}");
     assert!(err.contains("interrupted: no new steps start"), "{err}");
     assert!(
         err.contains(&format!(
@@ -678,4 +706,66 @@ fn ctrl_c_stops_starting_steps_and_leaves_a_resumable_run() {
         "the first call was not sent again"
     );
     assert_eq!(server.count("ctrl-c-1:second:1"), 1);
+    assert_eq!(server.count("ctrl-c-1:third:1"), 1);
+}
+
+/// SIGTERM (what `kill`, `timeout`, systemd and Kubernetes send) drains `flow run` and
+/// `flow resume` exactly as Ctrl-C does: exit 130, the call in flight finished and
+/// recorded as it ended (never in doubt), the run released to the queue, not left
+/// `running`; the last resume sends only what had not been sent. Issue 49: SIGTERM
+/// killed the process (exit 143), leaving the run `running` and its call in doubt.
+#[test]
+fn sigterm_drains_run_and_resume_like_ctrl_c() {
+    use crate::support::call;
+    use flow_adapters::testkit::http::{Behavior, CountingServer};
+    let rt = crate::support::runtime();
+    let server = rt.block_on(CountingServer::start()).expect("server");
+    server.set("/first", Behavior::hold(Duration::from_millis(1_500)));
+    server.set("/second", Behavior::hold(Duration::from_millis(1_500)));
+    let db = TestDb::new(Backend::Sqlite);
+    let file = three_calls(&db, &server.url());
+    let run: [&std::ffi::OsStr; 4] = [
+        "run".as_ref(),
+        file.as_os_str(),
+        "--run-id".as_ref(),
+        "term-1".as_ref(),
+    ];
+    let (code, err) = signal_in_flight(&db, &run, &server, 1, "TERM");
+    assert_eq!(code, Some(130), "as Ctrl-C: {err}");
+    assert!(err.contains("interrupted: no new steps start"), "{err}");
+    assert!(err.contains("SIGTERM received"), "{err}");
+    assert!(
+        err.contains(&format!(
+            "continue with: flow --db {} resume term-1",
+            db.url
+        )),
+        "{err}"
+    );
+    assert_eq!(server.total(), 1, "the second node never started");
+    assert_eq!(server.completed_total(), 1, "the call in flight finished");
+    let s = show(&db, "term-1");
+    assert_eq!(s["run"]["status"], "queued", "released: {s:#}");
+    assert_eq!(
+        call(&s, "first")["status"],
+        "succeeded",
+        "not in doubt: {s:#}"
+    );
+
+    let resume: [&std::ffi::OsStr; 2] = ["resume".as_ref(), "term-1".as_ref()];
+    let (code, err) = signal_in_flight(&db, &resume, &server, 2, "TERM");
+    assert_eq!(code, Some(130), "resume drains too: {err}");
+    assert_eq!(server.completed_total(), 2, "the call in flight finished");
+    let s = show(&db, "term-1");
+    assert_eq!(s["run"]["status"], "queued", "released: {s:#}");
+    assert_eq!(
+        call(&s, "second")["status"],
+        "succeeded",
+        "not in doubt: {s:#}"
+    );
+
+    let resumed = output(db.flow().args(["resume", "term-1"]));
+    assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+    assert_eq!(server.count("term-1:first:1"), 1, "sent once");
+    assert_eq!(server.count("term-1:second:1"), 1, "sent once");
+    assert_eq!(server.count("term-1:third:1"), 1);
 }

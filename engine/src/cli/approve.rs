@@ -78,6 +78,7 @@ pub(crate) async fn approvals(
         run_id: args.run.clone(),
         status: (!args.all).then_some(ApprovalStatus::Pending),
         limit: 1000,
+        as_of: Some(flow_ledger::Clock::now(&flow_ledger::SystemClock)),
     };
     let list = ledger
         .list_approvals(filter)

@@ -54,7 +54,8 @@ pub mod exit {
     pub const CANCELLED: u8 = 4;
     /// Could not run: database unreachable, bad configuration.
     pub const UNAVAILABLE: u8 = 5;
-    /// Interrupted (Ctrl-C): the run was released, or is left for `resume`.
+    /// Interrupted (Ctrl-C or SIGTERM, alike): the run was released, or is left for
+    /// `resume`.
     pub const INTERRUPTED: u8 = 130;
 }
 
@@ -182,7 +183,7 @@ pub enum Command {
     Schema,
     /// Run a workflow now, in this process; print its output JSON on stdout.
     #[command(
-        after_help = "Exit codes: 0 succeeded, 1 failed, 2 invalid input, 3 paused (in doubt), 4 cancelled, 5 could not run.\n\nExamples:\n  flow run workflows/hello.yaml --input name=Ada\n  flow run workflows/http.yaml --inputs-file order.yaml --run-id refund-42\n  flow run workflows/hello.yaml --json | jq .steps"
+        after_help = "Exit codes: 0 succeeded, 1 failed, 2 invalid input, 3 paused (in doubt), 4 cancelled, 5 could not run, 130 interrupted (a first Ctrl-C or SIGTERM: calls in flight finish and are recorded, the run is released; a second exits at once).\n\nExamples:\n  flow run workflows/hello.yaml --input name=Ada\n  flow run workflows/http.yaml --inputs-file order.yaml --run-id refund-42\n  flow run workflows/hello.yaml --json | jq .steps"
     )]
     Run(run::RunArgs),
     /// Put a run on the queue for `flow daemon` workers; print its id on stdout.

@@ -79,10 +79,13 @@ pub(crate) struct Session {
     pub json_logs: bool,
 }
 
-/// Watches for Ctrl-C while a run executes here. The first fires `stop` (no new step
-/// starts; in-flight calls finish, are recorded, and the run is released); the second
-/// exits at once with 130, leaving the run to be found by `resume` once its lease ends.
-/// The watcher ends when the returned handle is dropped.
+/// Watches for SIGINT (Ctrl-C) and SIGTERM while a run executes here, both alike: a
+/// service manager (systemd, Kubernetes, `timeout`) stops with SIGTERM, and a run killed
+/// by it mid-call would be left `running` with that call found in doubt. The first
+/// signal fires `stop` (no new step starts; in-flight calls finish, are recorded, and
+/// the run is released, exit 130); the second exits at once (130 after SIGINT, 143 after
+/// SIGTERM), leaving the run to be found by `resume` once its lease ends. The watcher
+/// ends when the returned handle is dropped.
 fn interrupts(
     stop: tokio_util::sync::CancellationToken,
     resume: String,
@@ -97,18 +100,26 @@ fn interrupts(
         let _ = writeln!(std::io::stderr().lock(), "{line}");
     };
     tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_err() {
+        let mut signals = match crate::daemon::shutdown::Signals::install() {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGINT/SIGTERM: a signal ends the run at once");
+                return;
+            }
+        };
+        let Some(first) = signals.next().await else {
             return;
-        }
-        say(
-            "interrupted: no new steps start; calls in flight finish and are recorded (Ctrl-C again exits at once)",
-        );
+        };
+        say(&format!(
+            "interrupted: no new steps start; calls in flight finish and are recorded ({} received; Ctrl-C or SIGTERM again exits at once)",
+            first.name()
+        ));
         stop.cancel();
-        if tokio::signal::ctrl_c().await.is_ok() {
+        if let Some(second) = signals.next().await {
             say(&format!(
                 "exiting at once: the run stays running until its lease ends; continue with: {resume}"
             ));
-            std::process::exit(i32::from(exit::INTERRUPTED));
+            std::process::exit(i32::from(second.exit_code()));
         }
     }))
 }

@@ -455,6 +455,7 @@ async fn approvals_text(
         run_id: Some(run_id.to_owned()),
         status: None,
         limit: 1000,
+        as_of: Some(flow_ledger::Clock::now(&flow_ledger::SystemClock)),
     };
     let list = ledger.list_approvals(filter).await?;
     let mut out = String::new();

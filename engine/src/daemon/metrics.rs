@@ -466,7 +466,8 @@ impl Metrics {
             let by_status = ledger.count_runs_by_status().await?;
             let in_doubt = ledger.calls_in_doubt_by_tool().await?;
             let deliveries = ledger.count_deliveries().await?;
-            let approvals = ledger.count_pending_approvals().await?;
+            let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
+            let approvals = ledger.count_pending_approvals(now).await?;
             let waits = ledger.count_pending_waits().await?;
             Ok::<_, flow_ledger::Error>((by_status, (in_doubt, approvals, waits), deliveries))
         };

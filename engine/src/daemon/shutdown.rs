@@ -66,7 +66,8 @@ impl Signal {
         }
     }
 
-    fn name(self) -> &'static str {
+    /// The signal's name, as logs and messages say it.
+    pub fn name(self) -> &'static str {
         match self {
             Signal::Interrupt => "SIGINT",
             Signal::Terminate => "SIGTERM",
@@ -74,59 +75,77 @@ impl Signal {
     }
 }
 
-/// Waits for SIGTERM or SIGINT.
-#[cfg(unix)]
-async fn next_signal(
-    term: &mut tokio::signal::unix::Signal,
-    int: &mut tokio::signal::unix::Signal,
-) -> Signal {
-    tokio::select! {
-        _ = term.recv() => Signal::Terminate,
-        _ = int.recv() => Signal::Interrupt,
+/// The two stop signals, listened to together: `flow daemon`, `flow serve`, `flow run`
+/// and `flow resume` all take them from here, so a service manager's SIGTERM (systemd,
+/// Kubernetes, `timeout`) stops each exactly as a terminal's Ctrl-C does. Once installed,
+/// neither signal kills the process any more: whoever holds this decides what it means.
+pub struct Signals {
+    #[cfg(unix)]
+    term: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Installs the handlers (SIGTERM and SIGINT on Unix, Ctrl-C elsewhere).
+    pub fn install() -> std::io::Result<Self> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Ok(Self {
+                term: signal(SignalKind::terminate())?,
+                int: signal(SignalKind::interrupt())?,
+            })
+        }
+        #[cfg(not(unix))]
+        {
+            Ok(Self {})
+        }
+    }
+
+    /// Waits for the next SIGTERM or SIGINT; `None` when no more can arrive (the
+    /// runtime is shutting down, or Ctrl-C cannot be listened to).
+    pub async fn next(&mut self) -> Option<Signal> {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                got = self.term.recv() => got.map(|()| Signal::Terminate),
+                got = self.int.recv() => got.map(|()| Signal::Interrupt),
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            tokio::signal::ctrl_c()
+                .await
+                .ok()
+                .map(|()| Signal::Interrupt)
+        }
     }
 }
 
 /// Feeds SIGTERM/SIGINT into `handle`: the first asks for a graceful stop, the second
 /// for an immediate one, which this returns. Returns `None` if the signal handlers
-/// cannot be installed (the daemon then runs until it is killed or idle).
+/// cannot be installed (the daemon then runs until it is killed or idle) or no second
+/// signal can arrive.
 pub async fn on_signals(handle: Handle) -> Option<Signal> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let (mut term, mut int) = match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(t), Ok(i)) => (t, i),
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::error!(error = %e, "cannot install signal handlers");
-                return None;
-            }
-        };
-        let first = next_signal(&mut term, &mut int).await;
-        tracing::warn!(
-            signal = first.name(),
-            "stopping: no new runs; calls in flight finish within the grace period (signal again to stop at once)"
-        );
-        handle.shutdown();
-        let second = next_signal(&mut term, &mut int).await;
-        tracing::warn!(
-            signal = second.name(),
-            "stopping at once: leases are left to expire"
-        );
-        handle.abort();
-        Some(second)
-    }
-    #[cfg(not(unix))]
-    {
-        if tokio::signal::ctrl_c().await.is_err() {
+    let mut signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install signal handlers");
             return None;
         }
-        handle.shutdown();
-        if tokio::signal::ctrl_c().await.is_err() {
-            return None;
-        }
-        handle.abort();
-        Some(Signal::Interrupt)
-    }
+    };
+    let first = signals.next().await?;
+    tracing::warn!(
+        signal = first.name(),
+        "stopping: no new runs; calls in flight finish within the grace period (signal again to stop at once)"
+    );
+    handle.shutdown();
+    let second = signals.next().await?;
+    tracing::warn!(
+        signal = second.name(),
+        "stopping at once: leases are left to expire"
+    );
+    handle.abort();
+    Some(second)
 }

@@ -85,6 +85,7 @@ impl Problem {
             | E::InDoubt { .. }
             | E::InvalidTransition { .. }
             | E::Terminal { .. }
+            | E::PastDeadline { .. }
             | E::Owned { .. } => StatusCode::CONFLICT,
             E::OutputTooLarge { .. } | E::InvalidText { .. } | E::InvalidEvent { .. } => {
                 StatusCode::BAD_REQUEST

@@ -182,6 +182,8 @@ impl RunView {
                 run_id: Some(run_id.to_owned()),
                 status: None,
                 limit: 1000,
+                // As of now: one past its deadline shows as timed out, not waiting.
+                as_of: Some(flow_ledger::Clock::now(&flow_ledger::SystemClock)),
             })
             .await?;
         let waits = ledger

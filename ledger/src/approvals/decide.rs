@@ -19,11 +19,20 @@ use crate::state::ApprovalStatus;
 impl Ledger {
     /// Records a person's decision, in one transaction with the run locked first: the
     /// run must not be finished (`Terminal`), the approval must be `pending`
-    /// (`Decided` naming the winner) for the digest the decider saw (`Stale`). A deny
-    /// settles it; an approve is a vote (one per voter and digest: a second vote of the
-    /// same voter counts once), and the vote that reaches `min` distinct approvers
-    /// settles it approved. A settled approval puts a paused run back on the queue.
-    /// Emits `approval.voted` or `approval.decided` with who, why and the digest.
+    /// (`Decided` naming the winner) and before its deadline (`PastDeadline`), for the
+    /// digest the decider saw (`Stale`). A deny settles it; an approve is a vote (one
+    /// per voter and digest: a second vote of the same voter counts once), and the vote
+    /// that reaches `min` distinct approvers settles it approved. A settled approval
+    /// puts a paused run back on the queue. Emits `approval.voted` or `approval.decided`
+    /// with who, why and the digest.
+    ///
+    /// The deadline is judged here, in the transaction, at the decider's `now` — not by
+    /// the caller, nor left to the sweep: with no daemon running nothing else would time
+    /// the approval out, and a check made before the transaction lets a decision that
+    /// waited on the run's lock past the deadline through. A decision at or after the
+    /// deadline of a still `pending` approval does what the sweep would have done (the
+    /// compare-and-set to `timed_out`, `approval.timed_out`, the paused run back on the
+    /// queue, whose next holder applies `on_timeout`), commits that, and is refused.
     pub async fn decide_approval(&self, d: Decide, now: Timestamp) -> Result<Decided, Error> {
         let ledger = self.clone();
         let inputs = d
@@ -31,7 +40,7 @@ impl Ledger {
             .as_ref()
             .map(|v| self.checked_json(v))
             .transpose()?;
-        self.write(move |c| {
+        let judged = self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
                 let run = run_for_update(c, s, &d.run_id).await?;
@@ -44,6 +53,9 @@ impl Ledger {
                     .ok_or_else(|| Error::NotFound {
                         what: format!("approval of run {} node {}", d.run_id, d.node_id),
                     })?;
+                if let Some(deadline) = timed_out(c, s, &run, &row, now).await? {
+                    return Ok(Judged::PastDeadline(deadline));
+                }
                 let status: ApprovalStatus = row.status.parse()?;
                 if status.is_decided() {
                     return Err(Error::Decided {
@@ -98,7 +110,9 @@ impl Ledger {
                     let row = read_row(c, s, &d.run_id, &d.node_id)
                         .await?
                         .ok_or(Error::LeaseLost)?;
-                    return with_votes(c, s, row).await.map(Decided::Denied);
+                    return with_votes(c, s, row)
+                        .await
+                        .map(|a| Judged::decided(Decided::Denied(a)));
                 }
                 let approvers = approvers_of(c, s, &row).await?;
                 let have = u32::try_from(approvers.len()).unwrap_or(u32::MAX);
@@ -110,10 +124,10 @@ impl Ledger {
                     });
                     node_event(c, s, ids, EventType::ApprovalVoted, payload, now).await?;
                     let approval = with_votes(c, s, row).await?;
-                    return Ok(Decided::Voted {
+                    return Ok(Judged::decided(Decided::Voted {
                         approval,
                         needed: min - have,
-                    });
+                    }));
                 }
                 let names = approvers;
                 let by = names.join(", ");
@@ -130,10 +144,33 @@ impl Ledger {
                 let row = read_row(c, s, &d.run_id, &d.node_id)
                     .await?
                     .ok_or(Error::LeaseLost)?;
-                with_votes(c, s, row).await.map(Decided::Approved)
+                with_votes(c, s, row)
+                    .await
+                    .map(|a| Judged::decided(Decided::Approved(a)))
             })
         })
-        .await
+        .await?;
+        judged.into_result()
+    }
+}
+
+/// What the decision's transaction came to. A decision past the deadline is an `Ok`
+/// here so that the timeout it recorded commits; the caller is refused after.
+enum Judged {
+    Decided(Box<Decided>),
+    PastDeadline(Timestamp),
+}
+
+impl Judged {
+    fn decided(d: Decided) -> Self {
+        Judged::Decided(Box::new(d))
+    }
+
+    fn into_result(self) -> Result<Decided, Error> {
+        match self {
+            Judged::Decided(decided) => Ok(*decided),
+            Judged::PastDeadline(deadline) => Err(Error::PastDeadline { deadline }),
+        }
     }
 }
 
@@ -185,6 +222,37 @@ impl Ledger {
         })
         .await
     }
+}
+
+/// Whether `row` has timed out at `now`, its deadline if so: it is `timed_out` already,
+/// or `pending` at or past its deadline — then it times out here, as the sweep would
+/// (the compare-and-set, `approval.timed_out`, the paused `run` back on the queue).
+async fn timed_out(
+    c: &mut crate::conn::Conn<'_>,
+    s: &crate::model::Scope,
+    run: &crate::rows::RunRow,
+    row: &super::ApprovalRow,
+    now: Timestamp,
+) -> Result<Option<Timestamp>, Error> {
+    let status: ApprovalStatus = row.status.parse()?;
+    let deadline = Timestamp(row.deadline);
+    if status == ApprovalStatus::TimedOut {
+        return Ok(Some(deadline));
+    }
+    if status != ApprovalStatus::Pending || now < deadline {
+        return Ok(None);
+    }
+    if settle(c, s, row, ApprovalStatus::TimedOut, (None, None, None), now).await? {
+        let ids = (
+            row.run_id.as_str(),
+            row.step_id.as_str(),
+            row.node_id.as_str(),
+        );
+        let payload = json!({ "deadline": row.deadline });
+        node_event(c, s, ids, EventType::ApprovalTimedOut, payload, now).await?;
+        requeue_paused(c, s, run, None, now).await?;
+    }
+    Ok(Some(deadline))
 }
 
 /// The distinct approvers of `row`'s current request: votes to approve its digest cast

@@ -181,10 +181,24 @@ pub enum Decided {
 pub struct ApprovalFilter {
     /// Only this run's.
     pub run_id: Option<String>,
-    /// Only this status (`None`: every status).
+    /// Only this status (`None`: every status), as of `as_of`.
     pub status: Option<ApprovalStatus>,
     /// At most this many (0 = 1000).
     pub limit: u32,
+    /// The time the listing is for: an approval still stored `pending` whose deadline
+    /// is at or before it is listed, and filtered, as `timed_out` — which it is: no
+    /// decision is taken after the deadline ([`Ledger::decide_approval`]), and without
+    /// a daemon no sweep records the timeout, so the stored status alone would show it
+    /// waiting for a decision it can no longer get. `None`: the stored status.
+    pub as_of: Option<Timestamp>,
+}
+
+/// The status an approval row has at `$6` (a `pending` one past its deadline has timed
+/// out), for the listing's filter; `$6` NULL keeps the stored status.
+macro_rules! status_as_of {
+    () => {
+        "(CASE WHEN status = 'pending' AND deadline <= $6 THEN 'timed_out' ELSE status END)"
+    };
 }
 
 impl Ledger {
@@ -286,7 +300,8 @@ impl Ledger {
         }
     }
 
-    /// Approvals under `filter`, oldest request first, each with its votes.
+    /// Approvals under `filter`, oldest request first, each with its votes; with
+    /// `filter.as_of`, a `pending` one past its deadline is listed as `timed_out`.
     pub async fn list_approvals(&self, filter: ApprovalFilter) -> Result<Vec<Approval>, Error> {
         let s = self.scope();
         let limit = crate::reads::page_limit(filter.limit, 1000);
@@ -299,7 +314,9 @@ impl Ledger {
                     "SELECT ",
                     approval_cols!(),
                     " FROM approvals WHERE tenant = $1 AND workspace = $2
-                       AND ($3 IS NULL OR run_id = $3) AND ($4 IS NULL OR status = $4)
+                       AND ($3 IS NULL OR run_id = $3) AND ($4 IS NULL OR ",
+                    status_as_of!(),
+                    " = $4)
                      ORDER BY requested_at, run_id, node_id LIMIT $5"
                 ),
                 args![
@@ -307,7 +324,8 @@ impl Ledger {
                     &s.workspace,
                     filter.run_id.clone(),
                     filter.status.map(|st| st.as_str()),
-                    limit
+                    limit,
+                    filter.as_of
                 ],
             )
             .await?;
@@ -315,19 +333,25 @@ impl Ledger {
         // filter and page, as a subquery.
         let votes = c
             .all::<rows::VoteRow>(
-                "SELECT node_id, digest, voter, decision, at, reason, inputs, run_id
-                 FROM approval_votes WHERE tenant = $1 AND workspace = $2
-                   AND (run_id, node_id) IN (
-                     SELECT run_id, node_id FROM approvals WHERE tenant = $1 AND workspace = $2
-                       AND ($3 IS NULL OR run_id = $3) AND ($4 IS NULL OR status = $4)
-                     ORDER BY requested_at, run_id, node_id LIMIT $5)
-                 ORDER BY at, voter",
+                concat!(
+                    "SELECT node_id, digest, voter, decision, at, reason, inputs, run_id
+                     FROM approval_votes WHERE tenant = $1 AND workspace = $2
+                       AND (run_id, node_id) IN (
+                         SELECT run_id, node_id FROM approvals
+                         WHERE tenant = $1 AND workspace = $2
+                           AND ($3 IS NULL OR run_id = $3) AND ($4 IS NULL OR ",
+                    status_as_of!(),
+                    " = $4)
+                         ORDER BY requested_at, run_id, node_id LIMIT $5)
+                     ORDER BY at, voter"
+                ),
                 args![
                     &s.tenant,
                     &s.workspace,
                     filter.run_id,
                     filter.status.map(|st| st.as_str()),
-                    limit
+                    limit,
+                    filter.as_of
                 ],
             )
             .await?;
@@ -341,20 +365,33 @@ impl Ledger {
             .map(|row| {
                 let key = (row.run_id.clone(), row.node_id.clone());
                 let votes = by_node.remove(&key).unwrap_or_default();
-                row.into_approval(votes)
+                let mut a = row.into_approval(votes)?;
+                if a.status == ApprovalStatus::Pending
+                    && filter.as_of.is_some_and(|at| a.deadline <= at)
+                {
+                    a.status = ApprovalStatus::TimedOut;
+                }
+                Ok(a)
             })
             .collect()
     }
 
-    /// How many approvals are pending (the `flow_approvals_pending` gauge, badges).
-    pub async fn count_pending_approvals(&self) -> Result<u64, Error> {
+    /// How many approvals are pending at `now` (the `flow_approvals_pending` gauge,
+    /// badges): one past its deadline has timed out, recorded by a sweep or not.
+    pub async fn count_pending_approvals(&self, now: Timestamp) -> Result<u64, Error> {
         let s = self.scope();
         let mut pc = self.pool().acquire().await?;
         let n = pc
             .conn()
             .optional::<(i64,)>(
-                "SELECT COUNT(*) FROM approvals WHERE tenant = $1 AND workspace = $2 AND status = $3",
-                args![&s.tenant, &s.workspace, ApprovalStatus::Pending.as_str()],
+                "SELECT COUNT(*) FROM approvals WHERE tenant = $1 AND workspace = $2
+                   AND status = $3 AND deadline > $4",
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    ApprovalStatus::Pending.as_str(),
+                    now
+                ],
             )
             .await?
             .map_or(0, |(n,)| n);

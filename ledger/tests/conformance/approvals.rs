@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use flow_ledger::{
-    ApprovalStatus, AskApproval, Decide, Decided, Error, EventFilter, EventType, Gate, RunLease,
-    RunStatus, Timestamp,
+    ApprovalFilter, ApprovalStatus, AskApproval, Decide, Decided, Error, EventFilter, EventType,
+    Gate, RunLease, RunStatus, Timestamp,
 };
 use serde_json::{Value, json};
 
@@ -18,6 +18,8 @@ crate::conformance!(
     min_two_needs_two_distinct_approvers,
     a_denial_settles_it_and_requeues_the_run,
     the_deadline_times_out_once_and_the_gate_agrees,
+    a_decision_after_the_deadline_is_refused_without_a_sweep,
+    listings_show_an_approval_past_its_deadline_timed_out,
     approve_and_timeout_race_to_one_transition,
     two_approvers_at_once_with_min_two_approve_once,
     a_decision_while_the_run_is_held_stops_its_pause,
@@ -254,7 +256,8 @@ async fn a_denial_settles_it_and_requeues_the_run(db: TestDb) {
 }
 
 /// Past the deadline the sweep times it out once (`approval.timed_out`, run re-queued);
-/// a second sweep and the gate see `timed_out`; a late approval is `Decided`.
+/// a second sweep and the gate see `timed_out`; a late approval is `PastDeadline`,
+/// naming the deadline.
 async fn the_deadline_times_out_once_and_the_gate_agrees(db: TestDb) {
     awaiting(&db, 1, 2_000).await;
     let early = db
@@ -286,15 +289,65 @@ async fn the_deadline_times_out_once_and_the_gate_agrees(db: TestDb) {
         .decide_approval(decide("alice", true), db.now())
         .await
         .unwrap_err();
+    let deadline = Timestamp(db.now().0 - 1_000);
     assert!(
-        matches!(
-            late,
-            Error::Decided {
-                status: ApprovalStatus::TimedOut,
-                ..
-            }
-        ),
+        matches!(late, Error::PastDeadline { deadline: d } if d == deadline),
         "{late}"
+    );
+    assert!(late.to_string().contains(&deadline.to_rfc3339()), "{late}");
+    let run = running(&db, "run_a", &worker("2")).await;
+    let gate = db
+        .ledger
+        .approval_gate(&run, ask("d1", 1, 2_000), db.now())
+        .await
+        .unwrap();
+    assert!(matches!(gate, Gate::TimedOut(_)), "{gate:?}");
+}
+
+/// No daemon, so no sweep: an approve (or a deny) at or after the deadline is refused
+/// in the decision's own transaction, naming the deadline, and records no vote and no
+/// decision; it times the approval out as the sweep would (once, the paused run back on
+/// the queue) so the gate then answers `TimedOut` and nothing is sent. Issue 49: a
+/// decision 4 s late was accepted, and the next worker sent the request.
+async fn a_decision_after_the_deadline_is_refused_without_a_sweep(db: TestDb) {
+    awaiting(&db, 1, 2_000).await;
+    let deadline = Timestamp(db.now().0 + 2_000);
+    db.advance(Duration::from_secs(2));
+    for approve in [true, false] {
+        let late = db
+            .ledger
+            .decide_approval(decide("alice", approve), db.now())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(late, Error::PastDeadline { deadline: d } if d == deadline),
+            "at the deadline, approve={approve}: {late}"
+        );
+        assert!(late.to_string().contains(&deadline.to_rfc3339()), "{late}");
+    }
+    db.advance(Duration::from_secs(4));
+    let late = db
+        .ledger
+        .decide_approval(decide("bob", true), db.now())
+        .await
+        .unwrap_err();
+    assert!(matches!(late, Error::PastDeadline { .. }), "{late}");
+    let a = db
+        .ledger
+        .get_approval("run_a", "refund")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.status, ApprovalStatus::TimedOut);
+    assert!(a.votes.is_empty(), "no late vote recorded: {:?}", a.votes);
+    assert_eq!((a.decided_by, a.inputs), (None, None));
+    assert_eq!(count(&db, EventType::ApprovalDecided).await, 0);
+    assert_eq!(count(&db, EventType::ApprovalVoted).await, 0);
+    assert_eq!(count(&db, EventType::ApprovalTimedOut).await, 1, "once");
+    assert_eq!(
+        db.ledger.get_run("run_a").await.unwrap().status,
+        RunStatus::Queued,
+        "back on the queue, where on_timeout applies"
     );
     let run = running(&db, "run_a", &worker("2")).await;
     let gate = db
@@ -303,6 +356,54 @@ async fn the_deadline_times_out_once_and_the_gate_agrees(db: TestDb) {
         .await
         .unwrap();
     assert!(matches!(gate, Gate::TimedOut(_)), "{gate:?}");
+}
+
+/// Listings as of a time: an approval stored `pending` whose deadline has passed (no
+/// sweep recorded it) is listed and filtered as `timed_out`, and is not counted pending;
+/// before its deadline, and without `as_of`, it is the stored `pending`.
+async fn listings_show_an_approval_past_its_deadline_timed_out(db: TestDb) {
+    awaiting(&db, 1, 2_000).await;
+    let list = |status: Option<ApprovalStatus>, as_of: Option<Timestamp>| {
+        db.ledger.list_approvals(ApprovalFilter {
+            run_id: None,
+            status,
+            limit: 0,
+            as_of,
+        })
+    };
+    let statuses = |l: Vec<flow_ledger::Approval>| -> Vec<ApprovalStatus> {
+        l.into_iter().map(|a| a.status).collect()
+    };
+    let (p, t) = (
+        Some(ApprovalStatus::Pending),
+        Some(ApprovalStatus::TimedOut),
+    );
+    let before = Timestamp(db.now().0 + 1_999);
+    assert_eq!(
+        statuses(list(p, Some(before)).await.unwrap()),
+        [ApprovalStatus::Pending]
+    );
+    assert!(list(t, Some(before)).await.unwrap().is_empty());
+    assert_eq!(db.ledger.count_pending_approvals(before).await.unwrap(), 1);
+    let after = db.advance(Duration::from_secs(2));
+    assert!(
+        list(p, Some(after)).await.unwrap().is_empty(),
+        "not pending"
+    );
+    assert_eq!(
+        statuses(list(t, Some(after)).await.unwrap()),
+        [ApprovalStatus::TimedOut]
+    );
+    assert_eq!(
+        statuses(list(None, Some(after)).await.unwrap()),
+        [ApprovalStatus::TimedOut]
+    );
+    assert_eq!(db.ledger.count_pending_approvals(after).await.unwrap(), 0);
+    assert_eq!(
+        statuses(list(p, None).await.unwrap()),
+        [ApprovalStatus::Pending],
+        "the stored status, for whoever asks for it"
+    );
 }
 
 /// Approve and the deadline sweep at once, many rounds: exactly one of them settles
@@ -324,6 +425,9 @@ async fn approve_and_timeout_race_to_one_transition(db: TestDb) {
             .await
             .unwrap();
     }
+    // The approvers decide in time by their clock (0.5 s after the ask), the sweeper's
+    // clock is past the 1 s deadline: whichever commits first settles it.
+    let in_time = Timestamp(db.now().0 + 500);
     db.advance(Duration::from_secs(2));
     let now = db.now();
     let approvals = (0..8).map(|round| {
@@ -332,7 +436,7 @@ async fn approve_and_timeout_race_to_one_transition(db: TestDb) {
             run_id: format!("run_r{round}"),
             ..decide("alice", true)
         };
-        async move { ledger.decide_approval(d, now).await }
+        async move { ledger.decide_approval(d, in_time).await }
     });
     let sweep = db.ledger.sweep_approvals(now, 100, no_reminders);
     let (decisions, swept) = tokio::join!(futures_join_all(approvals), sweep);
@@ -343,15 +447,7 @@ async fn approve_and_timeout_race_to_one_transition(db: TestDb) {
         .count();
     let lost = decisions
         .iter()
-        .filter(|d| {
-            matches!(
-                d,
-                Err(Error::Decided {
-                    status: ApprovalStatus::TimedOut,
-                    ..
-                })
-            )
-        })
+        .filter(|d| matches!(d, Err(Error::PastDeadline { .. })))
         .count();
     assert_eq!(approved + lost, 8, "{decisions:?}");
     assert_eq!(

@@ -56,6 +56,7 @@ pub async fn list(
         run_id: q.run,
         status: (!q.all).then_some(ApprovalStatus::Pending),
         limit: q.limit.unwrap_or(1000).clamp(1, 1000),
+        as_of: Some(now()),
     };
     let items = app
         .ledger
@@ -115,8 +116,9 @@ pub enum ApprovalOutcome {
 
 /// `POST /api/v1/runs/{id}/approvals/{node}`: 200 with what became of it; 403 for a
 /// token that is not an approver (or submitted the run under `forbid_self`); 409 when it
-/// is already decided (naming the winner), the run finished, or the request changed
-/// since the digest given; 404 when the node has not asked.
+/// is already decided (naming the winner), past its deadline (naming it: the approval
+/// timed out), the run finished, or the request changed since the digest given; 404
+/// when the node has not asked.
 pub async fn decide(
     Authed(caller, _): Authed<Operator>,
     State(app): State<Arc<App>>,
@@ -161,7 +163,9 @@ pub(crate) fn refused(e: DecideError, run: &str) -> Problem {
     use flow_ledger::Error as E;
     match e {
         e @ DecideError::NotFound { .. } => Problem::not_found(e.to_string()),
-        DecideError::Refused(e @ Refusal::Decided { .. }) => Problem::conflict(e.to_string()),
+        DecideError::Refused(e @ (Refusal::Decided { .. } | Refusal::PastDeadline { .. })) => {
+            Problem::conflict(e.to_string())
+        }
         DecideError::Refused(Refusal::Forbidden(m)) => {
             Problem::new(axum::http::StatusCode::FORBIDDEN, m)
         }

@@ -229,7 +229,7 @@ pub const OPERATIONS: &[Operation] = &[
             "decideApproval",
             "/api/v1/runs/{id}/approvals/{node}",
             Role::Operator,
-            "Approve (a vote) or deny a node's call; 403 not an approver or forbid_self, 409 already decided (naming the winner), run finished or request changed since `digest`",
+            "Approve (a vote) or deny a node's call; 403 not an approver or forbid_self, 409 already decided (naming the winner), past the deadline (naming it), run finished or request changed since `digest`",
             || post(approvals::decide),
             schema::<approvals::DecideBody>,
             &[json(

@@ -114,6 +114,7 @@ async fn inbox(
             run_id: run,
             status: Some(ApprovalStatus::Pending),
             limit: PAGE_ROWS + 1,
+            as_of: Some(crate::serve::api::now()),
         })
         .await
         .map_err(ledger_err)?;
