@@ -54,6 +54,21 @@ impl Ledger {
         .await
     }
 
+    /// What `current_setting(name)` says on one of this ledger's pooled PostgreSQL
+    /// connections (`None` on SQLite): what the server applies to flow's own sessions,
+    /// which flow sets itself where its guarantees depend on it (`synchronous_commit`,
+    /// see `postgres.rs`) — to check that, in tests and by hand.
+    pub async fn postgres_setting(&self, name: &str) -> Result<Option<String>, Error> {
+        let Pool::Postgres(p) = self.pool() else {
+            return Ok(None);
+        };
+        let value: String = sqlx::query_scalar("SELECT current_setting($1)")
+            .bind(name)
+            .fetch_one(p)
+            .await?;
+        Ok(Some(value))
+    }
+
     /// Whether the database answers a trivial statement: health checks need a round
     /// trip, not just a pool that once connected.
     pub async fn ping(&self) -> Result<(), Error> {

@@ -37,15 +37,23 @@ pub(crate) async fn connect(
     url_redacted: &str,
     opts: &OpenOptions,
 ) -> Result<PgPool, Error> {
+    let bad_url = |reason: String| Error::Unavailable {
+        url: url_redacted.to_owned(),
+        reason: format!("bad URL: {reason}"),
+    };
+    let (url, commit) = SynchronousCommit::from_url(url).map_err(bad_url)?;
+    let url = url.as_str();
     let connect = PgConnectOptions::from_str(url)
-        .map_err(|e| Error::Unavailable {
-            url: url_redacted.to_owned(),
-            reason: format!("bad URL: {e}"),
-        })?
+        .map_err(|e| bad_url(e.to_string()))?
         .statement_cache_capacity(256)
         .application_name("flow");
+    let opened = Opening {
+        url_redacted,
+        opts,
+        commit,
+    };
     if let Some(plain) = loopback_without_tls(&connect, url) {
-        match open_pool(&plain, url_redacted, opts).await {
+        match open_pool(&plain, &opened).await {
             // The server answered and refused (a loopback server that accepts only
             // TLS, say): try again as the URL alone would have connected.
             Err(Refused {
@@ -54,9 +62,140 @@ pub(crate) async fn connect(
             done => return done.map_err(|r| r.error),
         }
     }
-    open_pool(&connect, url_redacted, opts)
-        .await
-        .map_err(|r| r.error)
+    open_pool(&connect, &opened).await.map_err(|r| r.error)
+}
+
+/// What [`open_pool`] opens with, besides the connection options.
+struct Opening<'a> {
+    url_redacted: &'a str,
+    opts: &'a OpenOptions,
+    commit: SynchronousCommit,
+}
+
+/// `synchronous_commit` on flow's own sessions. An `outbound` mark is what keeps a
+/// request from leaving twice, so its commit must survive a crash of the server before
+/// flow sends: PostgreSQL acknowledges a commit under `off` before its WAL is on disk
+/// (a crash loses up to three `wal_writer_delay`s of them, 0.6 s by default), and a
+/// server, database or role may default to that for its other clients. flow therefore sets the level itself on every pooled
+/// connection, whatever the server's default: `on` unless the URL's
+/// `synchronous_commit=` asks for `remote_write` or `remote_apply` (weaker levels are
+/// refused).
+///
+/// With a synchronous standby (`synchronous_standby_names`), `on` also waits for the
+/// standby to flush the commit, `remote_apply` for it to apply it (reads there see the
+/// mark), `remote_write` only for its operating system to have it (a crash of both
+/// machines can lose it). Without one, all three wait for the primary's disk alone, and
+/// a standby promoted after a failover (an asynchronous one) can lack acknowledged
+/// marks: the README's guarantees hold for a primary that survives or a synchronous
+/// standby.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SynchronousCommit {
+    On,
+    RemoteWrite,
+    RemoteApply,
+}
+
+impl SynchronousCommit {
+    /// The URL's query parameter that chooses the level (flow's, taken out of the URL
+    /// before the driver reads it).
+    const PARAM: &'static str = "synchronous_commit";
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::On => "on",
+            Self::RemoteWrite => "remote_write",
+            Self::RemoteApply => "remote_apply",
+        }
+    }
+
+    /// The URL without flow's `synchronous_commit=` parameter, and the level it asked
+    /// for (`on` when absent). Any other value is refused: flow will not acknowledge an
+    /// outbound mark a crash of the server can lose.
+    fn from_url(url: &str) -> Result<(String, Self), String> {
+        let Some((base, query)) = url.split_once('?') else {
+            return Ok((url.to_owned(), Self::On));
+        };
+        let mut level = Self::On;
+        let mut kept = Vec::new();
+        for pair in query.split('&') {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            if key != Self::PARAM {
+                kept.push(pair);
+                continue;
+            }
+            level = match value {
+                "on" => Self::On,
+                "remote_write" => Self::RemoteWrite,
+                "remote_apply" => Self::RemoteApply,
+                other => {
+                    return Err(format!(
+                        "{}={other}: flow's commits must survive a crash of the server; use on (the default), remote_write or remote_apply",
+                        Self::PARAM
+                    ));
+                }
+            };
+        }
+        let url = if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        Ok((url, level))
+    }
+}
+
+/// How strong a `synchronous_commit` value is, weakest first (`off` < `local` <
+/// `remote_write` < `on` < `remote_apply`); what PostgreSQL also accepts for `on` and
+/// `off` (`true`, `yes`, `1`, …) is never what `current_setting` shows.
+fn commit_rank(level: &str) -> u8 {
+    match level {
+        "local" => 1,
+        "remote_write" => 2,
+        "on" => 3,
+        "remote_apply" => 4,
+        _ => 0,
+    }
+}
+
+/// Sets `commit` on a new pooled connection, in the one round trip that also reads what
+/// the server would have given flow's session (its file, database and role settings),
+/// and on the pool's first connection (`first` still set) says in the log when that was
+/// weaker, or when a `remote_*` level has no synchronous standby to wait for.
+async fn set_synchronous_commit(
+    conn: &mut PgConnection,
+    commit: SynchronousCommit,
+    first: &std::sync::atomic::AtomicBool,
+) -> Result<(), sqlx::Error> {
+    use sqlx::Row;
+    // The level comes from `SynchronousCommit::as_str`, never from input.
+    let sql = format!(
+        "WITH was AS MATERIALIZED (SELECT current_setting('synchronous_commit') AS level,
+           current_setting('synchronous_standby_names') AS standbys)
+         SELECT level, standbys, set_config('synchronous_commit', '{}', false) FROM was",
+        commit.as_str()
+    );
+    let row = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+        .fetch_one(&mut *conn)
+        .await?;
+    if !first.swap(false, std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
+    let (was, standbys): (String, String) = (row.try_get(0)?, row.try_get(1)?);
+    let ours = commit.as_str();
+    if commit_rank(&was) < commit_rank(ours) {
+        tracing::info!(
+            server = %was,
+            flow = ours,
+            "PostgreSQL gives this role and database synchronous_commit = {was}; flow's own connections set {ours} (other clients keep {was})"
+        );
+    }
+    if commit != SynchronousCommit::On && standbys.trim().is_empty() {
+        tracing::warn!(
+            flow = ours,
+            "synchronous_commit = {ours} was asked, but the server has no synchronous standby (synchronous_standby_names is empty): commits wait for the primary's disk only, and a standby promoted after a failover can lack acknowledged outbound marks"
+        );
+    }
+    Ok(())
 }
 
 /// Why [`open_pool`] failed, and whether the server itself answered with the refusal
@@ -66,12 +205,14 @@ struct Refused {
     by_server: bool,
 }
 
-/// Opens the pool (see [`connect`]).
-async fn open_pool(
-    connect: &PgConnectOptions,
-    url_redacted: &str,
-    opts: &OpenOptions,
-) -> Result<PgPool, Refused> {
+/// Opens the pool (see [`connect`]), every connection of it with flow's
+/// `synchronous_commit` ([`set_synchronous_commit`]).
+async fn open_pool(connect: &PgConnectOptions, opening: &Opening<'_>) -> Result<PgPool, Refused> {
+    let Opening {
+        url_redacted,
+        opts,
+        commit,
+    } = *opening;
     let unavailable = |reason: String| Error::Unavailable {
         url: url_redacted.to_owned(),
         reason,
@@ -98,10 +239,15 @@ async fn open_pool(
         error,
         by_server: false,
     };
+    let first = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
     let pool = PgPoolOptions::new()
         .max_connections(max)
         .min_connections(0)
         .acquire_timeout(opts.connect_timeout)
+        .after_connect(move |conn, _| {
+            let first = first.clone();
+            Box::pin(async move { set_synchronous_commit(conn, commit, &first).await })
+        })
         .connect_with(connect.clone());
     tokio::pin!(pool);
     tokio::select! {
@@ -250,7 +396,7 @@ mod tests {
 
     use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
-    use super::{is_loopback, loopback_without_tls};
+    use super::{SynchronousCommit, commit_rank, is_loopback, loopback_without_tls};
 
     /// What `loopback_without_tls` makes of `url`: `Some(mode)` when it changed it.
     fn plain(url: &str) -> Option<PgSslMode> {
@@ -282,6 +428,44 @@ mod tests {
         ] {
             assert!(plain(url).is_none(), "{url}");
         }
+    }
+
+    /// flow's `synchronous_commit=` leaves the URL (the driver would warn of a
+    /// parameter it does not know), everything else stays as written; a level weaker
+    /// than `on` is refused.
+    #[test]
+    fn the_urls_synchronous_commit_is_flows_and_at_least_on() {
+        let level = |url: &str| SynchronousCommit::from_url(url);
+        for (url, left, asked) in [
+            ("postgres://u@h/db", "postgres://u@h/db", "on"),
+            (
+                "postgres://u@h/db?synchronous_commit=remote_apply",
+                "postgres://u@h/db",
+                "remote_apply",
+            ),
+            (
+                "postgres://u@h/db?sslmode=require&synchronous_commit=remote_write&options=-c%20a%3Db",
+                "postgres://u@h/db?sslmode=require&options=-c%20a%3Db",
+                "remote_write",
+            ),
+            (
+                "postgres://u@h/db?synchronous_commit=on&application_name=x",
+                "postgres://u@h/db?application_name=x",
+                "on",
+            ),
+        ] {
+            let (url_left, got) = level(url).expect(url);
+            assert_eq!((url_left.as_str(), got.as_str()), (left, asked), "{url}");
+        }
+        for bad in ["off", "local", "", "ON", "remote_flush"] {
+            let url = format!("postgres://u@h/db?synchronous_commit={bad}");
+            let err = level(&url).expect_err(&url);
+            assert!(err.contains(&format!("synchronous_commit={bad}:")), "{err}");
+        }
+        assert!(commit_rank("off") < commit_rank("local"));
+        assert!(commit_rank("local") < commit_rank("remote_write"));
+        assert!(commit_rank("remote_write") < commit_rank("on"));
+        assert!(commit_rank("on") < commit_rank("remote_apply"));
     }
 
     #[test]

@@ -99,8 +99,11 @@ fn interrupts(
         };
         let _ = writeln!(std::io::stderr().lock(), "{line}");
     };
+    // Installed here, before the run starts, not in the task: a spawned task may first
+    // run after the executor has sent a request, and a signal before then would kill.
+    let signals = crate::daemon::shutdown::Signals::install();
     tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
-        let mut signals = match crate::daemon::shutdown::Signals::install() {
+        let mut signals = match signals {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot listen for SIGINT/SIGTERM: a signal ends the run at once");

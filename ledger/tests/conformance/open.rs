@@ -351,3 +351,65 @@ async fn a_loopback_server_is_reached_without_tls_unless_the_url_asks() {
         assert!(ledger_uses_tls(&asked, &mut admin).await, "TLS when asked");
     }
 }
+
+/// A server, database or role may default to `synchronous_commit = off`, under which
+/// PostgreSQL acknowledges a commit a crash of the server can lose — an outbound mark
+/// among them, and with it the record that a request left. flow's own connections say
+/// `on` all the same (also against `off` in the URL's driver options), or what the URL's
+/// `synchronous_commit=` asks; a weaker level there is refused before connecting.
+#[tokio::test]
+async fn flows_connections_commit_synchronously_whatever_the_servers_default() {
+    let Some((url, name)) = fresh_pg_database().await else {
+        assert!(!ci(), "PostgreSQL is required in CI");
+        return;
+    };
+    let _drop = PgDrop::new(name.clone());
+    let mut admin = sqlx::PgConnection::connect(&url).await.unwrap();
+    let off = format!("ALTER DATABASE {name} SET synchronous_commit = off");
+    sqlx::query(sqlx::AssertSqlSafe(off))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let mut other = sqlx::PgConnection::connect(&url).await.unwrap();
+    let theirs: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+    assert_eq!(theirs, "off", "the database's default for a new session");
+
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let opts = || OpenOptions {
+        max_connections: 3,
+        ..OpenOptions::default()
+    };
+    for (url, expected) in [
+        (url.clone(), "on"),
+        (format!("{url}{sep}options[synchronous_commit]=off"), "on"),
+        (
+            format!("{url}{sep}synchronous_commit=remote_apply"),
+            "remote_apply",
+        ),
+        (
+            format!("{url}{sep}synchronous_commit=remote_write"),
+            "remote_write",
+        ),
+    ] {
+        let ledger = Ledger::open(&url, opts()).await.unwrap();
+        // Three at once: the pool opens more than its first connection.
+        let (a, b, c) = tokio::join!(
+            ledger.postgres_setting("synchronous_commit"),
+            ledger.postgres_setting("synchronous_commit"),
+            ledger.postgres_setting("synchronous_commit"),
+        );
+        for got in [a, b, c] {
+            assert_eq!(got.unwrap().as_deref(), Some(expected), "{url}");
+        }
+        ledger.close().await;
+    }
+    let weaker = format!("{url}{sep}synchronous_commit=off");
+    let err = Ledger::open(&weaker, opts()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Unavailable { reason, .. } if reason.contains("synchronous_commit=off")),
+        "{err}"
+    );
+}
