@@ -457,19 +457,22 @@ impl Ledger {
     pub async fn enqueue_and_claim(
         &self,
         run: NewRun,
+        actor: Option<&Actor>,
         worker: &WorkerId,
         lease: Duration,
         now: Timestamp,
     ) -> Result<(Enqueued, Option<RunLease>), Error> {
         let ledger = self.clone();
         let worker = worker.clone();
+        let actor = actor.cloned();
         self.write(move |c| {
             Box::pin(async move {
                 let mut tx = EnqueueTx {
                     claims: true,
                     ..EnqueueTx::default()
                 };
-                let (enq, row) = enqueue_one_in(c, &ledger, &run, None, now, &mut tx).await?;
+                let (enq, row) =
+                    enqueue_one_in(c, &ledger, &run, actor.as_ref(), now, &mut tx).await?;
                 tx.finish(c, ledger.scope()).await?;
                 // A new run's row was inserted by this transaction (and so is locked by
                 // it); a run that was there is not claimed here.

@@ -225,16 +225,20 @@ impl From<sqlx::Error> for Error {
             | sqlx::Error::WorkerCrashed => true,
             sqlx::Error::Database(db) => {
                 let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-                // SQLite: 5 BUSY, 6 LOCKED (and their extended codes, low byte).
+                // SQLite: 5 BUSY, 6 LOCKED, 13 FULL (a full disk: space may come back;
+                // a holder retries its outcome write rather than leave the call in doubt)
+                // and their extended codes, low byte.
                 // PostgreSQL: 40001 serialization, 40P01 deadlock, 57P01 admin shutdown,
-                // class 08 connection exceptions.
+                // class 08 connection exceptions, class 53 insufficient resources (a
+                // full disk, too many connections).
                 let sqlite_busy = code
                     .parse::<i64>()
-                    .map(|c| matches!(c & 0xff, 5 | 6))
+                    .map(|c| matches!(c & 0xff, 5 | 6 | 13))
                     .unwrap_or(false);
                 sqlite_busy
                     || matches!(code.as_str(), "40001" | "40P01" | "57P01" | "55P03")
                     || code.starts_with("08")
+                    || code.starts_with("53")
             }
             _ => false,
         };

@@ -80,7 +80,7 @@ fn stale_holder(backend: Backend, settle: Settle, rep: u32) {
         &a_log,
     );
     a.wait_stopped(&ctx);
-    let run = run_id_in(&a_log, &ctx);
+    let run = crate::support::run_id_in_text(&a.said());
     let key1 = format!("{run}:charge:1");
     // Past A's lease (2 s from its last renewal, which came before the mark).
     std::thread::sleep(Duration::from_millis(2_500));
@@ -222,17 +222,4 @@ impl Drop for Paused {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// The run id from `run <id> started` in a stderr file.
-fn run_id_in(log: &Path, ctx: &str) -> String {
-    let text = std::fs::read_to_string(log).unwrap_or_default();
-    text.lines()
-        .find_map(|l| {
-            l.strip_prefix("run ")
-                .and_then(|r| r.split_whitespace().next())
-                .filter(|id| id.starts_with("run_"))
-                .map(str::to_string)
-        })
-        .unwrap_or_else(|| panic!("{ctx}: no run id in A's stderr:\n{text}"))
 }

@@ -7,6 +7,7 @@ mod api_doubt;
 mod api_hostile;
 mod api_stream;
 mod approvals;
+mod approvals_limits;
 mod args;
 mod chaos;
 mod client;

@@ -358,7 +358,11 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// The run id printed on stderr as `run <id> started` (in `--log-format json`, the
 /// `message` of a JSON line).
 pub fn run_id(out: &Output) -> String {
-    let err = stderr(out);
+    run_id_in_text(&stderr(out))
+}
+
+/// [`run_id`] from stderr text (a file a child process writes, say).
+pub fn run_id_in_text(err: &str) -> String {
     err.lines()
         .map(|l| {
             serde_json::from_str::<serde_json::Value>(l)

@@ -326,6 +326,10 @@ impl Session {
                     _ if why.contains("waiting:") => {
                         "what the run waits for (`flow publish` sends an event)"
                     }
+                    // Its calls in doubt, if any, are the child's: resolved there.
+                    _ if why.contains("waiting on child") && !why.contains("calls in doubt") => {
+                        "the child runs it waits on (what each needs is settled in that run)"
+                    }
                     _ => "the calls in doubt and how to resolve them",
                 };
                 let _ = writeln!(stderr, "  see `{} show {run_id}` for {what}", self.flow);
@@ -426,6 +430,15 @@ pub(super) fn check_new_run(
     Ok((wf, new))
 }
 
+/// Who starts a run from the CLI, recorded in its `run.queued` (`USER@host`, the name
+/// `flow approve` decides under by default); `None` where the process cannot tell (no
+/// user name anywhere).
+pub(crate) fn started_by(who: &super::who::Who) -> Option<flow_ledger::Actor> {
+    who.name()
+        .ok()
+        .map(|by| flow_ledger::Actor { by, reason: None })
+}
+
 /// `flow run`.
 pub(crate) async fn run(
     cli: &Cli,
@@ -442,9 +455,11 @@ pub(crate) async fn run(
     let run_id = new.id.clone();
     let session = Session::open(cli, true, Some(&wf)).await?;
     let (worker, now) = (&session.worker, session.now());
+    // Who started it (`USER@host`): what `forbid_self` compares deciders with.
+    let starter = started_by(&super::who::Who::default());
     match session
         .ledger
-        .enqueue_and_claim(new, worker, crate::lease::length(), now)
+        .enqueue_and_claim(new, starter.as_ref(), worker, crate::lease::length(), now)
         .await
     {
         Ok((enq, Some(lease))) => {

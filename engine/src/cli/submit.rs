@@ -58,7 +58,8 @@ pub(crate) async fn submit(
     let run_id = new.id.clone();
     let ledger = open_ledger(cli).await?;
     let now = flow_ledger::Clock::now(&SystemClock);
-    let result = match ledger.enqueue(new, now).await {
+    let starter = super::run::started_by(&super::who::Who::default());
+    let result = match ledger.enqueue_as(new, starter, now).await {
         Ok(enq) => {
             let _ = writeln!(stdout, "{run_id}");
             if enq.created {

@@ -134,11 +134,25 @@ pub(super) async fn run_child(
             let message = format!("sub-workflow run {id} was cancelled");
             gw.child_failed(&call, ErrorKind::Permanent, message).await
         }
+        RunStatus::Paused if in_doubt(ledger, &id).await => Ok(StepResult::Waiting {
+            deadline: flow_ledger::Timestamp(i64::MAX),
+            on: Awaited::ChildInDoubt(id),
+        }),
         RunStatus::Queued | RunStatus::Running | RunStatus::Paused => Ok(StepResult::Waiting {
             deadline: flow_ledger::Timestamp(i64::MAX),
             on: Awaited::Child(id),
         }),
     }
+}
+
+/// Whether the paused child run `id` holds a call in doubt (a read failure counts as
+/// no: the item then holds its slot, as before).
+async fn in_doubt(ledger: &flow_ledger::Ledger, id: &str) -> bool {
+    ledger.list_calls(id).await.is_ok_and(|calls| {
+        calls
+            .iter()
+            .any(|c| c.status == flow_ledger::CallStatus::InDoubt)
+    })
 }
 
 /// The child's inputs: the node's `with` rendered, checked against the child's

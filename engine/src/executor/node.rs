@@ -11,7 +11,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use flow_ledger::{ErrorKind, Timestamp};
 use serde_json::{Map, Value as Json, json};
 
-use crate::gateway::StepOrigin;
+use crate::gateway::{Awaited, StepOrigin};
 use crate::item_id::item_step_id;
 
 /// Where one node stands in a run.
@@ -144,6 +144,8 @@ pub struct Fan {
     deferred: usize,
     /// Items waiting (on their sub-workflow's run): settled by the child's end.
     waiting: usize,
+    /// Of `waiting`, the children paused on a call in doubt: they hold no slot.
+    children_in_doubt: usize,
     /// Items awaiting their approval: nothing of theirs is in flight, so they hold no
     /// place in `limit` (every item's approval is asked at once; approvers see them all).
     approving: usize,
@@ -193,6 +195,7 @@ impl Fan {
             running: 0,
             deferred: 0,
             waiting: 0,
+            children_in_doubt: 0,
             approving: 0,
             keep_outputs: true,
             counts: Counts::default(),
@@ -257,7 +260,12 @@ impl Fan {
                 self.deferred -= 1;
             }
             NodeState::Running { .. } => self.running -= 1,
-            NodeState::Waiting { .. } => self.waiting -= 1,
+            NodeState::Waiting { on, .. } => {
+                self.waiting -= 1;
+                if matches!(on, Awaited::ChildInDoubt(_)) {
+                    self.children_in_doubt -= 1;
+                }
+            }
             NodeState::AwaitingApproval { .. } => self.approving -= 1,
             NodeState::Succeeded { .. } => self.counts.succeeded -= 1,
             NodeState::Failed { .. } => self.counts.failed -= 1,
@@ -296,7 +304,12 @@ impl Fan {
                 self.deferred += 1;
             }
             NodeState::Running { .. } => self.running += 1,
-            NodeState::Waiting { .. } => self.waiting += 1,
+            NodeState::Waiting { on, .. } => {
+                self.waiting += 1;
+                if matches!(on, Awaited::ChildInDoubt(_)) {
+                    self.children_in_doubt += 1;
+                }
+            }
             NodeState::AwaitingApproval { .. } => self.approving += 1,
             NodeState::Succeeded { .. } => self.counts.succeeded += 1,
             NodeState::Failed { .. } => self.counts.failed += 1,
@@ -336,10 +349,10 @@ impl Fan {
         let over = self.over_tolerance();
         // A deferred item already holds its place; it takes no new one when it starts.
         // An item waiting on its child run holds its place too: `concurrency` bounds the
-        // children a node has going, paused ones included.
-        let mut room = self
-            .limit
-            .saturating_sub(self.running + self.deferred + self.waiting);
+        // children a node has going, paused ones included — except a child paused on a
+        // call in doubt, which, like a tool item in doubt, holds only itself.
+        let holding = self.running + self.deferred + self.waiting - self.children_in_doubt;
+        let mut room = self.limit.saturating_sub(holding);
         for &i in &self.again {
             if out.len() >= capacity {
                 break;

@@ -222,13 +222,19 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
                     on: crate::gateway::Awaited::Child(run),
                     ..
                 } => format!("⏸ {node}: waiting on child run {run}"),
+                StepResult::Waiting {
+                    on: crate::gateway::Awaited::ChildInDoubt(run),
+                    ..
+                } => format!(
+                    "⏸ {node}: waiting on child run {run}, paused with a call in doubt (resolve it there)"
+                ),
                 StepResult::Waiting { deadline, on } => format!(
                     "⏸ {node}: waiting for {} (until {})",
                     match on {
                         crate::gateway::Awaited::Event(name) => format!("event `{name}`"),
-                        crate::gateway::Awaited::Callback | crate::gateway::Awaited::Child(_) => {
-                            "its callback".to_owned()
-                        }
+                        crate::gateway::Awaited::Callback
+                        | crate::gateway::Awaited::Child(_)
+                        | crate::gateway::Awaited::ChildInDoubt(_) => "its callback".to_owned(),
                     },
                     deadline.to_rfc3339()
                 ),

@@ -529,6 +529,10 @@ impl<'a> RunScope<'a> {
                         on: crate::gateway::Awaited::Child(run),
                         ..
                     } => format!("{id} (run {run})"),
+                    NodeState::Waiting {
+                        on: crate::gateway::Awaited::ChildInDoubt(run),
+                        ..
+                    } => format!("{id} (run {run}, a call in doubt there)"),
                     NodeState::FanOut(fan) => match fan.waiting() {
                         1 => format!("{id}: 1 item"),
                         n => format!("{id}: {n} items"),

@@ -22,6 +22,10 @@ pub enum Awaited {
     Callback,
     /// A sub-workflow's run (its id) to end.
     Child(String),
+    /// A sub-workflow's run (its id) paused with a call in doubt: nothing of it is in
+    /// flight, so, like a tool item in doubt, it holds no `for_each` slot; it waits for
+    /// that call's resolution in the child.
+    ChildInDoubt(String),
 }
 
 /// The token a callback node hands its downstream, and the context it renders in.
@@ -286,7 +290,9 @@ impl Gateway {
         };
         let what = match &on {
             Awaited::Event(name) => format!("no `{name}` event matched"),
-            Awaited::Callback | Awaited::Child(_) => "no callback came".to_owned(),
+            Awaited::Callback | Awaited::Child(_) | Awaited::ChildInDoubt(_) => {
+                "no callback came".to_owned()
+            }
         };
         match wait.status {
             WaitStatus::Pending => Ok(StepResult::Waiting {

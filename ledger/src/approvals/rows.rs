@@ -169,11 +169,32 @@ pub(super) async fn with_votes(
 
 /// Who submitted the run, from its first `run.queued` event (the outbox is the audit
 /// trail: the API records the submitting token's name there).
+///
+/// A child run has the starter of its root: a sub-workflow's approval under
+/// `forbid_self` must refuse the token that started the parent (its own `run.queued`
+/// names nobody). Runs started from the CLI name `USER@host`.
 pub(super) async fn submitter(
     c: &mut Conn<'_>,
     s: &Scope,
     run_id: &str,
 ) -> Result<Option<String>, Error> {
+    /// Deeper than any sub-workflow chain flow accepts (cycles are refused at load).
+    const MAX_DEPTH: usize = 64;
+    let mut root = run_id.to_owned();
+    for _ in 0..MAX_DEPTH {
+        let parent = c
+            .optional::<(Option<String>,)>(
+                "SELECT parent_run_id FROM runs WHERE tenant = $1 AND workspace = $2 AND id = $3",
+                args![&s.tenant, &s.workspace, &root],
+            )
+            .await?
+            .and_then(|(p,)| p);
+        match parent {
+            Some(p) => root = p,
+            None => break,
+        }
+    }
+    let run_id = root.as_str();
     let row = c
         .optional::<(String,)>(
             "SELECT payload FROM outbox WHERE tenant = $1 AND workspace = $2 AND run_id = $3

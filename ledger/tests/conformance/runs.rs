@@ -30,7 +30,7 @@ async fn enqueue_and_claim_claims_only_a_run_it_created(db: TestDb) {
     let now = db.now();
     let (enq, lease) = db
         .ledger
-        .enqueue_and_claim(new_run("run_a"), &worker("a"), LEASE, now)
+        .enqueue_and_claim(new_run("run_a"), None, &worker("a"), LEASE, now)
         .await
         .unwrap();
     assert!(enq.created);
@@ -46,7 +46,7 @@ async fn enqueue_and_claim_claims_only_a_run_it_created(db: TestDb) {
     // The same run again, from another worker: attached, not claimed, lease untouched.
     let (again, none) = db
         .ledger
-        .enqueue_and_claim(new_run("run_a"), &worker("b"), LEASE, now)
+        .enqueue_and_claim(new_run("run_a"), None, &worker("b"), LEASE, now)
         .await
         .unwrap();
     assert!(!again.created && none.is_none());

@@ -89,3 +89,56 @@ fn a_daemon_whose_wal_was_deleted_stops_before_it_writes_again() {
         "nothing more was marked and sent after the WAL went"
     );
 }
+
+/// An answer in hand survives a short ledger outage (issue 49, break 8): the outcome
+/// write meets a write lock held past `busy_timeout` (5 s) and is retried while this
+/// worker holds the call, instead of leaving the answered call in doubt.
+#[test]
+fn an_answer_in_hand_survives_a_write_lock_held_past_the_busy_timeout() {
+    let rt = crate::support::runtime();
+    let down = rt.block_on(CountingServer::start()).expect("downstream");
+    down.set("/slow", Behavior::hold(Duration::from_millis(1_500)));
+    let db = TestDb::new(Backend::Sqlite);
+    let file = db.write("slow.yaml", &slow_then_next(&down.url()));
+    let log = db.dir.path().join("run.log");
+    let mut run = db
+        .flow()
+        .arg("run")
+        .arg(&file)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("flow run");
+    wait_until(Duration::from_secs(20), "slow in flight", || {
+        down.total() == 1
+    });
+    let path = db.dir.path().join("flow.db");
+    let holder = rt.block_on(async {
+        use sqlx::{ConnectOptions as _, Executor as _};
+        let mut c = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .connect()
+            .await
+            .expect("a second connection");
+        c.execute("BEGIN IMMEDIATE").await.expect("the write lock");
+        c
+    });
+    // The answer comes back while the lock is held; keep it past busy_timeout.
+    std::thread::sleep(Duration::from_secs(7));
+    rt.block_on(async move {
+        use sqlx::Executor as _;
+        let mut holder = holder;
+        holder.execute("ROLLBACK").await.expect("release the lock");
+    });
+    let status = run.wait().expect("flow run exits");
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(status.code(), Some(0), "the run finishes:\n{said}");
+    let id = crate::support::run_id_in_text(&said);
+    let s = show(&db, &id);
+    assert_eq!(
+        crate::support::call(&s, "slow")["status"],
+        "succeeded",
+        "{s:#}"
+    );
+    assert_eq!(down.total(), 2, "slow once, next once");
+}
