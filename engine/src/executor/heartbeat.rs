@@ -33,7 +33,8 @@ pub(super) fn start(
 }
 
 /// Renews the run lease every third of its length and polls for a cancellation request
-/// every second (a read; the renewal is a write, so it runs less often). Each renewal
+/// every second, or every quarter of a shorter lease (a read; the renewal is a write, so
+/// it runs less often). Each renewal
 /// confirms `window` from the moment it was asked (the lease cannot end earlier than
 /// that plus its length); a refused one closes it, so no call of the run sends again.
 async fn heartbeat(
@@ -44,7 +45,9 @@ async fn heartbeat(
     lost: watch::Sender<bool>,
 ) {
     const CANCEL_POLL: Duration = Duration::from_secs(1);
-    let mut tick = tokio::time::interval(CANCEL_POLL);
+    // A short lease (`FLOW_LEASE`) is renewed often enough that its window never
+    // lapses between two renewals: ticks of a quarter of it at the most.
+    let mut tick = tokio::time::interval(CANCEL_POLL.min(crate::lease::length() / 4));
     tick.tick().await;
     let mut last_renewal = Instant::now();
     let mut failures = 0u32;
