@@ -64,6 +64,20 @@ fn run_parent(db: &TestDb, file: &std::path::Path, tenants: &str) -> std::proces
     output(db.flow().arg("run").arg(file).args(["--input", tenants]))
 }
 
+/// Settles the in-doubt `charge` of child run `child` as succeeded (the operator looked
+/// at the downstream): the child ends, which puts its parent back on the queue.
+fn settle_child(db: &TestDb, child: &str, backend: Backend) {
+    let out = output(db.flow().args([
+        "resume",
+        child,
+        "--resolve",
+        "charge=succeeded",
+        "--output",
+        r#"{"body": {"plan": "pro"}}"#,
+    ]));
+    assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
+}
+
 fn children(db: &TestDb, run: &str) -> Vec<Value> {
     let out = output(db.flow().args(["runs", "--parent", run, "--json"]));
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -167,15 +181,7 @@ fn a_child_in_doubt_pauses_its_parent_until_the_child_ends() {
         assert_eq!(c["run"]["parent"]["run"], run.as_str(), "{backend:?}");
 
         // The child's call is settled; its end puts the parent back on the queue.
-        let out = output(db.flow().args([
-            "resume",
-            &child,
-            "--resolve",
-            "charge=succeeded",
-            "--output",
-            r#"{"body": {"plan": "pro"}}"#,
-        ]));
-        assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
+        settle_child(&db, &child, backend);
         let p = show(&db, &run);
         assert_eq!(
             p["run"]["status"], "queued",
@@ -342,20 +348,7 @@ fn a_child_in_doubt_holds_only_itself() {
         );
         // Settled in the child, the parent goes on and ends.
         let child = format!("{run}.provision.t1");
-        let settled = output(db.flow().args([
-            "resume",
-            &child,
-            "--resolve",
-            "charge=succeeded",
-            "--output",
-            r#"{"body": {"plan": "pro"}}"#,
-        ]));
-        assert_eq!(
-            settled.status.code(),
-            Some(0),
-            "{backend:?}: {}",
-            stderr(&settled)
-        );
+        settle_child(&db, &child, backend);
         let out = output(db.flow().args(["resume", &run]));
         assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
         assert_eq!(server.total(), 3, "{backend:?}: nothing was sent twice");

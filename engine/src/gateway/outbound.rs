@@ -202,7 +202,7 @@ impl Gateway {
         lease: &CallLease,
         error: flow_ledger::Error,
     ) -> Result<StepResult, flow_ledger::Error> {
-        if !(error.is_retryable() || matches!(error, flow_ledger::Error::Unavailable { .. })) {
+        if !super::record::transient(&error) {
             return Err(error);
         }
         tracing::warn!(

@@ -298,6 +298,13 @@ pub(super) fn replayed_result(r: Replayed) -> StepResult {
 /// disk for minutes).
 const HOLDER_WRITE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
 
+/// A ledger failure that repeating the same write may get past (the database busy,
+/// unreachable or out of room), as opposed to a refusal (`LeaseLost`, `Unusable`, …):
+/// what the holder's writes retry, and what a failed mark is given back on.
+pub(super) fn transient(e: &flow_ledger::Error) -> bool {
+    e.is_retryable() || matches!(e, flow_ledger::Error::Unavailable { .. })
+}
+
 impl Gateway {
     /// Runs `write` (with a fresh `now` each time) until it succeeds, fails for a reason
     /// that repeating cannot change, or [`HOLDER_WRITE_PATIENCE`] runs out; backs off
@@ -316,11 +323,7 @@ impl Gateway {
         let mut said: Option<std::time::Instant> = None;
         loop {
             match write(self.now()).await {
-                Err(e)
-                    if (e.is_retryable()
-                        || matches!(e, flow_ledger::Error::Unavailable { .. }))
-                        && started.elapsed() < HOLDER_WRITE_PATIENCE =>
-                {
+                Err(e) if transient(&e) && started.elapsed() < HOLDER_WRITE_PATIENCE => {
                     if said.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
                         tracing::warn!(error = %e, "cannot {what} yet; retrying while this worker holds the call");
                         said = Some(std::time::Instant::now());

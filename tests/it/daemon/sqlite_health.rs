@@ -33,27 +33,13 @@ fn healthz_fails_while_another_process_holds_the_write_lock() {
     });
     // Another connection (another process would do the same) takes SQLite's write lock
     // and keeps it.
-    let path = db.dir.path().join("flow.db");
-    let mut holder = rt.block_on(async {
-        use sqlx::{ConnectOptions as _, Executor as _};
-        let mut c = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(&path)
-            .connect()
-            .await
-            .expect("a second connection");
-        c.execute("BEGIN IMMEDIATE").await.expect("the write lock");
-        c
-    });
+    let holder = WriteLock::take(&rt, &db);
     let (code, body) = http_get(addr, "/healthz").expect("healthz answers");
     assert_eq!(
         code, 503,
         "a ledger nobody can write is not healthy: {body}"
     );
-    rt.block_on(async {
-        use sqlx::Executor as _;
-        holder.execute("ROLLBACK").await.expect("release the lock");
-    });
-    drop(holder);
+    holder.release(&rt);
     wait_until(Duration::from_secs(15), "/healthz recovers", || {
         http_get(addr, "/healthz").is_some_and(|(code, _)| code == 200)
     });
@@ -112,24 +98,10 @@ fn an_answer_in_hand_survives_a_write_lock_held_past_the_busy_timeout() {
     wait_until(Duration::from_secs(20), "slow in flight", || {
         down.total() == 1
     });
-    let path = db.dir.path().join("flow.db");
-    let holder = rt.block_on(async {
-        use sqlx::{ConnectOptions as _, Executor as _};
-        let mut c = sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(&path)
-            .connect()
-            .await
-            .expect("a second connection");
-        c.execute("BEGIN IMMEDIATE").await.expect("the write lock");
-        c
-    });
+    let holder = WriteLock::take(&rt, &db);
     // The answer comes back while the lock is held; keep it past busy_timeout.
     std::thread::sleep(Duration::from_secs(7));
-    rt.block_on(async move {
-        use sqlx::Executor as _;
-        let mut holder = holder;
-        holder.execute("ROLLBACK").await.expect("release the lock");
-    });
+    holder.release(&rt);
     let status = run.wait().expect("flow run exits");
     let said = std::fs::read_to_string(&log).unwrap_or_default();
     assert_eq!(status.code(), Some(0), "the run finishes:\n{said}");
@@ -141,4 +113,31 @@ fn an_answer_in_hand_survives_a_write_lock_held_past_the_busy_timeout() {
         "{s:#}"
     );
     assert_eq!(down.total(), 2, "slow once, next once");
+}
+
+/// SQLite's write lock taken by a connection of this test (another process holding it
+/// would be the same to flow), held until released.
+struct WriteLock(sqlx::SqliteConnection);
+
+impl WriteLock {
+    fn take(rt: &tokio::runtime::Runtime, db: &TestDb) -> Self {
+        let path = db.dir.path().join("flow.db");
+        rt.block_on(async {
+            use sqlx::{ConnectOptions as _, Executor as _};
+            let mut c = sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&path)
+                .connect()
+                .await
+                .expect("a second connection");
+            c.execute("BEGIN IMMEDIATE").await.expect("the write lock");
+            WriteLock(c)
+        })
+    }
+
+    fn release(mut self, rt: &tokio::runtime::Runtime) {
+        rt.block_on(async {
+            use sqlx::Executor as _;
+            self.0.execute("ROLLBACK").await.expect("release the lock");
+        });
+    }
 }
