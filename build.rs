@@ -20,10 +20,18 @@ fn main() {
     if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
         println!("cargo:rerun-if-changed={dir}/HEAD");
     }
+    // Only files that exist: cargo treats a `rerun-if-changed` path that is missing as
+    // always stale, so a checkout whose refs are loose (no `packed-refs`) or packed (no
+    // loose branch file) would rebuild the binary on every `cargo build`.
+    let watch = |path: String| {
+        if std::path::Path::new(&path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    };
     if let Some(common) = git(&["rev-parse", "--git-common-dir"]) {
-        println!("cargo:rerun-if-changed={common}/packed-refs");
+        watch(format!("{common}/packed-refs"));
         if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            println!("cargo:rerun-if-changed={common}/{branch}");
+            watch(format!("{common}/{branch}"));
         }
     }
     let commit = std::env::var("FLOW_GIT_COMMIT")
