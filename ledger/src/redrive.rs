@@ -2,7 +2,8 @@
 //! (`<node>_retry<n+1>`, pending, due now) and the run goes back on the queue, in one
 //! transaction with a `run.redriven` event that records who, when and why. A failed
 //! call run again is a new effect attempt (a new key, `<base>:<n+1>`); a succeeded one
-//! is replayed from the ledger, never re-sent. A run with a call in doubt is refused:
+//! is replayed from the ledger, never re-sent; a node whose approval was decided asks
+//! again (approved, denied or timed out: see [`ask_again`]). A run with a call in doubt is refused:
 //! its doubt must be settled first (what is in doubt may have happened).
 
 use serde_json::json;
@@ -16,7 +17,7 @@ use crate::model::{Actor, NewStep, Run};
 use crate::resolve::first_in_doubt;
 use crate::rows::{RunRow, StepRow, run_cols, step_cols};
 use crate::runs::run_for_update;
-use crate::state::{RunStatus, RunTransition, StepStatus};
+use crate::state::{ApprovalStatus, CallStatus, RunStatus, RunTransition, StepStatus};
 use crate::steps::create_step_in;
 
 /// What a redrive did: the run, back on the queue, and the steps it created.
@@ -26,6 +27,9 @@ pub struct Redriven {
     pub run: Run,
     /// The new steps, `(node, step id)`, in the order asked.
     pub steps: Vec<(String, String)>,
+    /// The approvals that will be asked again (node ids, `node[<key>]` for an item):
+    /// a decision taken for the failed attempt does not carry over to a redrive.
+    pub approvals_asked_again: Vec<String>,
 }
 
 /// The latest step of each of `nodes` (by retry number), in that order; a node with no
@@ -104,10 +108,12 @@ impl Ledger {
                     create_step_in(c, &ledger, &run_id, &step, now).await?;
                     steps.push((step.node_id, step.step_id));
                 }
+                let asked_again = ask_again(c, &ledger, &run_id, &latest, now).await?;
                 let row = requeue_failed(c, &ledger, &row, to, now).await?;
                 let payload = json!({
                     "nodes": steps.iter().map(|(n, _)| n).collect::<Vec<_>>(),
                     "steps": steps.iter().map(|(_, s)| s).collect::<Vec<_>>(),
+                    "approvals_asked_again": &asked_again,
                 });
                 emit(
                     c,
@@ -124,11 +130,61 @@ impl Ledger {
                 Ok(Redriven {
                     run: row.into_run()?,
                     steps,
+                    approvals_asked_again: asked_again,
                 })
             })
         })
         .await
     }
+}
+
+/// The decided approvals of the redriven nodes (an item of a `for_each` node is
+/// `node[<key>]`) whose call did not succeed, set `cancelled` so the gate asks again:
+/// an approval or a denial was given for one attempt at one moment, and a redrive — an
+/// operator sending the node round again, perhaps hours later — is a new decision to
+/// take. A call that succeeded is replayed, not sent, and keeps its approval. Returns
+/// the approvals' node ids (`run.redriven` lists them).
+async fn ask_again(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    run_id: &str,
+    latest: &[StepRow],
+    now: Timestamp,
+) -> Result<Vec<String>, Error> {
+    let s = ledger.scope();
+    let mut asked = Vec::new();
+    for step in latest {
+        let rows = c
+            .all::<(String,)>(
+                "UPDATE approvals SET status = $5, decided_at = $6,
+                    reason = 'the run was redriven: asked again'
+                 WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+                   AND (node_id = $4 OR substr(node_id, 1, length($4) + 1) = $4 || '[')
+                   AND status IN ($7, $8, $9)
+                   AND NOT EXISTS (
+                     SELECT 1 FROM tool_calls t
+                     WHERE t.tenant = approvals.tenant AND t.workspace = approvals.workspace
+                       AND t.run_id = approvals.run_id AND t.tool_call_id = approvals.node_id
+                       AND t.status = $10)
+                 RETURNING node_id",
+                args![
+                    &s.tenant,
+                    &s.workspace,
+                    run_id,
+                    &step.node_id,
+                    ApprovalStatus::Cancelled.as_str(),
+                    now,
+                    ApprovalStatus::Approved.as_str(),
+                    ApprovalStatus::Denied.as_str(),
+                    ApprovalStatus::TimedOut.as_str(),
+                    CallStatus::Succeeded.as_str()
+                ],
+            )
+            .await?;
+        asked.extend(rows.into_iter().map(|(n,)| n));
+    }
+    asked.sort();
+    Ok(asked)
 }
 
 /// The failed run `row`, back on the queue as `to`, its error, output and end time

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use flow_adapters::testkit::http::CountingServer;
+use flow_adapters::testkit::http::{Behavior, CountingServer};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
@@ -115,5 +115,210 @@ fn forbid_self_refuses_the_cli_user_who_started_the_run_on_both_backends() {
         let done = output(db.flow().args(["resume", &run]));
         assert_eq!(done.status.code(), Some(0), "{ctx}: {}", stderr(&done));
         assert_eq!(down.total(), 1, "{ctx}");
+    }
+}
+
+/// A redrive is a new decision to take: an approved node whose call failed asks again
+/// (nothing is sent until someone approves anew), and a denied node can be asked again
+/// by a redrive instead of failing on the old denial. Issue 49 (break 6): a redrive sent
+/// the approved request again under the old approval, and a denied node could never be
+/// asked again.
+#[test]
+fn a_redrive_asks_again_for_an_approved_or_denied_node_on_both_backends() {
+    for backend in backends() {
+        let ctx = format!("{backend:?}");
+        let rt = runtime();
+        let down = rt.block_on(CountingServer::start()).expect("downstream");
+        let db = TestDb::new(backend);
+        let file = db.write("refund.yaml", &workflow(&down.url(), "      timeout: 1h"));
+        let flow = |args: &[&str], code: i32| {
+            let out = output(db.flow().args(args));
+            assert_eq!(
+                out.status.code(),
+                Some(code),
+                "{ctx}: {args:?}: {}",
+                stderr(&out)
+            );
+            stderr(&out)
+        };
+
+        // Approved, then the downstream refuses: the run fails after one request.
+        down.set("/refund", Behavior::status(400));
+        let paused = output(db.flow().arg("run").arg(&file));
+        assert_eq!(paused.status.code(), Some(3), "{ctx}: {}", stderr(&paused));
+        let run = run_id(&paused);
+        flow(&["approve", &run, "refund", "--by", "alice"], 0);
+        flow(&["resume", &run], 1);
+        assert_eq!(down.total(), 1, "{ctx}");
+        down.set("/refund", Behavior::Echo);
+        let said = flow(&["redrive", &run], 0);
+        assert!(
+            said.contains("approval asked again: refund"),
+            "{ctx}: {said}"
+        );
+        let again = flow(&["resume", &run], 3);
+        assert!(
+            again.contains("awaiting approval: refund"),
+            "{ctx}: {again}"
+        );
+        assert_eq!(down.total(), 1, "{ctx}: nothing sent on the old approval");
+        assert_eq!(approval(&show(&db, &run))["status"], "pending", "{ctx}");
+        flow(&["approve", &run, "refund", "--by", "bob"], 0);
+        flow(&["resume", &run], 0);
+        assert_eq!(
+            down.total(),
+            2,
+            "{ctx}: sent once more, after the new approval"
+        );
+        assert_eq!(events(&db, &run, "approval.requested"), 2, "{ctx}");
+
+        // Denied: the node fails; a redrive asks again instead of failing on the denial.
+        let paused = output(db.flow().arg("run").arg(&file));
+        assert_eq!(paused.status.code(), Some(3), "{ctx}: {}", stderr(&paused));
+        let run = run_id(&paused);
+        flow(
+            &[
+                "deny", &run, "refund", "--by", "alice", "--reason", "not yet",
+            ],
+            0,
+        );
+        flow(&["resume", &run], 1);
+        flow(&["redrive", &run], 0);
+        flow(&["resume", &run], 3);
+        assert_eq!(down.total(), 2, "{ctx}: a denied request is never sent");
+        flow(&["approve", &run, "refund", "--by", "alice"], 0);
+        flow(&["resume", &run], 0);
+        assert_eq!(
+            down.total(),
+            3,
+            "{ctx}: sent once, after the approval asked again"
+        );
+    }
+}
+
+/// A refund to an account held in a secret: the approval binds the account's value (a
+/// swapped secret is asked again, nothing sent on the old approval), not the bearer
+/// token in a header (rotating it sends), and the ledger holds neither value — the
+/// digest is keyed by `APPROVAL_DIGEST_KEY`, without which such a request is refused
+/// by name. Issue 49 (break 5): the digest hashed the request with secrets as names,
+/// so an approval given for one account sent the refund to another.
+#[test]
+fn an_approval_binds_the_secret_values_of_its_request_on_both_backends() {
+    const ACCOUNTS: [&str; 2] = ["acct-7f3a91c2", "acct-0b55e6d4"];
+    for backend in backends() {
+        let ctx = format!("{backend:?}");
+        let rt = runtime();
+        let down = rt.block_on(CountingServer::start()).expect("downstream");
+        let db = TestDb::new(backend);
+        let url = down.url();
+        let file = db.write(
+            "payout.yaml",
+            &format!(
+                r#"name: payout
+tools:
+  pay:
+    kind: http
+    method: POST
+    url: "{url}/payout"
+    headers: {{ Authorization: "Bearer ${{{{ secrets.TOKEN }}}}" }}
+    timeout: 2s
+nodes:
+  payout:
+    tool: pay
+    with: {{ account: "${{{{ secrets.ACCOUNT }}}}", amount: 40 }}
+    approval: {{ timeout: 1h }}
+"#
+            ),
+        );
+        let flow = |account: &str, token: &str, keyed: bool| {
+            let mut cmd = db.flow();
+            cmd.env("FLOW_SECRET_ACCOUNT", account)
+                .env("FLOW_SECRET_TOKEN", token);
+            if keyed {
+                cmd.env("FLOW_SECRET_APPROVAL_DIGEST_KEY", "k-55c1e0b2d9a4");
+            }
+            cmd
+        };
+        let expect = |mut cmd: std::process::Command, args: &[&str], code: i32| {
+            let out = output(cmd.args(args));
+            assert_eq!(
+                out.status.code(),
+                Some(code),
+                "{ctx}: {args:?}: {}",
+                stderr(&out)
+            );
+            out
+        };
+
+        let unkeyed = expect(
+            flow(ACCOUNTS[0], "tok-one-1a2b", false),
+            &["run", &file.display().to_string()],
+            1,
+        );
+        let said = stderr(&unkeyed);
+        assert!(
+            said.contains("APPROVAL_DIGEST_KEY") && said.contains("`ACCOUNT`"),
+            "{ctx}: {said}"
+        );
+        assert!(
+            !said.contains("`TOKEN`"),
+            "{ctx}: a header credential is not bound: {said}"
+        );
+
+        let paused = expect(
+            flow(ACCOUNTS[0], "tok-one-1a2b", true),
+            &["run", &file.display().to_string()],
+            3,
+        );
+        let run = run_id(&paused);
+        let asked = approval(&show(&db, &run))["digest"]
+            .as_str()
+            .map(str::to_owned);
+        assert!(
+            asked
+                .as_deref()
+                .is_some_and(|d| d.starts_with("hmac-sha256:")),
+            "{ctx}: {asked:?}"
+        );
+        expect(
+            flow(ACCOUNTS[0], "tok-one-1a2b", true),
+            &["approve", &run, "payout", "--by", "alice"],
+            0,
+        );
+        // The account secret changed after the approval: asked again, nothing sent.
+        expect(
+            flow(ACCOUNTS[1], "tok-one-1a2b", true),
+            &["resume", &run],
+            3,
+        );
+        assert_eq!(down.total(), 0, "{ctx}: not sent to another account");
+        assert_eq!(events(&db, &run, "approval.invalidated"), 1, "{ctx}");
+        expect(
+            flow(ACCOUNTS[1], "tok-one-1a2b", true),
+            &["approve", &run, "payout", "--by", "alice"],
+            0,
+        );
+        // The bearer token rotated after this approval: still the approved request.
+        expect(
+            flow(ACCOUNTS[1], "tok-two-3c4d", true),
+            &["resume", &run],
+            0,
+        );
+        assert_eq!(down.total(), 1, "{ctx}");
+        let body = down.log()[0].body.to_string();
+        assert!(
+            body.contains(ACCOUNTS[1]),
+            "{ctx}: sent to the approved account: {body}"
+        );
+
+        let listed = show(&db, &run).to_string();
+        for value in ACCOUNTS.iter().chain(&["k-55c1e0b2d9a4"]) {
+            assert!(!listed.contains(value), "{ctx}: `flow show` holds {value}");
+        }
+        if matches!(backend, crate::support::Backend::Sqlite) {
+            let bytes = crate::connections::disk_bytes(db.dir.path());
+            let values: Vec<String> = ACCOUNTS.iter().map(|v| v.to_string()).collect();
+            crate::connections::assert_no_token("the SQLite ledger", &bytes, &values);
+        }
     }
 }

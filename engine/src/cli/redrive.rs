@@ -45,9 +45,13 @@ pub(crate) async fn redrive(
         .map_err(|e| refused(&args.run, e))?;
     let steps: Vec<&str> = done.steps.iter().map(|(_, s)| s.as_str()).collect();
     let _ = writeln!(stdout, "{} {}", done.run.id, done.run.status);
+    let asked = match done.approvals_asked_again.as_slice() {
+        [] => String::new(),
+        nodes => format!(" (approval asked again: {})", nodes.join(", ")),
+    };
     let _ = writeln!(
         stderr,
-        "run {} redriven: {} run again as {}; continue with `{} resume {}` or let a daemon take it",
+        "run {} redriven: {} run again as {}{asked}; continue with `{} resume {}` or let a daemon take it",
         done.run.id,
         done.steps.len(),
         steps.join(", "),

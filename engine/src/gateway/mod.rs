@@ -657,6 +657,9 @@ struct Rendered {
     /// The stored request (secrets scrubbed) and its canonical hash.
     request: Json,
     request_hash: String,
+    /// The secrets the request itself reads (`with` and the tool's request templates,
+    /// not its credentials), sorted: what an approval's digest binds by value.
+    bound_secrets: Vec<String>,
 }
 
 /// How a claim ended: a lease to send under, or the step's result without a send.

@@ -84,12 +84,17 @@ impl Gateway {
             spec.allow_hosts.clone_from(&self.inner.allow_list);
         }
         let request_hash = canonical_hash(&request);
+        let mut bound_secrets = secret_names(c.node.with.templates());
+        bound_secrets.extend(secret_names(c.tool.kind.request_templates()));
+        bound_secrets.sort();
+        bound_secrets.dedup();
         Ok(Rendered {
             args,
             base_key,
             target,
             request,
             request_hash,
+            bound_secrets,
         })
     }
 }

@@ -694,6 +694,26 @@ impl OnTimeout {
 }
 
 impl ToolKind {
+    /// The templates that shape *what* the call asks for — an HTTP tool's URL, query
+    /// and body, a command's argv — as opposed to the credentials it is sent with (HTTP
+    /// headers, a command's environment, an MCP server's connection and auth). The
+    /// secrets read here are bound into an approval's digest; credentials stay outside,
+    /// so rotating a token does not void the approvals given for its requests.
+    pub fn request_templates(&self) -> Vec<&Template> {
+        match self {
+            ToolKind::Function { .. } | ToolKind::Mcp(_) => Vec::new(),
+            ToolKind::Command { command, .. } => command.iter().collect(),
+            ToolKind::Http(h) => {
+                let mut out = vec![&h.url];
+                out.extend(h.query.iter().map(|(_, t)| t));
+                if let Some(body) = &h.body {
+                    out.extend(body.templates());
+                }
+                out
+            }
+        }
+    }
+
     /// Every template in the tool spec (what validation checks and secrets are read from).
     pub fn templates(&self) -> Vec<&Template> {
         let mut out = Vec::new();

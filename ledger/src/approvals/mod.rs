@@ -206,8 +206,9 @@ impl Ledger {
     /// in one transaction: no row → a `pending` one (`approval.requested`); `pending`
     /// past its deadline → `timed_out` (the same compare-and-set the sweep uses);
     /// `pending` or `approved` for another digest → `pending` under the new digest with
-    /// a new deadline (`approval.invalidated`, then `approval.requested`); otherwise the
-    /// row as it stands. Only [`Gate::Approved`] lets the call leave.
+    /// a new deadline (`approval.invalidated`, then `approval.requested`); `cancelled`
+    /// (the run was redriven, or finished while it waited and was redriven) → `pending`
+    /// anew the same way; otherwise the row as it stands. Only [`Gate::Approved`] lets the call leave.
     pub async fn approval_gate(
         &self,
         lease: &RunLease,
@@ -264,7 +265,9 @@ impl Ledger {
                         }
                         let open =
                             matches!(status, ApprovalStatus::Pending | ApprovalStatus::Approved);
-                        if changed && open {
+                        // `cancelled` here means the run runs again (a redrive): a
+                        // cancelled ask is never an answer, so it is asked anew.
+                        if (changed && open) || status == ApprovalStatus::Cancelled {
                             a.reask(c, s, &row, status).await?;
                         }
                     }
