@@ -10,7 +10,9 @@
 use flow_adapters::testkit::http::{Behavior, CountingServer};
 use serde_json::Value;
 
-use crate::support::{Backend, TestDb, backends, no_runs, output, run_id, runtime, show, stderr};
+use crate::support::{
+    Backend, TestDb, backends, no_runs, output, run_id, runtime, show, stderr, stdout,
+};
 
 /// The child: one POST per tenant to `<url>/provision/<tenant>`.
 fn child(url: &str) -> String {
@@ -314,11 +316,10 @@ fn bad_sub_workflows_are_refused_before_anything_runs() {
     no_runs(&db);
 }
 
-/// A child paused in doubt holds its place in `concurrency`: with one at a time, the
-/// other items' children do not start while it waits.
 /// A child paused on a call in doubt holds only itself, as a tool item in doubt does:
 /// nothing of it is in flight, so the next items start (before, it kept its
-/// `concurrency` slot and the fan-out stalled behind it).
+/// `concurrency` slot and the fan-out stalled behind it), and `flow show` lists its
+/// item `paused`, waiting for a person (before: `running`).
 #[test]
 fn a_child_in_doubt_holds_only_itself() {
     let rt = runtime();
@@ -336,10 +337,25 @@ fn a_child_in_doubt_holds_only_itself() {
         let run = run_id(&out);
         assert_eq!(server.total(), 3, "{backend:?}: every child started");
         assert_eq!(children(&db, &run).len(), 3, "{backend:?}");
-        let reason = show(&db, &run)["run"]["error"].to_string();
+        let seen = show(&db, &run);
+        let reason = seen["run"]["error"].to_string();
         assert!(
             reason.contains("waiting on child: provision: 1 item"),
             "{backend:?}: {reason}"
+        );
+        let node = &seen["nodes"].as_array().expect("nodes")[0];
+        assert_eq!(node["items"]["in_doubt"], 1, "{backend:?}: {node}");
+        assert_eq!(node["items"]["running"], 0, "{backend:?}: {node}");
+        assert_eq!(node["status"], "paused", "{backend:?}: {node}");
+        let item = &node["items"]["listed"][0];
+        assert_eq!(
+            (&item["key"], &item["status"]),
+            (&"t1".into(), &"paused".into())
+        );
+        let text = stdout(&output(db.flow().args(["show", &run])));
+        assert!(
+            text.contains("1 in doubt") && !text.contains("running"),
+            "{backend:?}: {text}"
         );
         assert!(
             stderr(&out).contains("the child runs it waits on"),

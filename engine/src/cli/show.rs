@@ -238,7 +238,7 @@ fn run_header(run: &flow_ledger::Run, resume: &str) -> String {
 async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, flow_ledger::Error> {
     use std::fmt::Write as _;
     let run = ledger.get_run(run_id).await?;
-    let steps = ledger.list_steps(run_id).await?;
+    let steps = crate::view::run::steps_as_seen(ledger, run_id).await?;
     let calls = ledger.list_calls(run_id).await?;
     let probes = ledger.list_probes(run_id).await?;
     // The events say why a call went in doubt (`CallView::of` reads the reason there).
@@ -409,11 +409,15 @@ fn items_text(out: &mut String, node: &str, steps: &[flow_ledger::Step], total: 
         .iter()
         .rfind(|s| s.node_id == node && s.step_id == node)
         .map(|s| s.status.as_str());
-    let state = own.unwrap_or(if total.is_some() {
-        "running"
-    } else {
-        "not started"
-    });
+    // Items paused and none running: the node waits for a person (as `flow show
+    // --json`'s node status says).
+    let held = view.in_doubt > 0 && view.running == 0;
+    let state = match own {
+        Some("running") | None if held && total.is_some() => "paused",
+        Some(own) => own,
+        None if total.is_some() => "running",
+        None => "not started",
+    };
     let _ = writeln!(out, "{node}  {state}  {}", view.counts_line());
     const SHOWN: usize = 20;
     for item in view.listed.iter().take(SHOWN) {

@@ -37,7 +37,8 @@ pub struct ItemsView {
     pub succeeded: usize,
     /// Items that failed for good.
     pub failed: usize,
-    /// Items whose call is in doubt (each waits for a resolution).
+    /// Items paused: their call is in doubt, or the child run they wait for is paused
+    /// (each waits for a person).
     pub in_doubt: usize,
     /// Items running or waiting for a retry.
     pub running: usize,

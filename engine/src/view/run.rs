@@ -173,7 +173,7 @@ impl RunView {
     /// Reads run `run_id` whole (`NotFound` when there is none).
     pub async fn load(ledger: &Ledger, run_id: &str) -> Result<RunView, flow_ledger::Error> {
         let run = ledger.get_run(run_id).await?;
-        let steps = ledger.list_steps(run_id).await?;
+        let steps = steps_as_seen(ledger, run_id).await?;
         let calls = ledger.list_calls(run_id).await?;
         let probes = ledger.list_probes(run_id).await?;
         let events = run_events(ledger, run_id).await?;
@@ -248,6 +248,35 @@ impl RunView {
             .iter()
             .filter(|c| c.status == flow_ledger::CallStatus::InDoubt)
     }
+}
+
+/// The steps of `run_id` as a reader should see them: a step still `running` in the
+/// ledger while the child run it waits for is paused (a call in doubt, an approval) is
+/// shown `paused` — the node waits for a person, not for work, as its child does.
+pub async fn steps_as_seen(ledger: &Ledger, run_id: &str) -> Result<Vec<Step>, flow_ledger::Error> {
+    let mut steps = ledger.list_steps(run_id).await?;
+    if !steps.iter().any(|s| s.status == StepStatus::Running) {
+        return Ok(steps);
+    }
+    let paused = ledger
+        .list_runs(flow_ledger::RunFilter {
+            parent: Some(run_id.to_string()),
+            status: Some(flow_ledger::RunStatus::Paused),
+            limit: 10_000,
+            ..Default::default()
+        })
+        .await?;
+    let waiting: std::collections::HashSet<&str> = paused
+        .iter()
+        .filter_map(|r| r.parent.as_ref())
+        .map(|p| p.step_id.as_str())
+        .collect();
+    for s in &mut steps {
+        if s.status == StepStatus::Running && waiting.contains(s.step_id.as_str()) {
+            s.status = StepStatus::Paused;
+        }
+    }
+    Ok(steps)
 }
 
 /// The first [`CHILDREN_LISTED`] children of `run_id`.
