@@ -309,7 +309,10 @@ pub(crate) async fn abandoned_to_in_doubt(
 }
 
 /// Moves an abandoned `outbound` call to `in_doubt` (takeover), with its attempt row,
-/// paused steps and event.
+/// paused steps and event. The row keeps its `lease_expires_at` (unless its holder is
+/// provably dead): the end of the lease the worker it is taken from held, after which
+/// that worker's fence lets nothing more leave — what a person resolving it is shown
+/// and waits for. The holder and token are cleared, so no fence passes.
 async fn take_over_to_in_doubt(
     c: &mut Conn<'_>,
     ledger: &Ledger,
@@ -322,7 +325,8 @@ async fn take_over_to_in_doubt(
     let n = c
         .execute(
             "UPDATE tool_calls SET status = $7, in_doubt_at = $5, lease_holder = NULL,
-                lease_expires_at = NULL, lease_token = lease_token + 1, updated_at = $5,
+                lease_expires_at = CASE WHEN $9 THEN NULL ELSE lease_expires_at END,
+                lease_token = lease_token + 1, updated_at = $5,
                 uncounted_sends = uncounted_sends + 1
              WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
                AND status = $8 AND lease_token = $6",
@@ -335,6 +339,7 @@ async fn take_over_to_in_doubt(
                 row.lease_token,
                 to.as_str(),
                 from.as_str(),
+                row.holder_dead(),
             ],
         )
         .await?;

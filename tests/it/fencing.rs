@@ -93,10 +93,15 @@ fn stale_holder(backend: Backend, settle: Settle, rep: u32) {
         "{ctx}: B pauses in doubt\n{}",
         stderr(&taken)
     );
-    assert_eq!(
-        call(&show(&db, &run), "charge")["status"],
-        "in_doubt",
-        "{ctx}"
+    let found = show(&db, &run);
+    assert_eq!(call(&found, "charge")["status"], "in_doubt", "{ctx}");
+    // A was stopped, not dead: its lease end is what the person resolving is shown.
+    let until = call(&found, "charge")["holder_lease_until"].clone();
+    assert!(until.is_string(), "{ctx}: {until}");
+    let text = crate::support::stdout(&output(db.flow().args(["show", &run])));
+    assert!(
+        text.contains("taken over from a worker whose lease"),
+        "{ctx}: {text}"
     );
     assert_eq!(down.total(), 0, "{ctx}: the paused worker sent nothing yet");
 

@@ -624,6 +624,19 @@ async fn resolve(
     stderr: &mut dyn Write,
 ) -> Result<(), CliError> {
     let how = resolution.as_str();
+    // Taken over from a worker whose lease has not ended: it could still send, so what
+    // the person checked may not be the last word. Wait it out (at most one lease).
+    if let Ok(call) = session.ledger.get_call(run_id, &node).await
+        && let Some(until) = crate::view::call::holder_may_send_until(&call, session.now())
+    {
+        let _ = writeln!(
+            stderr,
+            "call `{node}` was taken over from a worker whose lease ends at {}: it could still send until then; waiting before resolving",
+            until.to_rfc3339()
+        );
+        let left = until.0.saturating_sub(session.now().0).saturating_add(1);
+        tokio::time::sleep(Duration::from_millis(u64::try_from(left).unwrap_or(0))).await;
+    }
     let req = Resolve {
         run_id: run_id.to_string(),
         tool_call_id: node.clone(),

@@ -379,8 +379,24 @@ fn in_doubt_text(
             c.current_key,
             c.outbound_started_at.map_or("?".into(), |t| t.to_rfc3339())
         );
-        if let Some(why) = CallView::of(c, events).in_doubt_reason {
+        let view = CallView::of(c, events);
+        if let Some(why) = view.in_doubt_reason {
             let _ = writeln!(out, "  # why: {why}");
+        }
+        if let Some(until) = view.holder_lease_until {
+            let at = until.to_rfc3339();
+            let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
+            let _ = if until > now {
+                writeln!(
+                    out,
+                    "  # taken over from a worker whose lease ends at {at}: it could still send until then — check the downstream after it (resolving waits for it)"
+                )
+            } else {
+                writeln!(
+                    out,
+                    "  # taken over from a worker whose lease ended at {at}: it could not start sending after that"
+                )
+            };
         }
         let _ = writeln!(
             out,

@@ -75,6 +75,11 @@ pub struct CallView {
     /// While in doubt: why the outcome is unknown (a timeout, a lost connection, the
     /// holder's crash after the outbound mark).
     pub in_doubt_reason: Option<String>,
+    /// While in doubt after a takeover from a worker not known to be dead: when that
+    /// worker's lease ends (or ended). Until then its own fence may still let the
+    /// request leave, so the downstream can show nothing yet; resolving is refused
+    /// before it (the CLI waits for it).
+    pub holder_lease_until: Option<Timestamp>,
     /// Its error, if it failed (or the error that put it in doubt).
     pub error: Option<ErrorView>,
     /// How it was settled by hand or by a probe.
@@ -165,6 +170,9 @@ impl CallView {
             outbound_at: c.outbound_started_at,
             in_doubt_at: c.in_doubt_at,
             in_doubt_reason,
+            holder_lease_until: (c.status == CallStatus::InDoubt)
+                .then_some(c.lease_expires_at)
+                .flatten(),
             error: ErrorView::of(c.error_kind, c.error_message.as_ref()),
             resolution: c.resolution.as_ref().map(|how| ResolutionView {
                 how: how.clone(),
@@ -272,4 +280,16 @@ impl AuditEntry {
             })
             .collect()
     }
+}
+
+/// For a call in doubt taken over from a worker not known to be dead: the end of that
+/// worker's lease when it is still ahead of `now` — the worker's fence could still let
+/// the request leave until then, so a person must not judge from the downstream yet.
+/// `None` once it has passed (or for any other call). The end cannot move: the takeover
+/// cleared the holder and moved the token on, so nobody renews it.
+pub fn holder_may_send_until(c: &ToolCall, now: Timestamp) -> Option<Timestamp> {
+    if c.status != CallStatus::InDoubt {
+        return None;
+    }
+    c.lease_expires_at.filter(|t| *t > now)
 }

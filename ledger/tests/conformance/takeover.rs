@@ -10,6 +10,7 @@ use crate::common::*;
 crate::conformance!(
     expired_claimed_is_taken_over_with_the_same_attempt,
     run_takeover_fences_the_old_call_holder,
+    a_call_taken_over_in_doubt_keeps_its_old_holders_lease_end,
     expired_outbound_becomes_in_doubt_and_pauses_the_step,
     worker_reported_in_doubt,
 );
@@ -83,6 +84,52 @@ async fn run_takeover_fences_the_old_call_holder(db: TestDb) {
         db.ledger.get_call("run_a", "pay").await.unwrap().output,
         Some(json!(2))
     );
+}
+
+/// The run was taken over while its worker's call lease still ran (that worker is not
+/// known to be dead, only late): the call goes in doubt keeping that lease's end, which
+/// a person resolving it is shown and must wait for, with no holder and a new token so
+/// the old holder can neither renew nor record.
+async fn a_call_taken_over_in_doubt_keeps_its_old_holders_lease_end(db: TestDb) {
+    let (w1, w2) = (worker("1"), worker("2"));
+    let r1 = running(&db, "run_a", &w1).await;
+    db.ledger
+        .create_step(&r1, step("pay", "pay", 0), db.now())
+        .await
+        .unwrap();
+    let mut req = claim(&r1, "pay", "pay", "k", json!({}));
+    req.lease = Duration::from_secs(600);
+    let c1 = claimed(db.ledger.claim_call(req, db.now()).await.unwrap());
+    db.ledger.mark_outbound(&c1, db.now()).await.unwrap();
+    db.clock.set(r1.expires_at);
+    let r2 = db
+        .ledger
+        .claim_run("run_a", &w2, LEASE, db.now())
+        .await
+        .unwrap();
+    let t = db.now();
+    let found = db
+        .ledger
+        .claim_call(claim(&r2, "pay", "pay", "k", json!({})), t)
+        .await
+        .unwrap();
+    assert_eq!(found, CallClaim::InDoubt { since: t });
+    let call = db.ledger.get_call("run_a", "pay").await.unwrap();
+    assert_eq!(call.status, CallStatus::InDoubt);
+    assert_eq!(call.lease_holder, None);
+    let kept = call
+        .lease_expires_at
+        .expect("the old holder's lease end is kept");
+    assert!(
+        kept > t,
+        "its lease ran past the takeover: {kept:?} vs {t:?}"
+    );
+    assert!(matches!(
+        db.ledger
+            .complete_call(complete_ok(&c1, json!(1)), db.now())
+            .await,
+        Err(Error::LeaseLost)
+    ));
 }
 
 async fn expired_outbound_becomes_in_doubt_and_pauses_the_step(db: TestDb) {

@@ -228,6 +228,14 @@ pub(crate) async fn settle_many(
         if i > 0 {
             tokio::time::sleep(SETTLE_PACE).await;
         }
+        if let Some(until) = crate::view::call::holder_may_send_until(c, super::now()) {
+            done.skipped.push(Skipped {
+                run: c.run_id.clone(),
+                node: c.tool_call_id.clone(),
+                detail: super::steer::holder_may_send(&c.run_id, &c.tool_call_id, until),
+            });
+            continue;
+        }
         let req = Resolve {
             run_id: c.run_id.clone(),
             tool_call_id: c.tool_call_id.clone(),

@@ -173,6 +173,15 @@ pub(crate) fn resolve_refused(e: &flow_ledger::Error, run: &str, node: &str) -> 
     }
 }
 
+/// Why a call cannot be resolved yet: the worker it was taken over from may still send
+/// it until `until` (its lease end).
+pub(crate) fn holder_may_send(run: &str, node: &str, until: flow_ledger::Timestamp) -> String {
+    format!(
+        "call `{node}` of run `{run}` was taken over from a worker whose lease ends at {}: until then that worker could still send it, so the downstream may not show it yet; check the downstream after that time, then resolve (nothing was written)",
+        until.to_rfc3339()
+    )
+}
+
 /// `POST /api/v1/runs/{id}/resolve`: settles one call in doubt (as `flow resume
 /// --resolve`, without executing the run: a `resume` or a daemon continues it). 200
 /// with the run after the change; of two concurrent resolves exactly one gets 200.
@@ -199,6 +208,11 @@ pub(crate) async fn settle(
     resolution: Resolution,
     reason: Option<String>,
 ) -> Result<(), Problem> {
+    if let Ok(call) = app.ledger.get_call(run, node).await
+        && let Some(until) = crate::view::call::holder_may_send_until(&call, now())
+    {
+        return Err(Problem::conflict(holder_may_send(run, node, until)));
+    }
     let req = Resolve {
         run_id: run.to_string(),
         tool_call_id: node.to_string(),
