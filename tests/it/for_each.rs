@@ -372,7 +372,12 @@ fn items_in_doubt_hold_only_themselves_and_resolving_them_finishes_the_node() {
 fn a_list_flow_cannot_use_fails_the_node_before_anything_is_sent() {
     let rt = runtime();
     let server = rt.block_on(CountingServer::start()).expect("server");
-    let cases: [(&str, &str, &str); 5] = [
+    let cases: [(&str, &str, &str); 6] = [
+        (
+            "items: \"${{ nodes.list.output.customers }}\"\n      key: \"${{ item.id }}\"",
+            r#"[{"id": 1}, {"id": 2}, {"id": 1.0}]"#,
+            "`for_each.key` of node `notify` is not unique: `1.0` (the same number as `1`) appear more than once",
+        ),
         (
             "items: \"${{ nodes.list.output.customers[0] }}\"\n      key: \"${{ item.id }}\"",
             r#"[{"id": "a"}]"#,

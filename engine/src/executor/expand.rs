@@ -9,7 +9,7 @@
 //! item that vanished after its call was sent is kept (with the item stored before); one
 //! that vanished before is recorded skipped and reported.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use flow_ledger::{ErrorKind, Fanout, NewStep, StepFinish, StepStatus};
 use serde_json::Value as Json;
@@ -316,7 +316,10 @@ fn evaluate(fe: &ForEachDecl, id: &str, ctx: Json) -> Result<Vec<(String, Json)>
         ));
     }
     let mut out = Vec::with_capacity(list.len());
-    let mut seen = HashSet::with_capacity(list.len());
+    // By canonical form: `1` and `1.0` are one number, so one item (a list holding both
+    // would send it twice under two keys). The key itself keeps the text it always had,
+    // so items of runs started before this check keep theirs.
+    let mut seen: HashMap<String, String> = HashMap::with_capacity(list.len());
     let mut repeated = Vec::new();
     for (index, item) in list.into_iter().enumerate() {
         if let Json::Object(map) = &mut kctx {
@@ -327,9 +330,9 @@ fn evaluate(fe: &ForEachDecl, id: &str, ctx: Json) -> Result<Vec<(String, Json)>
             Json::Object(map) => map.remove("item").unwrap_or(Json::Null),
             _ => Json::Null,
         };
-        let key = match rendered {
-            Ok(Json::String(s)) => s,
-            Ok(Json::Number(n)) => n.to_string(),
+        let (key, canonical) = match rendered {
+            Ok(Json::String(s)) => (s, None),
+            Ok(Json::Number(n)) => (n.to_string(), Some(canonical_number(&n))),
             Ok(other) => {
                 return Err(format!(
                     "`for_each.key` of node `{id}` is {} for item {index}: a key is a string or a number",
@@ -344,20 +347,36 @@ fn evaluate(fe: &ForEachDecl, id: &str, ctx: Json) -> Result<Vec<(String, Json)>
                 key.escape_debug()
             ));
         }
-        if !seen.insert(key.clone()) {
-            repeated.push(key.clone());
+        let canonical = canonical.unwrap_or_else(|| key.clone());
+        match seen.get(&canonical) {
+            Some(first) if *first == key => repeated.push(format!("`{key}`")),
+            Some(first) => repeated.push(format!("`{key}` (the same number as `{first}`)")),
+            None => {
+                seen.insert(canonical, key.clone());
+            }
         }
         out.push((key, item));
     }
     if !repeated.is_empty() {
         repeated.dedup();
-        let shown: Vec<String> = repeated.iter().take(10).map(|k| format!("`{k}`")).collect();
+        let shown: Vec<String> = repeated.iter().take(10).cloned().collect();
         return Err(format!(
             "`for_each.key` of node `{id}` is not unique: {} appear more than once; nothing was sent",
             shown.join(", ")
         ));
     }
     Ok(out)
+}
+
+/// A number key's canonical text: an integral value within f64's exact range as an
+/// integer (`1.0` → `1`, `1e2` → `100`), any other as serde_json writes it.
+fn canonical_number(n: &serde_json::Number) -> String {
+    match n.as_f64() {
+        Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 => {
+            format!("{}", f as i64)
+        }
+        _ => n.to_string(),
+    }
 }
 
 /// The context a key is rendered in: `run`, and the inputs and node entries its
