@@ -16,7 +16,7 @@ const LEDGER_TIME: &str =
     "SELECT CAST(FLOOR(EXTRACT(EPOCH FROM clock_timestamp()) * 1000) AS BIGINT)";
 
 /// How often a process re-anchors (bounds the monotonic clock's drift from the server's).
-pub const REANCHOR_EVERY: Duration = Duration::from_secs(30);
+pub(crate) const REANCHOR_EVERY: Duration = Duration::from_secs(30);
 
 /// Round trips per anchoring: the one with the shortest round trip is kept.
 const SAMPLES: usize = 3;
@@ -66,7 +66,7 @@ impl Ledger {
 }
 
 /// A skew of the wall clock from the server's that is worth a line in the log.
-pub const SKEW_WARNING: Duration = Duration::from_secs(2);
+pub(crate) const SKEW_WARNING: Duration = Duration::from_secs(2);
 
 fn report(anchored: Result<Option<i64>, Error>, said: &mut Option<i64>) {
     match anchored {

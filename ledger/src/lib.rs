@@ -136,7 +136,6 @@ pub use fanouts::Fanout;
 pub use finish::FinishedRun;
 pub use health::InDoubtTool;
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
-pub use ledger_clock::{REANCHOR_EVERY, SKEW_WARNING};
 pub use model::{
     Actor, Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,
     Enqueued, HeartbeatAck, InDoubtReport, NewRun, NewStep, OnParentCancel, ParentLink,

@@ -105,3 +105,64 @@ fn the_dashboard_and_alerts_use_exactly_the_metrics_the_readme_lists() {
         "the in-doubt alert is there"
     );
 }
+
+/// Every guarantee names the tests that prove it, and the names stay true: each file a
+/// guarantee cites exists, and each test it names in parentheses (a snake_case name)
+/// is a function in that file — so renaming or deleting a proof fails here, not in a
+/// reader's search.
+#[test]
+fn every_guarantee_names_tests_that_exist() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README.md");
+    let start = readme
+        .find("## The guarantees")
+        .expect("the guarantees section");
+    let end = start + readme[start..].find("\n### ").expect("its end");
+    let section = &readme[start..end];
+    let mut guarantees = Vec::new();
+    let mut current = String::new();
+    for line in section.lines() {
+        if line.len() > 2 && line.as_bytes()[0].is_ascii_digit() && line[1..].starts_with(". ") {
+            guarantees.push(std::mem::take(&mut current));
+        }
+        current.push_str(line);
+        current.push(' ');
+    }
+    guarantees.push(current);
+    let guarantees: Vec<String> = guarantees.into_iter().skip(1).collect();
+    assert!(guarantees.len() >= 9, "{} guarantees", guarantees.len());
+    for (i, g) in guarantees.iter().enumerate() {
+        let n = i + 1;
+        let cited: Vec<&str> = g
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|t| t.ends_with(".rs"))
+            .collect();
+        assert!(!cited.is_empty(), "guarantee {n} names no test file: {g}");
+        for file in &cited {
+            let text = std::fs::read_to_string(repo().join(file))
+                .unwrap_or_else(|e| panic!("guarantee {n} cites {file}: {e}"));
+            // `file` (name, name): the names right after it.
+            let after = g
+                .split(&format!("`{file}`"))
+                .nth(1)
+                .unwrap_or_default()
+                .trim_start();
+            let Some(list) = after.strip_prefix('(').and_then(|l| l.split(')').next()) else {
+                continue;
+            };
+            for name in list.split(',').map(str::trim) {
+                let is_fn = name.contains('_')
+                    && name
+                        .chars()
+                        .all(|c| c.is_ascii_lowercase() || c == '_' || c.is_ascii_digit());
+                if is_fn {
+                    assert!(
+                        text.contains(&format!("fn {name}(")),
+                        "guarantee {n} names `{name}` in {file}, which has no such function"
+                    );
+                }
+            }
+        }
+    }
+}
