@@ -18,7 +18,7 @@
 //! idempotency key closes that window; ARCHITECTURE.md ("Fencing") says so.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tokio::sync::watch;
 
@@ -180,6 +180,7 @@ impl Fence {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn an_open_fence_holds_until_its_earliest_window() {

@@ -87,7 +87,7 @@ fn shared_limit(backend: Backend, limit: &str) {
         "{backend:?} {limit}: the other calls must wait, not fail\n{logs}"
     );
     assert!(
-        logs.contains("rate limited; waiting until"),
+        logs.contains("rate limited; trying again at"),
         "{backend:?}: {logs}"
     );
 }

@@ -28,6 +28,7 @@ mod for_each_crash;
 mod gateway;
 mod limits;
 mod meta;
+mod pg_faults;
 mod readme;
 mod reconcile;
 mod reconcile_console;

@@ -207,8 +207,14 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
                 StepResult::InDoubt => format!(
                     "? {node} ({attempt}) {took}: in doubt: the request may have been processed"
                 ),
-                StepResult::Deferred { until } => format!(
-                    "… {node} ({attempt}): rate limited; waiting until {}",
+                StepResult::Deferred { until, why } => format!(
+                    "… {node} ({attempt}): {}; trying again at {}",
+                    match why {
+                        crate::gateway::Deferral::RateLimited => "rate limited",
+                        crate::gateway::Deferral::GivenBack => {
+                            "not sent (its lease or outbound mark was not confirmed); given back"
+                        }
+                    },
                     until.to_rfc3339()
                 ),
                 StepResult::TaskWorking { task, .. } => format!(

@@ -591,7 +591,7 @@ impl<'a> RunScope<'a> {
                 on,
             },
             StepResult::Skipped { .. } => NodeState::Skipped,
-            StepResult::Deferred { until } | StepResult::TaskWorking { until, .. } => {
+            StepResult::Deferred { until, .. } | StepResult::TaskWorking { until, .. } => {
                 NodeState::Deferred {
                     step_id: step_id.to_string(),
                     retry,

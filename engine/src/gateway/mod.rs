@@ -187,10 +187,12 @@ pub enum StepResult {
     },
     /// The call is in doubt; the step is paused.
     InDoubt,
-    /// Rate limited or quota exhausted: nothing was sent; try again at `until`.
+    /// Nothing was sent; try again at `until`.
     Deferred {
         /// When to try again.
         until: Timestamp,
+        /// Why it waits.
+        why: Deferral,
     },
     /// The node's call awaits approval (nothing claimed, nothing sent): the node waits,
     /// and the run pauses once nothing else can run.
@@ -645,6 +647,16 @@ impl Gateway {
         }
         Ok(())
     }
+}
+
+/// Why a step's call was put off with nothing sent ([`StepResult::Deferred`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deferral {
+    /// The tool's rate limit or daily quota has no room now.
+    RateLimited,
+    /// The worker's fence closed before the request left, or its outbound mark may not
+    /// have been written: the call was given back unsent, to be claimed again.
+    GivenBack,
 }
 
 /// A node's call rendered and checked, before anything is claimed.

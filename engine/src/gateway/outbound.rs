@@ -45,7 +45,10 @@ impl Gateway {
         // 4. Rate limit and quota, counted across workers.
         if let Some(until) = self.rate_limited(c.workflow, c.tool).await? {
             self.inner.ledger.release_call(&lease, self.now()).await?;
-            return Ok(StepResult::Deferred { until });
+            return Ok(StepResult::Deferred {
+                until,
+                why: super::Deferral::RateLimited,
+            });
         }
 
         let span = trace::call_span(c, &rendered.target, &lease, self.secrets_of(c));
@@ -224,6 +227,7 @@ impl Gateway {
         })
         .await?;
         Ok(StepResult::Deferred {
+            why: super::Deferral::GivenBack,
             until: self.now().plus(GIVEN_BACK_RETRY),
         })
     }
