@@ -322,3 +322,45 @@ fn a_daemon_deletes_in_the_background_at_its_rate_and_counts_it() {
         all - first
     );
 }
+
+/// A run id a deleted run used, submitted again: refused at submit, naming the deleted
+/// run, with nothing sent — its keys (derived from the id) are retired. Issue 49 (12):
+/// the new run was accepted and refused node by node, after its first node had sent.
+#[test]
+fn a_deleted_runs_id_is_refused_at_submit_on_both_backends() {
+    for backend in backends() {
+        let ctx = format!("{backend:?}");
+        let rt = runtime();
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        let db = TestDb::new(backend);
+        let url = server.url();
+        let file = db.write(
+            "two.yaml",
+            &format!(
+                "name: two\ntools:\n  pay: {{ kind: http, method: POST, url: \"{url}/pay\" }}\nnodes:\n  a: {{ tool: pay }}\n  b: {{ tool: pay, needs: [a] }}\n"
+            ),
+        );
+        db.write("flow.toml", "[retention]\nruns = \"1s\"\nkeys = \"1d\"\n");
+        let id = "run_order_1042";
+        let first = output(db.flow().arg("run").arg(&file).args(["--run-id", id]));
+        assert_eq!(first.status.code(), Some(0), "{ctx}: {}", stderr(&first));
+        assert_eq!(server.total(), 2, "{ctx}");
+        std::thread::sleep(Duration::from_millis(1_200));
+        let gc = output(db.flow().args(["gc"]));
+        assert_eq!(gc.status.code(), Some(0), "{ctx}: {}", stderr(&gc));
+        for cmd in ["run", "submit"] {
+            let again = output(db.flow().arg(cmd).arg(&file).args(["--run-id", id]));
+            let err = stderr(&again);
+            assert_eq!(again.status.code(), Some(2), "{ctx} {cmd}: {err}");
+            assert!(
+                err.contains(&format!(
+                    "run id `{id}` was used by a run deleted by retention"
+                )),
+                "{ctx} {cmd}: {err}"
+            );
+        }
+        assert_eq!(server.total(), 2, "{ctx}: nothing sent under the old id");
+        let out = output(db.flow().args(["runs", "--json"]));
+        assert_eq!(stdout(&out).trim(), "[]", "{ctx}: no run was created");
+    }
+}

@@ -477,19 +477,31 @@ pub(crate) async fn run(
                 enq.run.status
             );
         }
-        Err(flow_ledger::Error::Conflict { reason, .. }) => {
-            return Err(conflict(&run_id, &reason));
-        }
-        Err(e) => {
-            return Err(CliError::unavailable(format!(
-                "cannot start run {run_id}: {e}"
-            )));
-        }
+        Err(e) => return Err(refused_start(&run_id, "start", e)),
     }
     session.execute(&run_id, args.json, stdout, stderr).await
 }
 
 /// `--run-id` names a run that exists with another workflow or other inputs (exit 2).
+/// Why a run could not be queued, as `flow run` and `flow submit` say it: the id taken
+/// by another run or retired by retention is the user's to change (exit 2); anything
+/// else is the ledger's (exit 5). `verb` is what was being done (`start`, `queue`).
+pub(super) fn refused_start(run_id: &str, verb: &str, e: flow_ledger::Error) -> CliError {
+    match e {
+        flow_ledger::Error::Conflict { reason, .. } => conflict(run_id, &reason),
+        flow_ledger::Error::KeyRetired {
+            node_id,
+            outcome,
+            deleted_at,
+            ..
+        } => CliError::invalid(format!(
+            "run id `{run_id}` was used by a run deleted by retention on {} whose node `{node_id}` sent a request ({outcome}); the keys derived from that id stay retired (`[retention] keys`), so choose another run id; nothing was written",
+            deleted_at.to_rfc3339()
+        )),
+        e => CliError::unavailable(format!("cannot {verb} run {run_id}: {e}")),
+    }
+}
+
 pub(super) fn conflict(run_id: &str, reason: &str) -> CliError {
     CliError::invalid(format!(
         "run {run_id} already exists with a different workflow or inputs: {reason}"

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use clap::Args;
 use flow_ledger::SystemClock;
 
-use super::run::{check_new_run, conflict};
+use super::run::check_new_run;
 use super::{Cli, CliError, exit, logging, open_ledger};
 use crate::secrets::Secrets;
 
@@ -73,10 +73,7 @@ pub(crate) async fn submit(
             }
             Ok(exit::OK)
         }
-        Err(flow_ledger::Error::Conflict { reason, .. }) => Err(conflict(&run_id, &reason)),
-        Err(e) => Err(CliError::unavailable(format!(
-            "cannot queue run {run_id}: {e}"
-        ))),
+        Err(e) => Err(super::run::refused_start(&run_id, "queue", e)),
     };
     ledger.close().await;
     result

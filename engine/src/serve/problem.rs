@@ -86,6 +86,7 @@ impl Problem {
             | E::InvalidTransition { .. }
             | E::Terminal { .. }
             | E::PastDeadline { .. }
+            | E::KeyRetired { .. }
             | E::Owned { .. } => StatusCode::CONFLICT,
             E::OutputTooLarge { .. } | E::InvalidText { .. } | E::InvalidEvent { .. } => {
                 StatusCode::BAD_REQUEST

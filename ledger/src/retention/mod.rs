@@ -16,7 +16,7 @@
 
 mod delete;
 mod sweep;
-mod tombstones;
+pub(crate) mod tombstones;
 
 use std::collections::BTreeMap;
 

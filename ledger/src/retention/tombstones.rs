@@ -91,6 +91,36 @@ pub(crate) async fn refuse_retired(c: &mut Conn<'_>, s: &Scope, key: &str) -> Re
     }
 }
 
+/// Why run id `run_id` could not be inserted though no run holds it: a deleted run of
+/// that id sent calls whose keys are retired (`KeyRetired`, naming one of them). Asked
+/// only after the insert skipped the id, so a tombstone is expected; without one the
+/// run vanished under the caller (`NotFound`).
+pub(crate) async fn retired_run(c: &mut Conn<'_>, s: &Scope, run_id: &str) -> Error {
+    let found = c
+        .optional::<TombstoneRow>(
+            "SELECT run_id, node_id, request_hash, outcome, used_at, deleted_at
+                 FROM key_tombstones WHERE tenant = $1 AND workspace = $2 AND run_id = $3
+                 ORDER BY used_at LIMIT 1",
+            args![&s.tenant, &s.workspace, run_id],
+        )
+        .await;
+    match found {
+        Ok(Some(row)) => {
+            let t = row.into_tombstone();
+            Error::KeyRetired {
+                run_id: t.run_id,
+                node_id: t.node_id,
+                outcome: t.outcome,
+                deleted_at: t.deleted_at,
+            }
+        }
+        Ok(None) => Error::NotFound {
+            what: format!("run {run_id}"),
+        },
+        Err(e) => e,
+    }
+}
+
 /// The calls of a run whose request may have left: what leaves a tombstone.
 macro_rules! sent_calls {
     ($select:literal) => {

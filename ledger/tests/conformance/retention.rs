@@ -175,11 +175,17 @@ async fn a_finished_run_goes_whole_and_its_keys_are_refused_after(db: TestDb) {
             .await
             .unwrap(),
     );
-    // The same run id submitted again is a new run, and its default keys stay refused.
-    db.ledger
-        .enqueue(new_run("old"), db.now())
-        .await
-        .expect("reuse id");
+    // The same run id submitted again is refused at once, naming the deleted run (its
+    // default keys derive from the id: a new run would be stopped only node by node,
+    // after its first nodes had sent), and no run is created.
+    match db.ledger.enqueue(new_run("old"), db.now()).await {
+        Err(Error::KeyRetired { run_id, .. }) => assert_eq!(run_id, "old"),
+        other => panic!("expected KeyRetired for the reused id, got {other:?}"),
+    }
+    assert!(matches!(
+        db.ledger.get_run("old").await,
+        Err(Error::NotFound { .. })
+    ));
 }
 
 async fn what_must_stay_stays(db: TestDb) {
