@@ -315,10 +315,8 @@ nodes:
         for value in ACCOUNTS.iter().chain(&["k-55c1e0b2d9a4"]) {
             assert!(!listed.contains(value), "{ctx}: `flow show` holds {value}");
         }
-        if matches!(backend, crate::support::Backend::Sqlite) {
-            let bytes = crate::connections::disk_bytes(db.dir.path());
-            let values: Vec<String> = ACCOUNTS.iter().map(|v| v.to_string()).collect();
-            crate::connections::assert_no_token("the SQLite ledger", &bytes, &values);
-        }
+        let bytes = crate::connections::ledger_bytes(&db);
+        let values: Vec<String> = ACCOUNTS.iter().map(|v| v.to_string()).collect();
+        crate::connections::assert_no_token("the ledger", &bytes, &values);
     }
 }

@@ -98,12 +98,71 @@ fn forms(token: &str) -> Vec<String> {
     ]
 }
 
-pub(crate) fn assert_no_token(what: &str, bytes: &[u8], tokens: &[String]) {
+/// The first form of a token that `bytes` hold, if any.
+pub(crate) fn find_token(bytes: &[u8], tokens: &[String]) -> Option<String> {
     let text = String::from_utf8_lossy(bytes);
-    for token in tokens {
-        for form in forms(token) {
-            assert!(!text.contains(&form), "{what} holds a token ({form:.12}…)");
+    tokens
+        .iter()
+        .flat_map(|t| forms(t))
+        .find(|form| text.contains(form.as_str()))
+}
+
+pub(crate) fn assert_no_token(what: &str, bytes: &[u8], tokens: &[String]) {
+    if let Some(form) = find_token(bytes, tokens) {
+        panic!("{what} holds a token ({form:.12}…)");
+    }
+}
+
+/// Everything the ledger holds, as bytes a scan can search: the SQLite file, its WAL and
+/// journals, or a `pg_dump --data-only` of the PostgreSQL database.
+pub(crate) fn ledger_bytes(db: &TestDb) -> Vec<u8> {
+    if !db.url.starts_with("postgres") {
+        return disk_bytes(db.dir.path());
+    }
+    let name = db.url.rsplit('/').next().unwrap_or_default().to_string();
+    let (host, port) = crate::support::postgres_admin();
+    let dump = output(std::process::Command::new("pg_dump").args([
+        "-h",
+        &host,
+        "-p",
+        &port,
+        "-U",
+        "postgres",
+        "--data-only",
+        &name,
+    ]));
+    assert_eq!(dump.status.code(), Some(0), "pg_dump: {}", stderr(&dump));
+    dump.stdout
+}
+
+/// The scan can fail: a token planted in a run's inputs, raw and base64-encoded, is
+/// found in the ledger's bytes on both backends (a scanner that never finds anything
+/// would let every leak test pass).
+#[test]
+fn the_token_scan_finds_a_planted_token_on_both_backends() {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    for backend in backends() {
+        let db = TestDb::new(backend);
+        let file = db.write(
+            "plant.yaml",
+            "name: plant\ninputs:\n  t: { type: string }\ntools:\n  e: { kind: function, function: core.echo }\nnodes:\n  n: { tool: e }\n",
+        );
+        for (token, stored) in [
+            ("tok-planted-9f3e2a", "tok-planted-9f3e2a".to_string()),
+            ("tok-encoded-41d7c8", b64.encode("tok-encoded-41d7c8")),
+        ] {
+            let out = output(
+                db.flow()
+                    .arg("run")
+                    .arg(&file)
+                    .args(["--input", &format!("t={stored}")]),
+            );
+            assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
+            let found = find_token(&ledger_bytes(&db), &[token.to_string()]);
+            assert!(found.is_some(), "{backend:?}: the planted {token} is found");
         }
+        let absent = find_token(&ledger_bytes(&db), &["tok-never-stored-0".to_string()]);
+        assert_eq!(absent, None, "{backend:?}");
     }
 }
 
@@ -197,9 +256,7 @@ fn a_person_signs_in_once_and_every_process_uses_and_refreshes_the_token() {
         assert_no_token("flow runs", &shown.stdout, &tokens);
         let listed = output(flow_with(&db, &key).args(["connections", "--json"]));
         assert_no_token("flow connections", &listed.stdout, &tokens);
-        if backend == Backend::Sqlite {
-            assert_no_token("the ledger files", &disk_bytes(db.dir.path()), &tokens);
-        }
+        assert_no_token("the ledger (files or pg_dump)", &ledger_bytes(&db), &tokens);
 
         // Revoked at the server, deleted here.
         let out = output(flow_with(&db, &key).args(["connections", "revoke", "tracker"]));

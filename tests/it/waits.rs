@@ -297,7 +297,7 @@ fn a_callback_completes_its_node_once_and_its_token_is_never_stored() {
         let down = rt.block_on(CountingServer::start()).expect("downstream");
         let db = TestDb::new(backend);
         let (server, mut daemon) = serve_with_public_url(&db);
-        let run = rt.block_on(async {
+        let (run, token) = rt.block_on(async {
             let run = submit(&server, &callback_workflow(&down.url())).await;
             let url = notify_url(&down, 0).await;
             assert!(url.starts_with(&server.base), "{ctx}: {url}");
@@ -347,9 +347,12 @@ fn a_callback_completes_its_node_once_and_its_token_is_never_stored() {
                 call(&server, "GET", "/api/v1/waits?all=true", Some(VIEWER), None).await;
             assert_eq!(st, StatusCode::OK, "{ctx}: {list}");
             assert_eq!(list["items"][0]["status"], "completed", "{ctx}: {list}");
-            run
+            (run, token)
         });
         assert_eq!(events(&db, &run, "wait.completed"), 1, "{ctx}");
+        // Nor anywhere in the ledger's bytes (the files, or a pg_dump): only its hash.
+        let bytes = crate::connections::ledger_bytes(&db);
+        crate::connections::assert_no_token("the ledger", &bytes, &[token]);
         let _ = daemon.kill();
         let _ = daemon.wait();
     }

@@ -23,6 +23,7 @@ crate::conformance!(
     approve_and_timeout_race_to_one_transition,
     two_approvers_at_once_with_min_two_approve_once,
     a_decision_while_the_run_is_held_stops_its_pause,
+    a_decision_and_a_pause_at_once_never_leave_the_run_paused,
     finished_runs_approvals_are_cancelled_by_the_sweep,
     reminders_come_due_one_at_a_time,
 );
@@ -556,6 +557,56 @@ async fn a_decision_while_the_run_is_held_stops_its_pause(db: TestDb) {
         .await
         .unwrap();
     assert!(matches!(gate, Gate::Approved(_)), "{gate:?}");
+}
+
+/// An approve and the worker's pause released together, many rounds: either the pause
+/// refuses (the approval is decided: the holder goes on) or the decision finds the run
+/// paused and re-queues it; never a paused run with its approval decided (the lost
+/// wake-up the waits' race test checks for events).
+async fn a_decision_and_a_pause_at_once_never_leave_the_run_paused(db: TestDb) {
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+    for round in 0..8 {
+        let run_id = format!("run_{round}");
+        let run = running(&db, &run_id, &worker("1")).await;
+        db.ledger
+            .create_step(&run, step("refund", "refund", 0), db.now())
+            .await
+            .unwrap();
+        db.ledger
+            .approval_gate(&run, ask("d1", 1, 60_000), db.now())
+            .await
+            .unwrap();
+        let now = db.now();
+        let (l1, l2, b1, b2) = (
+            db.ledger.clone(),
+            db.ledger.clone(),
+            barrier.clone(),
+            barrier.clone(),
+        );
+        let decision = Decide {
+            run_id: run_id.clone(),
+            ..decide("alice", true)
+        };
+        let decider = tokio::spawn(async move {
+            b1.wait().await;
+            l1.decide_approval(decision, now).await
+        });
+        let pauser = tokio::spawn(async move {
+            b2.wait().await;
+            l2.pause_run_awaiting(&run, "awaiting approval: refund", now)
+                .await
+        });
+        let decided = decider.await.unwrap().unwrap();
+        assert!(matches!(decided, Decided::Approved(_)), "{decided:?}");
+        let paused = pauser.await.unwrap().unwrap();
+        let status = db.ledger.get_run(&run_id).await.unwrap().status;
+        let expected = if paused {
+            RunStatus::Queued
+        } else {
+            RunStatus::Running
+        };
+        assert_eq!(status, expected, "round {round}: paused {paused}");
+    }
 }
 
 async fn finished_runs_approvals_are_cancelled_by_the_sweep(db: TestDb) {

@@ -16,6 +16,7 @@ crate::conformance!(
     a_child_is_started_once_claimed_for_its_parent_and_refused_to_another,
     a_childs_end_wakes_its_paused_parent,
     a_parent_does_not_pause_over_a_child_that_ended_unseen,
+    a_childs_end_and_its_parents_pause_at_once_never_leave_the_parent_paused,
     a_cancel_carries_down_to_cancel_children_only,
     a_parent_being_cancelled_starts_no_child,
 );
@@ -157,6 +158,52 @@ async fn a_childs_end_wakes_its_paused_parent(db: TestDb) {
         RunStatus::Queued,
         "the child's end put its parent back on the queue"
     );
+}
+
+/// A child's end and its parent's pause released together, many rounds: either the
+/// pause refuses (the parent's step runs over an ended child: it looks again) or the
+/// end finds the parent paused and re-queues it; never a paused parent whose child has
+/// ended.
+async fn a_childs_end_and_its_parents_pause_at_once_never_leave_the_parent_paused(db: TestDb) {
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+    for round in 0..8 {
+        let id = format!("par{round}");
+        let p = parent(&db, &id).await;
+        let kid = start(&db, &p, &format!("{id}.p"), OnParentCancel::Cancel)
+            .await
+            .unwrap()
+            .lease
+            .expect("claimed");
+        let now = db.now();
+        let (l1, l2, b1, b2) = (
+            db.ledger.clone(),
+            db.ledger.clone(),
+            barrier.clone(),
+            barrier.clone(),
+        );
+        let ender = tokio::spawn(async move {
+            b1.wait().await;
+            let finish = RunFinish {
+                status: RunStatus::Succeeded,
+                output: Some(json!({ "round": round })),
+                error: None,
+            };
+            l1.finish_run(&kid, finish, now).await
+        });
+        let pauser = tokio::spawn(async move {
+            b2.wait().await;
+            l2.pause_run_awaiting(&p, "waiting on child", now).await
+        });
+        ender.await.unwrap().unwrap();
+        let paused = pauser.await.unwrap().unwrap();
+        let status = db.ledger.get_run(&id).await.unwrap().status;
+        let expected = if paused {
+            RunStatus::Queued
+        } else {
+            RunStatus::Running
+        };
+        assert_eq!(status, expected, "round {round}: paused {paused}");
+    }
 }
 
 async fn a_parent_does_not_pause_over_a_child_that_ended_unseen(db: TestDb) {
