@@ -203,7 +203,58 @@ pub enum Error {
     },
 }
 
+/// What a caller can do about an [`Error`]: the one classification every face maps from
+/// (the API's status, the CLI's exit code), so a new error is classed once, here, and no
+/// face needs a wildcard that would hide it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The request itself is wrong (a value too large, text the database cannot store, a
+    /// bad filter or event, a URL flow cannot open): fix it; the same again fails again.
+    BadInput,
+    /// What it names does not exist.
+    NotFound,
+    /// The ledger's state refuses it now — held by another, already decided, in doubt,
+    /// not in that state, a retired key, a deadline passed: read the state and decide.
+    Conflict,
+    /// This process may not do it (a ledger opened read-only).
+    Forbidden,
+    /// The database cannot be used now (unreachable, a timeout, a failed migration):
+    /// try later or fix the connection.
+    Unavailable,
+    /// Stored data does not parse, or this process can no longer write safely: stop;
+    /// a person must look.
+    Corrupt,
+}
+
 impl Error {
+    /// Its [`ErrorClass`]. Exhaustive on purpose: a new variant must be classed here.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::NotFound { .. } => ErrorClass::NotFound,
+            Error::Conflict { .. }
+            | Error::Owned { .. }
+            | Error::KeyRetired { .. }
+            | Error::Busy { .. }
+            | Error::LeaseLost
+            | Error::InDoubt { .. }
+            | Error::InvalidTransition { .. }
+            | Error::Terminal { .. }
+            | Error::Decided { .. }
+            | Error::PastDeadline { .. }
+            | Error::Stale { .. } => ErrorClass::Conflict,
+            Error::OutputTooLarge { .. }
+            | Error::InvalidText { .. }
+            | Error::InvalidFilter { .. }
+            | Error::InvalidEvent { .. }
+            | Error::UnsupportedUrl { .. } => ErrorClass::BadInput,
+            Error::ReadOnly { .. } => ErrorClass::Forbidden,
+            Error::Unavailable { .. } | Error::Migrate(_) | Error::Backend { .. } => {
+                ErrorClass::Unavailable
+            }
+            Error::Corrupt { .. } | Error::Unusable { .. } => ErrorClass::Corrupt,
+        }
+    }
+
     /// Whether repeating the same operation may succeed (a transient backend problem).
     pub fn is_retryable(&self) -> bool {
         matches!(
@@ -275,7 +326,31 @@ impl From<sqlx::migrate::MigrateError> for Error {
 
 #[cfg(test)]
 mod tests {
-    use super::Error;
+    use super::{Error, ErrorClass};
+
+    /// The classes the faces map from: a decided approval, a stale digest and a bad
+    /// filter are the caller's to act on (they fell to "unavailable" behind a wildcard),
+    /// a corrupt row and a lost WAL are not.
+    #[test]
+    fn every_error_has_the_class_a_caller_can_act_on() {
+        let decided = Error::Decided {
+            status: crate::ApprovalStatus::Approved,
+            by: None,
+        };
+        assert_eq!(decided.class(), ErrorClass::Conflict);
+        let stale = Error::Stale {
+            current: "d".into(),
+        };
+        assert_eq!(stale.class(), ErrorClass::Conflict);
+        let filter = Error::InvalidFilter { reason: "x".into() };
+        assert_eq!(filter.class(), ErrorClass::BadInput);
+        let corrupt = Error::Corrupt { what: "row".into() };
+        assert_eq!(corrupt.class(), ErrorClass::Corrupt);
+        assert_eq!(
+            Error::from(sqlx::Error::PoolTimedOut).class(),
+            ErrorClass::Unavailable
+        );
+    }
 
     #[test]
     fn transient_backend_errors_are_retryable() {

@@ -130,7 +130,7 @@ pub use deliveries::{
     Delivery, DeliveryFilter, DeliveryOutcome, DeliveryStatus, FinishDelivery, LeaseDeliveries,
     ScheduleDeliveries, StartAt,
 };
-pub use error::Error;
+pub use error::{Error, ErrorClass};
 pub use events::{Event, EventFilter, EventType};
 pub use fanouts::Fanout;
 pub use finish::FinishedRun;

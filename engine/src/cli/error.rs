@@ -39,6 +39,12 @@ pub(crate) enum CliError {
         /// The SQLite file named by `--db`.
         path: String,
     },
+    /// The ledger refused or failed an operation the command has no better words for:
+    /// exit by its [`flow_ledger::ErrorClass`] — 2 for what the user can act on (bad
+    /// input, not found, a state conflict, a read-only ledger), 5 for a database that
+    /// cannot be used or data that cannot be trusted.
+    #[error(transparent)]
+    Ledger(#[from] flow_ledger::Error),
     /// The ledger could not be opened (exit 5).
     #[error("cannot open the ledger at {url}: {source}")]
     OpenLedger {
@@ -91,6 +97,15 @@ impl CliError {
                 exit::INVALID
             }
             Self::Remote { .. } => exit::UNAVAILABLE,
+            Self::Ledger(e) => match e.class() {
+                flow_ledger::ErrorClass::BadInput
+                | flow_ledger::ErrorClass::NotFound
+                | flow_ledger::ErrorClass::Conflict
+                | flow_ledger::ErrorClass::Forbidden => exit::INVALID,
+                flow_ledger::ErrorClass::Unavailable | flow_ledger::ErrorClass::Corrupt => {
+                    exit::UNAVAILABLE
+                }
+            },
             Self::Unavailable(_)
             | Self::NoLedger { .. }
             | Self::OpenLedger { .. }

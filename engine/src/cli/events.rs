@@ -213,9 +213,9 @@ fn delivery_row(d: &Delivery) -> Vec<String> {
     ]
 }
 
-/// A ledger error that stops the command (exit 5).
+/// A ledger error that stops the command, exit by its class (`CliError::Ledger`).
 fn unavailable(e: flow_ledger::Error) -> CliError {
-    CliError::unavailable(e.to_string())
+    CliError::Ledger(e)
 }
 
 async fn redeliver(

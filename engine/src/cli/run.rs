@@ -378,9 +378,9 @@ impl Session {
     }
 }
 
-/// A ledger error that stops the command: the database's, not the input's (exit 5).
+/// A ledger error that stops the command, exit by its class (`CliError::Ledger`).
 fn unavailable(e: flow_ledger::Error) -> CliError {
-    CliError::unavailable(e.to_string())
+    CliError::Ledger(e)
 }
 
 /// Every secret the workflow names must have a value before the run is created or

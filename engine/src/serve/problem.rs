@@ -71,28 +71,18 @@ impl Problem {
         Self::new(StatusCode::CONFLICT, detail)
     }
 
-    /// The problem for a ledger error that the handler did not map itself: 404 for a
-    /// missing row, 409 for state conflicts, 400 for an over-large value or a text the
-    /// database cannot store (a NUL byte), 503 when the
-    /// database cannot be used.
+    /// The problem for a ledger error that the handler did not map itself, by its
+    /// [`flow_ledger::ErrorClass`]: 400 bad input (an over-large value, a text the
+    /// database cannot store), 404, 409 for state conflicts, 403 a read-only ledger, 503
+    /// when the database cannot be used or its data cannot be trusted.
     pub fn ledger(e: &flow_ledger::Error) -> Self {
-        use flow_ledger::Error as E;
-        let status = match e {
-            E::NotFound { .. } => StatusCode::NOT_FOUND,
-            E::Conflict { .. }
-            | E::Busy { .. }
-            | E::LeaseLost
-            | E::InDoubt { .. }
-            | E::InvalidTransition { .. }
-            | E::Terminal { .. }
-            | E::PastDeadline { .. }
-            | E::KeyRetired { .. }
-            | E::Owned { .. } => StatusCode::CONFLICT,
-            E::OutputTooLarge { .. } | E::InvalidText { .. } | E::InvalidEvent { .. } => {
-                StatusCode::BAD_REQUEST
-            }
-            E::ReadOnly { .. } => StatusCode::FORBIDDEN,
-            _ => StatusCode::SERVICE_UNAVAILABLE,
+        use flow_ledger::ErrorClass as C;
+        let status = match e.class() {
+            C::BadInput => StatusCode::BAD_REQUEST,
+            C::NotFound => StatusCode::NOT_FOUND,
+            C::Conflict => StatusCode::CONFLICT,
+            C::Forbidden => StatusCode::FORBIDDEN,
+            C::Unavailable | C::Corrupt => StatusCode::SERVICE_UNAVAILABLE,
         };
         Self::new(status, e.to_string())
     }
