@@ -632,3 +632,73 @@ fn no_function_is_over_120_lines() {
     }
     report("function length", &offenders);
 }
+
+/// The public methods of `impl Ledger` blocks in `text` not gated to tests (`testkit`).
+fn public_ledger_methods(text: &str) -> Vec<String> {
+    let method = Regex::new(r"^    pub (?:async )?fn (\w+)").expect("regex");
+    let mut out = Vec::new();
+    let mut in_ledger = false;
+    let mut gated = false;
+    for line in text.lines() {
+        if line.starts_with("impl Ledger {") {
+            in_ledger = true;
+        } else if line.starts_with('}') {
+            in_ledger = false;
+        }
+        if !in_ledger {
+            continue;
+        }
+        if line.trim_start().starts_with("#[cfg(") && line.contains("testkit") {
+            gated = true;
+            continue;
+        }
+        if let Some(c) = method.captures(line) {
+            if !gated {
+                out.push(c[1].to_string());
+            }
+            gated = false;
+        } else if !line.trim_start().starts_with("#[") && !line.trim_start().starts_with("///") {
+            gated = false;
+        }
+    }
+    out
+}
+
+/// The ledger's door holds what the engine uses: a public `Ledger` method that no code
+/// outside the ledger calls (the engine, the binary, the adapters, the benches) is
+/// either made `pub(crate)` or, when only tests need it, gated behind the `testkit`
+/// feature. Tests do not count as users.
+#[test]
+fn no_public_ledger_method_is_used_only_by_tests() {
+    let users: Vec<String> = [
+        "engine/src",
+        "src",
+        "adapters/src",
+        "benches",
+        "ledger/benches",
+    ]
+    .iter()
+    .flat_map(|d| files(d, ".rs"))
+    .map(|p| read(&p))
+    .collect();
+    let mut offenders = Vec::new();
+    for path in files("ledger/src", ".rs") {
+        for name in public_ledger_methods(&read(&path)) {
+            let word = Regex::new(&format!(r"\b{name}\b")).expect("regex");
+            if !users.iter().any(|text| word.is_match(text)) {
+                offenders.push(format!("{}: Ledger::{name}", path.display()));
+            }
+        }
+    }
+    report(
+        "public Ledger methods nothing but tests call (gate them with #[cfg(any(test, feature = \"testkit\"))] or make them pub(crate))",
+        &offenders,
+    );
+    // The rule can fail: a planted public method nobody calls is found.
+    let planted =
+        "impl Ledger {\n    /// x\n    pub async fn planted_only_for_tests(&self) {}\n}\n";
+    assert_eq!(public_ledger_methods(planted), ["planted_only_for_tests"]);
+    let gated =
+        "impl Ledger {\n    #[cfg(any(test, feature = \"testkit\"))]\n    pub fn g(&self) {}\n}\n";
+    assert!(public_ledger_methods(gated).is_empty());
+}

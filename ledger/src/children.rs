@@ -26,7 +26,6 @@ use crate::enqueue::{EnqueueTx, enqueue_in};
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::model::{NewRun, ParentLink, Run, RunLease, Scope};
-use crate::rows::{RunRow, run_cols};
 use crate::runs::{claim_locked, held_for_update, run_for_update};
 use crate::state::{RunStatus, StepStatus};
 use crate::worker::WorkerId;
@@ -42,9 +41,6 @@ pub struct ChildStart {
     /// `None`: someone else holds it, or it ended or paused.
     pub lease: Option<RunLease>,
 }
-
-/// Most children one listing returns.
-pub const MAX_CHILDREN_PAGE: u32 = 1000;
 
 impl Ledger {
     /// Starts the child `run` of the step `link` names, or finds it: in one
@@ -149,42 +145,6 @@ impl Ledger {
             })
         })
         .await
-    }
-
-    /// The children of `parent_run_id`, by id, after `after` (keyset paging), at most
-    /// `limit` (0 or more than [`MAX_CHILDREN_PAGE`]: that many).
-    pub async fn list_children(
-        &self,
-        parent_run_id: &str,
-        after: Option<&str>,
-        limit: u32,
-    ) -> Result<Vec<Run>, Error> {
-        let s = self.scope();
-        let limit = if limit == 0 || limit > MAX_CHILDREN_PAGE {
-            MAX_CHILDREN_PAGE
-        } else {
-            limit
-        };
-        let mut pc = self.pool().acquire().await?;
-        let mut c = pc.conn();
-        let rows = c
-            .all::<RunRow>(
-                concat!(
-                    "SELECT ",
-                    run_cols!(),
-                    " FROM runs WHERE tenant = $1 AND workspace = $2 AND parent_run_id = $3
-                       AND id > $4 ORDER BY id LIMIT $5"
-                ),
-                args![
-                    &s.tenant,
-                    &s.workspace,
-                    parent_run_id,
-                    after.unwrap_or(""),
-                    i64::from(limit)
-                ],
-            )
-            .await?;
-        rows.into_iter().map(RunRow::into_run).collect()
     }
 }
 

@@ -191,7 +191,7 @@ pub trait Clock: Send + Sync {
 /// process passes in, so a process whose wall clock is ahead would take live leases over
 /// and fire ticks early, and one behind would never claim. A PostgreSQL ledger anchors
 /// every process to the *server's* clock instead ([`anchor`], from
-/// `Ledger::anchor_clock` at open and every 30 s): `now` is then the server's time at the
+/// `Ledger::measure_skew` at open and every 30 s): `now` is then the server's time at the
 /// last anchoring plus the monotonic time since, which neither a skewed nor a stepped
 /// wall clock moves. A SQLite ledger has no clock of its own; the processes sharing its
 /// file share their host's clock.

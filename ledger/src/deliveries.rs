@@ -485,6 +485,7 @@ impl Ledger {
     /// Records the outcome of a leased delivery. Fenced: only the dispatcher holding the
     /// lease may record it (`LeaseLost` otherwise, e.g. after its lease ran out and
     /// another dispatcher took the delivery).
+    #[cfg(any(test, feature = "testkit"))]
     pub async fn finish_delivery(
         &self,
         req: FinishDelivery<'_>,

@@ -35,10 +35,10 @@ impl Ledger {
     /// SQLite this is a real write through the writer's group commit — one row of the
     /// migrations table rewritten as it is (`BEGIN IMMEDIATE`, a WAL frame, `COMMIT`) —
     /// so each of those fails it; on PostgreSQL (whose server reports its own
-    /// writability) and on a read-only ledger, [`Ledger::ping`].
+    /// writability) and on a read-only ledger, one round trip.
     pub async fn probe_writable(&self) -> Result<(), Error> {
         if self.is_postgres() || self.writable().is_err() {
-            return self.ping().await;
+            return self.round_trip().await;
         }
         self.write_statement(|c| {
             Box::pin(async move {
@@ -58,6 +58,7 @@ impl Ledger {
     /// connections (`None` on SQLite): what the server applies to flow's own sessions,
     /// which flow sets itself where its guarantees depend on it (`synchronous_commit`,
     /// see `postgres.rs`) — to check that, in tests and by hand.
+    #[cfg(any(test, feature = "testkit"))]
     pub async fn postgres_setting(&self, name: &str) -> Result<Option<String>, Error> {
         let Pool::Postgres(p) = self.pool() else {
             return Ok(None);
@@ -69,9 +70,16 @@ impl Ledger {
         Ok(Some(value))
     }
 
+    /// Whether the database answers a trivial statement (tests; the engine asks
+    /// [`Ledger::probe_writable`]).
+    #[cfg(any(test, feature = "testkit"))]
+    pub async fn ping(&self) -> Result<(), Error> {
+        self.round_trip().await
+    }
+
     /// Whether the database answers a trivial statement: health checks need a round
     /// trip, not just a pool that once connected.
-    pub async fn ping(&self) -> Result<(), Error> {
+    pub(crate) async fn round_trip(&self) -> Result<(), Error> {
         let mut pc = self.pool().acquire().await?;
         pc.conn()
             .optional::<IntRow>("SELECT CAST(1 AS BIGINT) AS n", args![])

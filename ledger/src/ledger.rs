@@ -211,6 +211,7 @@ impl Ledger {
     }
 
     /// Whether this handle was opened read-only (`sqlite://…?mode=ro`).
+    #[cfg(any(test, feature = "testkit"))]
     pub fn is_read_only(&self) -> bool {
         self.inner.read_only
     }
@@ -227,6 +228,7 @@ impl Ledger {
     }
 
     /// The output limit in bytes.
+    #[cfg(any(test, feature = "testkit"))]
     pub fn output_limit_bytes(&self) -> usize {
         self.inner.output_limit
     }

@@ -22,11 +22,17 @@ pub(crate) const REANCHOR_EVERY: Duration = Duration::from_secs(30);
 const SAMPLES: usize = 3;
 
 impl Ledger {
+    /// [`Ledger::measure_skew`] for tests: anchors the clock and returns the skew.
+    #[cfg(any(test, feature = "testkit"))]
+    pub async fn anchor_clock(&self) -> Result<Option<i64>, Error> {
+        self.measure_skew().await
+    }
+
     /// Reads the server's clock and anchors this process's [`crate::SystemClock`] to it
     /// (PostgreSQL; `Ok(None)` on SQLite, which has no clock of its own). Returns the
     /// wall clock's skew from the server's in milliseconds (positive: ahead), read at
     /// the midpoint of the shortest of a few round trips.
-    pub async fn anchor_clock(&self) -> Result<Option<i64>, Error> {
+    pub(crate) async fn measure_skew(&self) -> Result<Option<i64>, Error> {
         let Pool::Postgres(pool) = self.pool() else {
             return Ok(None);
         };
@@ -52,14 +58,14 @@ impl Ledger {
             return;
         }
         let mut said = None;
-        report(self.anchor_clock().await, &mut said);
+        report(self.measure_skew().await, &mut said);
         let weak = std::sync::Arc::downgrade(&self.inner);
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(REANCHOR_EVERY).await;
                 let Some(inner) = weak.upgrade() else { return };
                 let ledger = Ledger { inner };
-                report(ledger.anchor_clock().await, &mut said);
+                report(ledger.measure_skew().await, &mut said);
             }
         });
     }

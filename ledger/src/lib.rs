@@ -122,7 +122,7 @@ pub use approvals::{
     Approval, ApprovalFilter, ApprovalVote, AskApproval, Decide, Decided, Gate, Swept,
 };
 pub use canonical::{canonical_hash, canonical_json, workflow_hash};
-pub use children::{ChildStart, MAX_CHILDREN_PAGE};
+pub use children::ChildStart;
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use connection_pending::PendingSignIn;
 pub use connections::{Connection, ConnectionStatus, Endpoints, RefreshFailure, Sealed};

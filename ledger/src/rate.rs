@@ -98,6 +98,7 @@ impl Ledger {
     }
 
     /// The current count of a window (for `flow show`, metrics and tests).
+    #[cfg(any(test, feature = "testkit"))]
     pub async fn rate_count(
         &self,
         key: &str,

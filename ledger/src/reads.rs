@@ -6,10 +6,12 @@ use crate::conn::args;
 use crate::error::Error;
 use crate::events::{Event, EventFilter};
 use crate::ledger::Ledger;
-use crate::model::{Attempt, Run, Step, ToolCall, Usage};
-use crate::rows::{
-    AttemptRow, CallRow, EventRow, RunRow, StepRow, UsageRow, call_cols, run_cols, step_cols,
-};
+#[cfg(any(test, feature = "testkit"))]
+use crate::model::{Attempt, Usage};
+use crate::model::{Run, Step, ToolCall};
+#[cfg(any(test, feature = "testkit"))]
+use crate::rows::{AttemptRow, UsageRow};
+use crate::rows::{CallRow, EventRow, RunRow, StepRow, call_cols, run_cols, step_cols};
 
 /// The `LIMIT` a listing binds: what the filter asks for, or the listing's default when it
 /// asks for none (`0`, a filter's default).
@@ -110,6 +112,7 @@ impl Ledger {
     }
 
     /// The effect attempts of a run's calls, by call and attempt.
+    #[cfg(any(test, feature = "testkit"))]
     pub async fn list_attempts(&self, run_id: &str) -> Result<Vec<Attempt>, Error> {
         let s = self.scope();
         let mut pc = self.pool().acquire().await?;
@@ -127,6 +130,7 @@ impl Ledger {
     }
 
     /// The usage rows (one per request sent) of a run.
+    #[cfg(any(test, feature = "testkit"))]
     pub async fn list_usage(&self, run_id: &str) -> Result<Vec<Usage>, Error> {
         let s = self.scope();
         let mut pc = self.pool().acquire().await?;

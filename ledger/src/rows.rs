@@ -8,7 +8,9 @@ use serde_json::Value;
 use crate::clock::Timestamp;
 use crate::error::Error;
 use crate::events::{Event, EventType};
-use crate::model::{Attempt, Replayed, Run, Step, StepError, ToolCall, Usage};
+#[cfg(any(test, feature = "testkit"))]
+use crate::model::{Attempt, Usage};
+use crate::model::{Replayed, Run, Step, StepError, ToolCall};
 use crate::state::{
     CallFacts, CallStatus, ErrorKind, LeaseView, RunStatus, StepStatus, attempt_key,
 };
@@ -337,6 +339,7 @@ impl CallRow {
     }
 }
 
+#[cfg(any(test, feature = "testkit"))]
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct AttemptRow {
     pub tool_call_id: String,
@@ -351,6 +354,7 @@ pub(crate) struct AttemptRow {
     pub requests_sent: i64,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl AttemptRow {
     pub(crate) fn into_attempt(self) -> Result<Attempt, Error> {
         Ok(Attempt {
@@ -368,6 +372,7 @@ impl AttemptRow {
     }
 }
 
+#[cfg(any(test, feature = "testkit"))]
 #[derive(Debug, sqlx::FromRow)]
 pub(crate) struct UsageRow {
     pub tool_call_id: String,
@@ -379,6 +384,7 @@ pub(crate) struct UsageRow {
     pub created_at: i64,
 }
 
+#[cfg(any(test, feature = "testkit"))]
 impl UsageRow {
     pub(crate) fn into_usage(self) -> Usage {
         Usage {

@@ -195,6 +195,7 @@ impl Ledger {
     /// `run.cancelled`); a run held by a live worker gets `cancel_requested`, which the
     /// worker sees at its next heartbeat. Cancelling a cancelled run is a no-op; other finished runs
     /// are `Terminal`.
+    #[cfg(any(test, feature = "testkit"))]
     pub async fn request_cancel(&self, run_id: &str, now: Timestamp) -> Result<Run, Error> {
         self.request_cancel_as(run_id, None, now).await
     }

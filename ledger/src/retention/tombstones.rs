@@ -201,6 +201,7 @@ pub(crate) async fn bury(
 impl Ledger {
     /// The tombstone of `key`, if a run deleted by retention used it: what an operator
     /// asks when a run was refused a key.
+    #[cfg(any(test, feature = "testkit"))]
     pub async fn key_tombstone(&self, key: &str) -> Result<Option<Tombstone>, Error> {
         let s = self.scope();
         let mut pc = self.pool().acquire().await?;

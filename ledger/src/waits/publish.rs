@@ -244,6 +244,7 @@ impl Ledger {
     }
 
     /// The events published under `name`, newest first (at most `limit`, 0 = 100).
+    #[cfg(any(test, feature = "testkit"))]
     pub async fn list_published_events(
         &self,
         name: Option<&str>,
