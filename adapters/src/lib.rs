@@ -30,6 +30,13 @@
 //! - [`api_client`]: a client of flow's own operator API (the CLI's `--server` mode);
 //! - `testkit` (feature `testkit`): real test servers for this crate's and the engine's
 //!   tests, and the `flow-testkit` binary.
+//!
+//! Shared by the kinds: `tool.rs` (the contract: [`Tool`], [`Call`], [`Outcome`]),
+//! `error.rs` (the one [`Error`], its retryability in the type), `fence.rs` (until when
+//! a request may still leave: the engine's leases by this process's clock), [`egress`]
+//! (host allow-lists checked on every hop), `process.rs` (process groups: a command or
+//! MCP server leaves nothing behind), `lazy_client.rs` (HTTP clients built on first
+//! use) and `redact.rs` (debug output that shows secret names, never values).
 
 mod error;
 mod fence;

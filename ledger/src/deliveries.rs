@@ -504,7 +504,7 @@ impl Ledger {
 
     /// Records the outcomes of many leased deliveries in one transaction — one durable
     /// commit for a whole batch, which is what bounds a dispatcher's throughput. Each
-    /// is fenced like [`Ledger::finish_delivery`]; returns the event ids whose lease was
+    /// is fenced like `Ledger::finish_delivery`; returns the event ids whose lease was
     /// lost (their outcome was not recorded; whoever holds them now will send again).
     pub async fn finish_deliveries(
         &self,

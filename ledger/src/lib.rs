@@ -30,6 +30,19 @@
 //!   either driver.
 //! - [`notify`]: PostgreSQL `LISTEN/NOTIFY` wake-ups for daemons ([`Ledger::listen_queue`]);
 //!   `health.rs`: the probe and counts a daemon's `/healthz` and `/metrics` read.
+//! - [`Error`] (`error.rs`) and its [`ErrorClass`]; the facade `ledger.rs` (opening,
+//!   shared helpers), `options.rs` (how to open), `conn.rs` (one SQL text bound for
+//!   either driver), `rows.rs` (rows to public types), `fence.rs` (the one fence of a
+//!   holder's writes), `canonical.rs` (request hashes), `ledger_clock.rs` (the server's
+//!   clock for every PostgreSQL process).
+//! - the features' tables, each beside its migration: `run_states.rs` (a claimed run's
+//!   finish, pause, requeue, cancel; `finish.rs` its return), `approvals/` (the gate,
+//!   votes, the sweep), `waits/` (event waits, callbacks, publish), `children.rs` and
+//!   `lineage.rs` (sub-workflow runs), `fanouts.rs` (a `for_each` node's stored list),
+//!   `probes.rs` (reconciliation's record), `redrive.rs`, `schedules.rs`, `retention/`
+//!   (deletion and key tombstones), `connections.rs` and `connection_pending.rs` (OAuth
+//!   sign-ins), `trace.rs` (OpenTelemetry context), [`inbox`] (the in-doubt worklist's
+//!   reads) and `operator.rs` (what the operator API adds: actors, filters).
 //!
 //! # The at-most-once protocol
 //! 1. [`Ledger::claim_call`] → `Claimed(lease)`, `Replay`, `InDoubt`, or `Busy` /

@@ -200,7 +200,7 @@ impl Ledger {
         self.request_cancel_as(run_id, None, now).await
     }
 
-    /// [`Ledger::request_cancel`] on behalf of `actor`: its `by` and `reason` go into
+    /// `Ledger::request_cancel` on behalf of `actor`: its `by` and `reason` go into
     /// the `run.cancelled` event, or, when a live worker still holds the run, into a
     /// `run.cancel_requested` event (the audit trail of the operator API).
     pub async fn request_cancel_as(
