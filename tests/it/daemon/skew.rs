@@ -110,3 +110,41 @@ fn a_daemon_five_minutes_behind_still_claims() {
         behind.log()
     );
 }
+
+/// A daemon an hour ahead fires a schedule by the server's clock: every tick it starts
+/// is at or before the real now, none is recorded `missed`, and the ticks keep coming
+/// at the schedule's pace. Before, at +1 h a daemon fired runs an hour early, recorded
+/// thousands of future ticks `missed` and moved the cursor past now.
+#[test]
+fn a_daemon_an_hour_ahead_fires_no_tick_early_and_misses_none() {
+    if !runnable() {
+        return;
+    }
+    let db = TestDb::new(Backend::Postgres);
+    db.write(
+        "w.yaml",
+        "name: tick\ninputs:\n  at: { type: string, required: true }\ntools:\n  echo: { kind: function, function: core.echo }\nnodes:\n  a: { tool: echo, with: { at: \"${{ inputs.at }}\" } }\n",
+    );
+    db.write(
+        "flow.toml",
+        "[[schedules]]\nid = \"every\"\nworkflow = \"w.yaml\"\ncron = \"*/2 * * * * *\"\ninputs = { at = \"${{ schedule.time }}\" }\n",
+    );
+    let env = skewed("+1h");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let ahead = Daemon::start(&db, "ahead", &["--poll-interval", "100ms"], &env);
+    wait_until(Duration::from_secs(30), "two ticks started", || {
+        crate::schedules::history(&db)
+            .iter()
+            .filter(|e| e.0 == "started")
+            .count()
+            >= 2
+    });
+    drop(ahead);
+    let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
+    let h = crate::schedules::history(&db);
+    for (outcome, tick, _, _) in &h {
+        assert_ne!(outcome, "missed", "no tick is missed: {h:?}");
+        let at = flow_ledger::Timestamp::parse_rfc3339(tick).expect("tick time");
+        assert!(at <= now, "tick {tick} is not in the future: {h:?}");
+    }
+}
