@@ -1,13 +1,18 @@
 //! PostgreSQL faults between flow and its ledger, made by a proxy that reads the wire
 //! protocol ([`PgProxy`]): the server commits a statement and the acknowledgement never
-//! reaches flow. Issue 49, break 9: a lost acknowledgement of the outbound mark made a
-//! false doubt — the server had the mark, flow saw a reset, nothing had been sent, and a
-//! person was asked to decide. The process knows it never wrote the request: it gives
-//! the call back unsent and sends it once.
+//! reaches flow, or the connection is cut under a statement and the server refuses new
+//! ones for a while. Issue 49, break 9: a lost acknowledgement of the outbound mark made
+//! a false doubt — the server had the mark, flow saw a reset, nothing had been sent, and
+//! a person was asked to decide. The process knows it never wrote the request: it gives
+//! the call back unsent and sends it once. Break 8: an outage while the answer is being
+//! recorded threw answered calls into doubt; the outcome write is retried while the
+//! worker holds the call.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use flow_adapters::testkit::http::CountingServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,6 +30,16 @@ pub struct PgProxy {
     addr: SocketAddr,
     armed: Arc<AtomicBool>,
     dropped: Arc<AtomicU32>,
+    cut: Arc<Cut>,
+}
+
+/// The cut fault: the first statement binding `pattern` is never forwarded; its
+/// connection is closed and new connections are refused until `until`.
+#[derive(Default)]
+struct Cut {
+    pattern: Mutex<Option<&'static [u8]>>,
+    until: Mutex<Option<Instant>>,
+    done: AtomicU32,
 }
 
 /// The server's transaction status from its last `ReadyForQuery`: `I` idle (a statement
@@ -38,13 +53,24 @@ impl PgProxy {
         let addr = listener.local_addr()?;
         let armed = Arc::new(AtomicBool::new(false));
         let dropped = Arc::new(AtomicU32::new(0));
-        let (a, d) = (armed.clone(), dropped.clone());
+        let cut = Arc::new(Cut::default());
+        let (a, d, k) = (armed.clone(), dropped.clone(), cut.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let (a, d) = (a.clone(), d.clone());
+                let refusing = k
+                    .until
+                    .lock()
+                    .ok()
+                    .and_then(|u| *u)
+                    .is_some_and(|u| Instant::now() < u);
+                if refusing {
+                    drop(client);
+                    continue;
+                }
+                let (a, d, k) = (a.clone(), d.clone(), k.clone());
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
-                        let _ = relay(client, server, a, d).await;
+                        let _ = relay(client, server, (a, d), k).await;
                     }
                 });
             }
@@ -53,6 +79,7 @@ impl PgProxy {
             addr,
             armed,
             dropped,
+            cut,
         })
     }
 
@@ -61,6 +88,29 @@ impl PgProxy {
     /// swallowed; the connection is then cut.
     pub fn drop_next_outbound_ack(&self) {
         self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// The next statement that binds the text `pattern` (in or out of a transaction) is
+    /// never forwarded: its connection is cut and new connections are refused for
+    /// `outage` — a database gone for a moment exactly then.
+    pub fn cut_next(&self, pattern: &'static [u8], outage: Duration) {
+        if let Ok(mut p) = self.cut.pattern.lock() {
+            *p = Some(pattern);
+        }
+        if let Ok(mut u) = self.cut.until.lock() {
+            *u = None;
+        }
+        // The outage starts when the statement is cut.
+        self.cut.done.store(0, Ordering::SeqCst);
+        OUTAGE_MS.store(
+            u32::try_from(outage.as_millis()).unwrap_or(u32::MAX),
+            Ordering::SeqCst,
+        );
+    }
+
+    /// How many statements were cut.
+    pub fn cuts(&self) -> u32 {
+        self.cut.done.load(Ordering::SeqCst)
     }
 
     /// How many acknowledgements were swallowed.
@@ -88,11 +138,14 @@ async fn frame(r: &mut (impl AsyncReadExt + Unpin)) -> std::io::Result<(u8, Vec<
     Ok((head[0], frame))
 }
 
+/// How long the cut fault's outage lasts (one proxy per test).
+static OUTAGE_MS: AtomicU32 = AtomicU32::new(0);
+
 async fn relay(
     mut client: TcpStream,
     mut server: TcpStream,
-    armed: Arc<AtomicBool>,
-    dropped: Arc<AtomicU32>,
+    (armed, dropped): (Arc<AtomicBool>, Arc<AtomicU32>),
+    cut: Arc<Cut>,
 ) -> std::io::Result<()> {
     // Small frames one by one: without this, Nagle's algorithm and delayed ACKs add
     // ~40-200 ms to each statement.
@@ -124,6 +177,24 @@ async fn relay(
     let up = async move {
         loop {
             let (kind, bytes) = frame(&mut cr).await?;
+            if kind == b'B' {
+                let hit = cut.pattern.lock().ok().and_then(|mut p| {
+                    let pattern = (*p)?;
+                    bytes
+                        .windows(pattern.len())
+                        .any(|w| w == pattern)
+                        .then(|| p.take())
+                        .flatten()
+                });
+                if hit.is_some() {
+                    let outage = Duration::from_millis(u64::from(OUTAGE_MS.load(Ordering::SeqCst)));
+                    if let Ok(mut u) = cut.until.lock() {
+                        *u = Some(Instant::now() + outage);
+                    }
+                    cut.done.fetch_add(1, Ordering::SeqCst);
+                    return Err(std::io::Error::other("cut"));
+                }
+            }
             if kind == b'B'
                 && st.load(Ordering::SeqCst) == IDLE
                 && bytes.windows(8).any(|w| w == b"outbound")
@@ -206,6 +277,54 @@ fn a_lost_acknowledgement_of_the_outbound_mark_sends_once_and_is_no_doubt() {
         1,
         "under its first key"
     );
+    assert_eq!(call(&show(&db, &run), "charge")["status"], "succeeded");
+    assert_eq!(events(&db, &run, "tool_call.in_doubt"), 0, "never in doubt");
+}
+
+/// The downstream answers, and the database goes away exactly as flow records the
+/// answer (the connection cut under the outcome's statement, new connections refused
+/// for 3 s): flow keeps the answer and retries the write while it holds the call (on a
+/// pooled connection still open, or after the outage), so
+/// the call ends `succeeded`, sent once, never in doubt. Before the fix the answer was
+/// dropped and the call left in doubt for a person.
+#[test]
+fn an_outage_while_the_answer_is_recorded_keeps_the_answer_not_a_doubt() {
+    if !postgres_available() {
+        return;
+    }
+    let rt = runtime();
+    let down = rt.block_on(CountingServer::start()).expect("downstream");
+    let db = TestDb::new(Backend::Postgres);
+    let (host, port) = postgres_admin();
+    let upstream: SocketAddr = format!("{host}:{port}")
+        .parse()
+        .expect("PostgreSQL address");
+    let proxy = rt.block_on(PgProxy::start(upstream)).expect("proxy");
+    let file = db.write(
+        "pay.yaml",
+        &format!(
+            "name: pay\ntools:\n  pay: {{ kind: http, method: POST, url: \"{}/pay\" }}\nnodes:\n  charge:\n    tool: pay\n    with: {{ amount: 10 }}\n",
+            down.url()
+        ),
+    );
+    // The outcome's statement binds the call's output: the downstream's echo, the one
+    // text holding `"path":"/pay"` (the workflow and the request hold the URL).
+    proxy.cut_next(br#""path":"/pay""#, Duration::from_secs(3));
+    let out = output(
+        db.flow()
+            .env("FLOW_DATABASE_URL", proxy.url(&db.url))
+            .arg("run")
+            .arg(&file),
+    );
+    let said = stderr(&out);
+    assert_eq!(proxy.cuts(), 1, "the outcome's statement was cut: {said}");
+    assert!(
+        said.contains("cannot record the call's outcome yet; retrying"),
+        "the outcome write is retried: {said}"
+    );
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    let run = run_id(&out);
+    assert_eq!(down.total(), 1, "sent once");
     assert_eq!(call(&show(&db, &run), "charge")["status"], "succeeded");
     assert_eq!(events(&db, &run, "tool_call.in_doubt"), 0, "never in doubt");
 }
