@@ -3,14 +3,14 @@
 //! HTTP is: the engine names no HTTP library.
 //!
 //! Answers are JSON; an error answer (RFC 9457 `application/problem+json`) becomes
-//! [`ApiError::Problem`] with the server's `title` and `detail`, so the CLI can print
+//! [`Error::Problem`] with the server's `title` and `detail`, so the CLI can print
 //! what the server said and pick the exit code from the status.
 
 use serde_json::Value as Json;
 
 /// Why a request to the operator API did not succeed.
 #[derive(Debug, thiserror::Error)]
-pub enum ApiError {
+pub enum Error {
     /// The server URL is not http(s).
     #[error("`{0}` is not an http:// or https:// URL")]
     BadUrl(String),
@@ -49,15 +49,15 @@ pub struct ApiClient {
 
 impl ApiClient {
     /// A client of the server at `base` (`http://host:port`), sending `token` if any.
-    pub fn new(base: &str, token: Option<String>) -> Result<Self, ApiError> {
+    pub fn new(base: &str, token: Option<String>) -> Result<Self, Error> {
         let url = reqwest::Url::parse(base)
             .ok()
             .filter(|u| matches!(u.scheme(), "http" | "https") && u.has_host())
-            .ok_or_else(|| ApiError::BadUrl(base.to_string()))?;
+            .ok_or_else(|| Error::BadUrl(base.to_string()))?;
         let http = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(60))
             .build()
-            .map_err(|e| ApiError::Unreachable {
+            .map_err(|e| Error::Unreachable {
                 base: base.to_string(),
                 reason: format!("cannot set up an HTTP client: {e}"),
             })?;
@@ -80,9 +80,9 @@ impl ApiClient {
 
     /// The URL of `/api/v1/` + `segments` (each escaped) with `query`; refused for a
     /// segment that is empty, `.` or `..` (escaping does not protect those).
-    fn url(&self, segments: &[&str], query: &[(&str, String)]) -> Result<reqwest::Url, ApiError> {
+    fn url(&self, segments: &[&str], query: &[(&str, String)]) -> Result<reqwest::Url, Error> {
         if let Some(bad) = segments.iter().find(|s| matches!(**s, "" | "." | "..")) {
-            return Err(ApiError::BadSegment((*bad).to_string()));
+            return Err(Error::BadSegment((*bad).to_string()));
         }
         let mut url = self.base.clone();
         if let Ok(mut path) = url.path_segments_mut() {
@@ -95,22 +95,22 @@ impl ApiClient {
     }
 
     /// `GET /api/v1/<segments>?<query>`.
-    pub async fn get(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Json, ApiError> {
+    pub async fn get(&self, segments: &[&str], query: &[(&str, String)]) -> Result<Json, Error> {
         self.send(self.http.get(self.url(segments, query)?)).await
     }
 
     /// `POST /api/v1/<segments>` with a JSON body.
-    pub async fn post(&self, segments: &[&str], body: &Json) -> Result<Json, ApiError> {
+    pub async fn post(&self, segments: &[&str], body: &Json) -> Result<Json, Error> {
         self.send(self.http.post(self.url(segments, &[])?).json(body))
             .await
     }
 
-    async fn send(&self, req: reqwest::RequestBuilder) -> Result<Json, ApiError> {
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<Json, Error> {
         let req = match &self.token {
             Some(t) => req.bearer_auth(t.trim()),
             None => req,
         };
-        let unreachable = |e: reqwest::Error| ApiError::Unreachable {
+        let unreachable = |e: reqwest::Error| Error::Unreachable {
             base: self.base.to_string(),
             reason: e.to_string(),
         };
@@ -125,7 +125,7 @@ impl ApiClient {
             .as_str()
             .or(status.canonical_reason())
             .unwrap_or("Error");
-        Err(ApiError::Problem {
+        Err(Error::Problem {
             status: status.as_u16(),
             title: title.to_string(),
             detail: body["detail"]
@@ -147,10 +147,7 @@ mod tests {
         };
         for bad in ["..", ".", ""] {
             assert!(
-                matches!(
-                    client.url(&["runs", bad], &[]),
-                    Err(ApiError::BadSegment(_))
-                ),
+                matches!(client.url(&["runs", bad], &[]), Err(Error::BadSegment(_))),
                 "{bad:?}"
             );
         }

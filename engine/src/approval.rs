@@ -208,7 +208,7 @@ pub fn authorize(
 
 /// Why a decision was not recorded.
 #[derive(Debug, thiserror::Error)]
-pub enum DecideError {
+pub enum Error {
     /// The node has not asked for approval in this run (or no such run).
     #[error("run {run} has no approval for node `{node}`")]
     NotFound {
@@ -234,15 +234,15 @@ pub async fn decide(
     who: &Decider,
     d: Decision,
     now: Timestamp,
-) -> Result<flow_ledger::Decided, DecideError> {
-    let not_found = || DecideError::NotFound {
+) -> Result<flow_ledger::Decided, Error> {
+    let not_found = || Error::NotFound {
         run: d.run.clone(),
         node: d.node.clone(),
     };
     let approval = match ledger.get_approval(&d.run, &d.node).await {
         Ok(Some(a)) => a,
         Ok(None) | Err(flow_ledger::Error::NotFound { .. }) => return Err(not_found()),
-        Err(e) => return Err(DecideError::Ledger(e)),
+        Err(e) => return Err(Error::Ledger(e)),
     };
     let inputs = authorize(&approval, who, d.approve, d.inputs)?;
     let req = flow_ledger::Decide {
@@ -256,13 +256,13 @@ pub async fn decide(
     };
     ledger.decide_approval(req, now).await.map_err(|e| match e {
         flow_ledger::Error::Decided { status, by } => {
-            DecideError::Refused(Refusal::Decided { status, by })
+            Error::Refused(Refusal::Decided { status, by })
         }
         flow_ledger::Error::PastDeadline { deadline } => {
-            DecideError::Refused(Refusal::PastDeadline { deadline })
+            Error::Refused(Refusal::PastDeadline { deadline })
         }
         flow_ledger::Error::NotFound { .. } => not_found(),
-        other => DecideError::Ledger(other),
+        other => Error::Ledger(other),
     })
 }
 

@@ -12,7 +12,7 @@ use flow_ledger::{Actor, Ledger, Redriven, StepStatus, Timestamp};
 
 /// Why a run could not be redriven.
 #[derive(Debug, thiserror::Error)]
-pub enum RedriveError {
+pub enum Error {
     /// `--from` names no node of the run's workflow.
     #[error("run `{run}` has no node `{node}`")]
     UnknownNode {
@@ -63,9 +63,9 @@ pub async fn redrive(
     from: Option<&str>,
     actor: Actor,
     now: Timestamp,
-) -> Result<Redriven, RedriveError> {
+) -> Result<Redriven, Error> {
     let run = ledger.get_run(run_id).await?;
-    let wf = crate::snapshot::snapshot(&run).map_err(|why| RedriveError::Snapshot {
+    let wf = crate::snapshot::snapshot(&run).map_err(|why| Error::Snapshot {
         run: run_id.to_string(),
         why,
     })?;
@@ -88,7 +88,7 @@ pub async fn redrive(
         chosen[i] = matches!(l, Some((_, StepStatus::Failed)));
     }
     if let Some(node) = from {
-        let start = wf.position(node).ok_or_else(|| RedriveError::UnknownNode {
+        let start = wf.position(node).ok_or_else(|| Error::UnknownNode {
             run: run_id.to_string(),
             node: node.to_string(),
         })?;
@@ -106,7 +106,7 @@ pub async fn redrive(
         .iter()
         .find(|&&i| chosen[i] && wf.nodes[i].for_each.is_some())
     {
-        return Err(RedriveError::ForEach {
+        return Err(Error::ForEach {
             run: run_id.to_string(),
             node: wf.nodes[i].id.clone(),
         });
@@ -116,7 +116,7 @@ pub async fn redrive(
         .iter()
         .find(|&&i| chosen[i] && wf.nodes[i].workflow.is_some())
     {
-        return Err(RedriveError::Child {
+        return Err(Error::Child {
             run: run_id.to_string(),
             node: wf.nodes[i].id.clone(),
         });

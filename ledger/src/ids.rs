@@ -45,7 +45,7 @@ impl IdKind {
 /// Why an id was refused. The messages quote the id escaped (a control character is
 /// shown as `\u{0}`, never written raw to a terminal or a log).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum IdError {
+pub enum Error {
     /// The id is empty.
     #[error("{} is empty: {RULE}", kind.as_str())]
     Empty {
@@ -87,30 +87,30 @@ pub const RULE: &str =
     "use 1 to 128 ASCII letters, digits, `_`, `-` and `.` (not `.` or `..` alone)";
 
 /// Checks `id` against the grammar of the module docs.
-pub fn check_id(kind: IdKind, id: &str) -> Result<(), IdError> {
+pub fn check_id(kind: IdKind, id: &str) -> Result<(), Error> {
     let shown = || id.chars().take(80).flat_map(char::escape_debug).collect();
     if id.is_empty() {
-        return Err(IdError::Empty { kind });
+        return Err(Error::Empty { kind });
     }
     if let Some(ch) = id
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
     {
-        return Err(IdError::Char {
+        return Err(Error::Char {
             kind,
             shown: shown(),
             ch,
         });
     }
     if id.len() > MAX_ID_LEN {
-        return Err(IdError::TooLong {
+        return Err(Error::TooLong {
             kind,
             shown: shown(),
             len: id.len(),
         });
     }
     if id == "." || id == ".." {
-        return Err(IdError::Dots {
+        return Err(Error::Dots {
             kind,
             id: id.to_string(),
         });
@@ -141,12 +141,12 @@ mod tests {
             "the limit itself"
         );
         let refused = |id: &str| check_id(IdKind::Run, id).err();
-        assert_eq!(refused(""), Some(IdError::Empty { kind: IdKind::Run }));
-        assert!(matches!(refused("."), Some(IdError::Dots { .. })));
-        assert!(matches!(refused(".."), Some(IdError::Dots { .. })));
+        assert_eq!(refused(""), Some(Error::Empty { kind: IdKind::Run }));
+        assert!(matches!(refused("."), Some(Error::Dots { .. })));
+        assert!(matches!(refused(".."), Some(Error::Dots { .. })));
         assert!(matches!(
             refused(&"x".repeat(MAX_ID_LEN + 1)),
-            Some(IdError::TooLong { len: 129, .. })
+            Some(Error::TooLong { len: 129, .. })
         ));
         for (bad, ch) in [
             ("a\0b", '\0'),
@@ -159,7 +159,7 @@ mod tests {
             ("../x", '/'),
         ] {
             assert!(
-                matches!(refused(bad), Some(IdError::Char { ch: c, .. }) if c == ch),
+                matches!(refused(bad), Some(Error::Char { ch: c, .. }) if c == ch),
                 "{bad:?}: {:?}",
                 refused(bad)
             );

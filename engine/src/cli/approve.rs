@@ -10,7 +10,7 @@ use serde_json::{Map, Value as Json, json};
 
 use super::who::Who;
 use super::{Cli, CliError, exit, open_ledger};
-use crate::approval::{DecideError, Decider, Decision, Refusal};
+use crate::approval::{self, Decider, Decision, Refusal};
 use crate::view::ApprovalView;
 
 /// Arguments of `flow approvals`.
@@ -185,17 +185,17 @@ async fn decide(
 
 /// A refused decision as the command line reports it (exit 2 for the user's, 5 for
 /// the ledger's trouble).
-fn refused(e: DecideError) -> CliError {
+fn refused(e: approval::Error) -> CliError {
     use flow_ledger::Error as E;
     match e {
-        e @ (DecideError::NotFound { .. } | DecideError::Refused(_)) => {
+        e @ (approval::Error::NotFound { .. } | approval::Error::Refused(_)) => {
             CliError::invalid(e.to_string())
         }
-        DecideError::Ledger(E::Terminal { status }) => CliError::invalid(format!(
+        approval::Error::Ledger(E::Terminal { status }) => CliError::invalid(format!(
             "the run is {status}: its approvals can no longer be decided"
         )),
-        DecideError::Ledger(e @ E::Stale { .. }) => CliError::invalid(e.to_string()),
-        DecideError::Ledger(e) => CliError::unavailable(format!("cannot decide: {e}")),
+        approval::Error::Ledger(e @ E::Stale { .. }) => CliError::invalid(e.to_string()),
+        approval::Error::Ledger(e) => CliError::unavailable(format!("cannot decide: {e}")),
     }
 }
 
@@ -333,7 +333,7 @@ pub(crate) async fn remote_approve(
     args.who.check_remote()?;
     let client = super::remote::client(server, &args.remote)?;
     let failed =
-        |e: &flow_adapters::api_client::ApiError| super::remote::failed(e, client.has_token());
+        |e: &flow_adapters::api_client::Error| super::remote::failed(e, client.has_token());
     let mut inputs = Map::new();
     if !args.inputs.is_empty() {
         let query = [("run", args.run.clone()), ("all", "true".to_owned())];

@@ -157,26 +157,24 @@ pub(crate) fn finish(result: Result<u8, CliError>, stderr: &mut dyn Write) -> u8
     }
 }
 
-impl From<crate::runtime::RuntimeError> for CliError {
+impl From<crate::runtime::Error> for CliError {
     /// An unopenable ledger keeps its own message (exit 5); tool clients that cannot be
     /// set up are the installation's (exit 5).
-    fn from(e: crate::runtime::RuntimeError) -> Self {
+    fn from(e: crate::runtime::Error) -> Self {
         match e {
-            crate::runtime::RuntimeError::Ledger { url, source } => {
-                CliError::OpenLedger { url, source }
-            }
-            e @ crate::runtime::RuntimeError::Tools(_) => CliError::unavailable(e.to_string()),
+            crate::runtime::Error::Ledger { url, source } => CliError::OpenLedger { url, source },
+            e @ crate::runtime::Error::Tools(_) => CliError::unavailable(e.to_string()),
         }
     }
 }
 
-impl From<crate::runtime::api::AuthError> for CliError {
+impl From<crate::runtime::api::Error> for CliError {
     /// A bad flag or address is the caller's (exit 2); config or secrets the
     /// installation's (exit 5).
-    fn from(e: crate::runtime::api::AuthError) -> Self {
+    fn from(e: crate::runtime::api::Error) -> Self {
         match e {
-            crate::runtime::api::AuthError::Invalid(m) => CliError::invalid(m),
-            crate::runtime::api::AuthError::Installation(m) => CliError::unavailable(m),
+            crate::runtime::api::Error::Invalid(m) => CliError::invalid(m),
+            crate::runtime::api::Error::Installation(m) => CliError::unavailable(m),
         }
     }
 }

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::who::Who;
 use super::{Cli, CliError, exit, open_ledger};
-use crate::redrive::{RedriveError, redrive as redrive_run};
+use crate::redrive::{self, redrive as redrive_run};
 
 /// Arguments of `flow redrive`.
 #[derive(Debug, Args)]
@@ -63,22 +63,22 @@ pub(crate) async fn redrive(
 
 /// A refused redrive as the command line reports it: the user's mistake (exit 2) or the
 /// ledger's trouble (exit 5).
-fn refused(run: &str, e: RedriveError) -> CliError {
+fn refused(run: &str, e: redrive::Error) -> CliError {
     use flow_ledger::Error as E;
     match e {
-        RedriveError::Ledger(E::NotFound { .. }) => CliError::invalid(format!("no run `{run}`")),
-        RedriveError::Ledger(E::Terminal { status }) => CliError::invalid(format!(
+        redrive::Error::Ledger(E::NotFound { .. }) => CliError::invalid(format!("no run `{run}`")),
+        redrive::Error::Ledger(E::Terminal { status }) => CliError::invalid(format!(
             "run {run} is {status}: only a failed run can be redriven"
         )),
-        RedriveError::Ledger(E::InDoubt { since }) => CliError::invalid(format!(
+        redrive::Error::Ledger(E::InDoubt { since }) => CliError::invalid(format!(
             "run {run} has a call in doubt (since {since}): settle it first (`flow show {run}` says how); nothing was written"
         )),
-        RedriveError::Ledger(e @ E::InvalidTransition { .. }) => {
+        redrive::Error::Ledger(e @ E::InvalidTransition { .. }) => {
             CliError::invalid(format!("cannot redrive run {run}: {e}"))
         }
-        e @ (RedriveError::UnknownNode { .. }
-        | RedriveError::ForEach { .. }
-        | RedriveError::Child { .. }) => CliError::invalid(e.to_string()),
+        e @ (redrive::Error::UnknownNode { .. }
+        | redrive::Error::ForEach { .. }
+        | redrive::Error::Child { .. }) => CliError::invalid(e.to_string()),
         e => CliError::unavailable(format!("cannot redrive run {run}: {e}")),
     }
 }

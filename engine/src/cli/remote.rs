@@ -12,7 +12,7 @@ use std::io::Write;
 
 use serde_json::{Value as Json, json};
 
-use flow_adapters::api_client::{ApiClient, ApiError};
+use flow_adapters::api_client::{self, ApiClient};
 
 use super::run::ResumeArgs;
 use super::show::{RunsArgs, ShowArgs};
@@ -31,12 +31,12 @@ pub(crate) fn client(server: &str, remote: &Remote) -> Result<ApiClient, CliErro
 
 /// The CLI error for a failed request: the server's problem as `<title>: <detail>`
 /// ([`CliError::Remote`]), a bad URL exit 2, no answer exit 5.
-pub(crate) fn failed(e: &ApiError, has_token: bool) -> CliError {
+pub(crate) fn failed(e: &api_client::Error, has_token: bool) -> CliError {
     match e {
-        ApiError::BadUrl(_) => CliError::invalid(format!("--server {e}")),
-        ApiError::BadSegment(_) => CliError::invalid(e.to_string()),
-        ApiError::Unreachable { .. } => CliError::unavailable(e.to_string()),
-        ApiError::Problem {
+        api_client::Error::BadUrl(_) => CliError::invalid(format!("--server {e}")),
+        api_client::Error::BadSegment(_) => CliError::invalid(e.to_string()),
+        api_client::Error::Unreachable { .. } => CliError::unavailable(e.to_string()),
+        api_client::Error::Problem {
             status,
             title,
             detail,

@@ -16,7 +16,7 @@ use super::table::{table, terminal_width};
 use super::who::Who;
 use super::{Cli, CliError, exit, open_ledger};
 use crate::config::Config;
-use crate::schedule::manage::{ManageError, Schedules};
+use crate::schedule::manage::{self, Schedules};
 use crate::schedule::view::TickView;
 
 /// Arguments of `flow schedules`.
@@ -102,10 +102,12 @@ fn configured(cli: &Cli) -> Result<Schedules, CliError> {
     ))
 }
 
-fn refused(e: ManageError) -> CliError {
+fn refused(e: manage::Error) -> CliError {
     match e {
-        ManageError::Unknown { .. } | ManageError::Invalid(_) => CliError::invalid(e.to_string()),
-        ManageError::Ledger(e) => CliError::unavailable(e.to_string()),
+        manage::Error::Unknown { .. } | manage::Error::Invalid(_) => {
+            CliError::invalid(e.to_string())
+        }
+        manage::Error::Ledger(e) => CliError::unavailable(e.to_string()),
     }
 }
 

@@ -25,7 +25,7 @@ pub const OLD_KEY_SECRET: &str = "CONNECTIONS_KEY_OLD";
 
 /// Why tokens cannot be sealed or opened. None of them carries key or token bytes.
 #[derive(Debug, thiserror::Error)]
-pub enum SealError {
+pub enum Error {
     /// No key is configured.
     #[error(
         "no connections key: set FLOW_SECRET_{KEY_SECRET} (or a `{KEY_SECRET}=` line in --secrets-file) to 32 random bytes in base64; `flow connections keygen` prints one"
@@ -80,29 +80,29 @@ pub struct Key {
 
 impl Key {
     /// The key configured in `secrets`.
-    pub fn from_secrets(secrets: &Secrets) -> Result<Key, SealError> {
-        let text = secrets.get(KEY_SECRET).ok_or(SealError::NoKey)?;
+    pub fn from_secrets(secrets: &Secrets) -> Result<Key, Error> {
+        let text = secrets.get(KEY_SECRET).ok_or(Error::NoKey)?;
         Key::parse(text)
     }
 
     /// A key from its text (base64 or hex of 32 bytes).
-    pub fn parse(text: &str) -> Result<Key, SealError> {
+    pub fn parse(text: &str) -> Result<Key, Error> {
         let text = text.trim();
         let bytes = if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
             (0..32)
                 .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
                 .collect::<Result<Vec<u8>, _>>()
-                .map_err(|e| SealError::BadKey(e.to_string()))?
+                .map_err(|e| Error::BadKey(e.to_string()))?
         } else {
             STANDARD
                 .decode(text)
-                .map_err(|_| SealError::BadKey("not base64".into()))?
+                .map_err(|_| Error::BadKey("not base64".into()))?
         };
         if bytes.len() != 32 {
-            return Err(SealError::BadKey(format!("{} bytes", bytes.len())));
+            return Err(Error::BadKey(format!("{} bytes", bytes.len())));
         }
         let key = RandomizedNonceKey::new(&AES_256_GCM, &bytes)
-            .map_err(|_| SealError::BadKey("refused by AES-256-GCM".into()))?;
+            .map_err(|_| Error::BadKey("refused by AES-256-GCM".into()))?;
         let digest = sha2::Sha256::digest([b"flow-connections-key\0".as_slice(), &bytes].concat());
         let id = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
         Ok(Key { key, id })
@@ -124,7 +124,7 @@ impl Key {
         scope: (&str, &str),
         name: &str,
         (sealed, key_id): (&str, &str),
-    ) -> Result<Tokens, SealError> {
+    ) -> Result<Tokens, Error> {
         self.open_value(scope, name, (sealed, key_id))
     }
 
@@ -151,15 +151,15 @@ impl Key {
         scope: (&str, &str),
         label: &str,
         (sealed, key_id): (&str, &str),
-    ) -> Result<T, SealError> {
+    ) -> Result<T, Error> {
         if key_id != self.id {
-            return Err(SealError::OtherKey {
+            return Err(Error::OtherKey {
                 name: label.to_owned(),
                 stored: key_id.to_owned(),
                 configured: self.id.clone(),
             });
         }
-        let tampered = || SealError::Tampered(label.to_owned());
+        let tampered = || Error::Tampered(label.to_owned());
         let mut bytes = STANDARD.decode(sealed).map_err(|_| tampered())?;
         if bytes.len() < NONCE_LEN {
             return Err(tampered());
@@ -192,14 +192,14 @@ pub struct Keys {
 
 impl Keys {
     /// The keys configured in `secrets` (the current one is required).
-    pub fn from_secrets(secrets: &Secrets) -> Result<Keys, SealError> {
+    pub fn from_secrets(secrets: &Secrets) -> Result<Keys, Error> {
         let current = Key::from_secrets(secrets)?;
         let old = secrets
             .get(OLD_KEY_SECRET)
             .map(Key::parse)
             .transpose()
             .map_err(|e| match e {
-                SealError::BadKey(why) => SealError::BadKey(format!("{OLD_KEY_SECRET}: {why}")),
+                Error::BadKey(why) => Error::BadKey(format!("{OLD_KEY_SECRET}: {why}")),
                 other => other,
             })?;
         Ok(Keys { current, old })
@@ -218,7 +218,7 @@ impl Keys {
         scope: (&str, &str),
         name: &str,
         (sealed, key_id): (&str, &str),
-    ) -> Result<Tokens, SealError> {
+    ) -> Result<Tokens, Error> {
         self.by_id(key_id)
             .unwrap_or(&self.current)
             .open(scope, name, (sealed, key_id))
@@ -257,7 +257,7 @@ mod tests {
         assert!(opened == tokens());
         for (scope, name) in [(("t", "w"), "other"), (("t2", "w"), "tracker")] {
             let e = key.open(scope, name, (&sealed, key.id())).err();
-            assert!(matches!(e, Some(SealError::Tampered(_))), "{e:?}");
+            assert!(matches!(e, Some(Error::Tampered(_))), "{e:?}");
         }
         let mut flipped = STANDARD.decode(&sealed).expect("b64");
         let last = flipped.len() - 1;
@@ -265,19 +265,19 @@ mod tests {
         let e = key
             .open(("t", "w"), "tracker", (&STANDARD.encode(flipped), key.id()))
             .err();
-        assert!(matches!(e, Some(SealError::Tampered(_))));
+        assert!(matches!(e, Some(Error::Tampered(_))));
         let other = Key::parse(&generate()).expect("key");
         let e = other.open(("t", "w"), "tracker", (&sealed, key.id())).err();
-        assert!(matches!(e, Some(SealError::OtherKey { .. })), "{e:?}");
+        assert!(matches!(e, Some(Error::OtherKey { .. })), "{e:?}");
     }
 
     #[test]
     fn keys_are_32_bytes_of_base64_or_hex() {
         assert!(Key::parse(&"ab".repeat(32)).is_ok());
-        assert!(matches!(Key::parse("short"), Err(SealError::BadKey(_))));
+        assert!(matches!(Key::parse("short"), Err(Error::BadKey(_))));
         assert!(matches!(
             Key::parse(&STANDARD.encode([1u8; 16])),
-            Err(SealError::BadKey(_))
+            Err(Error::BadKey(_))
         ));
     }
 }

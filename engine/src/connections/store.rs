@@ -83,7 +83,7 @@ impl Store {
     /// is what a call that needs a connection fails with).
     pub fn new(
         ledger: Ledger,
-        key: Result<Keys, super::seal::SealError>,
+        key: Result<Keys, super::seal::Error>,
         oauth: OAuth,
         clock: Arc<dyn Clock>,
     ) -> Store {

@@ -11,7 +11,7 @@ use flow_adapters::{command, http, mcp};
 use serde_json::{Value as Json, json};
 
 use crate::secrets::Secrets;
-use crate::workflow::expr::{ExprError, Template};
+use crate::workflow::expr::{self, Template};
 use crate::workflow::{McpAuth, McpElicitation, McpServer, ToolDecl, ToolKind};
 
 /// What a node's call will do, with every template rendered.
@@ -233,6 +233,6 @@ fn describe_request(tool: &ToolDecl, target: &Target, args: &Json) -> Json {
 }
 
 /// An expression error, scrubbed (an error message may quote a rendered value).
-pub fn describe(e: &ExprError, secrets: &Secrets) -> String {
+pub fn describe(e: &expr::Error, secrets: &Secrets) -> String {
     secrets.scrub(&e.to_string())
 }

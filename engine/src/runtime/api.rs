@@ -20,7 +20,7 @@ use crate::serve::{App, serve};
 /// Why the API's authentication could not be set up: `Invalid` is the caller's input
 /// (a flag, an address), `Installation` the installation's (config, secrets).
 #[derive(Debug, thiserror::Error)]
-pub enum AuthError {
+pub enum Error {
     /// A bad flag or address.
     #[error("{0}")]
     Invalid(String),
@@ -59,25 +59,25 @@ impl ApiAuth {
         secrets: &Secrets,
         addr: SocketAddr,
         insecure: bool,
-    ) -> Result<ApiAuth, AuthError> {
+    ) -> Result<ApiAuth, Error> {
         let declared = &api.tokens;
         let metrics_token = api.metrics_token.clone();
         if let Some(name) = &metrics_token
             && !declared.iter().any(|t| &t.name == name)
         {
-            return Err(AuthError::Installation(format!(
+            return Err(Error::Installation(format!(
                 "[api] metrics_token = \"{}\" names no [[api.tokens]] entry: use one of their names",
                 name.escape_debug()
             )));
         }
         if declared.is_empty() {
             if !insecure {
-                return Err(AuthError::Installation(
+                return Err(Error::Installation(
                     "no [[api.tokens]] in flow.toml: declare at least one (name, role, secret), or pass --insecure-no-auth to serve without authentication on loopback".into(),
                 ));
             }
             if !addr.ip().is_loopback() {
-                return Err(AuthError::Invalid(format!(
+                return Err(Error::Invalid(format!(
                     "--insecure-no-auth serves only on a loopback address (127.0.0.1, ::1), not {addr}: anyone who reaches it could resolve calls"
                 )));
             }
@@ -87,14 +87,14 @@ impl ApiAuth {
             });
         }
         if insecure {
-            return Err(AuthError::Invalid(
+            return Err(Error::Invalid(
                 "--insecure-no-auth with [[api.tokens]] declared: drop the flag (the tokens are used) or the tokens".into(),
             ));
         }
         let mut tokens: Vec<(Token, &str)> = Vec::with_capacity(declared.len());
         for t in declared {
             let Some(value) = secrets.get(&t.secret).filter(|v| !v.is_empty()) else {
-                return Err(AuthError::Installation(format!(
+                return Err(Error::Installation(format!(
                     "API token `{}`: secret `{}` is not set: provide FLOW_SECRET_{} in the environment or a line `{}=…` in --secrets-file",
                     t.name, t.secret, t.secret, t.secret
                 )));
@@ -113,22 +113,22 @@ impl ApiAuth {
 /// Refuses a token whose name is not a plain name, or whose name or value an earlier
 /// entry already has: with one value, whichever entry came last would silently decide
 /// the role; with one name, the audit trail could not tell two tokens apart.
-fn check_distinct(token: &Token, secret: &str, before: &[(Token, &str)]) -> Result<(), AuthError> {
+fn check_distinct(token: &Token, secret: &str, before: &[(Token, &str)]) -> Result<(), Error> {
     let name = &token.name;
     if name.is_empty() || name.len() > 128 || name.chars().any(char::is_control) {
-        return Err(AuthError::Installation(format!(
+        return Err(Error::Installation(format!(
             "API token name \"{}\" must be 1 to 128 characters without control characters (it is recorded as `by` in the ledger)",
             name.escape_debug()
         )));
     }
     for (other, other_secret) in before {
         if &other.name == name {
-            return Err(AuthError::Installation(format!(
+            return Err(Error::Installation(format!(
                 "two [[api.tokens]] entries are named `{name}`: give each token its own name (it is recorded as `by` on everything it does)"
             )));
         }
         if other.same_value(token) {
-            return Err(AuthError::Installation(format!(
+            return Err(Error::Installation(format!(
                 "[[api.tokens]] `{}` (secret `{other_secret}`) and `{name}` (secret `{secret}`) have the same value: a request could not tell them apart and the later entry would decide the role; give each token its own value",
                 other.name
             )));

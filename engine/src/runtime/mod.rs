@@ -37,7 +37,7 @@ pub struct RuntimeOptions {
 
 /// Why a runtime could not be opened: the caller maps each to its exit code.
 #[derive(Debug, thiserror::Error)]
-pub enum RuntimeError {
+pub enum Error {
     /// The ledger could not be opened (unreachable, wrong schema, bad URL).
     #[error("cannot open the ledger at {url}: {source}")]
     Ledger {
@@ -71,10 +71,10 @@ impl std::fmt::Debug for Runtime {
 impl Runtime {
     /// Opens the ledger and builds the gateway (`FLOW_FAULT` faults read from the
     /// environment, the system clock).
-    pub async fn open(options: RuntimeOptions) -> Result<Runtime, RuntimeError> {
+    pub async fn open(options: RuntimeOptions) -> Result<Runtime, Error> {
         let ledger = Ledger::open(&options.db, options.ledger)
             .await
-            .map_err(|source| RuntimeError::Ledger {
+            .map_err(|source| Error::Ledger {
                 url: flow_ledger::redact_url(&options.db),
                 source,
             })?;
@@ -86,7 +86,7 @@ impl Runtime {
         ledger: Ledger,
         secrets: Secrets,
         (egress, policy): (Egress, Policy),
-    ) -> Result<Runtime, RuntimeError> {
+    ) -> Result<Runtime, Error> {
         let tools = Tools::new()?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let gateway = Gateway::new(

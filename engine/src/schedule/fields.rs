@@ -10,7 +10,7 @@ use std::time::Duration;
 use flow_ledger::Overlap;
 use serde_json::{Map, Value as Json, json};
 
-use super::ticks::{Ticks, TicksError};
+use super::ticks::{self, Ticks};
 use crate::workflow::diagnostic::Pos;
 use crate::workflow::expr::{self, Template};
 
@@ -78,7 +78,7 @@ impl<P: Copy> Written<P> {
         let zone = self.timezone.as_ref();
         let ticks = Ticks::parse(&self.cron.0, zone.map(|z| z.0.as_str())).map_err(|e| {
             let at = match (&e, zone) {
-                (TicksError::Zone(_), Some(z)) => z.1,
+                (ticks::Error::Zone(_), Some(z)) => z.1,
                 _ => self.cron.1,
             };
             bad(at, e.to_string())

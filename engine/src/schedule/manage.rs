@@ -14,7 +14,7 @@ use super::view::ScheduleView;
 
 /// Why a change to a schedule was refused.
 #[derive(Debug, thiserror::Error)]
-pub enum ManageError {
+pub enum Error {
     /// Neither the configuration nor an applied workflow has a schedule of that id.
     #[error("no schedule `{id}` in {config} nor applied from a workflow file")]
     Unknown {
@@ -78,11 +78,11 @@ impl Schedules {
         out
     }
 
-    fn find(&self, states: &[ScheduleState], id: &str) -> Result<Schedule, ManageError> {
+    fn find(&self, states: &[ScheduleState], id: &str) -> Result<Schedule, Error> {
         self.all(states)
             .into_iter()
             .find(|s| s.id == id)
-            .ok_or_else(|| ManageError::Unknown {
+            .ok_or_else(|| Error::Unknown {
                 id: id.to_string(),
                 config: self.source.clone(),
             })
@@ -90,7 +90,7 @@ impl Schedules {
 
     /// Stores schedule `s` if no daemon did yet (a command works before any daemon
     /// ran); a stored one is left as it is, whatever this file says.
-    async fn store(&self, ledger: &Ledger, s: &Schedule) -> Result<(), ManageError> {
+    async fn store(&self, ledger: &Ledger, s: &Schedule) -> Result<(), Error> {
         if ledger
             .list_schedules()
             .await?
@@ -106,7 +106,7 @@ impl Schedules {
     }
 
     /// Every schedule as a reader sees it.
-    pub async fn views(&self, ledger: &Ledger) -> Result<Vec<ScheduleView>, ManageError> {
+    pub async fn views(&self, ledger: &Ledger) -> Result<Vec<ScheduleView>, Error> {
         let states = ledger.list_schedules().await?;
         let all = self.all(&states);
         let mut out = Vec::with_capacity(all.len());
@@ -117,7 +117,7 @@ impl Schedules {
     }
 
     /// The view of schedule `id` (only its own history is read).
-    pub async fn view(&self, ledger: &Ledger, id: &str) -> Result<ScheduleView, ManageError> {
+    pub async fn view(&self, ledger: &Ledger, id: &str) -> Result<ScheduleView, Error> {
         let states = ledger.list_schedules().await?;
         let s = self.find(&states, id)?;
         view_of(ledger, &s, &states).await
@@ -130,7 +130,7 @@ impl Schedules {
         id: &str,
         pause: bool,
         who: (&str, Option<&str>),
-    ) -> Result<ScheduleState, ManageError> {
+    ) -> Result<ScheduleState, Error> {
         let s = self.find(&ledger.list_schedules().await?, id)?;
         self.store(ledger, &s).await?;
         Ok(ledger.set_schedule_paused(id, pause, who, now()).await?)
@@ -142,12 +142,12 @@ impl Schedules {
         ledger: &Ledger,
         id: &str,
         who: (&str, Option<&str>),
-    ) -> Result<String, ManageError> {
+    ) -> Result<String, Error> {
         let s = self.find(&ledger.list_schedules().await?, id)?;
         let run_id = format!("sched.{}.manual.{}", s.id, ulid::Ulid::generate());
         let run = s
             .new_run(super::now_utc(), run_id)
-            .map_err(ManageError::Invalid)?;
+            .map_err(Error::Invalid)?;
         self.store(ledger, &s).await?;
         let enq = ledger.trigger_schedule(id, run, who, now()).await?;
         Ok(enq.run.id)
@@ -171,7 +171,7 @@ async fn view_of(
     ledger: &Ledger,
     s: &Schedule,
     states: &[ScheduleState],
-) -> Result<ScheduleView, ManageError> {
+) -> Result<ScheduleView, Error> {
     let last_run = ledger
         .last_tick(&s.id, &[HistoryKind::Started, HistoryKind::Triggered])
         .await?;

@@ -27,7 +27,7 @@ pub struct Ticks {
 
 /// Why a schedule's `cron` or `timezone` cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum TicksError {
+pub enum Error {
     /// The expression does not parse.
     #[error(
         "cron `{expr}` is not a cron expression: {reason} (five fields `min hour day month weekday`, six with seconds first, or @hourly, @daily, @weekly, @monthly, @yearly)"
@@ -46,12 +46,12 @@ pub enum TicksError {
 impl Ticks {
     /// Parses `expr` (five fields, six with seconds first, or an `@name`) in the time
     /// zone `tz` (`None`: UTC).
-    pub fn parse(expr: &str, tz: Option<&str>) -> Result<Self, TicksError> {
+    pub fn parse(expr: &str, tz: Option<&str>) -> Result<Self, Error> {
         let parser = CronParser::builder()
             .seconds(Seconds::Optional)
             .year(Year::Disallowed)
             .build();
-        let cron = parser.parse(expr.trim()).map_err(|e| TicksError::Cron {
+        let cron = parser.parse(expr.trim()).map_err(|e| Error::Cron {
             expr: expr.to_string(),
             reason: e.to_string(),
         })?;
@@ -59,7 +59,7 @@ impl Ticks {
             None => Tz::UTC,
             Some(name) => name
                 .parse::<Tz>()
-                .map_err(|_| TicksError::Zone(name.to_string()))?,
+                .map_err(|_| Error::Zone(name.to_string()))?,
         };
         Ok(Self { cron, tz })
     }

@@ -51,7 +51,7 @@ impl Default for TValue {
 
 /// Why a template could not be parsed or rendered.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ExprError {
+pub enum Error {
     /// `${{` without a closing `}}`.
     #[error("`${{{{` is not closed by `}}}}`")]
     Unclosed,
@@ -90,7 +90,7 @@ pub fn environment() -> &'static Environment<'static> {
 
 impl Template {
     /// Splits `text` into literal and `${{ }}` segments and checks each expression parses.
-    pub fn parse(text: &str, pos: Pos) -> Result<Self, ExprError> {
+    pub fn parse(text: &str, pos: Pos) -> Result<Self, Error> {
         let mut segments = Vec::new();
         let mut rest = text;
         while let Some(start) = rest.find("${{") {
@@ -98,14 +98,14 @@ impl Template {
                 segments.push(Segment::Lit(rest[..start].to_string()));
             }
             let after = &rest[start + 3..];
-            let end = find_close(after).ok_or(ExprError::Unclosed)?;
+            let end = find_close(after).ok_or(Error::Unclosed)?;
             let src = after[..end].trim();
             if src.is_empty() {
-                return Err(ExprError::Empty);
+                return Err(Error::Empty);
             }
             environment()
                 .compile_expression(src)
-                .map_err(|e| ExprError::Syntax {
+                .map_err(|e| Error::Syntax {
                     src: src.to_string(),
                     reason: short_reason(&e),
                 })?;
@@ -120,14 +120,14 @@ impl Template {
 
     /// A template that is exactly the expression `src` (an `if:` condition), checked to
     /// parse.
-    pub fn expression(src: &str, pos: Pos) -> Result<Self, ExprError> {
+    pub fn expression(src: &str, pos: Pos) -> Result<Self, Error> {
         let src = src.trim();
         if src.is_empty() {
-            return Err(ExprError::Empty);
+            return Err(Error::Empty);
         }
         environment()
             .compile_expression(src)
-            .map_err(|e| ExprError::Syntax {
+            .map_err(|e| Error::Syntax {
                 src: src.to_string(),
                 reason: short_reason(&e),
             })?;
@@ -183,7 +183,7 @@ impl Template {
 
     /// Renders against `ctx`: the expression's own JSON value when the string is exactly
     /// one expression, else a string.
-    pub fn render(&self, ctx: &Json) -> Result<Json, ExprError> {
+    pub fn render(&self, ctx: &Json) -> Result<Json, Error> {
         if let Some(src) = self.whole_expr() {
             return eval(src, ctx);
         }
@@ -191,7 +191,7 @@ impl Template {
     }
 
     /// Renders to a string whatever the expressions' types (URLs, headers, argv).
-    pub fn render_string(&self, ctx: &Json) -> Result<String, ExprError> {
+    pub fn render_string(&self, ctx: &Json) -> Result<String, Error> {
         let mut out = String::new();
         for segment in &self.segments {
             match segment {
@@ -208,7 +208,7 @@ impl Template {
 }
 
 /// Evaluates one expression against a JSON context.
-pub fn eval(src: &str, ctx: &Json) -> Result<Json, ExprError> {
+pub fn eval(src: &str, ctx: &Json) -> Result<Json, Error> {
     // Most expressions are a plain path (`item.email`, `nodes.list.output.customers`):
     // read it from the context as is. minijinja would first convert the whole context
     // (every input, every upstream output it holds) into its own values, once per
@@ -216,7 +216,7 @@ pub fn eval(src: &str, ctx: &Json) -> Result<Json, ExprError> {
     if let Some(v) = plain_path(src, ctx) {
         return Ok(v.clone());
     }
-    let eval_err = |e: minijinja::Error| ExprError::Eval {
+    let eval_err = |e: minijinja::Error| Error::Eval {
         src: src.to_string(),
         reason: short_reason(&e),
     };
@@ -225,12 +225,12 @@ pub fn eval(src: &str, ctx: &Json) -> Result<Json, ExprError> {
         .eval(minijinja::Value::from(minijinja::value::Serde(ctx)))
         .map_err(eval_err)?;
     if value.is_undefined() {
-        return Err(ExprError::Eval {
+        return Err(Error::Eval {
             src: src.to_string(),
             reason: "the value is undefined".to_string(),
         });
     }
-    serde_json::to_value(&value).map_err(|e| ExprError::Eval {
+    serde_json::to_value(&value).map_err(|e| Error::Eval {
         src: src.to_string(),
         reason: e.to_string(),
     })
@@ -267,10 +267,10 @@ fn take_plain_path(src: &str, ctx: &mut Json) -> Option<Json> {
 /// Evaluates an `if:` condition to its truthiness. A condition is one expression (see
 /// `parse::nodes::condition`); anything else is an error here rather than a non-empty string,
 /// which would always be true.
-pub fn eval_condition(t: &Template, ctx: &Json) -> Result<bool, ExprError> {
+pub fn eval_condition(t: &Template, ctx: &Json) -> Result<bool, Error> {
     match t.whole_expr() {
         Some(src) => eval(src, ctx).map(|v| is_truthy(&v)),
-        None => Err(ExprError::Eval {
+        None => Err(Error::Eval {
             src: t
                 .segments
                 .iter()
@@ -363,7 +363,7 @@ fn find_close(s: &str) -> Option<usize> {
 
 impl TValue {
     /// Renders every template inside.
-    pub fn render(&self, ctx: &Json) -> Result<Json, ExprError> {
+    pub fn render(&self, ctx: &Json) -> Result<Json, Error> {
         Ok(match self {
             Self::Const(v) => v.clone(),
             Self::Str(t) => t.render(ctx)?,
@@ -377,7 +377,7 @@ impl TValue {
                 entries
                     .iter()
                     .map(|(k, v)| Ok((k.clone(), v.render(ctx)?)))
-                    .collect::<Result<_, ExprError>>()?,
+                    .collect::<Result<_, Error>>()?,
             ),
         })
     }
@@ -385,7 +385,7 @@ impl TValue {
     /// [`TValue::render`] in a context the caller gives up: a value that is one plain
     /// path (`${{ inputs.customers }}`) is moved out of it rather than copied, so a
     /// large list is not held twice while it is read.
-    pub fn render_owned(&self, mut ctx: Json) -> Result<Json, ExprError> {
+    pub fn render_owned(&self, mut ctx: Json) -> Result<Json, Error> {
         if let Self::Str(t) = self
             && let Some(src) = t.whole_expr()
             && let Some(v) = take_plain_path(src, &mut ctx)
@@ -494,15 +494,12 @@ mod tests {
     fn bad_templates_are_rejected() {
         assert_eq!(
             Template::parse("${{ a", Pos::default()),
-            Err(ExprError::Unclosed)
+            Err(Error::Unclosed)
         );
-        assert_eq!(
-            Template::parse("${{ }}", Pos::default()),
-            Err(ExprError::Empty)
-        );
+        assert_eq!(Template::parse("${{ }}", Pos::default()), Err(Error::Empty));
         assert!(matches!(
             Template::parse("${{ a + }}", Pos::default()),
-            Err(ExprError::Syntax { .. })
+            Err(Error::Syntax { .. })
         ));
     }
 
@@ -530,7 +527,7 @@ mod tests {
     #[test]
     fn undefined_values_are_errors_not_nulls() {
         let err = t("${{ inputs.missing }}").render(&json!({"inputs": {}}));
-        assert!(matches!(err, Err(ExprError::Eval { .. })), "{err:?}");
+        assert!(matches!(err, Err(Error::Eval { .. })), "{err:?}");
     }
 
     #[test]

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json_};
 
 use super::now;
-use crate::approval::{DecideError, Decider, Decision, Refusal};
+use crate::approval::{self, Decider, Decision, Refusal};
 use crate::serve::App;
 use crate::serve::auth::{Authed, Operator, Viewer};
 use crate::serve::problem::{ApiJson, ApiQuery, Problem};
@@ -159,21 +159,21 @@ pub async fn decide(
 }
 
 /// A refused decision as a problem.
-pub(crate) fn refused(e: DecideError, run: &str) -> Problem {
+pub(crate) fn refused(e: approval::Error, run: &str) -> Problem {
     use flow_ledger::Error as E;
     match e {
-        e @ DecideError::NotFound { .. } => Problem::not_found(e.to_string()),
-        DecideError::Refused(e @ (Refusal::Decided { .. } | Refusal::PastDeadline { .. })) => {
+        e @ approval::Error::NotFound { .. } => Problem::not_found(e.to_string()),
+        approval::Error::Refused(e @ (Refusal::Decided { .. } | Refusal::PastDeadline { .. })) => {
             Problem::conflict(e.to_string())
         }
-        DecideError::Refused(Refusal::Forbidden(m)) => {
+        approval::Error::Refused(Refusal::Forbidden(m)) => {
             Problem::new(axum::http::StatusCode::FORBIDDEN, m)
         }
-        DecideError::Refused(e @ Refusal::BadInputs(_)) => Problem::bad_request(e.to_string()),
-        DecideError::Ledger(E::Terminal { status }) => Problem::conflict(format!(
+        approval::Error::Refused(e @ Refusal::BadInputs(_)) => Problem::bad_request(e.to_string()),
+        approval::Error::Ledger(E::Terminal { status }) => Problem::conflict(format!(
             "run `{run}` is {status}: its approvals can no longer be decided"
         )),
-        DecideError::Ledger(e @ E::Stale { .. }) => Problem::conflict(e.to_string()),
-        DecideError::Ledger(e) => Problem::ledger(&e),
+        approval::Error::Ledger(e @ E::Stale { .. }) => Problem::conflict(e.to_string()),
+        approval::Error::Ledger(e) => Problem::ledger(&e),
     }
 }

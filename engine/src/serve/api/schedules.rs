@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use super::steer::Why;
-use crate::schedule::manage::ManageError;
+use crate::schedule::manage;
 use crate::schedule::view::ScheduleView;
 use crate::serve::App;
 use crate::serve::auth::{Authed, Operator, Viewer};
@@ -33,11 +33,11 @@ pub struct Triggered {
     pub schedule: ScheduleView,
 }
 
-fn problem(e: ManageError) -> Problem {
+fn problem(e: manage::Error) -> Problem {
     match e {
-        ManageError::Unknown { .. } => Problem::not_found(e.to_string()),
-        ManageError::Invalid(m) => Problem::conflict(m),
-        ManageError::Ledger(e) => Problem::ledger(&e),
+        manage::Error::Unknown { .. } => Problem::not_found(e.to_string()),
+        manage::Error::Invalid(m) => Problem::conflict(m),
+        manage::Error::Ledger(e) => Problem::ledger(&e),
     }
 }
 

@@ -261,7 +261,7 @@ pub(crate) async fn redrive_run(
     id: &str,
     body: RedriveBody,
 ) -> Result<flow_ledger::Redriven, Problem> {
-    use crate::redrive::RedriveError as R;
+    use crate::redrive::Error as R;
     let actor = actor(caller, body.reason);
     crate::redrive::redrive(&app.ledger, id, body.from.as_deref(), actor, now())
         .await

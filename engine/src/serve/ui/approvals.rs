@@ -24,7 +24,7 @@ use super::forms::{reason, url};
 use super::live::last_seq;
 use super::session::Signed;
 use super::{Page, Ui, who};
-use crate::approval::{DecideError, Decider, Decision, Refusal, authorize, rule_inputs};
+use crate::approval::{self, Decider, Decision, Refusal, authorize, rule_inputs};
 use crate::serve::api::approvals::refused;
 use crate::serve::auth::Role;
 use crate::serve::problem::Problem;
@@ -294,7 +294,7 @@ pub async fn decide(
         }
         Err(e) => {
             let field = match &e {
-                DecideError::Refused(Refusal::BadInputs(_)) => Some("inputs"),
+                approval::Error::Refused(Refusal::BadInputs(_)) => Some("inputs"),
                 _ => None,
             };
             let p = refused(e, &f.run);
