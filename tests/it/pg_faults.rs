@@ -231,6 +231,40 @@ async fn relay(
     }
 }
 
+/// A PostgreSQL ledger reached through a new [`PgProxy`], a counting downstream, and a
+/// one-node workflow `pay.yaml` whose `charge` POSTs to it.
+async fn charge_behind_a_proxy() -> (CountingServer, TestDb, PgProxy, std::path::PathBuf) {
+    let down = CountingServer::start().await.expect("downstream");
+    let db = TestDb::new(Backend::Postgres);
+    let (host, port) = postgres_admin();
+    let upstream: SocketAddr = format!("{host}:{port}")
+        .parse()
+        .expect("PostgreSQL address");
+    let proxy = PgProxy::start(upstream).await.expect("proxy");
+    let file = db.write(
+        "pay.yaml",
+        &format!(
+            "name: pay\ntools:\n  pay: {{ kind: http, method: POST, url: \"{}/pay\" }}\nnodes:\n  charge:\n    tool: pay\n    with: {{ amount: 10 }}\n",
+            down.url()
+        ),
+    );
+    (down, db, proxy, file)
+}
+
+/// The run ended `succeeded` with `charge` sent once, under its first key, and never in
+/// doubt.
+fn sent_once_never_in_doubt(down: &CountingServer, db: &TestDb, out: &std::process::Output) {
+    let run = run_id(out);
+    assert_eq!(down.total(), 1, "sent once");
+    assert_eq!(
+        down.count(&format!("{run}:charge:1")),
+        1,
+        "under its first key"
+    );
+    assert_eq!(call(&show(db, &run), "charge")["status"], "succeeded");
+    assert_eq!(events(db, &run, "tool_call.in_doubt"), 0, "never in doubt");
+}
+
 /// The outbound mark commits on the server, its acknowledgement is lost and the
 /// connection cut: flow knows it wrote nothing, gives the call back unsent, claims it
 /// again and sends it once — the run succeeds with no call ever in doubt. Before the
@@ -241,20 +275,7 @@ fn a_lost_acknowledgement_of_the_outbound_mark_sends_once_and_is_no_doubt() {
         return;
     }
     let rt = runtime();
-    let down = rt.block_on(CountingServer::start()).expect("downstream");
-    let db = TestDb::new(Backend::Postgres);
-    let (host, port) = postgres_admin();
-    let upstream: SocketAddr = format!("{host}:{port}")
-        .parse()
-        .expect("PostgreSQL address");
-    let proxy = rt.block_on(PgProxy::start(upstream)).expect("proxy");
-    let file = db.write(
-        "pay.yaml",
-        &format!(
-            "name: pay\ntools:\n  pay: {{ kind: http, method: POST, url: \"{}/pay\" }}\nnodes:\n  charge:\n    tool: pay\n    with: {{ amount: 10 }}\n",
-            down.url()
-        ),
-    );
+    let (down, db, proxy, file) = rt.block_on(charge_behind_a_proxy());
     proxy.drop_next_outbound_ack();
     let out = output(
         db.flow()
@@ -270,15 +291,7 @@ fn a_lost_acknowledgement_of_the_outbound_mark_sends_once_and_is_no_doubt() {
     let said = stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{said}");
     assert!(said.contains("given back"), "the give-back is said: {said}");
-    let run = run_id(&out);
-    assert_eq!(down.total(), 1, "sent once");
-    assert_eq!(
-        down.count(&format!("{run}:charge:1")),
-        1,
-        "under its first key"
-    );
-    assert_eq!(call(&show(&db, &run), "charge")["status"], "succeeded");
-    assert_eq!(events(&db, &run, "tool_call.in_doubt"), 0, "never in doubt");
+    sent_once_never_in_doubt(&down, &db, &out);
 }
 
 /// The downstream answers, and the database goes away exactly as flow records the
@@ -293,20 +306,7 @@ fn an_outage_while_the_answer_is_recorded_keeps_the_answer_not_a_doubt() {
         return;
     }
     let rt = runtime();
-    let down = rt.block_on(CountingServer::start()).expect("downstream");
-    let db = TestDb::new(Backend::Postgres);
-    let (host, port) = postgres_admin();
-    let upstream: SocketAddr = format!("{host}:{port}")
-        .parse()
-        .expect("PostgreSQL address");
-    let proxy = rt.block_on(PgProxy::start(upstream)).expect("proxy");
-    let file = db.write(
-        "pay.yaml",
-        &format!(
-            "name: pay\ntools:\n  pay: {{ kind: http, method: POST, url: \"{}/pay\" }}\nnodes:\n  charge:\n    tool: pay\n    with: {{ amount: 10 }}\n",
-            down.url()
-        ),
-    );
+    let (down, db, proxy, file) = rt.block_on(charge_behind_a_proxy());
     // The outcome's statement binds the call's output: the downstream's echo, the one
     // text holding `"path":"/pay"` (the workflow and the request hold the URL).
     proxy.cut_next(br#""path":"/pay""#, Duration::from_secs(3));
@@ -323,8 +323,5 @@ fn an_outage_while_the_answer_is_recorded_keeps_the_answer_not_a_doubt() {
         "the outcome write is retried: {said}"
     );
     assert_eq!(out.status.code(), Some(0), "{said}");
-    let run = run_id(&out);
-    assert_eq!(down.total(), 1, "sent once");
-    assert_eq!(call(&show(&db, &run), "charge")["status"], "succeeded");
-    assert_eq!(events(&db, &run, "tool_call.in_doubt"), 0, "never in doubt");
+    sent_once_never_in_doubt(&down, &db, &out);
 }

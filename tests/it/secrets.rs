@@ -583,21 +583,9 @@ fn check_matrix(db: &TestDb, shapes: &[(&str, &str)], files: bool) {
             check(&name, &bytes);
         }
     } else {
-        let name = db.url.rsplit('/').next().unwrap_or_default().to_string();
-        let (host, port) = crate::support::postgres_admin();
-        let dump = output(std::process::Command::new("pg_dump").args([
-            "-h",
-            &host,
-            "-p",
-            &port,
-            "-U",
-            "postgres",
-            "--data-only",
-            &name,
-        ]));
-        assert_eq!(dump.status.code(), Some(0), "{}", stderr(&dump));
-        assert!(dump.stdout.len() > 1000, "a dump expected");
-        check("pg_dump of the ledger", &dump.stdout);
+        let dump = crate::connections::ledger_bytes(db);
+        assert!(dump.len() > 1000, "a dump expected");
+        check("pg_dump of the ledger", &dump);
     }
     assert!(
         failures.is_empty(),
