@@ -278,7 +278,7 @@ impl Config {
     /// Why this configuration cannot run `wf`: a `callback:` node needs
     /// `[api] public_url` (the URL it hands its downstream is built from it).
     pub fn refuses(&self, wf: &crate::workflow::Workflow) -> Option<String> {
-        let node = wf.nodes.iter().find(|n| n.callback.is_some())?;
+        let node = wf.nodes.iter().find(|n| n.callback().is_some())?;
         self.api.public_url.is_none().then(|| {
             format!(
                 "node `{}` has `callback:`, which needs `public_url` under `[api]` in flow.toml (the address downstreams reach `flow serve` at; `callback.url` is built from it)",

@@ -3,7 +3,7 @@
 use std::fmt::Write;
 
 use crate::plan::Plan;
-use crate::workflow::Workflow;
+use crate::workflow::{NodeKind, Workflow};
 
 /// Output formats of `flow graph`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -16,12 +16,12 @@ pub enum GraphFormat {
 
 fn label(wf: &Workflow, i: usize) -> String {
     let node = &wf.nodes[i];
-    let mut label = match (&node.wait, &node.workflow) {
-        (Some(w), _) => format!("{}\nwait ({})", node.id, w.event),
-        (None, Some(c)) => format!("{}\nworkflow ({})", node.id, c.path),
-        (None, None) => {
-            let kind = wf.tools.get(&node.tool).map_or("?", |t| t.kind.name());
-            format!("{}\n{} ({kind})", node.id, node.tool)
+    let mut label = match &node.kind {
+        NodeKind::Wait(w) => format!("{}\nwait ({})", node.id, w.event),
+        NodeKind::Child(c) => format!("{}\nworkflow ({})", node.id, c.path),
+        NodeKind::Call(call) => {
+            let kind = wf.tools.get(&call.tool).map_or("?", |t| t.kind.name());
+            format!("{}\n{} ({kind})", node.id, call.tool)
         }
     };
     if node.condition.is_some() {

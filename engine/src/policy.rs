@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::workflow::model::{ApprovalDecl, OnTimeout};
+use crate::workflow::node::{ApprovalDecl, OnTimeout};
 
 /// How long a policy's approval waits when the rule names no `timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
@@ -295,7 +295,7 @@ impl Policy {
             |t: &crate::workflow::expr::Template| t.as_literal().and_then(|u| literal_host(&u));
         let mut out = Vec::new();
         for node in &wf.nodes {
-            let Some(tool) = wf.tools.get(&node.tool) else {
+            let Some(tool) = wf.tool_of(node) else {
                 continue;
             };
             let (method, host, destructive) = match &tool.kind {

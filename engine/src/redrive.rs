@@ -114,7 +114,7 @@ pub async fn redrive(
     if let Some(&i) = plan
         .order()
         .iter()
-        .find(|&&i| chosen[i] && wf.nodes[i].workflow.is_some())
+        .find(|&&i| chosen[i] && wf.nodes[i].child().is_some())
     {
         return Err(Error::Child {
             run: run_id.to_string(),

@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::handle::Executor;
-use crate::gateway::{self, Awaited, StepCall, StepResult};
+use crate::gateway::{self, Awaited, NodeStep, StepResult};
 use crate::workflow::children::Child;
 
 /// The id of the child run of `step_id` in `parent`: `<parent>.<node>` or
@@ -64,14 +64,13 @@ pub(super) struct ChildCtx {
 /// when this worker got it, and settles the step from the child's state.
 pub(super) async fn run_child(
     cx: ChildCtx,
-    call: StepCall<'_>,
+    call: NodeStep<'_>,
 ) -> Result<StepResult, gateway::Error> {
     let gw = cx.executor.gateway().clone();
     gw.open_child_step(&call).await?;
     let decl = call
         .node
-        .workflow
-        .as_ref()
+        .child()
         .map_or(OnParentCancel::Cancel, |d| d.on_parent_cancel);
     let inputs = match child_inputs(&call, &cx.child) {
         Ok(v) => v,
@@ -157,7 +156,7 @@ async fn in_doubt(ledger: &flow_ledger::Ledger, id: &str) -> bool {
 
 /// The child's inputs: the node's `with` rendered, checked against the child's
 /// declared inputs and completed with their defaults.
-fn child_inputs(call: &StepCall<'_>, child: &Child) -> Result<Json, String> {
+fn child_inputs(call: &NodeStep<'_>, child: &Child) -> Result<Json, String> {
     let rendered = call
         .node
         .with

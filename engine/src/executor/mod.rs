@@ -3,7 +3,9 @@
 //! Beside the loop: `state` (node states loaded from the ledger's steps), `scope` (what
 //! one execution passes around, and the writes that settle a node without a call) and
 //! `start` (a node's `if`, deadline, timeout, next retry and expression context) and
-//! `reconcile` (probing in-doubt calls before the run pauses).
+//! `reconcile` (probing in-doubt calls before the run pauses); the nodes that call no
+//! tool run here, not in the gateway: `wait` (a `wait:` node) and `child` (a
+//! sub-workflow node).
 
 mod child;
 pub mod decide;
@@ -17,6 +19,7 @@ pub mod run;
 mod scope;
 mod start;
 mod state;
+mod wait;
 
 pub use child::child_run_id;
 pub use handle::Executor;

@@ -36,8 +36,7 @@ impl RunScope<'_> {
             .copied()
             .filter(|&i| {
                 self.wf
-                    .tools
-                    .get(&self.wf.nodes[i].tool)
+                    .tool_of(&self.wf.nodes[i])
                     .is_some_and(|t| t.reconcile.is_some())
             })
             .collect();

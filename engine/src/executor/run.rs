@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use flow_ledger::{Run, RunFinish, RunLease, RunStatus, Step, Timestamp};
+use flow_ledger::{ErrorKind, Run, RunFinish, RunLease, RunStatus, Step, Timestamp};
 use futures::stream::{FuturesUnordered, StreamExt};
 use serde_json::{Map, Value as Json};
 use tokio::sync::watch;
@@ -25,8 +25,9 @@ use super::heartbeat;
 use super::node::NodeState;
 use super::progress::StepEvent;
 use super::scope::{Prepared, RunScope, StepAt, lease_err};
+use super::start::Started;
 use super::state::RunState;
-use crate::gateway::{self, RunWriter, StepCall, StepResult};
+use crate::gateway::{self, RunWriter, StepResult};
 use crate::workflow::ValidWorkflow;
 
 /// How a run execution ended in this process.
@@ -288,10 +289,11 @@ impl<'a> RunScope<'a> {
                             origin,
                             item: item.zip(key.as_deref()),
                         };
-                        let call = alongside(&mut in_flight, &mut done, self.prepare_start(st, at))
-                            .await?;
-                        if let Some(call) = call {
-                            in_flight.push(self.launch(st, (node, item), call, now));
+                        let started =
+                            alongside(&mut in_flight, &mut done, self.prepare_start(st, at))
+                                .await?;
+                        if let Some(started) = started {
+                            in_flight.push(self.launch(st, (node, item), started, now));
                         }
                     }
                     a @ (Action::Expand { .. }
@@ -363,9 +365,10 @@ impl<'a> RunScope<'a> {
         &self,
         st: &mut RunState,
         (node, item): (usize, Option<usize>),
-        call: StepCall<'a>,
+        started: Started<'a>,
         now: Timestamp,
     ) -> impl Future<Output = (Finished, Result<StepResult, gateway::Error>)> + use<'a> {
+        let call = started.step();
         let (step_id, retry) = (call.step_id.clone(), call.retry);
         let running = NodeState::Running {
             step_id: step_id.clone(),
@@ -386,7 +389,7 @@ impl<'a> RunScope<'a> {
             halt: self.halt.clone(),
             cancel: self.cancel.clone(),
         });
-        let started = Instant::now();
+        let clock = Instant::now();
         let span = crate::telemetry::spans::step(
             &crate::telemetry::spans::Step {
                 run_id: &call.run().run_id,
@@ -396,16 +399,30 @@ impl<'a> RunScope<'a> {
             },
             // The target only decides what is exported: no registry lookup per step
             // when nothing is.
-            crate::telemetry::enabled() && self.gateway.tools().is_pure(call.tool),
+            crate::telemetry::enabled()
+                && matches!(&started, Started::Call(c) if self.gateway.tools().is_pure(c.tool)),
         );
         let step = async move {
             // Boxed: the gateway's future is tens of kilobytes (every phase of a call),
             // and inline it made this future as large, copied several times per node
             // as it was built, instrumented and pushed into the set in flight (a third
             // of the executor's instructions on a fan-out of pure nodes, callgrind).
-            let result = match child {
-                Some(cx) => Box::pin(super::child::run_child(cx, call)).await,
-                None => Box::pin(gateway.run_step(call)).await,
+            // Only a call crosses the gateway; a wait and a child run are the executor's.
+            let result = match (started, child) {
+                (Started::Call(call), _) => Box::pin(gateway.run_step(call)).await,
+                (Started::Wait(step, w), _) => {
+                    Box::pin(super::wait::run_wait(&gateway, step, w)).await
+                }
+                (Started::Child(step), Some(cx)) => {
+                    Box::pin(super::child::run_child(cx, step)).await
+                }
+                (Started::Child(step), None) => {
+                    let message =
+                        format!("the sub-workflow of node `{}` is not loaded", step.node.id);
+                    gateway
+                        .child_failed(&step, ErrorKind::Permanent, message)
+                        .await
+                }
             };
             (
                 Finished {
@@ -413,7 +430,7 @@ impl<'a> RunScope<'a> {
                     item,
                     step_id,
                     retry,
-                    took: started.elapsed(),
+                    took: clock.elapsed(),
                 },
                 result,
             )
@@ -470,7 +487,7 @@ impl<'a> RunScope<'a> {
                 NodeState::FanOut(fan) => fan.waiting() > 0,
                 _ => false,
             })
-            .partition(|&&i| self.wf.nodes[i].workflow.is_some());
+            .partition(|&&i| self.wf.nodes[i].child().is_some());
         if !waiting.is_empty() {
             why.push(format!("waiting: {}", names(&waiting)));
         }
@@ -557,7 +574,7 @@ impl<'a> RunScope<'a> {
         let step_id = step_id.as_str();
         self.progress.step(StepEvent::Finished {
             node: &wf.nodes[node].id,
-            tool: &wf.nodes[node].tool,
+            tool: wf.nodes[node].step_tool(),
             step_id,
             retry,
             took,
@@ -661,7 +678,7 @@ impl<'a> RunScope<'a> {
         };
         // A parent that ends other than by success leaves no `cancel` child of its
         // running for nobody (a child waiting elsewhere, or paused).
-        if status != RunStatus::Succeeded && wf.nodes.iter().any(|n| n.workflow.is_some()) {
+        if status != RunStatus::Succeeded && wf.nodes.iter().any(|n| n.child().is_some()) {
             self.gateway
                 .ledger()
                 .cancel_children(lease, self.gateway.now())

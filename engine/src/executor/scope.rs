@@ -89,7 +89,7 @@ impl Prepared {
                 let mut templates = n.with.templates();
                 templates.extend(n.condition.iter());
                 templates.extend(n.idempotency_key.iter());
-                templates.extend(n.approval.iter().flat_map(|a| a.message.iter()));
+                templates.extend(n.approval().iter().flat_map(|a| a.message.iter()));
                 templates
                     .iter()
                     .flat_map(|t| t.exprs().flat_map(expr::references).collect::<Vec<_>>())
@@ -132,8 +132,8 @@ impl Prepared {
                 }
                 let mut templates = n.with.templates();
                 templates.extend(n.idempotency_key.iter());
-                templates.extend(n.approval.iter().flat_map(|a| a.message.iter()));
-                if let Some(tool) = wf.tools.get(&n.tool) {
+                templates.extend(n.approval().iter().flat_map(|a| a.message.iter()));
+                if let Some(tool) = wf.tool_of(n) {
                     templates.extend(tool.kind.templates());
                 }
                 // Read through a slice or a filter, an input may not be among the
@@ -243,7 +243,7 @@ impl RunScope<'_> {
             .map_err(wrap)?;
         self.progress.step(StepEvent::Finished {
             node: &decl.id,
-            tool: &decl.tool,
+            tool: decl.step_tool(),
             step_id,
             retry,
             took: Duration::ZERO,

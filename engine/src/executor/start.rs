@@ -9,9 +9,10 @@ use serde_json::{Map, Value as Json, json};
 use super::node::NodeState;
 use super::scope::{RunScope, StepAt};
 use super::state::RunState;
-use crate::gateway::{self, NextRetry, StepCall, StepOrigin};
+use crate::gateway::{self, NextRetry, NodeStep, StepCall, StepOrigin};
 use crate::retry;
 use crate::workflow::model::ToolDecl;
+use crate::workflow::node::{NodeKind, WaitDecl};
 use crate::workflow::{Workflow, expr};
 
 /// What a node's start comes to, decided from the workflow, the step, its expression
@@ -31,10 +32,10 @@ pub(super) enum StartPlan<'w> {
         /// Error message recorded on the step.
         message: String,
     },
-    /// Call `tool` under `timeout`; a retryable failure creates `next_retry`.
-    Call {
-        /// The node's tool.
-        tool: &'w ToolDecl,
+    /// Run the node's step under `timeout`; a retryable failure creates `next_retry`.
+    Start {
+        /// What the step runs: its tool's call, a wait, a child run.
+        runs: Runs<'w>,
         /// The attempt's timeout, clipped to the node's deadline.
         timeout: Duration,
         /// The retry step to create, if the policy allows another.
@@ -44,31 +45,37 @@ pub(super) enum StartPlan<'w> {
     },
 }
 
-/// What a `wait:` node's steps name as their tool: it calls none (the gateway sees
-/// `wait:` first and never renders or claims a call for it).
-static WAIT_TOOL: std::sync::LazyLock<crate::workflow::ToolDecl> =
-    std::sync::LazyLock::new(|| crate::workflow::ToolDecl {
-        name: "wait".into(),
-        pos: crate::workflow::diagnostic::Pos::default(),
-        kind: crate::workflow::ToolKind::Function {
-            function: "wait".into(),
-        },
-        description: None,
-        timeout: None,
-        rate_limit_per_minute: None,
-        quota_per_day: None,
-        idempotency: crate::workflow::model::Idempotency::None,
-        read_only: Some(true),
-        reconcile: None,
-    });
+/// What a started step runs, by its node's kind: only a call crosses the gateway.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Runs<'w> {
+    /// A call of this tool.
+    Call(&'w ToolDecl),
+    /// A wait for a published event.
+    Wait(&'w WaitDecl),
+    /// A child run.
+    Child,
+}
 
-/// What a sub-workflow node's steps name as their tool: it calls none (the executor
-/// starts its child run instead, `executor/child.rs`).
-static CHILD_TOOL: std::sync::LazyLock<crate::workflow::ToolDecl> =
-    std::sync::LazyLock::new(|| crate::workflow::ToolDecl {
-        name: "workflow".into(),
-        ..WAIT_TOOL.clone()
-    });
+/// A step ready to run, by its node's kind: what [`RunScope::prepare_start`] hands the
+/// loop.
+pub(super) enum Started<'a> {
+    /// Through the gateway.
+    Call(StepCall<'a>),
+    /// The executor's own wait (`executor/wait.rs`).
+    Wait(NodeStep<'a>, &'a WaitDecl),
+    /// The executor's own child run (`executor/child.rs`).
+    Child(NodeStep<'a>),
+}
+
+impl<'a> Started<'a> {
+    /// The step, whatever it runs.
+    pub(super) fn step(&self) -> &NodeStep<'a> {
+        match self {
+            Self::Call(c) => c,
+            Self::Wait(s, _) | Self::Child(s) => s,
+        }
+    }
+}
 
 /// Decides a node's start: `if:` first (only a first, new step evaluates it), then the
 /// deadline counted from the node's `first` start, then the timeout and the next retry's
@@ -107,7 +114,7 @@ pub(super) fn plan_start<'w>(
     // would fail it on the resume an event causes).
     let deadline = wf
         .deadline(decl)
-        .filter(|_| decl.wait.is_none() && decl.workflow.is_none())
+        .filter(|_| matches!(decl.kind, NodeKind::Call(_)))
         .map(|d| first.plus(d));
     if let Some(d) = deadline
         && now >= d
@@ -138,19 +145,21 @@ pub(super) fn plan_start<'w>(
         delay: retry::next_delay(&policy, next, rng),
         deadline,
     });
-    let tool = match (&decl.wait, &decl.workflow) {
-        (Some(_), _) => Some(&*WAIT_TOOL),
-        (_, Some(_)) => Some(&*CHILD_TOOL),
-        _ => wf.tools.get(&decl.tool),
+    let runs = match &decl.kind {
+        NodeKind::Wait(w) => Runs::Wait(w),
+        NodeKind::Child(_) => Runs::Child,
+        NodeKind::Call(call) => match wf.tools.get(&call.tool) {
+            Some(tool) => Runs::Call(tool),
+            None => {
+                return StartPlan::Fail {
+                    kind: ErrorKind::Permanent,
+                    message: format!("node `{}` uses unknown tool `{}`", decl.id, call.tool),
+                };
+            }
+        },
     };
-    let Some(tool) = tool else {
-        return StartPlan::Fail {
-            kind: ErrorKind::Permanent,
-            message: format!("node `{}` uses unknown tool `{}`", decl.id, decl.tool),
-        };
-    };
-    StartPlan::Call {
-        tool,
+    StartPlan::Start {
+        runs,
         timeout,
         next_retry,
         resend_budget: policy.max_retries,
@@ -164,7 +173,7 @@ impl<'a> RunScope<'a> {
         &self,
         st: &mut RunState,
         at: StepAt<'_>,
-    ) -> Result<Option<StepCall<'a>>, gateway::Error> {
+    ) -> Result<Option<Started<'a>>, gateway::Error> {
         let wf = self.wf;
         let decl = &wf.nodes[at.node];
         let now = self.gateway.now();
@@ -184,7 +193,7 @@ impl<'a> RunScope<'a> {
             let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
             plan_start(wf, at, &ctx, first, now, &mut *rng)
         };
-        let (tool, timeout, next_retry, resend_budget) = match plan {
+        let (runs, timeout, next_retry, resend_budget) = match plan {
             StartPlan::Skip { why } => {
                 self.skip(st, at.node, why).await?;
                 return Ok(None);
@@ -193,18 +202,17 @@ impl<'a> RunScope<'a> {
                 self.fail_now(st, at, kind, message).await?;
                 return Ok(None);
             }
-            StartPlan::Call {
-                tool,
+            StartPlan::Start {
+                runs,
                 timeout,
                 next_retry,
                 resend_budget,
-            } => (tool, timeout, next_retry, resend_budget),
+            } => (runs, timeout, next_retry, resend_budget),
         };
-        Ok(Some(StepCall {
+        let step = NodeStep {
             writer: self.writer,
             workflow: wf,
             node: decl,
-            tool,
             step_id: at.step_id.to_string(),
             call_id: at.call_id(&decl.id),
             retry: at.retry,
@@ -214,6 +222,11 @@ impl<'a> RunScope<'a> {
             next_retry,
             resend_budget,
             scrub: None,
+        };
+        Ok(Some(match runs {
+            Runs::Call(tool) => Started::Call(StepCall { step, tool }),
+            Runs::Wait(w) => Started::Wait(step, w),
+            Runs::Child => Started::Child(step),
         }))
     }
 
@@ -348,11 +361,11 @@ mod tests {
         // A retry, or a step whose row exists, already passed its condition.
         assert!(matches!(
             plan(&wf, at(1, StepOrigin::Pending), 0, 0),
-            StartPlan::Call { .. }
+            StartPlan::Start { .. }
         ));
         assert!(matches!(
             plan(&wf, at(0, StepOrigin::Running), 0, 0),
-            StartPlan::Call { .. }
+            StartPlan::Start { .. }
         ));
     }
 
@@ -372,7 +385,7 @@ mod tests {
     fn the_deadline_counts_from_the_first_start_and_clips_the_timeout() {
         let wf = node("    timeout: 10s\n    deadline: 3s\n");
         match plan(&wf, at(1, StepOrigin::Pending), 1_000, 2_500) {
-            StartPlan::Call { timeout, .. } => assert_eq!(timeout, Duration::from_millis(1_500)),
+            StartPlan::Start { timeout, .. } => assert_eq!(timeout, Duration::from_millis(1_500)),
             other => panic!("expected a call, got {other:?}"),
         }
         match plan(&wf, at(1, StepOrigin::Pending), 1_000, 4_000) {
@@ -388,7 +401,7 @@ mod tests {
     fn the_next_retry_exists_while_the_policy_allows_one() {
         let wf = node("    retry_policy: { max_retries: 2 }\n");
         match plan(&wf, at(1, StepOrigin::Pending), 0, 0) {
-            StartPlan::Call {
+            StartPlan::Start {
                 next_retry: Some(next),
                 resend_budget,
                 ..
@@ -400,7 +413,7 @@ mod tests {
         }
         assert!(matches!(
             plan(&wf, at(2, StepOrigin::Pending), 0, 0),
-            StartPlan::Call {
+            StartPlan::Start {
                 next_retry: None,
                 ..
             }
@@ -410,7 +423,9 @@ mod tests {
     #[test]
     fn an_unknown_tool_fails_without_a_call() {
         let mut wf = node("").into_inner();
-        wf.nodes[0].tool = "gone".into();
+        if let crate::workflow::NodeKind::Call(call) = &mut wf.nodes[0].kind {
+            call.tool = "gone".into();
+        }
         match plan(&wf, at(0, StepOrigin::New), 0, 0) {
             StartPlan::Fail { kind, message } => {
                 assert_eq!(kind, ErrorKind::Permanent);

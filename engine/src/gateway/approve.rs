@@ -13,7 +13,7 @@ use super::render;
 use super::{Gateway, Rendered, StepCall, StepResult, Target};
 use crate::approval;
 use crate::policy::{Facts, Policy};
-use crate::workflow::model::{ApprovalDecl, OnTimeout};
+use crate::workflow::node::{ApprovalDecl, OnTimeout};
 
 /// The secret that keys the approval digest of a request that reads secrets
 /// ([`Gateway::approval_digest`]): set it the same on every worker, like any secret.
@@ -31,7 +31,7 @@ impl Gateway {
     ) -> Option<ApprovalDecl> {
         let policy = &self.inner.policy;
         if policy.approvals.is_empty() {
-            return c.node.approval.clone();
+            return c.node.approval().cloned();
         }
         let kind = match target {
             Target::Function { .. } => "function",
@@ -50,10 +50,10 @@ impl Gateway {
             host: target.hosts().into_iter().next(),
             mcp_destructive,
         };
-        match (policy.gate(&facts), &c.node.approval) {
+        match (policy.gate(&facts), c.node.approval()) {
             (Some((_, rule)), Some(own)) => Some(Policy::merged(own, rule)),
             (Some((_, rule)), None) => Some(rule.approval()),
-            (None, own) => own.clone(),
+            (None, own) => own.cloned(),
         }
     }
 

@@ -7,11 +7,11 @@
 use flow_ledger::{ErrorKind, StepFinish, StepStatus};
 use serde_json::Value as Json;
 
-use super::{Gateway, StepCall, StepResult};
+use super::{Gateway, NodeStep, StepResult};
 
 impl Gateway {
     /// Opens the step's row, running (or keeps the one a crash left running).
-    pub async fn open_child_step(&self, c: &StepCall<'_>) -> Result<(), super::Error> {
+    pub async fn open_child_step(&self, c: &NodeStep<'_>) -> Result<(), super::Error> {
         let step = self.new_step(c, StepStatus::Running);
         c.writer
             .open_step(c.origin, step, self.now())
@@ -22,7 +22,7 @@ impl Gateway {
     /// The step succeeded with its child's output.
     pub async fn child_succeeded(
         &self,
-        c: &StepCall<'_>,
+        c: &NodeStep<'_>,
         output: Json,
     ) -> Result<StepResult, super::Error> {
         let finish = StepFinish {
@@ -43,7 +43,7 @@ impl Gateway {
     /// every one of its calls again.
     pub async fn child_failed(
         &self,
-        c: &StepCall<'_>,
+        c: &NodeStep<'_>,
         kind: ErrorKind,
         message: String,
     ) -> Result<StepResult, super::Error> {

@@ -65,7 +65,9 @@ pub enum Error {
 }
 
 impl Error {
-    fn from_ledger(e: flow_ledger::Error, run_id: &str) -> Self {
+    /// A ledger error of a step of `run_id`: a lost lease names the run (the executor
+    /// stops that run's execution, nothing else).
+    pub(crate) fn from_ledger(e: flow_ledger::Error, run_id: &str) -> Self {
         match e {
             flow_ledger::Error::LeaseLost => Self::LeaseLost {
                 run_id: run_id.to_string(),
@@ -127,17 +129,18 @@ pub struct NextRetry {
     pub deadline: Option<Timestamp>,
 }
 
-/// One step of one node, ready to go through the gateway.
+/// One step of one node, whatever its kind: what the executor knows when it starts it
+/// (its row, its retry, its context, its clock). A call node's step crosses the gateway
+/// as a [`StepCall`]; a wait's or a child's is run by the executor with the gateway's
+/// step helpers.
 #[derive(Debug, Clone)]
-pub struct StepCall<'a> {
+pub struct NodeStep<'a> {
     /// The run's writer: its lease (fencing) and its kept pure results.
     pub writer: &'a RunWriter,
     /// The workflow (for its name: rate-limit keys).
     pub workflow: &'a Workflow,
     /// The node.
     pub node: &'a NodeDecl,
-    /// The node's tool.
-    pub tool: &'a ToolDecl,
     /// The step id.
     pub step_id: String,
     /// The call's id in the ledger: the node id, or `node[<key>]` for an item of a
@@ -161,10 +164,34 @@ pub struct StepCall<'a> {
     pub scrub: Option<Secrets>,
 }
 
-impl StepCall<'_> {
+impl NodeStep<'_> {
     /// The run lease this call's writes are fenced by.
     pub fn run(&self) -> &RunLease {
         self.writer.lease()
+    }
+}
+
+/// A call node's step with its tool: the only thing that crosses the at-most-once
+/// boundary ([`Gateway::run_step`]).
+#[derive(Debug, Clone)]
+pub struct StepCall<'a> {
+    /// The step.
+    pub step: NodeStep<'a>,
+    /// The node's tool.
+    pub tool: &'a ToolDecl,
+}
+
+impl<'a> std::ops::Deref for StepCall<'a> {
+    type Target = NodeStep<'a>;
+
+    fn deref(&self) -> &NodeStep<'a> {
+        &self.step
+    }
+}
+
+impl std::ops::DerefMut for StepCall<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.step
     }
 }
 
@@ -280,7 +307,7 @@ impl Gateway {
 
     /// What a call's stored request, output and errors are scrubbed with: the
     /// process's secrets, plus the call's own callback token.
-    pub(super) fn secrets_of<'s>(&'s self, c: &'s StepCall<'_>) -> &'s Secrets {
+    pub(super) fn secrets_of<'s>(&'s self, c: &'s NodeStep<'_>) -> &'s Secrets {
         c.scrub.as_ref().unwrap_or(&self.inner.secrets)
     }
 
@@ -305,12 +332,9 @@ impl Gateway {
 
     async fn run_step_inner(&self, mut c: StepCall<'_>) -> Result<StepResult, flow_ledger::Error> {
         let started_at = self.now();
-        if let Some(w) = &c.node.wait {
-            return self.event_wait(&c, w).await;
-        }
         // A callback node's token exists (hashed, in the ledger) before its call is
         // rendered with it, and is scrubbed from everything stored like a secret.
-        if let Some(cb) = &c.node.callback {
+        if let Some(cb) = c.node.callback() {
             let minted = match self.mint_callback(&c, cb).await? {
                 Ok(m) => m,
                 Err(done) => return Ok(done),
@@ -416,7 +440,7 @@ impl Gateway {
         c: &StepCall<'_>,
         result: StepResult,
     ) -> Result<StepResult, flow_ledger::Error> {
-        match (&c.node.callback, &result) {
+        match (c.node.callback(), &result) {
             (Some(cb), StepResult::Succeeded { .. }) => self.after_callback_call(c, cb).await,
             _ => Ok(result),
         }

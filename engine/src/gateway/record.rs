@@ -9,10 +9,11 @@ use flow_ledger::{
 use serde_json::Value as Json;
 
 use super::disposition::{Disposition, History, Observed, disposition};
-use super::{Gateway, StepCall, StepOrigin, StepResult, ledger_kind};
+use super::{Gateway, NodeStep, StepCall, StepOrigin, StepResult, ledger_kind};
 
 impl Gateway {
-    pub(super) fn new_step(&self, c: &StepCall<'_>, status: StepStatus) -> NewStep {
+    /// The row of `c`'s step, in `status`.
+    pub(crate) fn new_step(&self, c: &NodeStep<'_>, status: StepStatus) -> NewStep {
         NewStep {
             step_id: c.step_id.clone(),
             node_id: c.node.id.clone(),
@@ -24,9 +25,9 @@ impl Gateway {
 
     /// A failure found before any claim (render, secret, egress): the step fails, no call
     /// row exists, nothing was sent.
-    pub(super) async fn fail_without_claim(
+    pub(crate) async fn fail_without_claim(
         &self,
-        c: &StepCall<'_>,
+        c: &NodeStep<'_>,
         kind: ErrorKind,
         message: String,
     ) -> Result<StepResult, flow_ledger::Error> {
@@ -35,9 +36,9 @@ impl Gateway {
         self.fail_claimed_step(c, kind, message).await
     }
 
-    pub(super) async fn fail_claimed_step(
+    pub(crate) async fn fail_claimed_step(
         &self,
-        c: &StepCall<'_>,
+        c: &NodeStep<'_>,
         kind: ErrorKind,
         message: String,
     ) -> Result<StepResult, flow_ledger::Error> {
@@ -54,9 +55,9 @@ impl Gateway {
 
     /// Ends the step as skipped (an approval's or a wait's `on_timeout: skip`): nothing
     /// was sent by it; its dependents are skipped as after any skip.
-    pub(super) async fn skip_claimed_step(
+    pub(crate) async fn skip_claimed_step(
         &self,
-        c: &StepCall<'_>,
+        c: &NodeStep<'_>,
         why: String,
     ) -> Result<StepResult, flow_ledger::Error> {
         let finish = StepFinish {
@@ -217,7 +218,7 @@ impl Gateway {
         let (outcome, next) = self.outcome_of(c, result, next == Disposition::NewAttempt, now);
         let step = StepFinish::from_outcome(&c.step_id, outcome.clone());
         // A callback node's step goes on after its call succeeded: it waits.
-        let waits = c.node.callback.is_some() && matches!(outcome, CallOutcome::Succeeded(_));
+        let waits = c.node.callback().is_some() && matches!(outcome, CallOutcome::Succeeded(_));
         let ledger = &self.inner.ledger;
         self.holder_write("record the call's outcome", |now| {
             let req = CompleteCall {
@@ -256,7 +257,7 @@ impl Gateway {
                 return Ok(result);
             }
         };
-        if c.node.callback.is_some() && matches!(outcome, CallOutcome::Succeeded(_)) {
+        if c.node.callback().is_some() && matches!(outcome, CallOutcome::Succeeded(_)) {
             // The call is done; the step waits for its callback (`after_callback_call`).
             return Ok(result);
         }

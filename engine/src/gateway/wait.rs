@@ -1,5 +1,6 @@
-//! Waits: a `wait:` node (no tool) completes when a published event its `match` accepts
-//! is found; a node with `callback:` mints a single-use token before its call is rendered
+//! Callbacks, and what a wait's state means for its step (`wait_result`, shared with a
+//! `wait:` node's step, which the executor runs: `executor/wait.rs`). A node with
+//! `callback:` mints a single-use token before its call is rendered
 //! (`${{ callback.url }}`, `${{ callback.token }}`), sends the call as any other, and then
 //! waits for that token to be called. Both rows are in the ledger before anything
 //! leaves, so a callback that comes back before the call's response is recorded is kept.
@@ -9,9 +10,8 @@ use flow_ledger::{BeginWait, ErrorKind, StepFinish, StepStatus, Wait, WaitKind, 
 use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
 
-use super::{Gateway, StepCall, StepResult};
-use crate::workflow::expr;
-use crate::workflow::model::{CallbackDecl, OnTimeout, WaitDecl};
+use super::{Gateway, NodeStep, StepCall, StepResult};
+use crate::workflow::node::{CallbackDecl, OnTimeout};
 
 /// What a waiting node waits for (progress lines, metrics, the pause reason).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,104 +66,6 @@ impl Gateway {
     /// `[api] public_url`, if set.
     pub fn public_url(&self) -> Option<&str> {
         self.inner.public_url.get().map(String::as_str)
-    }
-
-    /// A `wait:` node's step: begin (or find) its wait, then look at the events
-    /// published under its name; the first its `match` accepts completes it.
-    pub(super) async fn event_wait(
-        &self,
-        c: &StepCall<'_>,
-        w: &WaitDecl,
-    ) -> Result<StepResult, flow_ledger::Error> {
-        let node_id = c.node.id.as_str();
-        let step = self.new_step(c, StepStatus::Running);
-        c.writer.open_step(c.origin, step, self.now()).await?;
-        let begin = BeginWait {
-            node_id: node_id.to_owned(),
-            step_id: c.step_id.clone(),
-            kind: WaitKind::Event,
-            event_name: Some(w.event.clone()),
-            matcher: w
-                .matcher
-                .as_ref()
-                .and_then(|t| t.whole_expr())
-                .map(str::to_owned),
-            lookback_ms: ms(w.lookback),
-            timeout_ms: ms(w.timeout),
-            heartbeat_ms: None,
-            token_hash: None,
-        };
-        let wait = self
-            .inner
-            .ledger
-            .begin_wait(c.run(), begin, self.now())
-            .await?;
-        if wait.status != WaitStatus::Pending {
-            return self.wait_result(c, wait, w.on_timeout).await;
-        }
-        let run_id = c.run().run_id.as_str();
-        let Some((wait, mut events)) = self
-            .inner
-            .ledger
-            .wait_candidates(run_id, node_id, None)
-            .await?
-        else {
-            return Err(flow_ledger::Error::LeaseLost);
-        };
-        // Page by page from where the last look stopped; the signal read first counts
-        // every event a page misses.
-        let mut cursor = wait.seen_seq;
-        loop {
-            if let Some(event) = events.iter().find(|e| self.accepts(c, w, e)) {
-                let now = self.now();
-                let done = self
-                    .inner
-                    .ledger
-                    .complete_event_wait(c.run(), node_id, event, now)
-                    .await?;
-                return self.wait_result(c, done, w.on_timeout).await;
-            }
-            cursor = events.last().map_or(cursor, |e| e.seq);
-            if events.len() < flow_ledger::MAX_WAIT_CANDIDATES {
-                break;
-            }
-            events = match self
-                .inner
-                .ledger
-                .wait_candidates(run_id, node_id, Some(cursor))
-                .await?
-            {
-                Some((_, page)) => page,
-                None => return Err(flow_ledger::Error::LeaseLost),
-            };
-        }
-        self.inner
-            .ledger
-            .saw_signal(c.run(), node_id, (wait.signal, cursor))
-            .await?;
-        Ok(StepResult::Waiting {
-            deadline: wait.deadline,
-            on: Awaited::Event(w.event.clone()),
-        })
-    }
-
-    /// Whether `w`'s `match` accepts `event` (no `match`: any event of the name). An
-    /// expression that cannot be evaluated on this event does not accept it.
-    fn accepts(&self, c: &StepCall<'_>, w: &WaitDecl, event: &flow_ledger::PublishedEvent) -> bool {
-        let Some(m) = &w.matcher else {
-            return true;
-        };
-        let mut ctx = c.ctx.clone();
-        if let Json::Object(map) = &mut ctx {
-            map.insert("event".into(), event.data.clone());
-        }
-        match expr::eval_condition(m, &ctx) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::debug!(node = %c.node.id, event = %event.event_id, error = %e, "event does not match (its `match` could not be evaluated)");
-                false
-            }
-        }
     }
 
     /// Mints the token of a callback node's step and records its wait (pending from now,
@@ -240,7 +142,7 @@ impl Gateway {
         c: &StepCall<'_>,
         lease: &flow_ledger::CallLease,
     ) -> Result<Option<StepResult>, flow_ledger::Error> {
-        let Some(cb) = &c.node.callback else {
+        let Some(cb) = c.node.callback() else {
             return Ok(None);
         };
         let wait = self
@@ -278,9 +180,9 @@ impl Gateway {
 
     /// What a wait's state means for its step: the output, a failure, a timeout's
     /// `on_timeout`, or still waiting.
-    async fn wait_result(
+    pub(crate) async fn wait_result(
         &self,
-        c: &StepCall<'_>,
+        c: &NodeStep<'_>,
         wait: Wait,
         on_timeout: OnTimeout,
     ) -> Result<StepResult, flow_ledger::Error> {

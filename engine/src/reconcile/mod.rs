@@ -306,7 +306,7 @@ async fn due<'a>(
     p: &ProbeCall<'a>,
 ) -> Result<Result<Due<'a>, Reconciled>, Error> {
     let ledger = gateway.ledger();
-    let Some(tool) = p.wf.tools.get(&p.node.tool) else {
+    let Some(tool) = p.wf.tool_of(p.node) else {
         return Ok(Err(Reconciled::NotReconcilable));
     };
     let Some(r) = &tool.reconcile else {

@@ -326,13 +326,7 @@ fn nodes(
                     needs: n.needs.clone(),
                     // A `wait:` node calls no tool; its steps name the built-in `wait`
                     // (a sub-workflow node's, `workflow`).
-                    tool: if n.wait.is_some() {
-                        "wait".to_owned()
-                    } else if n.workflow.is_some() {
-                        "workflow".to_owned()
-                    } else {
-                        n.tool.clone()
-                    },
+                    tool: n.step_tool().to_owned(),
                     status: None,
                     items: None,
                 }

@@ -17,7 +17,7 @@ use serde_json::Value as Json;
 
 use super::diagnostic::{Diagnostic, Pos};
 use super::expr::TValue;
-use super::model::NodeDecl;
+use super::node::NodeDecl;
 use super::{ValidWorkflow, ValidateOptions};
 
 /// Most levels of sub-workflows under one workflow.
@@ -55,7 +55,7 @@ pub(crate) fn resolve(
     let mut by_path: HashMap<String, Arc<Child>> = HashMap::new();
     let mut diags = Vec::new();
     for node in &wf.nodes {
-        let Some(decl) = &node.workflow else {
+        let Some(decl) = node.child() else {
             continue;
         };
         let child = match by_path.get(&decl.path) {
@@ -170,7 +170,7 @@ fn short(identity: &str) -> &str {
 /// inputs, every required input without a default given, literal values of the
 /// input's type, and no secret (the child's inputs are stored with its run).
 fn check_with(node: &NodeDecl, child: &ValidWorkflow, diags: &mut Vec<Diagnostic>) {
-    let pos = node.workflow.as_ref().map_or(node.pos, |d| d.pos);
+    let pos = node.child().map_or(node.pos, |d| d.pos);
     let entries: &[(String, TValue)] = match &node.with {
         TValue::Map(entries) => entries,
         TValue::Const(Json::Object(m)) if m.is_empty() => &[],

@@ -8,6 +8,7 @@ pub mod children;
 pub mod diagnostic;
 pub mod expr;
 pub mod model;
+pub mod node;
 pub(crate) mod parse;
 mod valid;
 pub mod validate;
@@ -17,6 +18,7 @@ use std::path::Path;
 
 pub use diagnostic::{Diagnostic, Diagnostics, Pos};
 pub use model::*;
+pub use node::*;
 pub use parse::{is_node_id, parse_duration, reserved_retry_suffix};
 pub use valid::ValidWorkflow;
 pub use validate::ValidateOptions;
@@ -264,7 +266,7 @@ pub(crate) fn parse_in(
     match plan {
         Some(plan) if cx.diags.is_empty() => {
             let mut valid = ValidWorkflow::new(wf, plan);
-            if valid.nodes.iter().any(|n| n.workflow.is_some()) {
+            if valid.nodes.iter().any(|n| n.child().is_some()) {
                 let found = children::resolve(&valid, origin, stack, opts)
                     .map_err(|d| Diagnostics::new(file, d))?;
                 valid.set_children(found);

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::diagnostic::Pos;
 use super::expr::{TValue, Template};
+use super::node::NodeDecl;
 
 /// Default per-attempt timeout when neither node, tool nor workflow defaults set one: no
 /// request is ever sent without a timeout.
@@ -85,7 +86,7 @@ impl Workflow {
     /// The per-attempt timeout of a node: node, then tool, then workflow default, then 30 s.
     pub fn timeout(&self, node: &NodeDecl) -> Duration {
         node.timeout
-            .or_else(|| self.tools.get(&node.tool).and_then(|t| t.timeout))
+            .or_else(|| self.tool_of(node).and_then(|t| t.timeout))
             .or(self.defaults.timeout)
             .unwrap_or(DEFAULT_TIMEOUT)
     }
@@ -100,7 +101,7 @@ impl Workflow {
             templates.extend(node.with.templates());
             templates.extend(node.condition.iter());
             templates.extend(node.idempotency_key.iter());
-            if let Some(tool) = self.tools.get(&node.tool) {
+            if let Some(tool) = self.tool_of(node) {
                 templates.extend(tool.kind.templates());
                 if let Some(r) = &tool.reconcile {
                     templates.extend(r.request_templates());
@@ -108,6 +109,11 @@ impl Workflow {
             }
         }
         super::expr::secret_names(templates)
+    }
+
+    /// The tool a call node calls (`None` for the kinds that call none).
+    pub fn tool_of(&self, node: &NodeDecl) -> Option<&ToolDecl> {
+        node.tool().and_then(|t| self.tools.get(t))
     }
 
     /// The whole-node deadline (all attempts and backoff), if any.
@@ -504,193 +510,6 @@ pub enum McpAuth {
         /// Requested scope.
         scope: Option<String>,
     },
-}
-
-/// A node of the DAG.
-#[derive(Debug, Clone)]
-pub struct NodeDecl {
-    /// The node id (`[a-z0-9_-]+`).
-    pub id: String,
-    /// Where the node is declared.
-    pub pos: Pos,
-    /// The tool it calls.
-    pub tool: String,
-    /// Where `tool:` is written.
-    pub tool_pos: Pos,
-    /// Nodes that must finish first.
-    pub needs: Vec<String>,
-    /// Where each `needs` entry is written (same order as `needs`).
-    pub needs_pos: Vec<Pos>,
-    /// Arguments (templated).
-    pub with: TValue,
-    /// Condition; a false condition skips the node and its dependents. Always exactly one
-    /// expression (`Template::whole_expr` is `Some`): parsing turns `if: false`, a bare
-    /// string and `"${{ x }} "` into one, so the condition is evaluated, never taken as a
-    /// non-empty (true) string.
-    pub condition: Option<Template>,
-    /// Where `if:` is written.
-    pub condition_pos: Option<Pos>,
-    /// Node-level retry policy.
-    pub retry_policy: Option<RetryPolicy>,
-    /// Per-attempt timeout.
-    pub timeout: Option<Duration>,
-    /// Whole-node deadline.
-    pub deadline: Option<Duration>,
-    /// Idempotency key template (default `<run_id>:<node>`).
-    pub idempotency_key: Option<Template>,
-    /// Whether the run goes on (and dependents run) when this node fails.
-    pub continue_on_error: bool,
-    /// Free text for humans.
-    pub description: Option<String>,
-    /// People must approve the node's call before it leaves (`approval:`).
-    pub approval: Option<ApprovalDecl>,
-    /// The node calls no tool: it waits for a published event (`wait:`).
-    pub wait: Option<WaitDecl>,
-    /// After its call succeeds the node waits for a callback to a token it handed the
-    /// downstream (`callback:`); its output is the callback's.
-    pub callback: Option<CallbackDecl>,
-    /// The node runs once per item of a list (`for_each:`), each item a step of its own.
-    pub for_each: Option<ForEachDecl>,
-    /// The node calls no tool: it runs another workflow as a run of its own
-    /// (`workflow:`), whose output is the node's.
-    pub workflow: Option<ChildDecl>,
-}
-
-/// A sub-workflow node's `workflow:`: the child workflow it runs, each time as a run of
-/// its own (README, "Sub-workflows"). The child's inputs are the node's `with`.
-#[derive(Debug, Clone)]
-pub struct ChildDecl {
-    /// Where `workflow:` is written.
-    pub pos: Pos,
-    /// The child's file, relative to the file that names it.
-    pub path: String,
-    /// What a cancel of the parent run does to the child (`on_parent_cancel:`).
-    pub on_parent_cancel: flow_ledger::OnParentCancel,
-}
-
-/// Default `for_each.max_items`: a list longer than this fails the node before anything
-/// is sent (a list that long by accident is a bug upstream, not a mailing).
-pub const DEFAULT_MAX_ITEMS: u32 = 10_000;
-/// Largest `for_each.max_items` a file may declare.
-pub const MAX_MAX_ITEMS: u32 = 1_000_000;
-
-/// `for_each:` on a node: its call is made once per item of `items`, under a key that is
-/// the item's identity (README, "Fan-out: for_each"). Each item is a step `node[<key>]`
-/// whose call key is `<run>:node[<key>]`, so re-evaluating or reordering the list never
-/// changes what an item is sent under.
-#[derive(Debug, Clone)]
-pub struct ForEachDecl {
-    /// Where `for_each:` is written.
-    pub pos: Pos,
-    /// The list: one expression (or a literal list) over `inputs`, `nodes` and `run`.
-    pub items: TValue,
-    /// The item's identity: one expression over `item` (a string or a number).
-    pub key: Template,
-    /// Longest list accepted.
-    pub max_items: u32,
-    /// Items in flight at once (`None` = the run's `max_parallel`, which also bounds it).
-    pub concurrency: Option<u32>,
-    /// Failed items the node tolerates before it fails.
-    pub tolerate: Tolerance,
-}
-
-/// How many failed items a `for_each` node tolerates.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Tolerance {
-    /// At most this many.
-    Count(u32),
-    /// At most this share of the list, in percent (rounded down to whole items).
-    Percent(f64),
-}
-
-impl Tolerance {
-    /// The most failed items tolerated in a list of `n`.
-    pub fn allowed(self, n: usize) -> usize {
-        match self {
-            Self::Count(c) => c as usize,
-            Self::Percent(p) => ((n as f64) * p / 100.0).floor() as usize,
-        }
-    }
-}
-
-/// `wait:` on a node: it completes when an event its `match` accepts is published
-/// (README, "Waits and callbacks").
-#[derive(Debug, Clone)]
-pub struct WaitDecl {
-    /// Where `wait:` is written.
-    pub pos: Pos,
-    /// The event's name.
-    pub event: String,
-    /// Which events of that name count: one expression over `event` (the event's
-    /// data), `inputs`, `nodes` and `run`; `None` = any.
-    pub matcher: Option<Template>,
-    /// How long before the wait began a published event still counts.
-    pub lookback: Duration,
-    /// How long it may wait (required).
-    pub timeout: Duration,
-    /// What a timeout does.
-    pub on_timeout: OnTimeout,
-}
-
-/// `callback:` on a node with a tool: its call carries `${{ callback.url }}` (or
-/// `callback.token`), and the node completes when that URL is called.
-#[derive(Debug, Clone)]
-pub struct CallbackDecl {
-    /// Where `callback:` is written.
-    pub pos: Pos,
-    /// How long it may wait after the call (required).
-    pub timeout: Duration,
-    /// Each heartbeat must come within this long of the previous one (or of the start).
-    pub heartbeat: Option<Duration>,
-    /// What a timeout does.
-    pub on_timeout: OnTimeout,
-}
-
-/// `approval:` on a node: who must approve its call, with what, within how long. The
-/// gateway freezes the rendered request and its digest, and sends only that request once
-/// approved (README, "Approvals").
-#[derive(Debug, Clone)]
-pub struct ApprovalDecl {
-    /// Where `approval:` is written.
-    pub pos: Pos,
-    /// What approvers read (templated like `with`, no secrets).
-    pub message: Option<Template>,
-    /// Roles whose tokens may approve (`viewer` never may); empty with `tokens` empty
-    /// means any operator or admin.
-    pub roles: Vec<String>,
-    /// Token names that may approve.
-    pub tokens: Vec<String>,
-    /// Distinct approvers needed (at least 1).
-    pub min: u32,
-    /// Whether the token that submitted the run is refused as an approver.
-    pub forbid_self: bool,
-    /// What approvers must give, typed and checked like run inputs.
-    pub inputs: Vec<InputDecl>,
-    /// How long it may wait (required).
-    pub timeout: Duration,
-    /// What a timeout does (it never approves).
-    pub on_timeout: OnTimeout,
-    /// When to remind (offsets from the request), each an `approval.reminder` event.
-    pub remind: Vec<Duration>,
-}
-
-/// What an approval's timeout does to its node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnTimeout {
-    /// The node fails (permanently: no retry re-asks).
-    Fail,
-    /// The node is skipped (and its dependents, as any skip).
-    Skip,
-}
-
-impl OnTimeout {
-    /// The YAML spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Fail => "fail",
-            Self::Skip => "skip",
-        }
-    }
 }
 
 impl ToolKind {

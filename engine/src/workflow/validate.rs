@@ -49,12 +49,15 @@ pub(crate) fn check(
     let tool_names: Vec<&str> = wf.tools.keys().map(String::as_str).collect();
 
     for node in &wf.nodes {
-        if !node.tool.is_empty() && !declared_tools.contains(&node.tool) {
+        if let Some(call) = node.call()
+            && !call.tool.is_empty()
+            && !declared_tools.contains(&call.tool)
+        {
             let mut d = Diagnostic::new(
-                node.tool_pos,
-                format!("node `{}` uses unknown tool `{}`", node.id, node.tool),
+                call.tool_pos,
+                format!("node `{}` uses unknown tool `{}`", node.id, call.tool),
             );
-            if let Some(near) = did_you_mean(&node.tool, tool_names.iter().copied()) {
+            if let Some(near) = did_you_mean(&call.tool, tool_names.iter().copied()) {
                 d = d.with_help(format!("did you mean `{near}`?"));
             } else if tool_names.is_empty() {
                 d = d.with_help("declare it under `tools:`");
@@ -196,8 +199,8 @@ fn check_for_each(checker: &mut RefChecker<'_>, i: usize) {
         }
     }
     let unsupported = [
-        ("wait", node.wait.is_some()),
-        ("callback", node.callback.is_some()),
+        ("wait", node.wait().is_some()),
+        ("callback", node.callback().is_some()),
     ];
     for (what, set) in unsupported {
         if set {
@@ -220,7 +223,10 @@ fn check_for_each(checker: &mut RefChecker<'_>, i: usize) {
 fn check_approval(checker: &mut RefChecker<'_>, opts: &ValidateOptions, i: usize) {
     let wf = checker.wf;
     let node = &wf.nodes[i];
-    if let Some(t) = node.approval.as_ref().and_then(|a| a.message.as_ref()) {
+    let Some(call) = node.call() else {
+        return;
+    };
+    if let Some(t) = call.approval.as_ref().and_then(|a| a.message.as_ref()) {
         checker.template(
             t,
             Scope::NodeField {
@@ -229,8 +235,8 @@ fn check_approval(checker: &mut RefChecker<'_>, opts: &ValidateOptions, i: usize
             },
         );
     }
-    if let Some(cb) = &node.callback
-        && let Some(tool) = wf.tools.get(&node.tool)
+    if let Some(cb) = &call.callback
+        && let Some(tool) = wf.tools.get(&call.tool)
         && let ToolKind::Function { function } = &tool.kind
         && opts.pure_functions.contains(function)
     {
@@ -238,13 +244,13 @@ fn check_approval(checker: &mut RefChecker<'_>, opts: &ValidateOptions, i: usize
             cb.pos,
             format!(
                 "node `{}` has `callback:`, but its tool `{}` is a pure function: nothing leaves the process to call back",
-                node.id, node.tool
+                node.id, call.tool
             ),
             Some("put `callback:` on the node whose call starts the outside work".into()),
         );
     }
-    if let Some(a) = &node.approval
-        && let Some(tool) = wf.tools.get(&node.tool)
+    if let Some(a) = &call.approval
+        && let Some(tool) = wf.tools.get(&call.tool)
         && let ToolKind::Function { function } = &tool.kind
         && opts.pure_functions.contains(function)
     {
@@ -252,7 +258,7 @@ fn check_approval(checker: &mut RefChecker<'_>, opts: &ValidateOptions, i: usize
             a.pos,
             format!(
                 "node `{}` asks for approval, but its tool `{}` is a pure function: nothing leaves the process, so there is nothing to approve",
-                node.id, node.tool
+                node.id, call.tool
             ),
             Some("put `approval:` on the node whose call has the side effect".into()),
         );
@@ -264,7 +270,7 @@ fn check_approval(checker: &mut RefChecker<'_>, opts: &ValidateOptions, i: usize
 fn check_wait(checker: &mut RefChecker<'_>, i: usize) {
     let wf = checker.wf;
     let node = &wf.nodes[i];
-    if let Some(t) = node.wait.as_ref().and_then(|w| w.matcher.as_ref()) {
+    if let Some(t) = node.wait().and_then(|w| w.matcher.as_ref()) {
         checker.template(
             t,
             Scope::NodeField {
@@ -273,7 +279,10 @@ fn check_wait(checker: &mut RefChecker<'_>, i: usize) {
             },
         );
     }
-    let reads_callback = wf.tools.get(&node.tool).is_some_and(|tool| {
+    let Some(call) = node.call() else {
+        return;
+    };
+    let reads_callback = wf.tools.get(&call.tool).is_some_and(|tool| {
         tool.kind.templates().iter().any(|t| {
             t.exprs().any(|src| {
                 references(src)
@@ -282,12 +291,12 @@ fn check_wait(checker: &mut RefChecker<'_>, i: usize) {
             })
         })
     });
-    if reads_callback && node.callback.is_none() {
+    if reads_callback && call.callback.is_none() {
         checker.error(
-            node.tool_pos,
+            call.tool_pos,
             format!(
                 "node `{}` calls tool `{}`, whose spec reads `callback`, but the node has no `callback:`",
-                node.id, node.tool
+                node.id, call.tool
             ),
             Some("add `callback: { timeout: … }` to the node".into()),
         );
@@ -466,7 +475,7 @@ impl RefChecker<'_> {
     ) -> bool {
         // Each item of a `for_each` node has its own approval: the node exposes none.
         let approval = (self.wf.nodes[t].for_each.is_none())
-            .then(|| self.wf.nodes[t].approval.as_ref())
+            .then(|| self.wf.nodes[t].approval())
             .flatten();
         match (third, approval) {
             (Some("output"), _) => true,
@@ -664,7 +673,7 @@ impl RefChecker<'_> {
     fn callback_reference(&mut self, pos: Pos, src: &str, field: Option<&str>, scope: Scope<'_>) {
         let where_ = self.where_(scope);
         let allowed = match scope {
-            Scope::With { node } => self.wf.nodes[node].callback.is_some(),
+            Scope::With { node } => self.wf.nodes[node].callback().is_some(),
             Scope::Tool => true,
             _ => false,
         };

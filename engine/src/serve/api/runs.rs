@@ -293,7 +293,7 @@ fn check(
         return Err(Problem::bad_request(format!("{at}workflow: not parsed")));
     };
     if public_url.is_none()
-        && let Some(node) = wf.nodes.iter().find(|n| n.callback.is_some())
+        && let Some(node) = wf.nodes.iter().find(|n| n.callback().is_some())
     {
         return Err(Problem::bad_request(format!(
             "{at}workflow: node `{}` has `callback:`, which needs `public_url` under `[api]` in this server's flow.toml (`callback.url` is built from it)",

@@ -11,7 +11,7 @@
 
 use std::fmt::Write as _;
 
-use crate::workflow::ValidWorkflow;
+use crate::workflow::{NodeKind, ValidWorkflow};
 
 /// A node box's size and the gaps between boxes, in SVG user units (px at 100%).
 const W: usize = 150;
@@ -120,12 +120,9 @@ pub(super) fn svg(wf: &ValidWorkflow, state: impl Fn(&str) -> Option<String>) ->
         let shown = status.clone().unwrap_or_else(|| "not started".into());
         let class = shown.replace([' ', '_'], "-");
         let (x, y) = corner(at[i]);
-        let tool = if node.wait.is_some() {
-            "wait"
-        } else if let Some(w) = &node.workflow {
-            w.path.as_str()
-        } else {
-            &node.tool
+        let tool = match &node.kind {
+            NodeKind::Child(w) => w.path.as_str(),
+            _ => node.step_tool(),
         };
         let (id, tool) = (esc(&node.id), esc(tool));
         let _ = write!(

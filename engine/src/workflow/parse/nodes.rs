@@ -11,7 +11,8 @@ use super::names::{is_node_id, reserved_retry_suffix};
 use super::values::string_list;
 use super::{Cx, get};
 use crate::workflow::diagnostic::Pos;
-use crate::workflow::model::{ApprovalDecl, ChildDecl, NodeDecl, OnTimeout, RetryPolicy};
+use crate::workflow::model::RetryPolicy;
+use crate::workflow::node::{ApprovalDecl, CallDecl, ChildDecl, NodeDecl, NodeKind, OnTimeout};
 use crate::workflow::yaml::{Key, Node, Value};
 use flow_ledger::OnParentCancel;
 
@@ -51,17 +52,42 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
     } else {
         cx.check_keys(fields, &[NODE_KEYS], &what);
     }
-    let (tool, tool_pos) = match get(fields, "tool") {
-        Some(t) => (cx.string(t, "`tool`").unwrap_or_default(), t.pos),
-        None if waits || child => (String::new(), key.pos),
-        None => {
-            cx.error_help(
-                key.pos,
-                format!("{what} has no `tool`"),
-                "add `tool:` naming one of the workflow's tools",
-            );
-            (String::new(), key.pos)
-        }
+    // A `wait:` or `workflow:` that does not parse is reported; the node stays (as a
+    // call of no tool, which nothing else reports) so its dependents raise nothing more.
+    let unparsed = || {
+        NodeKind::Call(CallDecl {
+            tool: String::new(),
+            tool_pos: key.pos,
+            approval: None,
+            callback: None,
+        })
+    };
+    let kind = if child {
+        get(fields, "workflow")
+            .and_then(|n| child_decl(cx, n, fields))
+            .map_or_else(unparsed, NodeKind::Child)
+    } else if waits {
+        get(fields, "wait")
+            .and_then(|n| super::waits::wait(cx, n))
+            .map_or_else(unparsed, NodeKind::Wait)
+    } else {
+        let (tool, tool_pos) = match get(fields, "tool") {
+            Some(t) => (cx.string(t, "`tool`").unwrap_or_default(), t.pos),
+            None => {
+                cx.error_help(
+                    key.pos,
+                    format!("{what} has no `tool`"),
+                    "add `tool:` naming one of the workflow's tools",
+                );
+                (String::new(), key.pos)
+            }
+        };
+        NodeKind::Call(CallDecl {
+            tool,
+            tool_pos,
+            approval: get(fields, "approval").and_then(|n| approval(cx, n)),
+            callback: get(fields, "callback").and_then(|n| super::waits::callback(cx, n)),
+        })
     };
     let needs: Vec<(String, Pos)> = match get(fields, "needs") {
         None => Vec::new(),
@@ -87,8 +113,6 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
     Some(NodeDecl {
         id,
         pos: key.pos,
-        tool,
-        tool_pos,
         needs: needs.iter().map(|(id, _)| id.clone()).collect(),
         needs_pos: needs.iter().map(|(_, pos)| *pos).collect(),
         with: get(fields, "with")
@@ -105,11 +129,8 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
             .and_then(|n| cx.bool(n, "`continue_on_error`"))
             .unwrap_or(false),
         description: get(fields, "description").and_then(|n| cx.text(n, "`description`")),
-        approval: get(fields, "approval").and_then(|n| approval(cx, n)),
-        wait: get(fields, "wait").and_then(|n| super::waits::wait(cx, n)),
-        callback: get(fields, "callback").and_then(|n| super::waits::callback(cx, n)),
         for_each: get(fields, "for_each").and_then(|n| super::for_each::for_each(cx, n)),
-        workflow: get(fields, "workflow").and_then(|n| child_decl(cx, n, fields)),
+        kind,
     })
 }
 
