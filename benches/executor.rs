@@ -12,10 +12,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flow::config::Egress;
 use flow::executor::Executor;
 use flow::executor::progress::Silent;
 use flow::fault::Faults;
+use flow::gateway::egress::Egress;
 use flow::gateway::{Gateway, Tools};
 use flow::secrets::Secrets;
 use flow::workflow::parse_str;

@@ -12,6 +12,8 @@ use regex::Regex;
 
 #[path = "tidy/imports.rs"]
 mod imports;
+#[path = "tidy/layers.rs"]
+mod layers;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -13,8 +13,8 @@ use flow_ledger::{Approval, ApprovalStatus, Timestamp};
 use serde_json::{Map, Value as Json, json};
 
 use crate::workflow::InputType;
+use crate::workflow::model::ApprovalDecl;
 use crate::workflow::model::InputDecl;
-use crate::workflow::node::ApprovalDecl;
 
 /// Who decides: a token's name and role (`viewer`, `operator`, `admin`), or, for the
 /// local CLI (which holds the ledger itself), the operator's name as `admin`.

@@ -85,6 +85,7 @@ pub enum Error {
     },
 }
 
+use crate::gateway::egress::Egress;
 pub use crate::host_pattern::HostPattern;
 
 /// The whole configuration.
@@ -156,24 +157,9 @@ pub struct ApiToken {
     /// Recorded as `by` on everything the token does.
     pub name: String,
     /// `viewer`, `operator` or `admin`.
-    pub role: crate::serve::auth::Role,
+    pub role: crate::role::Role,
     /// The secret whose value is the token (`FLOW_SECRET_<NAME>` or `--secrets-file`).
     pub secret: String,
-}
-
-/// Which hosts `http` and `mcp` (URL) tools may reach.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Egress {
-    /// Allowed hosts; `*.example.com` matches subdomains. `None` (no `[egress]` table or
-    /// no `allow` key) allows every host; an empty list allows none. Each pattern is
-    /// checked when the file is loaded ([`HostPattern`]), so a malformed one is refused
-    /// at its FILE:LINE:COL instead of silently matching nothing.
-    #[serde(skip)]
-    pub allow: Option<Vec<String>>,
-    /// `allow` as read, with each entry's position in the file.
-    #[serde(default, rename = "allow")]
-    allow_read: Option<Vec<toml::Spanned<String>>>,
 }
 
 impl Error {
@@ -475,20 +461,6 @@ impl ConsumerConfig {
     /// Attempts before a dead letter.
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS)
-    }
-}
-
-impl Egress {
-    /// Whether `host` may be reached.
-    pub fn allows(&self, host: &str) -> bool {
-        self.allow_list().is_none_or(|list| list.allows(host))
-    }
-
-    /// The list every hop of a request must pass (`None`: every host is allowed).
-    pub fn allow_list(&self) -> Option<flow_adapters::egress::AllowList> {
-        self.allow
-            .as_ref()
-            .map(|allow| flow_adapters::egress::AllowList::new(allow.iter().cloned()))
     }
 }
 

@@ -37,7 +37,9 @@
 //!
 //! Support — small rules shared by several layers:
 //! - [`config`]: `flow.toml` (egress allow-list, event consumers, …).
+//! - [`role`]: what an API token may do (viewer, operator, admin).
 //! - [`secrets`]: secret values (environment, dotenv file), redaction and scrubbing.
+//! - [`sign`]: HMAC-SHA256: event signatures and approval digests over secret values.
 //! - [`host_pattern`]: the grammar of a host pattern (`[egress] allow`, approval rules).
 //! - [`duration_text`]: the one way a duration is printed to people.
 //! - [`json_line`]: one JSON object per stderr line, shaped like the tracing lines.
@@ -67,11 +69,13 @@ pub mod reconcile;
 pub mod redrive;
 pub mod retention;
 pub mod retry;
+pub mod role;
 pub mod runtime;
 pub mod schedule;
 pub mod schema;
 pub mod secrets;
 pub mod serve;
+pub mod sign;
 pub mod snapshot;
 pub mod telemetry;
 pub mod view;

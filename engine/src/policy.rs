@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::workflow::node::{ApprovalDecl, OnTimeout};
+use crate::workflow::model::{ApprovalDecl, OnTimeout};
 
 /// How long a policy's approval waits when the rule names no `timeout`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
@@ -290,7 +290,7 @@ impl Policy {
     /// The nodes of `wf` this policy gates, or may gate (what is known only at call time:
     /// a templated URL's host, an MCP tool's annotations), first matching rule each.
     pub fn gated_nodes(&self, wf: &crate::workflow::Workflow) -> Vec<NodeGate> {
-        use crate::workflow::model::{McpServer, ToolKind};
+        use crate::workflow::tool::{McpServer, ToolKind};
         let host_of =
             |t: &crate::workflow::expr::Template| t.as_literal().and_then(|u| literal_host(&u));
         let mut out = Vec::new();

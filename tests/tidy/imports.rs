@@ -9,7 +9,7 @@ use regex::Regex;
 use super::{code_only, files, read, report};
 
 /// The module a source file is, as a path from its crate root (`lib.rs` is `[]`).
-fn module_of(src: &Path, path: &Path) -> Vec<String> {
+pub(super) fn module_of(src: &Path, path: &Path) -> Vec<String> {
     let rel = path.strip_prefix(src).unwrap_or(path);
     let mut parts: Vec<String> = rel
         .iter()
@@ -24,7 +24,7 @@ fn module_of(src: &Path, path: &Path) -> Vec<String> {
 /// The paths a file refers to: `crate::a::b`, `super::x`, grouped `{…}` imports
 /// expanded, and a parent's `child::x` for its own `mod child;`. Comments and `pub use`
 /// re-exports (a module's face, not a dependency of its code) are skipped.
-fn references(text: &str, module: &[String]) -> Vec<Vec<String>> {
+pub(super) fn references(text: &str, module: &[String]) -> Vec<Vec<String>> {
     let children: BTreeSet<String> =
         Regex::new(r"(?m)^\s*(?:pub(?:\([a-z]+\))?\s+)?mod\s+([a-z_0-9]+)\s*;")
             .expect("regex")
@@ -143,7 +143,7 @@ fn expand(rest: &str) -> Vec<Vec<String>> {
 /// the item it guards, up to the `;` or the closing brace that ends it, and nothing
 /// after. (Once the reader stopped at the first `#[cfg(test)]`, which hid every line
 /// below a test module in the middle of a file.)
-fn without_test_items(text: &str) -> String {
+pub(super) fn without_test_items(text: &str) -> String {
     let code: Vec<char> = code_only(text).chars().collect();
     let mut out: Vec<char> = text.chars().collect();
     let attr: Vec<char> = "#[cfg(test)]".chars().collect();

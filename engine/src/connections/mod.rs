@@ -27,21 +27,6 @@ pub mod view;
 
 use serde::Deserialize;
 
-/// What a connection name may be (it appears in commands, AAD and messages).
-pub const NAME_HELP: &str =
-    "a connection name is 1 to 63 of a-z, 0-9, `-`, `_`, starting with a letter or digit";
-
-/// Whether `name` is a valid connection name.
-pub fn valid_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes[0].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-' || *b == b'_')
-}
-
 /// `[[connections]]` in `flow.toml`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -91,8 +76,8 @@ pub struct CrossAppConfig {
 impl ConnectionConfig {
     /// Checks what parsing cannot: the name, the URL, the client settings.
     pub fn check(&self) -> Result<(), String> {
-        if !valid_name(&self.name) {
-            return Err(NAME_HELP.to_string());
+        if !crate::workflow::is_connection_name(&self.name) {
+            return Err(crate::workflow::CONNECTION_NAME_HELP.to_string());
         }
         let ok = url::Url::parse(&self.server)
             .is_ok_and(|u| matches!(u.scheme(), "http" | "https") && u.host().is_some());

@@ -367,7 +367,7 @@ impl Shared {
 pub fn install(
     pool: &flow_adapters::mcp::Pool,
     (ledger, clock, secrets): (&Ledger, &Arc<dyn Clock>, &crate::secrets::Secrets),
-    egress: &crate::config::Egress,
+    egress: &crate::gateway::egress::Egress,
 ) {
     match OAuth::new(egress.allow_list()) {
         Ok(oauth) => {

@@ -20,7 +20,7 @@
 //! consumers dedupe on the event id (`Flow-Event-Id`; also sent as `Idempotency-Key`).
 //!
 //! Modules: [`config`](crate::config) holds the `[[consumers]]` settings; [`backoff`]
-//! (pure schedule), [`sign`] (HMAC-SHA256 `Flow-Signature`), [`wire`] (the JSON that
+//! (pure schedule), [`sign`](crate::sign) (HMAC-SHA256 `Flow-Signature`), [`wire`] (the JSON that
 //! consumers receive), [`sink`] (webhook, file), [`dispatch`] (the loop).
 //!
 //! The daemon runs [`run`] until its shutdown token fires; `flow events dispatch` runs
@@ -28,7 +28,6 @@
 
 pub mod backoff;
 pub mod dispatch;
-pub mod sign;
 pub mod sink;
 pub mod wire;
 
@@ -103,7 +102,7 @@ pub fn consumers(configs: &[ConsumerConfig], secrets: &Secrets) -> Result<Vec<Co
                 sink::Sink::Webhook(sink::Webhook {
                     client: client.clone(),
                     url: c.url.clone().unwrap_or_default(),
-                    key: sign::Key::new(value),
+                    key: crate::sign::Key::new(value),
                     secret_name,
                     timeout: c.timeout().map_err(bad)?,
                 })

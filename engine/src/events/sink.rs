@@ -12,8 +12,8 @@ use flow_adapters::{Call, FailureKind, Tool};
 use flow_ledger::{Delivery, Scope};
 use futures::StreamExt;
 
-use super::sign::{EVENT_ID_HEADER, EVENT_TYPE_HEADER, Key, SIGNATURE_HEADER};
 use super::wire;
+use crate::sign::{EVENT_ID_HEADER, EVENT_TYPE_HEADER, Key, SIGNATURE_HEADER};
 
 /// Why one delivery failed (no secret values: the signing key is scrubbed out).
 #[derive(Debug, Clone, PartialEq, Eq)]

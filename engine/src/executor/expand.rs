@@ -22,7 +22,7 @@ use super::state::RunState;
 use crate::gateway::{self, StepOrigin};
 use crate::item_id::item_step_id;
 use crate::workflow::expr;
-use crate::workflow::node::ForEachDecl;
+use crate::workflow::model::ForEachDecl;
 
 /// Longest item key: it is part of a step id and of an idempotency key header.
 const MAX_KEY_LEN: usize = 200;

@@ -289,11 +289,10 @@ impl<'a> RunScope<'a> {
                             origin,
                             item: item.zip(key.as_deref()),
                         };
-                        let started =
-                            alongside(&mut in_flight, &mut done, self.prepare_start(st, at))
-                                .await?;
-                        if let Some(started) = started {
-                            in_flight.push(self.launch(st, (node, item), started, now));
+                        let step = alongside(&mut in_flight, &mut done, self.prepare_start(st, at))
+                            .await?;
+                        if let Some(step) = step {
+                            in_flight.push(self.launch(st, (node, item), step, now));
                         }
                     }
                     a @ (Action::Expand { .. }

@@ -11,8 +11,8 @@ use super::scope::{RunScope, StepAt};
 use super::state::RunState;
 use crate::gateway::{self, NextRetry, NodeStep, StepCall, StepOrigin};
 use crate::retry;
-use crate::workflow::model::ToolDecl;
-use crate::workflow::node::{NodeKind, WaitDecl};
+use crate::workflow::ToolDecl;
+use crate::workflow::model::{NodeKind, WaitDecl};
 use crate::workflow::{Workflow, expr};
 
 /// What a node's start comes to, decided from the workflow, the step, its expression

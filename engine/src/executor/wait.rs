@@ -9,7 +9,7 @@ use serde_json::Value as Json;
 
 use crate::gateway::{self, Awaited, Gateway, NodeStep, StepResult};
 use crate::workflow::expr;
-use crate::workflow::node::WaitDecl;
+use crate::workflow::model::WaitDecl;
 
 /// Runs a `wait:` node's step: `Waiting` until an accepted event is found or its
 /// timeout passes (then its `on_timeout`).

@@ -13,7 +13,7 @@ use super::render;
 use super::{Gateway, Rendered, StepCall, StepResult, Target};
 use crate::approval;
 use crate::policy::{Facts, Policy};
-use crate::workflow::node::{ApprovalDecl, OnTimeout};
+use crate::workflow::model::{ApprovalDecl, OnTimeout};
 
 /// The secret that keys the approval digest of a request that reads secrets
 /// ([`Gateway::approval_digest`]): set it the same on every worker, like any secret.
@@ -89,7 +89,7 @@ impl Gateway {
             .collect();
         let bound = flow_ledger::canonical_hash(&serde_json::Value::Object(values));
         let text = format!("{}\n{bound}", r.request_hash);
-        let mac = crate::events::sign::Key::new(key).sign(text.as_bytes());
+        let mac = crate::sign::Key::new(key).sign(text.as_bytes());
         Ok(format!(
             "hmac-sha256:{}",
             mac.strip_prefix("sha256=").unwrap_or(&mac)

@@ -17,6 +17,7 @@
 mod approve;
 mod child;
 pub mod disposition;
+pub mod egress;
 pub mod lazy;
 mod outbound;
 mod prepare;
@@ -45,10 +46,10 @@ pub use tools::Tools;
 pub use wait::{Awaited, token_hash};
 pub use writer::RunWriter;
 
-use crate::config::Egress;
 use crate::fault::{Faults, Point};
 use crate::secrets::Secrets;
 use crate::workflow::{NodeDecl, ToolDecl, Workflow};
+use egress::Egress;
 
 /// Problems that stop the whole run's execution here (not a node failure).
 #[derive(Debug, thiserror::Error)]

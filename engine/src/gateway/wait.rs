@@ -11,7 +11,7 @@ use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
 
 use super::{Gateway, NodeStep, StepCall, StepResult};
-use crate::workflow::node::{CallbackDecl, OnTimeout};
+use crate::workflow::model::{CallbackDecl, OnTimeout};
 
 /// What a waiting node waits for (progress lines, metrics, the pause reason).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,9 +13,9 @@ use std::sync::Arc;
 
 use flow_ledger::{Clock, Ledger, SystemClock};
 
-use crate::config::Egress;
 use crate::executor::{Executor, progress::Progress};
 use crate::fault::Faults;
+use crate::gateway::egress::Egress;
 use crate::gateway::{Gateway, Tools};
 use crate::policy::Policy;
 use crate::secrets::Secrets;

@@ -12,18 +12,18 @@
 //! catchup_window = "6h"                            # default 1m
 //! ```
 //!
-//! - [`ticks`]: when a schedule's ticks fall (cron on a time zone's wall clock, the
-//!   daylight-saving rules).
+//! - [`ticks`](crate::workflow::ticks) and
+//!   [`schedule_fields`](crate::workflow::schedule_fields) (in the language, since a
+//!   workflow file's `schedules:` are checked by the same rules): when a schedule's
+//!   ticks fall, and the fields of one schedule checked wherever they are written.
 //! - [`fire`]: the daemon's pass — for each schedule, the ticks after its cursor become a
 //!   [`flow_ledger::TickPlan`] (missed, to start, buffered) that the ledger applies once.
 //! - [`manage`]: what the CLI, the API and the console do to schedules (list, pause,
 //!   resume, trigger), one implementation; [`view`]: a schedule as they show it.
 //! - this file: the configuration, checked when `flow.toml` is read (file:line:col).
 
-pub mod fields;
 pub mod fire;
 pub mod manage;
-pub mod ticks;
 pub mod view;
 
 use std::path::{Path, PathBuf};
@@ -36,9 +36,9 @@ use serde_json::{Map, Value as Json, json};
 
 use crate::workflow::Pos;
 use crate::workflow::expr::Template;
-pub use fields::DEFAULT_CATCHUP;
-use fields::{Fields, Written};
-use ticks::Ticks;
+pub use crate::workflow::schedule_fields::DEFAULT_CATCHUP;
+use crate::workflow::schedule_fields::{Fields, Written};
+use crate::workflow::ticks::Ticks;
 
 /// One `[[schedules]]` entry as written.
 #[derive(Debug, Clone, Deserialize)]

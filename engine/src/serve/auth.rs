@@ -16,35 +16,12 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{Extensions, HeaderMap, StatusCode, header};
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::App;
 use super::problem::Problem;
-
-/// What a token may do; each role includes the ones before it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// Read runs, calls in doubt, events.
-    Viewer,
-    /// Also submit, cancel, resume and resolve.
-    Operator,
-    /// Also bulk operations.
-    Admin,
-}
-
-impl Role {
-    /// The name in `flow.toml` and in problems.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Viewer => "viewer",
-            Role::Operator => "operator",
-            Role::Admin => "admin",
-        }
-    }
-}
+use crate::role::Role;
 
 /// A token with its value, ready for comparison. `Debug` shows the name and role only.
 pub struct Token {

@@ -12,7 +12,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator};
 use serde_json::{Map, Value as Json, json};
 
 use super::App;
-use super::auth::Role;
+use crate::role::Role;
 
 /// An HTTP method the API uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use serde_json::Value as Json;
 
 use super::diagnostic::{Diagnostic, Pos};
 use super::expr::TValue;
-use super::node::NodeDecl;
+use super::model::NodeDecl;
 use super::{ValidWorkflow, ValidateOptions};
 
 /// Most levels of sub-workflows under one workflow.

@@ -8,8 +8,10 @@ pub mod children;
 pub mod diagnostic;
 pub mod expr;
 pub mod model;
-pub mod node;
 pub(crate) mod parse;
+pub mod schedule_fields;
+pub mod ticks;
+pub mod tool;
 mod valid;
 pub mod validate;
 pub mod yaml;
@@ -18,8 +20,10 @@ use std::path::Path;
 
 pub use diagnostic::{Diagnostic, Diagnostics, Pos};
 pub use model::*;
-pub use node::*;
-pub use parse::{is_node_id, parse_duration, reserved_retry_suffix};
+pub use parse::{
+    CONNECTION_NAME_HELP, is_connection_name, is_node_id, parse_duration, reserved_retry_suffix,
+};
+pub use tool::*;
 pub use valid::ValidWorkflow;
 pub use validate::ValidateOptions;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::diagnostic::Pos;
 use super::expr::{TValue, Template};
-use super::node::NodeDecl;
+use super::tool::ToolDecl;
 
 /// Default per-attempt timeout when neither node, tool nor workflow defaults set one: no
 /// request is ever sent without a timeout.
@@ -51,7 +51,7 @@ pub struct WorkflowSchedule {
     /// Where it is in the file.
     pub at: Pos,
     /// Its fields (id, cron, time zone, inputs, overlap, catch-up window).
-    pub fields: crate::schedule::fields::Fields,
+    pub fields: super::schedule_fields::Fields,
 }
 
 impl Workflow {
@@ -236,351 +236,263 @@ impl Default for RetryPolicy {
     }
 }
 
-/// How a tool's downstream deals with repeated requests (README: side-effect classes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Idempotency {
-    /// The downstream does not dedupe: an unknown outcome goes in doubt.
-    #[default]
-    None,
-    /// The downstream dedupes on the idempotency-key header: re-sending with the same key
-    /// is safe.
-    Header,
-}
-
-/// A declared tool.
+/// A node of the DAG.
 #[derive(Debug, Clone)]
-pub struct ToolDecl {
-    /// The tool's name, as used by `nodes.<id>.tool`.
-    pub name: String,
-    /// Where it is declared, for messages that concern the tool.
+pub struct NodeDecl {
+    /// The node id (`[a-z0-9_-]+`).
+    pub id: String,
+    /// Where the node is declared.
     pub pos: Pos,
-    /// Kind-specific settings.
-    pub kind: ToolKind,
+    /// Nodes that must finish first.
+    pub needs: Vec<String>,
+    /// Where each `needs` entry is written (same order as `needs`).
+    pub needs_pos: Vec<Pos>,
+    /// Arguments (templated).
+    pub with: TValue,
+    /// Condition; a false condition skips the node and its dependents. Always exactly one
+    /// expression (`Template::whole_expr` is `Some`): parsing turns `if: false`, a bare
+    /// string and `"${{ x }} "` into one, so the condition is evaluated, never taken as a
+    /// non-empty (true) string.
+    pub condition: Option<Template>,
+    /// Where `if:` is written.
+    pub condition_pos: Option<Pos>,
+    /// Node-level retry policy.
+    pub retry_policy: Option<RetryPolicy>,
+    /// Per-attempt timeout.
+    pub timeout: Option<Duration>,
+    /// Whole-node deadline.
+    pub deadline: Option<Duration>,
+    /// Idempotency key template (default `<run_id>:<node>`).
+    pub idempotency_key: Option<Template>,
+    /// Whether the run goes on (and dependents run) when this node fails.
+    pub continue_on_error: bool,
     /// Free text for humans.
     pub description: Option<String>,
-    /// Per-attempt timeout for calls of this tool.
-    pub timeout: Option<Duration>,
-    /// Requests per minute across all workers.
-    pub rate_limit_per_minute: Option<u32>,
-    /// Requests per UTC day across all workers.
-    pub quota_per_day: Option<u32>,
-    /// Side-effect class declared by the workflow.
-    pub idempotency: Idempotency,
-    /// `read_only:` override (`None` = infer: GET is read-only, MCP annotations).
-    pub read_only: Option<bool>,
-    /// `reconcile:`: how to ask the downstream whether an in-doubt call took effect.
-    pub reconcile: Option<Reconcile>,
+    /// The node runs once per item of a list (`for_each:`), each item a step of its own.
+    pub for_each: Option<ForEachDecl>,
+    /// What the node is: a call of a tool, a wait for an event, or a child run. Only
+    /// what its kind allows can be written down: a wait with a tool or a child with an
+    /// approval is refused by the parser and cannot be represented here.
+    pub kind: NodeKind,
 }
 
-/// Default `reconcile.after`: a `not_found` is trusted only this long after the request
-/// left, so a request still in flight (or queued downstream) is not taken for lost.
-pub const DEFAULT_RECONCILE_AFTER: Duration = Duration::from_secs(10);
-/// Default `reconcile.max_probes`: then a human is asked.
-pub const DEFAULT_MAX_PROBES: u32 = 5;
-/// Default `reconcile.max_resends`: how many times reconciliation may re-send a call's
-/// key on a trusted `not_found` before a human decides. A downstream whose status
-/// endpoint lags its effect endpoint answers `not_found` for an effect it has (or is
-/// about to have): each re-send could be executed, so the budget is small and counted
-/// in the ledger, not per process.
-pub const DEFAULT_MAX_RESENDS: u32 = 1;
-/// Default `reconcile.interval`: the wait before the second probe (doubling after).
-pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(2);
-
-/// A tool's `reconcile:` block. When a call of the tool is in doubt (the request may or
-/// may not have taken effect), flow asks the downstream with this read-only probe before
-/// it pages a human; `gateway::reconcile` decides what the answer means.
+/// What a node does when it runs.
 #[derive(Debug, Clone)]
-pub struct Reconcile {
-    /// Where `reconcile:` is written.
-    pub pos: Pos,
-    /// The request that asks.
-    pub probe: Probe,
-    /// True when the answer says the effect took place (one expression).
-    pub found: Template,
-    /// True when the answer says it did not (one expression).
-    pub not_found: Template,
-    /// The node's output when found (default: the answer's body).
-    pub output: Option<TValue>,
-    /// How long after the request left a `not_found` is trusted.
-    pub after: Duration,
-    /// Probes with an unknown answer before a human is asked.
-    pub max_probes: u32,
-    /// Re-sends of the key on a trusted `not_found` before a human is asked (counted
-    /// across processes and crashes: `call_probes` rows decided `resend`).
-    pub max_resends: u32,
-    /// Wait before the second probe; doubles, up to a minute.
-    pub interval: Duration,
-    /// Per-probe timeout (default: the tool's).
-    pub timeout: Option<Duration>,
+pub enum NodeKind {
+    /// It calls a tool (`tool:`), perhaps behind an approval, perhaps then waiting for
+    /// a callback: the only kind that crosses the gateway.
+    Call(CallDecl),
+    /// It calls no tool: it waits for a published event (`wait:`).
+    Wait(WaitDecl),
+    /// It calls no tool: it runs another workflow as a run of its own (`workflow:`),
+    /// whose output is the node's.
+    Child(ChildDecl),
 }
 
-/// How a probe asks: always another request than the tool's own.
+/// A call node's tool and what guards or follows its call.
 #[derive(Debug, Clone)]
-pub enum Probe {
-    /// An HTTP request (`reconcile.request`).
-    Http {
-        /// Upper-case method (default GET).
-        method: String,
-        /// URL template.
-        url: Template,
-        /// Header templates.
-        headers: Vec<(String, Template)>,
-        /// Query parameter templates.
-        query: Vec<(String, Template)>,
-    },
-    /// Another tool of the same MCP server (`reconcile.tool`, `reconcile.with`).
-    Mcp {
-        /// The tool's name on the server.
-        tool: String,
-        /// Its arguments.
-        with: TValue,
-    },
-    /// A local program (`reconcile.command`, `reconcile.env`); it gets the call as JSON
-    /// on stdin.
-    Command {
-        /// Program and arguments.
-        command: Vec<Template>,
-        /// Declared environment.
-        env: Vec<(String, Template)>,
-    },
-}
-
-impl Reconcile {
-    /// The templates of the probe request (they may read secrets).
-    pub fn request_templates(&self) -> Vec<&Template> {
-        match &self.probe {
-            Probe::Http {
-                url,
-                headers,
-                query,
-                ..
-            } => std::iter::once(url)
-                .chain(headers.iter().map(|(_, t)| t))
-                .chain(query.iter().map(|(_, t)| t))
-                .collect(),
-            Probe::Mcp { with, .. } => with.templates(),
-            Probe::Command { command, env } => {
-                command.iter().chain(env.iter().map(|(_, t)| t)).collect()
-            }
-        }
-    }
-
-    /// The templates that read the answer (stored and logged: no secrets).
-    pub fn answer_templates(&self) -> Vec<&Template> {
-        let mut out = vec![&self.found, &self.not_found];
-        if let Some(o) = &self.output {
-            out.extend(o.templates());
-        }
-        out
-    }
-}
-
-/// The four tool kinds.
-#[derive(Debug, Clone)]
-pub enum ToolKind {
-    /// An in-process function from the registry.
-    Function {
-        /// Registry name, e.g. `core.echo`.
-        function: String,
-    },
-    /// A local program (argv, no shell).
-    Command {
-        /// Program and arguments (templated).
-        command: Vec<Template>,
-        /// Declared environment (templated; the only way secrets reach a command).
-        env: Vec<(String, Template)>,
-        /// Working directory.
-        cwd: Option<String>,
-        /// Inherited environment variable names (default: a small allow-list).
-        env_allow: Option<Vec<String>>,
-    },
-    /// An HTTP endpoint.
-    Http(HttpTool),
-    /// A tool on an MCP server.
-    Mcp(McpTool),
-}
-
-impl ToolKind {
-    /// The `kind:` name.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Self::Function { .. } => "function",
-            Self::Command { .. } => "command",
-            Self::Http(_) => "http",
-            Self::Mcp(_) => "mcp",
-        }
-    }
-}
-
-/// An `http` tool.
-#[derive(Debug, Clone)]
-pub struct HttpTool {
-    /// Upper-case method.
-    pub method: String,
-    /// URL template.
-    pub url: Template,
-    /// Header templates.
-    pub headers: Vec<(String, Template)>,
-    /// Query parameter templates.
-    pub query: Vec<(String, Template)>,
-    /// Body template; `None` = the node's `with` for non-GET methods.
-    pub body: Option<TValue>,
-    /// Name of the idempotency-key header.
-    pub idempotency_header: String,
-    /// Whether 3xx responses are followed.
-    pub follow_redirects: bool,
-    /// Largest response body accepted.
-    pub max_response_bytes: Option<u64>,
-}
-
-/// An `mcp` tool.
-#[derive(Debug, Clone)]
-pub struct McpTool {
-    /// How to reach the server.
-    pub server: McpServer,
-    /// The tool's name on the server.
+pub struct CallDecl {
+    /// The tool it calls (a key of the workflow's `tools`).
     pub tool: String,
-    /// How to authenticate.
-    pub auth: McpAuth,
-    /// How the server's `elicitation/create` requests are answered (no one is there to ask).
-    pub elicitation: McpElicitation,
-    /// Whether calls carry the trace context in `_meta.traceparent` / `tracestate`
-    /// (`propagate_trace: false` for a server that refuses `_meta` keys it does not know).
-    pub propagate_trace: bool,
+    /// Where `tool:` is written.
+    pub tool_pos: Pos,
+    /// People must approve the call before it leaves (`approval:`).
+    pub approval: Option<ApprovalDecl>,
+    /// After its call succeeds the node waits for a callback to a token it handed the
+    /// downstream (`callback:`); its output is the callback's.
+    pub callback: Option<CallbackDecl>,
 }
 
-/// A tool's `elicitation:` policy: an unattended run answers the server's questions in
-/// advance. Accepted values are literals (no templates), so no secret can reach them.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub enum McpElicitation {
-    /// `decline` (the default).
-    #[default]
-    Decline,
-    /// `accept_defaults`: the requested schema's defaults.
-    AcceptDefaults,
-    /// `{ accept: { … } }`: these values.
-    Accept(serde_json::Map<String, serde_json::Value>),
-}
+/// The tool name a wait node's steps are recorded under (they call none).
+pub const WAIT_STEP_TOOL: &str = "wait";
+/// The tool name a sub-workflow node's steps are recorded under (they call none).
+pub const CHILD_STEP_TOOL: &str = "workflow";
 
-/// An MCP server.
-#[derive(Debug, Clone)]
-pub enum McpServer {
-    /// A child process speaking MCP on stdio.
-    Stdio {
-        /// Program and arguments (templated).
-        command: Vec<Template>,
-        /// Environment (templated).
-        env: Vec<(String, Template)>,
-        /// Working directory.
-        cwd: Option<String>,
-    },
-    /// A streamable-HTTP endpoint.
-    Http {
-        /// URL template.
-        url: Template,
-        /// Header templates.
-        headers: Vec<(String, Template)>,
-    },
-}
-
-/// MCP authentication.
-#[derive(Debug, Clone, Default)]
-pub enum McpAuth {
-    /// None.
-    #[default]
-    None,
-    /// A bearer token (usually `${{ secrets.NAME }}`).
-    Bearer(Template),
-    /// A connection's token (`flow connect NAME`; `[[connections]]` in `flow.toml`).
-    Connection(String),
-    /// OAuth 2 `client_credentials`.
-    ClientCredentials {
-        /// Token endpoint; `None` discovers it from the server's 401.
-        token_url: Option<Template>,
-        /// Client id.
-        client_id: Template,
-        /// Client secret (`client_secret_basic`/`_post`), if any.
-        client_secret: Option<Template>,
-        /// PKCS#8 PEM private key for `private_key_jwt`, if any.
-        private_key: Option<Template>,
-        /// `ES256` or `RS256` for `private_key_jwt` (default `ES256`).
-        signing_algorithm: Option<String>,
-        /// `client_secret_post` forces the secret into the form.
-        token_endpoint_auth: Option<String>,
-        /// Requested scope.
-        scope: Option<String>,
-    },
-}
-
-impl ToolKind {
-    /// The templates that shape *what* the call asks for — an HTTP tool's URL, query
-    /// and body, a command's argv — as opposed to the credentials it is sent with (HTTP
-    /// headers, a command's environment, an MCP server's connection and auth). The
-    /// secrets read here are bound into an approval's digest; credentials stay outside,
-    /// so rotating a token does not void the approvals given for its requests.
-    pub fn request_templates(&self) -> Vec<&Template> {
-        match self {
-            ToolKind::Function { .. } | ToolKind::Mcp(_) => Vec::new(),
-            ToolKind::Command { command, .. } => command.iter().collect(),
-            ToolKind::Http(h) => {
-                let mut out = vec![&h.url];
-                out.extend(h.query.iter().map(|(_, t)| t));
-                if let Some(body) = &h.body {
-                    out.extend(body.templates());
-                }
-                out
-            }
+impl NodeDecl {
+    /// The call this node makes, if it is a call node.
+    pub fn call(&self) -> Option<&CallDecl> {
+        match &self.kind {
+            NodeKind::Call(c) => Some(c),
+            _ => None,
         }
     }
 
-    /// Every template in the tool spec (what validation checks and secrets are read from).
-    pub fn templates(&self) -> Vec<&Template> {
-        let mut out = Vec::new();
-        match self {
-            ToolKind::Function { .. } => {}
-            ToolKind::Command { command, env, .. } => {
-                out.extend(command);
-                out.extend(env.iter().map(|(_, t)| t));
-            }
-            ToolKind::Http(h) => {
-                out.push(&h.url);
-                out.extend(h.headers.iter().map(|(_, t)| t));
-                out.extend(h.query.iter().map(|(_, t)| t));
-                if let Some(body) = &h.body {
-                    out.extend(body.templates());
-                }
-            }
-            ToolKind::Mcp(m) => {
-                match &m.server {
-                    McpServer::Stdio { command, env, .. } => {
-                        out.extend(command);
-                        out.extend(env.iter().map(|(_, t)| t));
-                    }
-                    McpServer::Http { url, headers } => {
-                        out.push(url);
-                        out.extend(headers.iter().map(|(_, t)| t));
-                    }
-                }
-                match &m.auth {
-                    McpAuth::None | McpAuth::Connection(_) => {}
-                    McpAuth::Bearer(t) => out.push(t),
-                    McpAuth::ClientCredentials {
-                        token_url,
-                        client_id,
-                        client_secret,
-                        private_key,
-                        ..
-                    } => {
-                        out.push(client_id);
-                        out.extend(
-                            [token_url, client_secret, private_key]
-                                .into_iter()
-                                .flatten(),
-                        );
-                    }
-                }
-            }
+    /// The tool this node calls, if it is a call node.
+    pub fn tool(&self) -> Option<&str> {
+        self.call().map(|c| c.tool.as_str())
+    }
+
+    /// What the node's steps are recorded as calling: its tool, or `wait` / `workflow`
+    /// for the kinds that call none (the name the ledger, `flow show` and the console
+    /// have always shown).
+    pub fn step_tool(&self) -> &str {
+        match &self.kind {
+            NodeKind::Call(c) => &c.tool,
+            NodeKind::Wait(_) => WAIT_STEP_TOOL,
+            NodeKind::Child(_) => CHILD_STEP_TOOL,
         }
-        out
+    }
+
+    /// The node's `approval:`, if it is a call node that has one.
+    pub fn approval(&self) -> Option<&ApprovalDecl> {
+        self.call().and_then(|c| c.approval.as_ref())
+    }
+
+    /// The node's `callback:`, if it is a call node that has one.
+    pub fn callback(&self) -> Option<&CallbackDecl> {
+        self.call().and_then(|c| c.callback.as_ref())
+    }
+
+    /// The node's `wait:`, if it is a wait node.
+    pub fn wait(&self) -> Option<&WaitDecl> {
+        match &self.kind {
+            NodeKind::Wait(w) => Some(w),
+            _ => None,
+        }
+    }
+
+    /// The node's `workflow:`, if it is a sub-workflow node.
+    pub fn child(&self) -> Option<&ChildDecl> {
+        match &self.kind {
+            NodeKind::Child(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// A sub-workflow node's `workflow:`: the child workflow it runs, each time as a run of
+/// its own (README, "Sub-workflows"). The child's inputs are the node's `with`.
+#[derive(Debug, Clone)]
+pub struct ChildDecl {
+    /// Where `workflow:` is written.
+    pub pos: Pos,
+    /// The child's file, relative to the file that names it.
+    pub path: String,
+    /// What a cancel of the parent run does to the child (`on_parent_cancel:`).
+    pub on_parent_cancel: flow_ledger::OnParentCancel,
+}
+
+/// Default `for_each.max_items`: a list longer than this fails the node before anything
+/// is sent (a list that long by accident is a bug upstream, not a mailing).
+pub const DEFAULT_MAX_ITEMS: u32 = 10_000;
+/// Largest `for_each.max_items` a file may declare.
+pub const MAX_MAX_ITEMS: u32 = 1_000_000;
+
+/// `for_each:` on a node: its call is made once per item of `items`, under a key that is
+/// the item's identity (README, "Fan-out: for_each"). Each item is a step `node[<key>]`
+/// whose call key is `<run>:node[<key>]`, so re-evaluating or reordering the list never
+/// changes what an item is sent under.
+#[derive(Debug, Clone)]
+pub struct ForEachDecl {
+    /// Where `for_each:` is written.
+    pub pos: Pos,
+    /// The list: one expression (or a literal list) over `inputs`, `nodes` and `run`.
+    pub items: TValue,
+    /// The item's identity: one expression over `item` (a string or a number).
+    pub key: Template,
+    /// Longest list accepted.
+    pub max_items: u32,
+    /// Items in flight at once (`None` = the run's `max_parallel`, which also bounds it).
+    pub concurrency: Option<u32>,
+    /// Failed items the node tolerates before it fails.
+    pub tolerate: Tolerance,
+}
+
+/// How many failed items a `for_each` node tolerates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Tolerance {
+    /// At most this many.
+    Count(u32),
+    /// At most this share of the list, in percent (rounded down to whole items).
+    Percent(f64),
+}
+
+impl Tolerance {
+    /// The most failed items tolerated in a list of `n`.
+    pub fn allowed(self, n: usize) -> usize {
+        match self {
+            Self::Count(c) => c as usize,
+            Self::Percent(p) => ((n as f64) * p / 100.0).floor() as usize,
+        }
+    }
+}
+
+/// `wait:` on a node: it completes when an event its `match` accepts is published
+/// (README, "Waits and callbacks").
+#[derive(Debug, Clone)]
+pub struct WaitDecl {
+    /// Where `wait:` is written.
+    pub pos: Pos,
+    /// The event's name.
+    pub event: String,
+    /// Which events of that name count: one expression over `event` (the event's
+    /// data), `inputs`, `nodes` and `run`; `None` = any.
+    pub matcher: Option<Template>,
+    /// How long before the wait began a published event still counts.
+    pub lookback: Duration,
+    /// How long it may wait (required).
+    pub timeout: Duration,
+    /// What a timeout does.
+    pub on_timeout: OnTimeout,
+}
+
+/// `callback:` on a node with a tool: its call carries `${{ callback.url }}` (or
+/// `callback.token`), and the node completes when that URL is called.
+#[derive(Debug, Clone)]
+pub struct CallbackDecl {
+    /// Where `callback:` is written.
+    pub pos: Pos,
+    /// How long it may wait after the call (required).
+    pub timeout: Duration,
+    /// Each heartbeat must come within this long of the previous one (or of the start).
+    pub heartbeat: Option<Duration>,
+    /// What a timeout does.
+    pub on_timeout: OnTimeout,
+}
+
+/// `approval:` on a node: who must approve its call, with what, within how long. The
+/// gateway freezes the rendered request and its digest, and sends only that request once
+/// approved (README, "Approvals").
+#[derive(Debug, Clone)]
+pub struct ApprovalDecl {
+    /// Where `approval:` is written.
+    pub pos: Pos,
+    /// What approvers read (templated like `with`, no secrets).
+    pub message: Option<Template>,
+    /// Roles whose tokens may approve (`viewer` never may); empty with `tokens` empty
+    /// means any operator or admin.
+    pub roles: Vec<String>,
+    /// Token names that may approve.
+    pub tokens: Vec<String>,
+    /// Distinct approvers needed (at least 1).
+    pub min: u32,
+    /// Whether the token that submitted the run is refused as an approver.
+    pub forbid_self: bool,
+    /// What approvers must give, typed and checked like run inputs.
+    pub inputs: Vec<InputDecl>,
+    /// How long it may wait (required).
+    pub timeout: Duration,
+    /// What a timeout does (it never approves).
+    pub on_timeout: OnTimeout,
+    /// When to remind (offsets from the request), each an `approval.reminder` event.
+    pub remind: Vec<Duration>,
+}
+
+/// What an approval's timeout does to its node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnTimeout {
+    /// The node fails (permanently: no retry re-asks).
+    Fail,
+    /// The node is skipped (and its dependents, as any skip).
+    Skip,
+}
+
+impl OnTimeout {
+    /// The YAML spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fail => "fail",
+            Self::Skip => "skip",
+        }
     }
 }

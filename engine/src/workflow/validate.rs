@@ -5,7 +5,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use super::diagnostic::{Diagnostic, Pos, did_you_mean};
 use super::expr::{Template, references};
-use super::model::{ToolKind, Workflow};
+use super::model::Workflow;
+use super::tool::ToolKind;
 use crate::plan::Plan;
 
 /// Where an expression appears; decides which names it may read.

@@ -30,8 +30,8 @@ use axum::Router;
 use axum::routing::{MethodRouter, get, post};
 
 use super::App;
-use super::auth::Role;
 use super::openapi::{Answer, Method, Operation, SchemaFn, json, schema};
+use crate::role::Role;
 use crate::view::{EventView, RunView};
 
 /// The errors every authenticated operation may answer.

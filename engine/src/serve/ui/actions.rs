@@ -18,10 +18,11 @@ use super::inbox::{InboxQuery, inbox};
 use super::pages::sign_in_page;
 use super::session::{Signed, local_next, set_cookie};
 use super::{Page, Ui};
+use crate::role::Role;
 use crate::serve::api::in_doubt::settle_many;
 use crate::serve::api::probe::probe_run;
 use crate::serve::api::steer::{cancel_run, settle};
-use crate::serve::auth::{Role, Tokens};
+use crate::serve::auth::Tokens;
 use crate::serve::problem::Problem;
 
 /// The sign-in form.

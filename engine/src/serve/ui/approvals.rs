@@ -25,8 +25,8 @@ use super::live::last_seq;
 use super::session::Signed;
 use super::{Page, Ui, who};
 use crate::approval::{self, Decider, Decision, Refusal, authorize, rule_inputs};
+use crate::role::Role;
 use crate::serve::api::approvals::refused;
-use crate::serve::auth::Role;
 use crate::serve::problem::Problem;
 use crate::view::ApprovalView;
 

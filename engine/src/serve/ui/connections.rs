@@ -22,8 +22,8 @@ use super::session::{Signed, cookie};
 use super::{Page, Ui, who};
 use crate::connections::grant::GrantError;
 use crate::connections::remote::{self, CALLBACK_PATH, PENDING_FOR};
+use crate::role::Role;
 use crate::serve::api::connections::{begin, grant_problem, list_views};
-use crate::serve::auth::Role;
 use crate::serve::problem::Problem;
 
 /// `GET /ui/connections`.

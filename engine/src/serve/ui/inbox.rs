@@ -23,10 +23,11 @@ use super::forms::{how, reason, url};
 use super::live::last_seq;
 use super::session::Signed;
 use super::{Page, Ui, who};
+use crate::role::Role;
 use crate::serve::App;
 use crate::serve::api::in_doubt::{CallFilter, MAX_CALLS};
 use crate::serve::api::steer::{resolve_refused, settle};
-use crate::serve::auth::{Caller, Role};
+use crate::serve::auth::Caller;
 use crate::serve::problem::Problem;
 use crate::view::InboxRow;
 

@@ -249,7 +249,7 @@ impl IntoResponse for Page {
 /// (`tool_calls` by status, `approvals` by status), and each sits in a live region, so
 /// the page's own live updates keep it current.
 async fn who(s: &session::Signed, ui: &Ui) -> Result<Json, Page> {
-    use crate::serve::auth::Role;
+    use crate::role::Role;
     let ledger = &ui.app.ledger;
     let failed = |e: flow_ledger::Error| Page::from(Problem::ledger(&e));
     let in_doubt = ledger.count_calls_in_doubt().await.map_err(failed)?;

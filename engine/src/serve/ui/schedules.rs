@@ -13,8 +13,8 @@ use serde_json::json;
 use super::forms::{CsrfForm, form, url};
 use super::session::Signed;
 use super::{Page, Ui, who};
+use crate::role::Role;
 use crate::serve::api::schedules::{set_paused, trigger_as};
-use crate::serve::auth::Role;
 use crate::serve::problem::Problem;
 
 /// `GET /ui/schedules`.

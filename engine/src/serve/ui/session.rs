@@ -24,7 +24,8 @@ use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
 use super::{Page, Ui};
-use crate::serve::auth::{Caller, Role, Tokens};
+use crate::role::Role;
+use crate::serve::auth::{Caller, Tokens};
 
 /// The cookie holding the session id.
 pub const COOKIE: &str = "flow_session";

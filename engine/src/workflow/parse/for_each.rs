@@ -3,7 +3,7 @@
 
 use super::keys::{FOR_EACH_KEYS, MAX_PARALLEL, TOLERATE_KEYS};
 use super::{Cx, get};
-use crate::workflow::node::{DEFAULT_MAX_ITEMS, ForEachDecl, MAX_MAX_ITEMS, Tolerance};
+use crate::workflow::model::{DEFAULT_MAX_ITEMS, ForEachDecl, MAX_MAX_ITEMS, Tolerance};
 use crate::workflow::yaml::{Node, Value};
 
 /// `for_each: { items, key, max_items, concurrency, tolerate, in_doubt }`.

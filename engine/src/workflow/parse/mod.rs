@@ -23,7 +23,7 @@ mod waits;
 use crate::workflow::diagnostic::{Diagnostic, Pos, did_you_mean};
 use crate::workflow::yaml::{Key, Node, Value};
 
-pub use names::{is_node_id, reserved_retry_suffix};
+pub use names::{CONNECTION_NAME_HELP, is_connection_name, is_node_id, reserved_retry_suffix};
 pub(crate) use root::workflow;
 pub use values::parse_duration;
 

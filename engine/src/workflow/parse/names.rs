@@ -10,6 +10,22 @@ pub fn is_node_id(id: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
 
+/// What a connection name may be (it appears in commands, AAD and messages; a tool
+/// names its connection, `flow.toml` declares it).
+pub const CONNECTION_NAME_HELP: &str =
+    "a connection name is 1 to 63 of a-z, 0-9, `-`, `_`, starting with a letter or digit";
+
+/// Whether `name` is a valid connection name.
+pub fn is_connection_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-' || *b == b'_')
+}
+
 /// The `n` of a trailing `_retry<n>`, which would collide with retry step ids.
 pub fn reserved_retry_suffix(id: &str) -> Option<&str> {
     let idx = id.rfind("_retry")?;

@@ -12,7 +12,7 @@ use super::values::string_list;
 use super::{Cx, get};
 use crate::workflow::diagnostic::Pos;
 use crate::workflow::model::RetryPolicy;
-use crate::workflow::node::{ApprovalDecl, CallDecl, ChildDecl, NodeDecl, NodeKind, OnTimeout};
+use crate::workflow::model::{ApprovalDecl, CallDecl, ChildDecl, NodeDecl, NodeKind, OnTimeout};
 use crate::workflow::yaml::{Key, Node, Value};
 use flow_ledger::OnParentCancel;
 

@@ -5,7 +5,7 @@ use super::condition::condition;
 use super::keys::{MAX_TIMEOUT, RECONCILE_KEYS, RECONCILE_REQUEST_KEYS};
 use super::values::parse_duration;
 use super::{Cx, get};
-use crate::workflow::model::{
+use crate::workflow::tool::{
     DEFAULT_MAX_PROBES, DEFAULT_MAX_RESENDS, DEFAULT_PROBE_INTERVAL, DEFAULT_RECONCILE_AFTER,
     Probe, Reconcile,
 };

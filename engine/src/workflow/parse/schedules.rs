@@ -1,12 +1,12 @@
 //! `schedules:` — when a workflow should run by itself. Each item's fields are checked
-//! as `flow.toml`'s `[[schedules]]` are ([`crate::schedule::fields`]), with problems at
+//! as `flow.toml`'s `[[schedules]]` are ([`crate::workflow::schedule_fields`]), with problems at
 //! the item's line and column; `flow schedules apply FILE` stores them.
 
 use super::keys::SCHEDULE_KEYS;
 use super::{Cx, get};
-use crate::schedule::fields::Written;
 use crate::workflow::diagnostic::Pos;
 use crate::workflow::model::WorkflowSchedule;
+use crate::workflow::schedule_fields::Written;
 use crate::workflow::yaml::{Node, Value};
 
 /// The `schedules:` list: each item checked, ids unique.

@@ -11,7 +11,7 @@ use super::values::string_list;
 use super::{Cx, get};
 use crate::workflow::diagnostic::{Pos, did_you_mean};
 use crate::workflow::expr::Template;
-use crate::workflow::model::{
+use crate::workflow::tool::{
     HttpTool, Idempotency, McpAuth, McpElicitation, McpServer, McpTool, ToolDecl, ToolKind,
 };
 use crate::workflow::yaml::{Key, Node, Value};
@@ -318,8 +318,8 @@ fn mcp_auth(cx: &mut Cx, node: &Node) -> Option<McpAuth> {
     }
     if let Some(c) = get(entries, "connection") {
         let name = cx.string(c, "`auth.connection`")?;
-        if !crate::connections::valid_name(&name) {
-            cx.error(c.pos, crate::connections::NAME_HELP);
+        if !super::names::is_connection_name(&name) {
+            cx.error(c.pos, super::names::CONNECTION_NAME_HELP);
             return None;
         }
         return Some(McpAuth::Connection(name));

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::condition::condition;
 use super::keys::{CALLBACK_KEYS, MAX_WAIT, WAIT_EVENT_KEYS, WAIT_KEYS};
 use super::{Cx, get};
-use crate::workflow::node::{CallbackDecl, OnTimeout, WaitDecl};
+use crate::workflow::model::{CallbackDecl, OnTimeout, WaitDecl};
 use crate::workflow::yaml::Node;
 
 /// `wait: { event: { name, match, lookback }, timeout, on_timeout }`.

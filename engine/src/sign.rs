@@ -1,5 +1,9 @@
-//! `Flow-Signature`: HMAC-SHA256 of the exact body bytes, keyed by the consumer's secret.
+//! HMAC-SHA256, the one keyed digest flow computes: an event delivery's
+//! `Flow-Signature` (keyed by the consumer's secret) and an approval's digest over the
+//! secret values its request reads (keyed by `APPROVAL_DIGEST_KEY`). Below the events
+//! and the gateway both, so neither reaches into the other for it.
 //!
+//! `Flow-Signature` is the HMAC of the exact body bytes.
 //! The header reads `sha256=<64 lower-case hex digits>` (GitHub's webhook format, so
 //! existing verifiers work). A receiver recomputes the HMAC over the raw body it read —
 //! before parsing it — and compares in constant time. The body carries the event id and
