@@ -13,21 +13,21 @@
 //! - a child's end (finish, or a cancel that ends it at once) puts its paused parent
 //!   back on the queue in the same transaction (`run_states::wake_parent_in`);
 //! - a parent that is about to pause while one of its children already ended does not
-//!   pause ([`ended_child_unseen`], read under the parent's row lock, which a child's
-//!   end takes too): one of the two always sees the other.
+//!   pause (`Ledger::pause_run_awaiting` asks the `holds` view, under the parent's row
+//!   lock, which a child's end takes too): one of the two always sees the other.
 //! - a cancel of the parent carries down to its children marked `cancel`
 //!   (`run_states::cancel_descendants`).
 
 use std::time::Duration;
 
 use crate::clock::Timestamp;
-use crate::conn::{Conn, args};
+use crate::conn::args;
 use crate::enqueue::{EnqueueTx, enqueue_in};
 use crate::error::Error;
 use crate::ledger::Ledger;
-use crate::model::{NewRun, ParentLink, Run, RunLease, Scope};
+use crate::model::{NewRun, ParentLink, Run, RunLease};
 use crate::runs::{claim_locked, held_for_update, run_for_update};
-use crate::state::{RunStatus, StepStatus};
+use crate::state::RunStatus;
 use crate::worker::WorkerId;
 
 /// What [`Ledger::start_child`] found or made.
@@ -146,34 +146,4 @@ impl Ledger {
         })
         .await
     }
-}
-
-/// Whether a child of `run_id` has ended while the parent's step that waits for it
-/// still runs: the parent must look again instead of pausing (a child's end locks the
-/// parent's row as this read's caller does: `run_states::wake_parent_in`).
-pub(crate) async fn ended_child_unseen(
-    c: &mut Conn<'_>,
-    s: &Scope,
-    run_id: &str,
-) -> Result<bool, Error> {
-    let found = c
-        .optional::<(String,)>(
-            "SELECT r.id FROM runs r JOIN steps st ON st.tenant = r.tenant
-               AND st.workspace = r.workspace AND st.run_id = r.parent_run_id
-               AND st.step_id = r.parent_step_id
-             WHERE r.tenant = $1 AND r.workspace = $2 AND r.parent_run_id = $3
-               AND r.status IN ($4, $5, $6) AND st.status = $7
-             LIMIT 1",
-            args![
-                &s.tenant,
-                &s.workspace,
-                run_id,
-                RunStatus::Succeeded.as_str(),
-                RunStatus::Failed.as_str(),
-                RunStatus::Cancelled.as_str(),
-                StepStatus::Running.as_str()
-            ],
-        )
-        .await?;
-    Ok(found.is_some())
 }

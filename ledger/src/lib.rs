@@ -38,7 +38,8 @@
 //! - the features' tables, each beside its migration: `run_states.rs` (a claimed run's
 //!   finish, pause, requeue, cancel; `finish.rs` its return), `approvals/` (the gate,
 //!   votes, the sweep), `waits/` (event waits, callbacks, publish), `children.rs` and
-//!   `lineage.rs` (sub-workflow runs), `fanouts.rs` (a `for_each` node's stored list),
+//!   `lineage.rs` (sub-workflow runs), `holds.rs` (what those
+//!   parked nodes share: one status machine and the one question a pause asks), `fanouts.rs` (a `for_each` node's stored list),
 //!   `probes.rs` (reconciliation's record), `redrive.rs`, `schedules.rs`, `retention/`
 //!   (deletion and key tombstones), `connections.rs` and `connection_pending.rs` (OAuth
 //!   sign-ins), `trace.rs` (OpenTelemetry context), [`inbox`] (the in-doubt worklist's
@@ -106,6 +107,7 @@ mod fanouts;
 mod fence;
 mod finish;
 mod health;
+mod holds;
 mod ledger;
 mod ledger_clock;
 mod lineage;
@@ -148,6 +150,7 @@ pub use events::{Event, EventFilter, EventType};
 pub use fanouts::Fanout;
 pub use finish::FinishedRun;
 pub use health::InDoubtTool;
+pub use holds::{Hold, HoldKind, HoldStatus};
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
 pub use model::{
     Actor, Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,

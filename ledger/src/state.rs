@@ -5,8 +5,7 @@
 //! that Rust has already decided are legal. Every enum maps to database text in exactly
 //! one place (`as_str` / `FromStr`).
 
-use std::fmt;
-use std::str::FromStr;
+use std::{fmt, str::FromStr};
 
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +54,7 @@ macro_rules! text_enum {
         }
     };
 }
+pub(crate) use text_enum;
 
 text_enum! {
     /// Where a run is in its life. `queued` runs wait in the queue; `running` runs are

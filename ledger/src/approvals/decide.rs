@@ -1,5 +1,5 @@
-//! A person's decision ([`Ledger::decide_approval`]) and the pause that a decision made
-//! while the run was held must stop ([`Ledger::pause_run_awaiting`]).
+//! A person's decision ([`Ledger::decide_approval`]). The pause that a decision made
+//! while the run was held must stop is every hold's: `holds.rs`.
 
 use serde_json::json;
 
@@ -11,9 +11,8 @@ use crate::error::Error;
 use crate::events::EventType;
 use crate::events::node_event;
 use crate::ledger::Ledger;
-use crate::model::RunLease;
 use crate::run_states::requeue_paused;
-use crate::runs::{held_for_update, run_for_update};
+use crate::runs::run_for_update;
 use crate::state::ApprovalStatus;
 
 impl Ledger {
@@ -171,56 +170,6 @@ impl Judged {
             Judged::Decided(decided) => Ok(*decided),
             Judged::PastDeadline(deadline) => Err(Error::PastDeadline { deadline }),
         }
-    }
-}
-
-impl Ledger {
-    /// Pauses the run (fenced) for nodes awaiting approval — unless an approval of the
-    /// run was decided while its step still runs (a decision that came in while this
-    /// worker held the run, which therefore did not re-queue it): then nothing changes
-    /// and the answer is `false`, and the caller starts those nodes again. The run row
-    /// is locked first, as a decision locks it, so the two cannot both miss each other.
-    /// Emits `run.paused`.
-    pub async fn pause_run_awaiting(
-        &self,
-        lease: &RunLease,
-        reason: &str,
-        now: Timestamp,
-    ) -> Result<bool, Error> {
-        let ledger = self.clone();
-        let lease = lease.clone();
-        let reason = reason.to_owned();
-        self.write(move |c| {
-            Box::pin(async move {
-                let s = ledger.scope();
-                held_for_update(c, s, &lease).await?;
-                let decided = c
-                    .optional::<(String,)>(
-                        "SELECT a.node_id FROM approvals a JOIN steps st ON st.tenant = a.tenant
-                           AND st.workspace = a.workspace AND st.run_id = a.run_id
-                           AND st.step_id = a.step_id
-                         WHERE a.tenant = $1 AND a.workspace = $2 AND a.run_id = $3
-                           AND a.status <> $4 AND st.status = $5 LIMIT 1",
-                        args![
-                            &s.tenant,
-                            &s.workspace,
-                            &lease.run_id,
-                            ApprovalStatus::Pending.as_str(),
-                            crate::state::StepStatus::Running.as_str()
-                        ],
-                    )
-                    .await?;
-                if decided.is_some()
-                    || crate::waits::must_look_again(c, s, &lease.run_id).await?
-                    || crate::children::ended_child_unseen(c, s, &lease.run_id).await?
-                {
-                    return Ok(false);
-                }
-                crate::run_states::pause_in(c, s, &lease, &reason, now).await?;
-                Ok(true)
-            })
-        })
-        .await
     }
 }
 

@@ -26,7 +26,6 @@ use crate::model::{RunLease, Scope};
 use crate::state::{WaitKind, WaitStatus};
 use rows::{read_row, settle, wait_cols};
 
-pub(crate) use publish::must_look_again;
 pub use publish::{MAX_CANDIDATES, Published, PublishedEvent};
 pub use settle::{CallbackReply, SweptWaits};
 

@@ -324,30 +324,3 @@ pub(super) async fn last_seq(c: &mut Conn<'_>, s: &Scope, name: &str) -> Result<
         .await?;
     Ok(row.map_or(0, |(n,)| n))
 }
-
-/// Whether a pending event wait of the run was signalled past what its worker saw, or
-/// a wait of a step still running was settled (a callback, an event or the deadline
-/// came while the worker held the run): then the worker must look again, not pause.
-pub(crate) async fn must_look_again(
-    c: &mut Conn<'_>,
-    s: &Scope,
-    run_id: &str,
-) -> Result<bool, Error> {
-    let found = c
-        .optional::<(String,)>(
-            "SELECT w.node_id FROM waits w JOIN steps st ON st.tenant = w.tenant
-               AND st.workspace = w.workspace AND st.run_id = w.run_id AND st.step_id = w.step_id
-             WHERE w.tenant = $1 AND w.workspace = $2 AND w.run_id = $3 AND st.status = $4
-               AND ((w.status = $5 AND w.signal > w.seen_signal) OR w.status <> $5)
-             LIMIT 1",
-            args![
-                &s.tenant,
-                &s.workspace,
-                run_id,
-                crate::state::StepStatus::Running.as_str(),
-                WaitStatus::Pending.as_str()
-            ],
-        )
-        .await?;
-    Ok(found.is_some())
-}

@@ -13,6 +13,7 @@ mod deliveries;
 mod differential;
 mod events;
 mod fanouts;
+mod holds;
 mod inbox;
 mod open;
 mod probes;
