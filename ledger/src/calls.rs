@@ -205,7 +205,7 @@ pub(crate) struct AttemptRecord<'a> {
     pub attempt: i64,
     pub sent_key: String,
     pub outbound_started_at: Option<i64>,
-    pub outcome: &'static str,
+    pub outcome: crate::model::AttemptOutcome,
     pub error_kind: Option<&'static str>,
     pub error_message: Option<String>,
     pub requests_sent: u32,
@@ -234,7 +234,7 @@ pub(crate) async fn insert_attempt(
             a.sent_key,
             a.outbound_started_at,
             now,
-            a.outcome,
+            a.outcome.as_str(),
             a.error_kind,
             a.error_message,
             a.requests_sent,
@@ -257,7 +257,7 @@ pub(crate) async fn insert_usage(
         c.execute(
             "INSERT INTO usage (tenant, workspace, id, run_id, tool_call_id, tool, attempt,
                 sent_key, kind, quantity, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'request', 1, $9)",
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10, 1, $9)",
             args![
                 &s.tenant,
                 &s.workspace,
@@ -268,6 +268,7 @@ pub(crate) async fn insert_usage(
                 lease.attempt,
                 &lease.key,
                 now,
+                crate::model::UsageKind::Request.as_str(),
             ],
         )
         .await?;
@@ -366,7 +367,7 @@ async fn take_over_to_in_doubt(
                 u32::try_from(row.attempt_count).unwrap_or(0),
             ),
             outbound_started_at: row.outbound_started_at,
-            outcome: "unknown",
+            outcome: crate::model::AttemptOutcome::Unknown,
             error_kind: Some("unknown"),
             error_message: Some(reason.clone()),
             requests_sent: 0,

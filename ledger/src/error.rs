@@ -48,7 +48,7 @@ pub enum Error {
         /// Its node.
         node_id: String,
         /// How that call ended (`succeeded` or `failed`).
-        outcome: String,
+        outcome: crate::CallStatus,
         /// When retention deleted the run.
         deleted_at: Timestamp,
     },

@@ -134,7 +134,7 @@ mod waits;
 mod writer;
 
 pub use approvals::{
-    Approval, ApprovalFilter, ApprovalVote, AskApproval, Decide, Decided, Gate, Swept,
+    Approval, ApprovalFilter, ApprovalVote, AskApproval, Decide, Decided, Gate, Swept, Vote,
 };
 pub use canonical::{canonical_hash, canonical_json, workflow_hash};
 pub use children::ChildStart;
@@ -153,15 +153,14 @@ pub use health::InDoubtTool;
 pub use holds::{Hold, HoldKind, HoldStatus};
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
 pub use model::{
-    Actor, Attempt, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns, Claimed, CompleteCall,
-    Enqueued, HeartbeatAck, InDoubtReport, NewRun, NewStep, OnParentCancel, ParentLink,
-    RateAcquire, RateDecision, Replayed, RequestsSent, Resolution, Resolve, Run, RunCursor,
-    RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage, Window,
+    Actor, Attempt, AttemptOutcome, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns,
+    Claimed, CompleteCall, Enqueued, HeartbeatAck, InDoubtReport, NewRun, NewStep, OnParentCancel,
+    ParentLink, RateAcquire, RateDecision, Replayed, RequestsSent, Resolution, Resolve, Run,
+    RunCursor, RunFilter, RunFinish, RunLease, Scope, Step, StepError, StepFinish, ToolCall, Usage,
+    UsageKind, Window,
 };
 pub use operator::{InDoubtFilter, MAX_BATCH};
-pub use probes::{
-    NewProbe, PROBE_USAGE, Probe, ProbeDecision, ProbeObserved, ProbeSchedule, RecordedProbe,
-};
+pub use probes::{NewProbe, Probe, ProbeDecision, ProbeObserved, ProbeSchedule, RecordedProbe};
 pub use pure::{PureBatchRecorded, PureCall, PureRecorded, PureResult};
 pub use redrive::Redriven;
 pub use retention::{Candidate, Deleted, Kept, RunGc, Sweep, Tombstone, key_hash};

@@ -3,6 +3,8 @@
 //! Requests with more than a few fields are structs (no bare bool arguments); rows
 //! are plain data with serde so the CLI can print them as JSON as they are.
 
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -11,6 +13,7 @@ pub use crate::lineage::{OnParentCancel, ParentLink};
 use serde_json::Value;
 
 use crate::clock::Timestamp;
+use crate::error::Error;
 use crate::state::{CallStatus, ErrorKind, RunStatus, StepStatus};
 use crate::worker::WorkerId;
 
@@ -651,14 +654,49 @@ pub struct Attempt {
     pub outbound_started_at: Option<Timestamp>,
     /// Outcome time.
     pub finished_at: Timestamp,
-    /// `succeeded`, `failed` or `unknown`.
-    pub outcome: String,
+    /// What it came to.
+    pub outcome: AttemptOutcome,
     /// Error kind.
     pub error_kind: Option<ErrorKind>,
     /// Error message.
     pub error_message: Option<String>,
     /// Requests sent in this attempt.
     pub requests_sent: u32,
+}
+
+crate::state::text_enum! {
+    /// What one effect attempt came to (`tool_call_attempts.outcome`).
+    AttemptOutcome {
+        /// The call succeeded.
+        Succeeded => "succeeded",
+        /// The call failed (the downstream said so, or it was never sent).
+        Failed => "failed",
+        /// Sent, with no answer: the call went in doubt.
+        Unknown => "unknown",
+    }
+}
+
+impl AttemptOutcome {
+    /// The outcome a call's new status records: `succeeded`, `failed`, anything else
+    /// (in doubt) `unknown`.
+    pub fn of_call(status: CallStatus) -> Self {
+        match status {
+            CallStatus::Succeeded => Self::Succeeded,
+            CallStatus::Failed => Self::Failed,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+crate::state::text_enum! {
+    /// What a usage row counts (`usage.kind`): every request that left counts against
+    /// limits, and the two kinds say why it was sent.
+    UsageKind {
+        /// A request of the call itself (an effect attempt).
+        Request => "request",
+        /// A reconciliation probe's request, asking whether the effect happened.
+        Probe => "probe",
+    }
 }
 
 /// One request sent.
@@ -672,8 +710,8 @@ pub struct Usage {
     pub attempt: u32,
     /// Key sent.
     pub sent_key: String,
-    /// `request`.
-    pub kind: String,
+    /// What was sent: an effect's request or a probe's.
+    pub kind: UsageKind,
     /// Always 1 for requests.
     pub quantity: i64,
     /// When.

@@ -140,9 +140,6 @@ pub struct RecordedProbe {
     pub decision: ProbeDecision,
 }
 
-/// The `usage.kind` of a probe's requests (an effect's are `request`).
-pub const PROBE_USAGE: &str = "probe";
-
 /// A probe as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Probe {
@@ -318,7 +315,7 @@ async fn insert_usage(
             &p.tool,
             p.attempt,
             &p.sent_key,
-            PROBE_USAGE,
+            crate::model::UsageKind::Probe.as_str(),
             p.requests_sent,
             now,
         ],

@@ -143,7 +143,7 @@ impl Ledger {
                 args![&s.tenant, &s.workspace, run_id],
             )
             .await?;
-        Ok(rows.into_iter().map(UsageRow::into_usage).collect())
+        rows.into_iter().map(UsageRow::into_usage).collect()
     }
 
     /// Outbox events, oldest first.

@@ -365,7 +365,7 @@ impl AttemptRow {
             sent_key: self.sent_key,
             outbound_started_at: ts(self.outbound_started_at),
             finished_at: Timestamp(self.finished_at),
-            outcome: self.outcome,
+            outcome: self.outcome.parse()?,
             error_message: self.error_message,
             requests_sent: count(self.requests_sent),
         })
@@ -386,16 +386,16 @@ pub(crate) struct UsageRow {
 
 #[cfg(any(test, feature = "testkit"))]
 impl UsageRow {
-    pub(crate) fn into_usage(self) -> Usage {
-        Usage {
+    pub(crate) fn into_usage(self) -> Result<Usage, Error> {
+        Ok(Usage {
             tool_call_id: self.tool_call_id,
             tool: self.tool,
             attempt: count(self.attempt),
             sent_key: self.sent_key,
-            kind: self.kind,
+            kind: self.kind.parse()?,
             quantity: self.quantity,
             created_at: Timestamp(self.created_at),
-        }
+        })
     }
 }
 

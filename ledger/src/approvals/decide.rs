@@ -69,7 +69,7 @@ impl Ledger {
                         current: row.digest.clone(),
                     });
                 }
-                let decision = if d.approve { "approve" } else { "deny" };
+                let decision = super::Vote::of(d.approve).as_str();
                 c.execute(
                     "INSERT INTO approval_votes (tenant, workspace, run_id, node_id, digest, voter,
                         decision, at, reason, inputs)
@@ -102,7 +102,7 @@ impl Ledger {
                         return Err(Error::LeaseLost);
                     }
                     let payload = json!({
-                        "decision": "deny", "by": d.by, "reason": d.reason, "digest": row.digest,
+                        "decision": super::Vote::Deny, "by": d.by, "reason": d.reason, "digest": row.digest,
                     });
                     node_event(c, s, ids, EventType::ApprovalDecided, payload, now).await?;
                     requeue_paused(c, s, &run, Some(&actor), now).await?;
@@ -135,7 +135,7 @@ impl Ledger {
                     return Err(Error::LeaseLost);
                 }
                 let payload = json!({
-                    "decision": "approve", "by": by, "reason": d.reason, "digest": row.digest,
+                    "decision": super::Vote::Approve, "by": by, "reason": d.reason, "digest": row.digest,
                     "approvers": names, "inputs": d.inputs,
                 });
                 node_event(c, s, ids, EventType::ApprovalDecided, payload, now).await?;
@@ -223,7 +223,7 @@ async fn approvers_of(
                 &row.run_id,
                 &row.node_id,
                 &row.digest,
-                "approve",
+                super::Vote::Approve.as_str(),
                 row.requested_at
             ],
         )

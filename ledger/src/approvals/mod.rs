@@ -10,7 +10,10 @@ mod decide;
 mod rows;
 mod sweep;
 
-use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::clock::Timestamp;
@@ -70,8 +73,8 @@ pub enum Gate {
 pub struct ApprovalVote {
     /// Who (token name, or the CLI's `--by` / OS user).
     pub voter: String,
-    /// `approve` or `deny`.
-    pub decision: String,
+    /// Which way they voted: `approve` or `deny`.
+    pub decision: Vote,
     /// The digest voted for.
     pub digest: String,
     /// When.
@@ -80,6 +83,23 @@ pub struct ApprovalVote {
     pub reason: Option<String>,
     /// The inputs they gave.
     pub inputs: Option<Value>,
+}
+
+crate::state::text_enum! {
+    /// Which way one approver voted (`approval_votes.decision`).
+    Vote {
+        /// For the request whose digest the vote names.
+        Approve => "approve",
+        /// Against it: settles the approval denied.
+        Deny => "deny",
+    }
+}
+
+impl Vote {
+    /// The vote of a decision that approves or not.
+    pub fn of(approve: bool) -> Self {
+        if approve { Self::Approve } else { Self::Deny }
+    }
 }
 
 /// An approval as stored, with its votes.
@@ -134,7 +154,7 @@ impl Approval {
         self.votes
             .iter()
             .filter(|v| {
-                v.digest == self.digest && v.decision == "approve" && v.at >= self.requested_at
+                v.digest == self.digest && v.decision == Vote::Approve && v.at >= self.requested_at
             })
             .map(|v| v.voter.as_str())
             .collect()

@@ -104,7 +104,7 @@ impl VoteRow {
                 .map(|s| parse_json("vote inputs", s))
                 .transpose()?,
             voter: self.voter,
-            decision: self.decision,
+            decision: self.decision.parse()?,
             digest: self.digest,
             at: Timestamp(self.at),
             reason: self.reason,

@@ -211,7 +211,7 @@ impl Ledger {
                     u32::try_from(attempt).unwrap_or(0),
                 ),
                 outbound_started_at: None,
-                outcome: status.as_str(),
+                outcome: crate::model::AttemptOutcome::of_call(status),
                 error_kind: error.as_ref().map(|e| e.kind.as_str()),
                 error_message: error.as_ref().map(|e| e.message.clone()),
                 requests_sent: 0,

@@ -14,6 +14,7 @@ use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::ledger::Ledger;
 use crate::model::Scope;
+use crate::state::CallStatus;
 
 /// The stored form of an idempotency key: its SHA-256, lowercase hex. Keys are often
 /// made of order numbers or e-mail addresses; the tombstone outlives the run that held
@@ -32,7 +33,7 @@ pub struct Tombstone {
     /// The canonical digest of the request it sent.
     pub request_hash: String,
     /// How the call ended: `succeeded` or `failed`.
-    pub outcome: String,
+    pub outcome: CallStatus,
     /// When that run finished.
     pub used_at: Timestamp,
     /// When retention deleted the run: the tombstone expires `keys` after it.
@@ -50,15 +51,15 @@ struct TombstoneRow {
 }
 
 impl TombstoneRow {
-    fn into_tombstone(self) -> Tombstone {
-        Tombstone {
+    fn into_tombstone(self) -> Result<Tombstone, Error> {
+        Ok(Tombstone {
             run_id: self.run_id,
             node_id: self.node_id,
             request_hash: self.request_hash,
-            outcome: self.outcome,
+            outcome: self.outcome.parse()?,
             used_at: Timestamp(self.used_at),
             deleted_at: Timestamp(self.deleted_at),
-        }
+        })
     }
 }
 
@@ -68,13 +69,14 @@ pub(crate) async fn find(
     s: &Scope,
     key: &str,
 ) -> Result<Option<Tombstone>, Error> {
-    Ok(c.optional::<TombstoneRow>(
+    c.optional::<TombstoneRow>(
         "SELECT run_id, node_id, request_hash, outcome, used_at, deleted_at
              FROM key_tombstones WHERE tenant = $1 AND workspace = $2 AND key_hash = $3",
         args![&s.tenant, &s.workspace, key_hash(key)],
     )
     .await?
-    .map(TombstoneRow::into_tombstone))
+    .map(TombstoneRow::into_tombstone)
+    .transpose()
 }
 
 /// `Err(KeyRetired)` when a deleted run used `key`: the check a brand-new claim makes
@@ -105,15 +107,15 @@ pub(crate) async fn retired_run(c: &mut Conn<'_>, s: &Scope, run_id: &str) -> Er
         )
         .await;
     match found {
-        Ok(Some(row)) => {
-            let t = row.into_tombstone();
-            Error::KeyRetired {
+        Ok(Some(row)) => match row.into_tombstone() {
+            Ok(t) => Error::KeyRetired {
                 run_id: t.run_id,
                 node_id: t.node_id,
                 outcome: t.outcome,
                 deleted_at: t.deleted_at,
-            }
-        }
+            },
+            Err(e) => e,
+        },
         Ok(None) => Error::NotFound {
             what: format!("run {run_id}"),
         },

@@ -84,11 +84,9 @@ async fn claim_new_then_replay_succeeded(db: TestDb) {
     assert_eq!(attempts[0].outbound_started_at, Some(t_out));
     let usage = db.ledger.list_usage("run_a").await.unwrap();
     assert_eq!(usage.len(), 2);
-    assert!(
-        usage
-            .iter()
-            .all(|u| u.sent_key == "refund-42:1" && u.kind == "request" && u.tool == "payments")
-    );
+    assert!(usage.iter().all(|u| u.sent_key == "refund-42:1"
+        && u.kind == flow_ledger::UsageKind::Request
+        && u.tool == "payments"));
 
     // Replayed, retry_failed or not: a success is never redone.
     for retry_failed in [false, true] {

@@ -210,7 +210,7 @@ async fn probes_are_numbered_recorded_and_scheduled(db: TestDb) {
     assert_eq!(
         usage
             .iter()
-            .filter(|u| u.kind == flow_ledger::PROBE_USAGE)
+            .filter(|u| u.kind == flow_ledger::UsageKind::Probe)
             .count(),
         2,
         "{usage:?}"

@@ -257,7 +257,7 @@ async fn worker_reported_in_doubt(db: TestDb) {
     assert_eq!(db.ledger.list_usage("run_a").await.unwrap().len(), 1);
     assert_eq!(
         db.ledger.list_attempts("run_a").await.unwrap()[0].outcome,
-        "unknown"
+        flow_ledger::AttemptOutcome::Unknown
     );
     assert!(
         event_types(&db, "run_a")
