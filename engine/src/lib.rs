@@ -41,12 +41,14 @@
 //! - [`secrets`]: secret values (environment, dotenv file), redaction and scrubbing.
 //! - [`sign`]: HMAC-SHA256: event signatures and approval digests over secret values.
 //! - [`host_pattern`]: the grammar of a host pattern (`[egress] allow`, approval rules).
+//! - [`backoff`]: how long to wait before trying again, one shape for every retry.
 //! - [`duration_text`]: the one way a duration is printed to people.
 //! - [`json_line`]: one JSON object per stderr line, shaped like the tracing lines.
 //! - [`read_limited`]: reading a user-named file with a size limit.
 //! - [`fault`]: `FLOW_FAULT` crash points for tests.
 
 pub mod approval;
+pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod connections;

@@ -5,22 +5,20 @@
 
 use std::time::Duration;
 
-use rand::Rng;
-
+use crate::backoff::Backoff;
 use crate::workflow::RetryPolicy;
 
 /// The wait before retry `retry` (1-based): `initial * multiplier^(retry-1)`, capped at
-/// `max`, minus up to `jitter` of itself drawn from `rng` ("equal jitter" when 0.5).
+/// `max`, minus up to `jitter` of itself drawn from `rng` ("equal jitter" when 0.5) —
+/// the policy as a [`Backoff`].
 pub fn next_delay(policy: &RetryPolicy, retry: u32, rng: &mut dyn rand::RngCore) -> Duration {
-    let exp = i32::try_from(retry.saturating_sub(1)).unwrap_or(i32::MAX);
-    let base = policy.initial.as_secs_f64() * policy.multiplier.powi(exp);
-    let capped = base.min(policy.max.as_secs_f64());
-    let jitter = if policy.jitter > 0.0 {
-        rng.random::<f64>() * policy.jitter
-    } else {
-        0.0
-    };
-    Duration::from_secs_f64((capped * (1.0 - jitter)).max(0.0))
+    Backoff {
+        initial: policy.initial,
+        multiplier: policy.multiplier,
+        max: policy.max,
+        jitter: policy.jitter,
+    }
+    .delay(retry, rng)
 }
 
 /// Whether retry `retry` (1-based) is within the policy's budget.

@@ -14,6 +14,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "support",
         &[
+            "backoff",
             "duration_text",
             "fault",
             "host_pattern",

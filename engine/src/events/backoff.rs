@@ -11,13 +11,17 @@ use std::time::Duration;
 
 use flow_ledger::{DeliveryOutcome, Timestamp};
 
+use crate::backoff::Backoff;
+
 /// The longest wait between two attempts.
 pub const MAX_DELAY: Duration = Duration::from_secs(300);
 
+/// The schedule: doubling from one second to [`MAX_DELAY`], no jitter.
+const SCHEDULE: Backoff = Backoff::doubling(Duration::from_secs(1), MAX_DELAY);
+
 /// The wait after failed attempt `attempt` (1-based).
 pub fn delay(attempt: u32) -> Duration {
-    let exp = attempt.saturating_sub(1).min(31);
-    Duration::from_secs(1u64 << exp).min(MAX_DELAY)
+    SCHEDULE.exact(attempt)
 }
 
 /// What to record after attempt `attempt` failed with `error` at `now`.

@@ -128,8 +128,7 @@ pub fn verdict(answer: &Answer, t: &Timing) -> Verdict {
 
 /// The wait after probe `n` (1-based): `interval`, doubling per probe, at most a minute.
 pub fn backoff(interval: Duration, n: u32) -> Duration {
-    let factor = 2u32.saturating_pow(n.saturating_sub(1).min(16));
-    interval.saturating_mul(factor).min(MAX_PROBE_INTERVAL)
+    crate::backoff::Backoff::doubling(interval, MAX_PROBE_INTERVAL).exact(n)
 }
 
 fn plus(t: Timestamp, d: Duration) -> Timestamp {
