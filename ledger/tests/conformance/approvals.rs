@@ -564,7 +564,6 @@ async fn a_decision_while_the_run_is_held_stops_its_pause(db: TestDb) {
 /// paused and re-queues it; never a paused run with its approval decided (the lost
 /// wake-up the waits' race test checks for events).
 async fn a_decision_and_a_pause_at_once_never_leave_the_run_paused(db: TestDb) {
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
     for round in 0..8 {
         let run_id = format!("run_{round}");
         let run = running(&db, &run_id, &worker("1")).await;
@@ -576,36 +575,16 @@ async fn a_decision_and_a_pause_at_once_never_leave_the_run_paused(db: TestDb) {
             .approval_gate(&run, ask("d1", 1, 60_000), db.now())
             .await
             .unwrap();
-        let now = db.now();
-        let (l1, l2, b1, b2) = (
-            db.ledger.clone(),
-            db.ledger.clone(),
-            barrier.clone(),
-            barrier.clone(),
-        );
+        let (ledger, now) = (db.ledger.clone(), db.now());
         let decision = Decide {
-            run_id: run_id.clone(),
+            run_id,
             ..decide("alice", true)
         };
-        let decider = tokio::spawn(async move {
-            b1.wait().await;
-            l1.decide_approval(decision, now).await
-        });
-        let pauser = tokio::spawn(async move {
-            b2.wait().await;
-            l2.pause_run_awaiting(&run, "awaiting approval: refund", now)
-                .await
-        });
-        let decided = decider.await.unwrap().unwrap();
-        assert!(matches!(decided, Decided::Approved(_)), "{decided:?}");
-        let paused = pauser.await.unwrap().unwrap();
-        let status = db.ledger.get_run(&run_id).await.unwrap().status;
-        let expected = if paused {
-            RunStatus::Queued
-        } else {
-            RunStatus::Running
-        };
-        assert_eq!(status, expected, "round {round}: paused {paused}");
+        race_settle_and_pause(&db, run, async move {
+            let decided = ledger.decide_approval(decision, now).await.unwrap();
+            assert!(matches!(decided, Decided::Approved(_)), "{decided:?}");
+        })
+        .await;
     }
 }
 

@@ -165,7 +165,6 @@ async fn a_childs_end_wakes_its_paused_parent(db: TestDb) {
 /// end finds the parent paused and re-queues it; never a paused parent whose child has
 /// ended.
 async fn a_childs_end_and_its_parents_pause_at_once_never_leave_the_parent_paused(db: TestDb) {
-    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
     for round in 0..8 {
         let id = format!("par{round}");
         let p = parent(&db, &id).await;
@@ -174,35 +173,16 @@ async fn a_childs_end_and_its_parents_pause_at_once_never_leave_the_parent_pause
             .unwrap()
             .lease
             .expect("claimed");
-        let now = db.now();
-        let (l1, l2, b1, b2) = (
-            db.ledger.clone(),
-            db.ledger.clone(),
-            barrier.clone(),
-            barrier.clone(),
-        );
-        let ender = tokio::spawn(async move {
-            b1.wait().await;
+        let (ledger, now) = (db.ledger.clone(), db.now());
+        race_settle_and_pause(&db, p, async move {
             let finish = RunFinish {
                 status: RunStatus::Succeeded,
                 output: Some(json!({ "round": round })),
                 error: None,
             };
-            l1.finish_run(&kid, finish, now).await
-        });
-        let pauser = tokio::spawn(async move {
-            b2.wait().await;
-            l2.pause_run_awaiting(&p, "waiting on child", now).await
-        });
-        ender.await.unwrap().unwrap();
-        let paused = pauser.await.unwrap().unwrap();
-        let status = db.ledger.get_run(&id).await.unwrap().status;
-        let expected = if paused {
-            RunStatus::Queued
-        } else {
-            RunStatus::Running
-        };
-        assert_eq!(status, expected, "round {round}: paused {paused}");
+            ledger.finish_run(&kid, finish, now).await.unwrap();
+        })
+        .await;
     }
 }
 

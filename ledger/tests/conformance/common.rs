@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use flow_ledger::{
     CallClaim, CallLease, ClaimCall, CompleteCall, Ledger, ManualClock, NewRun, NewStep,
-    OpenOptions, RunLease, StepStatus, Timestamp, WorkerId, canonical_hash,
+    OpenOptions, RunLease, RunStatus, StepStatus, Timestamp, WorkerId, canonical_hash,
 };
 use serde_json::{Value, json};
 use sqlx::Connection;
@@ -438,4 +438,36 @@ pub async fn sent_then_in_doubt(db: &TestDb, lease: &CallLease, message: &str) {
         .mark_in_doubt(lease, report, db.now())
         .await
         .unwrap();
+}
+
+/// One round of the lost-wake-up race every kind of hold must win: `settle` (a
+/// decision, a publish, a child's end) and the pause of `run` (whose step still runs)
+/// start at the same moment. Whichever order the database puts them in, the run is not
+/// left paused over a settled hold: if it paused, the settle put it back on the queue;
+/// if not, it still runs and its worker looks again (`holds.rs`).
+pub async fn race_settle_and_pause(
+    db: &TestDb,
+    run: RunLease,
+    settle: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(2));
+    let (b1, b2) = (barrier.clone(), barrier);
+    let (ledger, now, run_id) = (db.ledger.clone(), db.now(), run.run_id.clone());
+    let settler = tokio::spawn(async move {
+        b1.wait().await;
+        settle.await;
+    });
+    let pauser = tokio::spawn(async move {
+        b2.wait().await;
+        ledger.pause_run_awaiting(&run, "awaiting", now).await
+    });
+    settler.await.expect("the settle ran");
+    let paused = pauser.await.expect("the pause ran").expect("pause");
+    let status = db.ledger.get_run(&run_id).await.expect("run").status;
+    let expected = if paused {
+        RunStatus::Queued
+    } else {
+        RunStatus::Running
+    };
+    assert_eq!(status, expected, "{run_id}: paused {paused}");
 }

@@ -443,37 +443,18 @@ async fn a_worker_that_lost_the_run_cannot_mark_a_signal_seen(db: TestDb) {
 /// saw the signal) or the publish re-queues the paused run; never a paused run with an
 /// event it has not looked at.
 async fn a_publish_and_a_pause_never_leave_the_run_paused(db: TestDb) {
-    let barrier = Arc::new(tokio::sync::Barrier::new(2));
     for round in 0..8 {
         let run_id = format!("run_{round}");
         let (run, _) = begun(&db, &run_id, event_wait(NODE, 0, 60_000)).await;
-        let now = db.now();
-        let (l1, l2, b1, b2) = (
-            db.ledger.clone(),
-            db.ledger.clone(),
-            barrier.clone(),
-            barrier.clone(),
-        );
-        let id = format!("e{round}");
-        let publisher = tokio::spawn(async move {
-            b1.wait().await;
-            l1.publish_event(EVENT, Some(&id), &json!({}), None, now)
+        let (ledger, now, id) = (db.ledger.clone(), db.now(), format!("e{round}"));
+        race_settle_and_pause(&db, run, async move {
+            let published = ledger
+                .publish_event(EVENT, Some(&id), &json!({}), None, now)
                 .await
-        });
-        let pauser = tokio::spawn(async move {
-            b2.wait().await;
-            l2.pause_run_awaiting(&run, "awaiting", now).await
-        });
-        let published = publisher.await.unwrap().unwrap();
-        let paused = pauser.await.unwrap().unwrap();
-        let status = run_status(&db, &run_id).await;
-        assert_eq!(published.signalled, round + 1, "every run's wait so far");
-        let expected = if paused {
-            RunStatus::Queued
-        } else {
-            RunStatus::Running
-        };
-        assert_eq!(status, expected, "round {round}: paused {paused}");
+                .unwrap();
+            assert_eq!(published.signalled, round + 1, "every run's wait so far");
+        })
+        .await;
     }
 }
 
