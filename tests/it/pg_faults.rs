@@ -322,6 +322,15 @@ fn an_outage_while_the_answer_is_recorded_keeps_the_answer_not_a_doubt() {
         said.contains("cannot record the call's outcome yet; retrying"),
         "the outcome write is retried: {said}"
     );
-    assert_eq!(out.status.code(), Some(0), "{said}");
+    // The answer is kept; a later write of the run (its finish) may still meet the
+    // outage on another pooled connection the cut reset: then the run stops with exit 5
+    // and says how to go on, and a resume finishes it without sending again.
+    if out.status.code() == Some(5) {
+        assert!(said.contains("resume"), "it says how to continue: {said}");
+        let resumed = output(db.flow().arg("resume").arg(run_id(&out)));
+        assert_eq!(resumed.status.code(), Some(0), "{}", stderr(&resumed));
+    } else {
+        assert_eq!(out.status.code(), Some(0), "{said}");
+    }
     sent_once_never_in_doubt(&down, &db, &out);
 }
