@@ -7,14 +7,12 @@
 //! call it with the approval as stored and the decider as authenticated, then hand the
 //! decision to `Ledger::decide_approval`, which settles races.
 
-use std::time::Duration;
-
 use flow_ledger::{Approval, ApprovalStatus, Timestamp};
 use serde_json::{Map, Value as Json, json};
 
+use crate::duration_text::whole_millis;
 use crate::workflow::InputType;
-use crate::workflow::model::ApprovalDecl;
-use crate::workflow::model::InputDecl;
+use crate::workflow::model::{ApprovalDecl, InputDecl};
 
 /// Who decides: a token's name and role (`viewer`, `operator`, `admin`), or, for the
 /// local CLI (which holds the ledger itself), the operator's name as `admin`.
@@ -74,19 +72,15 @@ pub fn rule(decl: &ApprovalDecl) -> Json {
         "min": decl.min,
         "forbid_self": decl.forbid_self,
         "inputs": inputs,
-        "timeout_ms": millis(decl.timeout),
+        "timeout_ms": whole_millis(decl.timeout),
         "on_timeout": decl.on_timeout.as_str(),
-        "remind_ms": decl.remind.iter().map(|d| millis(*d)).collect::<Vec<_>>(),
+        "remind_ms": decl.remind.iter().map(|d| whole_millis(*d)).collect::<Vec<_>>(),
     })
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// The first reminder's offset from the request, if the approval has reminders.
 pub fn first_remind_ms(decl: &ApprovalDecl) -> Option<i64> {
-    decl.remind.first().map(|d| millis(*d))
+    decl.remind.first().map(|d| whole_millis(*d))
 }
 
 /// When the reminder after the `sent`-th is due (`None`: no more), from the stored

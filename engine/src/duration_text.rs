@@ -1,5 +1,7 @@
 //! The one way flow prints a duration to people (progress lines, `flow show`): short
-//! for short things, never a bare `0s` for a step that took under a millisecond.
+//! for short things, never a bare `0s` for a step that took under a millisecond — and
+//! the one way a duration becomes the whole milliseconds the ledger stores
+//! ([`whole_millis`]).
 //!
 //! `0ms`…`999ms`, then `1.008s`…`59.999s`, then `2m05s`, then `1h02m`.
 
@@ -16,7 +18,13 @@ pub fn duration_ms(ms: i64) -> String {
 
 /// A [`std::time::Duration`] as text (see [`duration_ms`]).
 pub fn duration(d: std::time::Duration) -> String {
-    duration_ms(i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    duration_ms(whole_millis(d))
+}
+
+/// `d` in whole milliseconds, as the ledger stores timeouts and offsets; a duration
+/// past `i64::MAX` ms (never written by a person) saturates instead of wrapping.
+pub fn whole_millis(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

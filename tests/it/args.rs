@@ -335,10 +335,8 @@ fn read_commands_on_a_missing_postgres_database_create_nothing() {
         assert_eq!(out.status.code(), Some(5), "{args:?}: {}", stderr(&out));
         assert!(stderr(&out).contains(&name), "{args:?}: {}", stderr(&out));
     }
-    let listed = std::process::Command::new("psql")
-        .args([
-            "-h", &host, "-p", &port, "-U", "postgres", "-d", "test", "-tAc",
-        ])
+    let listed = crate::support::pg_client("psql")
+        .args(["-d", "test", "-tAc"])
         .arg(format!(
             "SELECT count(*) FROM pg_database WHERE datname = '{name}'"
         ))

@@ -120,17 +120,7 @@ pub(crate) fn ledger_bytes(db: &TestDb) -> Vec<u8> {
         return disk_bytes(db.dir.path());
     }
     let name = db.url.rsplit('/').next().unwrap_or_default().to_string();
-    let (host, port) = crate::support::postgres_admin();
-    let dump = output(std::process::Command::new("pg_dump").args([
-        "-h",
-        &host,
-        "-p",
-        &port,
-        "-U",
-        "postgres",
-        "--data-only",
-        &name,
-    ]));
+    let dump = output(crate::support::pg_client("pg_dump").args(["--data-only", &name]));
     assert_eq!(dump.status.code(), Some(0), "pg_dump: {}", stderr(&dump));
     dump.stdout
 }

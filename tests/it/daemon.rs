@@ -408,10 +408,7 @@ fn losing_the_database_is_ridden_out_and_logged_once_per_change() {
     });
     let name = db.url.rsplit('/').next().expect("db name").to_string();
     let psql = |sql: &str| {
-        let (host, port) = crate::support::postgres_admin();
-        let out = output(std::process::Command::new("psql").args([
-            "-h", &host, "-p", &port, "-U", "postgres", "-d", "test", "-qc", sql,
-        ]));
+        let out = output(crate::support::pg_client("psql").args(["-d", "test", "-qc", sql]));
         assert!(out.status.success(), "{sql}: {}", stderr(&out));
     };
     psql(&format!("DROP DATABASE {name} WITH (FORCE)"));
@@ -478,14 +475,7 @@ fn a_busy_daemon_logs_the_database_loss_and_counts_the_run_it_could_not_release(
         server.total() >= 1
     });
     let name = db.url.rsplit('/').next().expect("db name").to_string();
-    let (host, port) = crate::support::postgres_admin();
-    let out = output(std::process::Command::new("psql").args([
-        "-h",
-        &host,
-        "-p",
-        &port,
-        "-U",
-        "postgres",
+    let out = output(crate::support::pg_client("psql").args([
         "-d",
         "test",
         "-qc",

@@ -132,15 +132,12 @@ fn hang_evidence(pid: u32) -> String {
         }
     }
     // A `flow` waiting on PostgreSQL: which backends wait, on what, behind whom.
-    let (host, port) = postgres_admin();
     let sql = "SELECT pid, datname, state, wait_event_type, wait_event, \
                pg_blocking_pids(pid) AS blocked_by, left(query, 120) AS query \
                FROM pg_stat_activity WHERE backend_type = 'client backend' \
                AND datname LIKE 'flow_it_%'";
-    match Command::new("psql")
-        .args([
-            "-h", &host, "-p", &port, "-U", "postgres", "-d", "test", "-c", sql,
-        ])
+    match pg_client("psql")
+        .args(["-d", "test", "-c", sql])
         .stdin(Stdio::null())
         .output()
     {
@@ -211,24 +208,18 @@ pub fn postgres_admin() -> (String, String) {
     (host, port)
 }
 
-fn psql(sql: &str) -> Result<(), String> {
+/// A PostgreSQL client program (`psql`, `pg_dump`) pointed at the test server as its
+/// superuser: the arguments every test that reaches the server by hand needs.
+pub fn pg_client(program: &str) -> Command {
     let (host, port) = postgres_admin();
-    let out = Command::new("psql")
-        .args([
-            "-h",
-            &host,
-            "-p",
-            &port,
-            "-U",
-            "postgres",
-            "-d",
-            "test",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-q",
-            "-c",
-            sql,
-        ])
+    let mut cmd = Command::new(program);
+    cmd.args(["-h", &host, "-p", &port, "-U", "postgres"]);
+    cmd
+}
+
+fn psql(sql: &str) -> Result<(), String> {
+    let out = pg_client("psql")
+        .args(["-d", "test", "-v", "ON_ERROR_STOP=1", "-q", "-c", sql])
         .output()
         .map_err(|e| format!("cannot run psql: {e}"))?;
     if out.status.success() {

@@ -7,6 +7,7 @@
 use flow_ledger::{BeginWait, StepStatus, WaitKind, WaitStatus};
 use serde_json::Value as Json;
 
+use crate::duration_text::whole_millis;
 use crate::gateway::{self, Awaited, Gateway, NodeStep, StepResult};
 use crate::workflow::expr;
 use crate::workflow::model::WaitDecl;
@@ -41,8 +42,8 @@ async fn look(
             .as_ref()
             .and_then(|t| t.whole_expr())
             .map(str::to_owned),
-        lookback_ms: ms(w.lookback),
-        timeout_ms: ms(w.timeout),
+        lookback_ms: whole_millis(w.lookback),
+        timeout_ms: whole_millis(w.timeout),
         heartbeat_ms: None,
         token_hash: None,
     };
@@ -105,8 +106,4 @@ fn accepts(c: &NodeStep<'_>, w: &WaitDecl, event: &flow_ledger::PublishedEvent) 
             false
         }
     }
-}
-
-fn ms(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }

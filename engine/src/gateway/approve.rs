@@ -140,7 +140,7 @@ impl Gateway {
             message,
             rule: approval::rule(decl),
             min: decl.min,
-            timeout_ms: i64::try_from(decl.timeout.as_millis()).unwrap_or(i64::MAX),
+            timeout_ms: crate::duration_text::whole_millis(decl.timeout),
             first_remind_ms: approval::first_remind_ms(decl),
         };
         let gate = self

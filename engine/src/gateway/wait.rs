@@ -11,6 +11,7 @@ use serde_json::{Value as Json, json};
 use sha2::{Digest, Sha256};
 
 use super::{Gateway, NodeStep, StepCall, StepResult};
+use crate::duration_text::whole_millis;
 use crate::workflow::model::{CallbackDecl, OnTimeout};
 
 /// What a waiting node waits for (progress lines, metrics, the pause reason).
@@ -45,10 +46,6 @@ pub fn token_hash(token: &str) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-fn ms(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 impl Gateway {
@@ -116,8 +113,8 @@ impl Gateway {
             event_name: None,
             matcher: None,
             lookback_ms: 0,
-            timeout_ms: ms(cb.timeout),
-            heartbeat_ms: cb.heartbeat.map(ms),
+            timeout_ms: whole_millis(cb.timeout),
+            heartbeat_ms: cb.heartbeat.map(whole_millis),
             token_hash: Some(token_hash(&minted.token)),
         };
         let wait = self

@@ -132,7 +132,7 @@ pub fn backoff(interval: Duration, n: u32) -> Duration {
 }
 
 fn plus(t: Timestamp, d: Duration) -> Timestamp {
-    Timestamp(t.0.saturating_add(i64::try_from(d.as_millis()).unwrap_or(i64::MAX)))
+    Timestamp(t.0.saturating_add(crate::duration_text::whole_millis(d)))
 }
 
 #[cfg(test)]

@@ -64,9 +64,10 @@ fn rule_reminders(rule: &Value, sent: u32, at: Timestamp) -> Option<Timestamp> {
     Some(Timestamp(at.0 + ms))
 }
 
-/// A running run whose node `refund` has asked for approval (digest `d1`) and paused.
-async fn awaiting(db: &TestDb, min: u32, timeout_ms: i64) -> RunLease {
-    let run = running(db, "run_a", &worker("1")).await;
+/// A run `run_id` held by worker 1 whose node `refund` has asked for approval (digest
+/// `d1`, `min` approvers, `timeout_ms`) and is pending.
+async fn asked(db: &TestDb, run_id: &str, min: u32, timeout_ms: i64) -> RunLease {
+    let run = running(db, run_id, &worker("1")).await;
     db.ledger
         .create_step(&run, step("refund", "refund", 0), db.now())
         .await
@@ -77,6 +78,12 @@ async fn awaiting(db: &TestDb, min: u32, timeout_ms: i64) -> RunLease {
         .await
         .unwrap();
     assert!(matches!(gate, Gate::Pending(_)), "{gate:?}");
+    run
+}
+
+/// A running run whose node `refund` has asked for approval (digest `d1`) and paused.
+async fn awaiting(db: &TestDb, min: u32, timeout_ms: i64) -> RunLease {
+    let run = asked(db, "run_a", min, timeout_ms).await;
     assert!(
         db.ledger
             .pause_run_awaiting(&run, "awaiting approval: refund", db.now())
@@ -412,15 +419,7 @@ async fn listings_show_an_approval_past_its_deadline_timed_out(db: TestDb) {
 async fn approve_and_timeout_race_to_one_transition(db: TestDb) {
     for round in 0..8 {
         let run_id = format!("run_r{round}");
-        let run = running(&db, &run_id, &worker("1")).await;
-        db.ledger
-            .create_step(&run, step("refund", "refund", 0), db.now())
-            .await
-            .unwrap();
-        db.ledger
-            .approval_gate(&run, ask("d1", 1, 1_000), db.now())
-            .await
-            .unwrap();
+        let run = asked(&db, &run_id, 1, 1_000).await;
         db.ledger
             .pause_run_awaiting(&run, "awaiting", db.now())
             .await
@@ -477,15 +476,7 @@ async fn approve_and_timeout_race_to_one_transition(db: TestDb) {
 async fn two_approvers_at_once_with_min_two_approve_once(db: TestDb) {
     for round in 0..5 {
         let run_id = format!("run_m{round}");
-        let run = running(&db, &run_id, &worker("1")).await;
-        db.ledger
-            .create_step(&run, step("refund", "refund", 0), db.now())
-            .await
-            .unwrap();
-        db.ledger
-            .approval_gate(&run, ask("d1", 2, 60_000), db.now())
-            .await
-            .unwrap();
+        let run = asked(&db, &run_id, 2, 60_000).await;
         db.ledger
             .pause_run_awaiting(&run, "awaiting", db.now())
             .await
@@ -566,15 +557,7 @@ async fn a_decision_while_the_run_is_held_stops_its_pause(db: TestDb) {
 async fn a_decision_and_a_pause_at_once_never_leave_the_run_paused(db: TestDb) {
     for round in 0..8 {
         let run_id = format!("run_{round}");
-        let run = running(&db, &run_id, &worker("1")).await;
-        db.ledger
-            .create_step(&run, step("refund", "refund", 0), db.now())
-            .await
-            .unwrap();
-        db.ledger
-            .approval_gate(&run, ask("d1", 1, 60_000), db.now())
-            .await
-            .unwrap();
+        let run = asked(&db, &run_id, 1, 60_000).await;
         let (ledger, now) = (db.ledger.clone(), db.now());
         let decision = Decide {
             run_id,

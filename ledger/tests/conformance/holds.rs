@@ -60,6 +60,12 @@ async fn hold(db: &TestDb, run: &str, subject: &str) -> Hold {
         .unwrap_or_else(|| panic!("no hold on {subject}"))
 }
 
+/// The approval of node `approve`, as its own table holds it.
+async fn approval_row(db: &TestDb) -> flow_ledger::Approval {
+    let found = db.ledger.get_approval("run_h", "approve").await.unwrap();
+    found.expect("the approval was asked")
+}
+
 /// A run held by worker 1 with a running step per node of `nodes`, and no hold yet.
 async fn with_steps(db: &TestDb, nodes: &[&str]) -> RunLease {
     let run: RunLease = running(db, "run_h", &worker("1")).await;
@@ -89,12 +95,7 @@ async fn an_approval_is_a_hold_that_agrees_with_its_status(db: TestDb) {
         .unwrap();
     assert!(matches!(gate, Gate::Pending(_)), "{gate:?}");
     let h = hold(&db, "run_h", "approve").await;
-    let own = db
-        .ledger
-        .get_approval("run_h", "approve")
-        .await
-        .unwrap()
-        .unwrap();
+    let own = approval_row(&db).await;
     assert_eq!(
         (h.kind, h.step_id.as_str()),
         (HoldKind::Approval, "approve")
@@ -114,12 +115,7 @@ async fn an_approval_is_a_hold_that_agrees_with_its_status(db: TestDb) {
         digest: None,
     };
     db.ledger.decide_approval(decide, db.now()).await.unwrap();
-    let own = db
-        .ledger
-        .get_approval("run_h", "approve")
-        .await
-        .unwrap()
-        .unwrap();
+    let own = approval_row(&db).await;
     let h = hold(&db, "run_h", "approve").await;
     assert_eq!(h.status, HoldStatus::of_approval(own.status));
     assert_eq!(h.status, HoldStatus::Settled);
