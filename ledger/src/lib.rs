@@ -37,9 +37,10 @@
 //!   clock for every PostgreSQL process).
 //! - the features' tables, each beside its migration: `run_states.rs` (a claimed run's
 //!   finish, pause, requeue, cancel; `finish.rs` its return), `approvals/` (the gate,
-//!   votes, the sweep), `waits/` (event waits, callbacks, publish), `children.rs` and
-//!   `lineage.rs` (sub-workflow runs), `holds.rs` (what those
-//!   parked nodes share: one status machine and the one question a pause asks), `fanouts.rs` (a `for_each` node's stored list),
+//!   votes, its sweep rule), `waits/` (event waits, callbacks, publish), `children.rs`
+//!   and `lineage.rs` (sub-workflow runs), `holds/` (what those parked nodes share: one
+//!   status machine, the one question a pause asks, the one sweep of every kind),
+//!   `fanouts.rs` (a `for_each` node's stored list),
 //!   `probes.rs` (reconciliation's record), `redrive.rs`, `schedules.rs`, `retention/`
 //!   (deletion and key tombstones), `connections.rs` and `connection_pending.rs` (OAuth
 //!   sign-ins), `trace.rs` (OpenTelemetry context), [`inbox`] (the in-doubt worklist's
@@ -134,7 +135,7 @@ mod waits;
 mod writer;
 
 pub use approvals::{
-    Approval, ApprovalFilter, ApprovalVote, AskApproval, Decide, Decided, Gate, Swept, Vote,
+    Approval, ApprovalFilter, ApprovalVote, AskApproval, Decide, Decided, Gate, Vote,
 };
 pub use canonical::{canonical_hash, canonical_json, workflow_hash};
 pub use children::ChildStart;
@@ -150,7 +151,7 @@ pub use events::{Event, EventFilter, EventType};
 pub use fanouts::Fanout;
 pub use finish::FinishedRun;
 pub use health::InDoubtTool;
-pub use holds::{Hold, HoldKind, HoldStatus};
+pub use holds::{Hold, HoldKind, HoldStatus, SweptHold, SweptHolds};
 pub use ledger::{Ledger, OpenOptions, SqliteSynchronous, redact_url};
 pub use model::{
     Actor, Attempt, AttemptOutcome, CallClaim, CallLease, CallOutcome, ClaimCall, ClaimRuns,
@@ -177,6 +178,6 @@ pub use state::{
 };
 pub use waits::{
     BeginWait, CallbackReply, MAX_CANDIDATES as MAX_WAIT_CANDIDATES, Published, PublishedEvent,
-    SweptWaits, Wait, WaitFilter,
+    Wait, WaitFilter,
 };
 pub use worker::WorkerId;

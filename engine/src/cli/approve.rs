@@ -9,7 +9,7 @@ use flow_ledger::{ApprovalFilter, ApprovalStatus, Decided};
 use serde_json::{Map, Value as Json, json};
 
 use super::who::Who;
-use super::{Cli, CliError, exit, open_ledger};
+use super::{Cli, CliError, LedgerContext, exit, open_ledger};
 use crate::approval::{self, Decider, Decision, Refusal};
 use crate::view::ApprovalView;
 
@@ -83,7 +83,7 @@ pub(crate) async fn approvals(
     let list = ledger
         .list_approvals(filter)
         .await
-        .map_err(|e| CliError::unavailable(format!("cannot list approvals: {e}")))?;
+        .doing(|| "cannot list approvals".into())?;
     let views: Vec<ApprovalView> = list.iter().map(ApprovalView::of).collect();
     print_approvals(&views, args.json, stdout);
     Ok(exit::OK)
@@ -195,7 +195,10 @@ fn refused(e: approval::Error) -> CliError {
             "the run is {status}: its approvals can no longer be decided"
         )),
         approval::Error::Ledger(e @ E::Stale { .. }) => CliError::invalid(e.to_string()),
-        approval::Error::Ledger(e) => CliError::unavailable(format!("cannot decide: {e}")),
+        approval::Error::Ledger(source) => CliError::LedgerWhile {
+            doing: "cannot decide".into(),
+            source,
+        },
     }
 }
 
@@ -231,7 +234,7 @@ async fn approve_inputs(
     let approval = ledger
         .get_approval(&args.run, &args.node)
         .await
-        .map_err(|e| CliError::unavailable(format!("cannot read the approval: {e}")))?
+        .doing(|| "cannot read the approval".into())?
         .ok_or_else(|| {
             CliError::invalid(format!(
                 "run {} has no approval for node `{}`",

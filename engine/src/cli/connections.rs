@@ -160,10 +160,7 @@ pub(crate) async fn connections(
 }
 
 async fn list(ledger: &Ledger, json: bool, stdout: &mut dyn Write) -> Result<u8, CliError> {
-    let all = ledger
-        .list_connections()
-        .await
-        .map_err(|e| CliError::unavailable(e.to_string()))?;
+    let all = ledger.list_connections().await?;
     if json {
         let out = crate::connections::view::views(&all, &[]);
         let _ = writeln!(stdout, "{}", json!(out));
@@ -209,11 +206,7 @@ async fn list(ledger: &Ledger, json: bool, stdout: &mut dyn Write) -> Result<u8,
 async fn revoke(cli: &Cli, args: &RevokeArgs, stdout: &mut dyn Write) -> Result<u8, CliError> {
     let ledger = open_ledger(cli).await?;
     let config = Config::load(cli.config.as_deref())?;
-    let Some(c) = ledger
-        .connection(&args.name)
-        .await
-        .map_err(|e| CliError::unavailable(e.to_string()))?
-    else {
+    let Some(c) = ledger.connection(&args.name).await? else {
         return Err(CliError::invalid(format!(
             "no connection `{}` is stored",
             args.name
@@ -254,10 +247,7 @@ async fn revoke(cli: &Cli, args: &RevokeArgs, stdout: &mut dyn Write) -> Result<
             }
         }
     };
-    ledger
-        .delete_connection(&c.name)
-        .await
-        .map_err(|e| CliError::unavailable(e.to_string()))?;
+    ledger.delete_connection(&c.name).await?;
     match told {
         Ok(()) => {
             let _ = writeln!(
@@ -281,10 +271,7 @@ async fn rekey(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, CliError> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     let keys = Keys::from_secrets(&secrets).map_err(|e| CliError::unavailable(e.to_string()))?;
     let ledger = open_ledger(cli).await?;
-    let all = ledger
-        .list_connections()
-        .await
-        .map_err(|e| CliError::unavailable(e.to_string()))?;
+    let all = ledger.list_connections().await?;
     let s = ledger.scope();
     let scope = (s.tenant.as_str(), s.workspace.as_str());
     let (mut resealed, mut left) = (0, Vec::new());
@@ -306,8 +293,7 @@ async fn rekey(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, CliError> {
         let now = flow_ledger::SystemClock.now();
         let done = ledger
             .reseal_connection(&c.name, c.generation, (&sealed, keys.current.id()), now)
-            .await
-            .map_err(|e| CliError::unavailable(e.to_string()))?;
+            .await?;
         if done {
             resealed += 1;
         } else {

@@ -45,6 +45,15 @@ pub(crate) enum CliError {
     /// cannot be used or data that cannot be trusted.
     #[error(transparent)]
     Ledger(#[from] flow_ledger::Error),
+    /// As [`CliError::Ledger`], with what the command was doing when the ledger said
+    /// no (`cannot list approvals: …`); the same exit by class.
+    #[error("{doing}: {source}")]
+    LedgerWhile {
+        /// What was being done, as the message's head.
+        doing: String,
+        /// The ledger's answer.
+        source: flow_ledger::Error,
+    },
     /// The ledger could not be opened (exit 5).
     #[error("cannot open the ledger at {url}: {source}")]
     OpenLedger {
@@ -97,7 +106,7 @@ impl CliError {
                 exit::INVALID
             }
             Self::Remote { .. } => exit::UNAVAILABLE,
-            Self::Ledger(e) => match e.class() {
+            Self::Ledger(e) | Self::LedgerWhile { source: e, .. } => match e.class() {
                 flow_ledger::ErrorClass::BadInput
                 | flow_ledger::ErrorClass::NotFound
                 | flow_ledger::ErrorClass::Conflict
@@ -143,6 +152,22 @@ impl CliError {
                 let _ = writeln!(stderr, "error: {self}");
             }
         }
+    }
+}
+
+/// Says what a command was doing when the ledger refused or failed it, keeping the exit
+/// the ledger's error class gives (instead of every site choosing 2 or 5 by hand).
+pub(crate) trait LedgerContext<T> {
+    /// The error as [`CliError::LedgerWhile`], headed by `doing`.
+    fn doing(self, doing: impl FnOnce() -> String) -> Result<T, CliError>;
+}
+
+impl<T> LedgerContext<T> for Result<T, flow_ledger::Error> {
+    fn doing(self, doing: impl FnOnce() -> String) -> Result<T, CliError> {
+        self.map_err(|source| CliError::LedgerWhile {
+            doing: doing(),
+            source,
+        })
     }
 }
 
@@ -222,6 +247,21 @@ mod tests {
             (remote(401), 2),
             (remote(429), 5),
             (remote(503), 5),
+            (
+                Err::<(), _>(flow_ledger::Error::NotFound { what: "x".into() })
+                    .doing(|| "reading".into())
+                    .unwrap_err(),
+                2,
+            ),
+            (
+                Err::<(), _>(flow_ledger::Error::Unavailable {
+                    url: "u".into(),
+                    reason: "down".into(),
+                })
+                .doing(|| "reading".into())
+                .unwrap_err(),
+                5,
+            ),
         ];
         for (e, code) in cases {
             assert_eq!(e.exit_code(), code, "{e:?}");

@@ -13,7 +13,7 @@ use serde_json::{Value as Json, json};
 use tokio_util::sync::CancellationToken;
 
 use super::table::{cell, table, terminal_width};
-use super::{Cli, CliError, exit, logging, open_ledger};
+use super::{Cli, CliError, LedgerContext, exit, logging, open_ledger};
 use crate::config::Config;
 use crate::events::{self, Consumer, Dispatcher, Options, wire};
 use crate::secrets::Secrets;
@@ -258,7 +258,7 @@ async fn redeliver(
         ledger
             .redeliver(consumer, id, now)
             .await
-            .map_err(|e| CliError::unavailable(format!("re-queueing {id} for {consumer}: {e}")))?;
+            .doing(|| format!("re-queueing {id} for {consumer}"))?;
         let _ = writeln!(stdout, "re-queued {id} for {consumer}");
     }
     if args.failed && targets.is_empty() {

@@ -32,7 +32,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub(crate) use error::CliError;
+pub(crate) use error::{CliError, LedgerContext};
 pub(crate) use follow_up::{prefix as flow_command, quote as shell_quote};
 pub(crate) use show::print_json;
 
@@ -618,7 +618,7 @@ async fn migrate(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, CliError> {
     ledger
         .migrate()
         .await
-        .map_err(|e| CliError::unavailable(format!("migrating {}: {e}", ledger.url_redacted())))?;
+        .doing(|| format!("migrating {}", ledger.url_redacted()))?;
     let _ = writeln!(stdout, "{}: migrations applied", ledger.url_redacted());
     Ok(exit::OK)
 }

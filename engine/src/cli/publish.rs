@@ -6,7 +6,7 @@ use std::io::Write;
 use clap::Args;
 use serde_json::{Value as Json, json};
 
-use super::{Cli, CliError, exit, open_ledger};
+use super::{Cli, CliError, LedgerContext, exit, open_ledger};
 
 /// Arguments of `flow publish`.
 #[derive(Debug, Args)]
@@ -68,12 +68,7 @@ pub(crate) async fn publish(
     let p = ledger
         .publish_event(&args.name, args.event_id.as_deref(), &data, Some(&by), now)
         .await
-        .map_err(|e| match e {
-            flow_ledger::Error::InvalidEvent { .. } | flow_ledger::Error::OutputTooLarge { .. } => {
-                CliError::invalid(e.to_string())
-            }
-            other => CliError::unavailable(format!("cannot publish: {other}")),
-        })?;
+        .doing(|| "cannot publish".into())?;
     report(stdout, &p.event_id, p.duplicate, p.signalled);
     Ok(exit::OK)
 }

@@ -14,7 +14,7 @@ use std::io::Write;
 use clap::Args;
 use serde_json::json;
 
-use super::error::CliError;
+use super::error::{CliError, LedgerContext};
 use super::run::Session;
 use super::{Cli, exit};
 use crate::reconcile::{ProbeCall, Reconciled, reconcile_call};
@@ -50,7 +50,7 @@ pub(crate) async fn reconcile(
         .ledger
         .list_in_doubt(filter)
         .await
-        .map_err(|e| CliError::unavailable(format!("cannot list calls in doubt: {e}")))?;
+        .doing(|| "cannot list calls in doubt".into())?;
     let by = format!("flow reconcile ({})", session.worker);
     let mut settled_runs = BTreeSet::new();
     let mut probed = 0usize;
@@ -59,7 +59,7 @@ pub(crate) async fn reconcile(
             .ledger
             .get_run(&c.run_id)
             .await
-            .map_err(|e| CliError::unavailable(format!("cannot read run {}: {e}", c.run_id)))?;
+            .doing(|| format!("cannot read run {}", c.run_id))?;
         // A running run's holder probes its own calls; a paused run's and a finished
         // run's (whose outcome is still to be recorded, never re-sent) are probed here.
         let finished = run.status.is_terminal();
@@ -84,12 +84,8 @@ pub(crate) async fn reconcile(
             Some(
                 reconcile_call(session.executor.gateway(), call)
                     .await
-                    .map_err(|crate::reconcile::Error::Ledger(e)| {
-                        CliError::unavailable(format!(
-                            "cannot reconcile {}/{}: {e}",
-                            c.run_id, c.tool_call_id
-                        ))
-                    })?,
+                    .map_err(|crate::reconcile::Error::Ledger(e)| e)
+                    .doing(|| format!("cannot reconcile {}/{}", c.run_id, c.tool_call_id))?,
             )
         };
         if matches!(outcome, Some(Reconciled::Probed { .. })) {

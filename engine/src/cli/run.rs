@@ -498,7 +498,10 @@ pub(super) fn refused_start(run_id: &str, verb: &str, e: flow_ledger::Error) -> 
             "run id `{run_id}` was used by a run deleted by retention on {} whose node `{node_id}` sent a request ({outcome}); the keys derived from that id stay retired (`[retention] keys`), so choose another run id; nothing was written",
             deleted_at.to_rfc3339()
         )),
-        e => CliError::unavailable(format!("cannot {verb} run {run_id}: {e}")),
+        source => CliError::LedgerWhile {
+            doing: format!("cannot {verb} run {run_id}"),
+            source,
+        },
     }
 }
 
@@ -612,11 +615,11 @@ pub(crate) async fn resume(
                 format!("already continuing under {holder}")
             }
             Err(flow_ledger::Error::Terminal { status }) if resolved => status.to_string(),
-            Err(e) => {
-                return Err(CliError::unavailable(format!(
-                    "cannot re-queue run {}: {e}",
-                    run.id
-                )));
+            Err(source) => {
+                return Err(CliError::LedgerWhile {
+                    doing: format!("cannot re-queue run {}", run.id),
+                    source,
+                });
             }
         };
         let _ = writeln!(stdout, "{}", run.id);
@@ -678,8 +681,9 @@ async fn resolve(
         Err(e @ flow_ledger::Error::InvalidTransition { .. }) => Err(CliError::invalid(format!(
             "cannot resolve `{node}`: {e} (only calls in doubt can be resolved)"
         ))),
-        Err(e) => Err(CliError::unavailable(format!(
-            "cannot resolve `{node}`: {e}"
-        ))),
+        Err(source) => Err(CliError::LedgerWhile {
+            doing: format!("cannot resolve `{node}`"),
+            source,
+        }),
     }
 }

@@ -107,7 +107,7 @@ fn refused(e: manage::Error) -> CliError {
         manage::Error::Unknown { .. } | manage::Error::Invalid(_) => {
             CliError::invalid(e.to_string())
         }
-        manage::Error::Ledger(e) => CliError::unavailable(e.to_string()),
+        manage::Error::Ledger(e) => CliError::Ledger(e),
     }
 }
 
@@ -153,7 +153,7 @@ pub(crate) async fn schedules(
                     flow_ledger::Error::NotFound { .. } => {
                         CliError::invalid(format!("no schedule `{}` is stored", one.id))
                     }
-                    e => CliError::unavailable(e.to_string()),
+                    e => CliError::Ledger(e),
                 })?;
             let _ = writeln!(stdout, "schedule {} removed by {by}", one.id);
             Ok(exit::OK)
@@ -219,7 +219,7 @@ async fn apply(
             flow_ledger::Error::Owned { .. } => CliError::invalid(format!(
                 "{e}; give this one another id (nothing was applied)"
             )),
-            e => CliError::unavailable(e.to_string()),
+            e => CliError::Ledger(e),
         })?;
     let next = |id: &str| {
         list.iter()
@@ -298,10 +298,7 @@ async fn list(
 }
 
 async fn history(ledger: &Ledger, h: &HistoryArgs, stdout: &mut dyn Write) -> Result<u8, CliError> {
-    let entries = ledger
-        .schedule_history(h.id.as_deref(), h.limit)
-        .await
-        .map_err(|e| CliError::unavailable(e.to_string()))?;
+    let entries = ledger.schedule_history(h.id.as_deref(), h.limit).await?;
     if h.json {
         let list: Vec<Json> = entries
             .iter()

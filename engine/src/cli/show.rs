@@ -106,7 +106,7 @@ fn run_error(run_id: &str, e: flow_ledger::Error) -> CliError {
     if matches!(e, flow_ledger::Error::NotFound { .. }) {
         CliError::invalid(format!("no run `{run_id}`"))
     } else {
-        CliError::unavailable(e.to_string())
+        CliError::Ledger(e)
     }
 }
 
@@ -583,10 +583,7 @@ pub(crate) async fn runs(
             parent: args.parent.clone(),
         })
         .await
-        .map_err(|e| match e {
-            flow_ledger::Error::InvalidFilter { .. } => CliError::invalid(e.to_string()),
-            e => CliError::unavailable(e.to_string()),
-        })?;
+        .map_err(CliError::Ledger)?;
     let more = runs.len() > args.limit as usize;
     let runs = &runs[..runs.len().min(args.limit as usize)];
     if args.json {

@@ -257,8 +257,7 @@ impl Service {
                     let started = Instant::now();
                     last_expire = Some(started);
                     self.requeue_due_probes().await;
-                    self.sweep_approvals().await;
-                    self.sweep_waits().await;
+                    self.sweep_holds().await;
                     if let Err(e) = self.ledger().expire_dead_local_workers(self.now()).await {
                         wait = self.db_failed(&mut delays, started, &e);
                         self.pause(wait, &mut tasks, &mut leases).await;
@@ -388,38 +387,25 @@ impl Service {
         }
     }
 
-    /// Approvals' durable timers, taken by whichever daemon sweeps first: pending
-    /// approvals past their deadline time out (one compare-and-set, so a racing
-    /// decision or another daemon changes nothing twice; their paused runs go back on
-    /// the queue, whose next holder applies `on_timeout`), reminders come due, and
-    /// approvals of finished runs are cancelled. A failure is only logged.
-    async fn sweep_approvals(&self) {
+    /// The durable timers of every kind of hold, taken by whichever daemon sweeps
+    /// first: pending holds past their deadline time out (each kind's one
+    /// compare-and-set, so a racing decision, event, callback or another daemon changes
+    /// nothing twice; their paused runs go back on the queue, whose next holder applies
+    /// `on_timeout`), approvals' reminders come due, and holds of finished runs or ended
+    /// steps are cancelled (a callback token then answers 404). A failure is only
+    /// logged: the claim that follows finds out whether the database is down.
+    async fn sweep_holds(&self) {
         match self
             .ledger()
-            .sweep_approvals(self.now(), 100, crate::approval::next_remind)
+            .sweep_holds(self.now(), 100, crate::approval::next_remind)
             .await
         {
             Ok(swept) => {
-                for a in &swept.timed_out {
-                    tracing::info!(run = %a.run_id, node = %a.node_id, "approval timed out");
+                for h in &swept.timed_out {
+                    tracing::info!(run = %h.run_id, node = %h.subject, kind = %h.kind, "hold timed out");
                 }
             }
-            Err(e) => tracing::debug!(error = %e, "cannot sweep approvals"),
-        }
-    }
-
-    /// Waits' durable timers, as [`Self::sweep_approvals`]: pending waits past their
-    /// deadline (or a missed heartbeat's) time out by one compare-and-set, so another
-    /// daemon, an event or a callback racing it changes nothing twice; waits of
-    /// finished runs are cancelled (their callback tokens answer 404). Only logged.
-    async fn sweep_waits(&self) {
-        match self.ledger().sweep_waits(self.now(), 100).await {
-            Ok(swept) => {
-                for w in &swept.timed_out {
-                    tracing::info!(run = %w.run_id, node = %w.node_id, "wait timed out");
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "cannot sweep waits"),
+            Err(e) => tracing::debug!(error = %e, "cannot sweep holds"),
         }
     }
 

@@ -27,8 +27,6 @@ use crate::model::{RunLease, Scope};
 use crate::state::ApprovalStatus;
 use rows::{ApprovalRow, approval_cols, read_row, settle, submitter, with_votes};
 
-pub use sweep::Swept;
-
 /// What a node asks approval for (the gateway, under the run's lease).
 #[derive(Debug, Clone)]
 pub struct AskApproval {

@@ -27,7 +27,7 @@ use crate::state::{WaitKind, WaitStatus};
 use rows::{read_row, settle, wait_cols};
 
 pub use publish::{MAX_CANDIDATES, Published, PublishedEvent};
-pub use settle::{CallbackReply, SweptWaits};
+pub use settle::CallbackReply;
 
 /// What a node begins to wait for (the gateway, under the run's lease).
 #[derive(Debug, Clone)]

@@ -1,5 +1,5 @@
 //! How a wait ends: an event the worker matched, a callback to its token (or a
-//! heartbeat that extends it), the daemons' sweep of deadlines and of finished runs.
+//! heartbeat that extends it), a wait's rule in the daemons' sweep of holds.
 
 use serde_json::{Value, json};
 
@@ -12,6 +12,7 @@ use crate::error::Error;
 use crate::events::EventType;
 use crate::events::node_event;
 use crate::fence::{Fence, live_run_fence};
+use crate::holds::Due;
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
 use crate::run_states::requeue_paused;
@@ -27,15 +28,6 @@ pub struct CallbackReply {
     pub output: Option<Value>,
     /// Why the work failed.
     pub error: Option<String>,
-}
-
-/// What one sweep of [`Ledger::sweep_waits`] did.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct SweptWaits {
-    /// Waits that timed out now (their paused runs are back on the queue).
-    pub timed_out: Vec<Wait>,
-    /// Waits of finished runs marked `cancelled`.
-    pub cancelled: usize,
 }
 
 fn not_found() -> Error {
@@ -214,64 +206,23 @@ impl Ledger {
         found.map(|_| ()).ok_or_else(not_found)
     }
 
-    /// The daemons' sweep (any daemon, any number at once): pending waits past their
-    /// deadline become `timed_out` by the same compare-and-set an event or a callback
-    /// uses (`wait.timed_out`; a paused run goes back on the queue, whose next holder
-    /// applies `on_timeout`); pending waits of finished runs, and of steps that ended
-    /// without them (a failed call), become `cancelled`, so their tokens answer 404. At
-    /// most `limit` per sweep; each wait in its own transaction.
-    pub async fn sweep_waits(&self, now: Timestamp, limit: u32) -> Result<SweptWaits, Error> {
-        let s = self.scope();
-        let due = {
-            let mut pc = self.pool().acquire().await?;
-            pc.conn()
-                .all::<(String, String, i64)>(
-                    "SELECT w.run_id, w.node_id,
-                        CASE WHEN r.status IN ('succeeded', 'failed', 'cancelled')
-                            OR st.status IN ('succeeded', 'failed', 'skipped', 'cancelled')
-                          THEN CAST(1 AS BIGINT) ELSE CAST(0 AS BIGINT) END
-                     FROM waits w JOIN runs r ON r.tenant = w.tenant
-                       AND r.workspace = w.workspace AND r.id = w.run_id
-                     LEFT JOIN steps st ON st.tenant = w.tenant AND st.workspace = w.workspace
-                       AND st.run_id = w.run_id AND st.step_id = w.step_id
-                     WHERE w.tenant = $1 AND w.workspace = $2 AND w.status = $3
-                       AND (w.deadline <= $4 OR r.status IN ('succeeded', 'failed', 'cancelled')
-                            OR st.status IN ('succeeded', 'failed', 'skipped', 'cancelled'))
-                     ORDER BY w.deadline LIMIT $5",
-                    args![
-                        &s.tenant,
-                        &s.workspace,
-                        WaitStatus::Pending.as_str(),
-                        now,
-                        limit
-                    ],
-                )
-                .await?
-        };
-        let mut swept = SweptWaits::default();
-        for (run_id, node_id, finished) in due {
-            let to = if finished == 1 {
-                WaitStatus::Cancelled
-            } else {
-                WaitStatus::TimedOut
-            };
-            if let Some(w) = self.sweep_wait(&run_id, &node_id, to, now).await? {
-                match to {
-                    WaitStatus::Cancelled => swept.cancelled += 1,
-                    _ => swept.timed_out.push(w),
-                }
-            }
-        }
-        Ok(swept)
-    }
-
-    async fn sweep_wait(
+    /// A wait's rule (event or callback) in the sweep of holds
+    /// ([`Ledger::sweep_holds`]): a wait past its deadline (or a missed heartbeat's)
+    /// times out (`wait.timed_out`, its paused run back on the queue); a wait of a
+    /// finished run, or of a step that ended without it (a failed call), is cancelled so
+    /// its token answers 404. `false` when it was no longer pending or not yet due.
+    pub(crate) async fn wait_due(
         &self,
         run_id: &str,
         node_id: &str,
-        to: WaitStatus,
+        due: Due,
         now: Timestamp,
-    ) -> Result<Option<Wait>, Error> {
+    ) -> Result<bool, Error> {
+        let to = match due {
+            Due::TimedOut => WaitStatus::TimedOut,
+            Due::Cancelled => WaitStatus::Cancelled,
+            Due::Remind => return Ok(false),
+        };
         let ledger = self.clone();
         let (run_id, node_id) = (run_id.to_owned(), node_id.to_owned());
         self.write(move |c| {
@@ -279,14 +230,14 @@ impl Ledger {
                 let s = ledger.scope();
                 let run = run_for_update(c, s, &run_id).await?;
                 let Some(row) = read_row(c, s, &run_id, &node_id).await? else {
-                    return Ok(None);
+                    return Ok(false);
                 };
                 let due = to == WaitStatus::Cancelled || row.deadline <= now.0;
                 if row.status != WaitStatus::Pending.as_str() || !due {
-                    return Ok(None);
+                    return Ok(false);
                 }
                 if !settle(c, s, &row, to, Settled::by("sweep"), now).await? {
-                    return Ok(None);
+                    return Ok(false);
                 }
                 if to == WaitStatus::TimedOut {
                     let ids = (run_id.as_str(), row.step_id.as_str(), node_id.as_str());
@@ -294,10 +245,7 @@ impl Ledger {
                     node_event(c, s, ids, EventType::WaitTimedOut, payload, now).await?;
                     requeue_paused(c, s, &run, None, now).await?;
                 }
-                read_row(c, s, &run_id, &node_id)
-                    .await?
-                    .map(WaitRow::into_wait)
-                    .transpose()
+                Ok(true)
             })
         })
         .await

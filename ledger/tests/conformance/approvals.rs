@@ -55,10 +55,6 @@ fn decide(by: &str, approve: bool) -> Decide {
     }
 }
 
-fn no_reminders(_: &Value, _: u32, _: Timestamp) -> Option<Timestamp> {
-    None
-}
-
 fn rule_reminders(rule: &Value, sent: u32, at: Timestamp) -> Option<Timestamp> {
     let ms = rule["remind_ms"].as_array()?.get(sent as usize)?.as_i64()?;
     Some(Timestamp(at.0 + ms))
@@ -270,20 +266,20 @@ async fn the_deadline_times_out_once_and_the_gate_agrees(db: TestDb) {
     awaiting(&db, 1, 2_000).await;
     let early = db
         .ledger
-        .sweep_approvals(db.now(), 100, no_reminders)
+        .sweep_holds(db.now(), 100, no_reminders)
         .await
         .unwrap();
     assert!(early.timed_out.is_empty());
     db.advance(Duration::from_secs(3));
     let swept = db
         .ledger
-        .sweep_approvals(db.now(), 100, no_reminders)
+        .sweep_holds(db.now(), 100, no_reminders)
         .await
         .unwrap();
     assert_eq!(swept.timed_out.len(), 1);
     let again = db
         .ledger
-        .sweep_approvals(db.now(), 100, no_reminders)
+        .sweep_holds(db.now(), 100, no_reminders)
         .await
         .unwrap();
     assert!(again.timed_out.is_empty(), "no second timer firing");
@@ -438,7 +434,7 @@ async fn approve_and_timeout_race_to_one_transition(db: TestDb) {
         };
         async move { ledger.decide_approval(d, in_time).await }
     });
-    let sweep = db.ledger.sweep_approvals(now, 100, no_reminders);
+    let sweep = db.ledger.sweep_holds(now, 100, no_reminders);
     let (decisions, swept) = tokio::join!(futures_join_all(approvals), sweep);
     let swept = swept.unwrap();
     let approved = decisions
@@ -590,7 +586,7 @@ async fn finished_runs_approvals_are_cancelled_by_the_sweep(db: TestDb) {
     );
     let swept = db
         .ledger
-        .sweep_approvals(db.now(), 100, no_reminders)
+        .sweep_holds(db.now(), 100, no_reminders)
         .await
         .unwrap();
     assert_eq!(swept.cancelled, 1);
@@ -607,34 +603,34 @@ async fn reminders_come_due_one_at_a_time(db: TestDb) {
     awaiting(&db, 1, 60_000).await;
     let none = db
         .ledger
-        .sweep_approvals(db.now(), 100, rule_reminders)
+        .sweep_holds(db.now(), 100, rule_reminders)
         .await
         .unwrap();
     assert_eq!(none.reminded, 0);
     db.advance(Duration::from_millis(1_500));
     let one = db
         .ledger
-        .sweep_approvals(db.now(), 100, rule_reminders)
+        .sweep_holds(db.now(), 100, rule_reminders)
         .await
         .unwrap();
     assert_eq!(one.reminded, 1);
     let same = db
         .ledger
-        .sweep_approvals(db.now(), 100, rule_reminders)
+        .sweep_holds(db.now(), 100, rule_reminders)
         .await
         .unwrap();
     assert_eq!(same.reminded, 0, "the second reminder is due at 2 s");
     db.advance(Duration::from_secs(1));
     let two = db
         .ledger
-        .sweep_approvals(db.now(), 100, rule_reminders)
+        .sweep_holds(db.now(), 100, rule_reminders)
         .await
         .unwrap();
     assert_eq!(two.reminded, 1);
     db.advance(Duration::from_secs(10));
     let done = db
         .ledger
-        .sweep_approvals(db.now(), 100, rule_reminders)
+        .sweep_holds(db.now(), 100, rule_reminders)
         .await
         .unwrap();
     assert_eq!(done.reminded, 0, "two reminders declared, two sent");

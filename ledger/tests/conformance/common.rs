@@ -471,3 +471,9 @@ pub async fn race_settle_and_pause(
     };
     assert_eq!(status, expected, "{run_id}: paused {paused}");
 }
+
+/// An approval rule with no reminders: what a sweep of holds is given by tests about
+/// deadlines and orphaned holds.
+pub fn no_reminders(_: &Value, _: u32, _: Timestamp) -> Option<Timestamp> {
+    None
+}

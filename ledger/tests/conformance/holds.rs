@@ -6,7 +6,7 @@
 
 use flow_ledger::{
     AskApproval, BeginWait, Decide, Gate, Hold, HoldKind, HoldStatus, NewRun, OnParentCancel,
-    ParentLink, RunFinish, RunLease, RunStatus, WaitKind,
+    ParentLink, RunFinish, RunLease, RunStatus, StepFinish, StepStatus, SweptHold, WaitKind,
 };
 use serde_json::json;
 
@@ -16,6 +16,7 @@ crate::conformance!(
     an_approval_is_a_hold_that_agrees_with_its_status,
     waits_and_callbacks_are_holds_that_agree_with_their_status,
     a_child_run_is_a_hold_of_its_parents_step,
+    one_sweep_settles_every_kind_in_the_order_it_comes_due,
 );
 
 fn approval(node: &str) -> AskApproval {
@@ -150,7 +151,10 @@ async fn waits_and_callbacks_are_holds_that_agree_with_their_status(db: TestDb) 
     );
     assert!(!hold(&db, "run_h", "hook").await.unseen);
     db.advance(std::time::Duration::from_secs(31));
-    db.ledger.sweep_waits(db.now(), 100).await.unwrap();
+    db.ledger
+        .sweep_holds(db.now(), 100, no_reminders)
+        .await
+        .unwrap();
     for node in ["ship", "hook"] {
         let own = db.ledger.get_wait("run_h", node).await.unwrap().unwrap();
         let h = hold(&db, "run_h", node).await;
@@ -159,23 +163,16 @@ async fn waits_and_callbacks_are_holds_that_agree_with_their_status(db: TestDb) 
     }
 }
 
-/// A child run is a hold of its parent's step, with no deadline: pending while it runs,
-/// settled once it ended.
-async fn a_child_run_is_a_hold_of_its_parents_step(db: TestDb) {
-    let run = with_steps(&db, &["kid"]).await;
-    // A child run: pending while it runs, settled when it ends; no deadline.
-    let started = db
-        .ledger
+/// Starts the child run `run_h.kid` from `run`'s step `kid`.
+async fn start_kid(db: &TestDb, run: &RunLease) -> flow_ledger::ChildStart {
+    db.ledger
         .start_child(
-            &run,
+            run,
             NewRun {
-                id: "run_h.kid".into(),
                 workflow_name: "kid".into(),
                 workflow_text: "name: kid\nnodes: {}\n".into(),
                 inputs: json!({}),
-                priority: 0,
-                not_before: None,
-                trace_parent: None,
+                ..new_run("run_h.kid")
             },
             ParentLink {
                 run_id: "run_h".into(),
@@ -186,7 +183,15 @@ async fn a_child_run_is_a_hold_of_its_parents_step(db: TestDb) {
             db.now(),
         )
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// A child run is a hold of its parent's step, with no deadline: pending while it runs,
+/// settled once it ended.
+async fn a_child_run_is_a_hold_of_its_parents_step(db: TestDb) {
+    let run = with_steps(&db, &["kid"]).await;
+    // A child run: pending while it runs, settled when it ends; no deadline.
+    let started = start_kid(&db, &run).await;
     let h = hold(&db, "run_h", "run_h.kid").await;
     assert_eq!((h.kind, h.step_id.as_str()), (HoldKind::Child, "kid"));
     assert_eq!((h.status, h.deadline), (HoldStatus::Pending, None));
@@ -205,5 +210,99 @@ async fn a_child_run_is_a_hold_of_its_parents_step(db: TestDb) {
         holds(&db, "run_h").await.len(),
         1,
         "one row per parked node"
+    );
+}
+
+/// One sweep serves every kind: it times out each hold when its own deadline passes (the
+/// waits at 30 s, the approval at 60 s, each once), cancels a hold whose step ended
+/// without it (an approval of a failed step), and never touches a child run (no
+/// deadline: its own end settles it).
+async fn one_sweep_settles_every_kind_in_the_order_it_comes_due(db: TestDb) {
+    let run = with_steps(&db, &["approve", "ship", "hook", "kid"]).await;
+    let gate = db.ledger.approval_gate(&run, approval("approve"), db.now());
+    assert!(matches!(gate.await.unwrap(), Gate::Pending(_)));
+    for (node, kind) in [("ship", WaitKind::Event), ("hook", WaitKind::Callback)] {
+        let begun = db.ledger.begin_wait(&run, wait(node, kind), db.now());
+        begun.await.unwrap();
+    }
+    start_kid(&db, &run).await;
+    // A second run whose approval's step fails before anyone decides.
+    let orphan = running(&db, "run_o", &worker("1")).await;
+    let created = db
+        .ledger
+        .create_step(&orphan, step("approve", "approve", 0), db.now());
+    created.await.unwrap();
+    let gate = db
+        .ledger
+        .approval_gate(&orphan, approval("approve"), db.now());
+    assert!(matches!(gate.await.unwrap(), Gate::Pending(_)));
+    let failed = StepFinish {
+        step_id: "approve".into(),
+        status: StepStatus::Failed,
+        output: None,
+        error: None,
+    };
+    db.ledger
+        .finish_step(&orphan, failed, db.now())
+        .await
+        .unwrap();
+
+    let now = db
+        .ledger
+        .sweep_holds(db.now(), 100, no_reminders)
+        .await
+        .unwrap();
+    assert!(now.timed_out.is_empty(), "nothing is due yet: {now:?}");
+    assert_eq!(now.cancelled, 1, "the failed step's approval: {now:?}");
+    assert_eq!(
+        hold(&db, "run_o", "approve").await.status,
+        HoldStatus::Cancelled
+    );
+
+    db.advance(std::time::Duration::from_secs(31));
+    let waits = db
+        .ledger
+        .sweep_holds(db.now(), 100, no_reminders)
+        .await
+        .unwrap();
+    let timed_out = |kind, subject: &str| SweptHold {
+        kind,
+        run_id: "run_h".into(),
+        subject: subject.into(),
+    };
+    let mut got = waits.timed_out.clone();
+    got.sort_by(|a, b| a.subject.cmp(&b.subject));
+    assert_eq!(
+        got,
+        [
+            timed_out(HoldKind::Callback, "hook"),
+            timed_out(HoldKind::Event, "ship")
+        ]
+    );
+    assert_eq!(
+        hold(&db, "run_h", "approve").await.status,
+        HoldStatus::Pending
+    );
+
+    db.advance(std::time::Duration::from_secs(30));
+    let approval = db
+        .ledger
+        .sweep_holds(db.now(), 100, no_reminders)
+        .await
+        .unwrap();
+    assert_eq!(
+        approval.timed_out,
+        [timed_out(HoldKind::Approval, "approve")]
+    );
+    let again = db
+        .ledger
+        .sweep_holds(db.now(), 100, no_reminders)
+        .await
+        .unwrap();
+    assert_eq!(again, flow_ledger::SweptHolds::default(), "each fires once");
+    let kid = hold(&db, "run_h", "run_h.kid").await;
+    assert_eq!(
+        (kid.kind, kid.status),
+        (HoldKind::Child, HoldStatus::Pending)
     );
 }

@@ -1,12 +1,12 @@
-//! The daemons' sweep of waits (`sweep_waits`): a deadline fires once whatever races
-//! it (another sweep, a callback), finished runs' waits are cancelled, and the counts
-//! and lists the views read agree with all of it.
+//! The daemons' sweep of holds (`sweep_holds`) as it settles waits: a deadline fires
+//! once whatever races it (another sweep, a callback), finished runs' waits are
+//! cancelled, and the counts and lists the views read agree with all of it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use flow_ledger::{
-    CallbackReply, EventType, RunFinish, RunStatus, Timestamp, WaitFilter, WaitStatus,
+    CallbackReply, EventType, HoldKind, RunFinish, RunStatus, Timestamp, WaitFilter, WaitStatus,
 };
 use serde_json::json;
 
@@ -35,7 +35,11 @@ async fn two_sweeps_at_once_time_a_wait_out_once(db: TestDb) {
             held.push(run);
         }
     }
-    let early = db.ledger.sweep_waits(db.now(), 100).await.unwrap();
+    let early = db
+        .ledger
+        .sweep_holds(db.now(), 100, no_reminders)
+        .await
+        .unwrap();
     assert!(
         early.timed_out.is_empty() && early.cancelled == 0,
         "{early:?}"
@@ -48,7 +52,7 @@ async fn two_sweeps_at_once_time_a_wait_out_once(db: TestDb) {
             let (ledger, barrier) = (db.ledger.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                ledger.sweep_waits(now, 100).await
+                ledger.sweep_holds(now, 100, no_reminders).await
             })
         })
         .collect();
@@ -62,7 +66,9 @@ async fn two_sweeps_at_once_time_a_wait_out_once(db: TestDb) {
     runs.sort();
     assert_eq!(runs, (0..6).map(|i| format!("run_{i}")).collect::<Vec<_>>());
     assert_eq!(count(&db, EventType::WaitTimedOut).await, 6, "one per wait");
-    for w in &timed_out {
+    for h in &timed_out {
+        assert_eq!(h.kind, HoldKind::Event);
+        let w = get(&db, &h.run_id, &h.subject).await;
         assert_eq!(w.status, WaitStatus::TimedOut);
         assert_eq!(w.settled_by.as_deref(), Some("sweep"));
         assert_eq!(w.settled_at, Some(now));
@@ -82,7 +88,11 @@ async fn two_sweeps_at_once_time_a_wait_out_once(db: TestDb) {
     for run in &held {
         assert!(!pause(&db, run).await, "its wait timed out: go on");
     }
-    let again = db.ledger.sweep_waits(db.now(), 100).await.unwrap();
+    let again = db
+        .ledger
+        .sweep_holds(db.now(), 100, no_reminders)
+        .await
+        .unwrap();
     assert!(again.timed_out.is_empty(), "no second timer firing");
     assert_eq!(count(&db, EventType::WaitTimedOut).await, 6);
 }
@@ -100,7 +110,11 @@ async fn a_resumed_wait_past_its_deadline_times_out(db: TestDb) {
     assert_eq!(w.status, WaitStatus::TimedOut);
     assert_eq!(w.deadline, Timestamp(T0.0 + 2_000));
     assert_eq!(count(&db, EventType::WaitTimedOut).await, 1);
-    let swept = db.ledger.sweep_waits(db.now(), 100).await.unwrap();
+    let swept = db
+        .ledger
+        .sweep_holds(db.now(), 100, no_reminders)
+        .await
+        .unwrap();
     assert!(swept.timed_out.is_empty(), "{swept:?}");
     let again = db
         .ledger
@@ -131,7 +145,11 @@ async fn finished_runs_waits_are_cancelled(db: TestDb) {
     assert_eq!(db.ledger.count_pending_waits().await.unwrap(), 3);
 
     for _ in 0..2 {
-        let swept = db.ledger.sweep_waits(db.now(), 1).await.unwrap();
+        let swept = db
+            .ledger
+            .sweep_holds(db.now(), 1, no_reminders)
+            .await
+            .unwrap();
         assert_eq!(swept.cancelled, 1, "at most `limit` a sweep: {swept:?}");
         assert!(swept.timed_out.is_empty());
     }
@@ -147,7 +165,11 @@ async fn finished_runs_waits_are_cancelled(db: TestDb) {
     assert_eq!(db.ledger.count_pending_waits().await.unwrap(), 1);
     assert_eq!(count(&db, EventType::WaitTimedOut).await, 0);
     assert_eq!(count(&db, EventType::WaitCompleted).await, 0);
-    let again = db.ledger.sweep_waits(db.now(), 100).await.unwrap();
+    let again = db
+        .ledger
+        .sweep_holds(db.now(), 100, no_reminders)
+        .await
+        .unwrap();
     assert_eq!(again.cancelled, 0);
     assert_eq!(
         run_status(&db, "run_cancelled").await,
@@ -182,7 +204,7 @@ async fn a_callback_and_the_sweep_race_to_one_outcome(db: TestDb) {
         let (ledger, barrier) = (db.ledger.clone(), barrier.clone());
         tokio::spawn(async move {
             barrier.wait().await;
-            ledger.sweep_waits(now, 100).await
+            ledger.sweep_holds(now, 100, no_reminders).await
         })
     };
     let mut completed = 0;
@@ -270,8 +292,13 @@ async fn pending_waits_are_counted_and_listed(db: TestDb) {
     assert_eq!(runs(failed.unwrap()), ["run_c"]);
 
     db.advance(Duration::from_secs(60));
-    let swept = db.ledger.sweep_waits(db.now(), 100).await.unwrap();
-    assert_eq!(runs(swept.timed_out), ["run_a"]);
+    let swept = db
+        .ledger
+        .sweep_holds(db.now(), 100, no_reminders)
+        .await
+        .unwrap();
+    let swept: Vec<_> = swept.timed_out.iter().map(|h| h.run_id.as_str()).collect();
+    assert_eq!(swept, ["run_a"]);
     assert_eq!(db.ledger.count_pending_waits().await.unwrap(), 0);
     assert!(db.ledger.list_waits(pending(0)).await.unwrap().is_empty());
     let timed_out = db.ledger.list_waits(by(WaitStatus::TimedOut)).await;
