@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use flow_ledger::{SystemClock, WorkerId};
+use flow_ledger::WorkerId;
 use tokio_util::sync::CancellationToken;
 
 use super::{Cli, CliError, exit, logging};
@@ -56,16 +56,24 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     Ok(d)
 }
 
-/// What the daemon runs with: the runtime, its executor, the event consumers and, with
-/// `--serve`, the API's authentication.
-type Opened = (
-    Runtime,
-    Executor,
-    Vec<crate::events::Consumer>,
-    Option<ApiAuth>,
-    (Scheduled, crate::retention::Retention),
-    Vec<crate::connections::ConnectionConfig>,
-);
+/// What the daemon opens once, flow.toml and the secrets read once: the executor the
+/// claim loop runs, and what the services beside it are given.
+struct Opened {
+    executor: Executor,
+    services: Services,
+}
+
+/// What the services beside the claim loop are started from ([`Beside::start`]).
+struct Services {
+    runtime: Runtime,
+    /// The event consumers of flow.toml: this process delivers their events too.
+    consumers: Vec<crate::events::Consumer>,
+    /// `--serve`: the API's authentication.
+    auth: Option<ApiAuth>,
+    schedules: Scheduled,
+    retention: crate::retention::Retention,
+    connections: Vec<crate::connections::ConnectionConfig>,
+}
 
 /// The schedules of `flow.toml` and who stores their definitions (`config <path>`).
 type Scheduled = crate::schedule::manage::Schedules;
@@ -127,15 +135,17 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     .map_err(CliError::from)?;
     runtime.gateway.set_public_url(public_url.as_deref());
     let executor = runtime.executor(Arc::new(Observer::new(metrics)));
-    let connections = std::mem::take(&mut config.connections);
-    Ok((
-        runtime,
+    Ok(Opened {
         executor,
-        consumers,
-        auth,
-        (scheduled, retention),
-        connections,
-    ))
+        services: Services {
+            runtime,
+            consumers,
+            auth,
+            schedules: scheduled,
+            retention,
+            connections: std::mem::take(&mut config.connections),
+        },
+    })
 }
 
 /// `--metrics-addr ADDR`: `/metrics` and `/healthz` until `stop` fires; the bound address.
@@ -208,7 +218,7 @@ fn spawn_scheduler(
 /// `[retention]` of `flow.toml`, applied beside the workers until `stop` (off: no task).
 fn spawn_retention(
     retention: crate::retention::Retention,
-    ledger: &flow_ledger::Ledger,
+    runtime: &Runtime,
     metrics: &Arc<Metrics>,
     stop: &CancellationToken,
     stderr: &mut dyn Write,
@@ -228,13 +238,116 @@ fn spawn_retention(
         );
         let metrics = metrics.clone();
         tokio::spawn(crate::retention::gc::run(
-            ledger.clone(),
+            runtime.ledger.clone(),
             retention,
-            Arc::new(SystemClock),
+            runtime.clock.clone(),
             stop.clone(),
             Box::new(move |d| metrics.retention_deleted(d)),
         ))
     })
+}
+
+/// The services a daemon runs beside its claim loop — the metrics and API servers, event
+/// delivery, the scheduler, retention — started together and stopped by one
+/// [`Beside::drain`].
+struct Beside {
+    /// Ends the servers, the scheduler, retention and (between batches) delivery.
+    stop: CancellationToken,
+    /// Event delivery, when flow.toml has consumers.
+    dispatcher: Option<tokio::task::JoinHandle<crate::events::Summary>>,
+    /// The scheduler, and retention when it is on.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    consumers: Vec<crate::events::Consumer>,
+    ledger: flow_ledger::Ledger,
+    clock: Arc<dyn flow_ledger::Clock>,
+}
+
+impl Beside {
+    /// Serves metrics (`--metrics-addr`) and the API (`--serve`), says on stderr what
+    /// this daemon does, and spawns delivery, the scheduler and retention.
+    async fn start(
+        services: Services,
+        args: &DaemonArgs,
+        config: &Settings,
+        metrics: &Arc<Metrics>,
+        stderr: &mut dyn Write,
+    ) -> Result<Beside, CliError> {
+        let Services {
+            runtime,
+            consumers,
+            auth,
+            schedules,
+            retention,
+            connections,
+        } = services;
+        let ledger = runtime.ledger.clone();
+        let stop = CancellationToken::new();
+        let served = serve_metrics(args, metrics, &ledger, &stop).await?;
+        if let (Some(addr), Some(auth)) = (args.serve, auth) {
+            let served = (metrics.clone(), schedules.clone(), connections);
+            serve_api(auth, addr, &runtime, served, &stop, stderr).await?;
+        }
+        let wake = wake_description(config, ledger.backend_name());
+        let _ = writeln!(
+            stderr,
+            "flow daemon {} on {}: up to {} runs at once, {wake}{}",
+            config.worker.as_str(),
+            ledger.url_redacted(),
+            config.concurrency,
+            served
+                .map(|a| format!(", metrics on http://{a}/metrics"))
+                .unwrap_or_default()
+        );
+        let clock = runtime.clock.clone();
+        let dispatcher = (!consumers.is_empty()).then(|| {
+            let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();
+            let _ = writeln!(
+                stderr,
+                "flow daemon: delivering events to {}",
+                names.join(", ")
+            );
+            let delivery = crate::events::run(
+                ledger.clone(),
+                consumers.clone(),
+                clock.clone(),
+                stop.clone(),
+            );
+            tokio::spawn(delivery)
+        });
+        let scheduler = spawn_scheduler(schedules, &ledger, metrics, &stop, stderr);
+        let retention = spawn_retention(retention, &runtime, metrics, &stop, stderr);
+        Ok(Beside {
+            stop,
+            dispatcher,
+            tasks: [Some(scheduler), retention].into_iter().flatten().collect(),
+            consumers,
+            ledger,
+            clock,
+        })
+    }
+
+    /// Stops them once the claim loop has: the servers, the scheduler and retention
+    /// end; delivery records the batch it is sending (unless the daemon stops at once);
+    /// an idle stop (`--exit-when-idle`, which promises a drained queue) delivers the
+    /// events of the runs just finished too.
+    async fn drain(self, stopped: &Stopped, stderr: &mut dyn Write) {
+        self.stop.cancel();
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        if !matches!(stopped, Stopped::Immediate | Stopped::Unusable(_))
+            && let Some(task) = self.dispatcher
+        {
+            let _ = task.await;
+        }
+        if matches!(stopped, Stopped::Idle) && !self.consumers.is_empty() {
+            // A signal stop leaves these to the next dispatcher instead.
+            let once = crate::events::dispatch_once(&self.ledger, self.consumers, self.clock);
+            if let Err(e) = once.await {
+                let _ = writeln!(stderr, "warning: final event delivery failed: {e}");
+            }
+        }
+    }
 }
 
 /// `flow daemon`.
@@ -245,9 +358,8 @@ pub(crate) async fn daemon(
     stderr: &mut dyn Write,
 ) -> Result<u8, CliError> {
     let metrics = Arc::new(Metrics::new());
-    let (runtime, executor, consumers, auth, (schedules, retention), connections) =
-        open(cli, args, metrics.clone()).await?;
-    let ledger = runtime.ledger.clone();
+    let Opened { executor, services } = open(cli, args, metrics.clone()).await?;
+    let ledger = services.runtime.ledger.clone();
     let config = Settings {
         concurrency: usize::try_from(args.concurrency).unwrap_or(1),
         poll_interval: args.poll_interval,
@@ -257,61 +369,11 @@ pub(crate) async fn daemon(
         worker: WorkerId::current(),
         flow: super::flow_command(cli),
     };
-    let stop_serving = CancellationToken::new();
-    let served = serve_metrics(args, &metrics, &ledger, &stop_serving).await?;
-    if let (Some(addr), Some(auth)) = (args.serve, auth) {
-        let served = (metrics.clone(), schedules.clone(), connections);
-        serve_api(auth, addr, &runtime, served, &stop_serving, stderr).await?;
-    }
-    let wake = wake_description(&config, ledger.backend_name());
-    let _ = writeln!(
-        stderr,
-        "flow daemon {} on {}: up to {} runs at once, {wake}{}",
-        config.worker.as_str(),
-        ledger.url_redacted(),
-        config.concurrency,
-        served
-            .map(|a| format!(", metrics on http://{a}/metrics"))
-            .unwrap_or_default()
-    );
-    let consumer_names: Vec<String> = consumers.iter().map(|c| c.name.clone()).collect();
-    let dispatcher = (!consumers.is_empty()).then(|| {
-        let _ = writeln!(
-            stderr,
-            "flow daemon: delivering events to {}",
-            consumer_names.join(", ")
-        );
-        tokio::spawn(crate::events::run(
-            ledger.clone(),
-            consumers.clone(),
-            Arc::new(SystemClock),
-            stop_serving.clone(),
-        ))
-    });
-    let scheduler = spawn_scheduler(schedules, &ledger, &metrics, &stop_serving, stderr);
-    let retention = spawn_retention(retention, &ledger, &metrics, &stop_serving, stderr);
+    let beside = Beside::start(services, args, &config, &metrics, stderr).await?;
     let service = Service::new(executor, config, metrics);
     let signals = tokio::spawn(shutdown::on_signals(service.handle()));
     let stopped = service.run().await;
-    stop_serving.cancel();
-    for task in [Some(scheduler), retention].into_iter().flatten() {
-        let _ = task.await;
-    }
-    if !matches!(stopped, Stopped::Immediate | Stopped::Unusable(_))
-        && let Some(task) = dispatcher
-    {
-        // Let the dispatcher record the batch it is sending before the process ends.
-        let _ = task.await;
-    }
-    if matches!(stopped, Stopped::Idle) && !consumers.is_empty() {
-        // `--exit-when-idle` promises a drained queue: that includes the events of the
-        // runs just finished (a signal stop leaves them to the next dispatcher instead).
-        if let Err(e) =
-            crate::events::dispatch_once(&ledger, consumers, Arc::new(SystemClock)).await
-        {
-            let _ = writeln!(stderr, "warning: final event delivery failed: {e}");
-        }
-    }
+    beside.drain(&stopped, stderr).await;
     match stopped {
         Stopped::Idle => {
             let _ = writeln!(stderr, "flow daemon: queue empty; exiting");

@@ -319,30 +319,53 @@ impl<'a> RunScope<'a> {
             if (progressed && in_flight.is_empty()) || !done.is_empty() {
                 continue;
             }
-            // Wait for a step to finish, a retry to come due, or the heartbeat.
-            let sleep = wait_until.map(|t| {
-                Duration::from_millis(
-                    u64::try_from((t.0 - self.gateway.now().0).max(0)).unwrap_or(0),
-                )
-            });
-            // Kept pure results are flushed when due even while other steps run.
-            let flush_in = self
-                .writer
-                .due()
-                .map(|due| due.saturating_duration_since(Instant::now()));
-            tokio::select! {
-                Some((finished, result)) = in_flight.next(), if !in_flight.is_empty() => {
-                    self.settle(st, finished, result?);
-                }
-                () = tokio::time::sleep(flush_in.unwrap_or_default()), if flush_in.is_some() => {
-                    alongside(&mut in_flight, &mut done, self.flush_pure()).await?;
-                }
-                () = async { tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))).await }, if sleep.is_some() => {}
-                _ = lost.changed() => {}
-                () = stop.cancelled(), if !stop.is_cancelled() => {}
-                () = tokio::time::sleep(Duration::from_millis(500)), if in_flight.is_empty() && sleep.is_none() && !progressed => {}
+            let idle = in_flight.is_empty() && wait_until.is_none() && !progressed;
+            let flush_due = self
+                .wait_for_change(st, &mut in_flight, wait_until, idle, lost, stop)
+                .await?;
+            if flush_due {
+                alongside(&mut in_flight, &mut done, self.flush_pure()).await?;
             }
         }
+    }
+
+    /// Waits for whichever comes first: a step in flight finishing (settled here), the
+    /// kept pure results coming due for their flush (even while other steps run: the
+    /// answer is `true`, the caller flushes), a retry due at `until`, the heartbeat
+    /// losing the lease, the stop token — or, when the loop is `idle` (nothing in
+    /// flight, due or just done), half a second.
+    async fn wait_for_change<F>(
+        &self,
+        st: &mut RunState,
+        in_flight: &mut FuturesUnordered<F>,
+        until: Option<Timestamp>,
+        idle: bool,
+        lost: &mut watch::Receiver<bool>,
+        stop: &CancellationToken,
+    ) -> Result<bool, gateway::Error>
+    where
+        F: Future<Output = (Finished, Result<StepResult, gateway::Error>)>,
+    {
+        let sleep = until.map(|t| {
+            Duration::from_millis(u64::try_from((t.0 - self.gateway.now().0).max(0)).unwrap_or(0))
+        });
+        let flush_in = self
+            .writer
+            .due()
+            .map(|due| due.saturating_duration_since(Instant::now()));
+        tokio::select! {
+            Some((finished, result)) = in_flight.next(), if !in_flight.is_empty() => {
+                self.settle(st, finished, result?);
+            }
+            () = tokio::time::sleep(flush_in.unwrap_or_default()), if flush_in.is_some() => {
+                return Ok(true);
+            }
+            () = async { tokio::time::sleep(sleep.unwrap_or(Duration::from_secs(3600))).await }, if sleep.is_some() => {}
+            _ = lost.changed() => {}
+            () = stop.cancelled(), if !stop.is_cancelled() => {}
+            () = tokio::time::sleep(Duration::from_millis(500)), if idle => {}
+        }
+        Ok(false)
     }
 
     /// Writes what an action decides without a call: a node skipped because an upstream

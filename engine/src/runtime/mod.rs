@@ -58,6 +58,9 @@ pub struct Runtime {
     pub ledger: Ledger,
     /// The gateway: tools, secrets, egress, faults, clock.
     pub gateway: Gateway,
+    /// The one clock of this process (the gateway's): the services beside the
+    /// executor — event delivery, retention — read time from it too.
+    pub clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -91,13 +94,17 @@ impl Runtime {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let gateway = Gateway::new(
             ledger.clone(),
-            clock,
+            clock.clone(),
             tools,
             secrets,
             (egress, policy),
             Faults::from_env(),
         );
-        Ok(Runtime { ledger, gateway })
+        Ok(Runtime {
+            ledger,
+            gateway,
+            clock,
+        })
     }
 
     /// An executor on this runtime's gateway, reporting to `progress`.
