@@ -14,7 +14,7 @@ use super::table::{table, terminal_width};
 use super::who::Who;
 use super::{Cli, CliError, exit, open_ledger};
 use crate::config::Config;
-use crate::connections::grant::{self, GrantError, Options};
+use crate::connections::grant::{self, GrantError, Options, SignInWith};
 use crate::connections::seal::{self, Key, Keys};
 use crate::secrets::Secrets;
 
@@ -114,11 +114,15 @@ pub(crate) async fn connect(
         timeout,
         by,
     };
+    let with = SignInWith {
+        config: entry,
+        secrets: &secrets,
+        oauth: &oauth,
+    };
     let done = if entry.cross_app.is_some() {
-        crate::connections::cross_app::connect(&ledger, (entry, &secrets, &oauth), &options.by)
-            .await
+        crate::connections::cross_app::connect(&ledger, with, &options.by).await
     } else {
-        grant::connect(&ledger, (entry, &secrets, &oauth), &options, stdout).await
+        grant::connect(&ledger, with, &options, stdout).await
     }
     .map_err(grant_error)?;
     let _ = writeln!(

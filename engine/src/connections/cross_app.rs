@@ -7,11 +7,10 @@
 //! The tokens are sealed and stored like any connection's; when they expire without a
 //! refresh token, a fresh ID token and `flow connect` sign in again.
 
-use flow_adapters::mcp::{OAuth, OAuthClient, TokenFailure};
+use flow_adapters::mcp::{OAuthClient, TokenFailure};
 use flow_ledger::{Endpoints, Ledger};
 
-use super::ConnectionConfig;
-use super::grant::{Connected, GrantError, client_for, scope_for, store};
+use super::grant::{Connected, GrantError, SignInWith, client_for, scope_for, store};
 use super::seal::{Key, Tokens};
 use crate::secrets::Secrets;
 
@@ -35,9 +34,14 @@ fn secret<'a>(secrets: &'a Secrets, name: &str, what: &str) -> Result<&'a str, G
 /// Signs in to `config` (which has `cross_app`) as `by` and stores the tokens.
 pub async fn connect(
     ledger: &Ledger,
-    (config, secrets, oauth): (&ConnectionConfig, &Secrets, &OAuth),
+    with: SignInWith<'_>,
     by: &str,
 ) -> Result<Connected, GrantError> {
+    let SignInWith {
+        config,
+        secrets,
+        oauth,
+    } = with;
     let name = config.name.as_str();
     let Some(x) = &config.cross_app else {
         return Err(GrantError::Setup(format!(
@@ -72,7 +76,7 @@ pub async fn connect(
         .and_then(|c| c.scopes_wanted);
     let scope = scope_for(config, wanted.as_deref(), &sign_in);
     // `client_id` is required with `cross_app` (checked on load): no registration.
-    let client = client_for(oauth, (config, secrets), &sign_in, ("", scope.as_deref())).await?;
+    let client = client_for(with, &sign_in, ("", scope.as_deref())).await?;
     let idp_client = OAuthClient {
         client_id: x.idp_client_id.clone(),
         method: if idp_secret.is_some() {

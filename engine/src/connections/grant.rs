@@ -118,13 +118,30 @@ pub(super) fn scope_for(
     (!scopes.is_empty()).then(|| scopes.join(" "))
 }
 
+/// What a sign-in to one connection works with: the connection's declaration, the
+/// secrets its client credentials and the sealing key come from, and the OAuth client
+/// (under this process's egress policy).
+#[derive(Clone, Copy)]
+pub struct SignInWith<'a> {
+    /// The connection (`[[connections]]` of flow.toml).
+    pub config: &'a ConnectionConfig,
+    /// The process's secrets.
+    pub secrets: &'a Secrets,
+    /// The OAuth client.
+    pub oauth: &'a OAuth,
+}
+
 /// The client to sign in with: configured, metadata document, or registered.
 pub(super) async fn client_for(
-    oauth: &OAuth,
-    (config, secrets): (&ConnectionConfig, &Secrets),
+    with: SignInWith<'_>,
     sign_in: &SignIn,
     (redirect_uri, scope): (&str, Option<&str>),
 ) -> Result<OAuthClient, GrantError> {
+    let SignInWith {
+        config,
+        secrets,
+        oauth,
+    } = with;
     if let Some(id) = &config.client_id {
         let is_document = id.starts_with("https://");
         if is_document && !sign_in.client_id_metadata_document_supported {
@@ -251,9 +268,10 @@ pub struct Begun {
 /// when none is configured), a fresh verifier and `state`. Nothing is stored.
 pub async fn begin(
     ledger: &Ledger,
-    (config, secrets, oauth): (&ConnectionConfig, &Secrets, &OAuth),
+    with: SignInWith<'_>,
     redirect_uri: &str,
 ) -> Result<Begun, GrantError> {
+    let SignInWith { config, oauth, .. } = with;
     let name = &config.name;
     let server =
         |e: flow_adapters::Error| GrantError::Server(format!("connection `{name}`: {}", e.message));
@@ -276,13 +294,7 @@ pub async fn begin(
         .map_err(|e| GrantError::Ledger(format!("cannot read the ledger: {e}")))?
         .and_then(|c| c.scopes_wanted);
     let scope = scope_for(config, wanted.as_deref(), &sign_in);
-    let client = client_for(
-        oauth,
-        (config, secrets),
-        &sign_in,
-        (redirect_uri, scope.as_deref()),
-    )
-    .await?;
+    let client = client_for(with, &sign_in, (redirect_uri, scope.as_deref())).await?;
     let (verifier, challenge) = pkce();
     let state = random_state();
     let url = authorize_url(
@@ -362,10 +374,15 @@ pub async fn finish(
 /// in `ledger`.
 pub async fn connect(
     ledger: &Ledger,
-    (config, secrets, oauth): (&ConnectionConfig, &Secrets, &OAuth),
+    with: SignInWith<'_>,
     options: &Options,
     out: &mut dyn Write,
 ) -> Result<Connected, GrantError> {
+    let SignInWith {
+        config,
+        secrets,
+        oauth,
+    } = with;
     let name = &config.name;
     let key = Key::from_secrets(secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
@@ -378,7 +395,7 @@ pub async fn connect(
         .map_err(|e| GrantError::Setup(e.to_string()))?
         .port();
     let redirect_uri = format!("http://127.0.0.1:{port}/callback");
-    let Begun { url, pending } = begin(ledger, (config, secrets, oauth), &redirect_uri).await?;
+    let Begun { url, pending } = begin(ledger, with, &redirect_uri).await?;
     let _ = writeln!(out, "Sign in to connection `{name}` at:\n\n  {url}\n");
     let _ = writeln!(
         out,

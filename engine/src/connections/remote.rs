@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use super::ConnectionConfig;
-use super::grant::{self, Connected, GrantError, Pending};
+use super::grant::{self, Connected, GrantError, Pending, SignInWith};
 use super::seal::{Key, Keys};
 use crate::secrets::Secrets;
 
@@ -81,13 +81,13 @@ fn label(name: &str) -> String {
 /// with `browser` (a console sign-in's cookie value) only that browser can finish it.
 pub async fn start(
     ledger: &Ledger,
-    (config, secrets, oauth): (&ConnectionConfig, &Secrets, &OAuth),
+    with: SignInWith<'_>,
     public_url: &str,
     (by, browser): (&str, Option<&str>),
 ) -> Result<Started, GrantError> {
-    let key = Key::from_secrets(secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
+    let key = Key::from_secrets(with.secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
     let redirect_uri = format!("{}{CALLBACK_PATH}", public_url.trim_end_matches('/'));
-    let begun = grant::begin(ledger, (config, secrets, oauth), &redirect_uri).await?;
+    let begun = grant::begin(ledger, with, &redirect_uri).await?;
     let now = flow_ledger::SystemClock.now();
     let expires_at = now.plus(PENDING_FOR);
     let s = ledger.scope();
@@ -97,9 +97,13 @@ pub async fn start(
         pending: begun.pending,
         browser: browser.map(hex_sha256),
     };
-    let sealed = key.seal_value((&s.tenant, &s.workspace), &label(&config.name), &waiting);
+    let sealed = key.seal_value(
+        (&s.tenant, &s.workspace),
+        &label(&with.config.name),
+        &waiting,
+    );
     let pending = PendingSignIn {
-        name: config.name.clone(),
+        name: with.config.name.clone(),
         sealed,
         key_id: key.id().to_owned(),
         begun_by: by.to_owned(),

@@ -66,6 +66,14 @@ pub struct App {
     pub connections: Vec<crate::connections::ConnectionConfig>,
 }
 
+impl App {
+    /// The time every handler writes with: the gateway's clock, the one the executor
+    /// and the daemon's services read too.
+    pub fn now(&self) -> flow_ledger::Timestamp {
+        self.gateway.now()
+    }
+}
+
 /// The whole server's routes with their limits.
 pub fn router(app: Arc<App>) -> Router {
     let metrics =

@@ -14,7 +14,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json_};
 
-use super::now;
 use crate::approval::{self, Decider, Decision, Refusal};
 use crate::serve::App;
 use crate::serve::auth::{Authed, Operator, Viewer};
@@ -56,7 +55,7 @@ pub async fn list(
         run_id: q.run,
         status: (!q.all).then_some(ApprovalStatus::Pending),
         limit: q.limit.unwrap_or(1000).clamp(1, 1000),
-        as_of: Some(now()),
+        as_of: Some(app.now()),
     };
     let items = app
         .ledger
@@ -143,7 +142,7 @@ pub async fn decide(
         reason: body.reason,
         digest: body.digest,
     };
-    let decided = crate::approval::decide(&app.ledger, &who, d, now())
+    let decided = crate::approval::decide(&app.ledger, &who, d, app.now())
         .await
         .map_err(|e| refused(e, &id))?;
     let (outcome, a) = match &decided {

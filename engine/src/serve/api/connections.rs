@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::connections::grant::GrantError;
+use crate::connections::grant::{GrantError, SignInWith};
 use crate::connections::remote;
 use crate::connections::view::{ConnectionView, views};
 use crate::serve::App;
@@ -91,7 +91,11 @@ pub(crate) async fn begin(
     let secrets = app.gateway.secrets();
     let started = remote::start(
         &app.ledger,
-        (config, secrets, &oauth),
+        SignInWith {
+            config,
+            secrets,
+            oauth: &oauth,
+        },
         public_url,
         (by, browser),
     )

@@ -228,7 +228,7 @@ pub(crate) async fn settle_many(
         if i > 0 {
             tokio::time::sleep(SETTLE_PACE).await;
         }
-        if let Some(until) = crate::view::call::holder_may_send_until(c, super::now()) {
+        if let Some(until) = crate::view::call::holder_may_send_until(c, app.now()) {
             done.skipped.push(Skipped {
                 run: c.run_id.clone(),
                 node: c.tool_call_id.clone(),
@@ -243,7 +243,7 @@ pub(crate) async fn settle_many(
             by: caller.name.clone(),
             note: reason.clone(),
         };
-        match app.ledger.resolve_call(req, super::now()).await {
+        match app.ledger.resolve_call(req, app.now()).await {
             // The ledger re-queues a paused run whose last doubt this settles.
             Ok(call) => {
                 crate::telemetry::spans::resolved(&call, crate::telemetry::spans::Resolver::Api);

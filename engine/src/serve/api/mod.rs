@@ -491,8 +491,3 @@ async fn openapi() -> axum::response::Response {
     )
         .into_response()
 }
-
-/// The time every handler writes with.
-pub(crate) fn now() -> flow_ledger::Timestamp {
-    flow_ledger::Clock::now(&flow_ledger::SystemClock)
-}

@@ -15,7 +15,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json_, json};
 
-use super::now;
 use crate::serve::App;
 use crate::serve::auth::{Authed, Operator, Viewer};
 use crate::serve::problem::{ApiJson, Problem};
@@ -157,7 +156,7 @@ pub struct BatchSubmitted {
 /// console's runs page.
 pub(crate) async fn page(app: &App, q: ListQuery) -> Result<Page, Problem> {
     let want_counts = q.counts;
-    let (filter, limit) = filter(q)?;
+    let (filter, limit) = filter(q, app.now())?;
     let counts = if want_counts {
         let by_status = app
             .ledger
@@ -195,8 +194,9 @@ fn listing_problem(e: &flow_ledger::Error) -> Problem {
 }
 
 /// The ledger's filter for `q` (one more run than the page, to tell whether another
-/// page follows) and the page size; 400 naming the parameter at fault.
-fn filter(q: ListQuery) -> Result<(RunFilter, u32), Problem> {
+/// page follows) and the page size; 400 naming the parameter at fault. `now` is what
+/// a duration ago (`since=2h`) counts back from.
+fn filter(q: ListQuery, now: flow_ledger::Timestamp) -> Result<(RunFilter, u32), Problem> {
     let status = q
         .status
         .as_deref()
@@ -216,7 +216,7 @@ fn filter(q: ListQuery) -> Result<(RunFilter, u32), Problem> {
     }
     let time = |name: &str, text: Option<&str>| {
         text.map(|t| {
-            parse_time(t, now()).ok_or_else(|| {
+            parse_time(t, now).ok_or_else(|| {
                 Problem::bad_request(format!(
                     "{name}: `{t}` is neither an RFC 3339 time nor a duration ago (2h, 30m)"
                 ))
@@ -386,7 +386,7 @@ pub async fn submit(
     };
     let enq = app
         .ledger
-        .enqueue_as(new, Some(actor), now())
+        .enqueue_as(new, Some(actor), app.now())
         .await
         .map_err(|e| conflict(e, &id))?;
     let status = if enq.created {
@@ -452,7 +452,7 @@ pub async fn batch(
     };
     let enqueued = app
         .ledger
-        .enqueue_batch(runs, Some(actor), now())
+        .enqueue_batch(runs, Some(actor), app.now())
         .await
         .map_err(|e| {
             let id = match &e {

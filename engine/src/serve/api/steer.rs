@@ -13,7 +13,6 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::Value as Json_;
 
-use super::now;
 use crate::serve::App;
 use crate::serve::auth::{Authed, Caller, Operator};
 use crate::serve::problem::{ApiJson, OptionalJson, Problem};
@@ -79,7 +78,7 @@ pub(crate) async fn cancel_run(
 ) -> Result<(), Problem> {
     let actor = actor(caller, reason);
     app.ledger
-        .request_cancel_as(id, Some(actor), now())
+        .request_cancel_as(id, Some(actor), app.now())
         .await
         .map(|_| ())
         .map_err(|e| refused(&e, id, "cancel"))
@@ -95,7 +94,7 @@ pub async fn resume(
 ) -> Result<Response, Problem> {
     let actor = actor(&caller, why.reason);
     app.ledger
-        .requeue_run_as(&id, Some(actor), now())
+        .requeue_run_as(&id, Some(actor), app.now())
         .await
         .map_err(|e| refused(&e, &id, "resume"))?;
     answer(&app, &id).await
@@ -209,7 +208,7 @@ pub(crate) async fn settle(
     reason: Option<String>,
 ) -> Result<(), Problem> {
     if let Ok(call) = app.ledger.get_call(run, node).await
-        && let Some(until) = crate::view::call::holder_may_send_until(&call, now())
+        && let Some(until) = crate::view::call::holder_may_send_until(&call, app.now())
     {
         return Err(Problem::conflict(holder_may_send(run, node, until)));
     }
@@ -221,7 +220,7 @@ pub(crate) async fn settle(
         note: reason,
     };
     app.ledger
-        .resolve_call(req, now())
+        .resolve_call(req, app.now())
         .await
         .map(|call| {
             crate::telemetry::spans::resolved(&call, crate::telemetry::spans::Resolver::Api)
@@ -263,7 +262,7 @@ pub(crate) async fn redrive_run(
 ) -> Result<flow_ledger::Redriven, Problem> {
     use crate::redrive::Error as R;
     let actor = actor(caller, body.reason);
-    crate::redrive::redrive(&app.ledger, id, body.from.as_deref(), actor, now())
+    crate::redrive::redrive(&app.ledger, id, body.from.as_deref(), actor, app.now())
         .await
         .map_err(|e| match e {
             R::Ledger(flow_ledger::Error::InDoubt { since }) => Problem::conflict(format!(

@@ -16,7 +16,6 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json_;
 
-use super::now;
 use crate::serve::App;
 use crate::serve::auth::{Authed, Operator, Viewer};
 use crate::serve::problem::{ApiJson, ApiQuery, Problem};
@@ -63,7 +62,7 @@ pub async fn publish(
             body.event_id.as_deref(),
             &body.data,
             Some(&caller.name),
-            now(),
+            app.now(),
         )
         .await
         .map_err(|e| Problem::ledger(&e))?;
@@ -128,7 +127,7 @@ pub async fn callback(
     let hash = crate::gateway::token_hash(&token);
     let wait = app
         .ledger
-        .callback(&hash, reply, now())
+        .callback(&hash, reply, app.now())
         .await
         .map_err(|e| token_problem(&e))?;
     Ok(Json(CallbackAnswer {
@@ -147,7 +146,7 @@ pub async fn heartbeat(
     let hash = crate::gateway::token_hash(&token);
     let wait = app
         .ledger
-        .callback_heartbeat(&hash, now())
+        .callback_heartbeat(&hash, app.now())
         .await
         .map_err(|e| token_problem(&e))?;
     Ok(Json(CallbackAnswer {

@@ -114,7 +114,7 @@ async fn inbox(
             run_id: run,
             status: Some(ApprovalStatus::Pending),
             limit: PAGE_ROWS + 1,
-            as_of: Some(crate::serve::api::now()),
+            as_of: Some(ui.app.now()),
         })
         .await
         .map_err(ledger_err)?;
@@ -278,7 +278,7 @@ pub async fn decide(
         reason: reason(&f.reason),
         digest: Some(f.digest.clone()).filter(|d| !d.is_empty()),
     };
-    let now = crate::serve::api::now();
+    let now = ui.app.now();
     match crate::approval::decide(&ui.app.ledger, &decider(&signed), d, now).await {
         Ok(done) => {
             let (outcome, needed) = match done {

@@ -254,7 +254,7 @@ async fn who(s: &session::Signed, ui: &Ui) -> Result<Json, Page> {
     let failed = |e: flow_ledger::Error| Page::from(Problem::ledger(&e));
     let in_doubt = ledger.count_calls_in_doubt().await.map_err(failed)?;
     let approvals = ledger
-        .count_pending_approvals(crate::serve::api::now())
+        .count_pending_approvals(ui.app.now())
         .await
         .map_err(failed)?;
     Ok(serde_json::json!({
