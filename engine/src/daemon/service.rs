@@ -256,9 +256,7 @@ impl Service {
                 if last_expire.is_none_or(|t| t.elapsed() >= EXPIRE_EVERY) {
                     let started = Instant::now();
                     last_expire = Some(started);
-                    self.requeue_due_probes().await;
-                    self.sweep_holds().await;
-                    if let Err(e) = self.ledger().expire_dead_local_workers(self.now()).await {
+                    if let Err(e) = self.due_timers().await {
                         wait = self.db_failed(&mut delays, started, &e);
                         self.pause(wait, &mut tasks, &mut leases).await;
                         continue;
@@ -353,6 +351,19 @@ impl Service {
             .metrics
             .claimed(claimed.len(), started.elapsed());
         Ok(claimed)
+    }
+
+    /// The durable timers this loop keeps, every [`EXPIRE_EVERY`]: due probes of calls
+    /// in doubt, the holds' deadlines and reminders, and the runs of provably dead local
+    /// workers (reclaimed at once). Only the last is an error: the first two log theirs,
+    /// and the claim that follows finds out whether the database is down.
+    async fn due_timers(&self) -> Result<(), flow_ledger::Error> {
+        self.requeue_due_probes().await;
+        self.sweep_holds().await;
+        self.ledger()
+            .expire_dead_local_workers(self.now())
+            .await
+            .map(|_| ())
     }
 
     /// The reconciler: paused runs with an in-doubt call whose next probe is due go
