@@ -14,7 +14,7 @@ use super::table::{table, terminal_width};
 use super::who::Who;
 use super::{Cli, CliError, exit, open_ledger};
 use crate::config::Config;
-use crate::connections::grant::{self, GrantError, Options, SignInWith};
+use crate::connections::grant::{self, Options, SignInWith};
 use crate::connections::seal::{self, Key, Keys};
 use crate::secrets::Secrets;
 
@@ -68,10 +68,10 @@ pub struct RevokeArgs {
     pub name: String,
 }
 
-fn grant_error(e: GrantError) -> CliError {
+fn grant_error(e: grant::Error) -> CliError {
     match e {
-        GrantError::Refused(m) => CliError::invalid(m),
-        GrantError::Setup(m) | GrantError::Server(m) | GrantError::Ledger(m) => {
+        grant::Error::Refused(m) => CliError::invalid(m),
+        grant::Error::Setup(m) | grant::Error::Server(m) | grant::Error::Ledger(m) => {
             CliError::unavailable(m)
         }
     }

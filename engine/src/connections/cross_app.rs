@@ -10,22 +10,24 @@
 use flow_adapters::mcp::{OAuthClient, TokenFailure};
 use flow_ledger::{Endpoints, Ledger};
 
-use super::grant::{Connected, GrantError, SignInWith, client_for, scope_for, store};
+use super::grant::{self, Connected, SignInWith, client_for, scope_for, store};
 use super::seal::{Key, Tokens};
 use crate::secrets::Secrets;
 
-fn failure(name: &str, at: &str) -> impl Fn(TokenFailure) -> GrantError {
+fn failure(name: &str, at: &str) -> impl Fn(TokenFailure) -> grant::Error {
     move |f| match f {
         TokenFailure::Refused(m) => {
-            GrantError::Refused(format!("connection `{name}`: {at} refused: {m}"))
+            grant::Error::Refused(format!("connection `{name}`: {at} refused: {m}"))
         }
-        TokenFailure::Other(e) => GrantError::Server(format!("connection `{name}`: {}", e.message)),
+        TokenFailure::Other(e) => {
+            grant::Error::Server(format!("connection `{name}`: {}", e.message))
+        }
     }
 }
 
-fn secret<'a>(secrets: &'a Secrets, name: &str, what: &str) -> Result<&'a str, GrantError> {
+fn secret<'a>(secrets: &'a Secrets, name: &str, what: &str) -> Result<&'a str, grant::Error> {
     secrets.get(name).ok_or_else(|| {
-        GrantError::Setup(format!(
+        grant::Error::Setup(format!(
             "{what}: secret `{name}` has no value (set FLOW_SECRET_{name} or a --secrets-file line)"
         ))
     })
@@ -36,7 +38,7 @@ pub async fn connect(
     ledger: &Ledger,
     with: SignInWith<'_>,
     by: &str,
-) -> Result<Connected, GrantError> {
+) -> Result<Connected, grant::Error> {
     let SignInWith {
         config,
         secrets,
@@ -44,11 +46,11 @@ pub async fn connect(
     } = with;
     let name = config.name.as_str();
     let Some(x) = &config.cross_app else {
-        return Err(GrantError::Setup(format!(
+        return Err(grant::Error::Setup(format!(
             "connection `{name}` has no [connections.cross_app]"
         )));
     };
-    let key = Key::from_secrets(secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
+    let key = Key::from_secrets(secrets).map_err(|e| grant::Error::Setup(e.to_string()))?;
     let id_token = secret(
         secrets,
         &x.id_token_secret,
@@ -68,11 +70,11 @@ pub async fn connect(
     let sign_in = oauth
         .discover(&config.server)
         .await
-        .map_err(|e| GrantError::Server(format!("connection `{name}`: {}", e.message)))?;
+        .map_err(|e| grant::Error::Server(format!("connection `{name}`: {}", e.message)))?;
     let wanted = ledger
         .connection(name)
         .await
-        .map_err(|e| GrantError::Ledger(format!("cannot read the ledger: {e}")))?
+        .map_err(|e| grant::Error::Ledger(format!("cannot read the ledger: {e}")))?
         .and_then(|c| c.scopes_wanted);
     let scope = scope_for(config, wanted.as_deref(), &sign_in);
     // `client_id` is required with `cross_app` (checked on load): no registration.

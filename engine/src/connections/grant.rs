@@ -25,7 +25,7 @@ use crate::secrets::Secrets;
 
 /// Why a sign-in did not complete. Nothing was stored in any case.
 #[derive(Debug, thiserror::Error)]
-pub enum GrantError {
+pub enum Error {
     /// The installation cannot sign in: no key, a missing client secret (exit 5).
     #[error("{0}")]
     Setup(String),
@@ -136,7 +136,7 @@ pub(super) async fn client_for(
     with: SignInWith<'_>,
     sign_in: &SignIn,
     (redirect_uri, scope): (&str, Option<&str>),
-) -> Result<OAuthClient, GrantError> {
+) -> Result<OAuthClient, Error> {
     let SignInWith {
         config,
         secrets,
@@ -145,14 +145,14 @@ pub(super) async fn client_for(
     if let Some(id) = &config.client_id {
         let is_document = id.starts_with("https://");
         if is_document && !sign_in.client_id_metadata_document_supported {
-            return Err(GrantError::Server(format!(
+            return Err(Error::Server(format!(
                 "connection `{}`: client_id {id} is a metadata document URL, but the authorization server {} does not take those (client_id_metadata_document_supported)",
                 config.name, sign_in.issuer
             )));
         }
         let secret = match &config.client_secret_name {
             Some(secret_name) => Some(secrets.get(secret_name).map(str::to_owned).ok_or_else(|| {
-                GrantError::Setup(format!(
+                Error::Setup(format!(
                     "connection `{}`: client_secret_name `{secret_name}` has no value (set FLOW_SECRET_{secret_name} or a --secrets-file line)",
                     config.name
                 ))
@@ -178,7 +178,7 @@ pub(super) async fn client_for(
         });
     }
     let Some(endpoint) = &sign_in.registration_endpoint else {
-        return Err(GrantError::Setup(format!(
+        return Err(Error::Setup(format!(
             "connection `{}`: the authorization server {} offers no dynamic registration; set `client_id` in its [[connections]] entry",
             config.name, sign_in.issuer
         )));
@@ -186,7 +186,7 @@ pub(super) async fn client_for(
     oauth
         .register(endpoint, redirect_uri, scope)
         .await
-        .map_err(|e| GrantError::Server(format!("connection `{}`: {}", config.name, e.message)))
+        .map_err(|e| Error::Server(format!("connection `{}`: {}", config.name, e.message)))
 }
 
 /// A sign-in begun and waiting for its browser: everything finishing it needs. Holds
@@ -270,20 +270,20 @@ pub async fn begin(
     ledger: &Ledger,
     with: SignInWith<'_>,
     redirect_uri: &str,
-) -> Result<Begun, GrantError> {
+) -> Result<Begun, Error> {
     let SignInWith { config, oauth, .. } = with;
     let name = &config.name;
     let server =
-        |e: flow_adapters::Error| GrantError::Server(format!("connection `{name}`: {}", e.message));
+        |e: flow_adapters::Error| Error::Server(format!("connection `{name}`: {}", e.message));
     let sign_in = oauth.discover(&config.server).await.map_err(server)?;
     if !sign_in.code_challenge_methods.iter().any(|m| m == "S256") {
-        return Err(GrantError::Server(format!(
+        return Err(Error::Server(format!(
             "connection `{name}`: the authorization server {} does not list PKCE S256 in code_challenge_methods_supported; flow signs in only with PKCE",
             sign_in.issuer
         )));
     }
     if sign_in.authorization_endpoint.is_none() {
-        return Err(GrantError::Server(format!(
+        return Err(Error::Server(format!(
             "connection `{name}`: authorization server {} has no authorization_endpoint: it offers no sign-in in a browser (cross-app access? see [connections.cross_app])",
             sign_in.issuer
         )));
@@ -291,7 +291,7 @@ pub async fn begin(
     let wanted = ledger
         .connection(name)
         .await
-        .map_err(|e| GrantError::Ledger(format!("cannot read the ledger: {e}")))?
+        .map_err(|e| Error::Ledger(format!("cannot read the ledger: {e}")))?
         .and_then(|c| c.scopes_wanted);
     let scope = scope_for(config, wanted.as_deref(), &sign_in);
     let client = client_for(with, &sign_in, (redirect_uri, scope.as_deref())).await?;
@@ -332,7 +332,7 @@ pub async fn finish(
     pending: Pending,
     params: &[(String, String)],
     by: &str,
-) -> Result<Connected, GrantError> {
+) -> Result<Connected, Error> {
     let name = pending.name.as_str();
     let issuer = (pending.issuer.as_str(), pending.iss_required);
     let code = code_of(name, params, &pending.state, issuer)?;
@@ -346,10 +346,8 @@ pub async fn finish(
         )
         .await
         .map_err(|f| match f {
-            TokenFailure::Refused(m) => GrantError::Refused(format!("connection `{name}`: {m}")),
-            TokenFailure::Other(e) => {
-                GrantError::Server(format!("connection `{name}`: {}", e.message))
-            }
+            TokenFailure::Refused(m) => Error::Refused(format!("connection `{name}`: {m}")),
+            TokenFailure::Other(e) => Error::Server(format!("connection `{name}`: {}", e.message)),
         })?;
     let tokens = Tokens {
         access_token: granted.access_token.clone(),
@@ -377,22 +375,20 @@ pub async fn connect(
     with: SignInWith<'_>,
     options: &Options,
     out: &mut dyn Write,
-) -> Result<Connected, GrantError> {
+) -> Result<Connected, Error> {
     let SignInWith {
         config,
         secrets,
         oauth,
     } = with;
     let name = &config.name;
-    let key = Key::from_secrets(secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
+    let key = Key::from_secrets(secrets).map_err(|e| Error::Setup(e.to_string()))?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
         .await
-        .map_err(|e| {
-            GrantError::Setup(format!("cannot listen on 127.0.0.1 for the redirect: {e}"))
-        })?;
+        .map_err(|e| Error::Setup(format!("cannot listen on 127.0.0.1 for the redirect: {e}")))?;
     let port = listener
         .local_addr()
-        .map_err(|e| GrantError::Setup(e.to_string()))?
+        .map_err(|e| Error::Setup(e.to_string()))?
         .port();
     let redirect_uri = format!("http://127.0.0.1:{port}/callback");
     let Begun { url, pending } = begin(ledger, with, &redirect_uri).await?;
@@ -405,7 +401,7 @@ pub async fn connect(
     open_browser(options.browser.as_deref(), url.as_str());
     let back = tokio::time::timeout(options.timeout, callback(&listener)).await;
     let params = back.map_err(|_| {
-        GrantError::Refused(format!(
+        Error::Refused(format!(
             "connection `{name}`: no sign-in came back within {}s; nothing was stored",
             options.timeout.as_secs()
         ))
@@ -420,15 +416,15 @@ fn authorize_url(
     redirect_uri: &str,
     (challenge, state): (&str, &str),
     scope: Option<&str>,
-) -> Result<url::Url, GrantError> {
+) -> Result<url::Url, Error> {
     let endpoint = sign_in.authorization_endpoint.as_deref().ok_or_else(|| {
-        GrantError::Server(format!(
+        Error::Server(format!(
             "authorization server {} has no authorization_endpoint: it offers no sign-in in a browser",
             sign_in.issuer
         ))
     })?;
     let mut url = url::Url::parse(endpoint)
-        .map_err(|e| GrantError::Server(format!("bad authorization_endpoint: {e}")))?;
+        .map_err(|e| Error::Server(format!("bad authorization_endpoint: {e}")))?;
     {
         let mut q = url.query_pairs_mut();
         q.append_pair("response_type", "code")
@@ -452,33 +448,33 @@ fn code_of(
     params: &[(String, String)],
     state: &str,
     (issuer, iss_required): (&str, bool),
-) -> Result<String, GrantError> {
+) -> Result<String, Error> {
     let got = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     if !subtle_eq(got("state").unwrap_or(""), state) {
-        return Err(GrantError::Refused(format!(
+        return Err(Error::Refused(format!(
             "connection `{name}`: the redirect's state does not match the one sent (a forged or stale redirect); nothing was stored"
         )));
     }
     if iss_required && got("iss").is_none() {
-        return Err(GrantError::Refused(format!(
+        return Err(Error::Refused(format!(
             "connection `{name}`: the redirect carries no `iss` although {issuer} promises one (RFC 9207: a mix-up attack's redirect would look like this); nothing was stored"
         )));
     }
     if let Some(iss) = got("iss")
         && iss != issuer
     {
-        return Err(GrantError::Refused(format!(
+        return Err(Error::Refused(format!(
             "connection `{name}`: the redirect came from issuer {iss}, not {issuer} (RFC 9207); nothing was stored"
         )));
     }
     if let Some(error) = got("error") {
         let description = got("error_description").unwrap_or("");
-        return Err(GrantError::Refused(format!(
+        return Err(Error::Refused(format!(
             "connection `{name}`: the authorization server answered `{error}` {description}; nothing was stored"
         )));
     }
     got("code").map(str::to_owned).ok_or_else(|| {
-        GrantError::Refused(format!(
+        Error::Refused(format!(
             "connection `{name}`: the redirect carries no code; nothing was stored"
         ))
     })
@@ -491,7 +487,7 @@ pub(super) async fn store(
     endpoints: Endpoints,
     (key, tokens, scopes, expires_in): (&Key, Tokens, Option<String>, Option<u64>),
     by: &str,
-) -> Result<Connected, GrantError> {
+) -> Result<Connected, Error> {
     let now = flow_ledger::SystemClock.now();
     let s = ledger.scope();
     let sealed = Sealed {
@@ -505,7 +501,7 @@ pub(super) async fn store(
     let generation = ledger
         .store_connection(name, (endpoints, sealed), by, now)
         .await
-        .map_err(|e| GrantError::Ledger(format!("cannot store connection `{name}`: {e}")))?;
+        .map_err(|e| Error::Ledger(format!("cannot store connection `{name}`: {e}")))?;
     Ok(Connected {
         name: name.to_owned(),
         scopes,
@@ -558,12 +554,12 @@ fn open_browser(command: Option<&str>, url: &str) {
 
 /// Waits for `GET /callback?…` on `listener` and answers it; other requests (a
 /// browser's favicon) get 404. The query's pairs.
-async fn callback(listener: &tokio::net::TcpListener) -> Result<Vec<(String, String)>, GrantError> {
+async fn callback(listener: &tokio::net::TcpListener) -> Result<Vec<(String, String)>, Error> {
     loop {
         let (mut stream, _) = listener
             .accept()
             .await
-            .map_err(|e| GrantError::Setup(format!("the redirect listener failed: {e}")))?;
+            .map_err(|e| Error::Setup(format!("the redirect listener failed: {e}")))?;
         let mut buf = Vec::new();
         let mut chunk = [0u8; 2048];
         while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {

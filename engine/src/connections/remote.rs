@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest as _;
 
 use super::ConnectionConfig;
-use super::grant::{self, Connected, GrantError, Pending, SignInWith};
+use super::grant::{self, Connected, Pending, SignInWith};
 use super::seal::{Key, Keys};
 use crate::secrets::Secrets;
 
@@ -84,8 +84,8 @@ pub async fn start(
     with: SignInWith<'_>,
     public_url: &str,
     (by, browser): (&str, Option<&str>),
-) -> Result<Started, GrantError> {
-    let key = Key::from_secrets(with.secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
+) -> Result<Started, grant::Error> {
+    let key = Key::from_secrets(with.secrets).map_err(|e| grant::Error::Setup(e.to_string()))?;
     let redirect_uri = format!("{}{CALLBACK_PATH}", public_url.trim_end_matches('/'));
     let begun = grant::begin(ledger, with, &redirect_uri).await?;
     let now = flow_ledger::SystemClock.now();
@@ -112,7 +112,7 @@ pub async fn start(
     ledger
         .put_pending_sign_in(&state_key, pending, now)
         .await
-        .map_err(|e| GrantError::Ledger(format!("cannot record the sign-in: {e}")))?;
+        .map_err(|e| grant::Error::Ledger(format!("cannot record the sign-in: {e}")))?;
     Ok(Started {
         authorize_url: begun.url.to_string(),
         redirect_uri,
@@ -130,29 +130,29 @@ pub async fn complete(
     (secrets, oauth, declared): (&Secrets, &OAuth, &[ConnectionConfig]),
     params: &[(String, String)],
     cookie: impl Fn(&str) -> Option<String>,
-) -> Result<Connected, GrantError> {
+) -> Result<Connected, grant::Error> {
     let state = params
         .iter()
         .find(|(k, _)| k == "state")
         .map(|(_, v)| v.as_str())
         .ok_or_else(|| {
-            GrantError::Refused("the redirect carries no state; nothing was stored".into())
+            grant::Error::Refused("the redirect carries no state; nothing was stored".into())
         })?;
     // The keys first: a server that cannot open the record must not spend it.
-    let keys = Keys::from_secrets(secrets).map_err(|e| GrantError::Setup(e.to_string()))?;
+    let keys = Keys::from_secrets(secrets).map_err(|e| grant::Error::Setup(e.to_string()))?;
     let now = flow_ledger::SystemClock.now();
     let taken = ledger
         .take_pending_sign_in(&hex_sha256(state), now)
         .await
-        .map_err(|e| GrantError::Ledger(format!("cannot read the sign-in: {e}")))?
+        .map_err(|e| grant::Error::Ledger(format!("cannot read the sign-in: {e}")))?
         .ok_or_else(|| {
-            GrantError::Refused(
+            grant::Error::Refused(
                 "no sign-in is waiting for this redirect (it was finished already, expired after 10 minutes, or never begun here); nothing was stored — begin again with Connect"
                     .into(),
             )
         })?;
     let key = keys.by_id(&taken.key_id).ok_or_else(|| {
-        GrantError::Setup(format!(
+        grant::Error::Setup(format!(
             "the sign-in to `{}` was begun under connections key {}, which this server does not have; give every server the same FLOW_SECRET_CONNECTIONS_KEY",
             taken.name, taken.key_id
         ))
@@ -165,7 +165,7 @@ pub async fn complete(
             (&taken.sealed, &taken.key_id),
         )
         .map_err(|_| {
-            GrantError::Refused(format!(
+            grant::Error::Refused(format!(
                 "the sign-in to `{}` does not open (its stored record was altered); nothing was stored",
                 taken.name
             ))
@@ -173,7 +173,7 @@ pub async fn complete(
     if let Some(expected) = &waiting.browser {
         let presented = cookie(&cookie_name(&taken.name)).map(|c| hex_sha256(&c));
         if presented.as_deref() != Some(expected.as_str()) {
-            return Err(GrantError::Refused(format!(
+            return Err(grant::Error::Refused(format!(
                 "the sign-in to `{}` was begun in another browser (or this one lost its cookie); nothing was stored — begin again with Connect in this browser",
                 taken.name
             )));
@@ -184,7 +184,7 @@ pub async fn complete(
         .iter()
         .any(|c| c.name == taken.name && c.server == pending.server());
     if !declared_here {
-        return Err(GrantError::Setup(format!(
+        return Err(grant::Error::Setup(format!(
             "connection `{}` is no longer declared with server {} in this server's flow.toml; nothing was stored",
             taken.name,
             pending.server()

@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::connections::grant::{GrantError, SignInWith};
+use crate::connections::grant::{self, SignInWith};
 use crate::connections::remote;
 use crate::connections::view::{ConnectionView, views};
 use crate::serve::App;
@@ -55,12 +55,12 @@ pub async fn list(_: Authed<Viewer>, State(app): State<Arc<App>>) -> Result<Resp
 
 /// A failed sign-in as a problem: setup (no key, no `public_url`) 409, the servers 502,
 /// a refusal 400, the ledger 503.
-pub(crate) fn grant_problem(e: GrantError) -> Problem {
+pub(crate) fn grant_problem(e: grant::Error) -> Problem {
     match e {
-        GrantError::Setup(m) => Problem::conflict(m),
-        GrantError::Server(m) => Problem::new(axum::http::StatusCode::BAD_GATEWAY, m),
-        GrantError::Refused(m) => Problem::bad_request(m),
-        GrantError::Ledger(m) => Problem::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, m),
+        grant::Error::Setup(m) => Problem::conflict(m),
+        grant::Error::Server(m) => Problem::new(axum::http::StatusCode::BAD_GATEWAY, m),
+        grant::Error::Refused(m) => Problem::bad_request(m),
+        grant::Error::Ledger(m) => Problem::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, m),
     }
 }
 

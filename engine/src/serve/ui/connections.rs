@@ -20,7 +20,7 @@ use serde_json::json;
 use super::forms::{CsrfForm, form};
 use super::session::{Signed, cookie};
 use super::{Page, Ui, who};
-use crate::connections::grant::GrantError;
+use crate::connections::grant;
 use crate::connections::remote::{self, CALLBACK_PATH, PENDING_FOR};
 use crate::role::Role;
 use crate::serve::api::connections::{begin, grant_problem, list_views};
@@ -137,7 +137,7 @@ pub async fn callback(
             resp
         }
         Err(e) => {
-            if matches!(e, GrantError::Refused(_)) {
+            if matches!(e, grant::Error::Refused(_)) {
                 app.throttle.failed(ip);
             }
             Page::from(grant_problem(e)).into_response()
