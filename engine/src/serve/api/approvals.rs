@@ -14,25 +14,12 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value as Json_};
 
+use super::HoldQuery;
 use crate::approval::{self, Decider, Decision, Refusal};
 use crate::serve::App;
 use crate::serve::auth::{Authed, Operator, Viewer};
 use crate::serve::problem::{ApiJson, ApiQuery, Problem};
 use crate::view::ApprovalView;
-
-/// The query of `GET /api/v1/approvals`.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ApprovalQuery {
-    /// Only this run's.
-    pub(crate) run: Option<String>,
-    /// Decided approvals too (default: pending only).
-    #[serde(default)]
-    pub(crate) all: bool,
-    /// At most this many, 1 to 1,000 (default 1,000).
-    #[schemars(range(min = 1, max = 1000))]
-    pub(crate) limit: Option<u32>,
-}
 
 /// Approvals, oldest request first.
 #[derive(Debug, Serialize, JsonSchema)]
@@ -45,16 +32,12 @@ pub struct ApprovalList {
 pub async fn list(
     _: Authed<Viewer>,
     State(app): State<Arc<App>>,
-    ApiQuery(q): ApiQuery<ApprovalQuery>,
+    ApiQuery(q): ApiQuery<HoldQuery>,
 ) -> Result<Response, Problem> {
-    if let Some(run) = &q.run {
-        flow_ledger::ids::check_id(flow_ledger::ids::IdKind::Run, run)
-            .map_err(|e| Problem::bad_request(format!("run: {e}")))?;
-    }
     let filter = ApprovalFilter {
-        run_id: q.run,
+        run_id: q.run()?,
         status: (!q.all).then_some(ApprovalStatus::Pending),
-        limit: q.limit.unwrap_or(1000).clamp(1, 1000),
+        limit: q.limit(),
         as_of: Some(app.now()),
     };
     let items = app

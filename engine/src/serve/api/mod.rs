@@ -11,6 +11,8 @@
 //! - `items.rs`: a `for_each` node's items, paged.
 //! - `waits.rs`: publishing events, callbacks to `callback:` nodes, the list of waits.
 //! - `connections.rs`: the connections, and a sign-in begun from here.
+//!
+//! Shared here: [`HoldQuery`], the one query of the lists of holds (approvals, waits).
 
 pub(crate) mod approvals;
 pub(crate) mod connections;
@@ -29,8 +31,12 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{MethodRouter, get, post};
 
+use schemars::JsonSchema;
+use serde::Deserialize;
+
 use super::App;
 use super::openapi::{Answer, Method, Operation, SchemaFn, json, schema};
+use super::problem::Problem;
 use crate::role::Role;
 use crate::view::{EventView, RunView};
 
@@ -216,7 +222,7 @@ pub const OPERATIONS: &[Operation] = &[
         "/api/v1/approvals",
         "Approvals waiting for a decision (or every one with all=true): the request as it will be sent, its digest, who approved so far",
         || get(approvals::list),
-        Some(schema::<approvals::ApprovalQuery>),
+        Some(schema::<HoldQuery>),
         &[json(
             200,
             "Oldest request first",
@@ -244,7 +250,7 @@ pub const OPERATIONS: &[Operation] = &[
         "/api/v1/waits",
         "Nodes waiting for an event or a callback (or every wait with all=true), earliest deadline first",
         || get(waits::list),
-        Some(schema::<waits::WaitQuery>),
+        Some(schema::<HoldQuery>),
         &[json(
             200,
             "Earliest deadline first",
@@ -490,4 +496,35 @@ async fn openapi() -> axum::response::Response {
         DOCUMENT.as_str(),
     )
         .into_response()
+}
+
+/// The query of the lists of holds — `GET /api/v1/approvals` and `GET /api/v1/waits`:
+/// one shape for every kind of parked node.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HoldQuery {
+    /// Only this run's.
+    pub(crate) run: Option<String>,
+    /// Settled ones too: decided, completed, timed out, cancelled (default: pending only).
+    #[serde(default)]
+    pub(crate) all: bool,
+    /// At most this many, 1 to 1,000 (default 1,000).
+    #[schemars(range(min = 1, max = 1000))]
+    pub(crate) limit: Option<u32>,
+}
+
+impl HoldQuery {
+    /// The run asked for, checked as a run id (400 naming `run`).
+    pub(crate) fn run(&self) -> Result<Option<String>, Problem> {
+        if let Some(run) = &self.run {
+            flow_ledger::ids::check_id(flow_ledger::ids::IdKind::Run, run)
+                .map_err(|e| Problem::bad_request(format!("run: {e}")))?;
+        }
+        Ok(self.run.clone())
+    }
+
+    /// The page size: `limit` within 1 to 1,000, 1,000 when not given.
+    pub(crate) fn limit(&self) -> u32 {
+        self.limit.unwrap_or(1000).clamp(1, 1000)
+    }
 }

@@ -16,6 +16,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json_;
 
+use super::HoldQuery;
 use crate::serve::App;
 use crate::serve::auth::{Authed, Operator, Viewer};
 use crate::serve::problem::{ApiJson, ApiQuery, Problem};
@@ -156,20 +157,6 @@ pub async fn heartbeat(
     .into_response())
 }
 
-/// The query of `GET /api/v1/waits`.
-#[derive(Debug, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct WaitQuery {
-    /// Only this run's.
-    pub(crate) run: Option<String>,
-    /// Settled waits too (default: pending only).
-    #[serde(default)]
-    pub(crate) all: bool,
-    /// At most this many, 1 to 1,000 (default 1,000).
-    #[schemars(range(min = 1, max = 1000))]
-    pub(crate) limit: Option<u32>,
-}
-
 /// Waits, earliest deadline first.
 #[derive(Debug, Serialize, JsonSchema)]
 pub struct WaitList {
@@ -181,16 +168,12 @@ pub struct WaitList {
 pub async fn list(
     _: Authed<Viewer>,
     State(app): State<Arc<App>>,
-    ApiQuery(q): ApiQuery<WaitQuery>,
+    ApiQuery(q): ApiQuery<HoldQuery>,
 ) -> Result<Response, Problem> {
-    if let Some(run) = &q.run {
-        flow_ledger::ids::check_id(flow_ledger::ids::IdKind::Run, run)
-            .map_err(|e| Problem::bad_request(format!("run: {e}")))?;
-    }
     let filter = WaitFilter {
-        run_id: q.run,
+        run_id: q.run()?,
         status: (!q.all).then_some(WaitStatus::Pending),
-        limit: q.limit.unwrap_or(1000).clamp(1, 1000),
+        limit: q.limit(),
     };
     let items = app
         .ledger
