@@ -1,16 +1,17 @@
 //! A person's decision ([`Ledger::decide_approval`]). The pause that a decision made
-//! while the run was held must stop is every hold's: `holds.rs`.
+//! while the run was held must stop is every hold's: `holds/`.
 
 use serde_json::json;
 
-use super::rows::{read_row, settle, with_votes};
+use super::rows::{ApprovalRow, Settling, read_row, settle, with_votes};
 use super::{Decide, Decided};
 use crate::clock::Timestamp;
-use crate::conn::args;
+use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
 use crate::events::node_event;
 use crate::ledger::Ledger;
+use crate::model::Scope;
 use crate::run_states::requeue_paused;
 use crate::runs::run_for_update;
 use crate::state::ApprovalStatus;
@@ -69,35 +70,18 @@ impl Ledger {
                         current: row.digest.clone(),
                     });
                 }
-                let decision = super::Vote::of(d.approve).as_str();
-                c.execute(
-                    "INSERT INTO approval_votes (tenant, workspace, run_id, node_id, digest, voter,
-                        decision, at, reason, inputs)
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-                     ON CONFLICT (tenant, workspace, run_id, node_id, digest, voter) DO UPDATE
-                       SET decision = excluded.decision, at = excluded.at,
-                           reason = excluded.reason, inputs = excluded.inputs",
-                    args![
-                        &s.tenant,
-                        &s.workspace,
-                        &d.run_id,
-                        &d.node_id,
-                        &row.digest,
-                        &d.by,
-                        decision,
-                        now,
-                        d.reason.clone(),
-                        inputs.clone()
-                    ],
-                )
-                .await?;
+                record_vote(c, s, &d, &row, inputs.clone(), now).await?;
                 let ids = (d.run_id.as_str(), row.step_id.as_str(), d.node_id.as_str());
                 let actor = crate::model::Actor {
                     by: d.by.clone(),
                     reason: d.reason.clone(),
                 };
                 if !d.approve {
-                    let who = (Some(d.by.as_str()), d.reason.as_deref(), inputs);
+                    let who = Settling {
+                        by: Some(d.by.as_str()),
+                        reason: d.reason.as_deref(),
+                        inputs,
+                    };
                     if !settle(c, s, &row, ApprovalStatus::Denied, who, now).await? {
                         return Err(Error::LeaseLost);
                     }
@@ -130,7 +114,11 @@ impl Ledger {
                 }
                 let names = approvers;
                 let by = names.join(", ");
-                let who = (Some(by.as_str()), d.reason.as_deref(), inputs);
+                let who = Settling {
+                    by: Some(by.as_str()),
+                    reason: d.reason.as_deref(),
+                    inputs,
+                };
                 if !settle(c, s, &row, ApprovalStatus::Approved, who, now).await? {
                     return Err(Error::LeaseLost);
                 }
@@ -151,6 +139,40 @@ impl Ledger {
         .await?;
         judged.into_result()
     }
+}
+
+/// Records `d`'s vote on the approval's current digest (a voter's later vote on the
+/// same digest replaces theirs).
+async fn record_vote(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    d: &Decide,
+    row: &ApprovalRow,
+    inputs: Option<String>,
+    now: Timestamp,
+) -> Result<(), Error> {
+    c.execute(
+        "INSERT INTO approval_votes (tenant, workspace, run_id, node_id, digest, voter,
+            decision, at, reason, inputs)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+         ON CONFLICT (tenant, workspace, run_id, node_id, digest, voter) DO UPDATE
+           SET decision = excluded.decision, at = excluded.at,
+               reason = excluded.reason, inputs = excluded.inputs",
+        args![
+            &s.tenant,
+            &s.workspace,
+            &d.run_id,
+            &d.node_id,
+            &row.digest,
+            &d.by,
+            super::Vote::of(d.approve).as_str(),
+            now,
+            d.reason.clone(),
+            inputs
+        ],
+    )
+    .await?;
+    Ok(())
 }
 
 /// What the decision's transaction came to. A decision past the deadline is an `Ok`
@@ -191,7 +213,16 @@ async fn timed_out(
     if status != ApprovalStatus::Pending || now < deadline {
         return Ok(None);
     }
-    if settle(c, s, row, ApprovalStatus::TimedOut, (None, None, None), now).await? {
+    if settle(
+        c,
+        s,
+        row,
+        ApprovalStatus::TimedOut,
+        Settling::default(),
+        now,
+    )
+    .await?
+    {
         let ids = (
             row.run_id.as_str(),
             row.step_id.as_str(),

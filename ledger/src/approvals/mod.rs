@@ -25,7 +25,7 @@ use crate::fence::{Fence, live_run_fence};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
 use crate::state::ApprovalStatus;
-use rows::{ApprovalRow, approval_cols, read_row, settle, submitter, with_votes};
+use rows::{ApprovalRow, Settling, approval_cols, read_row, settle, submitter, with_votes};
 
 /// What a node asks approval for (the gateway, under the run's lease).
 #[derive(Debug, Clone)]
@@ -272,7 +272,7 @@ impl Ledger {
                                 s,
                                 &row,
                                 ApprovalStatus::TimedOut,
-                                (None, None, None),
+                                Settling::default(),
                                 now,
                             )
                             .await?

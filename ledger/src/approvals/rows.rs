@@ -214,6 +214,16 @@ pub(super) async fn submitter(
     }))
 }
 
+/// Who settled an approval and what they said: empty for the deadline, a cancel or a
+/// sweep; the decider, their reason and the inputs they gave for a decision.
+#[derive(Debug, Default)]
+pub(super) struct Settling<'a> {
+    pub(super) by: Option<&'a str>,
+    pub(super) reason: Option<&'a str>,
+    /// The decider's inputs, as stored JSON text.
+    pub(super) inputs: Option<String>,
+}
+
 /// Moves a pending approval to `to` (the one compare-and-set); `false` when it was no
 /// longer pending (someone else won).
 pub(super) async fn settle(
@@ -221,10 +231,10 @@ pub(super) async fn settle(
     s: &Scope,
     row: &ApprovalRow,
     to: ApprovalStatus,
-    who: (Option<&str>, Option<&str>, Option<String>),
+    who: Settling<'_>,
     now: Timestamp,
 ) -> Result<bool, Error> {
-    let (by, reason, inputs) = who;
+    let Settling { by, reason, inputs } = who;
     let n = c
         .execute(
             "UPDATE approvals SET status = $5, decided_at = $6, decided_by = $7, reason = $8,

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 
-use super::rows::{parse_json, read_row, settle};
+use super::rows::{Settling, parse_json, read_row, settle};
 use crate::clock::Timestamp;
 use crate::conn::args;
 use crate::error::Error;
@@ -46,11 +46,11 @@ impl Ledger {
                 match due {
                     Due::Cancelled => {
                         let to = ApprovalStatus::Cancelled;
-                        settle(c, s, &row, to, (None, None, None), now).await
+                        settle(c, s, &row, to, Settling::default(), now).await
                     }
                     Due::TimedOut => {
                         let to = ApprovalStatus::TimedOut;
-                        if !settle(c, s, &row, to, (None, None, None), now).await? {
+                        if !settle(c, s, &row, to, Settling::default(), now).await? {
                             return Ok(false);
                         }
                         let payload = json!({ "deadline": row.deadline });
