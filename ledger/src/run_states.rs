@@ -419,7 +419,7 @@ pub(crate) async fn cancel_descendants(
 }
 
 /// Puts `parent_run_id` back on the queue if it is paused: a child of it ended. Locks
-/// the parent's row, as the parent's own pause does (`holds.rs`); callers
+/// the parent's row, as the parent's own pause does (`holds/`); callers
 /// call it before they touch the child's row, so that every transaction that locks
 /// both takes the parent first (a parent's cancel does too): no deadlock on
 /// PostgreSQL.

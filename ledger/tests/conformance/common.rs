@@ -444,7 +444,7 @@ pub async fn sent_then_in_doubt(db: &TestDb, lease: &CallLease, message: &str) {
 /// decision, a publish, a child's end) and the pause of `run` (whose step still runs)
 /// start at the same moment. Whichever order the database puts them in, the run is not
 /// left paused over a settled hold: if it paused, the settle put it back on the queue;
-/// if not, it still runs and its worker looks again (`holds.rs`).
+/// if not, it still runs and its worker looks again (`ledger/src/holds/`).
 pub async fn race_settle_and_pause(
     db: &TestDb,
     run: RunLease,
