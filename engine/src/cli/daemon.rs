@@ -240,7 +240,7 @@ fn spawn_retention(
         tokio::spawn(crate::retention::gc::run(
             runtime.ledger.clone(),
             retention,
-            runtime.clock.clone(),
+            runtime.gateway.clock(),
             stop.clone(),
             Box::new(move |d| metrics.retention_deleted(d)),
         ))
@@ -298,7 +298,7 @@ impl Beside {
                 .map(|a| format!(", metrics on http://{a}/metrics"))
                 .unwrap_or_default()
         );
-        let clock = runtime.clock.clone();
+        let clock = runtime.gateway.clock();
         let dispatcher = (!consumers.is_empty()).then(|| {
             let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();
             let _ = writeln!(

@@ -301,6 +301,12 @@ impl Gateway {
         self.inner.clock.now()
     }
 
+    /// The clock itself, for the services beside the executor (event delivery,
+    /// retention) that keep time on their own: the process has this one.
+    pub fn clock(&self) -> Arc<dyn Clock> {
+        self.inner.clock.clone()
+    }
+
     /// The secrets (for scrubbing logs).
     pub fn secrets(&self) -> &Secrets {
         &self.inner.secrets

@@ -56,11 +56,9 @@ pub enum Error {
 pub struct Runtime {
     /// The ledger.
     pub ledger: Ledger,
-    /// The gateway: tools, secrets, egress, faults, clock.
+    /// The gateway: tools, secrets, egress, faults, clock (the process's one clock:
+    /// the services beside the executor read it through [`Gateway::clock`]).
     pub gateway: Gateway,
-    /// The one clock of this process (the gateway's): the services beside the
-    /// executor — event delivery, retention — read time from it too.
-    pub clock: Arc<dyn Clock>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -94,17 +92,13 @@ impl Runtime {
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
         let gateway = Gateway::new(
             ledger.clone(),
-            clock.clone(),
+            clock,
             tools,
             secrets,
             (egress, policy),
             Faults::from_env(),
         );
-        Ok(Runtime {
-            ledger,
-            gateway,
-            clock,
-        })
+        Ok(Runtime { ledger, gateway })
     }
 
     /// An executor on this runtime's gateway, reporting to `progress`.

@@ -196,13 +196,13 @@ impl Judged {
 }
 
 /// Whether `row` has timed out at `now`, its deadline if so: it is `timed_out` already,
-/// or `pending` at or past its deadline — then it times out here, as the sweep would
-/// (the compare-and-set, `approval.timed_out`, the paused `run` back on the queue).
+/// or `pending` at or past its deadline — then it times out here, by the sweep's own
+/// rule (`sweep::time_out`).
 async fn timed_out(
-    c: &mut crate::conn::Conn<'_>,
-    s: &crate::model::Scope,
+    c: &mut Conn<'_>,
+    s: &Scope,
     run: &crate::rows::RunRow,
-    row: &super::ApprovalRow,
+    row: &ApprovalRow,
     now: Timestamp,
 ) -> Result<Option<Timestamp>, Error> {
     let status: ApprovalStatus = row.status.parse()?;
@@ -213,25 +213,7 @@ async fn timed_out(
     if status != ApprovalStatus::Pending || now < deadline {
         return Ok(None);
     }
-    if settle(
-        c,
-        s,
-        row,
-        ApprovalStatus::TimedOut,
-        Settling::default(),
-        now,
-    )
-    .await?
-    {
-        let ids = (
-            row.run_id.as_str(),
-            row.step_id.as_str(),
-            row.node_id.as_str(),
-        );
-        let payload = json!({ "deadline": row.deadline });
-        node_event(c, s, ids, EventType::ApprovalTimedOut, payload, now).await?;
-        requeue_paused(c, s, run, None, now).await?;
-    }
+    super::sweep::time_out(c, s, run, row, now).await?;
     Ok(Some(deadline))
 }
 

@@ -3,14 +3,16 @@
 
 use serde_json::{Value, json};
 
-use super::rows::{Settling, parse_json, read_row, settle};
+use super::rows::{ApprovalRow, Settling, parse_json, read_row, settle};
 use crate::clock::Timestamp;
-use crate::conn::args;
+use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
 use crate::events::node_event;
 use crate::holds::Due;
 use crate::ledger::Ledger;
+use crate::model::Scope;
+use crate::rows::RunRow;
 use crate::run_states::requeue_paused;
 use crate::runs::run_for_update;
 use crate::state::ApprovalStatus;
@@ -48,16 +50,7 @@ impl Ledger {
                         let to = ApprovalStatus::Cancelled;
                         settle(c, s, &row, to, Settling::default(), now).await
                     }
-                    Due::TimedOut => {
-                        let to = ApprovalStatus::TimedOut;
-                        if !settle(c, s, &row, to, Settling::default(), now).await? {
-                            return Ok(false);
-                        }
-                        let payload = json!({ "deadline": row.deadline });
-                        node_event(c, s, ids, EventType::ApprovalTimedOut, payload, now).await?;
-                        requeue_paused(c, s, &run, None, now).await?;
-                        Ok(true)
-                    }
+                    Due::TimedOut => time_out(c, s, &run, &row, now).await,
                     Due::Remind => {
                         let sent = u32::try_from(row.reminders_sent.max(0)).unwrap_or(0) + 1;
                         let rule = parse_json("approval rule", &row.rule)?;
@@ -93,4 +86,38 @@ impl Ledger {
         })
         .await
     }
+}
+
+/// Times a pending approval out at its deadline — the compare-and-set,
+/// `approval.timed_out`, the paused `run` back on the queue (whose next holder applies
+/// `on_timeout`) — whether the sweep or a late decision finds it first; `false` when it
+/// was no longer pending.
+pub(super) async fn time_out(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    run: &RunRow,
+    row: &ApprovalRow,
+    now: Timestamp,
+) -> Result<bool, Error> {
+    if !settle(
+        c,
+        s,
+        row,
+        ApprovalStatus::TimedOut,
+        Settling::default(),
+        now,
+    )
+    .await?
+    {
+        return Ok(false);
+    }
+    let ids = (
+        row.run_id.as_str(),
+        row.step_id.as_str(),
+        row.node_id.as_str(),
+    );
+    let payload = json!({ "deadline": row.deadline });
+    node_event(c, s, ids, EventType::ApprovalTimedOut, payload, now).await?;
+    requeue_paused(c, s, run, None, now).await?;
+    Ok(true)
 }

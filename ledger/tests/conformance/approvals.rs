@@ -264,24 +264,12 @@ async fn a_denial_settles_it_and_requeues_the_run(db: TestDb) {
 /// naming the deadline.
 async fn the_deadline_times_out_once_and_the_gate_agrees(db: TestDb) {
     awaiting(&db, 1, 2_000).await;
-    let early = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let early = sweep(&db).await;
     assert!(early.timed_out.is_empty());
     db.advance(Duration::from_secs(3));
-    let swept = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let swept = sweep(&db).await;
     assert_eq!(swept.timed_out.len(), 1);
-    let again = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let again = sweep(&db).await;
     assert!(again.timed_out.is_empty(), "no second timer firing");
     assert_eq!(count(&db, EventType::ApprovalTimedOut).await, 1);
     assert_eq!(
@@ -584,11 +572,7 @@ async fn finished_runs_approvals_are_cancelled_by_the_sweep(db: TestDb) {
         ),
         "{late}"
     );
-    let swept = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let swept = sweep(&db).await;
     assert_eq!(swept.cancelled, 1);
     let a = db
         .ledger

@@ -477,3 +477,11 @@ pub async fn race_settle_and_pause(
 pub fn no_reminders(_: &Value, _: u32, _: Timestamp) -> Option<Timestamp> {
     None
 }
+
+/// The daemons' sweep of holds at the test clock's now, without reminders.
+pub async fn sweep(db: &TestDb) -> flow_ledger::SweptHolds {
+    db.ledger
+        .sweep_holds(db.now(), 100, no_reminders)
+        .await
+        .unwrap()
+}

@@ -151,10 +151,7 @@ async fn waits_and_callbacks_are_holds_that_agree_with_their_status(db: TestDb) 
     );
     assert!(!hold(&db, "run_h", "hook").await.unseen);
     db.advance(std::time::Duration::from_secs(31));
-    db.ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    sweep(&db).await;
     for node in ["ship", "hook"] {
         let own = db.ledger.get_wait("run_h", node).await.unwrap().unwrap();
         let h = hold(&db, "run_h", node).await;
@@ -247,11 +244,7 @@ async fn one_sweep_settles_every_kind_in_the_order_it_comes_due(db: TestDb) {
         .await
         .unwrap();
 
-    let now = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let now = sweep(&db).await;
     assert!(now.timed_out.is_empty(), "nothing is due yet: {now:?}");
     assert_eq!(now.cancelled, 1, "the failed step's approval: {now:?}");
     assert_eq!(
@@ -260,11 +253,7 @@ async fn one_sweep_settles_every_kind_in_the_order_it_comes_due(db: TestDb) {
     );
 
     db.advance(std::time::Duration::from_secs(31));
-    let waits = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let waits = sweep(&db).await;
     let timed_out = |kind, subject: &str| SweptHold {
         kind,
         run_id: "run_h".into(),
@@ -285,20 +274,12 @@ async fn one_sweep_settles_every_kind_in_the_order_it_comes_due(db: TestDb) {
     );
 
     db.advance(std::time::Duration::from_secs(30));
-    let approval = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let approval = sweep(&db).await;
     assert_eq!(
         approval.timed_out,
         [timed_out(HoldKind::Approval, "approve")]
     );
-    let again = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let again = sweep(&db).await;
     assert_eq!(again, flow_ledger::SweptHolds::default(), "each fires once");
     let kid = hold(&db, "run_h", "run_h.kid").await;
     assert_eq!(

@@ -284,20 +284,12 @@ async fn heartbeats_move_the_deadline_up_to_the_timeout(db: TestDb) {
         assert_eq!(w.last_beat_at, Some(db.now()));
         assert_eq!(w.status, WaitStatus::Pending);
     }
-    let swept = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let swept = sweep(&db).await;
     assert!(swept.timed_out.is_empty());
     db.clock.set(Timestamp(T0.0 + 10_000));
     let late = db.ledger.callback_heartbeat(&hash("tok-a"), db.now()).await;
     assert_not_found(late, "a heartbeat at the timeout");
-    let swept = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let swept = sweep(&db).await;
     assert_eq!(swept.timed_out.len(), 1);
     assert_eq!(get(&db, "run_a", CALL).await.status, WaitStatus::TimedOut);
 }
@@ -311,20 +303,12 @@ async fn a_missed_heartbeat_times_the_wait_out(db: TestDb) {
     };
     super::begun(&db, "run_a", begin).await;
     db.advance(Duration::from_millis(2_999));
-    let early = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let early = sweep(&db).await;
     assert!(early.timed_out.is_empty());
     db.advance(Duration::from_millis(1));
     let late = db.ledger.callback_heartbeat(&hash("tok-a"), db.now()).await;
     assert_not_found(late, "a heartbeat after the one missed");
-    let swept = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let swept = sweep(&db).await;
     assert_eq!(swept.timed_out.len(), 1);
     assert_eq!(swept.timed_out[0].run_id, "run_a");
     let w = get(&db, "run_a", CALL).await;
@@ -361,11 +345,7 @@ async fn a_failed_steps_token_is_not_found_and_its_wait_is_cancelled(db: TestDb)
         .callback(&hash("tok-f"), ok(json!({})), db.now())
         .await;
     assert_not_found(late, "a failed step's token");
-    let swept = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let swept = sweep(&db).await;
     assert_eq!(swept.cancelled, 1, "{swept:?}");
     assert_eq!(
         get(&db, "run_failed_step", CALL).await.status,

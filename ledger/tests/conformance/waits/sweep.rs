@@ -35,11 +35,7 @@ async fn two_sweeps_at_once_time_a_wait_out_once(db: TestDb) {
             held.push(run);
         }
     }
-    let early = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let early = sweep(&db).await;
     assert!(
         early.timed_out.is_empty() && early.cancelled == 0,
         "{early:?}"
@@ -88,11 +84,7 @@ async fn two_sweeps_at_once_time_a_wait_out_once(db: TestDb) {
     for run in &held {
         assert!(!pause(&db, run).await, "its wait timed out: go on");
     }
-    let again = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let again = sweep(&db).await;
     assert!(again.timed_out.is_empty(), "no second timer firing");
     assert_eq!(count(&db, EventType::WaitTimedOut).await, 6);
 }
@@ -110,11 +102,7 @@ async fn a_resumed_wait_past_its_deadline_times_out(db: TestDb) {
     assert_eq!(w.status, WaitStatus::TimedOut);
     assert_eq!(w.deadline, Timestamp(T0.0 + 2_000));
     assert_eq!(count(&db, EventType::WaitTimedOut).await, 1);
-    let swept = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let swept = sweep(&db).await;
     assert!(swept.timed_out.is_empty(), "{swept:?}");
     let again = db
         .ledger
@@ -165,11 +153,7 @@ async fn finished_runs_waits_are_cancelled(db: TestDb) {
     assert_eq!(db.ledger.count_pending_waits().await.unwrap(), 1);
     assert_eq!(count(&db, EventType::WaitTimedOut).await, 0);
     assert_eq!(count(&db, EventType::WaitCompleted).await, 0);
-    let again = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let again = sweep(&db).await;
     assert_eq!(again.cancelled, 0);
     assert_eq!(
         run_status(&db, "run_cancelled").await,
@@ -292,11 +276,7 @@ async fn pending_waits_are_counted_and_listed(db: TestDb) {
     assert_eq!(runs(failed.unwrap()), ["run_c"]);
 
     db.advance(Duration::from_secs(60));
-    let swept = db
-        .ledger
-        .sweep_holds(db.now(), 100, no_reminders)
-        .await
-        .unwrap();
+    let swept = sweep(&db).await;
     let swept: Vec<_> = swept.timed_out.iter().map(|h| h.run_id.as_str()).collect();
     assert_eq!(swept, ["run_a"]);
     assert_eq!(db.ledger.count_pending_waits().await.unwrap(), 0);
