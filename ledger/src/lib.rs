@@ -39,7 +39,8 @@
 //!   finish, pause, requeue, cancel; `finish.rs` its return), `approvals/` (the gate,
 //!   votes, its sweep rule), `waits/` (event waits, callbacks, publish), `children.rs`
 //!   and `lineage.rs` (sub-workflow runs), `holds/` (what those parked nodes share: one
-//!   status machine, the one question a pause asks, the one sweep of every kind),
+//!   status machine, the one question a pause asks, each kind's rule when its timer fires),
+//!   `timers/` (every durable deadline as one row shape; the daemons' one watcher),
 //!   `fanouts.rs` (a `for_each` node's stored list),
 //!   `probes.rs` (reconciliation's record), `redrive.rs`, `schedules.rs`, `retention/`
 //!   (deletion and key tombstones), `connections.rs` and `connection_pending.rs` (OAuth
@@ -130,6 +131,7 @@ mod schedules;
 mod search;
 mod sqlite;
 mod steps;
+mod timers;
 mod trace;
 mod waits;
 mod writer;
@@ -176,6 +178,7 @@ pub use state::{
     ApprovalStatus, CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus, WaitKind,
     WaitStatus,
 };
+pub use timers::{FiredTimers, TimerKind, TimerRules};
 pub use waits::{
     BeginWait, CallbackReply, MAX_CANDIDATES as MAX_WAIT_CANDIDATES, Published, PublishedEvent,
     Wait, WaitFilter,

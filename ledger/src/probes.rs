@@ -15,7 +15,7 @@ use crate::conn::args;
 use crate::error::Error;
 use crate::events::{EventType, NewEvent, emit};
 use crate::ledger::Ledger;
-use crate::state::{CallStatus, RunStatus};
+use crate::state::CallStatus;
 
 /// What a probe's answer said about the effect attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
@@ -214,11 +214,6 @@ struct CountRow {
 #[derive(Debug, sqlx::FromRow)]
 struct StatusRow {
     status: String,
-}
-
-#[derive(Debug, sqlx::FromRow)]
-struct RunIdRow {
-    run_id: String,
 }
 
 /// Turns a `Resend` past the call's `max_resends` into `NeedsOperator` (with nothing
@@ -491,38 +486,5 @@ impl Ledger {
             )
             .await?;
         rows.into_iter().map(ProbeRow::into_probe).collect()
-    }
-
-    /// Paused runs with an in-doubt call whose next probe is due: what the daemon's
-    /// reconciler puts back on the queue, so that the worker that claims the run — one
-    /// per run, by the run lease — probes it.
-    pub async fn runs_with_due_probes(
-        &self,
-        now: Timestamp,
-        limit: u32,
-    ) -> Result<Vec<String>, Error> {
-        let s = self.scope();
-        let mut pc = self.pool().acquire().await?;
-        let rows = pc
-            .conn()
-            .all::<RunIdRow>(
-                "SELECT DISTINCT r.run_id AS run_id FROM call_reconcile r
-                 JOIN tool_calls t ON t.tenant = r.tenant AND t.workspace = r.workspace
-                   AND t.run_id = r.run_id AND t.tool_call_id = r.tool_call_id
-                 JOIN runs u ON u.tenant = r.tenant AND u.workspace = r.workspace AND u.id = r.run_id
-                 WHERE r.tenant = $1 AND r.workspace = $2 AND r.next_probe_at <= $3
-                   AND t.status = $4 AND u.status = $5
-                 ORDER BY r.run_id LIMIT $6",
-                args![
-                    &s.tenant,
-                    &s.workspace,
-                    now,
-                    CallStatus::InDoubt.as_str(),
-                    RunStatus::Paused.as_str(),
-                    limit
-                ],
-            )
-            .await?;
-        Ok(rows.into_iter().map(|r| r.run_id).collect())
     }
 }

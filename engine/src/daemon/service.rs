@@ -353,70 +353,42 @@ impl Service {
         Ok(claimed)
     }
 
-    /// The durable timers this loop keeps, every [`EXPIRE_EVERY`]: due probes of calls
-    /// in doubt, the holds' deadlines and reminders, and the runs of provably dead local
-    /// workers (reclaimed at once). Only the last is an error: the first two log theirs,
+    /// The durable timers this loop keeps, every [`EXPIRE_EVERY`]: the ledger's one
+    /// timer watcher (holds' deadlines and reminders, holds of ended runs, due probes of
+    /// calls in doubt: `Ledger::fire_due_timers`), then the runs of provably dead local
+    /// workers (reclaimed at once). Only the last is an error: the watcher logs its own,
     /// and the claim that follows finds out whether the database is down.
     async fn due_timers(&self) -> Result<(), flow_ledger::Error> {
-        self.requeue_due_probes().await;
-        self.sweep_holds().await;
+        self.fire_due_timers().await;
         self.ledger()
             .expire_dead_local_workers(self.now())
             .await
             .map(|_| ())
     }
 
-    /// The reconciler: paused runs with an in-doubt call whose next probe is due go
-    /// back on the queue, so the worker that claims one (one per run, by its lease)
-    /// probes the call before it would pause again. A failure is only logged: the
-    /// claim that follows finds out whether the database is down.
-    async fn requeue_due_probes(&self) {
-        let runs = match self.ledger().runs_with_due_probes(self.now(), 100).await {
-            Ok(runs) => runs,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot look for due probes");
-                return;
-            }
+    /// Fires the due timers of every kind, whichever daemon comes first: each kind's
+    /// one compare-and-set decides, so a racing decision, event, callback, operator or
+    /// daemon changes nothing twice. A hold past its deadline times out and its paused
+    /// run goes back on the queue (whose next holder applies `on_timeout`); a hold of a
+    /// finished run or ended step is cancelled (a callback token then answers 404); an
+    /// approval's reminder comes due; a paused run whose call in doubt is due a probe
+    /// goes back on the queue, so the worker that claims it (one per run, by its lease)
+    /// probes before it would pause again.
+    async fn fire_due_timers(&self) {
+        let rules = flow_ledger::TimerRules {
+            next_remind: crate::approval::next_remind,
+            probe_by: crate::reconcile::RESOLVED_BY,
         };
-        for run in runs {
-            let actor = flow_ledger::Actor {
-                by: crate::reconcile::RESOLVED_BY.into(),
-                reason: Some("a probe of a call in doubt is due".into()),
-            };
-            match self
-                .ledger()
-                .requeue_run_as(&run, Some(actor), self.now())
-                .await
-            {
-                Ok(_) => {
-                    tracing::info!(run = %run, "re-queued for a due probe of its call in doubt")
-                }
-                Err(e) => {
-                    tracing::debug!(run = %run, error = %e, "cannot re-queue for a due probe")
-                }
-            }
-        }
-    }
-
-    /// The durable timers of every kind of hold, taken by whichever daemon sweeps
-    /// first: pending holds past their deadline time out (each kind's one
-    /// compare-and-set, so a racing decision, event, callback or another daemon changes
-    /// nothing twice; their paused runs go back on the queue, whose next holder applies
-    /// `on_timeout`), approvals' reminders come due, and holds of finished runs or ended
-    /// steps are cancelled (a callback token then answers 404). A failure is only
-    /// logged: the claim that follows finds out whether the database is down.
-    async fn sweep_holds(&self) {
-        match self
-            .ledger()
-            .sweep_holds(self.now(), 100, crate::approval::next_remind)
-            .await
-        {
-            Ok(swept) => {
-                for h in &swept.timed_out {
+        match self.ledger().fire_due_timers(self.now(), 100, rules).await {
+            Ok(fired) => {
+                for h in &fired.holds.timed_out {
                     tracing::info!(run = %h.run_id, node = %h.subject, kind = %h.kind, "hold timed out");
                 }
+                for run in &fired.probed {
+                    tracing::info!(run = %run, "re-queued for a due probe of its call in doubt");
+                }
             }
-            Err(e) => tracing::debug!(error = %e, "cannot sweep holds"),
+            Err(e) => tracing::debug!(error = %e, "cannot fire due timers"),
         }
     }
 

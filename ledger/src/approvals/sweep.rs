@@ -1,4 +1,4 @@
-//! An approval's rule in the daemons' one sweep of holds: deadlines, reminders, and the
+//! An approval's rule when its hold's timer fires: deadlines, reminders, and the
 //! approvals of finished runs.
 
 use serde_json::{Value, json};
@@ -18,7 +18,7 @@ use crate::runs::run_for_update;
 use crate::state::ApprovalStatus;
 
 impl Ledger {
-    /// An approval's rule in the sweep of holds ([`Ledger::sweep_holds`]): a due
+    /// An approval's rule when its hold's timer fires (`Ledger::fire_due_timers`): a due
     /// approval times out (`approval.timed_out`, its paused run back on the queue), is
     /// cancelled (its run ended), or sends its next reminder (`approval.reminder`, the
     /// one after scheduled from `next_remind`). `false` when it was no longer pending.

@@ -5,12 +5,13 @@
 //! kinds, the one status machine they all map onto, and the one question a pause asks
 //! ([`Ledger::pause_run_awaiting`]) so that no wake-up is lost whatever the kind.
 //!
-//! The daemons sweep every kind at once ([`Ledger::sweep_holds`], `sweep.rs`): one query
-//! finds the pending holds that are due or orphaned, and each kind's rule settles its own
-//! by its one compare-and-set.
+//! A pending hold's deadline, reminder, or orphaning (its run or step ended) is a timer
+//! (`timers/`): the daemons' one watcher finds the due ones over every kind at once, and
+//! each kind's rule (`sweep.rs`) settles its own by its one compare-and-set.
 //!
 //! Adding a kind of hold: a [`HoldKind`] variant, its status mapping (`HoldStatus::of_*`),
-//! a branch of the view (both backends' migration), its rule in the sweep's one `match`,
+//! a branch of the view (both backends' migration, and of the `timers` view when it has a
+//! deadline), its rule in `sweep.rs`'s one `match`,
 //! and the conformance case that checks the view and the kind agree
 //! (`ledger/tests/conformance/holds.rs`).
 
@@ -28,7 +29,7 @@ use crate::model::{RunLease, Scope};
 use crate::runs::held_for_update;
 use crate::state::{ApprovalStatus, RunStatus, StepStatus, WaitKind, WaitStatus};
 
-pub(crate) use sweep::Due;
+pub(crate) use sweep::{Due, DueHold};
 pub use sweep::{SweptHold, SweptHolds};
 
 crate::state::text_enum! {

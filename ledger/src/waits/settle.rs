@@ -206,8 +206,8 @@ impl Ledger {
         found.map(|_| ()).ok_or_else(not_found)
     }
 
-    /// A wait's rule (event or callback) in the sweep of holds
-    /// ([`Ledger::sweep_holds`]): a wait past its deadline (or a missed heartbeat's)
+    /// A wait's rule (event or callback) when its hold's timer fires
+    /// (`Ledger::fire_due_timers`): a wait past its deadline (or a missed heartbeat's)
     /// times out (`wait.timed_out`, its paused run back on the queue); a wait of a
     /// finished run, or of a step that ended without it (a failed call), is cancelled so
     /// its token answers 404. `false` when it was no longer pending or not yet due.

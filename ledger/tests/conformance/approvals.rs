@@ -422,7 +422,7 @@ async fn approve_and_timeout_race_to_one_transition(db: TestDb) {
         };
         async move { ledger.decide_approval(d, in_time).await }
     });
-    let sweep = db.ledger.sweep_holds(now, 100, no_reminders);
+    let sweep = sweep_holds(&db.ledger, now, 100, no_reminders);
     let (decisions, swept) = tokio::join!(futures_join_all(approvals), sweep);
     let swept = swept.unwrap();
     let approved = decisions
@@ -585,36 +585,26 @@ async fn finished_runs_approvals_are_cancelled_by_the_sweep(db: TestDb) {
 
 async fn reminders_come_due_one_at_a_time(db: TestDb) {
     awaiting(&db, 1, 60_000).await;
-    let none = db
-        .ledger
-        .sweep_holds(db.now(), 100, rule_reminders)
+    let none = sweep_holds(&db.ledger, db.now(), 100, rule_reminders)
         .await
         .unwrap();
     assert_eq!(none.reminded, 0);
     db.advance(Duration::from_millis(1_500));
-    let one = db
-        .ledger
-        .sweep_holds(db.now(), 100, rule_reminders)
+    let one = sweep_holds(&db.ledger, db.now(), 100, rule_reminders)
         .await
         .unwrap();
     assert_eq!(one.reminded, 1);
-    let same = db
-        .ledger
-        .sweep_holds(db.now(), 100, rule_reminders)
+    let same = sweep_holds(&db.ledger, db.now(), 100, rule_reminders)
         .await
         .unwrap();
     assert_eq!(same.reminded, 0, "the second reminder is due at 2 s");
     db.advance(Duration::from_secs(1));
-    let two = db
-        .ledger
-        .sweep_holds(db.now(), 100, rule_reminders)
+    let two = sweep_holds(&db.ledger, db.now(), 100, rule_reminders)
         .await
         .unwrap();
     assert_eq!(two.reminded, 1);
     db.advance(Duration::from_secs(10));
-    let done = db
-        .ledger
-        .sweep_holds(db.now(), 100, rule_reminders)
+    let done = sweep_holds(&db.ledger, db.now(), 100, rule_reminders)
         .await
         .unwrap();
     assert_eq!(done.reminded, 0, "two reminders declared, two sent");

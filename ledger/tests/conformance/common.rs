@@ -478,10 +478,33 @@ pub fn no_reminders(_: &Value, _: u32, _: Timestamp) -> Option<Timestamp> {
     None
 }
 
-/// The daemons' sweep of holds at the test clock's now, without reminders.
+/// The rules the daemons' timer watcher is given, with approval reminders from
+/// `next_remind`.
+pub fn timer_rules(
+    next_remind: fn(&Value, u32, Timestamp) -> Option<Timestamp>,
+) -> flow_ledger::TimerRules {
+    flow_ledger::TimerRules {
+        next_remind,
+        probe_by: "reconcile",
+    }
+}
+
+/// The daemons' timer watcher at `now`, as far as holds go: what their timers did.
+pub async fn sweep_holds(
+    ledger: &Ledger,
+    now: Timestamp,
+    limit: u32,
+    next_remind: fn(&Value, u32, Timestamp) -> Option<Timestamp>,
+) -> Result<flow_ledger::SweptHolds, flow_ledger::Error> {
+    let fired = ledger
+        .fire_due_timers(now, limit, timer_rules(next_remind))
+        .await?;
+    Ok(fired.holds)
+}
+
+/// The daemons' timers of holds at the test clock's now, without reminders.
 pub async fn sweep(db: &TestDb) -> flow_ledger::SweptHolds {
-    db.ledger
-        .sweep_holds(db.now(), 100, no_reminders)
+    sweep_holds(&db.ledger, db.now(), 100, no_reminders)
         .await
         .unwrap()
 }

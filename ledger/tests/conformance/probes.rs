@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use flow_ledger::{
-    CallStatus, Error, NewProbe, ProbeDecision, ProbeObserved, Resolution, Resolve, RunLease,
-    Timestamp,
+    BeginWait, CallStatus, Error, HoldKind, NewProbe, ProbeDecision, ProbeObserved, Resolution,
+    Resolve, RunLease, RunStatus, SweptHold, Timestamp, WaitKind,
 };
 use serde_json::json;
 
@@ -15,6 +15,7 @@ crate::conformance!(
     probes_are_numbered_recorded_and_scheduled,
     a_probe_of_a_call_not_in_doubt_is_refused_and_records_nothing,
     due_probes_name_only_paused_runs_with_a_due_call_in_doubt,
+    a_run_with_many_due_probes_is_one_timer_beside_a_hold,
     the_resend_budget_is_counted_in_the_ledger,
     two_probers_at_once_cannot_both_resend_past_the_budget,
 );
@@ -284,26 +285,99 @@ async fn due_probes_name_only_paused_runs_with_a_due_call_in_doubt(db: TestDb) {
         )
         .await
         .unwrap();
-    assert!(
-        db.ledger
-            .runs_with_due_probes(db.now(), 100)
-            .await
-            .unwrap()
-            .is_empty(),
-        "not due yet"
-    );
+    assert!(probed(&db).await.is_empty(), "not due yet");
     db.advance(Duration::from_secs(2));
+    assert_eq!(probed(&db).await, ["run_due"], "one timer fired");
     assert_eq!(
-        db.ledger.runs_with_due_probes(db.now(), 100).await.unwrap(),
-        ["run_due"]
+        db.ledger.get_run("run_due").await.unwrap().status,
+        RunStatus::Queued,
+        "its run is back on the queue"
     );
-    db.ledger.requeue_run("run_due", db.now()).await.unwrap();
+    assert_eq!(
+        db.ledger.get_run("run_held").await.unwrap().status,
+        RunStatus::Running,
+        "a held run is left to its holder"
+    );
     assert!(
-        db.ledger
-            .runs_with_due_probes(db.now(), 100)
-            .await
-            .unwrap()
-            .is_empty(),
+        probed(&db).await.is_empty(),
         "a re-queued run is not named again"
     );
+}
+
+/// A paused run's calls in doubt are one timer, due at its soonest probe — not one per
+/// call: a `for_each` run with many due probes cannot crowd another run's deadline out
+/// of the watcher's batch (here a batch of 2, three due calls sooner than the wait).
+async fn a_run_with_many_due_probes_is_one_timer_beside_a_hold(db: TestDb) {
+    let due = Timestamp(db.now().0 + 10_000);
+    let run = running(&db, "run_p", &worker("1")).await;
+    for call in ["pay", "ship", "mail"] {
+        let made = db.ledger.create_step(&run, step(call, call, 0), db.now());
+        made.await.unwrap();
+        let key = format!("run_p-{call}");
+        let c = claim(&run, call, call, &key, json!({}));
+        let lease = claimed(db.ledger.claim_call(c, db.now()).await.unwrap());
+        sent_then_in_doubt(&db, &lease, "timed out").await;
+        let p = NewProbe {
+            tool_call_id: call.into(),
+            sent_key: format!("{key}:1"),
+            tool: call.into(),
+            ..probe("run_p", ProbeDecision::ProbeAgain, Some(due))
+        };
+        db.ledger.record_probe(p, db.now()).await.unwrap();
+    }
+    db.ledger
+        .pause_run(&run, "in doubt", db.now())
+        .await
+        .unwrap();
+    let waiting = running(&db, "run_w", &worker("1")).await;
+    let made = db
+        .ledger
+        .create_step(&waiting, step("ship", "ship", 0), db.now());
+    made.await.unwrap();
+    let wait = BeginWait {
+        node_id: "ship".into(),
+        step_id: "ship".into(),
+        kind: WaitKind::Event,
+        event_name: Some("order.shipped".into()),
+        matcher: None,
+        lookback_ms: 0,
+        timeout_ms: 30_000,
+        heartbeat_ms: None,
+        token_hash: None,
+    };
+    db.ledger
+        .begin_wait(&waiting, wait, db.now())
+        .await
+        .unwrap();
+    db.ledger
+        .pause_run(&waiting, "waits", db.now())
+        .await
+        .unwrap();
+
+    db.advance(Duration::from_secs(31));
+    let fired = db
+        .ledger
+        .fire_due_timers(db.now(), 2, timer_rules(no_reminders))
+        .await
+        .unwrap();
+    assert_eq!(fired.probed, ["run_p"], "{fired:?}");
+    let ship = SweptHold {
+        kind: HoldKind::Event,
+        run_id: "run_w".into(),
+        subject: "ship".into(),
+    };
+    assert_eq!(fired.holds.timed_out, [ship], "{fired:?}");
+    assert_eq!(
+        db.ledger.get_run("run_w").await.unwrap().status,
+        RunStatus::Queued
+    );
+}
+
+/// The runs the daemons' timer watcher re-queues for a due probe now.
+async fn probed(db: &TestDb) -> Vec<String> {
+    db.ledger
+        .fire_due_timers(db.now(), 100, timer_rules(no_reminders))
+        .await
+        .unwrap()
+        .probed
 }

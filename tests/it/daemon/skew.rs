@@ -148,3 +148,63 @@ fn a_daemon_an_hour_ahead_fires_no_tick_early_and_misses_none() {
         assert!(at <= now, "tick {tick} is not in the future: {h:?}");
     }
 }
+
+/// A daemon an hour ahead fires the timers of holds by the server's clock: a wait begun
+/// by an honest process with a 3-second timeout times out (the watcher runs), while a
+/// wait and an approval with 30-minute timeouts stay pending. Judged by its own clock
+/// the daemon would time both out at once — an hour past a deadline that is 30 minutes
+/// away — and fail the run.
+#[test]
+fn a_daemon_an_hour_ahead_times_out_no_hold_early() {
+    if !runnable() {
+        return;
+    }
+    let db = TestDb::new(Backend::Postgres);
+    let file = db.write(
+        "holds.yaml",
+        r#"name: skewed-holds
+tools:
+  notify: { kind: command, command: ["true"], timeout: 10s }
+nodes:
+  short:
+    wait: { event: { name: never.short }, timeout: 3s, on_timeout: skip }
+  long:
+    wait: { event: { name: never.long }, timeout: 30m, on_timeout: fail }
+  gate:
+    tool: notify
+    approval: { approvers: { roles: [operator] }, timeout: 30m, on_timeout: fail }
+"#,
+    );
+    // An honest process begins the holds (their deadlines by the true time) and pauses.
+    let out = crate::support::output(db.flow().arg("run").arg(&file));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "paused: {}",
+        crate::support::stderr(&out)
+    );
+    let run = crate::support::run_id(&out);
+    let s = show(&db, &run);
+    assert_eq!(s["run"]["status"], "paused", "{s:#}");
+
+    let env = skewed("+1h");
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let ahead = Daemon::start(&db, "ahead", &["--poll-interval", "100ms"], &env);
+    let wait_of = |s: &serde_json::Value, node: &str| {
+        s["waits"]
+            .as_array()
+            .and_then(|w| w.iter().find(|w| w["node"] == node).cloned())
+            .unwrap_or_default()
+    };
+    wait_until(Duration::from_secs(30), "the 3 s wait times out", || {
+        let s = show(&db, &run);
+        wait_of(&s, "short")["status"] == "timed_out" && s["run"]["status"] == "paused"
+    });
+    // Two more turns of the watcher (every 2 s) under the skewed clock.
+    std::thread::sleep(Duration::from_secs(5));
+    let s = show(&db, &run);
+    drop(ahead);
+    assert_eq!(s["run"]["status"], "paused", "{s:#}");
+    assert_eq!(wait_of(&s, "long")["status"], "pending", "{s:#}");
+    assert_eq!(s["approvals"][0]["status"], "pending", "{s:#}");
+}

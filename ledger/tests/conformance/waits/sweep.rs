@@ -48,7 +48,7 @@ async fn two_sweeps_at_once_time_a_wait_out_once(db: TestDb) {
             let (ledger, barrier) = (db.ledger.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                ledger.sweep_holds(now, 100, no_reminders).await
+                sweep_holds(&ledger, now, 100, no_reminders).await
             })
         })
         .collect();
@@ -133,9 +133,7 @@ async fn finished_runs_waits_are_cancelled(db: TestDb) {
     assert_eq!(db.ledger.count_pending_waits().await.unwrap(), 3);
 
     for _ in 0..2 {
-        let swept = db
-            .ledger
-            .sweep_holds(db.now(), 1, no_reminders)
+        let swept = sweep_holds(&db.ledger, db.now(), 1, no_reminders)
             .await
             .unwrap();
         assert_eq!(swept.cancelled, 1, "at most `limit` a sweep: {swept:?}");
@@ -188,7 +186,7 @@ async fn a_callback_and_the_sweep_race_to_one_outcome(db: TestDb) {
         let (ledger, barrier) = (db.ledger.clone(), barrier.clone());
         tokio::spawn(async move {
             barrier.wait().await;
-            ledger.sweep_holds(now, 100, no_reminders).await
+            sweep_holds(&ledger, now, 100, no_reminders).await
         })
     };
     let mut completed = 0;
