@@ -412,10 +412,19 @@ async fn unknown_sends(c: &mut Conn<'_>, ledger: &Ledger, row: &CallRow) -> Resu
     Ok(u32::try_from(n).unwrap_or(u32::MAX))
 }
 
+/// A fenced statement over one call and the edge of the call's status machine it
+/// takes: the two are written together so a statement cannot be run under another edge.
+pub(crate) struct CallEdge {
+    /// The statement (its `$n` as the caller binds them).
+    pub(crate) sql: &'static str,
+    /// The edge it takes (`from` and `to` bound from it).
+    pub(crate) edge: CallTransition,
+}
+
 /// A failed call's next attempt, claimed by this run (fenced by the token read;
 /// `CallTransition::RetryFailed`, `$11` → `$12`).
-const CLAIM_NEW_ATTEMPT: (&str, CallTransition) = (
-    concat!(
+const CLAIM_NEW_ATTEMPT: CallEdge = CallEdge {
+    sql: concat!(
         "UPDATE tool_calls SET status = $12, attempt_count = attempt_count + 1,
             lease_holder = $5, lease_token = lease_token + 1, run_token = $6,
             lease_expires_at = $7, step_id = $8, output = NULL, error_kind = NULL,
@@ -426,13 +435,13 @@ const CLAIM_NEW_ATTEMPT: (&str, CallTransition) = (
          RETURNING ",
         call_cols!()
     ),
-    CallTransition::RetryFailed,
-);
+    edge: CallTransition::RetryFailed,
+};
 
 /// An abandoned `claimed` call taken over by this run (fenced by the token read;
 /// `CallTransition::Takeover`, `$11` → `$12`).
-const CLAIM_TAKEOVER: (&str, CallTransition) = (
-    concat!(
+const CLAIM_TAKEOVER: CallEdge = CallEdge {
+    sql: concat!(
         "UPDATE tool_calls SET status = $12, lease_holder = $5, lease_token = lease_token + 1,
             run_token = $6, lease_expires_at = $7, step_id = $8, updated_at = $9
          WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
@@ -440,14 +449,14 @@ const CLAIM_TAKEOVER: (&str, CallTransition) = (
          RETURNING ",
         call_cols!()
     ),
-    CallTransition::Takeover,
-);
+    edge: CallTransition::Takeover,
+};
 
 /// An abandoned `outbound` call with a recorded remote task, taken over by this run to
 /// collect the task (fenced by the token read; `CallTransition::Collect`, `$11` → `$12`):
 /// still outbound, same attempt and key, and the request is not sent again.
-const CLAIM_COLLECT: (&str, CallTransition) = (
-    concat!(
+const CLAIM_COLLECT: CallEdge = CallEdge {
+    sql: concat!(
         "UPDATE tool_calls SET status = $12, lease_holder = $5, lease_token = lease_token + 1,
             run_token = $6, lease_expires_at = $7, step_id = $8, updated_at = $9
          WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND tool_call_id = $4
@@ -455,8 +464,8 @@ const CLAIM_COLLECT: (&str, CallTransition) = (
          RETURNING ",
         call_cols!()
     ),
-    CallTransition::Collect,
-);
+    edge: CallTransition::Collect,
+};
 
 /// The lease a claim that updated `row` as `decision` said hands back: a takeover
 /// carries the sends whose outcome stayed unknown, a collection its remote task.
@@ -565,16 +574,16 @@ async fn update_claimed(
     c: &mut Conn<'_>,
     ledger: &Ledger,
     req: &ClaimCall<'_>,
-    (sql, edge): (&'static str, CallTransition),
+    statement: &CallEdge,
     lease_token: i64,
     expires_at: Timestamp,
     now: Timestamp,
 ) -> Result<Option<CallRow>, Error> {
     let s = ledger.scope();
     let run = req.run;
-    let (from, to) = edge.states();
+    let (from, to) = statement.edge.states();
     c.optional::<CallRow>(
-        sql,
+        statement.sql,
         args![
             &s.tenant,
             &s.workspace,
@@ -699,7 +708,7 @@ impl Ledger {
                         ClaimDecision::Collect => CLAIM_COLLECT,
                     };
                     let updated =
-                        update_claimed(c, &ledger, &req, sql, row.lease_token, expires_at, now)
+                        update_claimed(c, &ledger, &req, &sql, row.lease_token, expires_at, now)
                             .await?;
                     if let Some(updated) = updated {
                         let lease =

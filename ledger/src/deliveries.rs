@@ -61,6 +61,15 @@ pub struct LeaseDeliveries<'a> {
     pub limit: u32,
 }
 
+/// A lease of deliveries as the writer applies it: the consumer's, held by the
+/// dispatcher `worker` until `until`, at most `limit`.
+struct Leasing {
+    consumer: String,
+    worker: String,
+    until: Timestamp,
+    limit: u32,
+}
+
 /// What happened to a leased delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeliveryOutcome {
@@ -400,27 +409,33 @@ impl Ledger {
         now: Timestamp,
     ) -> Result<Vec<Delivery>, Error> {
         let ledger = self.clone();
-        let (consumer, worker) = (req.consumer.to_owned(), req.worker.as_str().to_owned());
-        let (until, limit) = (now.plus(req.lease), req.limit);
+        let leasing = Leasing {
+            consumer: req.consumer.to_owned(),
+            worker: req.worker.as_str().to_owned(),
+            until: now.plus(req.lease),
+            limit: req.limit,
+        };
         self.write(move |c| {
-            Box::pin(async move {
-                let holder = (consumer.as_str(), worker.as_str());
-                Ledger::lease_in(c, &ledger, holder, (until, limit), now).await
-            })
+            Box::pin(async move { Ledger::lease_in(c, &ledger, &leasing, now).await })
         })
         .await
     }
 
-    /// The body of [`Ledger::lease_deliveries`]: `holder` is (consumer, dispatcher), the
-    /// lease lasts `until`, at most `limit` deliveries.
+    /// The body of [`Ledger::lease_deliveries`].
     async fn lease_in(
         c: &mut Conn<'_>,
         ledger: &Ledger,
-        (consumer, worker): (&str, &str),
-        (until, limit): (Timestamp, u32),
+        leasing: &Leasing,
         now: Timestamp,
     ) -> Result<Vec<Delivery>, Error> {
         let s = ledger.scope();
+        let Leasing {
+            consumer,
+            worker,
+            until,
+            limit,
+        } = leasing;
+        let (until, limit) = (*until, *limit);
         let sql = c.pick(
             "UPDATE event_deliveries SET leased_by = $4, leased_until = $5,
                 attempts = attempts + 1, updated_at = $6

@@ -282,7 +282,14 @@ pub(crate) async fn emit_unscoped(
     event_type: EventType,
     payload: Value,
 ) -> Result<(), Error> {
-    insert(conn, scope, now, (event_type, None, None, None), payload).await
+    let row = OutboxRow {
+        event_type,
+        run_id: None,
+        step_id: None,
+        tool_call_id: None,
+        payload,
+    };
+    insert(conn, scope, now, row).await
 }
 
 /// Inserts one event in the caller's transaction.
@@ -292,11 +299,26 @@ pub(crate) async fn emit(
     now: Timestamp,
     ev: NewEvent<'_>,
 ) -> Result<(), Error> {
-    let ids = (ev.event_type, Some(ev.run_id), ev.step_id, ev.tool_call_id);
-    insert(conn, scope, now, ids, ev.payload).await
+    let row = OutboxRow {
+        event_type: ev.event_type,
+        run_id: Some(ev.run_id),
+        step_id: ev.step_id,
+        tool_call_id: ev.tool_call_id,
+        payload: ev.payload,
+    };
+    insert(conn, scope, now, row).await
 }
 
-/// The outbox row: type and run, step and call ids.
+/// One outbox row: its type, the run, step and call it is about (none for a
+/// connection's), and its payload.
+struct OutboxRow<'a> {
+    event_type: EventType,
+    run_id: Option<&'a str>,
+    step_id: Option<&'a str>,
+    tool_call_id: Option<&'a str>,
+    payload: Value,
+}
+
 /// The ULIDs of this process's event ids, in creation order: event ids order the
 /// outbox for consumers (deliveries are leased in id order), and two ids made in one
 /// millisecond by `Ulid::generate` would sort at random.
@@ -317,14 +339,15 @@ async fn insert(
     conn: &mut Conn<'_>,
     scope: &Scope,
     now: Timestamp,
-    (event_type, run_id, step_id, tool_call_id): (
-        EventType,
-        Option<&str>,
-        Option<&str>,
-        Option<&str>,
-    ),
-    payload: Value,
+    row: OutboxRow<'_>,
 ) -> Result<(), Error> {
+    let OutboxRow {
+        event_type,
+        run_id,
+        step_id,
+        tool_call_id,
+        payload,
+    } = row;
     let id = new_event_id();
     let sql = conn.pick(
         "INSERT INTO outbox (tenant, workspace, id, type, time, run_id, step_id, tool_call_id, payload)

@@ -20,31 +20,33 @@ use crate::rows::{CallRow, call_cols};
 use crate::state::{CallTransition, ErrorKind};
 use crate::steps::{create_step_in, finish_step_in, pause_steps_in};
 
-use crate::calls::{AttemptRecord, emit_in_doubt, insert_attempt, insert_usage, read_call};
+use crate::calls::{
+    AttemptRecord, CallEdge, emit_in_doubt, insert_attempt, insert_usage, read_call,
+};
 use crate::events::{EventType, NewEvent, emit};
 
 /// A holder letting go of a claimed call it never sent (`CallTransition::Release`):
 /// no holder, a lease that expired at `$8`, the status unchanged.
-const LET_GO_CLAIMED: (&str, CallTransition) = (
-    concat!(
+const LET_GO_CLAIMED: CallEdge = CallEdge {
+    sql: concat!(
         "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $8, updated_at = $8
          WHERE",
         call_fence!(),
         "AND status = $9"
     ),
-    CallTransition::Release,
-);
+    edge: CallTransition::Release,
+};
 
 /// The same for an outbound call whose remote task is recorded (`CallTransition::Collect`).
-const LET_GO_TASK: (&str, CallTransition) = (
-    concat!(
+const LET_GO_TASK: CallEdge = CallEdge {
+    sql: concat!(
         "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $8, updated_at = $8
          WHERE",
         call_fence!(),
         "AND status = $9 AND remote_task IS NOT NULL"
     ),
-    CallTransition::Collect,
-);
+    edge: CallTransition::Collect,
+};
 
 /// Runs one of the let-go statements for `lease` (fence, `now`, the edge's state): the
 /// next claim of the call takes it over. The rows changed (0: not this holder's, or
@@ -53,13 +55,13 @@ async fn let_go(
     c: &mut Conn<'_>,
     ledger: &Ledger,
     lease: &CallLease,
-    (sql, edge): (&'static str, CallTransition),
+    statement: &CallEdge,
     now: Timestamp,
 ) -> Result<u64, Error> {
-    let (from, _) = edge.states();
+    let (from, _) = statement.edge.states();
     let mut a = fence_args(ledger, lease);
     a.extend(args![now, from.as_str()]);
-    c.execute(sql, a).await
+    c.execute(statement.sql, a).await
 }
 
 /// An event about the call `lease` holds.
@@ -358,7 +360,7 @@ impl Ledger {
         let lease = lease.clone();
         self.write_statement(move |c| {
             Box::pin(async move {
-                let n = let_go(c, &ledger, &lease, LET_GO_CLAIMED, now).await?;
+                let n = let_go(c, &ledger, &lease, &LET_GO_CLAIMED, now).await?;
                 if n == 0 {
                     return Err(Error::LeaseLost);
                 }
@@ -495,7 +497,7 @@ impl Ledger {
         self.write_statement(move |c| {
             Box::pin(async move {
                 let (from, _) = CallTransition::Collect.states();
-                let n = let_go(c, &ledger, &lease, LET_GO_TASK, now).await?;
+                let n = let_go(c, &ledger, &lease, &LET_GO_TASK, now).await?;
                 if n == 1 {
                     return Ok(());
                 }

@@ -123,9 +123,10 @@ pub(crate) async fn schedules(
         None => list(&ledger, &schedules, args.json, stdout).await,
         Some(SchedulesCommand::Pause(one) | SchedulesCommand::Resume(one)) => {
             let pause = matches!(args.command, Some(SchedulesCommand::Pause(_)));
-            let by = one.who.name()?;
+            let who = one.who.actor()?;
+            let by = &who.by;
             let state = schedules
-                .set_paused(&ledger, &one.id, pause, (&by, one.who.reason.as_deref()))
+                .set_paused(&ledger, &one.id, pause, &who)
                 .await
                 .map_err(refused)?;
             let what = if state.paused { "paused" } else { "resumed" };
@@ -133,9 +134,9 @@ pub(crate) async fn schedules(
             Ok(exit::OK)
         }
         Some(SchedulesCommand::Trigger(one)) => {
-            let by = one.who.name()?;
+            let who = one.who.actor()?;
             let run = schedules
-                .trigger(&ledger, &one.id, (&by, one.who.reason.as_deref()))
+                .trigger(&ledger, &one.id, &who)
                 .await
                 .map_err(refused)?;
             let _ = writeln!(stdout, "{run}");
@@ -144,10 +145,10 @@ pub(crate) async fn schedules(
         Some(SchedulesCommand::History(h)) => history(&ledger, h, stdout).await,
         Some(SchedulesCommand::Apply(a)) => apply(&ledger, &schedules, a, stdout).await,
         Some(SchedulesCommand::Remove(one)) => {
-            let by = one.who.name()?;
+            let who = one.who.actor()?;
             let now = Timestamp(crate::schedule::now_utc().timestamp_millis());
             ledger
-                .remove_schedule(&one.id, (&by, one.who.reason.as_deref()), now)
+                .remove_schedule(&one.id, &who, now)
                 .await
                 .map_err(|e| match e {
                     flow_ledger::Error::NotFound { .. } => {
@@ -155,7 +156,7 @@ pub(crate) async fn schedules(
                     }
                     e => CliError::Ledger(e),
                 })?;
-            let _ = writeln!(stdout, "schedule {} removed by {by}", one.id);
+            let _ = writeln!(stdout, "schedule {} removed by {}", one.id, who.by);
             Ok(exit::OK)
         }
     }

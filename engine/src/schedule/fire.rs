@@ -145,7 +145,7 @@ impl Scheduler {
             if !synced {
                 match self
                     .ledger
-                    .sync_schedules(defs.clone(), (&self.actor, true), to_ts(now))
+                    .sync_schedules(defs.clone(), &self.actor, true, to_ts(now))
                     .await
                 {
                     Ok(_) => synced = true,

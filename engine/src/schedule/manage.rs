@@ -7,7 +7,7 @@
 //! (`Ledger::sync_schedules`), so it works before any daemon ran, then changes the
 //! schedule, recorded with who.
 
-use flow_ledger::{HistoryKind, Ledger, ScheduleState, Timestamp};
+use flow_ledger::{Actor, HistoryKind, Ledger, ScheduleState, Timestamp};
 
 use super::Schedule;
 use super::view::ScheduleView;
@@ -100,7 +100,7 @@ impl Schedules {
             return Ok(());
         }
         ledger
-            .sync_schedules(vec![s.def()], (&self.source, false), now())
+            .sync_schedules(vec![s.def()], &self.source, false, now())
             .await?;
         Ok(())
     }
@@ -129,7 +129,7 @@ impl Schedules {
         ledger: &Ledger,
         id: &str,
         pause: bool,
-        who: (&str, Option<&str>),
+        who: &Actor,
     ) -> Result<ScheduleState, Error> {
         let s = self.find(&ledger.list_schedules().await?, id)?;
         self.store(ledger, &s).await?;
@@ -137,12 +137,7 @@ impl Schedules {
     }
 
     /// Starts one run of schedule `id` now as `who`; its id.
-    pub async fn trigger(
-        &self,
-        ledger: &Ledger,
-        id: &str,
-        who: (&str, Option<&str>),
-    ) -> Result<String, Error> {
+    pub async fn trigger(&self, ledger: &Ledger, id: &str, who: &Actor) -> Result<String, Error> {
         let s = self.find(&ledger.list_schedules().await?, id)?;
         let run_id = format!("sched.{}.manual.{}", s.id, ulid::Ulid::generate());
         let run = s

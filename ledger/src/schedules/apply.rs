@@ -16,6 +16,7 @@ use super::{ScheduleDef, prune_stored, state_for_update, sync_one};
 use crate::clock::Timestamp;
 use crate::error::Error;
 use crate::ledger::Ledger;
+use crate::model::Actor;
 
 /// The definition key that names the workflow a schedule was applied from.
 pub const APPLIED_FROM: &str = "applied_from";
@@ -122,7 +123,11 @@ impl Ledger {
                     from != Some(owner.as_str()) || defs.iter().any(|d| d.id == id)
                 };
                 let why = format!("workflow `{owner}` applied without it");
-                let removed = prune_stored(c, s, keep, (&actor, Some(&why)), now).await?;
+                let who = Actor {
+                    by: actor.clone(),
+                    reason: Some(why),
+                };
+                let removed = prune_stored(c, s, keep, &who, now).await?;
                 out.extend(removed.into_iter().map(|id| (id, Applied::Removed)));
                 Ok(out)
             })

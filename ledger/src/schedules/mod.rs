@@ -17,7 +17,7 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::ledger::Ledger;
-use crate::model::{Enqueued, NewRun, Scope};
+use crate::model::{Actor, Enqueued, NewRun, Scope};
 
 pub use apply::{APPLIED_FROM, Applied, applied_from};
 pub use ticks::{Handled, Overlap, TickPlan};
@@ -259,7 +259,7 @@ async fn prune_stored(
     c: &mut Conn<'_>,
     s: &Scope,
     keep: impl Fn(&str, Option<&str>) -> bool,
-    (actor, detail): (&str, Option<&str>),
+    who: &Actor,
     now: Timestamp,
 ) -> Result<Vec<String>, Error> {
     let stored = c
@@ -284,13 +284,7 @@ async fn prune_stored(
         if gone == 0 {
             continue;
         }
-        let e = entry(
-            &id,
-            HistoryKind::Removed,
-            actor,
-            detail.map(str::to_owned),
-            now,
-        );
+        let e = entry(&id, HistoryKind::Removed, &who.by, who.reason.clone(), now);
         record(c, s, &e).await?;
         removed.push(id);
     }
@@ -336,7 +330,8 @@ impl Ledger {
     pub async fn sync_schedules(
         &self,
         defs: Vec<ScheduleDef>,
-        (actor, prune): (&str, bool),
+        actor: &str,
+        prune: bool,
         now: Timestamp,
     ) -> Result<Vec<ScheduleState>, Error> {
         let ledger = self.clone();
@@ -367,7 +362,11 @@ impl Ledger {
                 let keep = |id: &str, owner: Option<&str>| {
                     owner.is_some() || defs.iter().any(|d| d.id == id)
                 };
-                prune_stored(c, s, keep, (&actor, None), now).await?;
+                let who = Actor {
+                    by: actor,
+                    reason: None,
+                };
+                prune_stored(c, s, keep, &who, now).await?;
                 Ok(out)
             })
         })
@@ -418,12 +417,12 @@ impl Ledger {
     pub async fn remove_schedule(
         &self,
         id: &str,
-        (actor, reason): (&str, Option<&str>),
+        who: &Actor,
         now: Timestamp,
     ) -> Result<ScheduleState, Error> {
         let ledger = self.clone();
-        let (id, actor) = (id.to_owned(), actor.to_owned());
-        let reason = reason.map(str::to_owned);
+        let id = id.to_owned();
+        let Actor { by: actor, reason } = who.clone();
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
@@ -467,12 +466,12 @@ impl Ledger {
         &self,
         id: &str,
         paused: bool,
-        (actor, reason): (&str, Option<&str>),
+        who: &Actor,
         now: Timestamp,
     ) -> Result<ScheduleState, Error> {
         let ledger = self.clone();
-        let (id, actor) = (id.to_owned(), actor.to_owned());
-        let reason = reason.map(str::to_owned);
+        let id = id.to_owned();
+        let Actor { by: actor, reason } = who.clone();
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();
@@ -521,12 +520,12 @@ impl Ledger {
         &self,
         id: &str,
         run: NewRun,
-        (actor, reason): (&str, Option<&str>),
+        who: &Actor,
         now: Timestamp,
     ) -> Result<Enqueued, Error> {
         let ledger = self.clone();
-        let (id, actor) = (id.to_owned(), actor.to_owned());
-        let reason = reason.map(str::to_owned);
+        let id = id.to_owned();
+        let Actor { by: actor, reason } = who.clone();
         self.write(move |c| {
             Box::pin(async move {
                 let s = ledger.scope();

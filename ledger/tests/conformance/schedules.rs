@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use flow_ledger::{
-    Applied, Error, Handled, HistoryKind, NewRun, Overlap, RunFinish, RunStatus, ScheduleDef,
-    TickPlan, Timestamp,
+    Actor, Applied, Error, Handled, HistoryKind, NewRun, Overlap, RunFinish, RunStatus,
+    ScheduleDef, TickPlan, Timestamp,
 };
 use serde_json::json;
 
@@ -73,7 +73,7 @@ async fn a_plan_applies_once_however_many_daemons_hand_it_in(db: TestDb) {
     let t0 = db.now();
     let states = db
         .ledger
-        .sync_schedules(vec![def("s", "* * * * * *")], ("config a", true), t0)
+        .sync_schedules(vec![def("s", "* * * * * *")], "config a", true, t0)
         .await
         .unwrap();
     assert_eq!(states[0].cursor, t0, "a new schedule starts at now");
@@ -128,7 +128,7 @@ async fn overlap_skips_or_buffers_while_the_previous_run_is_unfinished(db: TestD
     let t0 = db.now();
     let state = db
         .ledger
-        .sync_schedules(vec![def("s", "* * * * * *")], ("config", true), t0)
+        .sync_schedules(vec![def("s", "* * * * * *")], "config", true, t0)
         .await
         .unwrap()
         .remove(0);
@@ -204,7 +204,8 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
         .ledger
         .sync_schedules(
             vec![def("s", "* * * * * *"), def("t", "@hourly")],
-            ("config a", true),
+            "config a",
+            true,
             t0,
         )
         .await
@@ -227,7 +228,7 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
 
     // Paused: a plan is stale; resumed: the cursor moves to now (no catch-up).
     db.ledger
-        .set_schedule_paused("s", true, ("ada", None), now)
+        .set_schedule_paused("s", true, &who("ada", None), now)
         .await
         .unwrap();
     let state = db.ledger.list_schedules().await.unwrap().remove(0);
@@ -240,13 +241,13 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
     let later = db.advance(Duration::from_secs(60));
     let resumed = db
         .ledger
-        .set_schedule_paused("s", false, ("ada", Some("back")), later)
+        .set_schedule_paused("s", false, &who("ada", Some("back")), later)
         .await
         .unwrap();
     assert_eq!((resumed.paused, resumed.cursor), (false, later));
     assert!(matches!(
         db.ledger
-            .set_schedule_paused("nope", true, ("ada", None), later)
+            .set_schedule_paused("nope", true, &who("ada", None), later)
             .await,
         Err(flow_ledger::Error::NotFound { .. })
     ));
@@ -257,7 +258,7 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
     let changed_at = db.advance(Duration::from_secs(1));
     let states = db
         .ledger
-        .sync_schedules(vec![changed], ("config b", true), changed_at)
+        .sync_schedules(vec![changed], "config b", true, changed_at)
         .await
         .unwrap();
     assert_eq!(states[0].changed_by, "config b");
@@ -281,7 +282,12 @@ async fn missed_ticks_changes_pauses_removals_and_triggers_are_recorded(db: Test
     let triggered_at = db.advance(Duration::from_secs(1));
     let enq = db
         .ledger
-        .trigger_schedule("s", run("sched.s.manual.1"), ("ada", None), triggered_at)
+        .trigger_schedule(
+            "s",
+            run("sched.s.manual.1"),
+            &who("ada", None),
+            triggered_at,
+        )
         .await
         .unwrap();
     assert!(enq.created);
@@ -329,7 +335,7 @@ async fn a_taken_run_id_is_refused_and_a_pause_drops_the_buffered_tick(db: TestD
     let t0 = db.now();
     let state = db
         .ledger
-        .sync_schedules(vec![def("s", "* * * * * *")], ("config", true), t0)
+        .sync_schedules(vec![def("s", "* * * * * *")], "config", true, t0)
         .await
         .unwrap()
         .remove(0);
@@ -355,7 +361,7 @@ async fn a_taken_run_id_is_refused_and_a_pause_drops_the_buffered_tick(db: TestD
         .unwrap();
     assert!(matches!(h, Handled::Done { buffered: true, .. }), "{h:?}");
     db.ledger
-        .set_schedule_paused("s", true, ("ada", None), now)
+        .set_schedule_paused("s", true, &who("ada", None), now)
         .await
         .unwrap();
     let state = db.ledger.list_schedules().await.unwrap().remove(0);
@@ -387,14 +393,15 @@ async fn a_command_stores_without_removing_the_others(db: TestDb) {
     db.ledger
         .sync_schedules(
             vec![def("a", "@hourly"), def("b", "@daily")],
-            ("config", true),
+            "config",
+            true,
             t0,
         )
         .await
         .unwrap();
     let later = db.advance(Duration::from_secs(1));
     db.ledger
-        .sync_schedules(vec![def("c", "@hourly")], ("cli", false), later)
+        .sync_schedules(vec![def("c", "@hourly")], "cli", false, later)
         .await
         .unwrap();
     let ids: Vec<String> = db
@@ -421,7 +428,7 @@ fn applied(id: &str, owner: &str, cron: &str) -> ScheduleDef {
 async fn a_workflow_applies_its_own_schedules_and_no_one_elses(db: TestDb) {
     let t0 = db.now();
     let l = &db.ledger;
-    l.sync_schedules(vec![def("cfg", "@daily")], ("config", true), t0)
+    l.sync_schedules(vec![def("cfg", "@daily")], "config", true, t0)
         .await
         .unwrap();
     // Workflow `v`'s schedule `z` is never `w`'s to remove.
@@ -466,7 +473,7 @@ async fn a_workflow_applies_its_own_schedules_and_no_one_elses(db: TestDb) {
     );
     // A daemon with another flow.toml prunes `cfg`, not the applied ones.
     let t1 = db.advance(Duration::from_secs(1));
-    l.sync_schedules(vec![def("other", "@daily")], ("config", true), t1)
+    l.sync_schedules(vec![def("other", "@daily")], "config", true, t1)
         .await
         .unwrap();
     assert_eq!(
@@ -476,7 +483,8 @@ async fn a_workflow_applies_its_own_schedules_and_no_one_elses(db: TestDb) {
     // Nor does a flow.toml declaring `z` take it over: it stays `v`'s.
     l.sync_schedules(
         vec![def("other", "@daily"), def("z", "@hourly")],
-        ("config", true),
+        "config",
+        true,
         t1,
     )
     .await
@@ -550,13 +558,21 @@ async fn reapplied_then_removed(db: &TestDb) {
         "{again:?}"
     );
     // `remove` settles a clash whoever declared the id; an unknown id is NotFound.
-    l.remove_schedule("z", ("dora", Some("moved to flow.toml")), t2)
+    l.remove_schedule("z", &who("dora", Some("moved to flow.toml")), t2)
         .await
         .unwrap();
     let e = l
-        .remove_schedule("z", ("dora", None), t2)
+        .remove_schedule("z", &who("dora", None), t2)
         .await
         .expect_err("gone");
     assert!(matches!(e, Error::NotFound { .. }), "{e}");
     assert_eq!(ids(l.list_schedules().await.unwrap()), ["a", "c", "other"]);
+}
+
+/// Who changed a schedule, and why.
+fn who(by: &str, reason: Option<&str>) -> Actor {
+    Actor {
+        by: by.into(),
+        reason: reason.map(str::to_owned),
+    }
 }

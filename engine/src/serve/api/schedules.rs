@@ -10,7 +10,9 @@ use axum::response::{IntoResponse, Response};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use super::steer::Why;
+use flow_ledger::Actor;
+
+use super::steer::{Why, actor};
 use crate::schedule::manage;
 use crate::schedule::view::ScheduleView;
 use crate::serve::App;
@@ -50,7 +52,7 @@ pub async fn list(_: Authed<Viewer>, State(app): State<Arc<App>>) -> Result<Resp
 /// Pauses or resumes schedule `id` as the caller; answers with the schedule.
 pub(crate) async fn set_paused(
     app: &App,
-    who: (&str, Option<&str>),
+    who: &Actor,
     id: &str,
     pause: bool,
 ) -> Result<ScheduleView, Problem> {
@@ -68,8 +70,8 @@ pub async fn pause(
     Path(id): Path<String>,
     OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
-    let who = (caller.name.as_str(), why.reason.as_deref());
-    Ok(Json(set_paused(&app, who, &id, true).await?).into_response())
+    let who = actor(&caller, why.reason);
+    Ok(Json(set_paused(&app, &who, &id, true).await?).into_response())
 }
 
 /// `POST /api/v1/schedules/{id}/resume`.
@@ -79,16 +81,12 @@ pub async fn resume(
     Path(id): Path<String>,
     OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
-    let who = (caller.name.as_str(), why.reason.as_deref());
-    Ok(Json(set_paused(&app, who, &id, false).await?).into_response())
+    let who = actor(&caller, why.reason);
+    Ok(Json(set_paused(&app, &who, &id, false).await?).into_response())
 }
 
 /// Starts one run of schedule `id` as the caller.
-pub(crate) async fn trigger_as(
-    app: &App,
-    who: (&str, Option<&str>),
-    id: &str,
-) -> Result<Triggered, Problem> {
+pub(crate) async fn trigger_as(app: &App, who: &Actor, id: &str) -> Result<Triggered, Problem> {
     let run = app
         .schedules
         .trigger(&app.ledger, id, who)
@@ -105,6 +103,6 @@ pub async fn trigger(
     Path(id): Path<String>,
     OptionalJson(why): OptionalJson<Why>,
 ) -> Result<Response, Problem> {
-    let who = (caller.name.as_str(), why.reason.as_deref());
-    Ok(Json(trigger_as(&app, who, &id).await?).into_response())
+    let who = actor(&caller, why.reason);
+    Ok(Json(trigger_as(&app, &who, &id).await?).into_response())
 }

@@ -27,7 +27,7 @@ pub struct Why {
 }
 
 /// Who changed the run and why, for the event the change writes (the audit trail).
-fn actor(caller: &Caller, reason: Option<String>) -> Actor {
+pub(crate) fn actor(caller: &Caller, reason: Option<String>) -> Actor {
     Actor {
         by: caller.name.clone(),
         reason,

@@ -46,16 +46,15 @@ pub async fn act(
     let f = form(f)?;
     signed.check_csrf(&ui, &f.csrf)?;
     signed.need(Role::Operator)?;
-    let by = signed.caller.name.clone();
+    let by = flow_ledger::Actor {
+        by: signed.caller.name.clone(),
+        reason: None,
+    };
     match action.as_str() {
-        "pause" => set_paused(&ui.app, (&by, None), &id, true)
-            .await
-            .map(|_| ())?,
-        "resume" => set_paused(&ui.app, (&by, None), &id, false)
-            .await
-            .map(|_| ())?,
+        "pause" => set_paused(&ui.app, &by, &id, true).await.map(|_| ())?,
+        "resume" => set_paused(&ui.app, &by, &id, false).await.map(|_| ())?,
         "trigger" => {
-            let t = trigger_as(&ui.app, (&by, None), &id).await?;
+            let t = trigger_as(&ui.app, &by, &id).await?;
             return Ok(Page::redirect(format!("/ui/runs/{}", url(&t.run))));
         }
         other => {
