@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use flow::executor::Executor;
 use flow::executor::progress::Silent;
 use flow::fault::Faults;
-use flow::gateway::egress::Egress;
 use flow::gateway::{Gateway, Tools};
 use flow::secrets::Secrets;
 use flow::workflow::parse_str;
@@ -67,7 +66,8 @@ async fn run_once(url: &str, text: &str) -> Duration {
         clock.clone(),
         tools,
         Secrets::default(),
-        (Egress::default(), flow::policy::Policy::default()),
+        flow::gateway::Guards::default(),
+        None,
         Faults::default(),
     );
     let executor = Executor::new(

@@ -14,6 +14,8 @@ use regex::Regex;
 mod imports;
 #[path = "tidy/layers.rs"]
 mod layers;
+#[path = "tidy/params.rs"]
+mod params;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

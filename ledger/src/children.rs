@@ -53,7 +53,8 @@ impl Ledger {
         parent: &RunLease,
         run: NewRun,
         link: ParentLink,
-        (worker, lease): (&WorkerId, Duration),
+        worker: &WorkerId,
+        lease: Duration,
         now: Timestamp,
     ) -> Result<ChildStart, Error> {
         let ledger = self.clone();

@@ -232,7 +232,8 @@ impl Ledger {
     pub async fn store_connection(
         &self,
         name: &str,
-        (endpoints, sealed): (Endpoints, Sealed),
+        endpoints: Endpoints,
+        sealed: Sealed,
         by: &str,
         now: Timestamp,
     ) -> Result<i64, Error> {
@@ -306,7 +307,8 @@ impl Ledger {
     pub async fn lease_connection_refresh(
         &self,
         name: &str,
-        (generation, holder): (i64, &str),
+        generation: i64,
+        holder: &str,
         until: Timestamp,
         now: Timestamp,
     ) -> Result<Option<Connection>, Error> {
@@ -394,7 +396,8 @@ impl Ledger {
         &self,
         name: &str,
         holder: &str,
-        (failure, error): (RefreshFailure, &str),
+        failure: RefreshFailure,
+        error: &str,
         now: Timestamp,
     ) -> Result<bool, Error> {
         let ledger = self.clone();
@@ -439,7 +442,8 @@ impl Ledger {
         &self,
         name: &str,
         generation: i64,
-        (sealed, key_id): (&str, &str),
+        sealed: &str,
+        key_id: &str,
         now: Timestamp,
     ) -> Result<bool, Error> {
         let ledger = self.clone();

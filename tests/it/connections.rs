@@ -33,14 +33,15 @@ fn config(db: &TestDb, url: &str) -> std::path::PathBuf {
 
 /// A workflow of `n` independent `count` calls (keys `<prefix>-<i>`) with the connection.
 pub(crate) fn workflow(db: &TestDb, url: &str, prefix: &str, n: usize) -> std::path::PathBuf {
-    workflow_with(db, url, (prefix, n), "")
+    workflow_with(db, url, prefix, n, "")
 }
 
 /// [`workflow`] with `extra` lines in the tool's definition.
 fn workflow_with(
     db: &TestDb,
     url: &str,
-    (prefix, n): (&str, usize),
+    prefix: &str,
+    n: usize,
     extra: &str,
 ) -> std::path::PathBuf {
     let mut text = format!(
@@ -424,7 +425,7 @@ fn a_call_that_gives_up_on_a_slow_refresh_does_not_lose_the_rotated_token() {
     // The token is refused; its refresh takes 3 s, the call may wait 1 s.
     server.forget_access_tokens();
     server.delay_refreshes(3000);
-    let wf = workflow_with(&db, &server.url(), ("slow", 1), "    timeout: 1s\n");
+    let wf = workflow_with(&db, &server.url(), "slow", 1, "    timeout: 1s\n");
     let out = output(flow_with(&db, &key).arg("run").arg(&wf));
     let text = format!("{}{}", stdout(&out), stderr(&out));
     assert_ne!(out.status.code(), Some(0), "{text}");

@@ -125,7 +125,7 @@ async fn land_with(server: &Server, path: &str, cookie: Option<&str>) -> (Status
 /// A state nobody began, a stolen code with a live state, and an error redirect, on
 /// servers `a` and `b` after connection `c` was stored: each refused, nothing stored
 /// (`connected_at` and the refresh count do not move).
-async fn refused_redirects_store_nothing((a, b): (&Server, &Server), mcp: &HttpServer, c: &Value) {
+async fn refused_redirects_store_nothing(a: &Server, b: &Server, mcp: &HttpServer, c: &Value) {
     // A state nobody began, a stolen code with a live state, and an error
     // redirect: refused, nothing stored (the generation does not move).
     let generation = |c: &Value| c["refreshes"].clone();
@@ -234,7 +234,7 @@ fn a_sign_in_begun_on_one_server_finishes_on_another_and_only_once() {
                 "{body}"
             );
 
-            refused_redirects_store_nothing((&a.server, &b.server), &mcp, c).await;
+            refused_redirects_store_nothing(&a.server, &b.server, &mcp, c).await;
         });
         let c = &crate::connections::listed(&db, &key)[0];
         assert_eq!(c["connected_by"], "ada", "{c}");

@@ -70,7 +70,7 @@ impl PgProxy {
                 let (a, d, k) = (a.clone(), d.clone(), k.clone());
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(upstream).await {
-                        let _ = relay(client, server, (a, d), k).await;
+                        let _ = relay(client, server, a, d, k).await;
                     }
                 });
             }
@@ -144,7 +144,8 @@ static OUTAGE_MS: AtomicU32 = AtomicU32::new(0);
 async fn relay(
     mut client: TcpStream,
     mut server: TcpStream,
-    (armed, dropped): (Arc<AtomicBool>, Arc<AtomicU32>),
+    armed: Arc<AtomicBool>,
+    dropped: Arc<AtomicU32>,
     cut: Arc<Cut>,
 ) -> std::io::Result<()> {
     // Small frames one by one: without this, Nagle's algorithm and delayed ACKs add

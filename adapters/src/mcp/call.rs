@@ -23,7 +23,7 @@ use serde_json::json;
 use tokio::time::Instant;
 
 use super::elicit::{self, Elicitation, Handler};
-use crate::Reports;
+use crate::{Error, Reports};
 
 /// The most `input_required` rounds one call may take before it is refused.
 pub(super) const MAX_INPUT_ROUNDS: u32 = 8;
@@ -163,4 +163,14 @@ pub(super) async fn call_tool(
             Ok(CallEnd::TimedOut { cancelled })
         }
     }
+}
+
+/// A call that timed out after it was sent: unknown, saying whether the server was told.
+pub(super) fn timed_out(what: &str, cancelled: bool) -> Error {
+    let told = if cancelled {
+        "; flow sent notifications/cancelled, but the server may have processed it already"
+    } else {
+        "; the server may have processed it"
+    };
+    Error::unknown(format!("{what}: timed out after the call was sent{told}"))
 }

@@ -341,7 +341,9 @@ impl OAuth {
         &self,
         token_endpoint: &str,
         client: &OAuthClient,
-        (code, verifier, redirect_uri): (&str, &str, &str),
+        code: &str,
+        verifier: &str,
+        redirect_uri: &str,
         resource: &str,
     ) -> Result<Granted, TokenFailure> {
         let form = vec![
@@ -360,7 +362,8 @@ impl OAuth {
         token_endpoint: &str,
         client: &OAuthClient,
         refresh_token: &str,
-        (resource, scope): (&str, Option<&str>),
+        resource: &str,
+        scope: Option<&str>,
     ) -> Result<Granted, TokenFailure> {
         let mut form = vec![
             ("grant_type", "refresh_token".to_string()),
@@ -382,7 +385,9 @@ impl OAuth {
         idp_token_endpoint: &str,
         idp_client: &OAuthClient,
         id_token: &str,
-        (audience, resource, scope): (&str, &str, Option<&str>),
+        audience: &str,
+        resource: &str,
+        scope: Option<&str>,
     ) -> Result<String, TokenFailure> {
         let mut form = vec![
             ("grant_type", TOKEN_EXCHANGE.to_string()),
@@ -430,7 +435,8 @@ impl OAuth {
         &self,
         endpoint: &str,
         client: &OAuthClient,
-        (token, hint): (&str, &str),
+        token: &str,
+        hint: &str,
     ) -> Result<(), Error> {
         self.check(endpoint)?;
         let form = vec![

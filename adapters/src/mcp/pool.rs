@@ -333,7 +333,7 @@ impl Pool {
                     return self.wait(key, session, wait).await;
                 }
                 Ok(CallEnd::TimedOut { cancelled }) => {
-                    return Outcome::err(timed_out(&what, cancelled), sent + 1);
+                    return Outcome::err(call::timed_out(&what, cancelled), sent + 1);
                 }
                 Err(_) if session.tripped_limit() => classify::oversized(&what, MAX_MESSAGE_BYTES),
                 Err(error) => classify::request_error(&error, &what),
@@ -351,15 +351,14 @@ impl Pool {
             match challenge {
                 Some(challenge) if !reauthenticated && session.can_reauthenticate() => {
                     reauthenticated = true;
-                    let answer = (challenge.as_str(), bearer.as_deref());
                     match session
-                        .reauthenticate(&self.inner.http, answer, deadline)
+                        .reauthenticate(&self.inner.http, &challenge, bearer.as_deref(), deadline)
                         .await
                     {
                         Ok(()) => continue,
                         Err(e) => {
                             return Outcome::err(
-                                reauth_failed(session, e, (&what, &challenge)),
+                                reauth_failed(session, e, &what, &challenge),
                                 sent,
                             );
                         }
@@ -474,7 +473,7 @@ impl Pool {
 /// refused): nothing of it was processed, but it did count, so a token endpoint's
 /// `NotSent` becomes transient — except for a connection, whose errors say what a
 /// person must do and are not sent.
-fn reauth_failed(session: &Session, token_error: Error, (what, challenge): (&str, &str)) -> Error {
+fn reauth_failed(session: &Session, token_error: Error, what: &str, challenge: &str) -> Error {
     if session.uses_connection() {
         return token_error;
     }
@@ -507,16 +506,6 @@ async fn refused_again(session: &Session, error: Error, challenge: &str) -> Erro
         error.message
     );
     Error::new(error.kind, message)
-}
-
-/// A call that timed out after it was sent: unknown, saying whether the server was told.
-fn timed_out(what: &str, cancelled: bool) -> Error {
-    let told = if cancelled {
-        "; flow sent notifications/cancelled, but the server may have processed it already"
-    } else {
-        "; the server may have processed it"
-    };
-    Error::unknown(format!("{what}: timed out after the call was sent{told}"))
 }
 
 /// One running rmcp client session.
@@ -573,7 +562,8 @@ impl Session {
     async fn reauthenticate(
         &self,
         http: &crate::lazy_client::LazyClient,
-        answer: (&str, Option<&str>),
+        challenge: &str,
+        refused: Option<&str>,
         deadline: Instant,
     ) -> Result<(), Error> {
         tracing::debug!(target: "flow_adapters::mcp", server = %self.label, "re-authenticating after a challenge");
@@ -581,7 +571,10 @@ impl Session {
             None => Err(Error::permanent(
                 "no client credentials to re-authenticate with",
             )),
-            Some(auth) => auth.reauthenticate(http, answer, deadline).await,
+            Some(auth) => {
+                auth.reauthenticate(http, challenge, refused, deadline)
+                    .await
+            }
         }
     }
 
@@ -603,7 +596,7 @@ impl Session {
                         .await
                 }
                 ServerSpec::Http { url, headers } => {
-                    Self::start_http(&label, url, headers, (auth, policy), cx, &mut handshake).await
+                    Self::start_http(&label, url, headers, auth, policy, cx, &mut handshake).await
                 }
             };
             match started {
@@ -729,7 +722,8 @@ impl Session {
         label: &str,
         url: &str,
         headers: &[(String, String)],
-        (auth, policy): (&Auth, &Elicitation),
+        auth: &Auth,
+        policy: &Elicitation,
         cx: &StartCx<'_>,
         handshake: &mut Handshake,
     ) -> Result<Session, Error> {
@@ -777,8 +771,9 @@ impl Session {
                 };
                 // Initializing is not the tool call: authenticating here costs no
                 // counted request.
-                let answered = (url, auth, &slot);
-                if !session_auth::answer_initialize(&mut state, answered, &challenge, cx).await? {
+                let answered =
+                    session_auth::answer_initialize(&mut state, url, auth, &slot, &challenge, cx);
+                if !answered.await? {
                     return Err(error);
                 }
                 connect()

@@ -99,8 +99,11 @@ impl TokenState {
 /// `insufficient_scope` is recorded and fails as not sent (a daemon cannot ask a person
 /// to sign in again); a 401 gets a refreshed token.
 pub(super) async fn answer_connection(
-    (name, slot, source): (&str, &TokenSlot, &dyn ConnectionTokens),
-    (challenge, refused): (&str, Option<&str>),
+    name: &str,
+    slot: &TokenSlot,
+    source: &dyn ConnectionTokens,
+    challenge: &str,
+    refused: Option<&str>,
     deadline: Instant,
 ) -> Result<(), Error> {
     if auth::challenge_param(challenge, "error").as_deref() == Some("insufficient_scope") {
@@ -169,18 +172,14 @@ impl SessionAuth {
     pub(super) async fn reauthenticate(
         &self,
         http: &crate::lazy_client::LazyClient,
-        (challenge, refused): (&str, Option<&str>),
+        challenge: &str,
+        refused: Option<&str>,
         deadline: Instant,
     ) -> Result<(), Error> {
         match self {
             SessionAuth::Credentials(state) => state.answer(http, challenge, deadline).await,
             SessionAuth::Connection { name, slot, source } => {
-                answer_connection(
-                    (name, slot, source.as_ref()),
-                    (challenge, refused),
-                    deadline,
-                )
-                .await
+                answer_connection(name, slot, source.as_ref(), challenge, refused, deadline).await
             }
         }
     }
@@ -258,14 +257,17 @@ pub(super) async fn initial(
 /// nothing to answer with (no client credentials configured).
 pub(super) async fn answer_initialize(
     state: &mut Option<SessionAuth>,
-    (url, auth, slot): (&str, &Auth, &TokenSlot),
+    url: &str,
+    auth: &Auth,
+    slot: &TokenSlot,
     challenge: &str,
     cx: &StartCx<'_>,
 ) -> Result<bool, Error> {
     if let Some(state) = state {
         let refused = state.bearer();
-        let answer = (challenge, refused.as_deref());
-        state.reauthenticate(cx.http, answer, cx.deadline).await?;
+        state
+            .reauthenticate(cx.http, challenge, refused.as_deref(), cx.deadline)
+            .await?;
         return Ok(true);
     }
     let found = discovery::credentials(

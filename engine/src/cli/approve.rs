@@ -9,7 +9,7 @@ use flow_ledger::{ApprovalFilter, ApprovalStatus, Decided};
 use serde_json::{Map, Value as Json, json};
 
 use super::who::Who;
-use super::{Cli, CliError, LedgerContext, exit, open_ledger};
+use super::{Cli, Error, LedgerContext, exit, open_ledger};
 use crate::approval::{self, Decider, Decision, Refusal};
 use crate::view::ApprovalView;
 
@@ -72,7 +72,7 @@ pub(crate) async fn approvals(
     cli: &Cli,
     args: &ApprovalsArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let ledger = open_ledger(cli).await?;
     let filter = ApprovalFilter {
         run_id: args.run.clone(),
@@ -130,7 +130,7 @@ fn print_approvals(views: &[ApprovalView], json: bool, stdout: &mut dyn Write) {
 
 /// The decider of `flow approve` / `flow deny` against `--db`: the operator, as `admin`,
 /// under `--by` (or `$USER@host`) — the CLI holds the database itself.
-fn local_decider(who: &Who) -> Result<Decider, CliError> {
+fn local_decider(who: &Who) -> Result<Decider, Error> {
     Ok(Decider {
         name: who.name()?,
         role: "admin".into(),
@@ -138,9 +138,9 @@ fn local_decider(who: &Who) -> Result<Decider, CliError> {
 }
 
 /// `flow deny` needs a reason (the node fails with it), locally and through a server.
-fn deny_reason(who: &Who) -> Result<(), CliError> {
+fn deny_reason(who: &Who) -> Result<(), Error> {
     if who.reason.as_deref().is_none_or(|r| r.trim().is_empty()) {
-        return Err(CliError::invalid(
+        return Err(Error::invalid(
             "flow deny needs --reason TEXT: the node fails with it",
         ));
     }
@@ -151,11 +151,12 @@ fn deny_reason(who: &Who) -> Result<(), CliError> {
 /// as the API.
 async fn decide(
     cli: &Cli,
-    (ledger, decider): (&flow_ledger::Ledger, Decider),
+    ledger: &flow_ledger::Ledger,
+    decider: Decider,
     d: Decision,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
     let (run, node) = (d.run.clone(), d.node.clone());
     let decided = crate::approval::decide(ledger, &decider, d, now)
@@ -185,17 +186,17 @@ async fn decide(
 
 /// A refused decision as the command line reports it (exit 2 for the user's, 5 for
 /// the ledger's trouble).
-fn refused(e: approval::Error) -> CliError {
+fn refused(e: approval::Error) -> Error {
     use flow_ledger::Error as E;
     match e {
         e @ (approval::Error::NotFound { .. } | approval::Error::Refused(_)) => {
-            CliError::invalid(e.to_string())
+            Error::invalid(e.to_string())
         }
-        approval::Error::Ledger(E::Terminal { status }) => CliError::invalid(format!(
+        approval::Error::Ledger(E::Terminal { status }) => Error::invalid(format!(
             "the run is {status}: its approvals can no longer be decided"
         )),
-        approval::Error::Ledger(e @ E::Stale { .. }) => CliError::invalid(e.to_string()),
-        approval::Error::Ledger(source) => CliError::LedgerWhile {
+        approval::Error::Ledger(e @ E::Stale { .. }) => Error::invalid(e.to_string()),
+        approval::Error::Ledger(source) => Error::LedgerWhile {
             doing: "cannot decide".into(),
             source,
         },
@@ -208,7 +209,7 @@ pub(crate) async fn approve(
     args: &ApproveArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let decider = local_decider(&args.who)?;
     let ledger = open_ledger(cli).await?;
     let inputs = approve_inputs(&ledger, args).await?;
@@ -220,14 +221,14 @@ pub(crate) async fn approve(
         reason: args.who.reason.clone(),
         digest: args.digest.clone(),
     };
-    decide(cli, (&ledger, decider), d, stdout, stderr).await
+    decide(cli, &ledger, decider, d, stdout, stderr).await
 }
 
 /// `--input` pairs typed by the approval's declaration (read from the ledger).
 async fn approve_inputs(
     ledger: &flow_ledger::Ledger,
     args: &ApproveArgs,
-) -> Result<Map<String, Json>, CliError> {
+) -> Result<Map<String, Json>, Error> {
     if args.inputs.is_empty() {
         return Ok(Map::new());
     }
@@ -236,14 +237,14 @@ async fn approve_inputs(
         .await
         .doing(|| "cannot read the approval".into())?
         .ok_or_else(|| {
-            CliError::invalid(format!(
+            Error::invalid(format!(
                 "run {} has no approval for node `{}`",
                 args.run, args.node
             ))
         })?;
     let decls = crate::approval::rule_inputs(&approval.rule);
     crate::inputs::pairs_to_json(&decls, &args.inputs)
-        .map_err(|e| CliError::invalid(Refusal::BadInputs(e.to_string()).to_string()))
+        .map_err(|e| Error::invalid(Refusal::BadInputs(e.to_string()).to_string()))
 }
 
 /// `flow deny` from its arguments.
@@ -252,7 +253,7 @@ pub(crate) async fn deny(
     args: &DenyArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     deny_reason(&args.who)?;
     let decider = local_decider(&args.who)?;
     let ledger = open_ledger(cli).await?;
@@ -264,7 +265,7 @@ pub(crate) async fn deny(
         reason: args.who.reason.clone(),
         digest: None,
     };
-    decide(cli, (&ledger, decider), d, stdout, stderr).await
+    decide(cli, &ledger, decider, d, stdout, stderr).await
 }
 
 /// `flow approvals --server`: `GET /api/v1/approvals`.
@@ -272,7 +273,7 @@ pub(crate) async fn remote_list(
     server: &str,
     args: &ApprovalsArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let client = super::remote::client(server, &args.remote)?;
     let mut query = Vec::new();
     if let Some(run) = &args.run {
@@ -332,7 +333,7 @@ pub(crate) async fn remote_approve(
     server: &str,
     args: &ApproveArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     args.who.check_remote()?;
     let client = super::remote::client(server, &args.remote)?;
     let failed =
@@ -351,7 +352,7 @@ pub(crate) async fn remote_approve(
             .unwrap_or(Json::Null);
         let decls = crate::approval::rule_inputs(&json!({ "inputs": declared }));
         inputs = crate::inputs::pairs_to_json(&decls, &args.inputs)
-            .map_err(|e| CliError::invalid(Refusal::BadInputs(e.to_string()).to_string()))?;
+            .map_err(|e| Error::invalid(Refusal::BadInputs(e.to_string()).to_string()))?;
     }
     let body = json!({
         "decision": "approve", "inputs": inputs, "reason": args.who.reason,
@@ -376,7 +377,7 @@ pub(crate) async fn remote_deny(
     server: &str,
     args: &DenyArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     args.who.check_remote()?;
     deny_reason(&args.who)?;
     let client = super::remote::client(server, &args.remote)?;

@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::table::{table, terminal_width};
 use super::who::Who;
-use super::{Cli, CliError, exit, open_ledger};
+use super::{Cli, Error, exit, open_ledger};
 use crate::config::Config;
 use crate::connections::grant::{self, Options, SignInWith};
 use crate::connections::seal::{self, Key, Keys};
@@ -68,11 +68,11 @@ pub struct RevokeArgs {
     pub name: String,
 }
 
-fn grant_error(e: grant::Error) -> CliError {
+fn grant_error(e: grant::Error) -> Error {
     match e {
-        grant::Error::Refused(m) => CliError::invalid(m),
+        grant::Error::Refused(m) => Error::invalid(m),
         grant::Error::Setup(m) | grant::Error::Server(m) | grant::Error::Ledger(m) => {
-            CliError::unavailable(m)
+            Error::unavailable(m)
         }
     }
 }
@@ -82,11 +82,11 @@ pub(crate) async fn connect(
     cli: &Cli,
     args: &ConnectArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let config = Config::load(cli.config.as_deref())?;
     let Some(entry) = config.connections.iter().find(|c| c.name == args.name) else {
         let known: Vec<&str> = config.connections.iter().map(|c| c.name.as_str()).collect();
-        return Err(CliError::invalid(format!(
+        return Err(Error::invalid(format!(
             "no connection `{}` in {} (declared: {})",
             args.name,
             config
@@ -101,14 +101,14 @@ pub(crate) async fn connect(
         )));
     };
     let timeout = humantime::parse_duration(&args.timeout)
-        .map_err(|e| CliError::invalid(format!("--timeout {}: {e}", args.timeout)))?;
+        .map_err(|e| Error::invalid(format!("--timeout {}: {e}", args.timeout)))?;
     let by = args.who.name()?;
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     // Refuse before anything is asked of a server or a person.
-    Key::from_secrets(&secrets).map_err(|e| CliError::unavailable(e.to_string()))?;
+    Key::from_secrets(&secrets).map_err(|e| Error::unavailable(e.to_string()))?;
     let ledger = open_ledger(cli).await?;
     let oauth =
-        OAuth::new(config.egress.allow_list()).map_err(|e| CliError::unavailable(e.message))?;
+        OAuth::new(config.egress.allow_list()).map_err(|e| Error::unavailable(e.message))?;
     let options = Options {
         browser: args.browser.clone(),
         timeout,
@@ -148,7 +148,7 @@ pub(crate) async fn connections(
     cli: &Cli,
     args: &ConnectionsArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     match &args.command {
         Some(ConnectionsCommand::Keygen) => {
             let _ = writeln!(stdout, "{}", seal::generate());
@@ -163,7 +163,7 @@ pub(crate) async fn connections(
     }
 }
 
-async fn list(ledger: &Ledger, json: bool, stdout: &mut dyn Write) -> Result<u8, CliError> {
+async fn list(ledger: &Ledger, json: bool, stdout: &mut dyn Write) -> Result<u8, Error> {
     let all = ledger.list_connections().await?;
     if json {
         let out = crate::connections::view::views(&all, &[]);
@@ -207,11 +207,11 @@ async fn list(ledger: &Ledger, json: bool, stdout: &mut dyn Write) -> Result<u8,
 /// token), then deletes the connection. A server without a revocation endpoint, or one
 /// that cannot be reached, is reported; the connection is deleted anyway (its tokens
 /// are gone from flow), and the exit code says whether the server was told.
-async fn revoke(cli: &Cli, args: &RevokeArgs, stdout: &mut dyn Write) -> Result<u8, CliError> {
+async fn revoke(cli: &Cli, args: &RevokeArgs, stdout: &mut dyn Write) -> Result<u8, Error> {
     let ledger = open_ledger(cli).await?;
     let config = Config::load(cli.config.as_deref())?;
     let Some(c) = ledger.connection(&args.name).await? else {
-        return Err(CliError::invalid(format!(
+        return Err(Error::invalid(format!(
             "no connection `{}` is stored",
             args.name
         )));
@@ -225,26 +225,22 @@ async fn revoke(cli: &Cli, args: &RevokeArgs, stdout: &mut dyn Write) -> Result<
         (Some(_), Err(e)) => Err(e.to_string()),
         (Some(endpoint), Ok(key)) => {
             let s = ledger.scope();
-            match key.open(
-                (&s.tenant, &s.workspace),
-                &c.name,
-                (&c.sealed.sealed, &c.sealed.key_id),
-            ) {
+            match key.open((&s.tenant, &s.workspace), &c.name, (&c.sealed).into()) {
                 Err(e) => Err(e.to_string()),
                 Ok(tokens) => {
                     let oauth = OAuth::new(config.egress.allow_list())
-                        .map_err(|e| CliError::unavailable(e.message))?;
+                        .map_err(|e| Error::unavailable(e.message))?;
                     let client = OAuthClient {
                         client_id: c.endpoints.client_id.clone(),
                         secret: tokens.client_secret.clone(),
                         method: c.endpoints.auth_method.clone(),
                     };
-                    let token = match &tokens.refresh_token {
+                    let (token, hint) = match &tokens.refresh_token {
                         Some(r) => (r.as_str(), "refresh_token"),
                         None => (tokens.access_token.as_str(), "access_token"),
                     };
                     oauth
-                        .revoke(endpoint, &client, token)
+                        .revoke(endpoint, &client, token, hint)
                         .await
                         .map_err(|e| e.message)
                 }
@@ -261,7 +257,7 @@ async fn revoke(cli: &Cli, args: &RevokeArgs, stdout: &mut dyn Write) -> Result<
             );
             Ok(exit::OK)
         }
-        Err(why) => Err(CliError::unavailable(format!(
+        Err(why) => Err(Error::unavailable(format!(
             "connection `{}` deleted, but not revoked at the server: {why}",
             c.name
         ))),
@@ -271,9 +267,9 @@ async fn revoke(cli: &Cli, args: &RevokeArgs, stdout: &mut dyn Write) -> Result<
 /// Reseals the rows under the old key with the current one, each only as read (its
 /// generation unchanged, no refresh under way); a row that moved meanwhile is left for
 /// another run. Exit 0 when no row is left under the old key, 5 otherwise.
-async fn rekey(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, CliError> {
+async fn rekey(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, Error> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
-    let keys = Keys::from_secrets(&secrets).map_err(|e| CliError::unavailable(e.to_string()))?;
+    let keys = Keys::from_secrets(&secrets).map_err(|e| Error::unavailable(e.to_string()))?;
     let ledger = open_ledger(cli).await?;
     let all = ledger.list_connections().await?;
     let s = ledger.scope();
@@ -291,12 +287,12 @@ async fn rekey(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, CliError> {
             continue;
         };
         let tokens = old
-            .open(scope, &c.name, (&c.sealed.sealed, &c.sealed.key_id))
-            .map_err(|e| CliError::unavailable(e.to_string()))?;
+            .open(scope, &c.name, (&c.sealed).into())
+            .map_err(|e| Error::unavailable(e.to_string()))?;
         let sealed = keys.current.seal(scope, &c.name, &tokens);
         let now = flow_ledger::SystemClock.now();
         let done = ledger
-            .reseal_connection(&c.name, c.generation, (&sealed, keys.current.id()), now)
+            .reseal_connection(&c.name, c.generation, &sealed, keys.current.id(), now)
             .await?;
         if done {
             resealed += 1;
@@ -315,5 +311,5 @@ async fn rekey(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, CliError> {
     if left.is_empty() {
         return Ok(exit::OK);
     }
-    Err(CliError::unavailable(left.join("; ")))
+    Err(Error::unavailable(left.join("; ")))
 }

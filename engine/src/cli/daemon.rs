@@ -10,7 +10,7 @@ use clap::Args;
 use flow_ledger::WorkerId;
 use tokio_util::sync::CancellationToken;
 
-use super::{Cli, CliError, exit, logging};
+use super::{Cli, Error, exit, logging};
 use crate::config::Config;
 use crate::daemon::metrics::{self, Metrics, Observer};
 use crate::daemon::{Service, Settings, Stopped, shutdown};
@@ -80,13 +80,14 @@ type Scheduled = crate::schedule::manage::Schedules;
 
 /// Opens what the daemon needs (reading flow.toml and the secrets once), or says why
 /// it cannot run.
-async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Opened, CliError> {
+async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Opened, Error> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     let mut config = Config::load(cli.config.as_deref())?;
     logging::init(
         cli.log_format,
         &secrets,
-        (&config.telemetry, crate::telemetry::Process::Service),
+        &config.telemetry,
+        crate::telemetry::Process::Service,
     );
     let retention = config.retention.clone();
     let scheduled = crate::schedule::manage::Schedules::new(
@@ -95,7 +96,7 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     );
     // A schedule whose workflow cannot be used is refused now, not found at its tick.
     for s in &scheduled.list {
-        s.load().map_err(CliError::invalid)?;
+        s.load().map_err(Error::invalid)?;
     }
     // `--serve`: the tokens are checked before anything is opened.
     let auth = match args.serve {
@@ -122,18 +123,20 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     // The event consumers of flow.toml: the daemon delivers their events too, so one
     // process per host is enough (`flow events dispatch` remains for dispatch alone).
     let consumers = crate::events::consumers(&config.consumers, &secrets)
-        .map_err(|e| CliError::unavailable(e.to_string()))?;
+        .map_err(|e| Error::unavailable(e.to_string()))?;
     let public_url = config.api.public_url.clone();
     let runtime = Runtime::open(RuntimeOptions {
         db: cli.db.clone(),
         ledger: opts,
         secrets,
-        egress: config.egress,
-        policy: config.policy,
+        guards: crate::gateway::Guards {
+            egress: config.egress,
+            policy: config.policy,
+        },
+        public_url,
     })
     .await
-    .map_err(CliError::from)?;
-    runtime.gateway.set_public_url(public_url.as_deref());
+    .map_err(Error::from)?;
     let executor = runtime.executor(Arc::new(Observer::new(metrics)));
     Ok(Opened {
         executor,
@@ -154,14 +157,14 @@ async fn serve_metrics(
     metrics: &Arc<Metrics>,
     ledger: &flow_ledger::Ledger,
     stop: &CancellationToken,
-) -> Result<Option<SocketAddr>, CliError> {
+) -> Result<Option<SocketAddr>, Error> {
     let Some(addr) = args.metrics_addr else {
         return Ok(None);
     };
     metrics::serve(addr, metrics.clone(), ledger.clone(), stop.clone())
         .await
         .map(Some)
-        .map_err(|e| CliError::unavailable(format!("cannot serve metrics on {addr}: {e}")))
+        .map_err(|e| Error::unavailable(format!("cannot serve metrics on {addr}: {e}")))
 }
 
 /// `--serve ADDR`: the operator API beside the workers, until `stop` fires.
@@ -172,11 +175,11 @@ async fn serve_api(
     served: crate::runtime::api::Served,
     stop: &CancellationToken,
     stderr: &mut dyn Write,
-) -> Result<(), CliError> {
+) -> Result<(), Error> {
     let (bound, _) = runtime
         .serve_api(auth, served, addr, stop.clone())
         .await
-        .map_err(|e| CliError::unavailable(format!("cannot serve the API on {addr}: {e}")))?;
+        .map_err(|e| Error::unavailable(format!("cannot serve the API on {addr}: {e}")))?;
     let _ = writeln!(stderr, "flow daemon: API at http://{bound}/api/v1");
     Ok(())
 }
@@ -271,7 +274,7 @@ impl Beside {
         config: &Settings,
         metrics: &Arc<Metrics>,
         stderr: &mut dyn Write,
-    ) -> Result<Beside, CliError> {
+    ) -> Result<Beside, Error> {
         let Services {
             runtime,
             consumers,
@@ -356,7 +359,7 @@ pub(crate) async fn daemon(
     args: &DaemonArgs,
     _stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let metrics = Arc::new(Metrics::new());
     let Opened { executor, services } = open(cli, args, metrics.clone()).await?;
     let ledger = services.runtime.ledger.clone();

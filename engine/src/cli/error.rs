@@ -1,9 +1,9 @@
 //! Why a command stopped before doing what it was asked, and the exit code each kind
 //! gets — the one place the README's exit-code table is kept for errors.
 //!
-//! Commands return `Result<u8, CliError>`: `Ok` carries an outcome (0 done, 1 the run
-//! failed, 3 paused, 4 cancelled, 130 interrupted), `Err` a reason that [`CliError::report`]
-//! prints as `error: …` on stderr and [`CliError::exit_code`] turns into 2 or 5.
+//! Commands return `Result<u8, Error>`: `Ok` carries an outcome (0 done, 1 the run
+//! failed, 3 paused, 4 cancelled, 130 interrupted), `Err` a reason that [`Error::report`]
+//! prints as `error: …` on stderr and [`Error::exit_code`] turns into 2 or 5.
 
 use std::io::Write;
 
@@ -11,7 +11,7 @@ use super::exit;
 
 /// A command's failure, by what the user can do about it.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum CliError {
+pub(crate) enum Error {
     /// Input the user can correct: arguments, a file, inputs, an unknown run (exit 2).
     #[error("{0}")]
     Invalid(String),
@@ -45,7 +45,7 @@ pub(crate) enum CliError {
     /// cannot be used or data that cannot be trusted.
     #[error(transparent)]
     Ledger(#[from] flow_ledger::Error),
-    /// As [`CliError::Ledger`], with what the command was doing when the ledger said
+    /// As [`Error::Ledger`], with what the command was doing when the ledger said
     /// no (`cannot list approvals: …`); the same exit by class.
     #[error("{doing}: {source}")]
     LedgerWhile {
@@ -81,7 +81,7 @@ pub(crate) enum CliError {
     },
 }
 
-impl CliError {
+impl Error {
     /// An input error (exit 2) with this message.
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
         Self::Invalid(message.into())
@@ -158,13 +158,13 @@ impl CliError {
 /// Says what a command was doing when the ledger refused or failed it, keeping the exit
 /// the ledger's error class gives (instead of every site choosing 2 or 5 by hand).
 pub(crate) trait LedgerContext<T> {
-    /// The error as [`CliError::LedgerWhile`], headed by `doing`.
-    fn doing(self, doing: impl FnOnce() -> String) -> Result<T, CliError>;
+    /// The error as [`Error::LedgerWhile`], headed by `doing`.
+    fn doing(self, doing: impl FnOnce() -> String) -> Result<T, Error>;
 }
 
 impl<T> LedgerContext<T> for Result<T, flow_ledger::Error> {
-    fn doing(self, doing: impl FnOnce() -> String) -> Result<T, CliError> {
-        self.map_err(|source| CliError::LedgerWhile {
+    fn doing(self, doing: impl FnOnce() -> String) -> Result<T, Error> {
+        self.map_err(|source| Error::LedgerWhile {
             doing: doing(),
             source,
         })
@@ -172,7 +172,7 @@ impl<T> LedgerContext<T> for Result<T, flow_ledger::Error> {
 }
 
 /// The exit code of a command's result, its error (if any) reported on `stderr` first.
-pub(crate) fn finish(result: Result<u8, CliError>, stderr: &mut dyn Write) -> u8 {
+pub(crate) fn finish(result: Result<u8, Error>, stderr: &mut dyn Write) -> u8 {
     match result {
         Ok(code) => code,
         Err(e) => {
@@ -182,24 +182,24 @@ pub(crate) fn finish(result: Result<u8, CliError>, stderr: &mut dyn Write) -> u8
     }
 }
 
-impl From<crate::runtime::Error> for CliError {
+impl From<crate::runtime::Error> for Error {
     /// An unopenable ledger keeps its own message (exit 5); tool clients that cannot be
     /// set up are the installation's (exit 5).
     fn from(e: crate::runtime::Error) -> Self {
         match e {
-            crate::runtime::Error::Ledger { url, source } => CliError::OpenLedger { url, source },
-            e @ crate::runtime::Error::Tools(_) => CliError::unavailable(e.to_string()),
+            crate::runtime::Error::Ledger { url, source } => Error::OpenLedger { url, source },
+            e @ crate::runtime::Error::Tools(_) => Error::unavailable(e.to_string()),
         }
     }
 }
 
-impl From<crate::runtime::api::Error> for CliError {
+impl From<crate::runtime::api::Error> for Error {
     /// A bad flag or address is the caller's (exit 2); config or secrets the
     /// installation's (exit 5).
     fn from(e: crate::runtime::api::Error) -> Self {
         match e {
-            crate::runtime::api::Error::Invalid(m) => CliError::invalid(m),
-            crate::runtime::api::Error::Installation(m) => CliError::unavailable(m),
+            crate::runtime::api::Error::Invalid(m) => Error::invalid(m),
+            crate::runtime::api::Error::Installation(m) => Error::unavailable(m),
         }
     }
 }
@@ -208,8 +208,8 @@ impl From<crate::runtime::api::Error> for CliError {
 mod tests {
     use super::*;
 
-    fn remote(status: u16) -> CliError {
-        CliError::Remote {
+    fn remote(status: u16) -> Error {
+        Error::Remote {
             status,
             title: "T".into(),
             detail: "d".into(),
@@ -223,25 +223,25 @@ mod tests {
             limit: 1,
         };
         let cases = [
-            (CliError::invalid("x"), 2),
-            (CliError::Diagnostics("f:1:1: error: x\n".into()), 2),
+            (Error::invalid("x"), 2),
+            (Error::Diagnostics("f:1:1: error: x\n".into()), 2),
             (
-                CliError::MissingSecrets {
+                Error::MissingSecrets {
                     workflow: "w".into(),
                     names: vec!["A".into()],
                 },
                 2,
             ),
-            (CliError::Secrets(too_large), 2),
+            (Error::Secrets(too_large), 2),
             (
-                CliError::Secrets(crate::secrets::Error::TooShort {
+                Error::Secrets(crate::secrets::Error::TooShort {
                     names: vec!["PIN".into()],
                     min: crate::secrets::MIN_SECRET_BYTES,
                 }),
                 2,
             ),
-            (CliError::unavailable("x"), 5),
-            (CliError::NoLedger { path: "p".into() }, 5),
+            (Error::unavailable("x"), 5),
+            (Error::NoLedger { path: "p".into() }, 5),
             (remote(404), 2),
             (remote(409), 2),
             (remote(401), 2),
@@ -271,11 +271,11 @@ mod tests {
     #[test]
     fn report_prefixes_error_except_for_diagnostics() {
         let mut out = Vec::new();
-        let code = finish(Err(CliError::invalid("bad --limit")), &mut out);
+        let code = finish(Err(Error::invalid("bad --limit")), &mut out);
         assert_eq!(code, exit::INVALID);
         assert_eq!(String::from_utf8_lossy(&out), "error: bad --limit\n");
         let mut out = Vec::new();
-        CliError::Diagnostics("f.yaml:1:2: error: x\n".into()).report(&mut out);
+        Error::Diagnostics("f.yaml:1:2: error: x\n".into()).report(&mut out);
         assert_eq!(String::from_utf8_lossy(&out), "f.yaml:1:2: error: x\n");
         let mut out = Vec::new();
         assert_eq!(finish(Ok(exit::PAUSED), &mut out), exit::PAUSED);

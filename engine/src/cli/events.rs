@@ -13,7 +13,7 @@ use serde_json::{Value as Json, json};
 use tokio_util::sync::CancellationToken;
 
 use super::table::{cell, table, terminal_width};
-use super::{Cli, CliError, LedgerContext, exit, logging, open_ledger};
+use super::{Cli, Error, LedgerContext, exit, logging, open_ledger};
 use crate::config::Config;
 use crate::events::{self, Consumer, Dispatcher, Options, wire};
 use crate::secrets::Secrets;
@@ -113,7 +113,7 @@ pub(crate) async fn events(
     args: &EventsArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     match &args.command {
         None => list(cli, args, stdout, stderr).await,
         Some(EventsCommand::Redeliver(a)) => redeliver(cli, a, stdout, stderr).await,
@@ -138,7 +138,7 @@ async fn list(
     args: &EventsArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let status = match (args.failed, args.status.as_deref()) {
         (true, _) => Some(DeliveryStatus::Dead),
         (false, None) => None,
@@ -146,7 +146,7 @@ async fn list(
         (false, Some("delivered")) => Some(DeliveryStatus::Delivered),
         (false, Some("dead")) => Some(DeliveryStatus::Dead),
         (false, Some(other)) => {
-            return Err(CliError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "unknown delivery status `{other}`; use pending, delivered or dead"
             )));
         }
@@ -213,9 +213,9 @@ fn delivery_row(d: &Delivery) -> Vec<String> {
     ]
 }
 
-/// A ledger error that stops the command, exit by its class (`CliError::Ledger`).
-fn unavailable(e: flow_ledger::Error) -> CliError {
-    CliError::Ledger(e)
+/// A ledger error that stops the command, exit by its class (`Error::Ledger`).
+fn unavailable(e: flow_ledger::Error) -> Error {
+    Error::Ledger(e)
 }
 
 async fn redeliver(
@@ -223,7 +223,7 @@ async fn redeliver(
     args: &RedeliverArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let ledger = open_ledger(cli).await?;
     let mut targets: Vec<(String, String)> = Vec::new();
     let mut missing = Vec::new();
@@ -269,7 +269,7 @@ async fn redeliver(
             .consumer
             .as_deref()
             .map_or(String::new(), |c| format!(" to consumer `{c}`"));
-        return Err(CliError::invalid(format!(
+        return Err(Error::invalid(format!(
             "no delivery of {}{to} (see `flow events`)",
             missing.join(", ")
         )));
@@ -304,7 +304,7 @@ async fn interrupted() {
 /// make an event visible after events with a higher `seq`).
 const LOOKBACK: i64 = 1000;
 
-async fn tail(cli: &Cli, args: &TailArgs, stdout: &mut dyn Write) -> Result<u8, CliError> {
+async fn tail(cli: &Cli, args: &TailArgs, stdout: &mut dyn Write) -> Result<u8, Error> {
     let ledger = open_ledger(cli).await?;
     // On PostgreSQL a transaction may commit after a later `seq` became visible, so each
     // poll re-reads a window behind the highest `seq` seen and prints what is new.
@@ -379,17 +379,18 @@ async fn tail(cli: &Cli, args: &TailArgs, stdout: &mut dyn Write) -> Result<u8, 
 }
 
 /// Secrets, logging, config and consumers for `dispatch`.
-fn load_consumers(cli: &Cli) -> Result<Vec<Consumer>, CliError> {
+fn load_consumers(cli: &Cli) -> Result<Vec<Consumer>, Error> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     // Before anything can log: webhook signing keys are secrets and are scrubbed too.
     let config = Config::load(cli.config.as_deref())?;
     logging::init(
         cli.log_format,
         &secrets,
-        (&config.telemetry, crate::telemetry::Process::Service),
+        &config.telemetry,
+        crate::telemetry::Process::Service,
     );
     let consumers = events::consumers(&config.consumers, &secrets)
-        .map_err(|e| CliError::unavailable(e.to_string()))?;
+        .map_err(|e| Error::unavailable(e.to_string()))?;
     if consumers.is_empty() {
         let from = config
             .path
@@ -397,14 +398,14 @@ fn load_consumers(cli: &Cli) -> Result<Vec<Consumer>, CliError> {
             .map_or("no flow.toml found".to_string(), |p| {
                 p.display().to_string()
             });
-        return Err(CliError::unavailable(format!(
+        return Err(Error::unavailable(format!(
             "no event consumers configured ({from}); add [[consumers]] entries (see README, Events)"
         )));
     }
     Ok(consumers)
 }
 
-async fn dispatch(cli: &Cli, args: &DispatchArgs, stderr: &mut dyn Write) -> Result<u8, CliError> {
+async fn dispatch(cli: &Cli, args: &DispatchArgs, stderr: &mut dyn Write) -> Result<u8, Error> {
     let consumers = load_consumers(cli)?;
     let ledger = open_ledger(cli).await?;
     let names: Vec<&str> = consumers.iter().map(|c| c.name.as_str()).collect();
@@ -424,7 +425,7 @@ async fn dispatch(cli: &Cli, args: &DispatchArgs, stderr: &mut dyn Write) -> Res
         let summary = dispatcher
             .dispatch_once()
             .await
-            .map_err(|e| CliError::unavailable(e.to_string()))?;
+            .map_err(|e| Error::unavailable(e.to_string()))?;
         let _ = writeln!(stderr, "{summary}");
         return Ok(exit::OK);
     }

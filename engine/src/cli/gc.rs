@@ -6,7 +6,7 @@ use std::io::Write;
 use clap::Args;
 use flow_ledger::{Clock, Kept, SystemClock};
 
-use super::{Cli, CliError, exit, open_ledger};
+use super::{Cli, Error, exit, open_ledger};
 use crate::config::Config;
 use crate::retention::gc::{Mode, Report, pass};
 
@@ -77,7 +77,7 @@ fn print(report: &Report, stdout: &mut dyn Write) {
 }
 
 /// `flow gc`.
-pub(crate) async fn gc(cli: &Cli, args: &GcArgs, stdout: &mut dyn Write) -> Result<u8, CliError> {
+pub(crate) async fn gc(cli: &Cli, args: &GcArgs, stdout: &mut dyn Write) -> Result<u8, Error> {
     let config = Config::load(cli.config.as_deref())?;
     let mut retention = config.retention;
     if !retention.is_on() {
@@ -98,7 +98,7 @@ pub(crate) async fn gc(cli: &Cli, args: &GcArgs, stdout: &mut dyn Write) -> Resu
     };
     let report = pass(&ledger, &retention, SystemClock.now(), mode, None, &|_| {})
         .await
-        .map_err(|e| CliError::unavailable(e.to_string()))?;
+        .map_err(|e| Error::unavailable(e.to_string()))?;
     if args.json {
         let _ = writeln!(
             stdout,

@@ -97,11 +97,7 @@ impl<'a> MakeWriter<'a> for MakeScrubbed {
 /// on stderr as `RUST_LOG` (default [`DEFAULT_FILTER`]) says, and with `telemetry`'s
 /// endpoint configured, flow's spans exported over OTLP (`crate::telemetry`). Each has
 /// its own filter, so `RUST_LOG=warn` does not silence the traces.
-pub fn init(
-    format: LogFormat,
-    secrets: &Secrets,
-    (telemetry, process): (&TelemetryConfig, Process),
-) {
+pub fn init(format: LogFormat, secrets: &Secrets, telemetry: &TelemetryConfig, process: Process) {
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let writer = MakeScrubbed {

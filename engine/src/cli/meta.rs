@@ -6,7 +6,7 @@ use std::io::Write;
 
 use clap::CommandFactory;
 
-use super::{Cli, CliError, exit};
+use super::{Cli, Error, exit};
 
 /// `flow --version` and the first line of `flow version`: the crate version, the git
 /// commit and its date (`build.rs`; `unknown` outside a git checkout).
@@ -32,11 +32,11 @@ pub(crate) fn completions(shell: clap_complete::Shell, stdout: &mut dyn Write) -
 /// subcommand with its summary, examples, version (`flow COMMAND --help` has the rest).
 /// The page names the release, not the commit, so the committed copy (`docs/flow.1`)
 /// changes only when the interface or the version does.
-pub(crate) fn man(stdout: &mut dyn Write) -> Result<u8, CliError> {
+pub(crate) fn man(stdout: &mut dyn Write) -> Result<u8, Error> {
     let mut out = Vec::new();
     clap_mangen::Man::new(Cli::command().version(env!("CARGO_PKG_VERSION")))
         .render(&mut out)
-        .map_err(|e| CliError::unavailable(format!("cannot render the manual page: {e}")))?;
+        .map_err(|e| Error::unavailable(format!("cannot render the manual page: {e}")))?;
     let _ = stdout.write_all(&out);
     Ok(exit::OK)
 }

@@ -32,7 +32,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub(crate) use error::{CliError, LedgerContext};
+pub(crate) use error::{Error, LedgerContext};
 pub(crate) use follow_up::{prefix as flow_command, quote as shell_quote};
 pub(crate) use show::print_json;
 
@@ -350,7 +350,7 @@ fn dispatch(cli: Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u8 {
             {
                 Ok(rt) => rt,
                 Err(e) => {
-                    let e = CliError::unavailable(format!("cannot start the async runtime: {e}"));
+                    let e = Error::unavailable(format!("cannot start the async runtime: {e}"));
                     return error::finish(Err(e), stderr);
                 }
             };
@@ -409,15 +409,15 @@ pub(crate) fn check_id(
     kind: flow_ledger::ids::IdKind,
     what: &str,
     value: &str,
-) -> Result<(), CliError> {
+) -> Result<(), Error> {
     flow_ledger::ids::check_id(kind, value)
-        .map_err(|e| CliError::invalid(format!("invalid {what}: {e}")))
+        .map_err(|e| Error::invalid(format!("invalid {what}: {e}")))
 }
 
 /// The run id a command names as its `RUN` argument (show, cancel, resume), checked
 /// before anything is opened or sent: in client mode a `..` would otherwise be
 /// normalized out of the URL and ask the server for another resource.
-fn check_run_arg(command: &Command) -> Result<(), CliError> {
+fn check_run_arg(command: &Command) -> Result<(), Error> {
     let run = match command {
         Command::Show(a) => &a.run,
         Command::Cancel(a) => &a.run,
@@ -510,14 +510,14 @@ fn needs_existing_ledger(command: &Command) -> bool {
 /// What every ledger command checks before it opens anything: the tenant and
 /// workspace are well-formed names, a read-only `--db` is not asked to write, and a
 /// command that reads does not create a missing SQLite ledger (exit 5).
-fn check_ledger_args(cli: &Cli) -> Result<(), CliError> {
+fn check_ledger_args(cli: &Cli) -> Result<(), Error> {
     use flow_ledger::ids::IdKind;
     check_id(IdKind::Tenant, "--tenant", &cli.tenant)?;
     check_id(IdKind::Workspace, "--workspace", &cli.workspace)?;
     if flow_ledger::is_read_only_url(&cli.db)
         && let Some(name) = writing_command(&cli.command)
     {
-        return Err(CliError::invalid(format!(
+        return Err(Error::invalid(format!(
             "--db {} is read-only (mode=ro) and `flow {name}` writes to the ledger; nothing was written (drop mode=ro to write)",
             flow_ledger::redact_url(&cli.db)
         )));
@@ -527,7 +527,7 @@ fn check_ledger_args(cli: &Cli) -> Result<(), CliError> {
         && !path.starts_with(':')
         && !std::path::Path::new(path).exists()
     {
-        return Err(CliError::NoLedger {
+        return Err(Error::NoLedger {
             path: path.to_string(),
         });
     }
@@ -549,7 +549,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
     let checked = check_ledger_args(cli).and_then(|()| {
         // A lease length that cannot be read is refused before any lease is taken.
         if runs_workflows(&cli.command) {
-            crate::lease::from_env().map_err(|e| CliError::invalid(e.to_string()))?;
+            crate::lease::from_env().map_err(|e| Error::invalid(e.to_string()))?;
         }
         Ok(())
     });
@@ -594,7 +594,7 @@ async fn client_mode(
     cli: &Cli,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Option<Result<u8, CliError>> {
+) -> Option<Result<u8, Error>> {
     Some(match &cli.command {
         Command::Submit(a) => remote::submit(a.remote.server.as_deref()?, a, stdout, stderr).await,
         Command::Runs(a) => remote::runs(cli, a.remote.server.as_deref()?, a, stdout, stderr).await,
@@ -613,7 +613,7 @@ async fn client_mode(
 }
 
 /// `flow migrate`.
-async fn migrate(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, CliError> {
+async fn migrate(cli: &Cli, stdout: &mut dyn Write) -> Result<u8, Error> {
     let ledger = open_ledger(cli).await?;
     ledger
         .migrate()
@@ -651,7 +651,7 @@ fn postgres_connections(cli: &Cli) -> u32 {
 }
 
 /// Opens the ledger named by `--db`, or says why not (exit 5).
-pub(crate) async fn open_ledger(cli: &Cli) -> Result<flow_ledger::Ledger, CliError> {
+pub(crate) async fn open_ledger(cli: &Cli) -> Result<flow_ledger::Ledger, Error> {
     let opts = flow_ledger::OpenOptions {
         scope: flow_ledger::Scope {
             tenant: cli.tenant.clone(),
@@ -668,7 +668,7 @@ pub(crate) async fn open_ledger(cli: &Cli) -> Result<flow_ledger::Ledger, CliErr
                 .push(ledger.clone());
             Ok(ledger)
         }
-        Err(source) => Err(CliError::OpenLedger {
+        Err(source) => Err(Error::OpenLedger {
             url: flow_ledger::redact_url(&cli.db),
             source,
         }),
@@ -790,7 +790,7 @@ fn graph(
 ) -> u8 {
     let wf = match load_file(file, &validate_options()) {
         Ok((wf, _)) => wf,
-        Err(diags) => return error::finish(Err(CliError::Diagnostics(diags.to_string())), stderr),
+        Err(diags) => return error::finish(Err(Error::Diagnostics(diags.to_string())), stderr),
     };
     let _ = stdout.write_all(draw(&wf, wf.plan(), format).as_bytes());
     exit::OK

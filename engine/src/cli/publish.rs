@@ -6,7 +6,7 @@ use std::io::Write;
 use clap::Args;
 use serde_json::{Value as Json, json};
 
-use super::{Cli, CliError, LedgerContext, exit, open_ledger};
+use super::{Cli, Error, LedgerContext, exit, open_ledger};
 
 /// Arguments of `flow publish`.
 #[derive(Debug, Args)]
@@ -27,11 +27,11 @@ pub struct PublishArgs {
     pub remote: super::Remote,
 }
 
-fn data(args: &PublishArgs) -> Result<Json, CliError> {
+fn data(args: &PublishArgs) -> Result<Json, Error> {
     match &args.data {
         None => Ok(json!({})),
         Some(text) => serde_json::from_str(text).map_err(|e| {
-            CliError::invalid(format!(
+            Error::invalid(format!(
                 "--data is not JSON (line {}, column {}): {e}",
                 e.line(),
                 e.column()
@@ -56,7 +56,7 @@ pub(crate) async fn publish(
     cli: &Cli,
     args: &PublishArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let data = data(args)?;
     let by = super::who::Who {
         by: args.by.clone(),
@@ -78,7 +78,7 @@ pub(crate) async fn remote(
     server: &str,
     args: &PublishArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let data = data(args)?;
     let client = super::remote::client(server, &args.remote)?;
     let mut body = json!({ "name": args.name, "data": data });

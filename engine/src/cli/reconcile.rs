@@ -14,7 +14,7 @@ use std::io::Write;
 use clap::Args;
 use serde_json::json;
 
-use super::error::{CliError, LedgerContext};
+use super::error::{Error, LedgerContext};
 use super::run::Session;
 use super::{Cli, exit};
 use crate::reconcile::{ProbeCall, Reconciled, reconcile_call};
@@ -40,7 +40,7 @@ pub(crate) async fn reconcile(
     args: &ReconcileArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let session = Session::open(cli, false, None).await?;
     let filter = flow_ledger::InDoubtFilter {
         run_id: args.run.clone(),
@@ -66,7 +66,7 @@ pub(crate) async fn reconcile(
         let outcome = if run.status != flow_ledger::RunStatus::Paused && !finished {
             None
         } else {
-            let wf = snapshot(&run).map_err(CliError::Invalid)?;
+            let wf = snapshot(&run).map_err(Error::Invalid)?;
             let Some(node) = wf.node(crate::item_id::node_of(&c.tool_call_id)) else {
                 continue;
             };

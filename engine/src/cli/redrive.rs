@@ -9,7 +9,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::who::Who;
-use super::{Cli, CliError, exit, open_ledger};
+use super::{Cli, Error, exit, open_ledger};
 use crate::redrive::{self, redrive as redrive_run};
 
 /// Arguments of `flow redrive`.
@@ -36,7 +36,7 @@ pub(crate) async fn redrive(
     args: &RedriveArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let actor = args.who.actor()?;
     let ledger = open_ledger(cli).await?;
     let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
@@ -63,23 +63,23 @@ pub(crate) async fn redrive(
 
 /// A refused redrive as the command line reports it: the user's mistake (exit 2) or the
 /// ledger's trouble (exit 5).
-fn refused(run: &str, e: redrive::Error) -> CliError {
+fn refused(run: &str, e: redrive::Error) -> Error {
     use flow_ledger::Error as E;
     match e {
-        redrive::Error::Ledger(E::NotFound { .. }) => CliError::invalid(format!("no run `{run}`")),
-        redrive::Error::Ledger(E::Terminal { status }) => CliError::invalid(format!(
+        redrive::Error::Ledger(E::NotFound { .. }) => Error::invalid(format!("no run `{run}`")),
+        redrive::Error::Ledger(E::Terminal { status }) => Error::invalid(format!(
             "run {run} is {status}: only a failed run can be redriven"
         )),
-        redrive::Error::Ledger(E::InDoubt { since }) => CliError::invalid(format!(
+        redrive::Error::Ledger(E::InDoubt { since }) => Error::invalid(format!(
             "run {run} has a call in doubt (since {since}): settle it first (`flow show {run}` says how); nothing was written"
         )),
         redrive::Error::Ledger(e @ E::InvalidTransition { .. }) => {
-            CliError::invalid(format!("cannot redrive run {run}: {e}"))
+            Error::invalid(format!("cannot redrive run {run}: {e}"))
         }
         e @ (redrive::Error::UnknownNode { .. }
         | redrive::Error::ForEach { .. }
-        | redrive::Error::Child { .. }) => CliError::invalid(e.to_string()),
-        e => CliError::unavailable(format!("cannot redrive run {run}: {e}")),
+        | redrive::Error::Child { .. }) => Error::invalid(e.to_string()),
+        e => Error::unavailable(format!("cannot redrive run {run}: {e}")),
     }
 }
 
@@ -88,7 +88,7 @@ pub(crate) async fn remote(
     server: &str,
     args: &RedriveArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     args.who.check_remote()?;
     let client = super::remote::client(server, &args.remote)?;
     let body = json!({ "from": args.from, "reason": args.who.reason });

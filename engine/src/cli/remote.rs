@@ -18,11 +18,11 @@ use super::run::ResumeArgs;
 use super::show::{RunsArgs, ShowArgs};
 use super::submit::SubmitArgs;
 use super::table::{table, terminal_width};
-use super::{Cli, CliError, Remote, exit};
+use super::{Cli, Error, Remote, exit};
 
 /// The client `--server` and `--token-env` describe (exit 2 for a URL that is not
 /// http(s)).
-pub(crate) fn client(server: &str, remote: &Remote) -> Result<ApiClient, CliError> {
+pub(crate) fn client(server: &str, remote: &Remote) -> Result<ApiClient, Error> {
     let token = std::env::var(&remote.token_env)
         .ok()
         .filter(|t| !t.trim().is_empty());
@@ -30,12 +30,12 @@ pub(crate) fn client(server: &str, remote: &Remote) -> Result<ApiClient, CliErro
 }
 
 /// The CLI error for a failed request: the server's problem as `<title>: <detail>`
-/// ([`CliError::Remote`]), a bad URL exit 2, no answer exit 5.
-pub(crate) fn failed(e: &api_client::Error, has_token: bool) -> CliError {
+/// ([`Error::Remote`]), a bad URL exit 2, no answer exit 5.
+pub(crate) fn failed(e: &api_client::Error, has_token: bool) -> Error {
     match e {
-        api_client::Error::BadUrl(_) => CliError::invalid(format!("--server {e}")),
-        api_client::Error::BadSegment(_) => CliError::invalid(e.to_string()),
-        api_client::Error::Unreachable { .. } => CliError::unavailable(e.to_string()),
+        api_client::Error::BadUrl(_) => Error::invalid(format!("--server {e}")),
+        api_client::Error::BadSegment(_) => Error::invalid(e.to_string()),
+        api_client::Error::Unreachable { .. } => Error::unavailable(e.to_string()),
         api_client::Error::Problem {
             status,
             title,
@@ -45,7 +45,7 @@ pub(crate) fn failed(e: &api_client::Error, has_token: bool) -> CliError {
             if *status == 401 && !has_token {
                 detail.push_str(" (no token was sent: set the variable --token-env names)");
             }
-            CliError::Remote {
+            Error::Remote {
                 status: *status,
                 title: title.clone(),
                 detail,
@@ -61,7 +61,7 @@ pub(crate) async fn submit(
     args: &SubmitArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let client = client(server, &args.remote)?;
     let (wf, new) = super::run::check_new_run(
         &args.file,
@@ -97,7 +97,7 @@ pub(crate) async fn resume(
     args: &ResumeArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     args.who.check_remote()?;
     let client = client(server, &args.remote)?;
     let answer = match &args.resolve {
@@ -121,7 +121,7 @@ pub(crate) async fn resume(
         }
         None => {
             if args.output.is_some() || args.error.is_some() {
-                return Err(CliError::invalid(
+                return Err(Error::invalid(
                     "--output and --error only go with --resolve",
                 ));
             }
@@ -155,9 +155,9 @@ pub(crate) async fn resume(
 
 /// The API's resolve body for `--resolve NODE=succeeded|failed|retry` with `--output` /
 /// `--error` (the same rules as a local resume; the server checks the node).
-fn resolve_body(spec: &str, args: &ResumeArgs) -> Result<Json, CliError> {
+fn resolve_body(spec: &str, args: &ResumeArgs) -> Result<Json, Error> {
     let (node, how) = spec.split_once('=').ok_or_else(|| {
-        CliError::invalid(format!(
+        Error::invalid(format!(
             "--resolve `{spec}`: expected NODE=succeeded|failed|retry"
         ))
     })?;
@@ -165,12 +165,10 @@ fn resolve_body(spec: &str, args: &ResumeArgs) -> Result<Json, CliError> {
     match how {
         "succeeded" => {
             let text = args.output.as_deref().ok_or_else(|| {
-                CliError::invalid(
-                    "--resolve NODE=succeeded needs --output JSON (the call's output)",
-                )
+                Error::invalid("--resolve NODE=succeeded needs --output JSON (the call's output)")
             })?;
             let output: Json = serde_json::from_str(text)
-                .map_err(|e| CliError::invalid(format!("--output is not valid JSON: {e}")))?;
+                .map_err(|e| Error::invalid(format!("--output is not valid JSON: {e}")))?;
             body["output"] = output;
         }
         "failed" => {
@@ -180,16 +178,16 @@ fn resolve_body(spec: &str, args: &ResumeArgs) -> Result<Json, CliError> {
         }
         "retry" => {}
         other => {
-            return Err(CliError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "--resolve: unknown resolution `{other}`; use succeeded, failed or retry"
             )));
         }
     }
     if how != "succeeded" && args.output.is_some() {
-        return Err(CliError::invalid("--output goes with NODE=succeeded only"));
+        return Err(Error::invalid("--output goes with NODE=succeeded only"));
     }
     if how != "failed" && args.error.is_some() {
-        return Err(CliError::invalid("--error goes with NODE=failed only"));
+        return Err(Error::invalid("--error goes with NODE=failed only"));
     }
     Ok(body)
 }
@@ -202,7 +200,7 @@ pub(crate) async fn runs(
     args: &RunsArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let client = client(server, &args.remote)?;
     let pairs = super::show::input_pairs(&args.inputs)?;
     let names: Vec<String> = pairs.iter().map(|(n, _)| format!("input.{n}")).collect();
@@ -265,7 +263,7 @@ pub(crate) async fn show(
     server: &str,
     args: &ShowArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let client = client(server, &args.remote)?;
     let v = client
         .get(&["runs", &args.run], &[])
@@ -354,7 +352,7 @@ pub(crate) async fn cancel(
     server: &str,
     args: &super::show::CancelArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     args.who.check_remote()?;
     let client = client(server, &args.remote)?;
     let v = client

@@ -9,7 +9,7 @@ use clap::Args;
 use flow_ledger::{Ledger, NewRun, Resolution, Resolve, RunLease, RunStatus, WorkerId};
 use serde_json::Value as Json;
 
-use super::{Cli, CliError, exit, logging, open_ledger};
+use super::{Cli, Error, exit, logging, open_ledger};
 use crate::config::Config;
 use crate::executor::{Executor, RunOutcome, progress};
 use crate::runtime::Runtime;
@@ -150,30 +150,29 @@ fn refresh_statistics_meanwhile(ledger: &Ledger) {
 impl Session {
     /// Loads secrets and config, opens the ledger, builds the executor. With `wf`, every
     /// secret it names is checked before the ledger is even opened.
-    pub(crate) async fn open(
-        cli: &Cli,
-        live: bool,
-        wf: Option<&Workflow>,
-    ) -> Result<Self, CliError> {
+    pub(crate) async fn open(cli: &Cli, live: bool, wf: Option<&Workflow>) -> Result<Self, Error> {
         let secrets = Secrets::load(cli.secrets_file.as_deref())?;
         let config = Config::load(cli.config.as_deref())?;
         logging::init(
             cli.log_format,
             &secrets,
-            (&config.telemetry, crate::telemetry::Process::Command),
+            &config.telemetry,
+            crate::telemetry::Process::Command,
         );
         if let Some(wf) = wf {
             check_secrets(wf, &secrets)?;
         }
         if let Some(why) = wf.and_then(|wf| config.refuses(wf)) {
-            return Err(CliError::invalid(why));
+            return Err(Error::invalid(why));
         }
         let ledger = open_ledger(cli).await?;
         refresh_statistics_meanwhile(&ledger);
         let public_url = config.api.public_url.clone();
-        let runtime =
-            Runtime::with_ledger(ledger.clone(), secrets, (config.egress, config.policy))?;
-        runtime.gateway.set_public_url(public_url.as_deref());
+        let guards = crate::gateway::Guards {
+            egress: config.egress,
+            policy: config.policy,
+        };
+        let runtime = Runtime::with_ledger(ledger.clone(), secrets, guards, public_url)?;
         let progress: Arc<dyn progress::Progress> = if live {
             Arc::from(progress::for_stderr(
                 cli.log_format == super::LogFormat::Json,
@@ -196,11 +195,7 @@ impl Session {
     }
 
     /// Claims `run_id`, waiting while another live worker holds it.
-    async fn claim(
-        &self,
-        run_id: &str,
-        stderr: &mut dyn Write,
-    ) -> Result<Option<RunLease>, CliError> {
+    async fn claim(&self, run_id: &str, stderr: &mut dyn Write) -> Result<Option<RunLease>, Error> {
         let mut said = false;
         loop {
             match self
@@ -224,7 +219,7 @@ impl Session {
                 }
                 Err(flow_ledger::Error::Terminal { .. }) => return Ok(None),
                 Err(e) => {
-                    return Err(CliError::unavailable(format!(
+                    return Err(Error::unavailable(format!(
                         "cannot claim run {run_id}: {e}"
                     )));
                 }
@@ -239,7 +234,7 @@ impl Session {
         json: bool,
         stdout: &mut dyn Write,
         stderr: &mut dyn Write,
-    ) -> Result<u8, CliError> {
+    ) -> Result<u8, Error> {
         if let Err(e) = self.ledger.expire_dead_local_workers(self.now()).await {
             tracing::warn!(error = %e, "could not expire leases of dead local workers");
         }
@@ -251,7 +246,7 @@ impl Session {
             Ok(wf) => wf,
             Err(message) => {
                 let _ = self.ledger.release_run(&lease, self.now()).await;
-                return Err(CliError::invalid(message));
+                return Err(Error::invalid(message));
             }
         };
         self.execute_leased(lease, &wf, &run, json, stdout, stderr)
@@ -268,7 +263,7 @@ impl Session {
         json: bool,
         stdout: &mut dyn Write,
         stderr: &mut dyn Write,
-    ) -> Result<u8, CliError> {
+    ) -> Result<u8, Error> {
         let run_id = run.id.as_str();
         let stop = tokio_util::sync::CancellationToken::new();
         let _interrupts = interrupts(
@@ -282,7 +277,7 @@ impl Session {
             Ok(outcome) => Ok(self
                 .print_outcome(run_id, &outcome, json, stdout, stderr)
                 .await),
-            Err(e) => Err(CliError::unavailable(format!(
+            Err(e) => Err(Error::unavailable(format!(
                 "run {run_id} stopped: {e}; `{} resume {run_id}` continues it",
                 self.flow
             ))),
@@ -364,7 +359,7 @@ impl Session {
         json: bool,
         stdout: &mut dyn Write,
         stderr: &mut dyn Write,
-    ) -> Result<u8, CliError> {
+    ) -> Result<u8, Error> {
         let run = self.ledger.get_run(run_id).await.map_err(unavailable)?;
         let outcome = RunOutcome {
             status: run.status,
@@ -378,21 +373,21 @@ impl Session {
     }
 }
 
-/// A ledger error that stops the command, exit by its class (`CliError::Ledger`).
-fn unavailable(e: flow_ledger::Error) -> CliError {
-    CliError::Ledger(e)
+/// A ledger error that stops the command, exit by its class (`Error::Ledger`).
+fn unavailable(e: flow_ledger::Error) -> Error {
+    Error::Ledger(e)
 }
 
 /// Every secret the workflow names must have a value before the run is created or
 /// claimed: found only when its node runs, a missing one would fail the run after earlier
-/// nodes had already sent their requests. Missing ones are [`CliError::MissingSecrets`].
-fn check_secrets(wf: &Workflow, secrets: &Secrets) -> Result<(), CliError> {
+/// nodes had already sent their requests. Missing ones are [`Error::MissingSecrets`].
+fn check_secrets(wf: &Workflow, secrets: &Secrets) -> Result<(), Error> {
     let names = wf.secret_names();
     let missing = secrets.missing_all(names.iter().map(String::as_str));
     if missing.is_empty() {
         return Ok(());
     }
-    Err(CliError::MissingSecrets {
+    Err(Error::MissingSecrets {
         workflow: wf.name.clone(),
         names: missing.iter().map(ToString::to_string).collect(),
     })
@@ -406,14 +401,14 @@ pub(super) fn check_new_run(
     inputs: &[String],
     inputs_file: Option<&std::path::Path>,
     run_id: Option<&str>,
-) -> Result<(ValidWorkflow, NewRun), CliError> {
+) -> Result<(ValidWorkflow, NewRun), Error> {
     if let Some(id) = run_id {
         super::check_id(flow_ledger::ids::IdKind::Run, "--run-id", id)?;
     }
     let (wf, source) = load_file(file, &validate_options())
-        .map_err(|diags| CliError::Diagnostics(diags.to_string()))?;
+        .map_err(|diags| Error::Diagnostics(diags.to_string()))?;
     let inputs = crate::inputs::resolve(&wf, inputs, inputs_file)
-        .map_err(|e| CliError::invalid(e.to_string()))?;
+        .map_err(|e| Error::invalid(e.to_string()))?;
     let id = match run_id {
         Some(id) => id.to_owned(),
         None => format!("run_{}", ulid::Ulid::generate()),
@@ -445,7 +440,7 @@ pub(crate) async fn run(
     args: &RunArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let (wf, new) = check_new_run(
         &args.file,
         &args.inputs,
@@ -486,7 +481,7 @@ pub(crate) async fn run(
 /// Why a run could not be queued, as `flow run` and `flow submit` say it: the id taken
 /// by another run or retired by retention is the user's to change (exit 2); anything
 /// else is the ledger's (exit 5). `verb` is what was being done (`start`, `queue`).
-pub(super) fn refused_start(run_id: &str, verb: &str, e: flow_ledger::Error) -> CliError {
+pub(super) fn refused_start(run_id: &str, verb: &str, e: flow_ledger::Error) -> Error {
     match e {
         flow_ledger::Error::Conflict { reason, .. } => conflict(run_id, &reason),
         flow_ledger::Error::KeyRetired {
@@ -494,19 +489,19 @@ pub(super) fn refused_start(run_id: &str, verb: &str, e: flow_ledger::Error) -> 
             outcome,
             deleted_at,
             ..
-        } => CliError::invalid(format!(
+        } => Error::invalid(format!(
             "run id `{run_id}` was used by a run deleted by retention on {} whose node `{node_id}` sent a request ({outcome}); the keys derived from that id stay retired (`[retention] keys`), so choose another run id; nothing was written",
             deleted_at.to_rfc3339()
         )),
-        source => CliError::LedgerWhile {
+        source => Error::LedgerWhile {
             doing: format!("cannot {verb} run {run_id}"),
             source,
         },
     }
 }
 
-pub(super) fn conflict(run_id: &str, reason: &str) -> CliError {
-    CliError::invalid(format!(
+pub(super) fn conflict(run_id: &str, reason: &str) -> Error {
+    Error::invalid(format!(
         "run {run_id} already exists with a different workflow or inputs: {reason}"
     ))
 }
@@ -581,12 +576,12 @@ pub(crate) async fn resume(
     args: &ResumeArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let session = Session::open(cli, !args.detach, None).await?;
     let run = match session.ledger.get_run(&args.run).await {
         Ok(run) => run,
         Err(flow_ledger::Error::NotFound { .. }) => {
-            return Err(CliError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "no run `{}` in {}",
                 args.run,
                 session.ledger.url_redacted()
@@ -594,13 +589,13 @@ pub(crate) async fn resume(
         }
         Err(e) => return Err(unavailable(e)),
     };
-    let wf = snapshot(&run).map_err(CliError::Invalid)?;
+    let wf = snapshot(&run).map_err(Error::Invalid)?;
     // A detached run is executed by a daemon, whose own secrets count.
     if !args.detach {
         check_secrets(&wf, session.executor.gateway().secrets())?;
     }
     let mut resolved = false;
-    if let Some((node, resolution)) = parse_resolution(args, &wf).map_err(CliError::Invalid)? {
+    if let Some((node, resolution)) = parse_resolution(args, &wf).map_err(Error::Invalid)? {
         let actor = args.who.actor()?;
         resolve(&session, &run.id, node, resolution, actor, stderr).await?;
         resolved = true;
@@ -616,7 +611,7 @@ pub(crate) async fn resume(
             }
             Err(flow_ledger::Error::Terminal { status }) if resolved => status.to_string(),
             Err(source) => {
-                return Err(CliError::LedgerWhile {
+                return Err(Error::LedgerWhile {
                     doing: format!("cannot re-queue run {}", run.id),
                     source,
                 });
@@ -637,7 +632,7 @@ async fn resolve(
     resolution: Resolution,
     actor: flow_ledger::Actor,
     stderr: &mut dyn Write,
-) -> Result<(), CliError> {
+) -> Result<(), Error> {
     let how = resolution.as_str();
     // Taken over from a worker whose lease has not ended: it could still send, so what
     // the person checked may not be the last word. Wait it out (at most one lease).
@@ -665,23 +660,23 @@ async fn resolve(
             let _ = writeln!(stderr, "resolved {node} as {how}");
             Ok(())
         }
-        Err(flow_ledger::Error::NotFound { .. }) => Err(CliError::invalid(format!(
+        Err(flow_ledger::Error::NotFound { .. }) => Err(Error::invalid(format!(
             "node `{node}` has no tool call in run {run_id}"
         ))),
-        Err(flow_ledger::Error::Terminal { status }) => Err(CliError::invalid(format!(
+        Err(flow_ledger::Error::Terminal { status }) => Err(Error::invalid(format!(
             "cannot resolve `{node}` as retry: run {run_id} is {status}, so nothing can re-send it; record what happened with `--resolve {node}=succeeded --output JSON` or `--resolve {node}=failed`; nothing was written"
         ))),
         // Left `outbound` by a worker that stopped (a crash) before anybody looked: it is
         // not in doubt until a resume takes the run over and finds it so.
         Err(flow_ledger::Error::InvalidTransition { from, .. }) if from == "outbound" => {
-            Err(CliError::invalid(format!(
+            Err(Error::invalid(format!(
                 "cannot resolve `{node}` yet: its call is still `outbound` (the worker that sent it stopped before anybody looked, or still holds it); run `flow resume {run_id}` first — it takes the run over once the holder's lease has ended and finds the call in doubt — then resolve it; nothing was written"
             )))
         }
-        Err(e @ flow_ledger::Error::InvalidTransition { .. }) => Err(CliError::invalid(format!(
+        Err(e @ flow_ledger::Error::InvalidTransition { .. }) => Err(Error::invalid(format!(
             "cannot resolve `{node}`: {e} (only calls in doubt can be resolved)"
         ))),
-        Err(source) => Err(CliError::LedgerWhile {
+        Err(source) => Err(Error::LedgerWhile {
             doing: format!("cannot resolve `{node}`"),
             source,
         }),

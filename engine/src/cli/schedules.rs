@@ -14,7 +14,7 @@ use serde_json::{Value as Json, json};
 
 use super::table::{table, terminal_width};
 use super::who::Who;
-use super::{Cli, CliError, exit, open_ledger};
+use super::{Cli, Error, exit, open_ledger};
 use crate::config::Config;
 use crate::schedule::manage::{self, Schedules};
 use crate::schedule::view::TickView;
@@ -94,7 +94,7 @@ fn when(t: Timestamp) -> String {
 }
 
 /// The schedules of the configuration `cli` reads.
-fn configured(cli: &Cli) -> Result<Schedules, CliError> {
+fn configured(cli: &Cli) -> Result<Schedules, Error> {
     let mut config = Config::load(cli.config.as_deref())?;
     Ok(Schedules::new(
         std::mem::take(&mut config.schedules),
@@ -102,12 +102,10 @@ fn configured(cli: &Cli) -> Result<Schedules, CliError> {
     ))
 }
 
-fn refused(e: manage::Error) -> CliError {
+fn refused(e: manage::Error) -> Error {
     match e {
-        manage::Error::Unknown { .. } | manage::Error::Invalid(_) => {
-            CliError::invalid(e.to_string())
-        }
-        manage::Error::Ledger(e) => CliError::Ledger(e),
+        manage::Error::Unknown { .. } | manage::Error::Invalid(_) => Error::invalid(e.to_string()),
+        manage::Error::Ledger(e) => Error::Ledger(e),
     }
 }
 
@@ -116,7 +114,7 @@ pub(crate) async fn schedules(
     cli: &Cli,
     args: &SchedulesArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let schedules = configured(cli)?;
     let ledger = open_ledger(cli).await?;
     match &args.command {
@@ -152,9 +150,9 @@ pub(crate) async fn schedules(
                 .await
                 .map_err(|e| match e {
                     flow_ledger::Error::NotFound { .. } => {
-                        CliError::invalid(format!("no schedule `{}` is stored", one.id))
+                        Error::invalid(format!("no schedule `{}` is stored", one.id))
                     }
-                    e => CliError::Ledger(e),
+                    e => Error::Ledger(e),
                 })?;
             let _ = writeln!(stdout, "schedule {} removed by {}", one.id, who.by);
             Ok(exit::OK)
@@ -169,11 +167,11 @@ async fn apply(
     configured: &Schedules,
     args: &ApplyArgs,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     use crate::schedule::{Schedule, Target};
     let by = args.who.name()?;
     let (wf, source) = crate::workflow::load_file(&args.file, &crate::snapshot::validate_options())
-        .map_err(|d| CliError::Diagnostics(d.to_string()))?;
+        .map_err(|d| Error::Diagnostics(d.to_string()))?;
     let file = args.file.display().to_string();
     // The stored definition names the file by its name alone: applying it from another
     // directory (`./t.yaml`, a CI checkout) is not a change.
@@ -184,7 +182,7 @@ async fn apply(
     let mut list = Vec::with_capacity(wf.schedules.len());
     for ws in &wf.schedules {
         if configured.list.iter().any(|c| c.id == ws.fields.id) {
-            return Err(CliError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "{file}:{}:{}: schedule `{}` is declared in {} too; give this one another id (nothing was applied)",
                 ws.at.line,
                 ws.at.col,
@@ -204,7 +202,7 @@ async fn apply(
         // What no tick could start is refused now, not found at the first tick.
         s.new_run(crate::schedule::now_utc(), format!("sched.{}.check", s.id))
             .map_err(|e| {
-                CliError::invalid(format!(
+                Error::invalid(format!(
                     "{file}:{}:{}: {e} (nothing was applied)",
                     ws.at.line, ws.at.col
                 ))
@@ -217,10 +215,10 @@ async fn apply(
         .apply_schedules(&wf.name, defs, &by, now)
         .await
         .map_err(|e| match e {
-            flow_ledger::Error::Owned { .. } => CliError::invalid(format!(
+            flow_ledger::Error::Owned { .. } => Error::invalid(format!(
                 "{e}; give this one another id (nothing was applied)"
             )),
-            e => CliError::Ledger(e),
+            e => Error::Ledger(e),
         })?;
     let next = |id: &str| {
         list.iter()
@@ -260,7 +258,7 @@ async fn list(
     schedules: &Schedules,
     as_json: bool,
     stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let views = schedules.views(ledger).await.map_err(refused)?;
     if as_json {
         let _ = writeln!(stdout, "{}", json!(views));
@@ -298,7 +296,7 @@ async fn list(
     Ok(exit::OK)
 }
 
-async fn history(ledger: &Ledger, h: &HistoryArgs, stdout: &mut dyn Write) -> Result<u8, CliError> {
+async fn history(ledger: &Ledger, h: &HistoryArgs, stdout: &mut dyn Write) -> Result<u8, Error> {
     let entries = ledger.schedule_history(h.id.as_deref(), h.limit).await?;
     if h.json {
         let list: Vec<Json> = entries

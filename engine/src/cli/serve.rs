@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use clap::Args;
 
-use super::error::CliError;
+use super::error::Error;
 use super::{Cli, exit, logging, open_ledger};
 use crate::config::Config;
 use crate::daemon::metrics::Metrics;
@@ -37,7 +37,7 @@ pub(crate) async fn serve(
     cli: &Cli,
     args: &ServeArgs,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let secrets = Secrets::load(cli.secrets_file.as_deref())?;
     // flow.toml once, for the tokens and for the egress policy: a bad flag or address
     // is exit 2, a bad installation exit 5 (see `ApiAuth::from_config`).
@@ -45,7 +45,8 @@ pub(crate) async fn serve(
     logging::init(
         cli.log_format,
         &secrets,
-        (&config.telemetry, crate::telemetry::Process::Service),
+        &config.telemetry,
+        crate::telemetry::Process::Service,
     );
     let schedules = crate::schedule::manage::Schedules::new(
         std::mem::take(&mut config.schedules),
@@ -57,8 +58,11 @@ pub(crate) async fn serve(
     // "Probe now" sends its probes with this process's tools, secrets and egress, as a
     // daemon's worker would.
     let public_url = config.api.public_url.clone();
-    let runtime = Runtime::with_ledger(ledger, secrets, (config.egress, config.policy))?;
-    runtime.gateway.set_public_url(public_url.as_deref());
+    let guards = crate::gateway::Guards {
+        egress: config.egress,
+        policy: config.policy,
+    };
+    let runtime = Runtime::with_ledger(ledger, secrets, guards, public_url)?;
     let described = if auth.is_insecure() {
         "WITHOUT authentication".to_string()
     } else {
@@ -73,9 +77,7 @@ pub(crate) async fn serve(
             handle.graceful().clone(),
         )
         .await
-        .map_err(|e| {
-            CliError::unavailable(format!("cannot serve the API on {}: {e}", args.addr))
-        })?;
+        .map_err(|e| Error::unavailable(format!("cannot serve the API on {}: {e}", args.addr)))?;
     let _ = writeln!(
         stderr,
         "flow serve listening on http://{bound} ({}, {described}); API at http://{bound}/api/v1, console at http://{bound}/ui",

@@ -6,7 +6,7 @@ use clap::Args;
 use flow_ledger::{CallStatus, Ledger, RunCursor, RunFilter, RunStatus, Timestamp};
 
 use super::table::{first_line, table, terminal_width};
-use super::{Cli, CliError, exit, open_ledger};
+use super::{Cli, Error, exit, open_ledger};
 use crate::duration_text::duration_ms;
 use crate::view::{CallView, RunSummary, RunView, parse_time};
 
@@ -88,7 +88,7 @@ pub(crate) async fn print_json(
     super::error::finish(write_json(ledger, run_id, stdout).await, stderr)
 }
 
-async fn write_json(ledger: &Ledger, run_id: &str, stdout: &mut dyn Write) -> Result<u8, CliError> {
+async fn write_json(ledger: &Ledger, run_id: &str, stdout: &mut dyn Write) -> Result<u8, Error> {
     let v = RunView::load(ledger, run_id)
         .await
         .map_err(|e| run_error(run_id, e))?;
@@ -102,20 +102,16 @@ async fn write_json(ledger: &Ledger, run_id: &str, stdout: &mut dyn Write) -> Re
 
 /// A ledger error while reading `run_id`: an unknown run is the user's input (exit 2),
 /// anything else the ledger's (exit 5).
-fn run_error(run_id: &str, e: flow_ledger::Error) -> CliError {
+fn run_error(run_id: &str, e: flow_ledger::Error) -> Error {
     if matches!(e, flow_ledger::Error::NotFound { .. }) {
-        CliError::invalid(format!("no run `{run_id}`"))
+        Error::invalid(format!("no run `{run_id}`"))
     } else {
-        CliError::Ledger(e)
+        Error::Ledger(e)
     }
 }
 
 /// `flow show`.
-pub(crate) async fn show(
-    cli: &Cli,
-    args: &ShowArgs,
-    stdout: &mut dyn Write,
-) -> Result<u8, CliError> {
+pub(crate) async fn show(cli: &Cli, args: &ShowArgs, stdout: &mut dyn Write) -> Result<u8, Error> {
     let ledger = open_ledger(cli).await?;
     if args.json {
         return write_json(&ledger, &args.run, stdout).await;
@@ -557,11 +553,11 @@ pub(crate) async fn runs(
     args: &RunsArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let status = match &args.status {
         None => None,
         Some(s) => Some(s.parse::<RunStatus>().map_err(|_| {
-            CliError::invalid(format!(
+            Error::invalid(format!(
                 "unknown status `{s}`; use queued, running, succeeded, failed, paused or cancelled"
             ))
         })?),
@@ -583,7 +579,7 @@ pub(crate) async fn runs(
             parent: args.parent.clone(),
         })
         .await
-        .map_err(CliError::Ledger)?;
+        .map_err(Error::Ledger)?;
     let more = runs.len() > args.limit as usize;
     let runs = &runs[..runs.len().min(args.limit as usize)];
     if args.json {
@@ -624,12 +620,12 @@ pub(crate) async fn runs(
 
 /// `--input NAME=VALUE` of `flow runs`, split; a pair without `=` or a name is an input
 /// error (exit 2).
-pub(crate) fn input_pairs(pairs: &[String]) -> Result<Vec<(String, String)>, CliError> {
+pub(crate) fn input_pairs(pairs: &[String]) -> Result<Vec<(String, String)>, Error> {
     pairs
         .iter()
         .map(|p| match p.split_once('=') {
             Some((name, value)) if !name.is_empty() => Ok((name.to_string(), value.to_string())),
-            _ => Err(CliError::invalid(format!(
+            _ => Err(Error::invalid(format!(
                 "--input `{p}`: expected NAME=VALUE (e.g. --input order_id=117)"
             ))),
         })
@@ -638,9 +634,7 @@ pub(crate) fn input_pairs(pairs: &[String]) -> Result<Vec<(String, String)>, Cli
 
 /// `--since`, `--until` and `--cursor` of `flow runs`, parsed; a bad one is an input
 /// error (exit 2).
-fn time_and_cursor(
-    args: &RunsArgs,
-) -> Result<([Option<Timestamp>; 2], Option<RunCursor>), CliError> {
+fn time_and_cursor(args: &RunsArgs) -> Result<([Option<Timestamp>; 2], Option<RunCursor>), Error> {
     let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
     let mut times = [None, None];
     for (slot, (flag, value)) in times
@@ -649,7 +643,7 @@ fn time_and_cursor(
     {
         if let Some(text) = value {
             *slot = Some(parse_time(text, now).ok_or_else(|| {
-                CliError::invalid(format!(
+                Error::invalid(format!(
                     "{flag} `{text}` is neither an RFC 3339 time (2026-12-01T09:00:00Z) nor a duration ago (2h, 30m)"
                 ))
             })?);
@@ -659,7 +653,7 @@ fn time_and_cursor(
         None => None,
         Some(Some(c)) => Some(c),
         Some(None) => {
-            return Err(CliError::invalid(format!(
+            return Err(Error::invalid(format!(
                 "--cursor `{}` is not a cursor flow printed",
                 args.cursor.as_deref().unwrap_or_default()
             )));
@@ -736,7 +730,7 @@ pub(crate) async fn cancel(
     args: &CancelArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     let actor = args.who.actor()?;
     let ledger = open_ledger(cli).await?;
     let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
@@ -770,7 +764,7 @@ pub(crate) async fn cancel(
             warn_in_doubt(&ledger, &run.id, stderr).await;
             Ok(exit::OK)
         }
-        Err(flow_ledger::Error::Terminal { status }) => Err(CliError::invalid(format!(
+        Err(flow_ledger::Error::Terminal { status }) => Err(Error::invalid(format!(
             "run {} already finished ({status})",
             args.run
         ))),

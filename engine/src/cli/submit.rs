@@ -12,7 +12,7 @@ use clap::Args;
 use flow_ledger::SystemClock;
 
 use super::run::check_new_run;
-use super::{Cli, CliError, exit, logging, open_ledger};
+use super::{Cli, Error, exit, logging, open_ledger};
 use crate::secrets::Secrets;
 
 /// Arguments of `flow submit`.
@@ -40,14 +40,12 @@ pub(crate) async fn submit(
     args: &SubmitArgs,
     stdout: &mut dyn Write,
     stderr: &mut dyn Write,
-) -> Result<u8, CliError> {
+) -> Result<u8, Error> {
     logging::init(
         cli.log_format,
         &Secrets::default(),
-        (
-            &crate::telemetry::TelemetryConfig::default(),
-            crate::telemetry::Process::Command,
-        ),
+        &crate::telemetry::TelemetryConfig::default(),
+        crate::telemetry::Process::Command,
     );
     let (wf, new) = check_new_run(
         &args.file,

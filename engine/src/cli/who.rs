@@ -5,7 +5,7 @@
 use clap::Args;
 use flow_ledger::{Actor, WorkerId};
 
-use super::CliError;
+use super::Error;
 
 /// `--by` and `--reason`.
 #[derive(Debug, Clone, Default, Args)]
@@ -23,10 +23,10 @@ impl Who {
     /// The name recorded: `--by`, else `USER@host` with the user from [`os_user`].
     /// Refused (exit 2) when nothing names anyone — the audit trail never says
     /// `unknown@…` — or when `--by` is not a plain name.
-    pub(crate) fn name(&self) -> Result<String, CliError> {
+    pub(crate) fn name(&self) -> Result<String, Error> {
         if let Some(by) = &self.by {
             if by.trim().is_empty() || by.len() > 128 || by.chars().any(char::is_control) {
-                return Err(CliError::invalid(format!(
+                return Err(Error::invalid(format!(
                     "--by \"{}\": give 1 to 128 characters without control characters",
                     by.escape_debug()
                 )));
@@ -34,7 +34,7 @@ impl Who {
             return Ok(by.clone());
         }
         let user = os_user().ok_or_else(|| {
-            CliError::invalid(
+            Error::invalid(
                 "cannot tell who you are ($USER is not set and this process's user has no name): pass --by NAME, which is recorded in the run's audit trail",
             )
         })?;
@@ -44,7 +44,7 @@ impl Who {
     }
 
     /// The actor recorded with the change.
-    pub(crate) fn actor(&self) -> Result<Actor, CliError> {
+    pub(crate) fn actor(&self) -> Result<Actor, Error> {
         Ok(Actor {
             by: self.name()?,
             reason: self.reason.clone(),
@@ -52,9 +52,9 @@ impl Who {
     }
 
     /// Refuses `--by` in client mode: the server records the token's name.
-    pub(crate) fn check_remote(&self) -> Result<(), CliError> {
+    pub(crate) fn check_remote(&self) -> Result<(), Error> {
         if self.by.is_some() {
-            return Err(CliError::invalid(
+            return Err(Error::invalid(
                 "--by goes with a local --db: through --server the token's name is recorded",
             ));
         }

@@ -78,7 +78,7 @@ pub async fn connect(
         .and_then(|c| c.scopes_wanted);
     let scope = scope_for(config, wanted.as_deref(), &sign_in);
     // `client_id` is required with `cross_app` (checked on load): no registration.
-    let client = client_for(with, &sign_in, ("", scope.as_deref())).await?;
+    let client = client_for(with, &sign_in, "", scope.as_deref()).await?;
     let idp_client = OAuthClient {
         client_id: x.idp_client_id.clone(),
         method: if idp_secret.is_some() {
@@ -94,7 +94,9 @@ pub async fn connect(
             &x.idp_token_endpoint,
             &idp_client,
             id_token,
-            (&sign_in.issuer, &sign_in.resource, scope.as_deref()),
+            &sign_in.issuer,
+            &sign_in.resource,
+            scope.as_deref(),
         )
         .await
         .map_err(failure(name, "the identity provider"))?;
@@ -121,7 +123,12 @@ pub async fn connect(
         ledger,
         name,
         endpoints,
-        (&key, tokens, scopes, granted.expires_in),
+        &key,
+        super::grant::Granted {
+            tokens,
+            scopes,
+            expires_in: granted.expires_in,
+        },
         by,
     )
     .await

@@ -135,7 +135,8 @@ pub struct SignInWith<'a> {
 pub(super) async fn client_for(
     with: SignInWith<'_>,
     sign_in: &SignIn,
-    (redirect_uri, scope): (&str, Option<&str>),
+    redirect_uri: &str,
+    scope: Option<&str>,
 ) -> Result<OAuthClient, Error> {
     let SignInWith {
         config,
@@ -294,14 +295,15 @@ pub async fn begin(
         .map_err(|e| Error::Ledger(format!("cannot read the ledger: {e}")))?
         .and_then(|c| c.scopes_wanted);
     let scope = scope_for(config, wanted.as_deref(), &sign_in);
-    let client = client_for(with, &sign_in, (redirect_uri, scope.as_deref())).await?;
+    let client = client_for(with, &sign_in, redirect_uri, scope.as_deref()).await?;
     let (verifier, challenge) = pkce();
     let state = random_state();
     let url = authorize_url(
         &sign_in,
         &client,
         redirect_uri,
-        (&challenge, &state),
+        &challenge,
+        &state,
         scope.as_deref(),
     )?;
     let pending = Pending {
@@ -328,20 +330,28 @@ pub async fn begin(
 /// as connected `by`. Nothing is stored when any of it fails.
 pub async fn finish(
     ledger: &Ledger,
-    (oauth, key): (&OAuth, &Key),
+    oauth: &OAuth,
+    key: &Key,
     pending: Pending,
     params: &[(String, String)],
     by: &str,
 ) -> Result<Connected, Error> {
     let name = pending.name.as_str();
-    let issuer = (pending.issuer.as_str(), pending.iss_required);
-    let code = code_of(name, params, &pending.state, issuer)?;
+    let code = code_of(
+        name,
+        params,
+        &pending.state,
+        &pending.issuer,
+        pending.iss_required,
+    )?;
     let client = pending.client();
     let granted = oauth
         .exchange_code(
             &pending.token_endpoint,
             &client,
-            (&code, &pending.verifier, &pending.redirect_uri),
+            &code,
+            &pending.verifier,
+            &pending.redirect_uri,
             &pending.resource,
         )
         .await
@@ -361,7 +371,12 @@ pub async fn finish(
         ledger,
         name,
         endpoints,
-        (key, tokens, scopes, expires_in),
+        key,
+        Granted {
+            tokens,
+            scopes,
+            expires_in,
+        },
         by,
     )
     .await
@@ -406,7 +421,7 @@ pub async fn connect(
             options.timeout.as_secs()
         ))
     })??;
-    finish(ledger, (oauth, &key), pending, &params, &options.by).await
+    finish(ledger, oauth, &key, pending, &params, &options.by).await
 }
 
 /// The sign-in URL: code flow, PKCE S256, state, resource, scope.
@@ -414,7 +429,8 @@ fn authorize_url(
     sign_in: &SignIn,
     client: &OAuthClient,
     redirect_uri: &str,
-    (challenge, state): (&str, &str),
+    challenge: &str,
+    state: &str,
     scope: Option<&str>,
 ) -> Result<url::Url, Error> {
     let endpoint = sign_in.authorization_endpoint.as_deref().ok_or_else(|| {
@@ -447,7 +463,8 @@ fn code_of(
     name: &str,
     params: &[(String, String)],
     state: &str,
-    (issuer, iss_required): (&str, bool),
+    issuer: &str,
+    iss_required: bool,
 ) -> Result<String, Error> {
     let got = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     if !subtle_eq(got("state").unwrap_or(""), state) {
@@ -480,14 +497,29 @@ fn code_of(
     })
 }
 
-/// Seals `tokens` and stores connection `name` with its `endpoints`.
+/// What a sign-in was granted: the tokens to seal, and the scopes and the access
+/// token's lifetime the server reported.
+pub(super) struct Granted {
+    pub(super) tokens: Tokens,
+    pub(super) scopes: Option<String>,
+    pub(super) expires_in: Option<u64>,
+}
+
+/// Seals the `granted` tokens under `key` and stores connection `name` with its
+/// `endpoints`, connected `by`.
 pub(super) async fn store(
     ledger: &Ledger,
     name: &str,
     endpoints: Endpoints,
-    (key, tokens, scopes, expires_in): (&Key, Tokens, Option<String>, Option<u64>),
+    key: &Key,
+    granted: Granted,
     by: &str,
 ) -> Result<Connected, Error> {
+    let Granted {
+        tokens,
+        scopes,
+        expires_in,
+    } = granted;
     let now = flow_ledger::SystemClock.now();
     let s = ledger.scope();
     let sealed = Sealed {
@@ -499,7 +531,7 @@ pub(super) async fn store(
     };
     let has_refresh = sealed.has_refresh;
     let generation = ledger
-        .store_connection(name, (endpoints, sealed), by, now)
+        .store_connection(name, endpoints, sealed, by, now)
         .await
         .map_err(|e| Error::Ledger(format!("cannot store connection `{name}`: {e}")))?;
     Ok(Connected {

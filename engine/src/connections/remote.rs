@@ -83,7 +83,8 @@ pub async fn start(
     ledger: &Ledger,
     with: SignInWith<'_>,
     public_url: &str,
-    (by, browser): (&str, Option<&str>),
+    by: &str,
+    browser: Option<&str>,
 ) -> Result<Started, grant::Error> {
     let key = Key::from_secrets(with.secrets).map_err(|e| grant::Error::Setup(e.to_string()))?;
     let redirect_uri = format!("{}{CALLBACK_PATH}", public_url.trim_end_matches('/'));
@@ -127,7 +128,9 @@ pub async fn start(
 /// sign-in is then spent: begin again).
 pub async fn complete(
     ledger: &Ledger,
-    (secrets, oauth, declared): (&Secrets, &OAuth, &[ConnectionConfig]),
+    secrets: &Secrets,
+    oauth: &OAuth,
+    declared: &[ConnectionConfig],
     params: &[(String, String)],
     cookie: impl Fn(&str) -> Option<String>,
 ) -> Result<Connected, grant::Error> {
@@ -162,7 +165,7 @@ pub async fn complete(
         .open_value(
             (&s.tenant, &s.workspace),
             &label(&taken.name),
-            (&taken.sealed, &taken.key_id),
+            super::seal::Sealed::new(&taken.sealed, &taken.key_id),
         )
         .map_err(|_| {
             grant::Error::Refused(format!(
@@ -192,7 +195,8 @@ pub async fn complete(
     }
     grant::finish(
         ledger,
-        (oauth, &keys.current),
+        oauth,
+        &keys.current,
         pending,
         params,
         &taken.begun_by,

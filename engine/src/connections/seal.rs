@@ -16,6 +16,29 @@ use sha2::Digest as _;
 
 use crate::secrets::Secrets;
 
+/// A sealed record as stored: its text (base64 of nonce ‖ AES-256-GCM output) and the
+/// id of the key it was sealed under; the two only open together.
+#[derive(Debug, Clone, Copy)]
+pub struct Sealed<'a> {
+    /// The sealed text.
+    pub text: &'a str,
+    /// The id of its key.
+    pub key_id: &'a str,
+}
+
+impl<'a> Sealed<'a> {
+    /// `text` sealed under key `key_id`.
+    pub fn new(text: &'a str, key_id: &'a str) -> Self {
+        Self { text, key_id }
+    }
+}
+
+impl<'a> From<&'a flow_ledger::Sealed> for Sealed<'a> {
+    fn from(s: &'a flow_ledger::Sealed) -> Self {
+        Self::new(&s.sealed, &s.key_id)
+    }
+}
+
 /// The secret that holds the key.
 pub const KEY_SECRET: &str = "CONNECTIONS_KEY";
 
@@ -123,9 +146,9 @@ impl Key {
         &self,
         scope: (&str, &str),
         name: &str,
-        (sealed, key_id): (&str, &str),
+        sealed: Sealed<'_>,
     ) -> Result<Tokens, Error> {
-        self.open_value(scope, name, (sealed, key_id))
+        self.open_value(scope, name, sealed)
     }
 
     /// Any record sealed for `label` of `scope`: a connection's tokens (label = its
@@ -150,8 +173,12 @@ impl Key {
         &self,
         scope: (&str, &str),
         label: &str,
-        (sealed, key_id): (&str, &str),
+        sealed: Sealed<'_>,
     ) -> Result<T, Error> {
+        let Sealed {
+            text: sealed,
+            key_id,
+        } = sealed;
         if key_id != self.id {
             return Err(Error::OtherKey {
                 name: label.to_owned(),
@@ -174,7 +201,8 @@ impl Key {
         serde_json::from_slice(plain).map_err(|_| tampered())
     }
 
-    fn aad(&self, (tenant, workspace): (&str, &str), name: &str) -> Vec<u8> {
+    fn aad(&self, scope: (&str, &str), name: &str) -> Vec<u8> {
+        let (tenant, workspace) = scope;
         ["flow-conn-v1", tenant, workspace, name, self.id.as_str()]
             .join("\0")
             .into_bytes()
@@ -217,11 +245,11 @@ impl Keys {
         &self,
         scope: (&str, &str),
         name: &str,
-        (sealed, key_id): (&str, &str),
+        sealed: Sealed<'_>,
     ) -> Result<Tokens, Error> {
-        self.by_id(key_id)
+        self.by_id(sealed.key_id)
             .unwrap_or(&self.current)
-            .open(scope, name, (sealed, key_id))
+            .open(scope, name, sealed)
     }
 }
 
@@ -252,22 +280,28 @@ mod tests {
         let again = key.seal(("t", "w"), "tracker", &tokens());
         assert_ne!(sealed, again, "a fresh nonce per write");
         let opened = key
-            .open(("t", "w"), "tracker", (&sealed, key.id()))
+            .open(("t", "w"), "tracker", Sealed::new(&sealed, key.id()))
             .expect("opens");
         assert!(opened == tokens());
         for (scope, name) in [(("t", "w"), "other"), (("t2", "w"), "tracker")] {
-            let e = key.open(scope, name, (&sealed, key.id())).err();
+            let e = key.open(scope, name, Sealed::new(&sealed, key.id())).err();
             assert!(matches!(e, Some(Error::Tampered(_))), "{e:?}");
         }
         let mut flipped = STANDARD.decode(&sealed).expect("b64");
         let last = flipped.len() - 1;
         flipped[last] ^= 1;
         let e = key
-            .open(("t", "w"), "tracker", (&STANDARD.encode(flipped), key.id()))
+            .open(
+                ("t", "w"),
+                "tracker",
+                Sealed::new(&STANDARD.encode(flipped), key.id()),
+            )
             .err();
         assert!(matches!(e, Some(Error::Tampered(_))));
         let other = Key::parse(&generate()).expect("key");
-        let e = other.open(("t", "w"), "tracker", (&sealed, key.id())).err();
+        let e = other
+            .open(("t", "w"), "tracker", Sealed::new(&sealed, key.id()))
+            .err();
         assert!(matches!(e, Some(Error::OtherKey { .. })), "{e:?}");
     }
 

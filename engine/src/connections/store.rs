@@ -166,7 +166,8 @@ impl Store {
                 .ledger
                 .lease_connection_refresh(
                     name,
-                    (row.generation, &shared.holder),
+                    row.generation,
+                    &shared.holder,
                     now.plus(LEASE),
                     now,
                 )
@@ -220,12 +221,8 @@ impl Shared {
     fn open(&self, row: &Connection) -> Result<Tokens, Error> {
         let key = self.key.as_ref().map_err(|e| not_sent(&row.name, e))?;
         let s = self.ledger.scope();
-        key.open(
-            (&s.tenant, &s.workspace),
-            &row.name,
-            (&row.sealed.sealed, &row.sealed.key_id),
-        )
-        .map_err(|e| Error::not_sent(e.to_string()))
+        key.open((&s.tenant, &s.workspace), &row.name, (&row.sealed).into())
+            .map_err(|e| Error::not_sent(e.to_string()))
     }
 
     async fn read(&self, name: &str) -> Result<Connection, Error> {
@@ -270,7 +267,8 @@ impl Shared {
                 &e.token_endpoint,
                 &client,
                 &refresh_token,
-                (&e.resource, None),
+                &e.resource,
+                None,
             )
             .await;
         let now = self.clock.now();
@@ -350,7 +348,7 @@ impl Shared {
         let message = scrubbed(&message, secrets);
         let _ = self
             .ledger
-            .fail_connection_refresh(name, &self.holder, (kind, &message), now)
+            .fail_connection_refresh(name, &self.holder, kind, &message, now)
             .await;
         match kind {
             RefreshFailure::NeedsReconnect => not_sent(
@@ -366,7 +364,9 @@ impl Shared {
 /// token endpoints reached within `egress`).
 pub fn install(
     pool: &flow_adapters::mcp::Pool,
-    (ledger, clock, secrets): (&Ledger, &Arc<dyn Clock>, &crate::secrets::Secrets),
+    ledger: &Ledger,
+    clock: &Arc<dyn Clock>,
+    secrets: &crate::secrets::Secrets,
     egress: &crate::gateway::egress::Egress,
 ) {
     match OAuth::new(egress.allow_list()) {

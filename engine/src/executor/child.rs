@@ -98,7 +98,8 @@ pub(super) async fn run_child(
             lease,
             new,
             link,
-            (&lease.worker, crate::lease::length()),
+            &lease.worker,
+            crate::lease::length(),
             gw.now(),
         )
         .await

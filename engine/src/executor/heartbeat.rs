@@ -20,15 +20,12 @@ pub(super) fn start(
     ledger: flow_ledger::Ledger,
     lease: RunLease,
     gateway: Gateway,
-    (cancel, window): (Arc<AtomicBool>, Window),
+    cancel: Arc<AtomicBool>,
+    window: Window,
     lost: watch::Sender<bool>,
 ) -> AbortOnDropHandle<()> {
     AbortOnDropHandle::new(tokio::spawn(heartbeat(
-        ledger,
-        lease,
-        gateway,
-        (cancel, window),
-        lost,
+        ledger, lease, gateway, cancel, window, lost,
     )))
 }
 
@@ -41,7 +38,8 @@ async fn heartbeat(
     ledger: flow_ledger::Ledger,
     lease: RunLease,
     gateway: Gateway,
-    (cancel, window): (Arc<AtomicBool>, Window),
+    cancel: Arc<AtomicBool>,
+    window: Window,
     lost: watch::Sender<bool>,
 ) {
     const CANCEL_POLL: Duration = Duration::from_secs(1);

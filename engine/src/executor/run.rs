@@ -195,7 +195,8 @@ impl Executor {
             ledger.clone(),
             lease.clone(),
             self.gateway.clone(),
-            (cancel.clone(), window.clone()),
+            cancel.clone(),
+            window.clone(),
             lost_tx,
         );
         let writer = RunWriter::new(ledger.clone(), lease.clone(), window);
@@ -292,7 +293,7 @@ impl<'a> RunScope<'a> {
                         let step = alongside(&mut in_flight, &mut done, self.prepare_start(st, at))
                             .await?;
                         if let Some(step) = step {
-                            in_flight.push(self.launch(st, (node, item), step, now));
+                            in_flight.push(self.launch(st, node, item, step, now));
                         }
                     }
                     a @ (Action::Expand { .. }
@@ -386,7 +387,8 @@ impl<'a> RunScope<'a> {
     fn launch(
         &self,
         st: &mut RunState,
-        (node, item): (usize, Option<usize>),
+        node: usize,
+        item: Option<usize>,
         started: Started<'a>,
         now: Timestamp,
     ) -> impl Future<Output = (Finished, Result<StepResult, gateway::Error>)> + use<'a> {

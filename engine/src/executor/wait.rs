@@ -81,7 +81,7 @@ async fn look(
         };
     }
     gw.ledger()
-        .saw_signal(c.run(), node_id, (wait.signal, cursor))
+        .saw_signal(c.run(), node_id, wait.signal, cursor)
         .await?;
     Ok(StepResult::Waiting {
         deadline: wait.deadline,

@@ -103,7 +103,7 @@ struct Inner {
     faults: Faults,
     /// `[api] public_url`: where `callback.url` points (unset: callback nodes fail
     /// before anything is sent).
-    public_url: std::sync::OnceLock<String>,
+    public_url: Option<String>,
 }
 
 /// Where the step row of a call stands before the gateway runs it.
@@ -263,6 +263,44 @@ pub fn ledger_kind(kind: &FailureKind) -> ErrorKind {
     }
 }
 
+/// What the gateway checks before a call leaves, both read once from flow.toml: where
+/// a request may go (`[egress]`) and which calls need an approval or are refused
+/// (`[[policy]]`).
+#[derive(Debug, Default)]
+pub struct Guards {
+    /// The hosts requests may reach.
+    pub egress: Egress,
+    /// The approval and refusal rules.
+    pub policy: crate::policy::Policy,
+}
+
+/// The adapter a call goes out through and what the call does to the world: the two
+/// travel together from the claim to the outcome (the class judges an unknown outcome).
+#[derive(Clone, Copy)]
+pub(crate) struct Via<'a> {
+    /// The tool's adapter.
+    pub(crate) tool: &'a dyn Tool,
+    /// Its side-effect class.
+    pub(crate) class: SideEffect,
+}
+
+/// A call's lease and the window in which this process knows it holds (renewals move
+/// it): what a request may leave under.
+#[derive(Clone, Copy)]
+pub(crate) struct Held<'a> {
+    /// The call lease.
+    pub(crate) lease: &'a CallLease,
+    /// Its window by this process's monotonic clock.
+    pub(crate) window: &'a flow_adapters::Window,
+}
+
+impl<'a> Held<'a> {
+    /// `lease` within `window`.
+    pub(crate) fn new(lease: &'a CallLease, window: &'a flow_adapters::Window) -> Self {
+        Self { lease, window }
+    }
+}
+
 impl Gateway {
     /// A gateway over `ledger` with the given tools, secrets and egress policy.
     pub fn new(
@@ -270,12 +308,14 @@ impl Gateway {
         clock: Arc<dyn Clock>,
         tools: Tools,
         secrets: Secrets,
-        (egress, policy): (Egress, crate::policy::Policy),
+        guards: Guards,
+        public_url: Option<String>,
         faults: Faults,
     ) -> Self {
+        let Guards { egress, policy } = guards;
         // Discovered MCP authorization URLs are fetched by the pool, past this gate.
         tools.mcp.restrict_egress(egress.allow_list());
-        crate::connections::store::install(&tools.mcp, (&ledger, &clock, &secrets), &egress);
+        crate::connections::store::install(&tools.mcp, &ledger, &clock, &secrets, &egress);
         Self {
             inner: Arc::new(Inner {
                 ledger,
@@ -286,7 +326,7 @@ impl Gateway {
                 egress,
                 policy,
                 faults,
-                public_url: std::sync::OnceLock::new(),
+                public_url: public_url.map(|u| u.trim_end_matches('/').to_owned()),
             }),
         }
     }
@@ -387,7 +427,7 @@ impl Gateway {
                 ))
                 .await;
             return self
-                .record_pure(&c, base_key, (request, request_hash), started_at, out)
+                .record_pure(&c, base_key, request, request_hash, started_at, out)
                 .await;
         }
         // The rest is a call that leaves the process, boxed: its future (claim, rate
@@ -436,8 +476,11 @@ impl Gateway {
                 return self.then_callback(c, result).await;
             }
         };
-        self.call_leased(c, &rendered, (tool.as_ref(), class), lease)
-            .await
+        let via = Via {
+            tool: tool.as_ref(),
+            class,
+        };
+        self.call_leased(c, &rendered, via, lease).await
     }
 
     /// A callback node whose call succeeded goes on to its callback; any other result

@@ -5,14 +5,15 @@
 
 use std::time::Duration;
 
-use flow_adapters::{Call, FailureKind, Outcome, SideEffect, Tool, Window};
+use flow_adapters::{Call, FailureKind, Outcome};
 use flow_ledger::CallLease;
 use serde_json::Value as Json;
 
 use tracing::Instrument as _;
 
 use super::{
-    Disposition, Gateway, History, Observed, Rendered, StepCall, StepResult, disposition, trace,
+    Disposition, Gateway, Held, History, Observed, Rendered, StepCall, StepResult, Via,
+    disposition, trace,
 };
 use crate::fault::Point;
 
@@ -25,7 +26,7 @@ impl Gateway {
         &self,
         c: &StepCall<'_>,
         rendered: &Rendered,
-        (tool, class): (&dyn Tool, SideEffect),
+        via: Via<'_>,
         lease: CallLease,
     ) -> Result<StepResult, flow_ledger::Error> {
         let node_id = c.call_id.as_str();
@@ -37,7 +38,7 @@ impl Gateway {
 
         // A call already sent whose remote task is recorded: ask how it ended.
         if let Some(task) = lease.remote_task.clone() {
-            let collected = self.collect(c, &lease, tool, args, (&task, class)).await?;
+            let collected = self.collect(c, &lease, via, args, &task).await?;
             self.inner.faults.hit(Point::AfterComplete, node_id);
             return self.then_callback(c, collected).await;
         }
@@ -53,7 +54,7 @@ impl Gateway {
 
         let span = trace::call_span(c, &rendered.target, &lease, self.secrets_of(c));
         let result = self
-            .outbound(c, args, (tool, class), lease)
+            .outbound(c, args, via, lease)
             .instrument(span.clone())
             .await;
         trace::ended(&span, &result);
@@ -65,7 +66,7 @@ impl Gateway {
         &self,
         c: &StepCall<'_>,
         args: &Json,
-        (tool, class): (&dyn Tool, SideEffect),
+        via: Via<'_>,
         mut lease: CallLease,
     ) -> Result<StepResult, flow_ledger::Error> {
         let node_id = c.call_id.as_str();
@@ -84,7 +85,7 @@ impl Gateway {
             next,
             sent,
             unknown_before,
-        } = self.send(c, (&lease, &window), tool, args, class).await;
+        } = self.send(c, Held::new(&lease, &window), via, args).await;
         self.inner.faults.hit(Point::AfterResponse, node_id);
         if sent == 0
             && matches!(&outcome.result, Err(e) if e.kind == FailureKind::NotSent)
@@ -117,14 +118,9 @@ impl Gateway {
 
     /// Sends under `lease`, again with the same key for as long as `disposition` says
     /// so; the outcome of the last send and what it decided.
-    async fn send(
-        &self,
-        c: &StepCall<'_>,
-        (lease, window): (&CallLease, &Window),
-        tool: &dyn Tool,
-        args: &Json,
-        class: SideEffect,
-    ) -> Sent {
+    async fn send(&self, c: &StepCall<'_>, held: Held<'_>, via: Via<'_>, args: &Json) -> Sent {
+        let Held { lease, .. } = held;
+        let Via { tool, class } = via;
         let node_id = c.node.id.as_str();
         // `disposition` decides after every send whether the same key goes out again,
         // and what the attempt's end is.
@@ -138,7 +134,7 @@ impl Gateway {
             let out = self
                 .call_renewing(
                     c,
-                    (lease, window),
+                    held,
                     tool,
                     Call::new(args.clone(), lease.key.clone(), c.timeout).with_trace(trace.clone()),
                     None,

@@ -74,7 +74,8 @@ impl Gateway {
         &self,
         c: &StepCall<'_>,
         base_key: String,
-        (request, request_hash): (Json, String),
+        request: Json,
+        request_hash: String,
         started_at: Timestamp,
         out: Outcome,
     ) -> Result<StepResult, flow_ledger::Error> {

@@ -16,11 +16,13 @@
 
 use std::time::Duration;
 
-use flow_adapters::{Call, Fence, Outcome, Report, Reports, SideEffect, Tool, Window};
+use flow_adapters::{Call, Fence, Outcome, Report, Reports, Tool, Window};
 use flow_ledger::CallLease;
 use serde_json::Value as Json;
 
-use super::{Disposition, Gateway, History, Observed, StepCall, StepResult, disposition};
+use super::{
+    Disposition, Gateway, Held, History, Observed, StepCall, StepResult, Via, disposition,
+};
 
 /// How soon a step whose remote task was still working starts again (it then waits
 /// for the task for up to its timeout).
@@ -34,9 +36,9 @@ impl Gateway {
         &self,
         c: &StepCall<'_>,
         lease: &CallLease,
-        tool: &dyn Tool,
+        via: Via<'_>,
         args: &Json,
-        (task_id, class): (&str, SideEffect),
+        task_id: &str,
     ) -> Result<StepResult, flow_ledger::Error> {
         tracing::info!(
             node = c.node.id.as_str(),
@@ -46,7 +48,7 @@ impl Gateway {
         let call = Call::new(args.clone(), lease.key.clone(), c.timeout);
         let window = self.call_window(lease);
         let out = self
-            .call_renewing(c, (lease, &window), tool, call, Some(task_id))
+            .call_renewing(c, Held::new(lease, &window), via.tool, call, Some(task_id))
             .await;
         if out.task.is_some() {
             return self.task_working(c, lease, out, 1).await;
@@ -55,7 +57,7 @@ impl Gateway {
             unknown_before: true,
             resends_left: 0,
         };
-        let next = disposition(Observed::of(&out.result), class, history);
+        let next = disposition(Observed::of(&out.result), via.class, history);
         // The request that started the task left once; it was never counted, since a
         // deferral or a crash wrote no attempt row for it.
         self.complete(c, lease, next, out.result, 1, true).await
@@ -123,11 +125,12 @@ impl Gateway {
     pub(super) async fn call_renewing(
         &self,
         c: &StepCall<'_>,
-        (lease, window): (&CallLease, &Window),
+        held: Held<'_>,
         tool: &dyn Tool,
         call: Call,
         collect: Option<&str>,
     ) -> Outcome {
+        let Held { lease, window } = held;
         let fence = Self::fence(c, window);
         let (reports, mut reported) = Reports::channel();
         let call = call.with_reports(reports).with_fence(fence);

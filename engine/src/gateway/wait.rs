@@ -49,20 +49,9 @@ pub fn token_hash(token: &str) -> String {
 }
 
 impl Gateway {
-    /// Sets `[api] public_url`, the address downstreams reach `flow serve` at, from which
-    /// `callback.url` is built. Set once, before the first run; later calls are ignored.
-    pub fn set_public_url(&self, url: Option<&str>) {
-        if let Some(url) = url {
-            let _ = self
-                .inner
-                .public_url
-                .set(url.trim_end_matches('/').to_owned());
-        }
-    }
-
     /// `[api] public_url`, if set.
     pub fn public_url(&self) -> Option<&str> {
-        self.inner.public_url.get().map(String::as_str)
+        self.inner.public_url.as_deref()
     }
 
     /// Mints the token of a callback node's step and records its wait (pending from now,
@@ -77,7 +66,7 @@ impl Gateway {
         // Only a step that never claimed a call may end here without one: a step left
         // running may have its call outbound, which the claim must see (in doubt).
         let fresh = c.origin != super::StepOrigin::Running;
-        let Some(base) = self.inner.public_url.get() else {
+        let Some(base) = &self.inner.public_url else {
             let message = "`callback.url` needs `[api] public_url` in flow.toml (the address downstreams reach `flow serve` at); nothing was sent".to_owned();
             return self
                 .fail_without_claim(c, ErrorKind::Permanent, message)

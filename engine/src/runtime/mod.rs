@@ -15,9 +15,7 @@ use flow_ledger::{Clock, Ledger, SystemClock};
 
 use crate::executor::{Executor, progress::Progress};
 use crate::fault::Faults;
-use crate::gateway::egress::Egress;
-use crate::gateway::{Gateway, Tools};
-use crate::policy::Policy;
+use crate::gateway::{Gateway, Guards, Tools};
 use crate::secrets::Secrets;
 
 /// What a process needs to open its runtime.
@@ -29,10 +27,12 @@ pub struct RuntimeOptions {
     pub ledger: flow_ledger::OpenOptions,
     /// The secrets tools and tokens are rendered with.
     pub secrets: Secrets,
-    /// The outbound network policy (`[egress]`).
-    pub egress: Egress,
-    /// Calls that need an approval whatever the workflow says (`[[policy.approvals]]`).
-    pub policy: Policy,
+    /// Where requests may go (`[egress]`) and which calls need an approval whatever
+    /// the workflow says (`[[policy.approvals]]`).
+    pub guards: Guards,
+    /// `[api] public_url`: the address downstreams reach `flow serve` at, from which
+    /// `callback.url` is built (unset: callback nodes fail without sending).
+    pub public_url: Option<String>,
 }
 
 /// Why a runtime could not be opened: the caller maps each to its exit code.
@@ -79,14 +79,15 @@ impl Runtime {
                 url: flow_ledger::redact_url(&options.db),
                 source,
             })?;
-        Runtime::with_ledger(ledger, options.secrets, (options.egress, options.policy))
+        Runtime::with_ledger(ledger, options.secrets, options.guards, options.public_url)
     }
 
     /// The runtime around a ledger the caller already opened.
     pub fn with_ledger(
         ledger: Ledger,
         secrets: Secrets,
-        (egress, policy): (Egress, Policy),
+        guards: Guards,
+        public_url: Option<String>,
     ) -> Result<Runtime, Error> {
         let tools = Tools::new()?;
         let clock: Arc<dyn Clock> = Arc::new(SystemClock);
@@ -95,7 +96,8 @@ impl Runtime {
             clock,
             tools,
             secrets,
-            (egress, policy),
+            guards,
+            public_url,
             Faults::from_env(),
         );
         Ok(Runtime { ledger, gateway })

@@ -175,7 +175,8 @@ async fn view_of(
     Ok(ScheduleView::of(
         s,
         state,
-        (last_run, last_skip),
+        last_run,
+        last_skip,
         super::now_utc(),
     ))
 }

@@ -73,7 +73,8 @@ impl ScheduleView {
     pub fn of(
         s: &Schedule,
         state: Option<&ScheduleState>,
-        (last_run, last_skip): (Option<HistoryEntry>, Option<HistoryEntry>),
+        last_run: Option<HistoryEntry>,
+        last_skip: Option<HistoryEntry>,
         now: chrono::DateTime<chrono::Utc>,
     ) -> Self {
         let paused = state.is_some_and(|st| st.paused);

@@ -177,7 +177,8 @@ fn protocol(config: &TelemetryConfig) -> Result<Protocol, String> {
 /// from the URL itself.
 fn build_exporter(
     protocol: Protocol,
-    (given, https): (Option<&str>, bool),
+    given: Option<&str>,
+    https: bool,
     retry: &RetryPolicy,
 ) -> Result<export::Built<opentelemetry_otlp::SpanExporter>, String> {
     let failed = |e: &dyn std::fmt::Display| format!("cannot build the OTLP exporter: {e}");
@@ -289,7 +290,7 @@ where
         Process::Command => RetryPolicy::disabled(),
         Process::Service => RetryPolicy::recommended(),
     };
-    let build = move || build_exporter(protocol, (given.as_deref(), https), &retry);
+    let build = move || build_exporter(protocol, given.as_deref(), https, &retry);
     let queue = env("OTEL_BSP_MAX_QUEUE_SIZE")
         .and_then(|v| v.trim().parse::<usize>().ok())
         .filter(|n| *n > 0)

@@ -439,13 +439,8 @@ impl RefChecker<'_> {
             );
             return;
         };
-        if !self.exposes(
-            pos,
-            src,
-            (target, t),
-            (third, parts.next(), parts.next()),
-            &where_,
-        ) {
+        let rest = [third, parts.next(), parts.next()];
+        if !self.exposes(pos, src, target, t, rest, &where_) {
             return;
         }
         if let Some(ancestors) = self.ancestors
@@ -470,8 +465,9 @@ impl RefChecker<'_> {
         &mut self,
         pos: Pos,
         src: &str,
-        (target, t): (&str, usize),
-        (third, fourth, fifth): (Option<&str>, Option<&str>, Option<&str>),
+        target: &str,
+        t: usize,
+        [third, fourth, fifth]: [Option<&str>; 3],
         where_: &str,
     ) -> bool {
         // Each item of a `for_each` node has its own approval: the node exposes none.

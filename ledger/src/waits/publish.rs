@@ -223,7 +223,8 @@ impl Ledger {
         &self,
         lease: &crate::model::RunLease,
         node_id: &str,
-        (signal, seen_seq): (i64, i64),
+        signal: i64,
+        seen_seq: i64,
     ) -> Result<(), Error> {
         let (ledger, lease, node_id) = (self.clone(), lease.clone(), node_id.to_owned());
         self.write(move |c| {

@@ -62,7 +62,8 @@ async fn start(
             p,
             child(id),
             link(&p.run_id, "p", on_cancel),
-            (&p.worker, LEASE),
+            &p.worker,
+            LEASE,
             db.now(),
         )
         .await
@@ -94,7 +95,8 @@ async fn a_child_is_started_once_claimed_for_its_parent_and_refused_to_another(d
             &other,
             child("par.p"),
             link("other", "p", OnParentCancel::Cancel),
-            (&other.worker, LEASE),
+            &other.worker,
+            LEASE,
             db.now(),
         )
         .await
@@ -248,7 +250,8 @@ async fn a_cancel_carries_down_to_cancel_children_only(db: TestDb) {
             &kid,
             child("par.a.p"),
             link("par.a", "p", OnParentCancel::Cancel),
-            (&kid.worker, LEASE),
+            &kid.worker,
+            LEASE,
             db.now(),
         )
         .await

@@ -45,18 +45,18 @@ async fn one_holder_at_a_time_writes_the_next_generation(db: TestDb) {
     let l = &db.ledger;
     let now = db.now();
     let g = l
-        .store_connection("tracker", (endpoints(), sealed("s1", None)), "ada", now)
+        .store_connection("tracker", endpoints(), sealed("s1", None), "ada", now)
         .await
         .unwrap();
     assert_eq!(g, 1);
     let until = now.plus(Duration::from_secs(60));
     let a = l
-        .lease_connection_refresh("tracker", (1, "A"), until, now)
+        .lease_connection_refresh("tracker", 1, "A", until, now)
         .await
         .unwrap();
     assert!(a.is_some(), "A leases generation 1");
     let b = l
-        .lease_connection_refresh("tracker", (1, "B"), until, now)
+        .lease_connection_refresh("tracker", 1, "B", until, now)
         .await
         .unwrap();
     assert!(b.is_none(), "B waits while A holds it");
@@ -79,20 +79,20 @@ async fn one_holder_at_a_time_writes_the_next_generation(db: TestDb) {
     assert!(c.lease.is_none(), "released");
     // B read generation 1 before A finished: its lease is refused, it reads generation 2.
     let b = l
-        .lease_connection_refresh("tracker", (1, "B"), until, now)
+        .lease_connection_refresh("tracker", 1, "B", until, now)
         .await
         .unwrap();
     assert!(b.is_none(), "a stale generation is not leased");
     // A holder that died: its lease can be taken once it expires, not before.
     let short = now.plus(Duration::from_secs(1));
     assert!(
-        l.lease_connection_refresh("tracker", (2, "A"), short, now)
+        l.lease_connection_refresh("tracker", 2, "A", short, now)
             .await
             .unwrap()
             .is_some()
     );
     assert!(
-        l.lease_connection_refresh("tracker", (2, "B"), until, now)
+        l.lease_connection_refresh("tracker", 2, "B", until, now)
             .await
             .unwrap()
             .is_none()
@@ -101,7 +101,8 @@ async fn one_holder_at_a_time_writes_the_next_generation(db: TestDb) {
     let b = l
         .lease_connection_refresh(
             "tracker",
-            (2, "B"),
+            2,
+            "B",
             later.plus(Duration::from_secs(60)),
             later,
         )
@@ -116,12 +117,7 @@ async fn one_holder_at_a_time_writes_the_next_generation(db: TestDb) {
     );
     // A new sign-in moves past the leased refresh: its holder cannot write.
     let g = l
-        .store_connection(
-            "tracker",
-            (endpoints(), sealed("signin", None)),
-            "bob",
-            later,
-        )
+        .store_connection("tracker", endpoints(), sealed("signin", None), "bob", later)
         .await
         .unwrap();
     assert_eq!(g, 3);
@@ -140,25 +136,20 @@ async fn one_holder_at_a_time_writes_the_next_generation(db: TestDb) {
 async fn a_refused_refresh_stops_every_worker_until_a_new_sign_in(db: TestDb) {
     let l = &db.ledger;
     let now = db.now();
-    l.store_connection(
-        "tracker",
-        (endpoints(), sealed("s1", Some(now))),
-        "ada",
-        now,
-    )
-    .await
-    .unwrap();
+    l.store_connection("tracker", endpoints(), sealed("s1", Some(now)), "ada", now)
+        .await
+        .unwrap();
     let until = now.plus(Duration::from_secs(60));
     // A transient failure releases the lease and keeps the connection usable.
     assert!(
-        l.lease_connection_refresh("tracker", (1, "A"), until, now)
+        l.lease_connection_refresh("tracker", 1, "A", until, now)
             .await
             .unwrap()
             .is_some()
     );
-    let t = (RefreshFailure::Transient, "HTTP 503");
+    let (t, t_error) = (RefreshFailure::Transient, "HTTP 503");
     assert!(
-        l.fail_connection_refresh("tracker", "A", t, now)
+        l.fail_connection_refresh("tracker", "A", t, t_error, now)
             .await
             .unwrap()
     );
@@ -167,27 +158,27 @@ async fn a_refused_refresh_stops_every_worker_until_a_new_sign_in(db: TestDb) {
     assert_eq!(c.last_error.as_deref(), Some("HTTP 503"));
     // invalid_grant: needs a new sign-in, one event; no one can lease it any more.
     assert!(
-        l.lease_connection_refresh("tracker", (1, "B"), until, now)
+        l.lease_connection_refresh("tracker", 1, "B", until, now)
             .await
             .unwrap()
             .is_some()
     );
-    let dead = (RefreshFailure::NeedsReconnect, "invalid_grant");
+    let (dead, dead_error) = (RefreshFailure::NeedsReconnect, "invalid_grant");
     assert!(
-        !l.fail_connection_refresh("tracker", "A", dead, now)
+        !l.fail_connection_refresh("tracker", "A", dead, dead_error, now)
             .await
             .unwrap(),
         "not A's"
     );
     assert!(
-        l.fail_connection_refresh("tracker", "B", dead, now)
+        l.fail_connection_refresh("tracker", "B", dead, dead_error, now)
             .await
             .unwrap()
     );
     let c = l.connection("tracker").await.unwrap().expect("row");
     assert_eq!(c.status, ConnectionStatus::NeedsReconnect);
     assert!(
-        l.lease_connection_refresh("tracker", (1, "C"), until, now)
+        l.lease_connection_refresh("tracker", 1, "C", until, now)
             .await
             .unwrap()
             .is_none()
@@ -201,7 +192,7 @@ async fn a_refused_refresh_stops_every_worker_until_a_new_sign_in(db: TestDb) {
     assert_eq!(emitted[0].payload["connection"], "tracker");
     assert!(emitted[0].run_id.is_none());
     // A new sign-in makes it usable again.
-    l.store_connection("tracker", (endpoints(), sealed("s2", None)), "ada", now)
+    l.store_connection("tracker", endpoints(), sealed("s2", None), "ada", now)
         .await
         .unwrap();
     let c = l.connection("tracker").await.unwrap().expect("row");
@@ -215,14 +206,14 @@ async fn wanted_scopes_accumulate_and_deletion_returns_the_row(db: TestDb) {
     let l = &db.ledger;
     let now = db.now();
     assert!(!l.want_connection_scope("nope", "a").await.unwrap());
-    l.store_connection("tracker", (endpoints(), sealed("s1", None)), "ada", now)
+    l.store_connection("tracker", endpoints(), sealed("s1", None), "ada", now)
         .await
         .unwrap();
     assert!(l.want_connection_scope("tracker", "x").await.unwrap());
     assert!(l.want_connection_scope("tracker", "y x").await.unwrap());
     let c = l.connection("tracker").await.unwrap().expect("row");
     assert_eq!(c.scopes_wanted.as_deref(), Some("x y"));
-    l.store_connection("other", (endpoints(), sealed("s", None)), "ada", now)
+    l.store_connection("other", endpoints(), sealed("s", None), "ada", now)
         .await
         .unwrap();
     let names: Vec<String> = l

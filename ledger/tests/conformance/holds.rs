@@ -176,7 +176,8 @@ async fn start_kid(db: &TestDb, run: &RunLease) -> flow_ledger::ChildStart {
                 step_id: "kid".into(),
                 on_cancel: OnParentCancel::Cancel,
             },
-            (&run.worker, LEASE),
+            &run.worker,
+            LEASE,
             db.now(),
         )
         .await

@@ -219,13 +219,7 @@ async fn what_must_stay_stays(db: TestDb) {
         on_cancel: OnParentCancel::Abandon,
     };
     db.ledger
-        .start_child(
-            &parent,
-            new_run("kid"),
-            link("parent"),
-            (&w, LEASE),
-            db.now(),
-        )
+        .start_child(&parent, new_run("kid"), link("parent"), &w, LEASE, db.now())
         .await
         .unwrap();
     finish(&db, &parent, RunStatus::Failed).await;
@@ -240,7 +234,8 @@ async fn what_must_stay_stays(db: TestDb) {
             &busy,
             new_run("done-kid"),
             link("busy"),
-            (&w, LEASE),
+            &w,
+            LEASE,
             db.now(),
         )
         .await

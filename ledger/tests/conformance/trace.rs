@@ -20,7 +20,7 @@ const OTHER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01";
 
 /// Claims `node` of `run` (tool `tool`, key `k_<node>`), marks it outbound with
 /// `trace`, and puts it in doubt.
-async fn in_doubt(db: &TestDb, run: &RunLease, (node, tool): (&str, &str), trace: Option<&str>) {
+async fn in_doubt(db: &TestDb, run: &RunLease, node: &str, tool: &str, trace: Option<&str>) {
     db.ledger
         .create_step(run, step(node, node, 0), db.now())
         .await
@@ -57,7 +57,7 @@ async fn retry_pay(db: &TestDb) -> RunLease {
 
 async fn a_keys_trace_context_is_kept_for_its_resends_and_forgotten_with_the_key(db: TestDb) {
     let run = running(&db, "run_a", &worker("1")).await;
-    in_doubt(&db, &run, ("pay", "payments"), Some(FIRST)).await;
+    in_doubt(&db, &run, "pay", "payments", Some(FIRST)).await;
     db.ledger
         .pause_run(&run, "in doubt", db.now())
         .await
@@ -157,11 +157,11 @@ async fn calls_in_doubt_are_counted_by_tool_with_the_oldest(db: TestDb) {
     assert!(db.ledger.calls_in_doubt_by_tool().await.unwrap().is_empty());
     let run = running(&db, "run_a", &worker("1")).await;
     let first = db.now();
-    in_doubt(&db, &run, ("pay", "payments"), None).await;
+    in_doubt(&db, &run, "pay", "payments", None).await;
     db.advance(Duration::from_secs(10));
-    in_doubt(&db, &run, ("notify", "email"), None).await;
+    in_doubt(&db, &run, "notify", "email", None).await;
     db.advance(Duration::from_secs(10));
-    in_doubt(&db, &run, ("refund", "payments"), None).await;
+    in_doubt(&db, &run, "refund", "payments", None).await;
     let got: Vec<(String, i64, i64)> = db
         .ledger
         .calls_in_doubt_by_tool()

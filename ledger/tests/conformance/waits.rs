@@ -361,10 +361,7 @@ async fn a_publish_while_the_run_is_held_stops_its_pause(db: TestDb) {
     );
     assert_eq!(run_status(&db, "run_a").await, RunStatus::Running);
 
-    db.ledger
-        .saw_signal(&run, NODE, (w.signal, 0))
-        .await
-        .unwrap();
+    db.ledger.saw_signal(&run, NODE, w.signal, 0).await.unwrap();
     assert!(
         pause(&db, &run).await,
         "it looked at e1 and it did not match"
@@ -395,8 +392,8 @@ async fn a_publish_while_the_run_is_held_stops_its_pause(db: TestDb) {
         (WaitStatus::Pending, 2, 1)
     );
     assert!(!pause(&db, &run).await, "e2 is not looked at yet");
-    db.ledger.saw_signal(&run, NODE, (2, 0)).await.unwrap();
-    db.ledger.saw_signal(&run, NODE, (1, 0)).await.unwrap();
+    db.ledger.saw_signal(&run, NODE, 2, 0).await.unwrap();
+    db.ledger.saw_signal(&run, NODE, 1, 0).await.unwrap();
     assert_eq!(
         get(&db, "run_a", NODE).await.seen_signal,
         2,
@@ -427,15 +424,15 @@ async fn a_worker_that_lost_the_run_cannot_mark_a_signal_seen(db: TestDb) {
         .await
         .unwrap();
     publish(&db, EVENT, "e1", json!({ "order": 42 })).await;
-    let stale = db.ledger.saw_signal(&old, NODE, (5, 0)).await;
+    let stale = db.ledger.saw_signal(&old, NODE, 5, 0).await;
     assert!(matches!(stale, Err(Error::LeaseLost)), "{stale:?}");
     let w = get(&db, "run_a", NODE).await;
     assert_eq!((w.signal, w.seen_signal), (1, 0));
     assert!(!pause(&db, &run).await, "e1 is not looked at by the holder");
     assert_eq!(run_status(&db, "run_a").await, RunStatus::Running);
-    db.ledger.saw_signal(&run, NODE, (1, 0)).await.unwrap();
+    db.ledger.saw_signal(&run, NODE, 1, 0).await.unwrap();
     assert!(pause(&db, &run).await);
-    let after = db.ledger.saw_signal(&run, NODE, (1, 0)).await;
+    let after = db.ledger.saw_signal(&run, NODE, 1, 0).await;
     assert!(matches!(after, Err(Error::LeaseLost)), "paused: {after:?}");
 }
 
@@ -534,7 +531,7 @@ async fn a_look_reads_on_from_where_it_stopped(db: TestDb) {
     assert_eq!(ids(&all), ["c1", "c2", "c3"]);
     assert!(all.windows(2).all(|w| w[0].seq < w[1].seq), "in seq order");
     db.ledger
-        .saw_signal(&run, NODE, (3, all[1].seq))
+        .saw_signal(&run, NODE, 3, all[1].seq)
         .await
         .unwrap();
     assert_eq!(ids(&candidates(&db, "run_cursor").await), ["c3"]);

@@ -145,8 +145,10 @@ pub(super) async fn idp_token(State(idp): State<Idp>, body: String) -> Response 
 /// The JWT bearer grant at `/token` for `client` (authenticated as `expected`), whose
 /// issuer is `origin`: an ID-JAG issued for this audience, used once.
 pub(super) fn jwt_bearer(
-    (codes, x): (&AuthCodeStats, &CrossAppStats),
-    (client, expected): ((&str, &str), Option<(&str, &str)>),
+    codes: &AuthCodeStats,
+    x: &CrossAppStats,
+    client: (&str, &str),
+    expected: Option<(&str, &str)>,
     f: &HashMap<String, String>,
     origin: &str,
 ) -> Response {

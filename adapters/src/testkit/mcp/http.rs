@@ -562,8 +562,8 @@ async fn token(State(gate): State<Arc<Gate>>, headers: HeaderMap, body: String) 
             .as_ref()
             .map(|a| (a.client_id.as_str(), a.client_secret.as_str()));
         let client = (client_id.as_str(), client_secret.as_str());
-        let stats = (gate.codes.as_ref(), gate.cross.as_ref());
-        return cross_app::jwt_bearer(stats, (client, expected), &form, &origin(&headers));
+        let (codes, cross) = (gate.codes.as_ref(), gate.cross.as_ref());
+        return cross_app::jwt_bearer(codes, cross, client, expected, &form, &origin(&headers));
     }
     if form.get("grant_type").map(String::as_str) != Some("client_credentials") {
         return oauth::grant(&gate.codes, &form).await;

@@ -69,7 +69,8 @@ pub(crate) fn grant_problem(e: grant::Error) -> Problem {
 pub(crate) async fn begin(
     app: &App,
     name: &str,
-    (by, browser): (&str, Option<&str>),
+    by: &str,
+    browser: Option<&str>,
 ) -> Result<SignInStarted, Problem> {
     let Some(config) = app.connections.iter().find(|c| c.name == name) else {
         return Err(Problem::not_found(format!(
@@ -97,7 +98,8 @@ pub(crate) async fn begin(
             oauth: &oauth,
         },
         public_url,
-        (by, browser),
+        by,
+        browser,
     )
     .await
     .map_err(grant_problem)?;
@@ -114,5 +116,5 @@ pub async fn connect(
     State(app): State<Arc<App>>,
     Path(name): Path<String>,
 ) -> Result<Response, Problem> {
-    Ok(Json(begin(&app, &name, (&caller.name, None)).await?).into_response())
+    Ok(Json(begin(&app, &name, &caller.name, None).await?).into_response())
 }

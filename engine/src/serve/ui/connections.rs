@@ -61,7 +61,7 @@ pub async fn connect(
     signed.check_csrf(&ui, &f.csrf)?;
     signed.need(Role::Admin)?;
     let nonce = remote::new_browser_nonce();
-    let started = begin(&ui.app, &name, (&signed.caller.name, Some(&nonce))).await?;
+    let started = begin(&ui.app, &name, &signed.caller.name, Some(&nonce)).await?;
     let secure = ui
         .app
         .gateway
@@ -115,8 +115,9 @@ pub async fn callback(
         .collect::<Vec<_>>()
         .join("; ");
     let read = |name: &str| cookie(&cookies, name).map(str::to_owned);
-    let declared = (app.gateway.secrets(), &oauth, app.connections.as_slice());
-    match remote::complete(&app.ledger, declared, &params, read).await {
+    let declared = app.connections.as_slice();
+    let secrets = app.gateway.secrets();
+    match remote::complete(&app.ledger, secrets, &oauth, declared, &params, read).await {
         Ok(done) => {
             let ctx = json!({
                 "title": "Connected",

@@ -81,7 +81,8 @@ fn layout(wf: &ValidWorkflow) -> (Vec<(usize, usize)>, usize) {
 }
 
 /// The top-left corner of the box at (row, doubled column).
-fn corner((row, col2): (usize, usize)) -> (usize, usize) {
+fn corner(at: (usize, usize)) -> (usize, usize) {
+    let (row, col2) = at;
     (PAD + col2 * (W + GAP_X) / 2, PAD + row * (H + GAP_Y))
 }
 
