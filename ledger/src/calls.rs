@@ -8,6 +8,7 @@
 
 use serde_json::json;
 
+use crate::attempts::{AttemptRecord, insert_attempt};
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
@@ -195,85 +196,6 @@ pub(crate) async fn emit_in_doubt(
         },
     )
     .await
-}
-
-/// One `tool_call_attempts` row.
-pub(crate) struct AttemptRecord<'a> {
-    pub run_id: &'a str,
-    pub tool_call_id: &'a str,
-    pub step_id: &'a str,
-    pub attempt: i64,
-    pub sent_key: String,
-    pub outbound_started_at: Option<i64>,
-    pub outcome: crate::model::AttemptOutcome,
-    pub error_kind: Option<&'static str>,
-    pub error_message: Option<String>,
-    pub requests_sent: u32,
-}
-
-pub(crate) async fn insert_attempt(
-    c: &mut Conn<'_>,
-    ledger: &Ledger,
-    a: AttemptRecord<'_>,
-    now: Timestamp,
-) -> Result<(), Error> {
-    let s = ledger.scope();
-    c.execute(
-        "INSERT INTO tool_call_attempts (tenant, workspace, id, run_id, tool_call_id, step_id,
-            attempt, sent_key, outbound_started_at, finished_at, outcome, error_kind,
-            error_message, requests_sent)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
-        args![
-            &s.tenant,
-            &s.workspace,
-            format!("att_{}", ulid::Ulid::generate()),
-            a.run_id,
-            a.tool_call_id,
-            a.step_id,
-            a.attempt,
-            a.sent_key,
-            a.outbound_started_at,
-            now,
-            a.outcome.as_str(),
-            a.error_kind,
-            a.error_message,
-            a.requests_sent,
-        ],
-    )
-    .await?;
-    Ok(())
-}
-
-/// One `usage` row per request sent: usage counts requests that left, not calls.
-pub(crate) async fn insert_usage(
-    c: &mut Conn<'_>,
-    ledger: &Ledger,
-    lease: &CallLease,
-    requests: u32,
-    now: Timestamp,
-) -> Result<(), Error> {
-    let s = ledger.scope();
-    for _ in 0..requests {
-        c.execute(
-            "INSERT INTO usage (tenant, workspace, id, run_id, tool_call_id, tool, attempt,
-                sent_key, kind, quantity, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $10, 1, $9)",
-            args![
-                &s.tenant,
-                &s.workspace,
-                format!("use_{}", ulid::Ulid::generate()),
-                &lease.run_id,
-                &lease.tool_call_id,
-                &lease.tool,
-                lease.attempt,
-                &lease.key,
-                now,
-                crate::model::UsageKind::Request.as_str(),
-            ],
-        )
-        .await?;
-    }
-    Ok(())
 }
 
 /// Every call of run `run_id` left `outbound` goes to `in_doubt`, as a takeover would
@@ -602,6 +524,64 @@ async fn update_claimed(
     .await
 }
 
+/// A claim of the call whose row exists: the row must be the same call (tool, key,
+/// request), then `decide_claim` says what the claim comes to — a replay, busy, in
+/// doubt, or the row claimed by this run under its fence. `None` when another claimer
+/// changed the row between the read and the write: the caller reads it again.
+async fn claim_existing(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    req: &ClaimCall<'_>,
+    row: CallRow,
+    now: Timestamp,
+) -> Result<Option<CallClaim>, Error> {
+    let run = req.run;
+    check_identity(&row, &req.tool, &req.idempotency_key, &req.request_hash)?;
+    let facts = row.facts()?;
+    let decision = decide_claim(&facts, req.retry_failed, run.token, row.holder_dead(), now);
+    let decided = decision.clone();
+    let sql = match decision {
+        ClaimDecision::Replay => {
+            return Ok(Some(CallClaim::Replay(row.replayed(None)?)));
+        }
+        ClaimDecision::Busy { holder, until } => {
+            return Err(Error::Busy { holder, until });
+        }
+        ClaimDecision::InDoubt(since) => {
+            pause_steps_in(
+                c,
+                ledger,
+                &run.run_id,
+                [&req.step_id, &req.step_id],
+                &req.tool_call_id,
+                now,
+            )
+            .await?;
+            return Ok(Some(CallClaim::InDoubt {
+                since: since.unwrap_or(now),
+            }));
+        }
+        ClaimDecision::ToInDoubt => {
+            take_over_to_in_doubt(c, ledger, &row, &req.step_id, now).await?;
+            return Ok(Some(CallClaim::InDoubt { since: now }));
+        }
+        ClaimDecision::NewAttempt => CLAIM_NEW_ATTEMPT,
+        ClaimDecision::Takeover => CLAIM_TAKEOVER,
+        ClaimDecision::Collect => CLAIM_COLLECT,
+    };
+    let expires_at = now.plus(req.lease);
+    let updated = update_claimed(c, ledger, req, &sql, row.lease_token, expires_at, now).await?;
+    match updated {
+        Some(updated) => {
+            let lease = lease_after(c, ledger, &updated, &run.worker, &decided).await?;
+            ledger.tie_step(c, req, now).await?;
+            Ok(Some(CallClaim::Claimed(lease)))
+        }
+        // Another claimer changed the row first: read it again.
+        None => Ok(None),
+    }
+}
+
 impl Ledger {
     /// Claims a node's tool call. See the crate docs for the rules; in short:
     /// no row → `Claimed` (attempt 1); terminal → `Replay` (failed + `retry_failed` →
@@ -673,48 +653,8 @@ impl Ledger {
                             None => continue,
                         }
                     };
-                    check_identity(&row, &req.tool, &req.idempotency_key, &req.request_hash)?;
-                    let facts = row.facts()?;
-                    let decision =
-                        decide_claim(&facts, req.retry_failed, run.token, row.holder_dead(), now);
-                    let decided = decision.clone();
-                    let sql = match decision {
-                        ClaimDecision::Replay => {
-                            return Ok(CallClaim::Replay(row.replayed(None)?));
-                        }
-                        ClaimDecision::Busy { holder, until } => {
-                            return Err(Error::Busy { holder, until });
-                        }
-                        ClaimDecision::InDoubt(since) => {
-                            pause_steps_in(
-                                c,
-                                &ledger,
-                                &run.run_id,
-                                [&req.step_id, &req.step_id],
-                                &req.tool_call_id,
-                                now,
-                            )
-                            .await?;
-                            return Ok(CallClaim::InDoubt {
-                                since: since.unwrap_or(now),
-                            });
-                        }
-                        ClaimDecision::ToInDoubt => {
-                            take_over_to_in_doubt(c, &ledger, &row, &req.step_id, now).await?;
-                            return Ok(CallClaim::InDoubt { since: now });
-                        }
-                        ClaimDecision::NewAttempt => CLAIM_NEW_ATTEMPT,
-                        ClaimDecision::Takeover => CLAIM_TAKEOVER,
-                        ClaimDecision::Collect => CLAIM_COLLECT,
-                    };
-                    let updated =
-                        update_claimed(c, &ledger, &req, &sql, row.lease_token, expires_at, now)
-                            .await?;
-                    if let Some(updated) = updated {
-                        let lease =
-                            lease_after(c, &ledger, &updated, &run.worker, &decided).await?;
-                        ledger.tie_step(c, &req, now).await?;
-                        return Ok(CallClaim::Claimed(lease));
+                    if let Some(claim) = claim_existing(c, &ledger, &req, row, now).await? {
+                        return Ok(claim);
                     }
                 }
                 Err(Error::Backend {

@@ -19,7 +19,8 @@
 //! - [`Error`]: one enum; sqlx errors are mapped at the boundary.
 //! - the operations, each one transaction: `runs.rs` (queue: claims, leases),
 //!   `enqueue.rs` (runs onto it, one or a batch in a fixed number of statements), `steps.rs`, `calls.rs`
-//!   (claim), `outbound.rs` (mark_outbound, complete, in doubt, release), `resolve.rs`
+//!   (claim), `outbound.rs` (mark_outbound, complete, in doubt, release), `attempts.rs`
+//!   (the attempt and usage rows an outcome leaves), `resolve.rs`
 //!   (operator resolution), `pure/` (every way a pure result is written: one statement
 //!   for a brand-new call in `fresh.rs`, batches of kept results in `batch.rs`, the
 //!   general way in `general.rs`), `rate.rs`, `reads.rs`, `search.rs` (runs listed and
@@ -95,6 +96,7 @@ pub mod state;
 pub mod worker;
 
 mod approvals;
+mod attempts;
 mod calls;
 mod canonical;
 mod children;

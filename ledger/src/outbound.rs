@@ -20,9 +20,8 @@ use crate::rows::{CallRow, call_cols};
 use crate::state::{CallTransition, ErrorKind};
 use crate::steps::{create_step_in, finish_step_in, pause_steps_in};
 
-use crate::calls::{
-    AttemptRecord, CallEdge, emit_in_doubt, insert_attempt, insert_usage, read_call,
-};
+use crate::attempts::{AttemptRecord, insert_attempt, insert_usage};
+use crate::calls::{CallEdge, emit_in_doubt, read_call};
 use crate::events::{EventType, NewEvent, emit};
 
 /// A holder letting go of a claimed call it never sent (`CallTransition::Release`):

@@ -3,9 +3,8 @@
 //! a lost lease), statement by statement in one transaction, decided by the same claim
 //! table as a side-effecting call (`decide_claim`, `decide_foreign_claim`).
 
-use crate::calls::{
-    AttemptRecord, check_foreign, check_identity, insert_attempt, read_call, read_call_by_key,
-};
+use crate::attempts::{AttemptRecord, insert_attempt};
+use crate::calls::{check_foreign, check_identity, read_call, read_call_by_key};
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
@@ -56,76 +55,8 @@ impl Ledger {
                 create_step_in(c, &ledger, &run.run_id, &req.step, now).await?;
                 let existing = read_call(c, &ledger, &run.run_id, &req.tool_call_id).await?;
                 let replay = match existing {
-                    Some(row) => {
-                        check_identity(&row, &req.tool, &req.idempotency_key, &req.request_hash)?;
-                        let d = decide_claim(
-                            &row.facts()?,
-                            req.retry_failed,
-                            run.token,
-                            row.holder_dead(),
-                            now,
-                        );
-                        match d {
-                            ClaimDecision::Replay => Some(row.replayed(None)?),
-                            ClaimDecision::NewAttempt | ClaimDecision::Takeover => {
-                                let attempt = match d {
-                                    ClaimDecision::NewAttempt => row.attempt_count + 1,
-                                    _ => row.attempt_count,
-                                };
-                                ledger
-                                    .write_pure(c, &req, attempt, Some(row.lease_token), now)
-                                    .await?;
-                                None
-                            }
-                            ClaimDecision::Busy { holder, until } => {
-                                return Err(Error::Busy { holder, until });
-                            }
-                            ClaimDecision::InDoubt(since) => {
-                                return Err(Error::InDoubt {
-                                    since: since.unwrap_or(now),
-                                });
-                            }
-                            ClaimDecision::ToInDoubt | ClaimDecision::Collect => {
-                                return Err(Error::InvalidTransition {
-                                    what: "tool call",
-                                    from: "outbound".into(),
-                                    to: "recorded as a pure call".into(),
-                                });
-                            }
-                        }
-                    }
-                    None => match read_call_by_key(c, &ledger, &req.idempotency_key).await? {
-                        Some(other)
-                            if other.run_id == run.run_id
-                                && other.tool_call_id == req.tool_call_id =>
-                        {
-                            // A racing writer committed our own row between the reads.
-                            return Err(Error::Busy {
-                                holder: other.lease_holder.unwrap_or_default(),
-                                until: Timestamp(other.lease_expires_at.unwrap_or(now.0)),
-                            });
-                        }
-                        Some(other) => {
-                            check_foreign(&other, &run.run_id, &req.tool, &req.request_hash)?;
-                            match decide_foreign_claim(&other.facts()?, now) {
-                                ClaimDecision::Replay => {
-                                    Some(other.replayed(Some(other.run_id.clone()))?)
-                                }
-                                ClaimDecision::Busy { holder, until } => {
-                                    return Err(Error::Busy { holder, until });
-                                }
-                                _ => {
-                                    return Err(Error::InDoubt {
-                                        since: Timestamp(other.in_doubt_at.unwrap_or(now.0)),
-                                    });
-                                }
-                            }
-                        }
-                        None => {
-                            ledger.write_pure(c, &req, 1, None, now).await?;
-                            None
-                        }
-                    },
+                    Some(row) => ledger.pure_over_own(c, &req, row, now).await?,
+                    None => ledger.pure_by_key(c, &req, now).await?,
                 };
                 let (finish, result) = pure_finish(&req, replay);
                 finish_step_in(c, &ledger, &run.run_id, &finish, now).await?;
@@ -136,6 +67,72 @@ impl Ledger {
             })
         })
         .await
+    }
+
+    /// A pure call over its own existing row: replayed when it ended, written again
+    /// as a new attempt or a takeover, refused when the row is held or in doubt.
+    async fn pure_over_own(
+        &self,
+        c: &mut Conn<'_>,
+        req: &PureCall<'_>,
+        row: crate::rows::CallRow,
+        now: Timestamp,
+    ) -> Result<Option<Replayed>, Error> {
+        let run = req.run;
+        check_identity(&row, &req.tool, &req.idempotency_key, &req.request_hash)?;
+        let facts = row.facts()?;
+        let d = decide_claim(&facts, req.retry_failed, run.token, row.holder_dead(), now);
+        let attempt = match d {
+            ClaimDecision::Replay => return Ok(Some(row.replayed(None)?)),
+            ClaimDecision::NewAttempt => row.attempt_count + 1,
+            ClaimDecision::Takeover => row.attempt_count,
+            ClaimDecision::Busy { holder, until } => return Err(Error::Busy { holder, until }),
+            ClaimDecision::InDoubt(since) => {
+                return Err(Error::InDoubt {
+                    since: since.unwrap_or(now),
+                });
+            }
+            ClaimDecision::ToInDoubt | ClaimDecision::Collect => {
+                return Err(Error::InvalidTransition {
+                    what: "tool call",
+                    from: "outbound".into(),
+                    to: "recorded as a pure call".into(),
+                });
+            }
+        };
+        self.write_pure(c, req, attempt, Some(row.lease_token), now)
+            .await?;
+        Ok(None)
+    }
+
+    /// A pure call with no row of its own: its key's outcome in another run is
+    /// replayed (same request), or the call is written as attempt 1.
+    async fn pure_by_key(
+        &self,
+        c: &mut Conn<'_>,
+        req: &PureCall<'_>,
+        now: Timestamp,
+    ) -> Result<Option<Replayed>, Error> {
+        let run = req.run;
+        let Some(other) = read_call_by_key(c, self, &req.idempotency_key).await? else {
+            self.write_pure(c, req, 1, None, now).await?;
+            return Ok(None);
+        };
+        if other.run_id == run.run_id && other.tool_call_id == req.tool_call_id {
+            // A racing writer committed our own row between the reads.
+            return Err(Error::Busy {
+                holder: other.lease_holder.unwrap_or_default(),
+                until: Timestamp(other.lease_expires_at.unwrap_or(now.0)),
+            });
+        }
+        check_foreign(&other, &run.run_id, &req.tool, &req.request_hash)?;
+        match decide_foreign_claim(&other.facts()?, now) {
+            ClaimDecision::Replay => Ok(Some(other.replayed(Some(other.run_id.clone()))?)),
+            ClaimDecision::Busy { holder, until } => Err(Error::Busy { holder, until }),
+            _ => Err(Error::InDoubt {
+                since: Timestamp(other.in_doubt_at.unwrap_or(now.0)),
+            }),
+        }
     }
 
     async fn write_pure(

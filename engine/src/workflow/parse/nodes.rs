@@ -71,44 +71,9 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
             .and_then(|n| super::waits::wait(cx, n))
             .map_or_else(unparsed, NodeKind::Wait)
     } else {
-        let (tool, tool_pos) = match get(fields, "tool") {
-            Some(t) => (cx.string(t, "`tool`").unwrap_or_default(), t.pos),
-            None => {
-                cx.error_help(
-                    key.pos,
-                    format!("{what} has no `tool`"),
-                    "add `tool:` naming one of the workflow's tools",
-                );
-                (String::new(), key.pos)
-            }
-        };
-        NodeKind::Call(CallDecl {
-            tool,
-            tool_pos,
-            approval: get(fields, "approval").and_then(|n| approval(cx, n)),
-            callback: get(fields, "callback").and_then(|n| super::waits::callback(cx, n)),
-        })
+        NodeKind::Call(call_decl(cx, key, fields, &what))
     };
-    let needs: Vec<(String, Pos)> = match get(fields, "needs") {
-        None => Vec::new(),
-        Some(n) => match &n.value {
-            Value::Str(s) => vec![(s.clone(), n.pos)],
-            Value::Seq(items) => items
-                .iter()
-                .filter_map(|i| cx.string(i, "`needs` entries").map(|s| (s, i.pos)))
-                .collect(),
-            _ => {
-                cx.error(
-                    n.pos,
-                    format!(
-                        "`needs` must be a list of node ids, found {}",
-                        n.type_name()
-                    ),
-                );
-                Vec::new()
-            }
-        },
-    };
+    let needs = get(fields, "needs").map_or_else(Vec::new, |n| needs(cx, n));
     let condition = get(fields, "if").and_then(|n| super::condition::condition(cx, n, "if"));
     Some(NodeDecl {
         id,
@@ -132,6 +97,47 @@ pub(super) fn node(cx: &mut Cx, key: &Key, spec: &Node) -> Option<NodeDecl> {
         for_each: get(fields, "for_each").and_then(|n| super::for_each::for_each(cx, n)),
         kind,
     })
+}
+
+/// A node's `needs:`: one node id or a list of them, each with where it was written.
+fn needs(cx: &mut Cx, n: &Node) -> Vec<(String, Pos)> {
+    match &n.value {
+        Value::Str(s) => vec![(s.clone(), n.pos)],
+        Value::Seq(items) => items
+            .iter()
+            .filter_map(|i| cx.string(i, "`needs` entries").map(|s| (s, i.pos)))
+            .collect(),
+        _ => {
+            let found = n.type_name();
+            cx.error(
+                n.pos,
+                format!("`needs` must be a list of node ids, found {found}"),
+            );
+            Vec::new()
+        }
+    }
+}
+
+/// What a node that calls a tool declares: its `tool:` (an error when missing), its
+/// `approval:` and `callback:`.
+fn call_decl(cx: &mut Cx, key: &Key, fields: &[(Key, Node)], what: &str) -> CallDecl {
+    let (tool, tool_pos) = match get(fields, "tool") {
+        Some(t) => (cx.string(t, "`tool`").unwrap_or_default(), t.pos),
+        None => {
+            cx.error_help(
+                key.pos,
+                format!("{what} has no `tool`"),
+                "add `tool:` naming one of the workflow's tools",
+            );
+            (String::new(), key.pos)
+        }
+    };
+    CallDecl {
+        tool,
+        tool_pos,
+        approval: get(fields, "approval").and_then(|n| approval(cx, n)),
+        callback: get(fields, "callback").and_then(|n| super::waits::callback(cx, n)),
+    }
 }
 
 /// `workflow: PATH` and the node's `on_parent_cancel:` (`cancel`, the default, or

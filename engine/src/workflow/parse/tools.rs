@@ -72,19 +72,8 @@ pub(super) fn tool(cx: &mut Cx, key: &Key, spec: &Node) -> Option<ToolDecl> {
                 },
             },
             "command" => {
-                let command_node = required(cx, "command")?;
-                let command = cx.template_list(command_node, "`command`");
-                if command.is_empty() && matches!(command_node.value, Value::Seq(_)) {
-                    cx.error(command_node.pos, "`command` must name a program");
-                }
-                ToolKind::Command {
-                    command,
-                    env: get(fields, "env")
-                        .map(|n| cx.template_map(n, "`env`"))
-                        .unwrap_or_default(),
-                    cwd: get(fields, "cwd").and_then(|n| cx.string(n, "`cwd`")),
-                    env_allow: get(fields, "env_allow").map(|n| string_list(cx, n, "`env_allow`")),
-                }
+                let command = required(cx, "command")?;
+                command_tool(cx, fields, command)
             }
             "http" => {
                 let url = required(cx, "url")?;
@@ -97,22 +86,7 @@ pub(super) fn tool(cx: &mut Cx, key: &Key, spec: &Node) -> Option<ToolDecl> {
             }
         })
     })();
-    let idempotency = match get(fields, "idempotency") {
-        None => Idempotency::None,
-        Some(n) => match cx.string(n, "`idempotency`").as_deref() {
-            Some("none") => Idempotency::None,
-            Some("header") => Idempotency::Header,
-            Some(other) => {
-                cx.error_help(
-                    n.pos,
-                    format!("unknown idempotency `{other}`"),
-                    "use `none` or `header`",
-                );
-                Idempotency::None
-            }
-            None => Idempotency::None,
-        },
-    };
+    let idempotency = get(fields, "idempotency").map_or(Idempotency::None, |n| idempotency(cx, n));
     let rate_limit_per_minute =
         get(fields, "rate_limit").and_then(|n| per(cx, n, "rate_limit", "per_minute", 1_000_000));
     let quota_per_day =
@@ -133,6 +107,39 @@ pub(super) fn tool(cx: &mut Cx, key: &Key, spec: &Node) -> Option<ToolDecl> {
         read_only,
         reconcile,
     })
+}
+
+/// A tool's `idempotency:` (`none` or `header`; anything else is an error and `none`).
+fn idempotency(cx: &mut Cx, n: &Node) -> Idempotency {
+    match cx.string(n, "`idempotency`").as_deref() {
+        Some("header") => Idempotency::Header,
+        Some("none") | None => Idempotency::None,
+        Some(other) => {
+            cx.error_help(
+                n.pos,
+                format!("unknown idempotency `{other}`"),
+                "use `none` or `header`",
+            );
+            Idempotency::None
+        }
+    }
+}
+
+/// A `kind: command` tool: its program and arguments (`command`), `env`, `cwd` and
+/// `env_allow`.
+fn command_tool(cx: &mut Cx, fields: &[(Key, Node)], command_node: &Node) -> ToolKind {
+    let command = cx.template_list(command_node, "`command`");
+    if command.is_empty() && matches!(command_node.value, Value::Seq(_)) {
+        cx.error(command_node.pos, "`command` must name a program");
+    }
+    ToolKind::Command {
+        command,
+        env: get(fields, "env")
+            .map(|n| cx.template_map(n, "`env`"))
+            .unwrap_or_default(),
+        cwd: get(fields, "cwd").and_then(|n| cx.string(n, "`cwd`")),
+        env_allow: get(fields, "env_allow").map(|n| string_list(cx, n, "`env_allow`")),
+    }
 }
 
 fn per(cx: &mut Cx, node: &Node, what: &str, field: &str, max: u64) -> Option<u32> {
