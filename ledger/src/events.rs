@@ -248,17 +248,31 @@ pub(crate) fn audited(mut payload: Value, actor: Option<&crate::model::Actor>) -
     payload
 }
 
+/// The node an event is about: its run, its step, and the node (stored in the event's
+/// `tool_call_id`, the name a call's id has in the outbox). Three strings by name, so
+/// they cannot be passed in the wrong order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct NodeRef<'a> {
+    pub(crate) run_id: &'a str,
+    pub(crate) step_id: &'a str,
+    pub(crate) node_id: &'a str,
+}
+
 /// An event about one node of a run (`ids` = run, step, node): what approvals and
 /// waits emit.
 pub(crate) async fn node_event(
     c: &mut Conn<'_>,
     s: &Scope,
-    ids: (&str, &str, &str),
+    ids: NodeRef<'_>,
     event_type: EventType,
     payload: Value,
     now: Timestamp,
 ) -> Result<(), Error> {
-    let (run_id, step_id, node_id) = ids;
+    let NodeRef {
+        run_id,
+        step_id,
+        node_id,
+    } = ids;
     emit(
         c,
         s,

@@ -9,7 +9,7 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
-use crate::events::node_event;
+use crate::events::{NodeRef, node_event};
 use crate::ledger::Ledger;
 use crate::model::Scope;
 use crate::run_states::requeue_paused;
@@ -71,7 +71,11 @@ impl Ledger {
                     });
                 }
                 record_vote(c, s, &d, &row, inputs.clone(), now).await?;
-                let ids = (d.run_id.as_str(), row.step_id.as_str(), d.node_id.as_str());
+                let ids = NodeRef {
+                    run_id: d.run_id.as_str(),
+                    step_id: row.step_id.as_str(),
+                    node_id: d.node_id.as_str(),
+                };
                 let actor = crate::model::Actor {
                     by: d.by.clone(),
                     reason: d.reason.clone(),

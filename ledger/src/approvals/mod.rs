@@ -20,7 +20,7 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
-use crate::events::node_event;
+use crate::events::{NodeRef, node_event};
 use crate::fence::{Fence, live_run_fence};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
@@ -432,8 +432,12 @@ struct Asked<'a> {
 }
 
 impl Asked<'_> {
-    fn ids(&self) -> (&str, &str, &str) {
-        (self.run_id, &self.ask.step_id, &self.ask.node_id)
+    fn ids(&self) -> NodeRef<'_> {
+        NodeRef {
+            run_id: self.run_id,
+            step_id: &self.ask.step_id,
+            node_id: &self.ask.node_id,
+        }
     }
 
     /// `approval.requested` for this ask.

@@ -8,7 +8,7 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
-use crate::events::node_event;
+use crate::events::{NodeRef, node_event};
 use crate::holds::Due;
 use crate::ledger::Ledger;
 use crate::model::Scope;
@@ -44,7 +44,11 @@ impl Ledger {
                 {
                     return Ok(false);
                 }
-                let ids = (run_id.as_str(), row.step_id.as_str(), node_id.as_str());
+                let ids = NodeRef {
+                    run_id: run_id.as_str(),
+                    step_id: row.step_id.as_str(),
+                    node_id: node_id.as_str(),
+                };
                 match due {
                     Due::Cancelled => {
                         let to = ApprovalStatus::Cancelled;
@@ -111,11 +115,11 @@ pub(super) async fn time_out(
     {
         return Ok(false);
     }
-    let ids = (
-        row.run_id.as_str(),
-        row.step_id.as_str(),
-        row.node_id.as_str(),
-    );
+    let ids = NodeRef {
+        run_id: row.run_id.as_str(),
+        step_id: row.step_id.as_str(),
+        node_id: row.node_id.as_str(),
+    };
     let payload = json!({ "deadline": row.deadline });
     node_event(c, s, ids, EventType::ApprovalTimedOut, payload, now).await?;
     requeue_paused(c, s, run, None, now).await?;

@@ -19,7 +19,7 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
-use crate::events::node_event;
+use crate::events::{NodeRef, node_event};
 use crate::fence::{Fence, live_run_fence};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
@@ -169,7 +169,11 @@ impl Ledger {
                             )
                             .await?
                         {
-                            let ids = (run_id, row.step_id.as_str(), row.node_id.as_str());
+                            let ids = NodeRef {
+                                run_id,
+                                step_id: row.step_id.as_str(),
+                                node_id: row.node_id.as_str(),
+                            };
                             let payload = json!({ "deadline": row.deadline });
                             node_event(c, s, ids, EventType::WaitTimedOut, payload, now).await?;
                         }
@@ -317,6 +321,10 @@ async fn begin_row(
     let payload = json!({
         "kind": begin.kind.as_str(), "event": begin.event_name, "deadline": deadline,
     });
-    let ids = (run_id, begin.step_id.as_str(), begin.node_id.as_str());
+    let ids = NodeRef {
+        run_id,
+        step_id: begin.step_id.as_str(),
+        node_id: begin.node_id.as_str(),
+    };
     node_event(c, s, ids, EventType::WaitRequested, payload, now).await
 }

@@ -10,7 +10,7 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
-use crate::events::node_event;
+use crate::events::{NodeRef, node_event};
 use crate::fence::{Fence, live_run_fence};
 use crate::holds::Due;
 use crate::ledger::Ledger;
@@ -76,11 +76,11 @@ impl Ledger {
                     error: None,
                 };
                 if settle(c, s, &row, WaitStatus::Completed, how, now).await? {
-                    let ids = (
-                        lease.run_id.as_str(),
-                        row.step_id.as_str(),
-                        node_id.as_str(),
-                    );
+                    let ids = NodeRef {
+                        run_id: lease.run_id.as_str(),
+                        step_id: row.step_id.as_str(),
+                        node_id: node_id.as_str(),
+                    };
                     let payload = json!({ "kind": "event", "event_id": event_id, "event": name });
                     node_event(c, s, ids, EventType::WaitCompleted, payload, now).await?;
                 }
@@ -130,11 +130,11 @@ impl Ledger {
                 if !settle(c, s, &row, to, how, now).await? {
                     return Err(not_found());
                 }
-                let ids = (
-                    row.run_id.as_str(),
-                    row.step_id.as_str(),
-                    row.node_id.as_str(),
-                );
+                let ids = NodeRef {
+                    run_id: row.run_id.as_str(),
+                    step_id: row.step_id.as_str(),
+                    node_id: row.node_id.as_str(),
+                };
                 let payload = json!({ "kind": "callback", "ok": reply.ok, "error": reply.error });
                 node_event(c, s, ids, EventType::WaitCompleted, payload, now).await?;
                 requeue_paused(c, s, &run, None, now).await?;
@@ -240,7 +240,11 @@ impl Ledger {
                     return Ok(false);
                 }
                 if to == WaitStatus::TimedOut {
-                    let ids = (run_id.as_str(), row.step_id.as_str(), node_id.as_str());
+                    let ids = NodeRef {
+                        run_id: run_id.as_str(),
+                        step_id: row.step_id.as_str(),
+                        node_id: node_id.as_str(),
+                    };
                     let payload = json!({ "deadline": row.deadline, "kind": row.kind });
                     node_event(c, s, ids, EventType::WaitTimedOut, payload, now).await?;
                     requeue_paused(c, s, &run, None, now).await?;
