@@ -23,7 +23,6 @@
 
 mod common;
 
-use std::future::Future;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,7 +33,6 @@ use flow_ledger::{
 use futures::stream::{self, StreamExt, TryStreamExt};
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use serde_json::{Value, json};
-use sqlx::Connection;
 
 /// The runs' workflow: one HTTP call, as the runs put in doubt would have.
 const PAY: &str = "name: pay\ninputs:\n  order_id: { type: string }\ntools:\n  pay: { kind: http, method: POST, url: \"http://127.0.0.1:9/pay\" }\nnodes:\n  charge: { tool: pay, with: { order: \"${{ inputs.order_id }}\" } }\n";
@@ -383,51 +381,6 @@ async fn settle_statistics(ledger: &Ledger) {
     }
 }
 
-/// A fresh PostgreSQL database: `(url, admin url, name)`, or `None` when the server
-/// does not answer.
-async fn fresh_pg() -> Option<(String, String, String)> {
-    let admin = std::env::var("FLOW_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
-    let connect = sqlx::PgConnection::connect(&admin);
-    let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_secs(5), connect).await else {
-        return None;
-    };
-    let name = format!(
-        "flow_bench_{}",
-        ulid::Ulid::generate().to_string().to_lowercase()
-    );
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut conn)
-        .await
-        .ok()?;
-    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
-    Some((format!("{base}/{name}"), admin.clone(), name))
-}
-
-async fn drop_pg(admin: &str, name: &str) {
-    if let Ok(mut c) = sqlx::PgConnection::connect(admin).await {
-        let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-        let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut c).await;
-    }
-}
-
-/// Runs `f` and always drops the database named, also when `f` panics.
-async fn on_fresh_pg<F, Fut>(f: F)
-where
-    F: FnOnce(String) -> Fut,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    let Some((url, admin, db)) = fresh_pg().await else {
-        println!("\npostgres: SKIPPED (unreachable; set FLOW_TEST_POSTGRES_URL)");
-        return;
-    };
-    let outcome = tokio::spawn(f(url)).await;
-    drop_pg(&admin, &db).await;
-    if let Err(e) = outcome {
-        std::panic::resume_unwind(e.into_panic());
-    }
-}
-
 fn main() {
     let runs = common::env_usize("FLOW_BENCH_RUNS", 100_000).max(1);
     let in_doubt = common::env_usize("FLOW_BENCH_IN_DOUBT", 1_000).min(runs);
@@ -445,7 +398,7 @@ fn main() {
             bench("sqlite", &url, runs, in_doubt, calls).await;
         }
         if only != "sqlite" {
-            on_fresh_pg(move |url| async move {
+            common::on_fresh_pg(move |url| async move {
                 bench("postgres", &url, runs, in_doubt, calls).await;
             })
             .await;

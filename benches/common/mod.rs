@@ -6,10 +6,13 @@
 // Each program includes this module and uses part of it.
 #![allow(dead_code)]
 
+use std::future::Future;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use sqlx::Connection;
 
 /// The multi-threaded tokio runtime every program drives its work on.
 pub fn runtime() -> tokio::runtime::Runtime {
@@ -178,4 +181,49 @@ pub async fn submit_one_node_batch(
         "{}",
         resp.text().await.unwrap_or_default()
     );
+}
+
+/// A fresh PostgreSQL database: `(url, admin url, name)`, or `None` when the server
+/// does not answer.
+pub async fn fresh_pg() -> Option<(String, String, String)> {
+    let admin = std::env::var("FLOW_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let connect = sqlx::PgConnection::connect(&admin);
+    let Ok(Ok(mut conn)) = tokio::time::timeout(Duration::from_secs(5), connect).await else {
+        return None;
+    };
+    let name = format!(
+        "flow_bench_{}",
+        ulid::Ulid::generate().to_string().to_lowercase()
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut conn)
+        .await
+        .ok()?;
+    let base = admin.rsplit_once('/').map_or(admin.as_str(), |(b, _)| b);
+    Some((format!("{base}/{name}"), admin.clone(), name))
+}
+
+pub async fn drop_pg(admin: &str, name: &str) {
+    if let Ok(mut c) = sqlx::PgConnection::connect(admin).await {
+        let sql = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+        let _ = sqlx::query(sqlx::AssertSqlSafe(sql)).execute(&mut c).await;
+    }
+}
+
+/// Runs `f` and always drops the database named, also when `f` panics.
+pub async fn on_fresh_pg<F, Fut>(f: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let Some((url, admin, db)) = fresh_pg().await else {
+        println!("\npostgres: SKIPPED (unreachable; set FLOW_TEST_POSTGRES_URL)");
+        return;
+    };
+    let outcome = tokio::spawn(f(url)).await;
+    drop_pg(&admin, &db).await;
+    if let Err(e) = outcome {
+        std::panic::resume_unwind(e.into_panic());
+    }
 }

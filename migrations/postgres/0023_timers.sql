@@ -6,9 +6,12 @@
 --
 -- * `kind` is what fires (`flow_ledger::TimerKind`): a `hold` (an approval, an event
 --   wait, a callback: its deadline or an approval's next reminder; at once when its run
---   or step ended without it) or a `probe` (a paused run's calls in doubt: one timer
---   per run, due at its soonest probe, so a run with a thousand due calls is one row
---   and cannot crowd other timers out of a batch).
+--   or step ended without it) or a `probe` (a paused run's call in doubt, due at its
+--   next probe). A probe acts on its run, so its `subject` is the run: the watcher
+--   groups the due rows by (kind, run, subject) before its LIMIT, and a run with a
+--   thousand due calls is one timer that cannot crowd others out of a batch. The
+--   grouping is the watcher's, after its `due_at <= now`, so that filter reaches each
+--   branch's index (`call_reconcile_due`) instead of aggregating every call first.
 -- * `hold_kind`, `deadline`, `ended`: what a hold's rule needs to choose between
 --   timing out, reminding and cancelling (NULL / 0 for other kinds).
 -- * A child run has no deadline (its own end settles its parent's hold): no timer.
@@ -29,10 +32,9 @@ SELECT h.tenant, h.workspace, 'hold' AS kind, h.kind AS hold_kind, h.run_id,
 UNION ALL
 SELECT c.tenant, c.workspace, 'probe' AS kind, CAST(NULL AS TEXT) AS hold_kind,
        c.run_id, c.run_id AS subject, CAST(NULL AS BIGINT) AS deadline,
-       CAST(0 AS BIGINT) AS ended, MIN(c.next_probe_at) AS due_at
+       CAST(0 AS BIGINT) AS ended, c.next_probe_at AS due_at
   FROM call_reconcile c
   JOIN tool_calls t ON t.tenant = c.tenant AND t.workspace = c.workspace
    AND t.run_id = c.run_id AND t.tool_call_id = c.tool_call_id
   JOIN runs u ON u.tenant = c.tenant AND u.workspace = c.workspace AND u.id = c.run_id
- WHERE c.next_probe_at IS NOT NULL AND t.status = 'in_doubt' AND u.status = 'paused'
- GROUP BY c.tenant, c.workspace, c.run_id;
+ WHERE c.next_probe_at IS NOT NULL AND t.status = 'in_doubt' AND u.status = 'paused';

@@ -2,7 +2,7 @@
 //!
 //! A timer is a row of the `timers` view (migration 0023): its kind, the run and the
 //! subject it acts on, when it is due. The view reads each deadline from the row that
-//! owns it — a hold's deadline or reminder, a paused run's soonest probe of a call in
+//! owns it — a hold's deadline or reminder, a paused run's due probe of a call in
 //! doubt — so no write keeps a second copy in step. [`Ledger::fire_due_timers`] is the
 //! watcher: one query takes the due timers of every kind, soonest first, and one
 //! `match` on [`TimerKind`] hands each to its kind's rule, which acts by its own
@@ -10,7 +10,8 @@
 //! nothing).
 //!
 //! Adding a kind of timer: a [`TimerKind`] variant, a branch of the view (both
-//! backends' migration; one row per thing that acts, not per row that is due), its arm
+//! backends' migration; its `subject` names what acts, so rows that act on the same
+//! thing group into one timer), its arm
 //! in the one `match` below, and a conformance case (`ledger/tests/conformance/timers.rs`).
 //! Deadlines still kept apart (issue 50, item 3): event deliveries' `next_attempt_at`
 //! (the dispatcher's loop), schedule ticks (the scheduler's), retry `not_before` (the
@@ -34,7 +35,7 @@ crate::state::text_enum! {
         /// A pending hold (approval, event wait, callback): its deadline, an approval's
         /// next reminder, or at once when its run or step ended without it.
         Hold => "hold",
-        /// A paused run's calls in doubt: the soonest next probe among them. The run
+        /// A paused run's calls in doubt, due at the soonest next probe among them. The run
         /// goes back on the queue and its next holder probes before it pauses again.
         Probe => "probe",
     }
@@ -78,9 +79,13 @@ impl Ledger {
             let mut pc = self.pool().acquire().await?;
             pc.conn()
                 .all::<TimerRow>(
-                    "SELECT kind, hold_kind, run_id, subject, deadline, ended FROM timers
+                    // Grouped after the filter: a run's due probes are one timer, and
+                    // `due_at <= $3` still reaches each branch's index.
+                    "SELECT kind, hold_kind, run_id, subject, MIN(deadline), MAX(ended)
+                       FROM timers
                       WHERE tenant = $1 AND workspace = $2 AND due_at <= $3
-                      ORDER BY due_at, run_id, subject LIMIT $4",
+                      GROUP BY kind, hold_kind, run_id, subject
+                      ORDER BY MIN(due_at), run_id, subject LIMIT $4",
                     args![&s.tenant, &s.workspace, now, limit],
                 )
                 .await?
