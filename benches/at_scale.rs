@@ -27,8 +27,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use flow_ledger::{
-    CallClaim, ClaimCall, InDoubtReport, Ledger, NewRun, NewStep, OpenOptions, SqliteSynchronous,
-    StepStatus, Timestamp, WorkerId, canonical_hash,
+    Ledger, NewRun, NewStep, OpenOptions, SqliteSynchronous, StepStatus, Timestamp, WorkerId,
 };
 use futures::stream::{self, StreamExt, TryStreamExt};
 use rand::{Rng, SeedableRng, rngs::StdRng};
@@ -115,26 +114,7 @@ async fn put_in_doubt(ledger: &Ledger, i: usize) -> Result<(), flow_ledger::Erro
     };
     ledger.create_step(&run, step, now()).await?;
     let request = json!({"method": "POST", "url": "http://127.0.0.1:9/pay", "body": {"order": order_text(i)}});
-    let claim = ClaimCall {
-        run: &run,
-        step_id: "charge".into(),
-        tool_call_id: "charge".into(),
-        tool: "pay".into(),
-        idempotency_key: format!("{id}:charge"),
-        request_hash: canonical_hash(&request),
-        request,
-        retry_failed: false,
-        lease: LEASE,
-    };
-    let CallClaim::Claimed(lease) = ledger.claim_call(claim, now()).await? else {
-        panic!("run {id}: its call was not new");
-    };
-    ledger.mark_outbound(&lease, now()).await?;
-    let report = InDoubtReport {
-        requests_sent: 1,
-        message: "timed out after 30s waiting for the response".into(),
-    };
-    ledger.mark_in_doubt(&lease, report, now()).await?;
+    common::send_and_lose(ledger, &run, request).await?;
     ledger.pause_run(&run, "charge in doubt", now()).await
 }
 

@@ -19,9 +19,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use flow_ledger::{
-    BeginWait, CallClaim, ClaimCall, InDoubtReport, Ledger, NewProbe, NewRun, NewStep, OpenOptions,
-    ProbeDecision, ProbeObserved, SqliteSynchronous, StepStatus, TimerRules, Timestamp, WaitKind,
-    WorkerId, canonical_hash,
+    BeginWait, Ledger, NewProbe, NewRun, NewStep, OpenOptions, ProbeDecision, ProbeObserved,
+    SqliteSynchronous, StepStatus, TimerRules, Timestamp, WaitKind, WorkerId,
 };
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde_json::json;
@@ -70,26 +69,7 @@ async fn in_doubt(ledger: &Ledger, id: String) -> Result<(), flow_ledger::Error>
     let run = ledger.claim_run(&id, &worker, LEASE, now()).await?;
     ledger.create_step(&run, step("charge"), now()).await?;
     let request = json!({"method": "POST", "url": "http://127.0.0.1:9/pay"});
-    let claim = ClaimCall {
-        run: &run,
-        step_id: "charge".into(),
-        tool_call_id: "charge".into(),
-        tool: "pay".into(),
-        idempotency_key: format!("{id}:charge"),
-        request_hash: canonical_hash(&request),
-        request,
-        retry_failed: false,
-        lease: LEASE,
-    };
-    let CallClaim::Claimed(lease) = ledger.claim_call(claim, now()).await? else {
-        panic!("run {id}: its call was not new");
-    };
-    ledger.mark_outbound(&lease, now()).await?;
-    let report = InDoubtReport {
-        requests_sent: 1,
-        message: "timed out".into(),
-    };
-    ledger.mark_in_doubt(&lease, report, now()).await?;
+    let lease = common::send_and_lose(ledger, &run, request).await?;
     let probe = NewProbe {
         run_id: id.clone(),
         tool_call_id: "charge".into(),

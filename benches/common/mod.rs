@@ -227,3 +227,36 @@ where
         std::panic::resume_unwind(e.into_panic());
     }
 }
+
+/// Claims the `charge` call (tool `pay`, key `<run>:charge`) of the run `run` holds
+/// with `request`, sends it and loses the answer: the call is in doubt, as a worker
+/// leaves it after a timeout. Its lease.
+pub async fn send_and_lose(
+    ledger: &flow_ledger::Ledger,
+    run: &flow_ledger::RunLease,
+    request: serde_json::Value,
+) -> Result<flow_ledger::CallLease, flow_ledger::Error> {
+    use flow_ledger::Clock as _;
+    let now = || flow_ledger::SystemClock.now();
+    let claim = flow_ledger::ClaimCall {
+        run,
+        step_id: "charge".into(),
+        tool_call_id: "charge".into(),
+        tool: "pay".into(),
+        idempotency_key: format!("{}:charge", run.run_id),
+        request_hash: flow_ledger::canonical_hash(&request),
+        request,
+        retry_failed: false,
+        lease: Duration::from_secs(3_600),
+    };
+    let flow_ledger::CallClaim::Claimed(lease) = ledger.claim_call(claim, now()).await? else {
+        panic!("run {}: its call was not new", run.run_id);
+    };
+    ledger.mark_outbound(&lease, now()).await?;
+    let report = flow_ledger::InDoubtReport {
+        requests_sent: 1,
+        message: "timed out after 30s waiting for the response".into(),
+    };
+    ledger.mark_in_doubt(&lease, report, now()).await?;
+    Ok(lease)
+}
