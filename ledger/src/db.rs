@@ -49,9 +49,20 @@ impl Pool {
                 let p = p.clone();
                 run_to_end(async move {
                     let mut tx = p.begin().await?;
-                    let v = op(&mut Conn::Postgres(&mut tx)).await?;
-                    tx.commit().await?;
-                    Ok(v)
+                    match op(&mut Conn::Postgres(&mut tx)).await {
+                        Ok(v) => {
+                            tx.commit().await?;
+                            Ok(v)
+                        }
+                        Err(e) => {
+                            // Rolled back before the answer, not when the dropped
+                            // transaction's connection is next used: until then its
+                            // row locks stay, and another claim's SKIP LOCKED passes
+                            // over a claimable run (a flake of the differential test).
+                            let _ = tx.rollback().await;
+                            Err(e)
+                        }
+                    }
                 })
                 .await
             }
