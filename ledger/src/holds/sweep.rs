@@ -8,6 +8,7 @@ use super::HoldKind;
 use crate::clock::Timestamp;
 use crate::error::Error;
 use crate::ledger::Ledger;
+
 /// What a hold's timer asks its kind's rule to do with one of its pending holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Due {

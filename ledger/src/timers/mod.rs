@@ -11,8 +11,8 @@
 //!
 //! Adding a kind of timer: a [`TimerKind`] variant, a branch of the view (both
 //! backends' migration; its `subject` names what acts, so rows that act on the same
-//! thing group into one timer), its arm
-//! in the one `match` below, and a conformance case (`ledger/tests/conformance/timers.rs`).
+//! thing group into one timer), its arm in the one `match` below, and a conformance
+//! case (the probes' is `probes::a_run_with_many_due_probes_is_one_timer_beside_a_hold`).
 //! Deadlines still kept apart (issue 50, item 3): event deliveries' `next_attempt_at`
 //! (the dispatcher's loop), schedule ticks (the scheduler's), retry `not_before` (the
 //! claim), connection refreshes and retention passes.
