@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 
 use regex::Regex;
 
+#[path = "tidy/holds.rs"]
+mod holds;
 #[path = "tidy/imports.rs"]
 mod imports;
 #[path = "tidy/layers.rs"]

@@ -3,16 +3,16 @@
 
 use serde_json::json;
 
-use super::rows::{ApprovalRow, Settling, read_row, settle, with_votes};
+use super::rows::{ApprovalRow, read_row, with_votes};
 use super::{Decide, Decided};
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
 use crate::events::{NodeRef, node_event};
+use crate::holds::{Outcome, Settle, settle};
 use crate::ledger::Ledger;
 use crate::model::Scope;
-use crate::run_states::requeue_paused;
 use crate::runs::run_for_update;
 use crate::state::ApprovalStatus;
 
@@ -81,19 +81,24 @@ impl Ledger {
                     reason: d.reason.clone(),
                 };
                 if !d.approve {
-                    let who = Settling {
-                        by: Some(d.by.as_str()),
-                        reason: d.reason.as_deref(),
-                        inputs,
-                    };
-                    if !settle(c, s, &row, ApprovalStatus::Denied, who, now).await? {
-                        return Err(Error::LeaseLost);
-                    }
                     let payload = json!({
                         "decision": super::Vote::Deny, "by": d.by, "reason": d.reason, "digest": row.digest,
                     });
-                    node_event(c, s, ids, EventType::ApprovalDecided, payload, now).await?;
-                    requeue_paused(c, s, &run, Some(&actor), now).await?;
+                    let denied = Settle {
+                        hold: row.hold(),
+                        outcome: Outcome::Approval {
+                            to: ApprovalStatus::Denied,
+                            digest: &row.digest,
+                            by: Some(d.by.as_str()),
+                            reason: d.reason.as_deref(),
+                            inputs,
+                        },
+                        event: Some((EventType::ApprovalDecided, payload)),
+                        wake: Some((&run, Some(&actor))),
+                    };
+                    if !settle(c, s, denied, now).await? {
+                        return Err(Error::LeaseLost);
+                    }
                     let row = read_row(c, s, &d.run_id, &d.node_id)
                         .await?
                         .ok_or(Error::LeaseLost)?;
@@ -118,20 +123,25 @@ impl Ledger {
                 }
                 let names = approvers;
                 let by = names.join(", ");
-                let who = Settling {
-                    by: Some(by.as_str()),
-                    reason: d.reason.as_deref(),
-                    inputs,
-                };
-                if !settle(c, s, &row, ApprovalStatus::Approved, who, now).await? {
-                    return Err(Error::LeaseLost);
-                }
                 let payload = json!({
                     "decision": super::Vote::Approve, "by": by, "reason": d.reason, "digest": row.digest,
                     "approvers": names, "inputs": d.inputs,
                 });
-                node_event(c, s, ids, EventType::ApprovalDecided, payload, now).await?;
-                requeue_paused(c, s, &run, Some(&actor), now).await?;
+                let approved = Settle {
+                    hold: row.hold(),
+                    outcome: Outcome::Approval {
+                        to: ApprovalStatus::Approved,
+                        digest: &row.digest,
+                        by: Some(by.as_str()),
+                        reason: d.reason.as_deref(),
+                        inputs,
+                    },
+                    event: Some((EventType::ApprovalDecided, payload)),
+                    wake: Some((&run, Some(&actor))),
+                };
+                if !settle(c, s, approved, now).await? {
+                    return Err(Error::LeaseLost);
+                }
                 let row = read_row(c, s, &d.run_id, &d.node_id)
                     .await?
                     .ok_or(Error::LeaseLost)?;

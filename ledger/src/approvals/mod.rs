@@ -22,10 +22,11 @@ use crate::error::Error;
 use crate::events::EventType;
 use crate::events::{NodeRef, node_event};
 use crate::fence::{Fence, live_run_fence};
+use crate::holds::{Settle, settle};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
 use crate::state::ApprovalStatus;
-use rows::{ApprovalRow, Settling, approval_cols, read_row, settle, submitter, with_votes};
+use rows::{ApprovalRow, approval_cols, read_row, submitter, with_votes};
 
 /// What a node asks approval for (the gateway, under the run's lease).
 #[derive(Debug, Clone)]
@@ -258,28 +259,25 @@ impl Ledger {
                     deadline: Timestamp(now.0.saturating_add(ask.timeout_ms)),
                     remind: ask.first_remind_ms.map(|ms| now.0.saturating_add(ms)),
                 };
-                let (run_id, ids) = (a.run_id, a.ids());
+                let run_id = a.run_id;
                 match read_row(c, s, run_id, &ask.node_id).await? {
                     None => a.insert(c, s).await?,
                     Some(row) => {
                         let status: ApprovalStatus = row.status.parse()?;
                         let changed = row.digest != ask.digest;
                         let fresh = !changed && status == ApprovalStatus::Pending;
-                        if fresh
-                            && now.0 >= row.deadline
-                            && settle(
-                                c,
-                                s,
-                                &row,
-                                ApprovalStatus::TimedOut,
-                                Settling::default(),
-                                now,
-                            )
-                            .await?
-                        {
-                            let payload = json!({ "deadline": row.deadline });
-                            let t = EventType::ApprovalTimedOut;
-                            node_event(c, s, ids, t, payload, now).await?;
+                        if fresh && now.0 >= row.deadline {
+                            // This worker holds the run: it applies the time-out itself.
+                            let timed_out = Settle {
+                                hold: row.hold(),
+                                outcome: row.outcome(ApprovalStatus::TimedOut),
+                                event: Some((
+                                    EventType::ApprovalTimedOut,
+                                    json!({ "deadline": row.deadline }),
+                                )),
+                                wake: None,
+                            };
+                            settle(c, s, timed_out, now).await?;
                         }
                         let open =
                             matches!(status, ApprovalStatus::Pending | ApprovalStatus::Approved);

@@ -1,6 +1,6 @@
 //! The approval tables' rows and the statements every approval operation shares: read
-//! a row with its votes, the one compare-and-set ([`settle`]), the node's events, and
-//! the re-queue a decision makes.
+//! a row with its votes, who submitted the run, and the row as the hold a settle moves
+//! (the compare-and-set itself is every kind's: `holds::settle`).
 
 use serde_json::Value;
 
@@ -9,6 +9,7 @@ use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
+use crate::holds::{HoldRef, Outcome};
 use crate::model::Scope;
 use crate::state::ApprovalStatus;
 
@@ -65,6 +66,26 @@ pub(super) fn parse_json(what: &str, s: &str) -> Result<Value, Error> {
 }
 
 impl ApprovalRow {
+    /// This approval as the hold a settle moves (`holds::settle`).
+    pub(super) fn hold(&self) -> HoldRef<'_> {
+        HoldRef {
+            run_id: &self.run_id,
+            step_id: &self.step_id,
+            node_id: &self.node_id,
+        }
+    }
+
+    /// This approval's request moved to `to` by nobody (its deadline, a cancel).
+    pub(super) fn outcome(&self, to: ApprovalStatus) -> Outcome<'_> {
+        Outcome::Approval {
+            to,
+            digest: &self.digest,
+            by: None,
+            reason: None,
+            inputs: None,
+        }
+    }
+
     pub(super) fn into_approval(self, votes: Vec<ApprovalVote>) -> Result<Approval, Error> {
         Ok(Approval {
             status: self.status.parse()?,
@@ -212,49 +233,4 @@ pub(super) async fn submitter(
             .ok()
             .and_then(|v| v.get("by").and_then(Value::as_str).map(str::to_owned))
     }))
-}
-
-/// Who settled an approval and what they said: empty for the deadline, a cancel or a
-/// sweep; the decider, their reason and the inputs they gave for a decision.
-#[derive(Debug, Default)]
-pub(super) struct Settling<'a> {
-    pub(super) by: Option<&'a str>,
-    pub(super) reason: Option<&'a str>,
-    /// The decider's inputs, as stored JSON text.
-    pub(super) inputs: Option<String>,
-}
-
-/// Moves a pending approval to `to` (the one compare-and-set); `false` when it was no
-/// longer pending (someone else won).
-pub(super) async fn settle(
-    c: &mut Conn<'_>,
-    s: &Scope,
-    row: &ApprovalRow,
-    to: ApprovalStatus,
-    who: Settling<'_>,
-    now: Timestamp,
-) -> Result<bool, Error> {
-    let Settling { by, reason, inputs } = who;
-    let n = c
-        .execute(
-            "UPDATE approvals SET status = $5, decided_at = $6, decided_by = $7, reason = $8,
-                inputs = $9, next_remind_at = NULL
-             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND node_id = $4
-               AND status = $10 AND digest = $11",
-            args![
-                &s.tenant,
-                &s.workspace,
-                &row.run_id,
-                &row.node_id,
-                to.as_str(),
-                now,
-                by,
-                reason,
-                inputs,
-                ApprovalStatus::Pending.as_str(),
-                &row.digest
-            ],
-        )
-        .await?;
-    Ok(n == 1)
 }

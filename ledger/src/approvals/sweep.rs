@@ -3,17 +3,16 @@
 
 use serde_json::{Value, json};
 
-use super::rows::{ApprovalRow, Settling, parse_json, read_row, settle};
+use super::rows::{ApprovalRow, parse_json, read_row};
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
 use crate::events::{NodeRef, node_event};
-use crate::holds::Due;
+use crate::holds::{Due, Settle, settle};
 use crate::ledger::Ledger;
 use crate::model::Scope;
 use crate::rows::RunRow;
-use crate::run_states::requeue_paused;
 use crate::runs::run_for_update;
 use crate::state::ApprovalStatus;
 
@@ -51,8 +50,13 @@ impl Ledger {
                 };
                 match due {
                     Due::Cancelled => {
-                        let to = ApprovalStatus::Cancelled;
-                        settle(c, s, &row, to, Settling::default(), now).await
+                        let cancelled = Settle {
+                            hold: row.hold(),
+                            outcome: row.outcome(ApprovalStatus::Cancelled),
+                            event: None,
+                            wake: None,
+                        };
+                        settle(c, s, cancelled, now).await
                     }
                     Due::TimedOut => time_out(c, s, &run, &row, now).await,
                     Due::Remind => {
@@ -103,25 +107,14 @@ pub(super) async fn time_out(
     row: &ApprovalRow,
     now: Timestamp,
 ) -> Result<bool, Error> {
-    if !settle(
-        c,
-        s,
-        row,
-        ApprovalStatus::TimedOut,
-        Settling::default(),
-        now,
-    )
-    .await?
-    {
-        return Ok(false);
-    }
-    let ids = NodeRef {
-        run_id: row.run_id.as_str(),
-        step_id: row.step_id.as_str(),
-        node_id: row.node_id.as_str(),
+    let timed_out = Settle {
+        hold: row.hold(),
+        outcome: row.outcome(ApprovalStatus::TimedOut),
+        event: Some((
+            EventType::ApprovalTimedOut,
+            json!({ "deadline": row.deadline }),
+        )),
+        wake: Some((run, None)),
     };
-    let payload = json!({ "deadline": row.deadline });
-    node_event(c, s, ids, EventType::ApprovalTimedOut, payload, now).await?;
-    requeue_paused(c, s, run, None, now).await?;
-    Ok(true)
+    settle(c, s, timed_out, now).await
 }

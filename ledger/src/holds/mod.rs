@@ -7,14 +7,18 @@
 //!
 //! A pending hold's deadline, reminder, or orphaning (its run or step ended) is a timer
 //! (`timers/`): the daemons' one watcher finds the due ones over every kind at once, and
-//! each kind's rule (`sweep.rs`) settles its own by its one compare-and-set.
+//! each kind's rule (`sweep.rs`) settles its own through the one settle.
+//!
+//! Every settle of every kind goes through `settle` (`settle.rs`): the kind's
+//! compare-and-set, then the node's event and the paused run's wake-up, once.
 //!
 //! Adding a kind of hold: a [`HoldKind`] variant, its status mapping (`HoldStatus::of_*`),
-//! a branch of the view (both backends' migration, and of the `timers` view when it has a
-//! deadline), its rule in `sweep.rs`'s one `match`,
-//! and the conformance case that checks the view and the kind agree
+//! its `Outcome` and compare-and-set in `settle.rs`, a branch of the view (both
+//! backends' migration; the `timers` view reads it), its rule in `sweep.rs`'s one
+//! `match`, and the conformance case that checks the view and the kind agree
 //! (`ledger/tests/conformance/holds.rs`).
 
+mod settle;
 mod sweep;
 
 use std::{fmt, str::FromStr};
@@ -29,6 +33,7 @@ use crate::model::{RunLease, Scope};
 use crate::runs::held_for_update;
 use crate::state::{ApprovalStatus, RunStatus, StepStatus, WaitKind, WaitStatus};
 
+pub(crate) use settle::{HoldRef, Outcome, Settle, settle};
 pub(crate) use sweep::{Due, DueHold};
 pub use sweep::{SweptHold, SweptHolds};
 

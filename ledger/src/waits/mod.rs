@@ -2,8 +2,8 @@
 //! waits for a published event its `match` accepts; a node with `callback:` sends its
 //! call through the gateway as any other and then waits for its callback token.
 //!
-//! One row per (run, node) moves from `pending` by one compare-and-set
-//! ([`rows::settle`]): an event, a callback, the deadline and a cancel race there and
+//! One row per (run, node) moves from `pending` by every hold's one settle
+//! (`holds::settle`): an event, a callback, the deadline and a cancel race there and
 //! exactly one wins. The row is written before the call is rendered (a callback's token
 //! is minted with it), so a callback that comes back before the call's response was
 //! recorded is kept, and applied once the call is.
@@ -21,10 +21,11 @@ use crate::error::Error;
 use crate::events::EventType;
 use crate::events::{NodeRef, node_event};
 use crate::fence::{Fence, live_run_fence};
+use crate::holds::{Outcome, Settle, settle};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
 use crate::state::{WaitKind, WaitStatus};
-use rows::{read_row, settle, wait_cols};
+use rows::{read_row, wait_cols};
 
 pub use publish::{MAX_CANDIDATES, Published, PublishedEvent};
 pub use settle::CallbackReply;
@@ -157,25 +158,18 @@ impl Ledger {
                 match row {
                     Some(row) if row.step_id == begin.step_id => {
                         let status: WaitStatus = row.status.parse()?;
-                        if status == WaitStatus::Pending
-                            && now.0 >= row.deadline
-                            && settle(
-                                c,
-                                s,
-                                &row,
-                                WaitStatus::TimedOut,
-                                rows::Settled::by("deadline"),
-                                now,
-                            )
-                            .await?
-                        {
-                            let ids = NodeRef {
-                                run_id,
-                                step_id: row.step_id.as_str(),
-                                node_id: row.node_id.as_str(),
+                        if status == WaitStatus::Pending && now.0 >= row.deadline {
+                            // This worker holds the run: it applies the time-out itself.
+                            let timed_out = Settle {
+                                hold: row.hold(),
+                                outcome: Outcome::wait(WaitStatus::TimedOut, "deadline"),
+                                event: Some((
+                                    EventType::WaitTimedOut,
+                                    json!({ "deadline": row.deadline }),
+                                )),
+                                wake: None,
                             };
-                            let payload = json!({ "deadline": row.deadline });
-                            node_event(c, s, ids, EventType::WaitTimedOut, payload, now).await?;
+                            settle(c, s, timed_out, now).await?;
                         }
                     }
                     existing => begin_row(c, s, run_id, &begin, existing.is_some(), now).await?,

@@ -1,5 +1,6 @@
 //! The waits table's row and the statements every wait operation shares: read a row,
-//! the one compare-and-set ([`settle`]) and the node's events.
+//! and the row as the hold a settle moves (the compare-and-set itself is every kind's:
+//! `holds::settle`).
 
 use serde_json::Value;
 
@@ -7,8 +8,8 @@ use super::Wait;
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
+use crate::holds::HoldRef;
 use crate::model::Scope;
-use crate::state::WaitStatus;
 
 #[derive(Debug, sqlx::FromRow)]
 pub(super) struct WaitRow {
@@ -46,6 +47,15 @@ macro_rules! wait_cols {
 pub(super) use wait_cols;
 
 impl WaitRow {
+    /// This wait as the hold a settle moves (`holds::settle`).
+    pub(super) fn hold(&self) -> HoldRef<'_> {
+        HoldRef {
+            run_id: &self.run_id,
+            step_id: &self.step_id,
+            node_id: &self.node_id,
+        }
+    }
+
     pub(super) fn into_wait(self) -> Result<Wait, Error> {
         let output = match self.output.as_deref() {
             None => None,
@@ -98,57 +108,4 @@ pub(super) async fn read_row(
         args![&s.tenant, &s.workspace, run_id, node_id],
     )
     .await
-}
-
-/// What settles a wait besides its new status.
-#[derive(Debug, Default)]
-pub(super) struct Settled {
-    pub(super) by: Option<String>,
-    pub(super) event_id: Option<String>,
-    pub(super) output: Option<String>,
-    pub(super) error: Option<String>,
-}
-
-impl Settled {
-    pub(super) fn by(by: &str) -> Self {
-        Self {
-            by: Some(by.to_owned()),
-            ..Self::default()
-        }
-    }
-}
-
-/// Moves a pending wait of `row`'s step to `to` (the one compare-and-set); `false` when
-/// it was no longer pending (someone else won).
-pub(super) async fn settle(
-    c: &mut Conn<'_>,
-    s: &Scope,
-    row: &WaitRow,
-    to: WaitStatus,
-    how: Settled,
-    now: Timestamp,
-) -> Result<bool, Error> {
-    let n = c
-        .execute(
-            "UPDATE waits SET status = $5, settled_at = $6, settled_by = $7, event_id = $8,
-                output = $9, error = $10
-             WHERE tenant = $1 AND workspace = $2 AND run_id = $3 AND node_id = $4
-               AND status = $11 AND step_id = $12",
-            args![
-                &s.tenant,
-                &s.workspace,
-                &row.run_id,
-                &row.node_id,
-                to.as_str(),
-                now,
-                how.by,
-                how.event_id,
-                how.output,
-                how.error,
-                WaitStatus::Pending.as_str(),
-                &row.step_id
-            ],
-        )
-        .await?;
-    Ok(n == 1)
 }

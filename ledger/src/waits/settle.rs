@@ -5,17 +5,15 @@ use serde_json::{Value, json};
 
 use super::PublishedEvent;
 use super::Wait;
-use super::rows::{Settled, WaitRow, read_row, settle, wait_cols};
+use super::rows::{WaitRow, read_row, wait_cols};
 use crate::clock::Timestamp;
 use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::events::EventType;
-use crate::events::{NodeRef, node_event};
 use crate::fence::{Fence, live_run_fence};
-use crate::holds::Due;
+use crate::holds::{Due, Outcome, Settle, settle};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
-use crate::run_states::requeue_paused;
 use crate::runs::run_for_update;
 use crate::state::WaitStatus;
 
@@ -69,21 +67,23 @@ impl Ledger {
                     .ok_or_else(|| Error::NotFound {
                         what: format!("wait of run {} node {node_id}", lease.run_id),
                     })?;
-                let how = Settled {
-                    by: Some("event".into()),
-                    event_id: Some(event_id.clone()),
-                    output: Some(output),
-                    error: None,
+                let completed = Settle {
+                    hold: row.hold(),
+                    outcome: Outcome::Wait {
+                        to: WaitStatus::Completed,
+                        by: "event",
+                        event_id: Some(event_id.clone()),
+                        output: Some(output),
+                        error: None,
+                    },
+                    event: Some((
+                        EventType::WaitCompleted,
+                        json!({ "kind": "event", "event_id": event_id, "event": name }),
+                    )),
+                    // This worker holds the run: it applies the event itself.
+                    wake: None,
                 };
-                if settle(c, s, &row, WaitStatus::Completed, how, now).await? {
-                    let ids = NodeRef {
-                        run_id: lease.run_id.as_str(),
-                        step_id: row.step_id.as_str(),
-                        node_id: node_id.as_str(),
-                    };
-                    let payload = json!({ "kind": "event", "event_id": event_id, "event": name });
-                    node_event(c, s, ids, EventType::WaitCompleted, payload, now).await?;
-                }
+                settle(c, s, completed, now).await?;
                 read_row(c, s, &lease.run_id, &node_id)
                     .await?
                     .ok_or(Error::LeaseLost)?
@@ -116,28 +116,27 @@ impl Ledger {
             Box::pin(async move {
                 let s = ledger.scope();
                 let (run, row) = live_token(c, s, &token_hash, now).await?;
-                let (to, by) = if reply.ok {
-                    (WaitStatus::Completed, "callback")
+                let to = if reply.ok {
+                    WaitStatus::Completed
                 } else {
-                    (WaitStatus::Failed, "callback")
-                };
-                let how = Settled {
-                    by: Some(by.into()),
-                    event_id: None,
-                    output: if reply.ok { output } else { None },
-                    error: if reply.ok { None } else { reply.error.clone() },
-                };
-                if !settle(c, s, &row, to, how, now).await? {
-                    return Err(not_found());
-                }
-                let ids = NodeRef {
-                    run_id: row.run_id.as_str(),
-                    step_id: row.step_id.as_str(),
-                    node_id: row.node_id.as_str(),
+                    WaitStatus::Failed
                 };
                 let payload = json!({ "kind": "callback", "ok": reply.ok, "error": reply.error });
-                node_event(c, s, ids, EventType::WaitCompleted, payload, now).await?;
-                requeue_paused(c, s, &run, None, now).await?;
+                let answered = Settle {
+                    hold: row.hold(),
+                    outcome: Outcome::Wait {
+                        to,
+                        by: "callback",
+                        event_id: None,
+                        output: if reply.ok { output } else { None },
+                        error: if reply.ok { None } else { reply.error.clone() },
+                    },
+                    event: Some((EventType::WaitCompleted, payload)),
+                    wake: Some((&run, None)),
+                };
+                if !settle(c, s, answered, now).await? {
+                    return Err(not_found());
+                }
                 read_row(c, s, &row.run_id, &row.node_id)
                     .await?
                     .ok_or_else(not_found)?
@@ -236,18 +235,18 @@ impl Ledger {
                 if row.status != WaitStatus::Pending.as_str() || !due {
                     return Ok(false);
                 }
-                if !settle(c, s, &row, to, Settled::by("sweep"), now).await? {
-                    return Ok(false);
-                }
-                if to == WaitStatus::TimedOut {
-                    let ids = NodeRef {
-                        run_id: run_id.as_str(),
-                        step_id: row.step_id.as_str(),
-                        node_id: node_id.as_str(),
-                    };
+                let event = (to == WaitStatus::TimedOut).then(|| {
                     let payload = json!({ "deadline": row.deadline, "kind": row.kind });
-                    node_event(c, s, ids, EventType::WaitTimedOut, payload, now).await?;
-                    requeue_paused(c, s, &run, None, now).await?;
+                    (EventType::WaitTimedOut, payload)
+                });
+                let due = Settle {
+                    hold: row.hold(),
+                    outcome: Outcome::wait(to, "sweep"),
+                    wake: event.as_ref().map(|_| (&run, None)),
+                    event,
+                };
+                if !settle(c, s, due, now).await? {
+                    return Ok(false);
                 }
                 Ok(true)
             })
