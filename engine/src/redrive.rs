@@ -7,8 +7,18 @@
 //! (a new key), their succeeded calls are replayed from the ledger (never re-sent), and
 //! their pure nodes and conditions are evaluated again. Nodes that never started need
 //! nothing: they run once their parents settle.
+//!
+//! A `for_each` node run again keeps its items' keys: each item whose latest attempt
+//! failed or was cancelled gets its next attempt (`node[<key>]_retry<n>`, a new effect
+//! attempt as a node's retry is), items never started start as they would have, and
+//! succeeded items are replayed — so a redrive of a fan-out that failed on one item
+//! sends the failed and the never-sent items once and the others not at all.
 
-use flow_ledger::{Actor, Ledger, Redriven, StepStatus, Timestamp};
+use std::collections::BTreeMap;
+
+use flow_ledger::{Actor, Ledger, NewStep, Redriven, Step, StepStatus, Timestamp};
+
+use crate::item_id::{item_key, item_step_id};
 
 /// Why a run could not be redriven.
 #[derive(Debug, thiserror::Error)]
@@ -19,17 +29,6 @@ pub enum Error {
         /// The run.
         run: String,
         /// The node asked for.
-        node: String,
-    },
-    /// A node to run again has `for_each:`: its items cannot be redriven yet (a new run
-    /// re-sends nothing its items already sent only under other keys, so say so).
-    #[error(
-        "run `{run}`: node `{node}` has `for_each:`, which cannot be redriven yet; resolve or start a new run"
-    )]
-    ForEach {
-        /// The run.
-        run: String,
-        /// The node.
         node: String,
     },
     /// A node to run again is a sub-workflow (`workflow:`): a new attempt would start a
@@ -104,16 +103,6 @@ pub async fn redrive(
     if let Some(&i) = plan
         .order()
         .iter()
-        .find(|&&i| chosen[i] && wf.nodes[i].for_each.is_some())
-    {
-        return Err(Error::ForEach {
-            run: run_id.to_string(),
-            node: wf.nodes[i].id.clone(),
-        });
-    }
-    if let Some(&i) = plan
-        .order()
-        .iter()
         .find(|&&i| chosen[i] && wf.nodes[i].child().is_some())
     {
         return Err(Error::Child {
@@ -121,11 +110,50 @@ pub async fn redrive(
             node: wf.nodes[i].id.clone(),
         });
     }
-    let nodes = plan
+    let nodes: Vec<String> = plan
         .order()
         .iter()
         .filter(|&&i| chosen[i])
         .map(|&i| wf.nodes[i].id.clone())
         .collect();
-    Ok(ledger.redrive_run(run_id, nodes, Some(actor), now).await?)
+    let items = nodes
+        .iter()
+        .filter(|n| {
+            wf.position(n)
+                .is_some_and(|i| wf.nodes[i].for_each.is_some())
+        })
+        .flat_map(|n| items_again(n, &steps, now))
+        .collect();
+    let again = flow_ledger::Redrive { nodes, items };
+    Ok(ledger.redrive_run(run_id, again, Some(actor), now).await?)
+}
+
+/// The next attempt of each item of `for_each` node `node` whose latest attempt failed
+/// or was cancelled, in key order: pending, due `now`, keeping the item's key (its step
+/// and call are named by it). Items with no step start as new ones; succeeded and
+/// skipped items are left to replay.
+fn items_again(node: &str, steps: &[Step], now: Timestamp) -> Vec<NewStep> {
+    let mut latest: BTreeMap<&str, &Step> = BTreeMap::new();
+    for s in steps.iter().filter(|s| s.node_id == node) {
+        if let Some(key) = item_key(node, &s.step_id, s.retry) {
+            let l = latest.entry(key).or_insert(s);
+            if s.retry > l.retry {
+                *l = s;
+            }
+        }
+    }
+    latest
+        .into_iter()
+        .filter(|(_, s)| matches!(s.status, StepStatus::Failed | StepStatus::Cancelled))
+        .map(|(key, s)| {
+            let retry = s.retry.saturating_add(1);
+            NewStep {
+                step_id: item_step_id(node, key, retry),
+                node_id: node.to_string(),
+                retry,
+                not_before: Some(now),
+                status: StepStatus::Pending,
+            }
+        })
+        .collect()
 }

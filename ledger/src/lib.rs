@@ -167,7 +167,7 @@ pub use model::{
 pub use operator::{InDoubtFilter, MAX_BATCH};
 pub use probes::{NewProbe, Probe, ProbeDecision, ProbeObserved, ProbeSchedule, RecordedProbe};
 pub use pure::{PureBatchRecorded, PureCall, PureRecorded, PureResult};
-pub use redrive::Redriven;
+pub use redrive::{Redrive, Redriven};
 pub use retention::{Candidate, Deleted, Kept, RunGc, Sweep, Tombstone, key_hash};
 pub use runs::MAX_CLAIM;
 pub use schedules::{

@@ -20,13 +20,28 @@ use crate::runs::run_for_update;
 use crate::state::{ApprovalStatus, CallStatus, RunStatus, RunTransition, StepStatus};
 use crate::steps::create_step_in;
 
+/// What a redrive runs again (the engine chooses from the run's workflow: `flow
+/// redrive`'s rule).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Redrive {
+    /// Nodes, in the order to run: each that has a step gets its next one
+    /// (`<node>_retry<n+1>`), after its latest own step (items' steps aside).
+    pub nodes: Vec<String>,
+    /// The next attempts of `for_each` items (`node[<key>]_retry<n>`, pending), one per
+    /// item whose latest attempt failed or was cancelled; each item's node is among
+    /// `nodes`. The item keeps its key, so its succeeded siblings replay.
+    pub items: Vec<NewStep>,
+}
+
 /// What a redrive did: the run, back on the queue, and the steps it created.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Redriven {
     /// The run after the change (`queued`).
     pub run: Run,
-    /// The new steps, `(node, step id)`, in the order asked.
+    /// The nodes' new steps, `(node, step id)`, in the order asked.
     pub steps: Vec<(String, String)>,
+    /// The `for_each` items' new steps (step ids), in the order asked.
+    pub items: Vec<String>,
     /// The approvals that will be asked again (node ids, `node[<key>]` for an item):
     /// a decision taken for the failed attempt does not carry over to a redrive.
     pub approvals_asked_again: Vec<String>,
@@ -53,9 +68,11 @@ async fn latest_steps(
         .await?;
     let mut out = Vec::new();
     for node in nodes {
+        // An item's step (`node[<key>]…`) is not the node's own.
+        let item = format!("{node}[");
         let latest = rows
             .iter()
-            .filter(|r| &r.node_id == node)
+            .filter(|r| &r.node_id == node && !r.step_id.starts_with(&item))
             .max_by_key(|r| r.retry)
             .cloned();
         out.extend(latest);
@@ -64,8 +81,8 @@ async fn latest_steps(
 }
 
 impl Ledger {
-    /// Redrives failed run `run_id`: each of `nodes` that has a step gets a new pending
-    /// step due `now`, the run is re-queued (its error and end time cleared) and
+    /// Redrives failed run `run_id`: each of `again.nodes` that has a step gets a new
+    /// pending step due `now`, and so does each of `again.items`; the run is re-queued (its error and end time cleared) and
     /// `run.redriven` records `actor`. Refused: an unknown run (`NotFound`), a run that
     /// is not failed (`Terminal` for a succeeded or cancelled one, `InvalidTransition`
     /// otherwise), a call of the run in doubt (`InDoubt`), or no node with a step to
@@ -73,7 +90,7 @@ impl Ledger {
     pub async fn redrive_run(
         &self,
         run_id: &str,
-        nodes: Vec<String>,
+        again: Redrive,
         actor: Option<Actor>,
         now: Timestamp,
     ) -> Result<Redriven, Error> {
@@ -87,6 +104,7 @@ impl Ledger {
                 if let Some(since) = first_in_doubt(c, &ledger, &run_id).await? {
                     return Err(Error::InDoubt { since });
                 }
+                let Redrive { nodes, items } = again;
                 let latest = latest_steps(c, &ledger, &run_id, &nodes).await?;
                 if latest.is_empty() {
                     return Err(Error::InvalidTransition {
@@ -108,11 +126,24 @@ impl Ledger {
                     create_step_in(c, &ledger, &run_id, &step, now).await?;
                     steps.push((step.node_id, step.step_id));
                 }
+                let mut items_again = Vec::with_capacity(items.len());
+                for item in items {
+                    if !nodes.contains(&item.node_id) {
+                        return Err(Error::InvalidTransition {
+                            what: "step",
+                            from: format!("item {} of a node not run again", item.step_id),
+                            to: StepStatus::Pending.as_str().into(),
+                        });
+                    }
+                    create_step_in(c, &ledger, &run_id, &item, now).await?;
+                    items_again.push(item.step_id);
+                }
                 let asked_again = ask_again(c, &ledger, &run_id, &latest, now).await?;
                 let row = requeue_failed(c, &ledger, &row, to, now).await?;
                 let payload = json!({
                     "nodes": steps.iter().map(|(n, _)| n).collect::<Vec<_>>(),
                     "steps": steps.iter().map(|(_, s)| s).collect::<Vec<_>>(),
+                    "items_run_again": items_again.len(),
                     "approvals_asked_again": &asked_again,
                 });
                 emit(
@@ -130,6 +161,7 @@ impl Ledger {
                 Ok(Redriven {
                     run: row.into_run()?,
                     steps,
+                    items: items_again,
                     approvals_asked_again: asked_again,
                 })
             })

@@ -25,6 +25,7 @@ mod follow_up;
 mod for_each;
 mod for_each_approvals;
 mod for_each_crash;
+mod for_each_redrive;
 mod gateway;
 mod limits;
 mod meta;

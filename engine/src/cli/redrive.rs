@@ -45,13 +45,18 @@ pub(crate) async fn redrive(
         .map_err(|e| refused(&args.run, e))?;
     let steps: Vec<&str> = done.steps.iter().map(|(_, s)| s.as_str()).collect();
     let _ = writeln!(stdout, "{} {}", done.run.id, done.run.status);
+    let items = match done.items.len() {
+        0 => String::new(),
+        1 => format!(" and 1 item as {}", done.items[0]),
+        n => format!(" and {n} items as {}", ellipsis(&done.items, 5)),
+    };
     let asked = match done.approvals_asked_again.as_slice() {
         [] => String::new(),
         nodes => format!(" (approval asked again: {})", nodes.join(", ")),
     };
     let _ = writeln!(
         stderr,
-        "run {} redriven: {} run again as {}{asked}; continue with `{} resume {}` or let a daemon take it",
+        "run {} redriven: {} run again as {}{items}{asked}; continue with `{} resume {}` or let a daemon take it",
         done.run.id,
         done.steps.len(),
         steps.join(", "),
@@ -59,6 +64,15 @@ pub(crate) async fn redrive(
         done.run.id,
     );
     Ok(exit::OK)
+}
+
+/// The first `n` of `ids` joined, and how many more.
+fn ellipsis(ids: &[String], n: usize) -> String {
+    let shown = ids.iter().take(n).cloned().collect::<Vec<_>>().join(", ");
+    match ids.len().saturating_sub(n) {
+        0 => shown,
+        more => format!("{shown} … ({more} more)"),
+    }
 }
 
 /// A refused redrive as the command line reports it: the user's mistake (exit 2) or the
@@ -76,9 +90,9 @@ fn refused(run: &str, e: redrive::Error) -> Error {
         redrive::Error::Ledger(e @ E::InvalidTransition { .. }) => {
             Error::invalid(format!("cannot redrive run {run}: {e}"))
         }
-        e @ (redrive::Error::UnknownNode { .. }
-        | redrive::Error::ForEach { .. }
-        | redrive::Error::Child { .. }) => Error::invalid(e.to_string()),
+        e @ (redrive::Error::UnknownNode { .. } | redrive::Error::Child { .. }) => {
+            Error::invalid(e.to_string())
+        }
         e => Error::unavailable(format!("cannot redrive run {run}: {e}")),
     }
 }

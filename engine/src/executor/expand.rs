@@ -18,7 +18,7 @@ use super::node::Fan;
 use super::node::NodeState;
 use super::progress::StepEvent;
 use super::scope::{RunScope, StepAt, lease_err, reads_opaquely};
-use super::state::RunState;
+use super::state::{OwnStep, RunState};
 use crate::gateway::{self, StepOrigin};
 use crate::item_id::item_step_id;
 use crate::workflow::expr;
@@ -49,11 +49,12 @@ impl RunScope<'_> {
         // Every input: the list is evaluated once per expansion, and what an expression
         // reads through a slice or a filter is not always listed by its references.
         let ctx = self.context_reading(st, node, &reads);
+        let own = own_step(st, node, &decl.id);
         let at = StepAt {
             node,
-            step_id: &decl.id,
-            retry: 0,
-            origin: own_origin(st, node),
+            step_id: &own.step_id,
+            retry: own.retry,
+            origin: own.origin,
             item: None,
         };
         if let Some(cond) = &decl.condition {
@@ -142,28 +143,29 @@ impl RunScope<'_> {
         let decl = &self.wf.nodes[node];
         let now = self.gateway.now();
         let wrap = |e| lease_err(e, self.lease());
+        let own = own_step(st, node, &decl.id);
         let step = NewStep {
-            step_id: decl.id.clone(),
+            step_id: own.step_id.clone(),
             node_id: decl.id.clone(),
-            retry: 0,
+            retry: own.retry,
             not_before: None,
             status: StepStatus::Running,
         };
         self.writer
-            .open_step(own_origin(st, node), step, now)
+            .open_step(own.origin, step, now)
             .await
             .map_err(wrap)?;
         let error = match &failure {
             Some(message) => {
                 self.writer
-                    .fail_step(&decl.id, ErrorKind::Permanent, message.clone(), now)
+                    .fail_step(&own.step_id, ErrorKind::Permanent, message.clone(), now)
                     .await
                     .map_err(wrap)?;
                 Some(message.as_str())
             }
             None => {
                 let finish = StepFinish {
-                    step_id: decl.id.clone(),
+                    step_id: own.step_id.clone(),
                     status: StepStatus::Succeeded,
                     output: Some(summary.clone()),
                     error: None,
@@ -217,14 +219,15 @@ impl RunScope<'_> {
     }
 }
 
-/// Where a `for_each` node's own step row stands: none yet, or left unfinished by an
-/// execution that stopped while the node closed.
-fn own_origin(st: &RunState, node: usize) -> StepOrigin {
-    if st.reopened.contains(&node) {
-        StepOrigin::Running
-    } else {
-        StepOrigin::New
-    }
+/// A `for_each` node's own step row: none yet (`node`, created as it closes), or the
+/// one it reopened (left unfinished by an execution that stopped while the node
+/// closed, or a redrive's next attempt).
+fn own_step(st: &RunState, node: usize, id: &str) -> OwnStep {
+    st.reopened.get(&node).cloned().unwrap_or_else(|| OwnStep {
+        step_id: id.to_string(),
+        retry: 0,
+        origin: StepOrigin::New,
+    })
 }
 
 /// A list merged with what an earlier execution stored and started.

@@ -7,6 +7,7 @@ use flow_ledger::{ErrorKind, Step, StepStatus, Timestamp};
 use serde_json::Value as Json;
 
 use super::node::NodeState;
+use crate::gateway::StepOrigin;
 use crate::item_id::item_key;
 use crate::workflow::ValidWorkflow;
 
@@ -19,15 +20,26 @@ pub(super) struct RunState {
     /// `for_each` nodes recorded as succeeded, whose output (every item's) is rebuilt
     /// from their items before the run goes on.
     pub(super) rebuild: Vec<usize>,
-    /// `for_each` nodes whose own step row exists but did not end (a crash between
-    /// its start and its end as the node closed): the list is evaluated again and the
-    /// node closes on that row.
-    pub(super) reopened: std::collections::HashSet<usize>,
+    /// `for_each` nodes whose own step row exists but did not end — a crash between
+    /// its start and its end as the node closed, or a redrive's next attempt — with
+    /// that row: the list is evaluated again and the node closes on it.
+    pub(super) reopened: HashMap<usize, OwnStep>,
     /// When each node's first attempt started: its deadline counts from there.
     pub(super) first_started: HashMap<usize, Timestamp>,
     /// What a node's approval gives its dependents (`{"inputs": …}`), read from the
     /// ledger when a dependent that reads it starts.
     pub(super) approvals: HashMap<usize, Json>,
+}
+
+/// A `for_each` node's own step row: the one it closes on.
+#[derive(Debug, Clone)]
+pub(super) struct OwnStep {
+    /// `node`, or `node_retry<n>` after a redrive.
+    pub(super) step_id: String,
+    /// Its retry number.
+    pub(super) retry: u32,
+    /// Where the row stands: none yet, pending (a redrive's), or left running.
+    pub(super) origin: StepOrigin,
 }
 
 impl RunState {
@@ -62,18 +74,27 @@ impl RunState {
             Some(s) => state_of(s),
         });
         let mut nodes: Vec<NodeState> = nodes.collect();
-        let mut reopened = std::collections::HashSet::new();
+        let mut reopened = HashMap::new();
         for (i, n) in nodes.iter_mut().enumerate() {
-            let unfinished = matches!(
-                n,
-                NodeState::Interrupted { .. }
-                    | NodeState::Pending { .. }
-                    | NodeState::Deferred { .. }
-            );
-            if wf.nodes[i].for_each.is_some() && unfinished {
-                *n = NodeState::NotStarted;
-                reopened.insert(i);
+            if wf.nodes[i].for_each.is_none() {
+                continue;
             }
+            let own = match n {
+                NodeState::Interrupted { step_id, retry }
+                | NodeState::Deferred { step_id, retry, .. } => OwnStep {
+                    step_id: step_id.clone(),
+                    retry: *retry,
+                    origin: StepOrigin::Running,
+                },
+                NodeState::Pending { step_id, retry, .. } => OwnStep {
+                    step_id: step_id.clone(),
+                    retry: *retry,
+                    origin: StepOrigin::Pending,
+                },
+                _ => continue,
+            };
+            *n = NodeState::NotStarted;
+            reopened.insert(i, own);
         }
         let rebuild = (0..nodes.len())
             .filter(|&i| {

@@ -273,7 +273,7 @@ pub(crate) async fn redrive_run(
             )),
             R::Ledger(e) => refused(&e, id, "redrive"),
             e @ R::UnknownNode { .. } => Problem::not_found(e.to_string()),
-            e @ (R::ForEach { .. } | R::Child { .. }) => Problem::conflict(e.to_string()),
+            e @ R::Child { .. } => Problem::conflict(e.to_string()),
             e @ R::Snapshot { .. } => Problem::ledger(&flow_ledger::Error::Corrupt {
                 what: e.to_string(),
             }),

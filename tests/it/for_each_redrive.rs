@@ -1,0 +1,117 @@
+//! A failed fan-out redriven (issue 54's incident: one bad item of 300, the rest never
+//! sent): the failed and never-sent items go out once, under the keys they always had,
+//! and the items that succeeded are not sent again — counted per key at the downstream,
+//! on both backends.
+
+use flow_adapters::testkit::http::{Behavior, CountingServer};
+use serde_json::{Value, json};
+
+use crate::support::{TestDb, backends, output, run_id, runtime, stderr};
+
+const ITEMS: usize = 300;
+/// The item whose mail service refuses it (a 400: failed, not in doubt).
+const BAD: &str = "c150";
+
+fn workflow(url: &str) -> String {
+    format!(
+        r#"name: fanout
+inputs:
+  customers: {{ type: array, required: true }}
+tools:
+  post: {{ kind: http, method: POST, url: "{url}/mail/${{{{ with.id }}}}", timeout: 5s }}
+nodes:
+  notify:
+    for_each:
+      items: "${{{{ inputs.customers }}}}"
+      key: "${{{{ item.id }}}}"
+      concurrency: 4
+    tool: post
+    with: {{ id: "${{{{ item.id }}}}" }}
+"#
+    )
+}
+
+#[test]
+fn a_failed_fan_out_redriven_sends_the_failed_and_never_sent_items_once() {
+    let rt = runtime();
+    for backend in backends() {
+        let server = rt.block_on(CountingServer::start()).expect("server");
+        server.set(&format!("/mail/{BAD}"), Behavior::status(400));
+        let db = TestDb::new(backend);
+        let ids: Vec<String> = (0..ITEMS).map(|i| format!("c{i:03}")).collect();
+        let file = db.write("w.yaml", &workflow(&server.url()));
+        let list: Vec<Value> = ids.iter().map(|id| json!({ "id": id })).collect();
+        let inputs = db.write("in.json", &json!({ "customers": list }).to_string());
+        let failed = output(
+            db.flow()
+                .arg("run")
+                .arg(&file)
+                .arg("--inputs-file")
+                .arg(&inputs),
+        );
+        assert_eq!(
+            failed.status.code(),
+            Some(1),
+            "{backend:?}: {}",
+            stderr(&failed)
+        );
+        let run = run_id(&failed);
+        let key = |id: &str, attempt: u32| format!("{run}:notify[{id}]:{attempt}");
+        // What went out before the failure: the items in list order up to the bad
+        // one and those in flight beside it; the rest never left.
+        let sent: Vec<&String> = ids
+            .iter()
+            .filter(|id| server.count(&key(id, 1)) == 1)
+            .collect();
+        let never: Vec<&String> = ids
+            .iter()
+            .filter(|id| server.count(&key(id, 1)) == 0)
+            .collect();
+        assert!(
+            sent.len() > 100 && !never.is_empty(),
+            "{backend:?}: {} sent",
+            sent.len()
+        );
+        assert_eq!(
+            sent.len() + never.len(),
+            ITEMS,
+            "{backend:?}: no key sent twice"
+        );
+
+        server.set(&format!("/mail/{BAD}"), Behavior::status(200));
+        let before = server.total();
+        let redrive = output(db.flow().args(["redrive", &run]));
+        assert_eq!(
+            redrive.status.code(),
+            Some(0),
+            "{backend:?}: {}",
+            stderr(&redrive)
+        );
+        let resumed = output(db.flow().args(["resume", &run]));
+        assert_eq!(
+            resumed.status.code(),
+            Some(0),
+            "{backend:?}: {}",
+            stderr(&resumed)
+        );
+
+        assert_eq!(server.count(&key(BAD, 1)), 1, "{backend:?}");
+        assert_eq!(
+            server.count(&key(BAD, 2)),
+            1,
+            "{backend:?}: the failed item, once more"
+        );
+        for id in sent.iter().filter(|id| id.as_str() != BAD) {
+            assert_eq!(server.count(&key(id, 1)), 1, "{backend:?}: {id} replayed");
+            assert_eq!(server.count(&key(id, 2)), 0, "{backend:?}: {id} replayed");
+        }
+        for id in &never {
+            assert_eq!(server.count(&key(id, 1)), 1, "{backend:?}: {id} sent once");
+        }
+        assert_eq!(
+            server.total() - before,
+            u32::try_from(never.len() + 1).expect("count"),
+            "{backend:?}: the bad item and the never-sent ones, nothing else"
+        );
+    }
+}
