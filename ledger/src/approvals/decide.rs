@@ -227,7 +227,7 @@ async fn timed_out(
     if status != ApprovalStatus::Pending || now < deadline {
         return Ok(None);
     }
-    super::sweep::time_out(c, s, run, row, now).await?;
+    super::sweep::time_out(c, s, Some(run), row, now).await?;
     Ok(Some(deadline))
 }
 

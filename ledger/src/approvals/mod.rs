@@ -22,7 +22,6 @@ use crate::error::Error;
 use crate::events::EventType;
 use crate::events::{NodeRef, node_event};
 use crate::fence::{Fence, live_run_fence};
-use crate::holds::{Settle, settle};
 use crate::ledger::Ledger;
 use crate::model::{RunLease, Scope};
 use crate::state::ApprovalStatus;
@@ -268,16 +267,7 @@ impl Ledger {
                         let fresh = !changed && status == ApprovalStatus::Pending;
                         if fresh && now.0 >= row.deadline {
                             // This worker holds the run: it applies the time-out itself.
-                            let timed_out = Settle {
-                                hold: row.hold(),
-                                outcome: row.outcome(ApprovalStatus::TimedOut),
-                                event: Some((
-                                    EventType::ApprovalTimedOut,
-                                    json!({ "deadline": row.deadline }),
-                                )),
-                                wake: None,
-                            };
-                            settle(c, s, timed_out, now).await?;
+                            sweep::time_out(c, s, None, &row, now).await?;
                         }
                         let open =
                             matches!(status, ApprovalStatus::Pending | ApprovalStatus::Approved);

@@ -58,7 +58,7 @@ impl Ledger {
                         };
                         settle(c, s, cancelled, now).await
                     }
-                    Due::TimedOut => time_out(c, s, &run, &row, now).await,
+                    Due::TimedOut => time_out(c, s, Some(&run), &row, now).await,
                     Due::Remind => {
                         let sent = u32::try_from(row.reminders_sent.max(0)).unwrap_or(0) + 1;
                         let rule = parse_json("approval rule", &row.rule)?;
@@ -97,13 +97,14 @@ impl Ledger {
 }
 
 /// Times a pending approval out at its deadline — the compare-and-set,
-/// `approval.timed_out`, the paused `run` back on the queue (whose next holder applies
-/// `on_timeout`) — whether the sweep or a late decision finds it first; `false` when it
-/// was no longer pending.
+/// `approval.timed_out`, and `run` (when the caller does not hold it) back on the queue
+/// if paused, whose next holder applies `on_timeout` — whether the watcher, a late
+/// decision or the node's own look finds it first; `false` when it was no longer
+/// pending.
 pub(super) async fn time_out(
     c: &mut Conn<'_>,
     s: &Scope,
-    run: &RunRow,
+    run: Option<&RunRow>,
     row: &ApprovalRow,
     now: Timestamp,
 ) -> Result<bool, Error> {
@@ -114,7 +115,7 @@ pub(super) async fn time_out(
             EventType::ApprovalTimedOut,
             json!({ "deadline": row.deadline }),
         )),
-        wake: Some((run, None)),
+        wake: run.map(|run| (run, None)),
     };
     settle(c, s, timed_out, now).await
 }
