@@ -96,33 +96,7 @@ fn a_failed_fan_out_redriven_sends_the_failed_and_never_sent_items_once() {
         // (certainly sent), then resumed: the held ones are sent again under the same
         // key (the tool declares the downstream dedupes on it; the re-send spends the
         // retry budget), nothing else twice.
-        server.set("*", Behavior::HoldUntilReleased);
-        let mut victim = db
-            .flow()
-            .args(["resume", &run])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn flow resume");
-        let held = || server.total() - before;
-        let start = Instant::now();
-        while held() < 4 && start.elapsed() < Duration::from_secs(30) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = victim.kill();
-        let _ = victim.wait();
-        assert!(
-            held() >= 4,
-            "{backend:?}: only {} requests before the kill",
-            held()
-        );
-        let held_keys: HashSet<String> = server
-            .log()
-            .into_iter()
-            .filter(|r| r.seq > u64::from(before))
-            .filter_map(|r| r.key)
-            .collect();
+        let held_keys = kill_while_held(&db, &server, &run, before);
         server.set("*", Behavior::status(200));
         server.release();
         let resumed = output(db.flow().args(["resume", &run]));
@@ -157,4 +131,38 @@ fn a_failed_fan_out_redriven_sends_the_failed_and_never_sent_items_once() {
         }
         assert_eq!(server.count(&key(BAD, 1)), 1, "{backend:?}");
     }
+}
+
+/// Starts `flow resume RUN` with every request held at the downstream, SIGKILLs it once
+/// four have arrived (certainly sent: the downstream has them), and returns the keys
+/// that arrived after `before`.
+fn kill_while_held(
+    db: &TestDb,
+    server: &CountingServer,
+    run: &str,
+    before: u32,
+) -> HashSet<String> {
+    server.set("*", Behavior::HoldUntilReleased);
+    let mut victim = db
+        .flow()
+        .args(["resume", run])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn flow resume");
+    let held = || server.total() - before;
+    let start = Instant::now();
+    while held() < 4 && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = victim.kill();
+    let _ = victim.wait();
+    assert!(held() >= 4, "only {} requests before the kill", held());
+    server
+        .log()
+        .into_iter()
+        .filter(|r| r.seq > u64::from(before))
+        .filter_map(|r| r.key)
+        .collect()
 }

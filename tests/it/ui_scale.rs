@@ -38,10 +38,11 @@ async fn snap_tall(c: &Client, name: &str, height: u32) {
     c.set_window_size(1280, 1100).await.expect("resize back");
 }
 
-/// One node that always fails (HTTP 400, no retries): a run to redrive.
+/// A pure node, then one that always fails (HTTP 400, no retries): a run to redrive
+/// (from the first node, to show the console's "from").
 fn failing(url: &str) -> String {
     format!(
-        "name: refund\ntools:\n  pay: {{ kind: http, method: POST, url: \"{url}/refund\" }}\nnodes:\n  refund:\n    tool: pay\n    with: {{ amount: 5 }}\n    retry_policy: {{ max_retries: 0 }}\n"
+        "name: refund\ntools:\n  echo: {{ kind: function, function: core.echo }}\n  pay: {{ kind: http, method: POST, url: \"{url}/refund\" }}\nnodes:\n  prep:\n    tool: echo\n    with: {{ amount: 5 }}\n  refund:\n    needs: [prep]\n    tool: pay\n    with: {{ amount: \"${{{{ nodes.prep.output.amount }}}}\" }}\n    retry_policy: {{ max_retries: 0 }}\n"
     )
 }
 
@@ -358,8 +359,9 @@ async fn run_page_history_and_graph(c: &Client, server: &Server, db: &TestDb, ru
     assert_eq!(charge(db, run)["resolution"]["by"], "otto");
 }
 
-/// A failed run's page has a Redrive button; pressing it (reason, confirm) puts the
-/// run back on the queue, recorded with who and why.
+/// A failed run's page has a Redrive button; pressing it (reason, confirm, "from" the
+/// first node) puts the run back on the queue with that node and the failed one as new
+/// steps, recorded with who and why.
 async fn redrive_button(c: &Client, server: &Server, db: &TestDb, run: &str) {
     c.goto(&format!("{}/ui/runs/{run}", server.base))
         .await
@@ -368,11 +370,26 @@ async fn redrive_button(c: &Client, server: &Server, db: &TestDb, run: &str) {
     let class = js(c, "return document.querySelector('#redrive').className;").await;
     assert_eq!(class, "danger", "a destructive button looks it");
     type_into(c, "#redrive-why", "the PSP is fixed").await;
+    js(
+        c,
+        "document.querySelector('#redrive-from').value = 'prep'; return null;",
+    )
+    .await;
     click(c, "#redrive-form input[name=confirm]").await;
     click(c, "#redrive").await;
     wait_for(c, "#run-status", "queued", WAIT).await;
     let after = show(db, run);
     assert_eq!(after["run"]["status"], "queued", "{after}");
+    let steps: Vec<&str> = after["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert!(
+        steps.contains(&"prep_retry1") && steps.contains(&"refund_retry1"),
+        "redriven from prep: {steps:?}"
+    );
     let audit = after["audit"].as_array().cloned().unwrap_or_default();
     assert!(
         audit.iter().any(|e| e["event"] == "run.redriven"

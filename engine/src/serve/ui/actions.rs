@@ -170,13 +170,17 @@ pub async fn resolve(
     }
 }
 
-/// A run page's steering form (cancel, redrive): a reason and an "I confirm".
+/// A run page's steering form (cancel, redrive): a reason and an "I confirm" (and, to
+/// redrive, a node to run again from).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct RunForm {
     csrf: String,
     reason: String,
     confirm: String,
+    /// Redrive only: also run this node and what follows it again (empty: only the
+    /// failed nodes).
+    from: String,
 }
 
 /// `POST /ui/runs/{id}/cancel`: asks the run to stop (operators and admins), recorded
@@ -218,8 +222,9 @@ pub async fn redrive(
             "tick \"I confirm\" to redrive the run: nothing was written",
         ));
     }
+    let from = f.from.trim();
     let body = crate::serve::api::steer::RedriveBody {
-        from: None,
+        from: (!from.is_empty()).then(|| from.to_string()),
         reason: reason(&f.reason),
     };
     crate::serve::api::steer::redrive_run(&ui.app, &signed.caller, &id, body).await?;

@@ -61,7 +61,12 @@ fn describe(kind: EventType, p: &Json) -> (&'static str, String, Option<String>)
                 .as_array()
                 .map(|a| a.iter().filter_map(Json::as_str).collect())
                 .unwrap_or_default();
-            let what = format!("redriven: {} again", nodes.join(", "));
+            let items = match p["items_run_again"].as_u64().unwrap_or(0) {
+                0 => String::new(),
+                1 => " (1 item)".to_string(),
+                n => format!(" ({n} items)"),
+            };
+            let what = format!("redriven: {} again{items}", nodes.join(", "));
             ("run", what, reason)
         }
         E::StepStarted => ("run", "started".into(), None),
@@ -316,5 +321,13 @@ mod tests {
         assert_eq!(t[6].detail.as_deref(), Some("PSP fixed"));
         assert_eq!(row(7), ("cancel requested", None, None, None, Some("ada")));
         assert_eq!(t.len(), events.len(), "one line per event");
+    }
+
+    #[test]
+    fn a_redrive_says_how_many_items_run_again() {
+        let p = json!({"nodes": ["notify"], "items_run_again": 3});
+        let events = [event(1, EventType::RunRedriven, None, None, p)];
+        let t = timeline(&events, &[]);
+        assert_eq!(t[0].what, "redriven: notify again (3 items)");
     }
 }
