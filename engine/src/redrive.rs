@@ -110,20 +110,19 @@ pub async fn redrive(
             node: wf.nodes[i].id.clone(),
         });
     }
-    let nodes: Vec<String> = plan
+    // The nodes to run again, in the order they run.
+    let order: Vec<usize> = plan
         .order()
         .iter()
-        .filter(|&&i| chosen[i])
-        .map(|&i| wf.nodes[i].id.clone())
+        .copied()
+        .filter(|&i| chosen[i])
         .collect();
-    let items = nodes
+    let items = order
         .iter()
-        .filter(|n| {
-            wf.position(n)
-                .is_some_and(|i| wf.nodes[i].for_each.is_some())
-        })
-        .flat_map(|n| items_again(n, &steps, now))
+        .filter(|&&i| wf.nodes[i].for_each.is_some())
+        .flat_map(|&i| items_again(&wf.nodes[i].id, &steps, now))
         .collect();
+    let nodes = order.iter().map(|&i| wf.nodes[i].id.clone()).collect();
     let again = flow_ledger::Redrive { nodes, items };
     Ok(ledger.redrive_run(run_id, again, Some(actor), now).await?)
 }

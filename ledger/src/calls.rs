@@ -411,6 +411,26 @@ async fn lease_after(
     Ok(lease)
 }
 
+/// Pauses the claiming step, tied to its call: the call is in doubt (in this run or in
+/// the other one that holds the key), so the step waits on it.
+async fn pause_claimer(
+    c: &mut Conn<'_>,
+    ledger: &Ledger,
+    req: &ClaimCall<'_>,
+    now: Timestamp,
+) -> Result<(), Error> {
+    let step = req.step_id.as_str();
+    pause_steps_in(
+        c,
+        ledger,
+        &req.run.run_id,
+        [step, step],
+        &req.tool_call_id,
+        now,
+    )
+    .await
+}
+
 /// The claim of a key that another call holds (another run's, or this run's under
 /// another node): that call's outcome, `Busy` while it is leased, or in doubt with it
 /// (this step paused too).
@@ -430,15 +450,7 @@ async fn claim_foreign(
         }
         _ => {
             // In doubt in the other run: this step waits on it too.
-            pause_steps_in(
-                c,
-                ledger,
-                &run.run_id,
-                [&req.step_id, &req.step_id],
-                &req.tool_call_id,
-                now,
-            )
-            .await?;
+            pause_claimer(c, ledger, req, now).await?;
             CallClaim::InDoubt {
                 since: Timestamp(other.in_doubt_at.unwrap_or(now.0)),
             }
@@ -548,15 +560,7 @@ async fn claim_existing(
             return Err(Error::Busy { holder, until });
         }
         ClaimDecision::InDoubt(since) => {
-            pause_steps_in(
-                c,
-                ledger,
-                &run.run_id,
-                [&req.step_id, &req.step_id],
-                &req.tool_call_id,
-                now,
-            )
-            .await?;
+            pause_claimer(c, ledger, req, now).await?;
             return Ok(Some(CallClaim::InDoubt {
                 since: since.unwrap_or(now),
             }));
