@@ -14,6 +14,10 @@ use crate::duration_text::whole_millis;
 use crate::workflow::InputType;
 use crate::workflow::model::{ApprovalDecl, InputDecl};
 
+/// How a run started by an agent over MCP records its submitter: `mcp:<principal>`.
+/// That principal never decides the run's approvals ([`authorize`]).
+pub const MCP_SUBMITTER: &str = "mcp:";
+
 /// Who decides: a token's name and role (`viewer`, `operator`, `admin`), or, for the
 /// local CLI (which holds the ledger itself), the operator's name as `admin`.
 #[derive(Debug, Clone)]
@@ -136,6 +140,8 @@ pub fn rule_strings(rule: &Json, key: &str) -> Vec<String> {
 ///   operator) or token name must be among them; with neither, any operator decides;
 /// - with `forbid_self`, the name that submitted the run may not decide (deny included:
 ///   an agent must not settle its own call either way);
+/// - the principal of a run started over MCP (submitted as `mcp:<name>`) never decides
+///   it, with or without `forbid_self`;
 /// - an approve needs every required input, typed as declared.
 pub fn authorize(
     approval: &Approval,
@@ -189,6 +195,18 @@ pub fn authorize(
     if forbid_self && approval.submitted_by.as_deref() == Some(who.name.as_str()) {
         return Err(Refusal::Forbidden(format!(
             "`{}` submitted run {} and `forbid_self` refuses its own approval",
+            who.name, approval.run_id
+        )));
+    }
+    // An agent that started the run over MCP never decides it, `forbid_self` or not:
+    // an agent approving its own call is the thing approvals exist to prevent.
+    let agent = approval
+        .submitted_by
+        .as_deref()
+        .and_then(|by| by.strip_prefix(MCP_SUBMITTER));
+    if agent == Some(who.name.as_str()) {
+        return Err(Refusal::Forbidden(format!(
+            "`{}` started run {} over MCP: the caller that started a run never decides its approvals",
             who.name, approval.run_id
         )));
     }

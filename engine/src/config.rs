@@ -124,6 +124,9 @@ pub struct Config {
     /// `OTEL_*` variables configure the rest).
     #[serde(default)]
     pub telemetry: crate::telemetry::TelemetryConfig,
+    /// `[mcp]`: the workflows agents may call as MCP tools (`crate::mcp`).
+    #[serde(default)]
+    pub mcp: Mcp,
     /// Where the file came from (`None` = defaults).
     #[serde(skip)]
     pub path: Option<PathBuf>,
@@ -147,6 +150,26 @@ pub struct Api {
     /// `callback:` node is refused without it.
     #[serde(default)]
     pub public_url: Option<String>,
+}
+
+/// `[mcp]`: flow as an MCP server. Its workflows are tools an agent lists and calls
+/// over `/mcp` (`flow serve`, `flow daemon --serve`) or stdio (`flow mcp serve`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mcp {
+    /// Workflow files offered as tools: paths or globs (`workflows/*.yaml`), relative to
+    /// the directory of `flow.toml`. Empty: `/mcp` answers 404.
+    #[serde(default)]
+    pub workflows: Vec<String>,
+    /// How long identical calls without an idempotency key (same caller, tool and
+    /// arguments) join the first call's run instead of starting another (default 5s):
+    /// agent clients are seen sending one call twice, milliseconds apart, with new ids.
+    #[serde(default)]
+    pub window: Option<String>,
+    /// How long a `tools/call` waits for its run before answering "still running"
+    /// with the run id (default 20s, under the server's 30 s request limit).
+    #[serde(default)]
+    pub wait: Option<String>,
 }
 
 /// One `[[api.tokens]]` entry. It names the secret holding the token's value, never the

@@ -33,6 +33,7 @@
 //! Faces — how people and programs reach flow:
 //! - [`cli`]: the command line, callable from tests as [`cli::run`].
 //! - [`serve`]: `flow serve`, the operator API over HTTP (tokens, roles, problem+json).
+//! - [`mcp`]: flow as an MCP server: workflows as tools an agent calls, one run per call.
 //! - [`view`]: the typed views of runs every face serializes.
 //!
 //! Support — small rules shared by several layers:
@@ -64,6 +65,7 @@ pub mod inputs;
 pub mod item_id;
 pub mod json_line;
 pub mod lease;
+pub mod mcp;
 pub mod plan;
 pub mod policy;
 pub mod read_limited;

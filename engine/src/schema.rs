@@ -305,7 +305,7 @@ fn tool() -> Value {
                 },
                 "propagate_trace": {
                     "type": "boolean", "default": true,
-                    "description": "Send the call's trace context in `_meta.traceparent` / `tracestate`; false for a server that refuses unknown `_meta` keys."
+                    "description": "Send `_meta` with each call: its idempotency key (`io.flow/idempotency-key`) and trace context (`traceparent` / `tracestate`); false for a server that refuses unknown `_meta` keys."
                 },
                 "elicitation": {
                     "description": "How the server's elicitation requests are answered; default decline.",

@@ -50,7 +50,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "services",
         &["config", "daemon", "events", "schedule", "retention"],
     ),
-    ("faces", &["view", "runtime", "cli", "serve"]),
+    ("faces", &["view", "runtime", "cli", "serve", "mcp"]),
 ];
 
 /// The floor of top-level module `m` (`None`: not placed).

@@ -31,24 +31,49 @@ pub(super) const MAX_INPUT_ROUNDS: u32 = 8;
 /// The responses and the server's state an `input_required` round sends back.
 pub(super) type Answered = (Option<InputResponses>, Option<String>);
 
-/// The `tools/call` params of one round: the arguments, the last round's answers and
-/// the call's trace (in `_meta.traceparent` / `tracestate`, the keys MCP reserves).
+/// The `_meta` key of the call's idempotency key: the name flow's own MCP server reads
+/// (`flow mcp`), so a server that can dedupe, does. Never rename: clients hard-code it.
+pub(crate) const KEY_META: &str = "io.flow/idempotency-key";
+
+/// What goes around a call's request besides its arguments: where reports go, the
+/// trace context, the fence it may leave under, and the call's idempotency key (sent
+/// in `_meta`, so a server that dedupes does).
+pub(super) struct Around<'a> {
+    /// Where elicitations and other reports go.
+    pub(super) reports: Option<&'a Reports>,
+    /// The call's trace context.
+    pub(super) trace: Option<&'a crate::TraceContext>,
+    /// The fence the request may leave under.
+    pub(super) fence: &'a crate::Fence,
+    /// The effect attempt's key.
+    pub(super) key: &'a str,
+}
+
+/// The `tools/call` params of one round: the arguments, the last round's answers, the
+/// call's idempotency key (`_meta["io.flow/idempotency-key"]`) and trace (in
+/// `_meta.traceparent` / `tracestate`, the keys MCP reserves).
 pub(super) fn params(
     tool: &str,
     arguments: Option<&JsonObject>,
     (responses, state): Answered,
     trace: Option<&crate::TraceContext>,
+    key: Option<&str>,
 ) -> CallToolRequestParams {
     let mut params = CallToolRequestParams::new(tool.to_owned());
     if let Some(arguments) = arguments {
         params = params.with_arguments(arguments.clone());
     }
+    let mut meta = rmcp::model::MetaObject::new();
+    if let Some(key) = key {
+        meta.insert(KEY_META.into(), serde_json::Value::String(key.to_owned()));
+    }
     if let Some(trace) = trace {
-        let mut meta = rmcp::model::MetaObject::new();
         meta.set_traceparent(trace.parent.clone());
         if let Some(state) = &trace.state {
             meta.set_tracestate(state.clone());
         }
+    }
+    if !meta.is_empty() {
         params.meta = Some(meta.into());
     }
     params.input_responses = responses;

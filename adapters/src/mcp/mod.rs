@@ -243,6 +243,11 @@ pub struct Spec {
     pub read_only_override: Option<bool>,
     /// How the server's elicitation requests during this tool's calls are answered.
     pub elicitation: Elicitation,
+    /// Whether calls carry `_meta` — the call's idempotency key
+    /// (`io.flow/idempotency-key`, so a server that dedupes, does) and the trace
+    /// context. Off for a server that refuses `_meta` keys it does not know (the
+    /// workflow's `propagate_trace: false`).
+    pub meta: bool,
 }
 
 /// A tool's behaviour hints from `tools/list`, with MCP's defaults applied when the
@@ -317,7 +322,12 @@ impl McpTool {
                 &self.spec,
                 arguments,
                 deadline,
-                (call.reports.as_ref(), call.trace.as_ref(), &call.fence),
+                call::Around {
+                    reports: call.reports.as_ref(),
+                    trace: call.trace.as_ref(),
+                    fence: &call.fence,
+                    key: &call.idempotency_key,
+                },
             )
             .await
     }

@@ -19,7 +19,7 @@ use tokio::sync::OnceCell;
 use tokio::time::Instant;
 
 use super::auth::{AuthedClient, SessionSeen, TokenSlot};
-use super::call::{self, CallEnd};
+use super::call::{self, Around, CallEnd};
 use super::classify::{self, Failure};
 use super::elicit::{Elicitation, Handler};
 use super::session_auth::{self, ConnectionTokens, SessionAuth, StartCx};
@@ -31,7 +31,7 @@ use crate::command::DEFAULT_ENV_ALLOW;
 use crate::egress::AllowList;
 use crate::error::tail;
 use crate::process::Group;
-use crate::{Error, Outcome, Report, Reports};
+use crate::{Error, Outcome, Report};
 
 /// Sessions are keyed by server, credentials and elicitation policy: two workflows
 /// using the same server with different tokens must not share a session, and the
@@ -74,14 +74,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// stderr kept per stdio server for error messages.
 const STDERR_TAIL_BYTES: usize = 2048;
-
-/// What goes around a call's request besides its arguments: where reports go, the
-/// trace context, and the fence it may leave under.
-type Around<'a> = (
-    Option<&'a Reports>,
-    Option<&'a crate::TraceContext>,
-    &'a crate::Fence,
-);
 
 impl Pool {
     /// An empty pool with its own HTTP connection pool (rustls, no redirects).
@@ -267,8 +259,14 @@ impl Pool {
         spec: &Spec,
         arguments: Option<JsonObject>,
         deadline: Instant,
-        (reports, trace, fence): Around<'_>,
+        around: Around<'_>,
     ) -> Outcome {
+        let Around {
+            reports,
+            trace,
+            fence,
+            key: idempotency_key,
+        } = around;
         if let Err(error) = session.renew_if_stale(&self.inner.http, deadline).await {
             return Outcome::err(error, 0);
         }
@@ -282,6 +280,7 @@ impl Pool {
                 arguments.as_ref(),
                 std::mem::take(&mut answered),
                 trace,
+                spec.meta.then_some(idempotency_key),
             );
             let bearer = session.auth.as_ref().and_then(SessionAuth::bearer);
             // Checked before every round and re-send, and raced with it (`crate::fence`).

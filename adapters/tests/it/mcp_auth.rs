@@ -24,6 +24,7 @@ fn spec(server: &HttpServer, auth: Auth) -> Spec {
         auth,
         read_only_override: None,
         elicitation: flow_adapters::mcp::Elicitation::Decline,
+        meta: true,
     }
 }
 

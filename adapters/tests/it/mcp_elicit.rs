@@ -28,6 +28,7 @@ async fn answers(server: ServerSpec, policy: Elicitation, args: Value) -> Value 
         auth: Auth::None,
         read_only_override: None,
         elicitation: policy,
+        meta: true,
     });
     let outcome = tool.call(call(args)).await;
     let value = ok(&outcome).clone();

@@ -26,6 +26,7 @@ fn spec(url: &str, tool: &str) -> Spec {
         auth: Auth::None,
         read_only_override: None,
         elicitation: flow_adapters::mcp::Elicitation::Decline,
+        meta: true,
     }
 }
 

@@ -22,6 +22,7 @@ fn spec(server: ServerSpec) -> Spec {
         auth: Auth::None,
         read_only_override: None,
         elicitation: flow_adapters::mcp::Elicitation::Decline,
+        meta: true,
     }
 }
 

@@ -19,6 +19,7 @@ pub fn spec(server: ServerSpec, tool: &str, elicitation: Elicitation) -> Spec {
         auth: Auth::None,
         read_only_override: None,
         elicitation,
+        meta: true,
     }
 }
 

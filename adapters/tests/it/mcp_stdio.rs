@@ -34,6 +34,7 @@ fn spec(server: &ServerSpec, tool: &str) -> Spec {
         auth: Auth::None,
         read_only_override: None,
         elicitation: flow_adapters::mcp::Elicitation::Decline,
+        meta: true,
     }
 }
 

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::daemon::metrics::{self, Metrics, Observer};
 use crate::daemon::{Service, Settings, Stopped, shutdown};
 use crate::executor::Executor;
-use crate::runtime::api::ApiAuth;
+use crate::runtime::api::{ApiAuth, Served};
 use crate::runtime::{Runtime, RuntimeOptions};
 use crate::secrets::Secrets;
 
@@ -73,6 +73,8 @@ struct Services {
     schedules: Scheduled,
     retention: crate::retention::Retention,
     connections: Vec<crate::connections::ConnectionConfig>,
+    /// `[mcp]`: the tools `--serve` offers at `/mcp` (and `flow mcp serve` on stdio).
+    mcp: Option<Arc<crate::mcp::Front>>,
 }
 
 /// The schedules of `flow.toml` and who stores their definitions (`config <path>`).
@@ -138,6 +140,9 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     .await
     .map_err(Error::from)?;
     let executor = runtime.executor(Arc::new(Observer::new(metrics)));
+    let mcp = runtime
+        .mcp_front(&config.mcp, config.path.as_deref())
+        .map_err(|e| Error::unavailable(e.to_string()))?;
     Ok(Opened {
         executor,
         services: Services {
@@ -147,6 +152,7 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
             schedules: scheduled,
             retention,
             connections: std::mem::take(&mut config.connections),
+            mcp,
         },
     })
 }
@@ -172,7 +178,7 @@ async fn serve_api(
     auth: ApiAuth,
     addr: SocketAddr,
     runtime: &Runtime,
-    served: crate::runtime::api::Served,
+    served: Served,
     stop: &CancellationToken,
     stderr: &mut dyn Write,
 ) -> Result<(), Error> {
@@ -270,6 +276,8 @@ impl Beside {
     /// this daemon does, and spawns delivery, the scheduler and retention.
     async fn start(
         services: Services,
+        stdio: Option<String>,
+        service: shutdown::Handle,
         args: &DaemonArgs,
         config: &Settings,
         metrics: &Arc<Metrics>,
@@ -282,13 +290,45 @@ impl Beside {
             schedules,
             retention,
             connections,
+            mcp,
         } = services;
         let ledger = runtime.ledger.clone();
         let stop = CancellationToken::new();
         let served = serve_metrics(args, metrics, &ledger, &stop).await?;
         if let (Some(addr), Some(auth)) = (args.serve, auth) {
-            let served = (metrics.clone(), schedules.clone(), connections);
+            let served = Served {
+                metrics: metrics.clone(),
+                schedules: schedules.clone(),
+                connections,
+                mcp: mcp.clone(),
+            };
             serve_api(auth, addr, &runtime, served, &stop, stderr).await?;
+        }
+        if let Some(principal) = stdio {
+            let Some(front) = mcp else {
+                return Err(Error::unavailable(
+                    "flow mcp serve: flow.toml names no workflow under `[mcp] workflows`: list the workflows agents may call",
+                ));
+            };
+            let names: Vec<String> = front
+                .catalog
+                .entries
+                .iter()
+                .map(|e| e.tool.name.to_string())
+                .collect();
+            let _ = writeln!(
+                stderr,
+                "flow mcp: serving {} on stdio as `{principal}`",
+                names.join(", ")
+            );
+            let until = stop.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::mcp::server::Handler::stdio(front, principal, until).await {
+                    tracing::warn!(error = %e, "the MCP stdio server stopped");
+                }
+                // The client closed stdin: stop taking runs and finish those in flight.
+                service.shutdown();
+            });
         }
         let wake = wake_description(config, ledger.backend_name());
         let _ = writeln!(
@@ -360,6 +400,17 @@ pub(crate) async fn daemon(
     _stdout: &mut dyn Write,
     stderr: &mut dyn Write,
 ) -> Result<u8, Error> {
+    run_daemon(cli, args, None, stderr).await
+}
+
+/// `flow daemon`, or (`stdio`: the principal) `flow mcp serve`: the same workers, with
+/// the MCP server on stdin/stdout, stopping gracefully when the client closes stdin.
+pub(crate) async fn run_daemon(
+    cli: &Cli,
+    args: &DaemonArgs,
+    stdio: Option<String>,
+    stderr: &mut dyn Write,
+) -> Result<u8, Error> {
     let metrics = Arc::new(Metrics::new());
     let Opened { executor, services } = open(cli, args, metrics.clone()).await?;
     let ledger = services.runtime.ledger.clone();
@@ -372,8 +423,9 @@ pub(crate) async fn daemon(
         worker: WorkerId::current(),
         flow: super::flow_command(cli),
     };
-    let beside = Beside::start(services, args, &config, &metrics, stderr).await?;
-    let service = Service::new(executor, config, metrics);
+    let service = Service::new(executor, config.clone(), metrics.clone());
+    let handle = service.handle();
+    let beside = Beside::start(services, stdio, handle, args, &config, &metrics, stderr).await?;
     let signals = tokio::spawn(shutdown::on_signals(service.handle()));
     let stopped = service.run().await;
     beside.drain(&stopped, stderr).await;

@@ -5,6 +5,7 @@
 
 mod approve;
 pub mod color;
+mod command_kinds;
 mod connections;
 mod daemon;
 mod error;
@@ -12,6 +13,7 @@ mod events;
 mod follow_up;
 mod gc;
 mod logging;
+mod mcp;
 mod meta;
 mod publish;
 mod reconcile;
@@ -272,6 +274,11 @@ pub enum Command {
         after_help = "Tokens come from flow.toml ([[api.tokens]] name, role = viewer|operator|admin, secret = NAME whose value is FLOW_SECRET_<NAME> or a --secrets-file line).\n\nExit codes: 0 stopped by SIGTERM/SIGINT, 2 a refused flag or address, 5 bad configuration, missing token secret, unreachable database or address in use.\n\nExamples:\n  flow serve --addr 0.0.0.0:8080\n  flow serve --insecure-no-auth          # loopback only, no tokens"
     )]
     Serve(serve::ServeArgs),
+    /// flow as an MCP server: the workflows `[mcp] workflows` names, as tools an agent calls.
+    #[command(
+        after_help = "An agent's config starts it as a child process:\n  {\"command\": \"flow\", \"args\": [\"--db\", \"sqlite:///var/lib/flow/flow.db\", \"--config\", \"/etc/flow/flow.toml\", \"mcp\", \"serve\"]}\n\nOver HTTP the same tools are at /mcp on `flow serve` and `flow daemon --serve` (Authorization: Bearer <operator token>)."
+    )]
+    Mcp(mcp::McpArgs),
     /// Events and their delivery to consumers: list, re-queue, follow, dispatch.
     #[command(
         after_help = "Examples:\n  flow events                      # deliveries, newest last\n  flow events --failed             # dead letters\n  flow events redeliver evt_01J... --consumer ops-webhook\n  flow events tail\n  flow events dispatch --once"
@@ -430,83 +437,6 @@ fn check_run_arg(command: &Command) -> Result<(), Error> {
     check_id(flow_ledger::ids::IdKind::Run, "run id argument", run)
 }
 
-/// The command's name when it writes to the ledger (refused on a read-only `--db`).
-fn writing_command(command: &Command) -> Option<&'static str> {
-    match command {
-        Command::Run(_) => Some("run"),
-        Command::Submit(_) => Some("submit"),
-        Command::Daemon(_) => Some("daemon"),
-        Command::Serve(_) => Some("serve"),
-        Command::Resume(_) => Some("resume"),
-        Command::Reconcile(args) if !args.dry_run => Some("reconcile"),
-        Command::Cancel(_) => Some("cancel"),
-        Command::Redrive(_) => Some("redrive"),
-        Command::Approve(_) => Some("approve"),
-        Command::Deny(_) => Some("deny"),
-        Command::Publish(_) => Some("publish"),
-        Command::Migrate => Some("migrate"),
-        Command::Events(args) => match &args.command {
-            Some(events::EventsCommand::Redeliver(_)) => Some("events redeliver"),
-            Some(events::EventsCommand::Dispatch(_)) => Some("events dispatch"),
-            Some(events::EventsCommand::Tail(_)) | None => None,
-        },
-        Command::Gc(args) if !args.dry_run => Some("gc"),
-        Command::Connect(_) => Some("connect"),
-        Command::Connections(args) => match &args.command {
-            Some(connections::ConnectionsCommand::Revoke(_)) => Some("connections revoke"),
-            Some(connections::ConnectionsCommand::Rekey) => Some("connections rekey"),
-            Some(connections::ConnectionsCommand::Keygen) | None => None,
-        },
-        Command::Schedules(args) => match &args.command {
-            Some(schedules::SchedulesCommand::Pause(_)) => Some("schedules pause"),
-            Some(schedules::SchedulesCommand::Resume(_)) => Some("schedules resume"),
-            Some(schedules::SchedulesCommand::Trigger(_)) => Some("schedules trigger"),
-            Some(schedules::SchedulesCommand::Apply(_)) => Some("schedules apply"),
-            Some(schedules::SchedulesCommand::Remove(_)) => Some("schedules remove"),
-            Some(schedules::SchedulesCommand::History(_)) | None => None,
-        },
-        Command::Show(_)
-        | Command::Gc(_)
-        | Command::Runs(_)
-        | Command::Approvals(_)
-        | Command::Reconcile(_)
-        | Command::Validate { .. }
-        | Command::Graph { .. }
-        | Command::Schema
-        | Command::Completions { .. }
-        | Command::Man
-        | Command::Version => None,
-    }
-}
-
-/// Commands whose process may execute workflows through the gateway, where `FLOW_FAULT`
-/// aborts: they announce a set `FLOW_FAULT` at start (`fault::start_warning`).
-fn runs_workflows(command: &Command) -> bool {
-    matches!(
-        command,
-        Command::Run(_) | Command::Resume(_) | Command::Daemon(_) | Command::Serve(_)
-    )
-}
-
-/// Commands that only look at (or steer) what is already in a ledger: on a missing one
-/// they report it instead of creating an empty database.
-fn needs_existing_ledger(command: &Command) -> bool {
-    match command {
-        Command::Show(_)
-        | Command::Runs(_)
-        | Command::Cancel(_)
-        | Command::Resume(_)
-        | Command::Redrive(_)
-        | Command::Approvals(_)
-        | Command::Approve(_)
-        | Command::Deny(_)
-        | Command::Reconcile(_)
-        | Command::Gc(_) => true,
-        Command::Events(args) => !matches!(args.command, Some(events::EventsCommand::Dispatch(_))),
-        _ => false,
-    }
-}
-
 /// What every ledger command checks before it opens anything: the tenant and
 /// workspace are well-formed names, a read-only `--db` is not asked to write, and a
 /// command that reads does not create a missing SQLite ledger (exit 5).
@@ -515,14 +445,14 @@ fn check_ledger_args(cli: &Cli) -> Result<(), Error> {
     check_id(IdKind::Tenant, "--tenant", &cli.tenant)?;
     check_id(IdKind::Workspace, "--workspace", &cli.workspace)?;
     if flow_ledger::is_read_only_url(&cli.db)
-        && let Some(name) = writing_command(&cli.command)
+        && let Some(name) = command_kinds::writing_command(&cli.command)
     {
         return Err(Error::invalid(format!(
             "--db {} is read-only (mode=ro) and `flow {name}` writes to the ledger; nothing was written (drop mode=ro to write)",
             flow_ledger::redact_url(&cli.db)
         )));
     }
-    if needs_existing_ledger(&cli.command)
+    if command_kinds::needs_existing_ledger(&cli.command)
         && let Some(path) = flow_ledger::sqlite_path(&cli.db)
         && !path.starts_with(':')
         && !std::path::Path::new(path).exists()
@@ -541,14 +471,14 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
     if let Some(result) = client_mode(cli, stdout, stderr).await {
         return error::finish(result, stderr);
     }
-    if runs_workflows(&cli.command)
+    if command_kinds::runs_workflows(&cli.command)
         && let Some(warning) = crate::fault::start_warning()
     {
         let _ = writeln!(stderr, "{warning}");
     }
     let checked = check_ledger_args(cli).and_then(|()| {
         // A lease length that cannot be read is refused before any lease is taken.
-        if runs_workflows(&cli.command) {
+        if command_kinds::runs_workflows(&cli.command) {
             crate::lease::from_env().map_err(|e| Error::invalid(e.to_string()))?;
         }
         Ok(())
@@ -562,6 +492,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Command::Submit(args) => submit::submit(cli, args, stdout, stderr).await,
             Command::Daemon(args) => daemon::daemon(cli, args, stdout, stderr).await,
             Command::Serve(args) => serve::serve(cli, args, stderr).await,
+            Command::Mcp(args) => mcp::mcp(cli, args, stderr).await,
             Command::Show(args) => show::show(cli, args, stdout).await,
             Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
             Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,

@@ -17,7 +17,7 @@ use crate::config::Config;
 use crate::daemon::metrics::Metrics;
 use crate::daemon::shutdown;
 use crate::runtime::Runtime;
-use crate::runtime::api::ApiAuth;
+use crate::runtime::api::{ApiAuth, Served};
 use crate::secrets::Secrets;
 
 /// Arguments of `flow serve`.
@@ -63,6 +63,9 @@ pub(crate) async fn serve(
         policy: config.policy,
     };
     let runtime = Runtime::with_ledger(ledger, secrets, guards, public_url)?;
+    let mcp = runtime
+        .mcp_front(&config.mcp, config.path.as_deref())
+        .map_err(|e| Error::unavailable(e.to_string()))?;
     let described = if auth.is_insecure() {
         "WITHOUT authentication".to_string()
     } else {
@@ -72,7 +75,12 @@ pub(crate) async fn serve(
     let (bound, task) = runtime
         .serve_api(
             auth,
-            (Arc::new(Metrics::new()), schedules, connections),
+            Served {
+                metrics: Arc::new(Metrics::new()),
+                schedules,
+                connections,
+                mcp,
+            },
             args.addr,
             handle.graceful().clone(),
         )

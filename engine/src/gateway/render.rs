@@ -197,6 +197,7 @@ pub fn render(
                     McpElicitation::AcceptDefaults => mcp::Elicitation::AcceptDefaults,
                     McpElicitation::Accept(values) => mcp::Elicitation::Accept(values.clone()),
                 },
+                meta: m.propagate_trace,
             })
         }
     };

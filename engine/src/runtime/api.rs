@@ -137,36 +137,65 @@ fn check_distinct(token: &Token, secret: &str, before: &[(Token, &str)]) -> Resu
     Ok(())
 }
 
-/// What a server shows beside the ledger: its metrics, and the schedules and
-/// connections of the `flow.toml` it read.
-pub type Served = (
-    Arc<Metrics>,
-    crate::schedule::manage::Schedules,
-    Vec<crate::connections::ConnectionConfig>,
-);
+/// What a server shows beside the ledger: its metrics, the schedules and connections
+/// of the `flow.toml` it read, and the MCP tools that file names.
+#[derive(Debug)]
+pub struct Served {
+    /// What `/metrics` reports (a daemon passes its own).
+    pub metrics: Arc<Metrics>,
+    /// `/api/v1/schedules` and the console's Schedules page.
+    pub schedules: crate::schedule::manage::Schedules,
+    /// The sign-ins the console and the API can begin.
+    pub connections: Vec<crate::connections::ConnectionConfig>,
+    /// `/mcp`, when `[mcp]` names workflows.
+    pub mcp: Option<Arc<crate::mcp::Front>>,
+}
 
 impl Runtime {
+    /// The MCP front `[mcp]` describes (`None`: it names no workflow), its patterns
+    /// relative to the directory of `config_path`.
+    pub fn mcp_front(
+        &self,
+        mcp: &crate::config::Mcp,
+        config_path: Option<&std::path::Path>,
+    ) -> Result<Option<Arc<crate::mcp::Front>>, crate::mcp::Error> {
+        let base = config_path
+            .and_then(std::path::Path::parent)
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or_else(|| std::path::Path::new("."));
+        crate::mcp::Front::open(
+            mcp,
+            crate::mcp::Opening {
+                ledger: self.ledger.clone(),
+                clock: self.gateway.clock(),
+                tools: self.gateway.tools(),
+                base,
+                public_url: self.gateway.public_url().map(str::to_owned),
+            },
+        )
+    }
+
     /// Serves the API and the console on `addr` until `stop` fires (then finishes the
-    /// requests in flight): the bound address and the server's task. `metrics` is what
-    /// `/metrics` reports (a daemon passes its own); `schedules` are those of the
-    /// `flow.toml` read (`/api/v1/schedules`, the console's Schedules page), and so
-    /// are `connections` (the sign-ins the console and the API can begin).
+    /// requests in flight): the bound address and the server's task.
     pub async fn serve_api(
         &self,
         auth: ApiAuth,
-        (metrics, schedules, connections): Served,
+        served: Served,
         addr: SocketAddr,
         stop: CancellationToken,
     ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
         let app = App {
-            schedules: Arc::new(schedules),
-            connections,
+            schedules: Arc::new(served.schedules),
+            connections: served.connections,
             ledger: self.ledger.clone(),
             tokens: auth.tokens,
-            metrics,
+            metrics: served.metrics,
             gateway: self.gateway.clone(),
             metrics_token: auth.metrics_token,
             throttle: crate::serve::throttle::Throttle::default(),
+            mcp: served
+                .mcp
+                .map(|front| crate::mcp::server::Handler::http(front, stop.clone())),
         };
         serve(addr, Arc::new(app), stop).await
     }

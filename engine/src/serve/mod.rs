@@ -64,6 +64,8 @@ pub struct App {
     pub schedules: Arc<crate::schedule::manage::Schedules>,
     /// The `[[connections]]` of that `flow.toml` (the console's and the API's *Connect*).
     pub connections: Vec<crate::connections::ConnectionConfig>,
+    /// `/mcp`: flow as an MCP server (`crate::mcp`), when `[mcp]` names workflows.
+    pub mcp: Option<crate::mcp::server::Http>,
 }
 
 impl App {
@@ -81,6 +83,7 @@ pub fn router(app: Arc<App>) -> Router {
             axum::middleware::from_fn_with_state(app.clone(), guard::metrics),
         );
     api::routes()
+        .route("/mcp", axum::routing::any(mcp))
         .with_state(app.clone())
         .merge(ui::routes(app.clone()))
         .merge(metrics)
@@ -94,6 +97,26 @@ pub fn router(app: Arc<App>) -> Router {
             REQUEST_TIMEOUT,
         ))
         .layer(tower::limit::ConcurrencyLimitLayer::new(CONCURRENCY))
+}
+
+/// `/mcp`: the MCP server behind the API's bearer tokens. A call starts runs, so the
+/// caller needs the operator role; its token's name is the principal calls are keyed
+/// and coalesced by, and that never decides the approvals of the runs it started.
+async fn mcp(
+    auth::Authed(caller, _): auth::Authed<auth::Operator>,
+    axum::extract::State(app): axum::extract::State<Arc<App>>,
+    mut request: axum::extract::Request,
+) -> axum::response::Response {
+    let Some(service) = &app.mcp else {
+        return problem::Problem::not_found(
+            "this server offers no MCP tools: list workflows under `[mcp] workflows` in its flow.toml",
+        )
+        .into_response();
+    };
+    request
+        .extensions_mut()
+        .insert(crate::mcp::server::Principal(caller.name));
+    service.handle(request).await
 }
 
 /// Binds `addr` and serves [`router`] until `stop` fires (on a spawned task). Returns

@@ -215,8 +215,9 @@ pub struct McpTool {
     pub auth: McpAuth,
     /// How the server's `elicitation/create` requests are answered (no one is there to ask).
     pub elicitation: McpElicitation,
-    /// Whether calls carry the trace context in `_meta.traceparent` / `tracestate`
-    /// (`propagate_trace: false` for a server that refuses `_meta` keys it does not know).
+    /// Whether calls carry `_meta`: the idempotency key (`io.flow/idempotency-key`) and
+    /// the trace context (`traceparent` / `tracestate`); `propagate_trace: false` for a
+    /// server that refuses `_meta` keys it does not know.
     pub propagate_trace: bool,
 }
 

@@ -521,6 +521,11 @@ fn an_mcp_call_carries_its_client_span_in_meta_unless_the_tool_says_no() {
     assert_eq!(attr(client, "mcp.session.id"), Some(sessions[0].clone()));
     let expected = format!("00-{}-{}-01", hex(&client.trace_id), hex(&client.span_id));
     assert_eq!(metas[0]["traceparent"], serde_json::json!(expected));
+    // The call's idempotency key goes with it, so a server that dedupes, does.
+    let key = metas[0]["io.flow/idempotency-key"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(key.ends_with(":1"), "the effect attempt's key: {metas:?}");
 
     // A server that refuses `_meta` keys it does not know: the call fails while flow
     // propagates, and succeeds with `propagate_trace: false`, carrying none.
@@ -540,7 +545,9 @@ fn an_mcp_call_carries_its_client_span_in_meta_unless_the_tool_says_no() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let metas = server.http().call_metas();
     assert!(
-        metas.last().is_some_and(|m| m.get("traceparent").is_none()),
+        metas.last().is_some_and(
+            |m| m.get("traceparent").is_none() && m.get("io.flow/idempotency-key").is_none()
+        ),
         "{metas:?}"
     );
 }

@@ -1,0 +1,352 @@
+//! flow as an MCP server, driven by a real MCP client — the official Python SDK
+//! (`tests/it/mcp/client.py`), not flow's own — over Streamable HTTP (`/mcp` on `flow
+//! daemon --serve`) and stdio (`flow mcp serve`), on both backends, against a counting
+//! downstream: a call starts at most one run and one effect however the client repeats
+//! it, a gated call waits for a person the agent cannot stand in for, and a call in
+//! doubt is never an invitation to retry.
+
+use std::process::Command;
+use std::time::Duration;
+
+use flow_adapters::testkit::http::{Behavior, CountingServer};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::api::{Server, call, start};
+use crate::support::{Backend, TestDb, backends, repo, runtime};
+
+/// The agent's token (an operator: it may start runs).
+const AGENT: &str = "agent-token-1";
+/// A person's token (an operator who approves).
+const ALICE: &str = "alice-token-1";
+
+/// `flow.toml`: two operators, the tools under `tools/`, a one-second window.
+const CONFIG: &str = r#"
+[[api.tokens]]
+name = "agent"
+role = "operator"
+secret = "AGENT_TOKEN"
+
+[[api.tokens]]
+name = "alice"
+role = "operator"
+secret = "ALICE_TOKEN"
+
+[mcp]
+workflows = ["tools/*.yaml"]
+window = "1s"
+"#;
+
+/// The workflows offered: a refund (one POST), the same behind an approval, a pure
+/// lookup, and a refund whose downstream hangs past its timeout.
+fn tools(db: &TestDb, url: &str) {
+    std::fs::create_dir_all(db.dir.path().join("tools")).expect("tools dir");
+    db.write(
+        "tools/refund.yaml",
+        &format!(
+            r#"name: refund
+description: Refunds a charge.
+inputs:
+  charge: {{ type: string, required: true, description: The charge id }}
+  amount: {{ type: integer, default: 100 }}
+tools:
+  pay: {{ kind: http, method: POST, url: "{url}/refund", timeout: 5s }}
+nodes:
+  send: {{ tool: pay, with: {{ charge: "${{{{ inputs.charge }}}}", amount: "${{{{ inputs.amount }}}}" }} }}
+"#
+        ),
+    );
+    db.write(
+        "tools/gated.yaml",
+        &format!(
+            r#"name: refund_gated
+inputs:
+  charge: {{ type: string, required: true }}
+tools:
+  pay: {{ kind: http, method: POST, url: "{url}/refund", timeout: 5s }}
+nodes:
+  send:
+    tool: pay
+    with: {{ charge: "${{{{ inputs.charge }}}}" }}
+    approval: {{ message: "Refund ${{{{ inputs.charge }}}}", timeout: 1h }}
+"#
+        ),
+    );
+    db.write(
+        "tools/lookup.yaml",
+        r#"name: lookup
+inputs:
+  charge: { type: string, required: true }
+tools:
+  echo: { kind: function, function: core.echo }
+nodes:
+  find: { tool: echo, with: { charge: "${{ inputs.charge }}" } }
+"#,
+    );
+    db.write(
+        "tools/slow.yaml",
+        &format!(
+            r#"name: refund_slow
+inputs:
+  charge: {{ type: string, required: true }}
+tools:
+  pay: {{ kind: http, method: POST, url: "{url}/slow", timeout: 1s }}
+nodes:
+  send: {{ tool: pay, with: {{ charge: "${{{{ inputs.charge }}}}" }}, retry_policy: {{ max_retries: 0 }} }}
+"#
+        ),
+    );
+}
+
+/// `flow daemon --serve` for `db` with the tools of [`tools`], once it listens.
+fn daemon(db: &TestDb) -> Server {
+    let mut cmd = db.flow();
+    cmd.args([
+        "daemon",
+        "--poll-interval",
+        "100ms",
+        "--serve",
+        "127.0.0.1:0",
+    ])
+    .env("FLOW_SECRET_AGENT_TOKEN", AGENT)
+    .env("FLOW_SECRET_ALICE_TOKEN", ALICE);
+    start(cmd, "API at ")
+}
+
+/// Runs the Python SDK client on `target` with `steps`: one JSON value per step.
+fn client(target: &Value, steps: &Value) -> Vec<Value> {
+    let script = repo().join("tests/it/mcp/client.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(target.to_string())
+        .arg(steps.to_string())
+        .output()
+        .expect("python3 runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "the MCP client failed (CI installs the SDK: `pip install mcp==2.3.0`):\n{stderr}"
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// The HTTP target of `server` as `token`.
+fn http(server: &Server, token: &str) -> Value {
+    json!({"http": format!("{}/mcp", server.base), "token": token})
+}
+
+/// A call step.
+fn call_step(tool: &str, args: Value, key: Option<&str>) -> Value {
+    json!({"op": "call", "tool": tool, "args": args, "key": key})
+}
+
+/// The run id and status of a result.
+fn run_of(result: &Value) -> (String, String) {
+    let s = &result["structuredContent"];
+    (
+        s["run_id"].as_str().unwrap_or_default().to_owned(),
+        s["status"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// The result's text.
+fn text(result: &Value) -> String {
+    result["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[test]
+fn an_agent_calls_workflows_at_most_once_and_waits_for_a_person_on_both_backends() {
+    for backend in backends() {
+        agent_over_http(backend);
+    }
+}
+
+fn agent_over_http(backend: Backend) {
+    let rt = runtime();
+    let down = rt.block_on(CountingServer::start()).expect("downstream");
+    let db = TestDb::new(backend);
+    db.write("flow.toml", CONFIG);
+    tools(&db, &down.url());
+    let server = daemon(&db);
+    let agent = http(&server, AGENT);
+
+    // The catalog: names, schemas and annotations derived from the workflows.
+    let listed = client(&agent, &json!([{"op": "list"}]));
+    let tools = listed[0]["tools"].as_array().expect("tools").clone();
+    let tool = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("no tool {name} in {tools:?}"))
+            .clone()
+    };
+    let refund = tool("refund");
+    assert_eq!(refund["description"], "Refunds a charge.");
+    assert_eq!(refund["inputSchema"]["required"], json!(["charge"]));
+    assert_eq!(
+        refund["inputSchema"]["properties"]["amount"]["default"],
+        100
+    );
+    assert_eq!(refund["annotations"]["readOnlyHint"], false);
+    assert_eq!(refund["annotations"]["destructiveHint"], true);
+    assert_eq!(tool("lookup")["annotations"]["readOnlyHint"], true);
+    tool("refund_gated");
+    tool("flow_run_status");
+
+    // A short workflow: its output, one effect.
+    let r = client(
+        &agent,
+        &json!([call_step("refund", json!({"charge": "ch_1"}), None)]),
+    );
+    let (first, status) = run_of(&r[0]);
+    assert_eq!(status, "succeeded", "{}", r[0]);
+    let output = r[0]["structuredContent"]["output"]["send"].to_string();
+    assert!(output.contains("ch_1"), "the downstream's answer: {}", r[0]);
+    assert_eq!(down.total(), 1);
+
+    // One call sent twice 3 ms apart with new JSON-RPC ids, then again after a
+    // reconnect within the window: one run, one effect.
+    let step = json!({"op": "twice", "tool": "refund", "args": {"charge": "ch_2"}, "gap_ms": 3});
+    let r = client(
+        &agent,
+        &json!([step, {"op": "reconnect"}, call_step("refund", json!({"charge": "ch_2"}), None)]),
+    );
+    let pair = r[0]["results"].as_array().expect("two results");
+    let ids: Vec<String> = pair.iter().chain([&r[2]]).map(|x| run_of(x).0).collect();
+    assert!(ids.iter().all(|i| i == &ids[0] && i != &first), "{ids:?}");
+    let coalesced = pair
+        .iter()
+        .chain([&r[2]])
+        .filter(|x| x["_meta"]["io.flow/coalesced"] == true)
+        .count();
+    assert_eq!(coalesced, 2, "{r:?}");
+    assert_eq!(down.total(), 2, "one effect for three identical calls");
+
+    // After the window the same arguments are a new call; with a key, the same key is
+    // the same call however late (here: after a daemon restart and the window).
+    std::thread::sleep(Duration::from_millis(1_100));
+    let r = client(
+        &agent,
+        &json!([call_step("refund", json!({"charge": "ch_2"}), None)]),
+    );
+    assert_ne!(run_of(&r[0]).0, ids[0], "a new call after the window");
+    assert_eq!(down.total(), 3);
+    let keyed = call_step("refund", json!({"charge": "ch_3"}), Some("k-3"));
+    let r = client(&agent, &json!([keyed]));
+    let (k3, status) = run_of(&r[0]);
+    assert_eq!(status, "succeeded");
+    assert_eq!(
+        r[0]["_meta"]["io.flow/coalesced"], false,
+        "a keyed retry is not a coalesce"
+    );
+    drop(server);
+    let server = daemon(&db);
+    let agent = http(&server, AGENT);
+    std::thread::sleep(Duration::from_millis(1_100));
+    let other = call_step("refund", json!({"charge": "ch_other"}), Some("k-3"));
+    let r = client(&agent, &json!([keyed, other]));
+    assert_eq!(run_of(&r[0]), (k3.clone(), "succeeded".into()), "{}", r[0]);
+    assert_eq!(r[1]["isError"], true, "{}", r[1]);
+    assert!(
+        text(&r[1]).contains("used before with other arguments"),
+        "{}",
+        r[1]
+    );
+    assert_eq!(down.total(), 4, "the keyed call was sent once");
+
+    gated(&rt, &server, &down);
+    in_doubt(&server, &down);
+}
+
+/// A gated call answers "waiting" naming who approves; the agent's own token cannot
+/// approve (403); a person's can, and the same call then answers with the output.
+fn gated(rt: &tokio::runtime::Runtime, server: &Server, down: &CountingServer) {
+    let agent = http(server, AGENT);
+    let before = down.total();
+    let step = call_step("refund_gated", json!({"charge": "ch_4"}), Some("k-4"));
+    let r = client(&agent, &json!([step]));
+    let (run, status) = run_of(&r[0]);
+    assert_eq!(status, "waiting", "{}", r[0]);
+    assert_eq!(r[0]["isError"], false);
+    assert_eq!(r[0]["structuredContent"]["waiting_for"]["kind"], "approval");
+    assert!(text(&r[0]).contains("You cannot approve it"), "{}", r[0]);
+    assert_eq!(down.total(), before, "nothing is sent before the approval");
+    let path = format!("/api/v1/runs/{run}/approvals/send");
+    let approve = json!({"decision": "approve"});
+    rt.block_on(async {
+        let (s, p) = call(server, "POST", &path, Some(AGENT), Some(approve.clone())).await;
+        assert_eq!(
+            s,
+            StatusCode::FORBIDDEN,
+            "the agent approves its own call: {p}"
+        );
+        assert!(
+            p["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("over MCP"),
+            "{p}"
+        );
+        let (s, p) = call(server, "POST", &path, Some(ALICE), Some(approve)).await;
+        assert_eq!(s, StatusCode::OK, "{p}");
+    });
+    let r = client(&agent, &json!([step]));
+    assert_eq!(run_of(&r[0]), (run.clone(), "succeeded".into()), "{}", r[0]);
+    assert_eq!(down.total(), before + 1);
+    // The status tool answers for the run too.
+    let status = json!({"op": "call", "tool": "flow_run_status", "args": {"run_id": run}});
+    let r = client(&agent, &json!([status]));
+    assert_eq!(run_of(&r[0]).1, "succeeded", "{}", r[0]);
+}
+
+/// A call whose answer is lost is in doubt: the agent is told flow will not send it
+/// again, and calling again sends nothing.
+fn in_doubt(server: &Server, down: &CountingServer) {
+    down.set("/slow", Behavior::hold(Duration::from_secs(3)));
+    let agent = http(server, AGENT);
+    let step = call_step("refund_slow", json!({"charge": "ch_5"}), Some("k-5"));
+    let r = client(&agent, &json!([step, step]));
+    for x in &r {
+        assert_eq!(run_of(x).1, "in_doubt", "{x}");
+        assert_eq!(x["isError"], true);
+        assert!(text(x).contains("flow will not send it again"), "{x}");
+    }
+    assert_eq!(run_of(&r[0]).0, run_of(&r[1]).0);
+    let sent = down.log().iter().filter(|x| x.path == "/slow").count();
+    assert_eq!(sent, 1, "sent once, never again");
+}
+
+/// `flow mcp serve` speaks MCP on stdio and runs the calls itself; stdout carries only
+/// MCP (the SDK would fail on anything else).
+#[test]
+fn an_agent_calls_a_workflow_over_stdio() {
+    let rt = runtime();
+    let down = rt.block_on(CountingServer::start()).expect("downstream");
+    let db = TestDb::new(Backend::Sqlite);
+    db.write("flow.toml", CONFIG);
+    tools(&db, &down.url());
+    let dir = db.dir.path().to_string_lossy().into_owned();
+    let target = json!({
+        "stdio": [env!("CARGO_BIN_EXE_flow"), "--db", db.url, "--config", format!("{dir}/flow.toml"),
+                  "mcp", "serve", "--principal", "desktop", "--poll-interval", "100ms"],
+    });
+    let r = client(
+        &target,
+        &json!([{"op": "list"}, call_step("refund", json!({"charge": "ch_9"}), Some("k-9"))]),
+    );
+    assert!(
+        r[0]["tools"].as_array().is_some_and(|t| t.len() == 5),
+        "{}",
+        r[0]
+    );
+    let (run, status) = run_of(&r[1]);
+    assert_eq!(status, "succeeded", "{}", r[1]);
+    assert!(run.starts_with("mcp_"), "{run}");
+    assert_eq!(down.total(), 1);
+}
