@@ -18,11 +18,13 @@
 //!
 //! Modules: [`catalog`] (which workflows are tools and how they describe themselves),
 //! [`call`] (one `tools/call`: the run it starts or joins, waiting for it, the answer),
+//! [`tasks`] (a call still running or waiting, as an MCP task that is a view of its run),
 //! [`server`] (the rmcp handler and its HTTP and stdio fronts).
 
 pub mod call;
 pub mod catalog;
 pub mod server;
+pub mod tasks;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -8,9 +8,9 @@
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    CreateTaskResult, GetTaskParams, GetTaskResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -107,6 +107,22 @@ impl Handler {
             .ok_or_else(|| ErrorData::internal_error("no authenticated caller", None))
     }
 
+    /// The run a task id names (tasks are runs started over MCP).
+    async fn task_run(&self, id: &str) -> Result<flow_ledger::Run, ErrorData> {
+        let unknown = || ErrorData::invalid_params(format!("no task {id}"), None);
+        if !id.starts_with("mcp_") {
+            return Err(unknown());
+        }
+        match self.front.ledger.get_run(id).await {
+            Ok(run) => Ok(run),
+            Err(flow_ledger::Error::NotFound { .. }) => Err(unknown()),
+            Err(e) => Err(ErrorData::internal_error(
+                format!("the run could not be read: {e}"),
+                None,
+            )),
+        }
+    }
+
     /// `flow_run_status`: the answer for a run, by id.
     async fn status(&self, arguments: Option<&rmcp::model::JsonObject>) -> CallToolResult {
         let id = arguments
@@ -154,7 +170,10 @@ fn status_tool() -> Tool {
 
 impl ServerHandler for Handler {
     fn get_info(&self) -> ServerConfig {
-        let capabilities = ServerCapabilities::builder().enable_tools().build();
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tasks()
+            .build();
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("flow", env!("CARGO_PKG_VERSION")))
             .with_instructions(
@@ -176,6 +195,32 @@ impl ServerHandler for Handler {
             .collect();
         tools.push(status_tool());
         Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let run = self.task_run(&request.task_id).await?;
+        Ok(GetTaskResult::new(self.front.detailed(&run).await))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let principal = self.principal(&context)?;
+        self.task_run(&request.task_id).await?;
+        match self.front.cancel(&request.task_id, &principal).await {
+            // A run that finished first keeps its outcome: the cancel came too late.
+            Ok(_) | Err(flow_ledger::Error::Conflict { .. }) => Ok(()),
+            Err(e) => Err(ErrorData::internal_error(
+                format!("the run could not be cancelled: {e}"),
+                None,
+            )),
+        }
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -235,8 +280,22 @@ impl ServerHandler for Handler {
         // Only a call without a key that found an earlier identical call "coalesced";
         // a keyed retry is the same call by the client's own word.
         let coalesced = !joined.created && key.is_none();
+        let tasks = context
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks());
         match self.front.settle(joined.run, &context.ct).await {
-            Ok(run) => Ok(self.front.answer(&run, coalesced).await.into()),
+            Ok(run) => {
+                let answer = self.front.answer(&run, coalesced).await;
+                if tasks && !run.status.is_terminal() {
+                    let task = CreateTaskResult::new(self.front.task(&run, &answer));
+                    let task = match answer.meta {
+                        Some(meta) => task.with_meta(meta),
+                        None => task,
+                    };
+                    return Ok(CallToolResponse::Task(task));
+                }
+                Ok(answer.into())
+            }
             Err(e) => Ok(text_error(format!(
                 "the run was started but could not be read back: {e}; call `{STATUS_TOOL}` or this tool again with the same key"
             ))

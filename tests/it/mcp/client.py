@@ -4,7 +4,10 @@ driving flow's MCP server for the tests in `tests/it/mcp_server.rs`.
 
     client.py TARGET STEPS
 
-TARGET is JSON: {"http": URL, "token": T} or {"stdio": [COMMAND, ARG, ...], "env": {...}}.
+TARGET is JSON: {"http": URL, "token": T} or {"stdio": [COMMAND, ARG, ...], "env": {...}},
+with "tasks": true to declare the tasks extension (SEP-2663): a call the server answers
+with a task is then followed with `tasks/get` until it ends, through the SDK's extension
+API (`ClientExtension` claiming `resultType: "task"`), as a task-aware agent would.
 STEPS is a JSON list run in order; each prints one JSON line on stdout:
 
     {"op": "list"}                                   -> the tools
@@ -12,6 +15,9 @@ STEPS is a JSON list run in order; each prints one JSON line on stdout:
     {"op": "twice", "tool": N, "args": {...}, "gap_ms": 3} -> two calls on one session,
         the second sent gap_ms after the first (new JSON-RPC ids), both results
     {"op": "reconnect"}                              -> closes the session, opens another
+    {"op": "call", ..., "cancel": true}              -> with tasks: cancels the task at once
+
+A call answered with a task prints {"task": {...what tasks/get said...}} beside the result.
 
 A result is printed as the SDK parsed it (`model_dump(by_alias=True)`), so the test
 sees what an agent would.
@@ -21,22 +27,87 @@ import asyncio
 import json
 import sys
 
+from typing import Any, Literal
+
 import httpx2
 from mcp import Client, StdioServerParameters
+from mcp.client.extension import ClientExtension, ResultClaim
 from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult, Request, RequestParams, Result, TextContent
+from pydantic import ConfigDict, TypeAdapter
+
+
+class TaskId(RequestParams):
+    task_id: str
+
+
+class GetTask(Request[TaskId, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    name_param = "taskId"
+
+
+class CancelTask(Request[TaskId, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    name_param = "taskId"
+
+
+class TaskCreated(Result):
+    model_config = ConfigDict(extra="allow")
+    result_type: Literal["task"]
+    task_id: str
+    status: str
+    status_message: str | None = None
+
+
+RAW = TypeAdapter(dict[str, Any])
+
+
+class Tasks(ClientExtension):
+    """The tasks extension: follows a task with tasks/get (or cancels it) to its end."""
+
+    identifier = "io.modelcontextprotocol/tasks"
+
+    def __init__(self):
+        self.cancel = False
+        self.seen = None
+
+    def claims(self):
+        return [ResultClaim(result_type="task", model=TaskCreated, resolve=self.resolve)]
+
+    async def resolve(self, created, ctx):
+        seen = {"task_id": created.task_id, "statuses": [created.status],
+                "first_message": created.status_message}
+        self.seen = seen
+        ask = TaskId(task_id=created.task_id)
+        if self.cancel:
+            await ctx.session.send_request(CancelTask(params=ask), RAW)
+        while True:
+            got = await ctx.session.send_request(GetTask(params=ask), RAW)
+            seen["statuses"].append(got["status"])
+            if got["status"] == "completed":
+                return CallToolResult.model_validate(got["result"], by_name=False)
+            if got["status"] in ("cancelled", "failed"):
+                text = f"task {got['status']}"
+                return CallToolResult(content=[TextContent(text=text)], is_error=True)
+            await asyncio.sleep(got.get("pollIntervalMs", 500) / 1000)
+
+
+TASKS = Tasks()
 
 
 def connect(target):
+    extensions = [TASKS] if target.get("tasks") else None
     if "http" in target:
         http = httpx2.AsyncClient(
             headers={"Authorization": f"Bearer {target['token']}"}, timeout=60
         )
-        return Client(streamable_http_client(target["http"], http_client=http))
+        transport = streamable_http_client(target["http"], http_client=http)
+        return Client(transport, extensions=extensions)
     command = target["stdio"]
     params = StdioServerParameters(
         command=command[0], args=command[1:], env=target.get("env")
     )
-    return Client(params)
+    return Client(params, extensions=extensions)
 
 
 def dump(result):
@@ -60,7 +131,10 @@ async def main():
                 tools = await client.list_tools()
                 out = {"tools": [dump(t) for t in tools.tools]}
             elif op == "call":
+                TASKS.cancel, TASKS.seen = bool(step.get("cancel")), None
                 out = dump(await call(client, step))
+                if TASKS.seen is not None:
+                    out["task"] = TASKS.seen
             elif op == "twice":
 
                 async def later():
