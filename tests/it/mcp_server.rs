@@ -122,7 +122,7 @@ fn sdk() -> bool {
         .is_ok_and(|o| o.status.success());
     if !found {
         assert!(
-            std::env::var_os("CI").is_none(),
+            !flow_adapters::testkit::flags::ci(),
             "the MCP Python SDK is missing (`pip install mcp==2.3.0`, as .ci/test does)"
         );
         eprintln!("note: skipped: the MCP Python SDK is missing (`pip install mcp==2.3.0`)");
