@@ -214,14 +214,14 @@ fn annotations(wf: &Workflow, tools: &Tools) -> ToolAnnotations {
 }
 
 /// Whether calls of `decl` change nothing: a pure function, a declared `read_only`, or
-/// an HTTP `GET`.
+/// an HTTP `GET`, `HEAD` or `OPTIONS` (as the side-effect classes say).
 fn read_only(decl: &crate::workflow::ToolDecl, tools: &Tools) -> bool {
     if let Some(declared) = decl.read_only {
         return declared;
     }
     match &decl.kind {
         ToolKind::Function { .. } => tools.is_pure(decl),
-        ToolKind::Http(h) => h.method == "GET",
+        ToolKind::Http(h) => matches!(h.method.as_str(), "GET" | "HEAD" | "OPTIONS"),
         _ => false,
     }
 }
