@@ -170,6 +170,22 @@ pub struct Mcp {
     /// with the run id (default 20s, under the server's 30 s request limit).
     #[serde(default)]
     pub wait: Option<String>,
+    /// `[[mcp.servers]]`: MCP servers whose tools flow offers as its own (the proxy),
+    /// each call a one-node run through the gateway.
+    #[serde(default)]
+    pub servers: Vec<McpServer>,
+}
+
+/// One `[[mcp.servers]]` entry: a name (the prefix of its tools, `<name>__<tool>`) and
+/// the settings of a workflow's `kind: mcp` tool — `server`, `auth`, `elicitation`,
+/// `propagate_trace`, `timeout` — checked by the workflow parser when the proxy starts.
+#[derive(Debug, Clone, Deserialize)]
+pub struct McpServer {
+    /// The prefix of its tools.
+    pub name: String,
+    /// The tool settings, as a workflow writes them.
+    #[serde(flatten)]
+    pub tool: toml::Table,
 }
 
 /// One `[[api.tokens]]` entry. It names the secret holding the token's value, never the

@@ -28,6 +28,7 @@ mod for_each_crash;
 mod for_each_redrive;
 mod gateway;
 mod limits;
+mod mcp_proxy;
 mod mcp_server;
 mod meta;
 mod pg_faults;

@@ -16,12 +16,12 @@ use crate::api::{Server, call, start};
 use crate::support::{Backend, TestDb, backends, repo, runtime};
 
 /// The agent's token (an operator: it may start runs).
-const AGENT: &str = "agent-token-1";
+pub(crate) const AGENT: &str = "agent-token-1";
 /// A person's token (an operator who approves).
-const ALICE: &str = "alice-token-1";
+pub(crate) const ALICE: &str = "alice-token-1";
 
-/// `flow.toml`: two operators, the tools under `tools/`, a one-second window.
-const CONFIG: &str = r#"
+/// `flow.toml`'s two operators: the agent and a person.
+pub(crate) const TOKENS: &str = r#"
 [[api.tokens]]
 name = "agent"
 role = "operator"
@@ -31,11 +31,12 @@ secret = "AGENT_TOKEN"
 name = "alice"
 role = "operator"
 secret = "ALICE_TOKEN"
-
-[mcp]
-workflows = ["tools/*.yaml"]
-window = "1s"
 "#;
+
+/// `flow.toml`: the two operators, the tools under `tools/`, a one-second window.
+fn config() -> String {
+    format!("{TOKENS}\n[mcp]\nworkflows = [\"tools/*.yaml\"]\nwindow = \"1s\"\n")
+}
 
 /// The workflows offered: a refund (one POST), the same behind an approval, a pure
 /// lookup, and a refund whose downstream hangs past its timeout.
@@ -99,7 +100,7 @@ nodes:
 }
 
 /// `flow daemon --serve` for `db` with the tools of [`tools`], once it listens.
-fn daemon(db: &TestDb) -> Server {
+pub(crate) fn daemon(db: &TestDb) -> Server {
     let mut cmd = db.flow();
     cmd.args([
         "daemon",
@@ -115,7 +116,7 @@ fn daemon(db: &TestDb) -> Server {
 
 /// Whether the official MCP Python SDK is importable (`.ci/test` installs it); without
 /// it the test is skipped with a note, except under CI, where it fails.
-fn sdk() -> bool {
+pub(crate) fn sdk() -> bool {
     let found = Command::new("python3")
         .args(["-c", "import mcp"])
         .output()
@@ -131,7 +132,7 @@ fn sdk() -> bool {
 }
 
 /// Runs the Python SDK client on `target` with `steps`: one JSON value per step.
-fn client(target: &Value, steps: &Value) -> Vec<Value> {
+pub(crate) fn client(target: &Value, steps: &Value) -> Vec<Value> {
     let script = repo().join("tests/it/mcp/client.py");
     let out = Command::new("python3")
         .arg(script)
@@ -151,7 +152,7 @@ fn client(target: &Value, steps: &Value) -> Vec<Value> {
 }
 
 /// The HTTP target of `server` as `token`.
-fn http(server: &Server, token: &str) -> Value {
+pub(crate) fn http(server: &Server, token: &str) -> Value {
     json!({"http": format!("{}/mcp", server.base), "token": token})
 }
 
@@ -161,7 +162,7 @@ fn call_step(tool: &str, args: Value, key: Option<&str>) -> Value {
 }
 
 /// The run id and status of a result.
-fn run_of(result: &Value) -> (String, String) {
+pub(crate) fn run_of(result: &Value) -> (String, String) {
     let s = &result["structuredContent"];
     (
         s["run_id"].as_str().unwrap_or_default().to_owned(),
@@ -170,7 +171,7 @@ fn run_of(result: &Value) -> (String, String) {
 }
 
 /// The result's text.
-fn text(result: &Value) -> String {
+pub(crate) fn text(result: &Value) -> String {
     result["content"][0]["text"]
         .as_str()
         .unwrap_or_default()
@@ -191,7 +192,7 @@ fn agent_over_http(backend: Backend) {
     let rt = runtime();
     let down = rt.block_on(CountingServer::start()).expect("downstream");
     let db = TestDb::new(backend);
-    db.write("flow.toml", CONFIG);
+    db.write("flow.toml", &config());
     tools(&db, &down.url());
     let server = daemon(&db);
     let agent = http(&server, AGENT);
@@ -352,7 +353,7 @@ fn an_agent_calls_a_workflow_over_stdio() {
     let rt = runtime();
     let down = rt.block_on(CountingServer::start()).expect("downstream");
     let db = TestDb::new(Backend::Sqlite);
-    db.write("flow.toml", CONFIG);
+    db.write("flow.toml", &config());
     tools(&db, &down.url());
     let dir = db.dir.path().to_string_lossy().into_owned();
     let target = json!({
@@ -385,7 +386,7 @@ fn a_gated_call_is_a_task_that_completes_after_approval_or_ends_when_cancelled()
     let rt = runtime();
     let down = rt.block_on(CountingServer::start()).expect("downstream");
     let db = TestDb::new(Backend::Sqlite);
-    db.write("flow.toml", CONFIG);
+    db.write("flow.toml", &config());
     tools(&db, &down.url());
     let server = daemon(&db);
     let mut agent = http(&server, AGENT);

@@ -81,6 +81,7 @@ mod connect;
 mod discovery;
 mod elicit;
 mod jwt;
+mod listing;
 mod pool;
 mod session_auth;
 mod stdio;

@@ -451,7 +451,7 @@ impl Pool {
     }
 
     /// Forgets `session` if it is still the one in its slot.
-    async fn discard(&self, key: &Key, session: &Arc<Session>) {
+    pub(super) async fn discard(&self, key: &Key, session: &Arc<Session>) {
         let slot = self
             .inner
             .slots

@@ -142,6 +142,7 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     let executor = runtime.executor(Arc::new(Observer::new(metrics)));
     let mcp = runtime
         .mcp_front(&config.mcp, config.path.as_deref())
+        .await
         .map_err(|e| Error::unavailable(e.to_string()))?;
     Ok(Opened {
         executor,
@@ -307,7 +308,7 @@ impl Beside {
         if let Some(principal) = stdio {
             let Some(front) = mcp else {
                 return Err(Error::unavailable(
-                    "flow mcp serve: flow.toml names no workflow under `[mcp] workflows`: list the workflows agents may call",
+                    "flow mcp serve: flow.toml offers no MCP tool: list workflows under `[mcp] workflows` or servers to proxy under `[[mcp.servers]]`",
                 ));
             };
             let names: Vec<String> = front

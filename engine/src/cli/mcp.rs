@@ -22,8 +22,10 @@ pub struct McpArgs {
 /// The `flow mcp` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum McpCommand {
-    /// Serve the workflows `[mcp] workflows` names as MCP tools on stdin/stdout (stdout
-    /// carries only MCP; messages go to stderr).
+    /// Serve the workflows of `[mcp] workflows` and the tools of `[[mcp.servers]]` (the
+    /// proxy) as MCP tools on stdin/stdout (stdout carries only MCP; messages go to
+    /// stderr). `flow mcp proxy` is the same command.
+    #[command(visible_alias = "proxy")]
     Serve(ServeArgs),
 }
 

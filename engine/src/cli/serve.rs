@@ -65,6 +65,7 @@ pub(crate) async fn serve(
     let runtime = Runtime::with_ledger(ledger, secrets, guards, public_url)?;
     let mcp = runtime
         .mcp_front(&config.mcp, config.path.as_deref())
+        .await
         .map_err(|e| Error::unavailable(e.to_string()))?;
     let described = if auth.is_insecure() {
         "WITHOUT authentication".to_string()

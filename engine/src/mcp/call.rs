@@ -89,7 +89,14 @@ fn digest(parts: &[&str]) -> String {
 impl Front {
     /// Starts or joins the run of `call`.
     pub async fn start(&self, entry: &Entry, call: &Call<'_>) -> Result<Joined, Refused> {
-        let inputs = crate::inputs::from_json(&entry.workflow, call.arguments.clone())
+        let given = if entry.proxied {
+            let mut wrapped = JsonObject::new();
+            wrapped.insert("arguments".into(), Json::Object(call.arguments.clone()));
+            wrapped
+        } else {
+            call.arguments.clone()
+        };
+        let inputs = crate::inputs::from_json(&entry.workflow, given)
             .map_err(|e| Refused::Arguments(format!("arguments: {e}")))?;
         match call.key {
             Some(key) => {
@@ -223,12 +230,24 @@ impl Front {
         Ok(run)
     }
 
+    /// Whether `run` is a proxied call (`super::proxy`): its workflow is named after the
+    /// proxied tool.
+    fn is_proxied(&self, run: &Run) -> bool {
+        self.catalog
+            .get(&run.workflow_name)
+            .is_some_and(|e| e.proxied)
+    }
+
     /// What the agent is told about `run`: its output, or what it fails or waits on
     /// and what to do, with the run id in `structuredContent` and `_meta`.
     pub async fn answer(&self, run: &Run, coalesced: bool) -> CallToolResult {
         let (status, error, text, extra) = match run.status {
             RunStatus::Succeeded => {
-                let out = run.output.clone().unwrap_or_else(|| json!({}));
+                let mut out = run.output.clone().unwrap_or_else(|| json!({}));
+                // A proxied call answers with its one node's output: the server's.
+                if self.is_proxied(run) {
+                    out = out.get(super::proxy::NODE).cloned().unwrap_or(Json::Null);
+                }
                 let text = serde_json::to_string(&out).unwrap_or_default();
                 return finish(
                     run,
@@ -300,9 +319,14 @@ impl Front {
             .iter()
             .find(|c| c.status == CallStatus::InDoubt)
         {
+            let what = if self.is_proxied(run) {
+                format!("the call to `{}`", run.workflow_name)
+            } else {
+                format!("node `{}` (tool `{}`)", c.node, c.tool)
+            };
             let text = format!(
-                "the outcome of node `{}` (tool `{}`) is unknown: the request may or may not have taken effect. flow will not send it again; an operator is resolving run {}. Do not retry this call: calling again answers from the same run.",
-                c.node, c.tool, run.id
+                "the outcome of {what} is unknown: the request may or may not have taken effect. flow will not send it again; an operator is resolving run {}. Do not retry this call: calling again answers from the same run.",
+                run.id
             );
             let shape = Shape::error("in_doubt", text)
                 .with("waiting_for", json!({"kind": "resolution", "node": c.node}));

@@ -27,6 +27,9 @@ pub struct Entry {
     pub workflow: ValidWorkflow,
     /// What `tools/list` says about it.
     pub tool: Tool,
+    /// A tool of a proxied server (`super::proxy`): the call's arguments are the
+    /// run's `arguments` input, and its answer is the one node's output.
+    pub proxied: bool,
 }
 
 /// The tools of one server, in the order `[mcp] workflows` names them.
@@ -38,7 +41,7 @@ pub struct Catalog {
 
 /// Why the catalog could not be built: the installation's fault (exit 5 at start).
 #[derive(Debug, thiserror::Error)]
-#[error("[mcp] workflows: {0}")]
+#[error("{0}")]
 pub struct Error(pub String);
 
 impl Catalog {
@@ -52,7 +55,7 @@ impl Catalog {
                 let entry = load_one(&path, tools)?;
                 if let Some(other) = entries.iter().find(|e| e.tool.name == entry.tool.name) {
                     return Err(Error(format!(
-                        "{} and {} both name a workflow `{}`: a tool's name must be unique (rename one with `name:`)",
+                        "[mcp] workflows: {} and {} both name a workflow `{}`: a tool's name must be unique (rename one with `name:`)",
                         other.path.display(),
                         path.display(),
                         entry.tool.name
@@ -80,14 +83,18 @@ fn expand(pattern: &str, base: &Path) -> Result<Vec<PathBuf>, Error> {
     let full = base.join(pattern);
     let text = full.to_string_lossy().into_owned();
     let mut found: Vec<PathBuf> = glob::glob(&text)
-        .map_err(|e| Error(format!("`{pattern}` is not a valid pattern: {e}")))?
+        .map_err(|e| {
+            Error(format!(
+                "[mcp] workflows: `{pattern}` is not a valid pattern: {e}"
+            ))
+        })?
         .filter_map(Result::ok)
         .filter(|p| p.is_file())
         .collect();
     found.sort();
     if found.is_empty() {
         return Err(Error(format!(
-            "`{pattern}` matches no file (looked for {text})"
+            "[mcp] workflows: `{pattern}` matches no file (looked for {text})"
         )));
     }
     Ok(found)
@@ -103,6 +110,7 @@ fn load_one(path: &Path, tools: &Tools) -> Result<Entry, Error> {
         text: source.text,
         workflow,
         tool,
+        proxied: false,
     })
 }
 

@@ -17,12 +17,15 @@
 //!   `_meta["io.flow/coalesced"]`.
 //!
 //! Modules: [`catalog`] (which workflows are tools and how they describe themselves),
+//! [`proxy`] (the tools of `[[mcp.servers]]`, each call a one-node run through the
+//! gateway),
 //! [`call`] (one `tools/call`: the run it starts or joins, waiting for it, the answer),
 //! [`tasks`] (a call still running or waiting, as an MCP task that is a view of its run),
 //! [`server`] (the rmcp handler and its HTTP and stdio fronts).
 
 pub mod call;
 pub mod catalog;
+pub mod proxy;
 pub mod server;
 pub mod tasks;
 
@@ -102,8 +105,9 @@ pub struct Opening<'a> {
     pub ledger: Ledger,
     /// The gateway's clock.
     pub clock: Arc<dyn Clock>,
-    /// The tools (to tell pure functions from side effects).
-    pub tools: &'a crate::gateway::Tools,
+    /// The gateway (its tools tell pure functions from side effects; its MCP pool
+    /// lists the proxied servers' tools).
+    pub gateway: &'a crate::gateway::Gateway,
     /// The directory of `flow.toml` (patterns are relative to it).
     pub base: &'a Path,
     /// `[api] public_url`.
@@ -111,14 +115,19 @@ pub struct Opening<'a> {
 }
 
 impl Front {
-    /// The front `[mcp]` describes, or `None` when it names no workflow.
-    pub fn open(mcp: &crate::config::Mcp, at: Opening<'_>) -> Result<Option<Arc<Front>>, Error> {
-        if mcp.workflows.is_empty() {
+    /// The front `[mcp]` describes, or `None` when it names no workflow and no server.
+    /// The proxied servers are listed now.
+    pub async fn open(
+        mcp: &crate::config::Mcp,
+        at: Opening<'_>,
+    ) -> Result<Option<Arc<Front>>, Error> {
+        if mcp.workflows.is_empty() && mcp.servers.is_empty() {
             return Ok(None);
         }
         let window = duration("window", mcp.window.as_deref(), DEFAULT_WINDOW)?;
         let wait = duration("wait", mcp.wait.as_deref(), DEFAULT_WAIT)?;
-        let catalog = Catalog::load(&mcp.workflows, at.base, at.tools)?;
+        let mut catalog = Catalog::load(&mcp.workflows, at.base, at.gateway.tools())?;
+        catalog.add_servers(&mcp.servers, at.gateway).await?;
         Ok(Some(Arc::new(Front {
             ledger: at.ledger,
             clock: at.clock,

@@ -154,7 +154,7 @@ pub struct Served {
 impl Runtime {
     /// The MCP front `[mcp]` describes (`None`: it names no workflow), its patterns
     /// relative to the directory of `config_path`.
-    pub fn mcp_front(
+    pub async fn mcp_front(
         &self,
         mcp: &crate::config::Mcp,
         config_path: Option<&std::path::Path>,
@@ -168,11 +168,12 @@ impl Runtime {
             crate::mcp::Opening {
                 ledger: self.ledger.clone(),
                 clock: self.gateway.clock(),
-                tools: self.gateway.tools(),
+                gateway: &self.gateway,
                 base,
                 public_url: self.gateway.public_url().map(str::to_owned),
             },
         )
+        .await
     }
 
     /// Serves the API and the console on `addr` until `stop` fires (then finishes the

@@ -16,6 +16,7 @@ STEPS is a JSON list run in order; each prints one JSON line on stdout:
         the second sent gap_ms after the first (new JSON-RPC ids), both results
     {"op": "reconnect"}                              -> closes the session, opens another
     {"op": "call", ..., "cancel": true}              -> with tasks: cancels the task at once
+    {"op": "call", ..., "may_fail": true}            -> the server may die: prints {"failed": …}
 
 A call answered with a task prints {"task": {...what tasks/get said...}} beside the result.
 
@@ -130,6 +131,13 @@ async def main():
             if op == "list":
                 tools = await client.list_tools()
                 out = {"tools": [dump(t) for t in tools.tools]}
+            elif op == "call" and step.get("may_fail"):
+                # The server may die under this call (a crash test): say how it ended.
+                try:
+                    out = dump(await call(client, step))
+                except Exception as e:  # noqa: BLE001 - any end is an answer here
+                    print(json.dumps({"failed": str(e)}), flush=True)
+                    return
             elif op == "call":
                 TASKS.cancel, TASKS.seen = bool(step.get("cancel")), None
                 out = dump(await call(client, step))
@@ -152,7 +160,10 @@ async def main():
                 raise SystemExit(f"unknown op {op}")
             print(json.dumps(out), flush=True)
     finally:
-        await client.__aexit__(None, None, None)
+        try:
+            await client.__aexit__(None, None, None)
+        except Exception:  # noqa: BLE001 - a server that died closes badly
+            pass
 
 
 asyncio.run(main())
