@@ -303,6 +303,15 @@ fn tool() -> Value {
                                 "scope": { "type": "string" } } }
                     }
                 },
+                "annotations": {
+                    "type": "object", "additionalProperties": false,
+                    "description": "The tool's behaviour hints as reviewed, used instead of the server's listing for side-effect classes and [[policy.approvals]].",
+                    "properties": {
+                        "read_only": { "type": "boolean", "default": false },
+                        "destructive": { "type": "boolean", "default": true },
+                        "idempotent": { "type": "boolean", "default": false }
+                    }
+                },
                 "propagate_trace": {
                     "type": "boolean", "default": true,
                     "description": "Send `_meta` with each call: its idempotency key (`io.flow/idempotency-key`) and trace context (`traceparent` / `tracestate`); false for a server that refuses unknown `_meta` keys."

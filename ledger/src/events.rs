@@ -107,6 +107,14 @@ pub enum EventType {
     /// A connection's refresh token was refused: a person must run `flow connect` again.
     #[serde(rename = "connection.needs_reconnect")]
     ConnectionNeedsReconnect,
+    /// A proxied MCP server lists one of its tools with a definition other than the
+    /// pinned one: the proxy keeps the pin until an admin accepts the new definition.
+    #[serde(rename = "mcp.tool_changed")]
+    McpToolChanged,
+    /// An admin accepted a proxied tool's new definition as its pin: who, why, and the
+    /// digests before and after.
+    #[serde(rename = "mcp.tool_accepted")]
+    McpToolAccepted,
 }
 
 impl EventType {
@@ -140,6 +148,8 @@ impl EventType {
         Self::WaitCompleted,
         Self::WaitTimedOut,
         Self::ConnectionNeedsReconnect,
+        Self::McpToolChanged,
+        Self::McpToolAccepted,
     ];
 
     /// The stored and delivered name, e.g. `tool_call.in_doubt`.
@@ -173,6 +183,8 @@ impl EventType {
             Self::WaitCompleted => "wait.completed",
             Self::WaitTimedOut => "wait.timed_out",
             Self::ConnectionNeedsReconnect => "connection.needs_reconnect",
+            Self::McpToolChanged => "mcp.tool_changed",
+            Self::McpToolAccepted => "mcp.tool_accepted",
         }
     }
 

@@ -46,7 +46,8 @@
 //!   `probes.rs` (reconciliation's record), `redrive.rs`, `schedules.rs`, `retention/`
 //!   (deletion and key tombstones), `connections.rs` and `connection_pending.rs` (OAuth
 //!   sign-ins), `trace.rs` (OpenTelemetry context), [`inbox`] (the in-doubt worklist's
-//!   reads) and `operator.rs` (what the operator API adds: actors, filters).
+//!   reads), `operator.rs` (what the operator API adds: actors, filters) and
+//!   `tool_pins.rs` (the pinned definitions of the MCP proxy's tools).
 //!
 //! # The at-most-once protocol
 //! 1. [`Ledger::claim_call`] → `Claimed(lease)`, `Replay`, `InDoubt`, or `Busy` /
@@ -134,6 +135,7 @@ mod search;
 mod sqlite;
 mod steps;
 mod timers;
+mod tool_pins;
 mod trace;
 mod waits;
 mod writer;
@@ -181,6 +183,7 @@ pub use state::{
     WaitStatus,
 };
 pub use timers::{FiredTimers, TimerKind, TimerRules};
+pub use tool_pins::ToolPin;
 pub use waits::{
     BeginWait, CallbackReply, MAX_CANDIDATES as MAX_WAIT_CANDIDATES, Published, PublishedEvent,
     Wait, WaitFilter,

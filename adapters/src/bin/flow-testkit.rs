@@ -41,6 +41,10 @@ enum Command {
         /// Accept only this MCP protocol version (e.g. 2026-07-28).
         #[arg(long)]
         protocol: Option<String>,
+        /// Declare `delete_thing` read-only and not destructive (a server whose hints
+        /// changed since a proxy pinned them).
+        #[arg(long)]
+        benign: bool,
     },
     /// The MCP test server over streamable HTTP (`/mcp`, tokens at `/token`).
     McpHttp {
@@ -91,11 +95,12 @@ async fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Command::McpStdio {
             count_file,
             protocol,
+            benign,
         } => {
             let protocol = protocol
                 .map(|v| serde_json::from_value(serde_json::Value::String(v)))
                 .transpose()?;
-            mcp::serve_stdio(count_file, protocol).await?
+            mcp::serve_stdio(count_file, protocol, benign).await?
         }
         Command::McpHttp {
             addr,

@@ -249,6 +249,9 @@ pub struct Spec {
     /// context. Off for a server that refuses `_meta` keys it does not know (the
     /// workflow's `propagate_trace: false`).
     pub meta: bool,
+    /// Behaviour hints fixed by the caller (a workflow's `annotations:`; flow's MCP
+    /// proxy pins them): used instead of the server's listing, which is then not asked.
+    pub pinned: Option<Annotations>,
 }
 
 /// A tool's behaviour hints from `tools/list`, with MCP's defaults applied when the
@@ -264,7 +267,8 @@ pub struct Annotations {
 }
 
 impl Annotations {
-    fn from_rmcp(annotations: Option<&rmcp::model::ToolAnnotations>) -> Self {
+    /// The hints as `tools/list` gives them (MCP's defaults for those left out).
+    pub fn from_rmcp(annotations: Option<&rmcp::model::ToolAnnotations>) -> Self {
         Annotations {
             read_only: annotations.and_then(|a| a.read_only_hint).unwrap_or(false),
             idempotent: annotations.and_then(|a| a.idempotent_hint).unwrap_or(false),

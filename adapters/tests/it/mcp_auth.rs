@@ -25,6 +25,7 @@ fn spec(server: &HttpServer, auth: Auth) -> Spec {
         read_only_override: None,
         elicitation: flow_adapters::mcp::Elicitation::Decline,
         meta: true,
+        pinned: None,
     }
 }
 

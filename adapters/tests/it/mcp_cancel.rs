@@ -18,6 +18,7 @@ fn spec(server: ServerSpec) -> Spec {
         read_only_override: None,
         elicitation: flow_adapters::mcp::Elicitation::Decline,
         meta: true,
+        pinned: None,
     }
 }
 

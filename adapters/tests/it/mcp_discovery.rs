@@ -26,6 +26,7 @@ fn spec(server: &HttpServer, client_auth: ClientAuth) -> Spec {
         read_only_override: None,
         elicitation: flow_adapters::mcp::Elicitation::Decline,
         meta: true,
+        pinned: None,
     }
 }
 

@@ -29,6 +29,7 @@ async fn answers(server: ServerSpec, policy: Elicitation, args: Value) -> Value 
         read_only_override: None,
         elicitation: policy,
         meta: true,
+        pinned: None,
     });
     let outcome = tool.call(call(args)).await;
     let value = ok(&outcome).clone();

@@ -27,6 +27,7 @@ fn spec(url: &str, tool: &str) -> Spec {
         read_only_override: None,
         elicitation: flow_adapters::mcp::Elicitation::Decline,
         meta: true,
+        pinned: None,
     }
 }
 

@@ -20,6 +20,7 @@ pub fn spec(server: ServerSpec, tool: &str, elicitation: Elicitation) -> Spec {
         read_only_override: None,
         elicitation,
         meta: true,
+        pinned: None,
     }
 }
 

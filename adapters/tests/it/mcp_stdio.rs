@@ -35,6 +35,7 @@ fn spec(server: &ServerSpec, tool: &str) -> Spec {
         read_only_override: None,
         elicitation: flow_adapters::mcp::Elicitation::Decline,
         meta: true,
+        pinned: None,
     }
 }
 

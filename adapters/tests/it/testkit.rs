@@ -127,6 +127,7 @@ async fn mcp_http_server_with_oauth_from_the_binary() {
         read_only_override: None,
         elicitation: flow_adapters::mcp::Elicitation::Decline,
         meta: true,
+        pinned: None,
     };
     let pool = Pool::new().unwrap_or_else(|e| panic!("{e}"));
     let outcome = pool

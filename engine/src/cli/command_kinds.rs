@@ -1,6 +1,7 @@
 //! Which commands write to the ledger, run workflows, or only read an existing ledger:
 //! the three questions `cli::command` asks of a command before it opens anything.
 
+use super::mcp::McpCommand;
 use super::{Command, connections, events, schedules};
 
 /// The command's name when it writes to the ledger (refused on a read-only `--db`).
@@ -10,7 +11,11 @@ pub(super) fn writing_command(command: &Command) -> Option<&'static str> {
         Command::Submit(_) => Some("submit"),
         Command::Daemon(_) => Some("daemon"),
         Command::Serve(_) => Some("serve"),
-        Command::Mcp(_) => Some("mcp serve"),
+        Command::Mcp(args) => match &args.command {
+            McpCommand::Serve(_) => Some("mcp serve"),
+            McpCommand::Accept(_) => Some("mcp accept"),
+            McpCommand::Pins => None,
+        },
         Command::Resume(_) => Some("resume"),
         Command::Reconcile(args) if !args.dry_run => Some("reconcile"),
         Command::Cancel(_) => Some("cancel"),
@@ -58,12 +63,8 @@ pub(super) fn writing_command(command: &Command) -> Option<&'static str> {
 pub(super) fn runs_workflows(command: &Command) -> bool {
     matches!(
         command,
-        Command::Run(_)
-            | Command::Resume(_)
-            | Command::Daemon(_)
-            | Command::Serve(_)
-            | Command::Mcp(_)
-    )
+        Command::Run(_) | Command::Resume(_) | Command::Daemon(_) | Command::Serve(_)
+    ) || matches!(command, Command::Mcp(a) if matches!(a.command, McpCommand::Serve(_)))
 }
 
 /// Commands that only look at (or steer) what is already in a ledger: on a missing one
@@ -80,6 +81,7 @@ pub(super) fn needs_existing_ledger(command: &Command) -> bool {
         | Command::Deny(_)
         | Command::Reconcile(_)
         | Command::Gc(_) => true,
+        Command::Mcp(a) => !matches!(a.command, McpCommand::Serve(_)),
         Command::Events(args) => !matches!(args.command, Some(events::EventsCommand::Dispatch(_))),
         _ => false,
     }

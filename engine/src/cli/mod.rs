@@ -492,7 +492,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Command::Submit(args) => submit::submit(cli, args, stdout, stderr).await,
             Command::Daemon(args) => daemon::daemon(cli, args, stdout, stderr).await,
             Command::Serve(args) => serve::serve(cli, args, stderr).await,
-            Command::Mcp(args) => mcp::mcp(cli, args, stderr).await,
+            Command::Mcp(args) => mcp::mcp(cli, args, stdout, stderr).await,
             Command::Show(args) => show::show(cli, args, stdout).await,
             Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
             Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,

@@ -606,7 +606,9 @@ impl Gateway {
                 (Box::new(t), class, None)
             }
             Target::Mcp(spec) => {
-                let annotations = if spec.read_only_override.is_none() {
+                let annotations = if let Some(pinned) = spec.pinned {
+                    Some(pinned)
+                } else if spec.read_only_override.is_none() {
                     match tools.mcp.annotations(spec, timeout).await {
                         Ok(a) => a,
                         Err(e) => {

@@ -198,6 +198,11 @@ pub fn render(
                     McpElicitation::Accept(values) => mcp::Elicitation::Accept(values.clone()),
                 },
                 meta: m.propagate_trace,
+                pinned: m.annotations.map(|a| mcp::Annotations {
+                    read_only: a.read_only,
+                    idempotent: a.idempotent,
+                    destructive: a.destructive,
+                }),
             })
         }
     };

@@ -75,7 +75,15 @@ async fn list(server: &McpServer, gateway: &Gateway) -> Result<Vec<Entry>, Error
         .tools
         .get("t")
         .ok_or_else(|| at("no tool".into()))?;
-    let (target, _) = render(decl, &json!({}), &json!({}), gateway.secrets()).map_err(at)?;
+    let secrets = gateway.secrets();
+    let names = probe.workflow.secret_names();
+    if let Some(name) = secrets.missing(names.iter().map(String::as_str)) {
+        return Err(at(format!(
+            "secret `{name}` is not set: provide FLOW_SECRET_{name} in the environment or a line `{name}=…` in --secrets-file"
+        )));
+    }
+    let ctx = json!({"secrets": secrets.context(names.iter().map(String::as_str), false)});
+    let (target, _) = render(decl, &json!({}), &ctx, secrets).map_err(at)?;
     let Target::Mcp(spec) = target else {
         return Err(at("not an MCP server".into()));
     };
@@ -85,10 +93,50 @@ async fn list(server: &McpServer, gateway: &Gateway) -> Result<Vec<Entry>, Error
         .list_tools(&spec, LIST_TIMEOUT)
         .await
         .map_err(|e| at(format!("cannot list its tools: {}", e.message)))?;
-    tools
-        .into_iter()
-        .map(|t| workflow(server, &t.name.clone(), Some(t)).map_err(at))
-        .collect()
+    let mut entries = Vec::with_capacity(tools.len());
+    for listed in tools {
+        let tool = pinned(server, listed, gateway).await.map_err(at)?;
+        entries.push(workflow(server, &tool.name.clone(), Some(tool)).map_err(at)?);
+    }
+    Ok(entries)
+}
+
+/// What a tool's definition is, for its pin: what an agent is shown and what policy
+/// reads.
+fn definition(tool: &Tool) -> Json {
+    json!({
+        "description": tool.description,
+        "inputSchema": tool.input_schema,
+        "annotations": tool.annotations,
+    })
+}
+
+/// `listed` as its pin says: the definition first seen (recorded now if this is the
+/// first time), whatever the server lists today, until an admin accepts a change.
+async fn pinned(server: &McpServer, mut listed: Tool, gateway: &Gateway) -> Result<Tool, String> {
+    let seen = definition(&listed);
+    let now = gateway.now();
+    let pin = gateway
+        .ledger()
+        .observe_tool(&server.name, &listed.name, &seen, now)
+        .await
+        .map_err(|e| format!("cannot read the pin of tool `{}`: {e}", listed.name))?;
+    if pin.changed() {
+        tracing::warn!(
+            server = %server.name,
+            tool = %listed.name,
+            pinned = %pin.digest,
+            seen = %pin.seen_digest,
+            "a proxied tool's definition changed on its server; the pinned one stays until an admin accepts the change (`flow mcp accept`)"
+        );
+    }
+    let d = &pin.definition;
+    listed.description = d["description"].as_str().map(|t| t.to_owned().into());
+    if let Json::Object(schema) = &d["inputSchema"] {
+        listed.input_schema = std::sync::Arc::new(schema.clone());
+    }
+    listed.annotations = serde_json::from_value(d["annotations"].clone()).ok();
+    Ok(listed)
 }
 
 /// The entry of `server`'s tool `name` (its listing `tool`; `None`: a probe).
@@ -97,12 +145,21 @@ fn workflow(server: &McpServer, name: &str, tool: Option<Tool>) -> Result<Entry,
     let Json::Object(map) = &mut settings else {
         return Err("settings must be a table".into());
     };
-    for reserved in ["kind", "tool"] {
+    for reserved in ["kind", "tool", "annotations"] {
         if map.contains_key(reserved) {
             return Err(format!("`{reserved}` is set by the proxy; remove it"));
         }
     }
     map.insert("kind".into(), json!("mcp"));
+    // The pinned hints, not the server's of the day, decide the side-effect class and
+    // `[[policy.approvals]]` (a server that drops `destructiveHint` stays gated).
+    if let Some(t) = &tool {
+        let a = flow_adapters::mcp::Annotations::from_rmcp(t.annotations.as_ref());
+        map.insert(
+            "annotations".into(),
+            json!({"read_only": a.read_only, "destructive": a.destructive, "idempotent": a.idempotent}),
+        );
+    }
     map.insert(
         "tool".into(),
         json!(if name.is_empty() { "-" } else { name }),

@@ -219,6 +219,23 @@ pub struct McpTool {
     /// the trace context (`traceparent` / `tracestate`); `propagate_trace: false` for a
     /// server that refuses `_meta` keys it does not know.
     pub propagate_trace: bool,
+    /// `annotations:`: the tool's behaviour hints as reviewed, used instead of what the
+    /// server lists (for side-effect classes and `[[policy.approvals]]`): a server that
+    /// later changes its hints cannot loosen them. flow's MCP proxy sets them from a
+    /// tool's pinned definition.
+    pub annotations: Option<DeclaredAnnotations>,
+}
+
+/// An MCP tool's declared `annotations:` (MCP's defaults for a hint left out:
+/// `read_only: false`, `destructive: true`, `idempotent: false`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeclaredAnnotations {
+    /// `readOnlyHint`.
+    pub read_only: bool,
+    /// `destructiveHint`.
+    pub destructive: bool,
+    /// `idempotentHint`.
+    pub idempotent: bool,
 }
 
 /// A tool's `elicitation:` policy: an unattended run answers the server's questions in

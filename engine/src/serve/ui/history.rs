@@ -93,6 +93,8 @@ fn describe(kind: EventType, p: &Json) -> (&'static str, String, Option<String>)
             "connection needs a new sign-in".into(),
             text(p, "connection"),
         ),
+        E::McpToolChanged => ("warn", "proxied tool changed".into(), text(p, "tool")),
+        E::McpToolAccepted => ("ok", "proxied tool accepted".into(), text(p, "tool")),
         E::ToolCallTaskStarted => ("run", "remote task started".into(), text(p, "task_id")),
         E::ToolCallElicited => ("idle", "the server asked for input".into(), None),
         E::ApprovalRequested => ("warn", "awaiting approval".into(), text(p, "message")),

@@ -135,7 +135,14 @@ pub(super) const HTTP_KEYS: &[&str] = &[
     "follow_redirects",
     "max_response_bytes",
 ];
-pub(super) const MCP_KEYS: &[&str] = &["server", "tool", "auth", "elicitation", "propagate_trace"];
+pub(super) const MCP_KEYS: &[&str] = &[
+    "server",
+    "tool",
+    "auth",
+    "elicitation",
+    "propagate_trace",
+    "annotations",
+];
 pub(super) const TOOL_KINDS: &[&str] = &["function", "command", "http", "mcp"];
 pub(super) const HTTP_METHODS: &[&str] =
     &["GET", "HEAD", "OPTIONS", "POST", "PUT", "PATCH", "DELETE"];

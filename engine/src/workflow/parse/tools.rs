@@ -12,7 +12,8 @@ use super::{Cx, get};
 use crate::workflow::diagnostic::{Pos, did_you_mean};
 use crate::workflow::expr::Template;
 use crate::workflow::tool::{
-    HttpTool, Idempotency, McpAuth, McpElicitation, McpServer, McpTool, ToolDecl, ToolKind,
+    DeclaredAnnotations, HttpTool, Idempotency, McpAuth, McpElicitation, McpServer, McpTool,
+    ToolDecl, ToolKind,
 };
 use crate::workflow::yaml::{Key, Node, Value};
 
@@ -261,12 +262,37 @@ fn mcp_tool(cx: &mut Cx, fields: &[(Key, Node)], server: &Node, tool: &Node) -> 
         None => true,
         Some(n) => cx.bool(n, "`propagate_trace`")?,
     };
+    let annotations = match get(fields, "annotations") {
+        None => None,
+        Some(n) => Some(mcp_annotations(cx, n)?),
+    };
     Some(McpTool {
         server,
         tool: cx.string(tool, "`tool`")?,
         auth,
         elicitation,
         propagate_trace,
+        annotations,
+    })
+}
+
+/// `annotations: { read_only, destructive, idempotent }` (each optional, MCP's
+/// defaults otherwise).
+fn mcp_annotations(cx: &mut Cx, n: &Node) -> Option<DeclaredAnnotations> {
+    let fields = cx.map(n, "`annotations`")?;
+    cx.check_keys(
+        fields,
+        &[&["read_only", "destructive", "idempotent"]],
+        "`annotations`",
+    );
+    let flag = |cx: &mut Cx, key: &str, default: bool| match get(fields, key) {
+        None => Some(default),
+        Some(v) => cx.bool(v, &format!("`annotations.{key}`")),
+    };
+    Some(DeclaredAnnotations {
+        read_only: flag(cx, "read_only", false)?,
+        destructive: flag(cx, "destructive", true)?,
+        idempotent: flag(cx, "idempotent", false)?,
     })
 }
 
