@@ -530,6 +530,9 @@ fn the_mcp_conformance_suite_passes_the_scenarios_that_apply() {
     let mut cmd = db.flow();
     cmd.args(["serve", "--addr", "127.0.0.1:0", "--insecure-no-auth"]);
     let server = start(cmd, "listening on ");
+    // Without the colours it paints its verdicts with.
+    let ansi = regex::Regex::new("\x1b\\[[0-9;]*m").expect("regex");
+    let verdict = regex::Regex::new(r"Passed: (\d+)/(\d+), 0 failed").expect("regex");
     for scenario in [
         "server-initialize",
         "ping",
@@ -547,12 +550,9 @@ fn the_mcp_conformance_suite_passes_the_scenarios_that_apply() {
             .args(["--scenario", scenario])
             .output()
             .expect("npx runs");
-        // Without the colours it paints its verdicts with.
-        let ansi = regex::Regex::new("\x1b\\[[0-9;]*m").expect("regex");
         let text = ansi
             .replace_all(&String::from_utf8_lossy(&out.stdout), "")
             .into_owned();
-        let verdict = regex::Regex::new(r"Passed: (\d+)/(\d+), 0 failed").expect("regex");
         let passed = verdict
             .captures(&text)
             .is_some_and(|c| c[1] == c[2] && &c[1] != "0");
