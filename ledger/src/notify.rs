@@ -38,6 +38,27 @@ fn payload(scope: &Scope) -> String {
 /// count to change.
 static QUEUED_HERE: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::Sender::new(0));
 
+/// This process's runs that finished or paused, counted: what a caller waiting for a
+/// run it queued (flow's MCP server, in a `flow daemon --serve` that also executes the
+/// run) wakes on instead of polling blind. Bumped after the transaction commits, so a
+/// waiter that wakes and re-reads its run sees the new state; a bump for another run
+/// costs it one read. Runs executed by other processes are not heard: waiters poll too.
+static SETTLED_HERE: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::Sender::new(0));
+
+/// Counts a run of this process that finished or paused (after its commit).
+pub(crate) fn settled_here() {
+    SETTLED_HERE.send_modify(|n| *n = n.wrapping_add(1));
+}
+
+impl Ledger {
+    /// A receiver that changes whenever a run this process executes finishes or pauses
+    /// (see `SETTLED_HERE`): subscribe before reading the run, then wait on
+    /// `changed()` beside a poll.
+    pub fn runs_settled_here(&self) -> watch::Receiver<u64> {
+        SETTLED_HERE.subscribe()
+    }
+}
+
 /// Sends the queue notification on `conn` (PostgreSQL) or to this process's listeners
 /// (SQLite). Called inside the transaction that queues a run: PostgreSQL delivers it at
 /// commit; on SQLite the listener's next claim queues behind this transaction.

@@ -75,22 +75,26 @@ impl Ledger {
         now: Timestamp,
     ) -> Result<FinishedRun, Error> {
         let a = self.finish_args(lease, &finish, now)?;
-        if let Some(parent) = lease.parent.clone() {
+        let finished = if let Some(parent) = lease.parent.clone() {
             // A child's end wakes its paused parent in the same transaction.
             let ledger = self.clone();
-            return self
-                .write(move |c| {
-                    Box::pin(async move {
-                        // The parent's row first (see `wake_parent_in`).
-                        wake_parent_in(c, ledger.scope(), &parent, now).await?;
-                        finish_run_in(c, a).await
-                    })
+            self.write(move |c| {
+                Box::pin(async move {
+                    // The parent's row first (see `wake_parent_in`).
+                    wake_parent_in(c, ledger.scope(), &parent, now).await?;
+                    finish_run_in(c, a).await
                 })
-                .await;
-        }
-        // One statement: the fenced update and its event (no round trips in between).
-        self.write_statement(move |c| Box::pin(async move { finish_run_in(c, a).await }))
+            })
             .await
+        } else {
+            // One statement: the fenced update and its event (no round trips between).
+            self.write_statement(move |c| Box::pin(async move { finish_run_in(c, a).await }))
+                .await
+        };
+        if finished.is_ok() {
+            crate::notify::settled_here();
+        }
+        finished
     }
 
     /// The bound values of `FINISH_RUN`, decided in Rust: the event, and a success whose
@@ -149,7 +153,9 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move { pause_in(c, ledger.scope(), &lease, &reason, now).await })
         })
-        .await
+        .await?;
+        crate::notify::settled_here();
+        Ok(())
     }
 
     /// Puts a paused run, or a running run whose worker is gone (lease expired or holder
@@ -211,7 +217,7 @@ impl Ledger {
     ) -> Result<Run, Error> {
         let ledger = self.clone();
         let run_id = run_id.to_owned();
-        self.write(move |c| {
+        let cancelled = self.write(move |c| {
             Box::pin(async move {
                 let scope = ledger.scope();
                 // A child's parent is locked before the child (see `wake_parent_in`).
@@ -230,7 +236,11 @@ impl Ledger {
                 row.into_run()
             })
         })
-        .await
+        .await;
+        if cancelled.is_ok() {
+            crate::notify::settled_here();
+        }
+        cancelled
     }
 }
 

@@ -125,6 +125,11 @@ impl Running {
             let signal = async move {
                 let _ = stopped.await;
             };
+            // TCP_NODELAY, as a real server is set up: otherwise a response written in
+            // parts waits on the client's delayed ACK (40 ms on Linux).
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             if let Err(e) = axum::serve(listener, router)
                 .with_graceful_shutdown(signal)
                 .await

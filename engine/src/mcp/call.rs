@@ -213,7 +213,10 @@ impl Front {
         stop: &CancellationToken,
     ) -> Result<Run, flow_ledger::Error> {
         let deadline = tokio::time::Instant::now() + self.wait;
-        let mut run = run;
+        // A run this process executes wakes the wait when it ends (subscribed before the
+        // first read: no end is missed); one executed elsewhere is polled, backing off.
+        let mut settled = self.ledger.runs_settled_here();
+        let mut run = self.ledger.get_run(&run.id).await?;
         let mut pause = Duration::from_millis(10);
         while !(run.status.is_terminal() || run.status == RunStatus::Paused) {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -221,10 +224,16 @@ impl Front {
                 break;
             }
             tokio::select! {
-                () = tokio::time::sleep(pause.min(left)) => {}
+                changed = settled.changed() => {
+                    if changed.is_err() {
+                        tokio::time::sleep(pause.min(left)).await;
+                    }
+                }
+                () = tokio::time::sleep(pause.min(left)) => {
+                    pause = (pause * 2).min(Duration::from_millis(250));
+                }
                 () = stop.cancelled() => break,
             }
-            pause = (pause * 2).min(Duration::from_millis(250));
             run = self.ledger.get_run(&run.id).await?;
         }
         Ok(run)

@@ -174,18 +174,23 @@ impl Ledger {
         let ledger = self.clone();
         let lease = lease.clone();
         let reason = reason.to_owned();
-        self.write(move |c| {
-            Box::pin(async move {
-                let s = ledger.scope();
-                held_for_update(c, s, &lease).await?;
-                if changed_under_running_step(c, s, &lease.run_id).await? {
-                    return Ok(false);
-                }
-                crate::run_states::pause_in(c, s, &lease, &reason, now).await?;
-                Ok(true)
+        let paused = self
+            .write(move |c| {
+                Box::pin(async move {
+                    let s = ledger.scope();
+                    held_for_update(c, s, &lease).await?;
+                    if changed_under_running_step(c, s, &lease.run_id).await? {
+                        return Ok(false);
+                    }
+                    crate::run_states::pause_in(c, s, &lease, &reason, now).await?;
+                    Ok(true)
+                })
             })
-        })
-        .await
+            .await;
+        if matches!(paused, Ok(true)) {
+            crate::notify::settled_here();
+        }
+        paused
     }
 
     /// The holds of `run_id` by step: one read over every kind. Tests check the view

@@ -390,7 +390,10 @@ impl Ledger {
             })
             .await;
         match done {
-            Ok(run) => Ok(Some(run)),
+            Ok(run) => {
+                crate::notify::settled_here();
+                Ok(Some(run))
+            }
             Err(e) if is_not_new(&e) => Ok(None),
             Err(e) => Err(e),
         }
