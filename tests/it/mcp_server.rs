@@ -85,6 +85,22 @@ nodes:
 "#,
     );
     db.write(
+        "tools/fanout.yaml",
+        &format!(
+            r#"name: fanout
+inputs:
+  ids: {{ type: array, required: true }}
+tools:
+  pay: {{ kind: http, method: POST, url: "{url}/item", timeout: 5s }}
+nodes:
+  each:
+    for_each: {{ items: "${{{{ inputs.ids }}}}", key: "${{{{ item }}}}", concurrency: 2 }}
+    tool: pay
+    with: {{ id: "${{{{ item }}}}" }}
+"#
+        ),
+    );
+    db.write(
         "tools/slow.yaml",
         &format!(
             r#"name: refund_slow
@@ -393,7 +409,7 @@ fn an_agent_calls_a_workflow_over_stdio() {
         &json!([{"op": "list"}, call_step("refund", json!({"charge": "ch_9"}), Some("k-9"))]),
     );
     assert!(
-        r[0]["tools"].as_array().is_some_and(|t| t.len() == 5),
+        r[0]["tools"].as_array().is_some_and(|t| t.len() == 6),
         "{}",
         r[0]
     );
@@ -562,4 +578,42 @@ fn the_mcp_conformance_suite_passes_the_scenarios_that_apply() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// A call of a workflow that fans out, asked with a `progressToken`, gets progress
+/// notifications counting the items done out of the items listed, ending at all of them.
+#[test]
+fn a_fan_out_reports_its_items_as_progress() {
+    if !sdk() {
+        return;
+    }
+    let rt = runtime();
+    let down = rt.block_on(CountingServer::start()).expect("downstream");
+    down.set("/item", Behavior::hold(Duration::from_millis(80)));
+    let db = TestDb::new(Backend::Sqlite);
+    db.write("flow.toml", &config());
+    tools(&db, &down.url());
+    let server = daemon(&db);
+    let ids: Vec<String> = (0..8).map(|i| format!("i{i}")).collect();
+    let mut step = call_step("fanout", json!({"ids": ids}), Some("f1"));
+    step["progress"] = json!(true);
+    let r = client(&http(&server, AGENT), &json!([step]));
+    assert_eq!(run_of(&r[0]).1, "succeeded", "{}", r[0]);
+    let progress = r[0]["progress"].as_array().cloned().unwrap_or_default();
+    assert!(!progress.is_empty(), "no progress: {}", r[0]);
+    assert!(progress.iter().all(|p| p["total"] == 8.0), "{progress:?}");
+    assert_eq!(
+        progress.last().map(|p| p["progress"].clone()),
+        Some(json!(8.0)),
+        "{progress:?}"
+    );
+    let values: Vec<f64> = progress
+        .iter()
+        .filter_map(|p| p["progress"].as_f64())
+        .collect();
+    assert!(
+        values.windows(2).all(|w| w[0] <= w[1]),
+        "progress only grows: {values:?}"
+    );
+    assert_eq!(down.total(), 8);
 }

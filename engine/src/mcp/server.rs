@@ -123,6 +123,39 @@ impl Handler {
         }
     }
 
+    /// Progress notifications for this call while it waits, when the client asked (a
+    /// `progressToken`) and the workflow fans out (`for_each`).
+    fn progress(
+        &self,
+        entry: &super::catalog::Entry,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+        run_id: &str,
+    ) -> Option<Progress> {
+        let token = context
+            .meta
+            .get_progress_token()
+            .or_else(|| request.meta.as_ref().and_then(|m| m.get_progress_token()))?;
+        if !entry.workflow.nodes.iter().any(|n| n.for_each.is_some()) {
+            return None;
+        }
+        let reporter = Reporter {
+            front: self.front.clone(),
+            peer: context.peer.clone(),
+            token,
+            run_id: run_id.to_owned(),
+        };
+        let looping = reporter.clone();
+        let task = tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                tokio::time::sleep(PROGRESS_EVERY).await;
+                last = looping.report(last).await;
+            }
+        });
+        Some(Progress { reporter, task })
+    }
+
     /// `flow_run_status`: the answer for a run, by id.
     async fn status(&self, arguments: Option<&rmcp::model::JsonObject>) -> CallToolResult {
         let id = arguments
@@ -136,6 +169,51 @@ impl Handler {
             Err(flow_ledger::Error::NotFound { .. }) => text_error(format!("no run {id}")),
             Err(e) => text_error(format!("the run could not be read: {e}; try again")),
         }
+    }
+}
+
+/// How often a waiting call's progress is read.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// Sends one call's progress notifications.
+#[derive(Clone)]
+struct Reporter {
+    front: Arc<Front>,
+    peer: rmcp::Peer<RoleServer>,
+    token: rmcp::model::ProgressToken,
+    run_id: String,
+}
+
+impl Reporter {
+    /// Sends the items' progress if it moved since `last`; the progress now.
+    async fn report(&self, last: Option<(usize, usize)>) -> Option<(usize, usize)> {
+        let now = self.front.items_progress(&self.run_id).await;
+        if let Some((done, total)) = now
+            && now != last
+        {
+            let mut p =
+                rmcp::model::ProgressNotificationParam::new(self.token.clone(), done as f64);
+            p.total = Some(total as f64);
+            p.message = Some(format!("{done} of {total} items done"));
+            if let Err(e) = self.peer.notify_progress(p).await {
+                tracing::debug!(error = %e, "MCP progress not delivered");
+            }
+        }
+        now.or(last)
+    }
+}
+
+/// A call's progress loop, and a last report when the wait ends.
+struct Progress {
+    reporter: Reporter,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Progress {
+    /// Stops the loop and reports where the run got to (so a fast run still reports).
+    async fn finish(self) {
+        self.task.abort();
+        self.reporter.report(None).await;
     }
 }
 
@@ -283,7 +361,12 @@ impl ServerHandler for Handler {
         let tasks = context
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks());
-        match self.front.settle(joined.run, &context.ct).await {
+        let progress = self.progress(entry, &request, &context, &joined.run.id);
+        let settled = self.front.settle(joined.run, &context.ct).await;
+        if let Some(progress) = progress {
+            progress.finish().await;
+        }
+        match settled {
             Ok(run) => {
                 let answer = self.front.answer(&run, coalesced).await;
                 if tasks && !run.status.is_terminal() {

@@ -6,7 +6,9 @@
 //! the ledger (so tasks survive a server restart, and any server sharing the ledger
 //! answers for them), `tasks/cancel` asks the run to stop as `flow cancel` does. Only
 //! a client that declared the extension gets tasks; any other gets the
-//! `flow_run_status` answer of [`Front::answer`].
+//! `flow_run_status` answer of [`Front::answer`]. A call that asked for progress (a
+//! `progressToken`) of a workflow with `for_each` nodes gets `notifications/progress`
+//! with the items ended out of the items listed ([`Front::items_progress`]).
 
 use flow_ledger::{Actor, Run, RunStatus};
 use rmcp::model::{CallToolResult, DetailedTask, Task, TaskPayload, TaskStatus};
@@ -69,6 +71,31 @@ impl Front {
         self.ledger
             .request_cancel_as(run_id, Some(actor), self.clock.now())
             .await
+    }
+}
+
+impl Front {
+    /// How far `run_id`'s `for_each` nodes are: items ended (succeeded, failed, skipped,
+    /// cancelled or in doubt) and items listed, over every such node; `None` before any
+    /// list is known. What a call's progress notifications report.
+    pub async fn items_progress(&self, run_id: &str) -> Option<(usize, usize)> {
+        let view = crate::view::RunView::load(&self.ledger, run_id)
+            .await
+            .ok()?;
+        let mut seen = false;
+        let (mut done, mut total) = (0, 0);
+        for items in view.nodes.iter().filter_map(|n| n.items.as_ref()) {
+            if let Some(t) = items.total {
+                seen = true;
+                total += t;
+                done += items.succeeded
+                    + items.failed
+                    + items.skipped
+                    + items.cancelled
+                    + items.in_doubt;
+            }
+        }
+        seen.then_some((done, total))
     }
 }
 

@@ -17,6 +17,7 @@ STEPS is a JSON list run in order; each prints one JSON line on stdout:
     {"op": "reconnect"}                              -> closes the session, opens another
     {"op": "call", ..., "cancel": true}              -> with tasks: cancels the task at once
     {"op": "call", ..., "may_fail": true}            -> the server may die: prints {"failed": …}
+    {"op": "call", ..., "progress": true}            -> asks for progress: {"progress": [...]}
 
 A call answered with a task prints {"task": {...what tasks/get said...}} beside the result.
 
@@ -115,9 +116,19 @@ def dump(result):
     return result.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
+PROGRESS = []
+
+
+async def on_progress(progress, total, message):
+    PROGRESS.append({"progress": progress, "total": total, "message": message})
+
+
 async def call(client, step):
     meta = {"io.flow/idempotency-key": step["key"]} if step.get("key") else None
-    return await client.call_tool(step["tool"], step.get("args") or {}, meta=meta)
+    callback = on_progress if step.get("progress") else None
+    return await client.call_tool(
+        step["tool"], step.get("args") or {}, meta=meta, progress_callback=callback
+    )
 
 
 async def main():
@@ -140,7 +151,10 @@ async def main():
                     return
             elif op == "call":
                 TASKS.cancel, TASKS.seen = bool(step.get("cancel")), None
+                PROGRESS.clear()
                 out = dump(await call(client, step))
+                if step.get("progress"):
+                    out["progress"] = list(PROGRESS)
                 if TASKS.seen is not None:
                     out["task"] = TASKS.seen
             elif op == "twice":
