@@ -161,19 +161,14 @@ impl Pool {
         timeout: Duration,
     ) -> Result<Option<Annotations>, Error> {
         let deadline = Instant::now() + timeout;
-        let key: Key = (
-            spec.server.clone(),
-            spec.auth.clone(),
-            spec.elicitation.clone(),
-        );
+        let key = Self::key(spec);
         let session = self.session(&key, deadline).await?;
-        let what = format!("{} listing tools", session.label);
         let listed = session
             .tools
             .get_or_try_init(|| async {
-                let listing = session.client.peer().list_all_tools();
-                match tokio::time::timeout_at(deadline, listing).await {
-                    Ok(Ok(tools)) => Ok(tools
+                let tools = self.list_on(&key, &session, deadline).await?;
+                Ok::<_, Error>(
+                    tools
                         .iter()
                         .map(|t| {
                             (
@@ -181,17 +176,8 @@ impl Pool {
                                 Annotations::from_rmcp(t.annotations.as_ref()),
                             )
                         })
-                        .collect::<HashMap<_, _>>()),
-                    Ok(Err(e)) => {
-                        let failure = classify::request_error(&e, &what);
-                        if failure.discard {
-                            self.discard(&key, &session).await;
-                        }
-                        Err(failure.error)
-                    }
-                    // Listing has no side effect: a timeout is just "try later".
-                    Err(_) => Err(Error::transient(format!("{what}: timed out"), None)),
-                }
+                        .collect::<HashMap<_, _>>(),
+                )
             })
             .await?;
         let found = listed.get(&spec.tool).copied();

@@ -101,11 +101,11 @@ impl Front {
         match call.key {
             Some(key) => {
                 let id = run_id_for_key(call.principal, call.tool, key);
-                self.join_or_enqueue(entry, call, id, inputs)
+                self.join_or_enqueue(entry, call, id.clone(), inputs)
                     .await?
                     .ok_or_else(|| Refused::KeyReused {
                         key: key.to_owned(),
-                        run: run_id_for_key(call.principal, call.tool, key),
+                        run: id,
                     })
             }
             None => self.coalesce(entry, call, inputs).await,
@@ -250,7 +250,7 @@ impl Front {
     /// What the agent is told about `run`: its output, or what it fails or waits on
     /// and what to do, with the run id in `structuredContent` and `_meta`.
     pub async fn answer(&self, run: &Run, coalesced: bool) -> CallToolResult {
-        let (status, error, text, extra) = match run.status {
+        let shape = match run.status {
             RunStatus::Succeeded => {
                 let mut out = run.output.clone().unwrap_or_else(|| json!({}));
                 // A proxied call answers with its one node's output: the server's.
@@ -264,26 +264,21 @@ impl Front {
                     Shape::ok("succeeded", text).with("output", out),
                 );
             }
-            RunStatus::Failed => (
+            RunStatus::Failed => Shape::error(
                 "failed",
-                true,
                 format!(
                     "run {} failed: {}. flow does not run it again by itself; an operator can redrive it (`flow redrive {}`).",
                     run.id,
                     run.error.as_deref().unwrap_or("no reason recorded"),
                     run.id
                 ),
-                None,
             ),
-            RunStatus::Cancelled => (
+            RunStatus::Cancelled => Shape::error(
                 "cancelled",
-                true,
                 format!("run {} was cancelled by an operator.", run.id),
-                None,
             ),
-            RunStatus::Queued | RunStatus::Running => (
+            RunStatus::Queued | RunStatus::Running => Shape::ok(
                 "running",
-                false,
                 format!(
                     "run {} is still running after {}. Call `{}` with run_id \"{}\" for its result (calling this tool again starts another run unless it carries the same `_meta` \"io.flow/idempotency-key\").",
                     run.id,
@@ -291,22 +286,13 @@ impl Front {
                     STATUS_TOOL,
                     run.id
                 ),
-                None,
             ),
             RunStatus::Paused => return self.paused(run, coalesced).await,
         };
-        let mut shape = Shape {
-            status,
-            error,
-            text,
-            fields: Vec::new(),
+        let shape = match &run.error {
+            Some(e) => shape.with("error", json!(e)),
+            None => shape,
         };
-        if let Some(e) = &run.error {
-            shape = shape.with("error", json!(e));
-        }
-        if let Some((k, v)) = extra {
-            shape = shape.with(k, v);
-        }
         finish(run, coalesced, shape)
     }
 
