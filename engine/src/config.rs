@@ -638,6 +638,7 @@ start = "latest"
                 flow_ledger::EventType::ToolCallResolved,
                 flow_ledger::EventType::ToolCallProbed,
                 flow_ledger::EventType::ToolCallNeedsOperator,
+                flow_ledger::EventType::ToolCallSlotReleased,
                 flow_ledger::EventType::ToolCallTaskStarted,
                 flow_ledger::EventType::ToolCallElicited,
             ]

@@ -65,6 +65,10 @@ pub enum EventType {
     /// An in-doubt call's probes are spent, or could not settle it: a human decides.
     #[serde(rename = "tool_call.needs_operator")]
     ToolCallNeedsOperator,
+    /// An operator released the concurrency slot a call in doubt held (`flow
+    /// release-slot`): the call stays in doubt but no longer counts against its limit.
+    #[serde(rename = "tool_call.slot_released")]
+    ToolCallSlotReleased,
     /// The downstream started a remote task for a call (an MCP task); its id is
     /// recorded, and the call is collected by it after a crash or a timeout.
     #[serde(rename = "tool_call.task_started")]
@@ -136,6 +140,7 @@ impl EventType {
         Self::ToolCallResolved,
         Self::ToolCallProbed,
         Self::ToolCallNeedsOperator,
+        Self::ToolCallSlotReleased,
         Self::ToolCallTaskStarted,
         Self::ToolCallElicited,
         Self::ApprovalRequested,
@@ -171,6 +176,7 @@ impl EventType {
             Self::ToolCallResolved => "tool_call.resolved",
             Self::ToolCallProbed => "tool_call.probed",
             Self::ToolCallNeedsOperator => "tool_call.needs_operator",
+            Self::ToolCallSlotReleased => "tool_call.slot_released",
             Self::ToolCallTaskStarted => "tool_call.task_started",
             Self::ToolCallElicited => "tool_call.elicited",
             Self::ApprovalRequested => "approval.requested",

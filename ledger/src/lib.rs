@@ -47,7 +47,8 @@
 //!   (deletion and key tombstones), `connections.rs` and `connection_pending.rs` (OAuth
 //!   sign-ins), `trace.rs` (OpenTelemetry context), [`inbox`] (the in-doubt worklist's
 //!   reads), `operator.rs` (what the operator API adds: actors, filters) and
-//!   `tool_pins.rs` (the pinned definitions of the MCP proxy's tools).
+//!   `tool_pins.rs` (the pinned definitions of the MCP proxy's tools), `slots.rs` (a
+//!   tool's concurrency limit: the calls in flight counted at the outbound mark).
 //!
 //! # The at-most-once protocol
 //! 1. [`Ledger::claim_call`] → `Claimed(lease)`, `Replay`, `InDoubt`, or `Busy` /
@@ -132,6 +133,7 @@ mod run_states;
 mod runs;
 mod schedules;
 mod search;
+mod slots;
 mod sqlite;
 mod steps;
 mod timers;
@@ -177,6 +179,7 @@ pub use schedules::{
     ScheduleDef, ScheduleState, TickPlan, applied_from,
 };
 pub use search::MAX_INPUT_VALUE_LEN;
+pub use slots::{Slot, SlotMark, SlotUse, WAITER_FRESH};
 pub use sqlite::{is_read_only_url, path_of as sqlite_path};
 pub use state::{
     ApprovalStatus, CallStatus, ErrorKind, RunStatus, RunTransition, StepStatus, WaitKind,

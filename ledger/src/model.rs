@@ -591,6 +591,12 @@ pub struct ToolCall {
     /// The `tracestate` stored beside it, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_state: Option<String>,
+    /// Why a claimed call was let go unsent and waits — a slot of the tool's
+    /// concurrency limit, its rate limit, the downstream's `Retry-After` — in words, so
+    /// `flow show`, the API and the console can say why a run is not moving. Cleared by
+    /// the outbound mark.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 impl ToolCall {
@@ -725,6 +731,8 @@ pub struct Usage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Window {
+    /// The current UTC second (`hh:mm:ss.000` to the next second).
+    Second,
     /// The current UTC minute (`hh:mm:00.000` to the next minute).
     Minute,
     /// The current UTC day (`00:00:00.000Z` to the next midnight): a daily quota.
@@ -735,6 +743,7 @@ impl Window {
     /// Stored text.
     pub fn as_str(self) -> &'static str {
         match self {
+            Window::Second => "second",
             Window::Minute => "minute",
             Window::Day => "day",
         }
@@ -743,6 +752,7 @@ impl Window {
     /// Window length in milliseconds.
     pub fn millis(self) -> i64 {
         match self {
+            Window::Second => 1_000,
             Window::Minute => 60_000,
             Window::Day => 86_400_000,
         }

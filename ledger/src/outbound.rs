@@ -28,7 +28,8 @@ use crate::events::{EventType, NewEvent, emit};
 /// no holder, a lease that expired at `$8`, the status unchanged.
 const LET_GO_CLAIMED: CallEdge = CallEdge {
     sql: concat!(
-        "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $8, updated_at = $8
+        "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $8, updated_at = $8,
+            waiting = $10
          WHERE",
         call_fence!(),
         "AND status = $9"
@@ -39,7 +40,8 @@ const LET_GO_CLAIMED: CallEdge = CallEdge {
 /// The same for an outbound call whose remote task is recorded (`CallTransition::Collect`).
 const LET_GO_TASK: CallEdge = CallEdge {
     sql: concat!(
-        "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $8, updated_at = $8
+        "UPDATE tool_calls SET lease_holder = NULL, lease_expires_at = $8, updated_at = $8,
+            waiting = $10
          WHERE",
         call_fence!(),
         "AND status = $9 AND remote_task IS NOT NULL"
@@ -55,11 +57,12 @@ async fn let_go(
     ledger: &Ledger,
     lease: &CallLease,
     statement: &CallEdge,
+    waiting: Option<&str>,
     now: Timestamp,
 ) -> Result<u64, Error> {
     let (from, _) = statement.edge.states();
     let mut a = fence_args(ledger, lease);
-    a.extend(args![now, from.as_str()]);
+    a.extend(args![now, from.as_str(), waiting]);
     c.execute(statement.sql, a).await
 }
 
@@ -98,45 +101,56 @@ impl Ledger {
         let ledger = self.clone();
         let lease = lease.clone();
         self.write_statement(move |c| {
-            Box::pin(async move {
-                let lease = &lease;
-                let (from, to) = CallTransition::MarkOutbound.states();
-                let mut a = fence_args(&ledger, lease);
-                a.extend(args![
-                    now,
-                    to.as_str(),
-                    from.as_str(),
-                    lease.trace_parent.as_deref(),
-                    lease.trace_state.as_deref()
-                ]);
-                // The trace context is stored by the key's first mark only: a re-send
-                // keeps the original's (SET reads the row as it was).
-                let n = c
-                    .execute(
-                        concat!(
-                            "UPDATE tool_calls SET status = $9, outbound_started_at = $8,
-                                remote_task = NULL, updated_at = $8,
-                                trace_parent = COALESCE(trace_parent, $11),
-                                trace_state = CASE WHEN trace_parent IS NULL THEN $12
-                                    ELSE trace_state END WHERE",
-                            live_call_fence!(),
-                            "AND status = $10"
-                        ),
-                        a,
-                    )
-                    .await?;
-                if n == 1 {
-                    return Ok(());
-                }
-                match read_call(c, &ledger, &lease.run_id, &lease.tool_call_id).await? {
-                    None => Err(Error::NotFound {
-                        what: format!("tool call {}/{}", lease.run_id, lease.tool_call_id),
-                    }),
-                    Some(_) => Err(Error::LeaseLost),
-                }
-            })
+            Box::pin(async move { ledger.mark_in(c, &lease, None, now).await })
         })
         .await
+    }
+
+    /// The outbound mark's statement, in the caller's transaction; `slot` is the
+    /// concurrency limit the call now counts against (`slots.rs`), if its tool has one.
+    pub(crate) async fn mark_in(
+        &self,
+        c: &mut Conn<'_>,
+        lease: &CallLease,
+        slot: Option<&str>,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        let (from, to) = CallTransition::MarkOutbound.states();
+        let mut a = fence_args(self, lease);
+        a.extend(args![
+            now,
+            to.as_str(),
+            from.as_str(),
+            lease.trace_parent.as_deref(),
+            lease.trace_state.as_deref(),
+            slot
+        ]);
+        // The trace context is stored by the key's first mark only: a re-send
+        // keeps the original's (SET reads the row as it was).
+        let n = c
+            .execute(
+                concat!(
+                    "UPDATE tool_calls SET status = $9, outbound_started_at = $8,
+                        remote_task = NULL, updated_at = $8,
+                        trace_parent = COALESCE(trace_parent, $11),
+                        trace_state = CASE WHEN trace_parent IS NULL THEN $12
+                            ELSE trace_state END,
+                        slot = $13, slot_waiting_since = NULL, waiting = NULL WHERE",
+                    live_call_fence!(),
+                    "AND status = $10"
+                ),
+                a,
+            )
+            .await?;
+        if n == 1 {
+            return Ok(());
+        }
+        match read_call(c, self, &lease.run_id, &lease.tool_call_id).await? {
+            None => Err(Error::NotFound {
+                what: format!("tool call {}/{}", lease.run_id, lease.tool_call_id),
+            }),
+            Some(_) => Err(Error::LeaseLost),
+        }
     }
 
     /// Extends the call lease while the adapter works (fenced by tokens; see
@@ -252,6 +266,9 @@ impl Ledger {
                 .await?;
                 insert_usage(c, &ledger, lease, req.requests_sent, now).await?;
                 ledger.step_effects(c, &lease.run_id, &req, now).await?;
+                if let Some(slot) = &row.slot {
+                    crate::slots::wake_next_waiter(c, ledger.scope(), slot, now).await?;
+                }
                 Ok(())
             })
         })
@@ -355,11 +372,24 @@ impl Ledger {
     /// no holder and a lease that expired at `now`, attempt count and key unchanged, so
     /// the next claim of this call takes it over and sends the same key.
     pub async fn release_call(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
+        self.release_call_waiting(lease, None, now).await
+    }
+
+    /// [`Ledger::release_call`], saying why the call waits (`ToolCall::waiting`: a rate
+    /// limit, a downstream's `Retry-After`), for whoever asks why the run is not moving.
+    pub async fn release_call_waiting(
+        &self,
+        lease: &CallLease,
+        waiting: Option<&str>,
+        now: Timestamp,
+    ) -> Result<(), Error> {
         let ledger = self.clone();
         let lease = lease.clone();
+        let waiting = waiting.map(str::to_owned);
         self.write_statement(move |c| {
             Box::pin(async move {
-                let n = let_go(c, &ledger, &lease, &LET_GO_CLAIMED, now).await?;
+                let why = waiting.as_deref();
+                let n = let_go(c, &ledger, &lease, &LET_GO_CLAIMED, why, now).await?;
                 if n == 0 {
                     return Err(Error::LeaseLost);
                 }
@@ -380,18 +410,32 @@ impl Ledger {
     /// and not by expiry (like `complete_call`): once another worker took the run over,
     /// its claim decided the call (in doubt) and this is `LeaseLost`.
     pub async fn give_back_unsent(&self, lease: &CallLease, now: Timestamp) -> Result<(), Error> {
+        self.give_back_waiting(lease, None, now).await
+    }
+
+    /// [`Ledger::give_back_unsent`] for a request the downstream refused unprocessed
+    /// and asked to be sent later (`429`/`503` with `Retry-After`): no effect happened, so
+    /// the call goes back to be claimed again with the same key, not an attempt; `waiting`
+    /// says why (`ToolCall::waiting`).
+    pub async fn give_back_waiting(
+        &self,
+        lease: &CallLease,
+        waiting: Option<&str>,
+        now: Timestamp,
+    ) -> Result<(), Error> {
         let ledger = self.clone();
         let lease = lease.clone();
+        let waiting = waiting.map(str::to_owned);
         self.write_statement(move |c| {
             Box::pin(async move {
                 let (from, to) = CallTransition::GiveBack.states();
                 let mut a = fence_args(&ledger, &lease);
-                a.extend(args![now, to.as_str(), from.as_str()]);
+                a.extend(args![now, to.as_str(), from.as_str(), waiting]);
                 let n = c
                     .execute(
                         concat!(
                             "UPDATE tool_calls SET status = $9, lease_holder = NULL,
-                                lease_expires_at = $8, updated_at = $8
+                                lease_expires_at = $8, updated_at = $8, waiting = $11
                              WHERE",
                             call_fence!(),
                             "AND status IN ($9, $10) AND remote_task IS NULL"
@@ -496,7 +540,7 @@ impl Ledger {
         self.write_statement(move |c| {
             Box::pin(async move {
                 let (from, _) = CallTransition::Collect.states();
-                let n = let_go(c, &ledger, &lease, &LET_GO_TASK, now).await?;
+                let n = let_go(c, &ledger, &lease, &LET_GO_TASK, None, now).await?;
                 if n == 1 {
                     return Ok(());
                 }

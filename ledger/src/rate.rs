@@ -7,9 +7,10 @@
 //! before each request and adds extra ones (e.g. an MCP re-auth) with `rate_add`.
 
 use crate::clock::Timestamp;
-use crate::conn::args;
+use crate::conn::{Conn, args};
 use crate::error::Error;
 use crate::ledger::Ledger;
+use crate::model::Scope;
 use crate::model::{RateAcquire, RateDecision, Window};
 use crate::rows::IntRow;
 
@@ -97,6 +98,41 @@ impl Ledger {
         .await
     }
 
+    /// A downstream asked every sender of `key` to hold off until `until` (a
+    /// `Retry-After`): remembered for every process as a row of kind `hold_off` in the
+    /// rate's own table, `window_start` the time it ends (so retention removes it like
+    /// any window past). Returns the latest hold-off of `key` now in force.
+    pub async fn hold_off(
+        &self,
+        key: &str,
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<Timestamp, Error> {
+        let ledger = self.clone();
+        let key = key.to_owned();
+        self.write(move |c| {
+            Box::pin(async move {
+                let s = ledger.scope();
+                c.execute(
+                    "INSERT INTO rate_counters (tenant, workspace, key, window_kind, window_start, count)
+                     VALUES ($1, $2, $3, 'hold_off', $4, 0)
+                     ON CONFLICT (tenant, workspace, key, window_kind, window_start) DO NOTHING",
+                    args![&s.tenant, &s.workspace, key.as_str(), until],
+                )
+                .await?;
+                Ok(held_off_in(c, s, &key, now).await?.unwrap_or(until))
+            })
+        })
+        .await
+    }
+
+    /// `Some(end)` while a downstream's hold-off of `key` is in force at `now`
+    /// ([`Ledger::hold_off`]).
+    pub async fn held_off(&self, key: &str, now: Timestamp) -> Result<Option<Timestamp>, Error> {
+        let mut pc = self.pool().acquire().await?;
+        held_off_in(&mut pc.conn(), self.scope(), key, now).await
+    }
+
     /// The current count of a window (for `flow show`, metrics and tests).
     #[cfg(any(test, feature = "testkit"))]
     pub async fn rate_count(
@@ -124,4 +160,23 @@ impl Ledger {
             .await?;
         Ok(row.map_or(0, |r| u32::try_from(r.n).unwrap_or(u32::MAX)))
     }
+}
+
+/// The latest hold-off of `key` that ends after `now`, if any.
+async fn held_off_in(
+    c: &mut Conn<'_>,
+    s: &Scope,
+    key: &str,
+    now: Timestamp,
+) -> Result<Option<Timestamp>, Error> {
+    let row = c
+        .optional::<IntRow>(
+            "SELECT MAX(window_start) AS n FROM rate_counters
+             WHERE tenant = $1 AND workspace = $2 AND key = $3 AND window_kind = 'hold_off'
+               AND window_start > $4
+             HAVING MAX(window_start) IS NOT NULL",
+            args![&s.tenant, &s.workspace, key, now],
+        )
+        .await?;
+    Ok(row.map(|r| Timestamp(r.n)))
 }

@@ -253,11 +253,18 @@ pub(crate) struct CallRow {
     pub trace_parent: Option<String>,
     #[sqlx(default)]
     pub trace_state: Option<String>,
+    /// The concurrency limit the call counts against (migration 0025); absent from
+    /// column lists that do not need it.
+    #[sqlx(default)]
+    pub slot: Option<String>,
+    /// Why the claimed call waits unsent (migration 0025).
+    #[sqlx(default)]
+    pub waiting: Option<String>,
 }
 
 macro_rules! call_cols {
     () => {
-        "run_id, tool_call_id, step_id, tool, idempotency_key, request, request_hash, status, attempt_count, outbound_requests, lease_holder, lease_token, run_token, lease_expires_at, outbound_started_at, in_doubt_at, output, error_kind, error_message, resolution, resolved_by, resolved_at, resolution_note, created_at, finished_at, remote_task, uncounted_sends, trace_parent, trace_state"
+        "run_id, tool_call_id, step_id, tool, idempotency_key, request, request_hash, status, attempt_count, outbound_requests, lease_holder, lease_token, run_token, lease_expires_at, outbound_started_at, in_doubt_at, output, error_kind, error_message, resolution, resolved_by, resolved_at, resolution_note, created_at, finished_at, remote_task, uncounted_sends, trace_parent, trace_state, slot, waiting"
     };
 }
 pub(crate) use call_cols;
@@ -335,6 +342,7 @@ impl CallRow {
             uncounted_sends: count(self.uncounted_sends),
             trace_parent: self.trace_parent,
             trace_state: self.trace_state,
+            waiting: self.waiting,
         })
     }
 }

@@ -404,6 +404,28 @@ impl Ledger {
     /// Gives a run back to the queue (daemon shutdown): status `queued`, lease cleared.
     /// The token stays, so the next claim's token is still strictly greater.
     pub async fn release_run(&self, lease: &RunLease, now: Timestamp) -> Result<(), Error> {
+        self.requeue_held(lease, None, now).await
+    }
+
+    /// Puts a run whose next start is at `until` back on the queue until then (status
+    /// `queued`, `not_before = until`, lease cleared): a worker does not wait with a run
+    /// that has nothing in flight. Fenced like [`Ledger::release_run`].
+    pub async fn park_run(
+        &self,
+        lease: &RunLease,
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<(), Error> {
+        self.requeue_held(lease, Some(until), now).await
+    }
+
+    /// The holder's run back to the queue, due at `until` when given.
+    async fn requeue_held(
+        &self,
+        lease: &RunLease,
+        until: Option<Timestamp>,
+        now: Timestamp,
+    ) -> Result<(), Error> {
         let ledger = self.clone();
         let lease = lease.clone();
         let to = RunTransition::Release.check(RunStatus::Running, RunStatus::Queued)?;
@@ -413,11 +435,11 @@ impl Ledger {
                 let n = c
                     .execute(
                         concat!(
-                            "UPDATE runs SET status = $7, worker = NULL,
-                                lease_expires_at = NULL, updated_at = $6 WHERE",
+                            "UPDATE runs SET status = $7, worker = NULL, lease_expires_at = NULL,
+                                updated_at = $6, not_before = COALESCE($8, not_before) WHERE",
                             run_fence!()
                         ),
-                        [Fence::run(scope, &lease), args![now, to.as_str()]].concat(),
+                        [Fence::run(scope, &lease), args![now, to.as_str(), until]].concat(),
                     )
                     .await?;
                 if n == 0 {

@@ -79,6 +79,12 @@ impl Daemon {
         self.child.id()
     }
 
+    /// SIGKILL, and reap it.
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     pub(crate) fn signal(&self, sig: &str) {
         let status = std::process::Command::new("kill")
             .args([sig, &self.pid().to_string()])

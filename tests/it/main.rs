@@ -21,6 +21,7 @@ mod elicit;
 mod events;
 mod fencing;
 mod flapping;
+mod flow_control;
 mod follow_up;
 mod for_each;
 mod for_each_approvals;

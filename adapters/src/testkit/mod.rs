@@ -37,6 +37,7 @@
 
 pub mod flags;
 pub mod http;
+mod http_remote;
 pub mod mcp;
 
 use std::path::PathBuf;

@@ -19,6 +19,7 @@ pub(super) fn writing_command(command: &Command) -> Option<&'static str> {
         Command::Resume(_) => Some("resume"),
         Command::Reconcile(args) if !args.dry_run => Some("reconcile"),
         Command::Cancel(_) => Some("cancel"),
+        Command::ReleaseSlot(_) => Some("release-slot"),
         Command::Redrive(_) => Some("redrive"),
         Command::Approve(_) => Some("approve"),
         Command::Deny(_) => Some("deny"),
@@ -74,6 +75,7 @@ pub(super) fn needs_existing_ledger(command: &Command) -> bool {
         Command::Show(_)
         | Command::Runs(_)
         | Command::Cancel(_)
+        | Command::ReleaseSlot(_)
         | Command::Resume(_)
         | Command::Redrive(_)
         | Command::Approvals(_)

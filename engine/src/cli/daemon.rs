@@ -139,7 +139,9 @@ async fn open(cli: &Cli, args: &DaemonArgs, metrics: Arc<Metrics>) -> Result<Ope
     })
     .await
     .map_err(Error::from)?;
-    let executor = runtime.executor(Arc::new(Observer::new(metrics)));
+    // A run that must wait (a slot, a rate limit, a retry's backoff) waits on the queue,
+    // not in one of this daemon's slots.
+    let executor = runtime.executor(Arc::new(Observer::new(metrics))).parking();
     let mcp = runtime
         .mcp_front(&config.mcp, config.path.as_deref())
         .await

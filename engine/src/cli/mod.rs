@@ -23,6 +23,7 @@ mod run;
 mod schedules;
 mod serve;
 pub(crate) mod show;
+mod slots;
 mod submit;
 mod table;
 mod who;
@@ -221,6 +222,12 @@ pub enum Command {
     /// Ask a run to stop: no new steps start; in-flight calls finish; the run ends cancelled.
     #[command(after_help = "Example:\n  flow cancel run_01J...")]
     Cancel(show::CancelArgs),
+    /// Free the concurrency slot a call in doubt holds (it stays in doubt): when the downstream is known to have given up on it.
+    #[command(
+        name = "release-slot",
+        after_help = "Exit codes: 0 released, 2 the call holds no slot, 5 could not reach the database.\n\nExample:\n  flow release-slot run_01J... send_sms --reason \"provider dropped the request\""
+    )]
+    ReleaseSlot(slots::ReleaseSlotArgs),
     /// Put a failed run back on the queue: its failed nodes run again as new attempts (new keys); succeeded nodes are replayed.
     #[command(
         after_help = "Examples:\n  flow redrive run_01J... --reason \"PSP outage over\"\n  flow redrive run_01J... --from charge"
@@ -428,6 +435,7 @@ fn check_run_arg(command: &Command) -> Result<(), Error> {
     let run = match command {
         Command::Show(a) => &a.run,
         Command::Cancel(a) => &a.run,
+        Command::ReleaseSlot(a) => &a.run,
         Command::Resume(a) => &a.run,
         Command::Redrive(a) => &a.run,
         Command::Approve(a) => &a.run,
@@ -496,6 +504,7 @@ async fn command(cli: &Cli, stdout: &mut dyn Write, stderr: &mut dyn Write) -> u
             Command::Show(args) => show::show(cli, args, stdout).await,
             Command::Runs(args) => show::runs(cli, args, stdout, stderr).await,
             Command::Cancel(args) => show::cancel(cli, args, stdout, stderr).await,
+            Command::ReleaseSlot(args) => slots::release_slot(cli, args, stdout).await,
             Command::Redrive(args) => redrive::redrive(cli, args, stdout, stderr).await,
             Command::Approvals(args) => approve::approvals(cli, args, stdout).await,
             Command::Approve(args) => approve::approve(cli, args, stdout, stderr).await,

@@ -305,6 +305,9 @@ async fn human(ledger: &Ledger, run_id: &str, resume: &str) -> Result<String, fl
             if let Some(task) = &c.remote_task {
                 let _ = writeln!(out, "    remote task {task}");
             }
+            if let (flow_ledger::CallStatus::Claimed, Some(why)) = (c.status, &c.waiting) {
+                let _ = writeln!(out, "    waiting: {why}");
+            }
             if let Some(how) = &c.resolution {
                 let _ = writeln!(
                     out,

@@ -68,6 +68,7 @@ pub struct Metrics {
 /// and the oldest one's wait), approvals and waits.
 struct Waiting {
     in_doubt: Family<Labels, Gauge>,
+    slots: Family<Labels, Gauge>,
     oldest_in_doubt: Gauge,
     approvals: Gauge,
     waits: Gauge,
@@ -77,6 +78,7 @@ impl Waiting {
     fn register(registry: &mut Registry) -> Self {
         let w = Self {
             in_doubt: Family::default(),
+            slots: Family::default(),
             oldest_in_doubt: Gauge::default(),
             approvals: Gauge::default(),
             waits: Gauge::default(),
@@ -85,6 +87,11 @@ impl Waiting {
             "tool_calls_in_doubt",
             "Tool calls in doubt by tool, each waiting for a resolution (read at scrape time)",
             w.in_doubt.clone(),
+        );
+        registry.register(
+            "tool_slots",
+            "Calls of tools with a concurrency limit by limit and state: in_flight and in_doubt hold a slot, waiting wait for one (read at scrape time)",
+            w.slots.clone(),
         );
         registry.register(
             "oldest_in_doubt_seconds",
@@ -102,6 +109,25 @@ impl Waiting {
             w.waits.clone(),
         );
         w
+    }
+
+    /// Calls in a slot or waiting for one, by limit (a limit nothing uses drops out).
+    fn set_slots(&self, slots: &[flow_ledger::SlotUse]) {
+        self.slots.clear();
+        for s in slots {
+            for (state, n) in [
+                ("in_flight", s.in_flight),
+                ("in_doubt", s.in_doubt),
+                ("waiting", s.waiting),
+            ] {
+                self.slots
+                    .get_or_create(&vec![
+                        ("limit", s.key.clone()),
+                        ("state", state.to_string()),
+                    ])
+                    .set(i64::from(n));
+            }
+        }
     }
 
     /// Calls in doubt by tool (a tool none of whose calls is in doubt any more drops
@@ -469,10 +495,16 @@ impl Metrics {
             let now = flow_ledger::Clock::now(&flow_ledger::SystemClock);
             let approvals = ledger.count_pending_approvals(now).await?;
             let waits = ledger.count_pending_waits().await?;
-            Ok::<_, flow_ledger::Error>((by_status, (in_doubt, approvals, waits), deliveries))
+            let slots = ledger.slot_use(now).await?;
+            Ok::<_, flow_ledger::Error>((
+                by_status,
+                (in_doubt, approvals, waits, slots),
+                deliveries,
+            ))
         };
         match tokio::time::timeout(DB_TIMEOUT, read).await {
-            Ok(Ok((by_status, (in_doubt, approvals, waits), deliveries))) => {
+            Ok(Ok((by_status, (in_doubt, approvals, waits, slots), deliveries))) => {
+                self.waiting.set_slots(&slots);
                 for (consumer, status, n) in deliveries {
                     self.deliveries
                         .get_or_create(&vec![

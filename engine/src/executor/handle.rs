@@ -14,6 +14,11 @@ pub struct Executor {
     pub(super) gateway: Gateway,
     pub(super) progress: Arc<dyn Progress>,
     pub(super) rng: Arc<std::sync::Mutex<rand::rngs::StdRng>>,
+    /// Whether a run with nothing in flight that must wait (a retry's backoff, a rate
+    /// limit, a concurrency slot) goes back to the queue until then instead of keeping
+    /// its worker ([`Executor::parking`]): true for the daemon, whose claim loop picks it
+    /// up again; false for `flow run`, which has nobody else to.
+    pub(super) parks: bool,
 }
 
 impl Executor {
@@ -24,7 +29,16 @@ impl Executor {
             gateway,
             progress,
             rng: Arc::new(std::sync::Mutex::new(rng)),
+            parks: false,
         }
+    }
+
+    /// This executor, parking runs that must wait on the queue (`not_before`) instead
+    /// of holding a worker while they wait: a call waiting for a slot or a rate limit
+    /// takes no worker from other runs. For the daemon.
+    pub fn parking(mut self) -> Self {
+        self.parks = true;
+        self
     }
 
     /// The gateway (ledger, tools, secrets).
@@ -39,6 +53,8 @@ impl Executor {
             gateway: self.gateway.clone(),
             progress: Arc::new(super::progress::Nested::new(self.progress.clone(), prefix)),
             rng: self.rng.clone(),
+            // A child run executed in-process belongs to its parent's step.
+            parks: false,
         }
     }
 }

@@ -3,12 +3,14 @@
 //! Beside the loop: `state` (node states loaded from the ledger's steps), `scope` (what
 //! one execution passes around, and the writes that settle a node without a call) and
 //! `start` (a node's `if`, deadline, timeout, next retry and expression context) and
-//! `reconcile` (probing in-doubt calls before the run pauses); the nodes that call no
+//! `reconcile` (probing in-doubt calls before the run pauses), `ends` (how an execution
+//! ends here: finished, released, parked on the queue); the nodes that call no
 //! tool run here, not in the gateway: `wait` (a `wait:` node) and `child` (a
 //! sub-workflow node).
 
 mod child;
 pub mod decide;
+mod ends;
 mod expand;
 mod handle;
 mod heartbeat;

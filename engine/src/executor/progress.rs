@@ -209,12 +209,7 @@ pub fn line(event: &StepEvent<'_>) -> Option<String> {
                 ),
                 StepResult::Deferred { until, why } => format!(
                     "… {node} ({attempt}): {}; trying again at {}",
-                    match why {
-                        crate::gateway::Deferral::RateLimited => "rate limited",
-                        crate::gateway::Deferral::GivenBack => {
-                            "not sent (its lease or outbound mark was not confirmed); given back"
-                        }
-                    },
+                    why,
                     until.to_rfc3339()
                 ),
                 StepResult::TaskWorking { task, .. } => format!(

@@ -12,14 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use flow_ledger::{ErrorKind, Run, RunFinish, RunLease, RunStatus, Step, Timestamp};
+use flow_ledger::{ErrorKind, Run, RunLease, RunStatus, Step, Timestamp};
 use futures::stream::{FuturesUnordered, StreamExt};
-use serde_json::{Map, Value as Json};
+use serde_json::Value as Json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::decide::{Action, Finish, Situation, decide};
+use super::decide::{Action, Situation, decide};
 use super::handle::Executor;
 use super::heartbeat;
 use super::node::NodeState;
@@ -29,6 +29,10 @@ use super::start::Started;
 use super::state::RunState;
 use crate::gateway::{self, RunWriter, StepResult};
 use crate::workflow::ValidWorkflow;
+
+/// How far off a run's next start must be before a parking executor puts the run back on
+/// the queue rather than waiting with it (shorter waits cost less than a claim).
+const PARK_AFTER_MS: i64 = 900;
 
 /// How a run execution ended in this process.
 #[derive(Debug, Clone, PartialEq)]
@@ -269,6 +273,13 @@ impl<'a> RunScope<'a> {
                 && self.reconcile(st, in_doubt, cancel, lost).await?
             {
                 continue;
+            }
+            if let [Action::Wait { until: Some(until) }] = actions.as_slice()
+                && self.executor.parks
+                && in_flight.is_empty()
+                && until.0 - now.0 >= PARK_AFTER_MS
+            {
+                return self.park(*until).await;
             }
             let mut wait_until = None;
             let mut progressed = false;
@@ -641,88 +652,6 @@ impl<'a> RunScope<'a> {
             }
         };
         st.put(node, item, state);
-    }
-
-    /// Gives the run back to the queue after a cooperative stop.
-    async fn release(&self) -> Result<RunOutcome, gateway::Error> {
-        let lease = self.lease();
-        self.writer
-            .release(self.gateway.now())
-            .await
-            .map_err(|e| lease_err(e, lease))?;
-        Ok(RunOutcome {
-            status: RunStatus::Queued,
-            output: None,
-            error: Some("released to the queue: this worker is stopping".to_string()),
-        })
-    }
-
-    /// Ends the run with `outcome`, writing the kept pure results in the same commit.
-    async fn finish(&self, st: &RunState, outcome: Finish) -> Result<RunOutcome, gateway::Error> {
-        let (lease, wf, plan) = (self.lease(), self.wf, self.plan);
-        let (status, output, error) = match outcome {
-            Finish::Succeeded => {
-                let mut out = Map::new();
-                for i in plan.sinks() {
-                    let v = match &st.nodes[i] {
-                        // A `for_each` sink gives its counts: its items are in their steps.
-                        NodeState::Succeeded { output } if wf.nodes[i].for_each.is_some() => {
-                            let mut counts = output.clone();
-                            if let Json::Object(map) = &mut counts {
-                                map.remove("items");
-                            }
-                            counts
-                        }
-                        NodeState::Succeeded { output } => output.clone(),
-                        _ => Json::Null,
-                    };
-                    out.insert(wf.nodes[i].id.clone(), v);
-                }
-                (RunStatus::Succeeded, Some(Json::Object(out)), None)
-            }
-            Finish::Failed => {
-                let failed: Vec<String> = st
-                    .nodes
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, n)| match n {
-                        NodeState::Failed { message, .. } if !wf.nodes[i].continue_on_error => {
-                            Some(format!("node `{}` failed: {message}", wf.nodes[i].id))
-                        }
-                        _ => None,
-                    })
-                    .collect();
-                (RunStatus::Failed, None, Some(failed.join("; ")))
-            }
-            Finish::Cancelled => (
-                RunStatus::Cancelled,
-                None,
-                Some("cancelled on request".to_string()),
-            ),
-        };
-        // A parent that ends other than by success leaves no `cancel` child of its
-        // running for nobody (a child waiting elsewhere, or paused).
-        if status != RunStatus::Succeeded && wf.nodes.iter().any(|n| n.child().is_some()) {
-            self.gateway
-                .ledger()
-                .cancel_children(lease, self.gateway.now())
-                .await
-                .map_err(|e| lease_err(e, lease))?;
-        }
-        let finish = RunFinish {
-            status,
-            output: output.clone(),
-            error: error.clone(),
-        };
-        self.writer
-            .finish(finish, self.gateway.now())
-            .await
-            .map_err(|e| lease_err(e, lease))?;
-        Ok(RunOutcome {
-            status,
-            output,
-            error,
-        })
     }
 }
 

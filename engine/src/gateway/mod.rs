@@ -3,9 +3,11 @@
 //!
 //! Order of one call: render `with` and the tool spec, resolve secrets (missing → a
 //! permanent failure, no claim) → egress allow-list (denied → permanent, no claim) →
-//! ledger claim (replay / in doubt / busy / conflict end here) → rate limit and daily
-//! quota, counted in the ledger (limited → release the claim and defer; not an attempt)
-//! → fenced `mark_outbound` (committed before any byte leaves) → the adapter under the
+//! ledger claim (replay / in doubt / busy / conflict end here) → a downstream's
+//! hold-off, the rate limit and daily quota, counted in the ledger (limited → release the
+//! claim and defer; not an attempt) → fenced `mark_outbound` (committed before any byte
+//! leaves; for a tool with `concurrency:` it takes a slot in the same transaction, and
+//! with none free the claim is let go and the call waits in line) → the adapter under the
 //! per-attempt timeout, renewing the call lease while waiting → outcome, attempt row,
 //! usage rows, step finish and the next retry step in one transaction.
 //!
@@ -16,6 +18,7 @@
 
 mod approve;
 mod child;
+mod deferral;
 pub mod disposition;
 pub mod egress;
 pub mod lazy;
@@ -39,6 +42,7 @@ use flow_ledger::{
 };
 use serde_json::Value as Json;
 
+pub use deferral::Deferral;
 pub use disposition::{Disposition, History, Observed, disposition};
 pub use lazy::PureLog;
 pub use render::Target;
@@ -663,7 +667,8 @@ impl Gateway {
         Ok(true)
     }
 
-    /// `Some(when)` if the tool's rate limit or daily quota has no room now.
+    /// `Some(when)` if the tool's rate limit or daily quota has no room now, or its
+    /// downstream asked every sender to hold off.
     ///
     /// Every request to the tool's downstream takes a slot here: the tool's own calls
     /// and its reconciliation probes (`reconcile::probe`).
@@ -672,10 +677,27 @@ impl Gateway {
         workflow: &Workflow,
         tool: &ToolDecl,
     ) -> Result<Option<Timestamp>, flow_ledger::Error> {
+        Ok(self.limited(workflow, tool).await?.map(|(until, _)| until))
+    }
+
+    /// [`Gateway::rate_limited`], saying which limit: a downstream's hold-off (checked
+    /// first, taking nothing), then the day quota, the minute and the second windows.
+    pub(super) async fn limited(
+        &self,
+        workflow: &Workflow,
+        tool: &ToolDecl,
+    ) -> Result<Option<(Timestamp, Deferral)>, flow_ledger::Error> {
         let key = format!("{}/{}", workflow.name, tool.name);
+        if !tool.flow_controlled() {
+            return Ok(None);
+        }
+        if let Some(until) = self.inner.ledger.held_off(&key, self.now()).await? {
+            return Ok(Some((until, Deferral::HeldOff)));
+        }
         let limits = [
             (tool.quota_per_day, Window::Day),
             (tool.rate_limit_per_minute, Window::Minute),
+            (tool.rate_limit_per_second, Window::Second),
         ];
         // The day quota is checked first: when it is exhausted the minute window is not
         // touched. (When the minute window then refuses, the day slot taken stays used:
@@ -695,7 +717,7 @@ impl Gateway {
                 )
                 .await?
             {
-                return Ok(Some(retry_at));
+                return Ok(Some((retry_at, Deferral::RateLimited)));
             }
         }
         Ok(None)
@@ -721,18 +743,14 @@ impl Gateway {
                 .rate_add(&key, Window::Minute, n, self.now())
                 .await?;
         }
+        if c.tool.rate_limit_per_second.is_some() {
+            self.inner
+                .ledger
+                .rate_add(&key, Window::Second, n, self.now())
+                .await?;
+        }
         Ok(())
     }
-}
-
-/// Why a step's call was put off with nothing sent ([`StepResult::Deferred`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Deferral {
-    /// The tool's rate limit or daily quota has no room now.
-    RateLimited,
-    /// The worker's fence closed before the request left, or its outbound mark may not
-    /// have been written: the call was given back unsent, to be claimed again.
-    GivenBack,
 }
 
 /// A node's call rendered and checked, before anything is claimed.

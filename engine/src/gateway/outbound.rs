@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use flow_adapters::{Call, FailureKind, Outcome};
-use flow_ledger::CallLease;
+use flow_ledger::{CallLease, Slot, SlotMark};
 use serde_json::Value as Json;
 
 use tracing::Instrument as _;
@@ -43,13 +43,14 @@ impl Gateway {
             return self.then_callback(c, collected).await;
         }
 
-        // 4. Rate limit and quota, counted across workers.
-        if let Some(until) = self.rate_limited(c.workflow, c.tool).await? {
-            self.inner.ledger.release_call(&lease, self.now()).await?;
-            return Ok(StepResult::Deferred {
-                until,
-                why: super::Deferral::RateLimited,
-            });
+        // 4. A downstream's hold-off, the rate limit and quota, counted across workers.
+        if let Some((until, why)) = self.limited(c.workflow, c.tool).await? {
+            let words = format!("{why} until {}", until.to_rfc3339());
+            self.inner
+                .ledger
+                .release_call_waiting(&lease, Some(&words), self.now())
+                .await?;
+            return Ok(StepResult::Deferred { until, why });
         }
 
         let span = trace::call_span(c, &rendered.target, &lease, self.secrets_of(c));
@@ -75,8 +76,10 @@ impl Gateway {
         self.tools().warm();
         trace::decide(&mut lease);
         let window = self.call_window(&lease);
-        if let Err(e) = self.inner.ledger.mark_outbound(&lease, self.now()).await {
-            return self.mark_failed(c, &lease, e).await;
+        match self.mark(c, &lease).await {
+            Ok(None) => {}
+            Ok(Some(waits)) => return Ok(waits),
+            Err(e) => return self.mark_failed(c, &lease, e).await,
         }
         trace::marked();
         self.inner.faults.hit(Point::AfterOutbound, node_id);
@@ -102,6 +105,11 @@ impl Gateway {
         trace::answered(&outcome);
         if sent > 1 {
             self.count_extra_requests(c, sent - 1).await?;
+        }
+        if next == Disposition::NewAttempt
+            && let Some(wait) = asked_to_wait(&outcome)
+        {
+            return self.held_off(c, &lease, wait).await;
         }
         if outcome.task.is_some() {
             return self.task_working(c, &lease, outcome, sent).await;
@@ -190,6 +198,79 @@ impl Gateway {
 }
 
 impl Gateway {
+    /// The outbound mark — in a slot of the tool's concurrency limit when it has one.
+    /// `Some(deferred)`: no slot was free; the claim was let go and the call waits in
+    /// line, nothing sent and no attempt counted.
+    async fn mark(
+        &self,
+        c: &StepCall<'_>,
+        lease: &CallLease,
+    ) -> Result<Option<StepResult>, flow_ledger::Error> {
+        let ledger = &self.inner.ledger;
+        let Some(limit) = c.tool.concurrency else {
+            ledger.mark_outbound(lease, self.now()).await?;
+            return Ok(None);
+        };
+        let slot = Slot {
+            key: format!("{}/{}", c.workflow.name, c.tool.name),
+            limit,
+        };
+        match ledger
+            .mark_outbound_in_slot(lease, &slot, self.now())
+            .await?
+        {
+            SlotMark::Marked => Ok(None),
+            SlotMark::Full { in_use, ahead } => {
+                // Near the front of the line, ask again soon; further back, the call that
+                // frees a slot wakes the oldest waiter's run anyway.
+                let again = if ahead < limit {
+                    SLOT_ASK_SOON
+                } else {
+                    SLOT_ASK_LATER
+                };
+                Ok(Some(StepResult::Deferred {
+                    until: self.now().plus(again),
+                    why: super::Deferral::Concurrency {
+                        limit,
+                        in_use,
+                        ahead,
+                    },
+                }))
+            }
+        }
+    }
+
+    /// The downstream refused the request unprocessed and said when to come back
+    /// (`Retry-After`): the call goes back to be claimed again with the same key — not a
+    /// failure, not an attempt, no retry spent — and waits until then; for a tool under
+    /// flow control every worker's calls of it wait too (the hold-off is in the ledger).
+    async fn held_off(
+        &self,
+        c: &StepCall<'_>,
+        lease: &CallLease,
+        wait: Duration,
+    ) -> Result<StepResult, flow_ledger::Error> {
+        let ledger = &self.inner.ledger;
+        let mut until = self.now().plus(wait.max(MIN_HOLD_OFF));
+        if c.tool.flow_controlled() {
+            let key = format!("{}/{}", c.workflow.name, c.tool.name);
+            until = ledger.hold_off(&key, until, self.now()).await?;
+        }
+        let why = super::Deferral::HeldOff;
+        let words = format!("{why} until {}", until.to_rfc3339());
+        tracing::info!(
+            node = c.node.id.as_str(),
+            call = lease.tool_call_id,
+            until = %until.to_rfc3339(),
+            "the downstream asked to wait; the call waits with the same key"
+        );
+        self.holder_write("give the refused call back", |now| {
+            ledger.give_back_waiting(lease, Some(&words), now)
+        })
+        .await?;
+        Ok(StepResult::Deferred { until, why })
+    }
+
     /// The outbound mark failed. `LeaseLost`: another worker holds the call; stop. Any
     /// other failure may be a commit whose acknowledgement was lost: this process knows
     /// it sent nothing, so it gives the call back (outbound or still claimed → claimed),
@@ -226,6 +307,32 @@ impl Gateway {
             why: super::Deferral::GivenBack,
             until: self.now().plus(GIVEN_BACK_RETRY),
         })
+    }
+}
+
+/// How soon a call that found no free slot asks again when it is near the front of the
+/// line, and when it is further back (well within `flow_ledger::WAITER_FRESH`, so a
+/// waiter keeps its place).
+const SLOT_ASK_SOON: Duration = Duration::from_secs(1);
+const SLOT_ASK_LATER: Duration = Duration::from_secs(5);
+
+/// The shortest wait a `Retry-After` makes (a `0` must not make a busy loop).
+const MIN_HOLD_OFF: Duration = Duration::from_millis(500);
+/// The longest `Retry-After` flow waits out without counting an attempt; a longer one
+/// ends the attempt as a transient failure, and the node's retry policy decides.
+const MAX_HOLD_OFF: Duration = Duration::from_secs(3600);
+
+/// The wait a downstream asked for, when its answer says the request had no effect and
+/// when to come back (`429`/`503`/… with `Retry-After`, up to [`MAX_HOLD_OFF`]).
+fn asked_to_wait(outcome: &flow_adapters::Outcome) -> Option<Duration> {
+    match &outcome.result {
+        Err(e) => match e.kind {
+            FailureKind::Transient {
+                retry_after: Some(wait),
+            } if wait <= MAX_HOLD_OFF => Some(wait),
+            _ => None,
+        },
+        Ok(_) => None,
     }
 }
 

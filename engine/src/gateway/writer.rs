@@ -160,6 +160,12 @@ impl RunWriter {
         self.ledger.release_run(&self.lease, now).await
     }
 
+    /// Puts the run back on the queue until `until` (its kept results written first).
+    pub async fn park(&self, until: Timestamp, now: Timestamp) -> Result<(), Error> {
+        self.flush(now).await?;
+        self.ledger.park_run(&self.lease, until, now).await
+    }
+
     /// Ends the run, writing the kept results in the finish's own commit.
     pub async fn finish(&self, finish: RunFinish, now: Timestamp) -> Result<FinishedRun, Error> {
         self.pure

@@ -86,6 +86,9 @@ pub struct CallView {
     pub resolution: Option<ResolutionView>,
     /// The MCP task the server may still know: what to look up before settling.
     pub remote_task: Option<String>,
+    /// Why the call waits with nothing sent — a slot of its tool's concurrency limit,
+    /// its rate limit, the downstream's `Retry-After` — while it is claimed and waiting.
+    pub waiting: Option<String>,
     /// The request as stored (secrets are names, never values).
     pub request: Json,
     /// Its output, once it succeeded.
@@ -181,6 +184,9 @@ impl CallView {
                 reason: c.resolution_note.clone(),
             }),
             remote_task: c.remote_task.clone(),
+            waiting: (c.status == CallStatus::Claimed)
+                .then(|| c.waiting.clone())
+                .flatten(),
             request: c.request.clone(),
             output: c.output.clone(),
             elicitations,

@@ -193,6 +193,7 @@ mod tests {
             trace_parent: None,
             trace_state: None,
             uncounted_sends: 0,
+            waiting: None,
         }
     }
 

@@ -33,14 +33,32 @@ pub struct ToolDecl {
     pub timeout: Option<Duration>,
     /// Requests per minute across all workers.
     pub rate_limit_per_minute: Option<u32>,
+    /// Requests per second across all workers.
+    pub rate_limit_per_second: Option<u32>,
     /// Requests per UTC day across all workers.
     pub quota_per_day: Option<u32>,
+    /// `concurrency:` at most this many calls of the tool between the outbound mark and
+    /// their outcome, across all workers (a call in doubt keeps its slot): a downstream
+    /// that hangs can take no more than these, and the rest wait without a worker.
+    pub concurrency: Option<u32>,
     /// Side-effect class declared by the workflow.
     pub idempotency: Idempotency,
     /// `read_only:` override (`None` = infer: GET is read-only, MCP annotations).
     pub read_only: Option<bool>,
     /// `reconcile:`: how to ask the downstream whether an in-doubt call took effect.
     pub reconcile: Option<Reconcile>,
+}
+
+impl ToolDecl {
+    /// Whether the tool is under flow control (a rate limit, a quota or a concurrency
+    /// limit): then a downstream's `Retry-After` holds off every worker's calls of it,
+    /// not only the call that got it, and each call asks the ledger first.
+    pub fn flow_controlled(&self) -> bool {
+        self.rate_limit_per_minute.is_some()
+            || self.rate_limit_per_second.is_some()
+            || self.quota_per_day.is_some()
+            || self.concurrency.is_some()
+    }
 }
 
 /// Default `reconcile.after`: a `not_found` is trusted only this long after the request

@@ -25,6 +25,7 @@ mod retention;
 mod runs;
 mod schedules;
 mod search;
+mod slots;
 mod steps;
 mod takeover;
 mod tasks;

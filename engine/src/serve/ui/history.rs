@@ -88,6 +88,7 @@ fn describe(kind: EventType, p: &Json) -> (&'static str, String, Option<String>)
             ("idle", what, text(p, "detail"))
         }
         E::ToolCallNeedsOperator => ("warn", "needs an operator".into(), None),
+        E::ToolCallSlotReleased => ("run", "concurrency slot released".into(), reason),
         E::ConnectionNeedsReconnect => (
             "bad",
             "connection needs a new sign-in".into(),

@@ -103,6 +103,7 @@ pub(super) const TOOL_COMMON_KEYS: &[&str] = &[
     "timeout",
     "rate_limit",
     "quota",
+    "concurrency",
     "idempotency",
     "read_only",
     "reconcile",

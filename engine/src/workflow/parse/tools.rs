@@ -88,10 +88,13 @@ pub(super) fn tool(cx: &mut Cx, key: &Key, spec: &Node) -> Option<ToolDecl> {
         })
     })();
     let idempotency = get(fields, "idempotency").map_or(Idempotency::None, |n| idempotency(cx, n));
-    let rate_limit_per_minute =
-        get(fields, "rate_limit").and_then(|n| per(cx, n, "rate_limit", "per_minute", 1_000_000));
+    let (rate_limit_per_second, rate_limit_per_minute) =
+        get(fields, "rate_limit").map_or((None, None), |n| rate_limit(cx, n));
     let quota_per_day =
         get(fields, "quota").and_then(|n| per(cx, n, "quota", "per_day", 100_000_000));
+    let concurrency = get(fields, "concurrency")
+        .and_then(|n| cx.count(n, "`concurrency`", 1, MAX_CONCURRENCY))
+        .map(|v| v as u32);
     let description = get(fields, "description").and_then(|n| cx.text(n, "`description`"));
     let timeout = get(fields, "timeout").and_then(|n| cx.duration(n, "`timeout`", MAX_TIMEOUT));
     let read_only = get(fields, "read_only").and_then(|n| cx.bool(n, "`read_only`"));
@@ -103,7 +106,9 @@ pub(super) fn tool(cx: &mut Cx, key: &Key, spec: &Node) -> Option<ToolDecl> {
         description,
         timeout,
         rate_limit_per_minute,
+        rate_limit_per_second,
         quota_per_day,
+        concurrency,
         idempotency,
         read_only,
         reconcile,
@@ -141,6 +146,31 @@ fn command_tool(cx: &mut Cx, fields: &[(Key, Node)], command_node: &Node) -> Too
         cwd: get(fields, "cwd").and_then(|n| cx.string(n, "`cwd`")),
         env_allow: get(fields, "env_allow").map(|n| string_list(cx, n, "`env_allow`")),
     }
+}
+
+/// Most calls of one tool a `concurrency:` may let be in flight at once.
+const MAX_CONCURRENCY: u64 = 100_000;
+
+/// `rate_limit: { per_second: N, per_minute: M }`: either or both (per second, per
+/// minute), each counted in the ledger.
+fn rate_limit(cx: &mut Cx, node: &Node) -> (Option<u32>, Option<u32>) {
+    let Some(entries) = cx.map(node, "`rate_limit`") else {
+        return (None, None);
+    };
+    cx.check_keys(entries, &[&["per_second", "per_minute"]], "`rate_limit`");
+    let second = get(entries, "per_second")
+        .and_then(|n| cx.count(n, "`rate_limit.per_second`", 1, 100_000))
+        .map(|v| v as u32);
+    let minute = get(entries, "per_minute")
+        .and_then(|n| cx.count(n, "`rate_limit.per_minute`", 1, 1_000_000))
+        .map(|v| v as u32);
+    if get(entries, "per_second").is_none() && get(entries, "per_minute").is_none() {
+        cx.error(
+            node.pos,
+            "`rate_limit` needs `per_second` or `per_minute`".to_string(),
+        );
+    }
+    (second, minute)
 }
 
 fn per(cx: &mut Cx, node: &Node, what: &str, field: &str, max: u64) -> Option<u32> {
