@@ -113,6 +113,9 @@ async fn measure(url: &str, what: &str) {
     let notify = workflow("notify", &sms.url(), Some(4));
     let mut daemons = vec![daemon(url), daemon(url)];
 
+    // Warm-up (connections, caches, the planner's statistics): not measured.
+    fill(&ledger, "refund", &refund, runs / 2, "warm").await;
+    refund_rate(&ledger, "refund-warm", runs / 2).await;
     // 1. Alone.
     fill(&ledger, "refund", &refund, runs, "alone").await;
     let alone = refund_rate(&ledger, "refund-alone", runs).await;

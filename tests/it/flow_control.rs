@@ -247,64 +247,177 @@ nodes:
 #[test]
 fn a_429_with_retry_after_holds_off_every_daemon() {
     for backend in backends() {
+        held_off(backend, &[&[], &[], &[]]);
+    }
+}
+
+/// The same on PostgreSQL with the first daemon's wall clock 10 s behind and the one
+/// started after its first 429 10 s ahead (libfaketime): hold-offs and rate windows are
+/// judged by the server's clock (`flow_ledger::SystemClock` anchored to it), so the one
+/// ahead does not send inside the hold-off the other wrote. Unanchored (as on SQLite,
+/// whose processes share one host's clock) it reads that hold-off as long over.
+#[test]
+fn a_hold_off_holds_across_daemons_with_skewed_clocks() {
+    const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    let faketime = std::path::Path::new(LIBFAKETIME).exists();
+    assert!(
+        !flow_adapters::testkit::flags::ci() || (faketime && postgres_available()),
+        "CI needs libfaketime and PostgreSQL"
+    );
+    if !faketime || !postgres_available() {
+        eprintln!("skipped: needs libfaketime and PostgreSQL");
+        return;
+    }
+    let skew = |offset: &'static str| -> [(&'static str, &'static str); 3] {
+        [
+            ("LD_PRELOAD", LIBFAKETIME),
+            ("FAKETIME", offset),
+            ("DONT_FAKE_MONOTONIC", "1"),
+        ]
+    };
+    held_off(Backend::Postgres, &[&skew("-10s"), &skew("+10s")]);
+}
+
+/// One daemon per entry of `daemons` (its extra environment) drains 16 runs of
+/// `throttled` while the downstream answers `429` with `Retry-After: 2` for 4.5 s.
+fn held_off(backend: Backend, daemons: &[&[(&str, &str)]]) {
+    let rt = runtime();
+    let api = rt.block_on(CountingServer::start()).expect("server");
+    api.set("*", Behavior::status_retry_after(429, "2"));
+    let db = TestDb::new(backend);
+    let ledger = open(&rt, &db);
+    let text = throttled(&api.url());
+    let runs = 16;
+    for i in 0..runs {
+        enqueue(&rt, &ledger, "throttled", &text, i);
+    }
+    let args = ["--concurrency", "4", "--poll-interval", "100ms"];
+    // The first daemon meets the first 429; the others start after it, so they
+    // must learn of the hold-off from the ledger alone.
+    let mut started = vec![Daemon::start(&db, "d0", &args, daemons[0])];
+    wait_until(Duration::from_secs(30), "the first request", || {
+        api.total() > 0
+    });
+    // Past the grace for requests already on their way.
+    std::thread::sleep(Duration::from_millis(400));
+    for (n, env) in daemons.iter().enumerate().skip(1) {
+        started.push(Daemon::start(&db, &format!("d{n}"), &args, env));
+    }
+    std::thread::sleep(Duration::from_millis(4500));
+    let refused_until = api.log().last().map_or(0, |r| r.at_ms);
+    api.set("*", Behavior::hold(Duration::from_millis(5)));
+    wait_until(Duration::from_secs(60), "every run succeeded", || {
+        count(&rt, &ledger, "throttled-", RunStatus::Succeeded) == runs
+    });
+    let log = api.log();
+    // After each refusal, nothing until its hold-off ends.
+    for refused in log.iter().filter(|r| r.at_ms <= refused_until) {
+        let early: Vec<u64> = log
+            .iter()
+            .map(|r| r.at_ms)
+            .filter(|&t| t > refused.at_ms + 250 && t + 100 < refused.at_ms + 2000)
+            .collect();
+        assert!(
+            early.is_empty(),
+            "{backend:?}: requests {early:?} within the hold-off of the 429 at {}",
+            refused.at_ms
+        );
+    }
+    let mut per_second = std::collections::BTreeMap::<u64, u32>::new();
+    for r in &log {
+        *per_second.entry(r.at_ms / 1000).or_default() += 1;
+    }
+    assert!(
+        per_second.values().all(|&n| n <= 4),
+        "{backend:?}: requests per second {per_second:?}"
+    );
+    // Every run's one call succeeded on its first attempt, its key re-sent as is.
+    for i in 0..runs {
+        let calls = rt
+            .block_on(ledger.list_calls(&format!("throttled-{i:04}")))
+            .expect("calls");
+        assert_eq!(calls.len(), 1, "{backend:?}: {calls:?}");
+        assert_eq!(calls[0].attempt_count, 1, "{backend:?}: {:?}", calls[0]);
+    }
+    let refusals = log.iter().filter(|r| r.at_ms <= refused_until).count();
+    eprintln!(
+        "{backend:?}: {refusals} refusals, {} requests in all for {runs} runs",
+        log.len()
+    );
+    drop(started);
+}
+
+/// A daemon SIGSTOPped while its call holds the only slot loses its lease; the daemon
+/// that takes the run over finds the call in doubt and it keeps the slot, so no other
+/// run's call goes out — before, during or after the stopped daemon wakes (its fence
+/// stops it sending). Once the downstream has let the first request go, an operator
+/// releases the slot (`flow release-slot`, audited) and the others go, one at a time.
+#[test]
+fn a_call_in_doubt_keeps_its_slot_until_released() {
+    for backend in backends() {
         let rt = runtime();
-        let api = rt.block_on(CountingServer::start()).expect("server");
-        api.set("*", Behavior::status_retry_after(429, "2"));
+        let sms = rt.block_on(CountingServer::start()).expect("sms server");
+        sms.set("*", Behavior::HoldUntilReleased);
         let db = TestDb::new(backend);
         let ledger = open(&rt, &db);
-        let text = throttled(&api.url());
-        let runs = 16;
-        for i in 0..runs {
-            enqueue(&rt, &ledger, "throttled", &text, i);
-        }
+        let text = notify(&sms.url(), 1);
+        enqueue(&rt, &ledger, "notify", &text, 0);
         let args = ["--concurrency", "4", "--poll-interval", "100ms"];
-        let daemons: Vec<Daemon> = (0..3)
-            .map(|n| Daemon::start(&db, &format!("d{n}"), &args, &[]))
-            .collect();
+        let stopped = Daemon::start(&db, "stopped", &args, &[("FLOW_LEASE", "2s")]);
         wait_until(Duration::from_secs(30), "the first request", || {
-            api.total() > 0
+            sms.total() == 1
         });
-        std::thread::sleep(Duration::from_millis(4500));
-        let refused_until = api.log().last().map_or(0, |r| r.at_ms);
-        api.set("*", Behavior::hold(Duration::from_millis(5)));
-        wait_until(Duration::from_secs(60), "every run succeeded", || {
-            count(&rt, &ledger, "throttled-", RunStatus::Succeeded) == runs
+        stopped.signal("-STOP");
+        for i in 1..4 {
+            enqueue(&rt, &ledger, "notify", &text, i);
+        }
+        let other = Daemon::start(&db, "other", &args, &[]);
+        wait_until(
+            Duration::from_secs(30),
+            "the first run paused in doubt",
+            || count(&rt, &ledger, "notify-0000", RunStatus::Paused) == 1,
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        stopped.signal("-CONT");
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(
+            sms.total(),
+            1,
+            "{backend:?}: the slot held by the call in doubt"
+        );
+        sms.set("*", Behavior::hold(Duration::from_millis(20)));
+        sms.release();
+        let out = output(db.flow().args([
+            "release-slot",
+            "notify-0000",
+            "send",
+            "--by",
+            "ops",
+            "--reason",
+            "the provider dropped it",
+        ]));
+        assert_eq!(out.status.code(), Some(0), "{backend:?}: {}", stderr(&out));
+        wait_until(Duration::from_secs(60), "the other runs succeeded", || {
+            count(&rt, &ledger, "notify-", RunStatus::Succeeded) == 3
         });
-        let log = api.log();
-        // After each refusal, nothing until its hold-off ends.
-        for refused in log.iter().filter(|r| r.at_ms <= refused_until) {
-            let early: Vec<u64> = log
-                .iter()
-                .map(|r| r.at_ms)
-                .filter(|&t| t > refused.at_ms + 250 && t + 100 < refused.at_ms + 2000)
-                .collect();
-            assert!(
-                early.is_empty(),
-                "{backend:?}: requests {early:?} within the hold-off of the 429 at {}",
-                refused.at_ms
-            );
-        }
-        let mut per_second = std::collections::BTreeMap::<u64, u32>::new();
-        for r in &log {
-            *per_second.entry(r.at_ms / 1000).or_default() += 1;
-        }
+        assert_eq!(sms.total(), 4, "{backend:?}: each run's request once");
+        assert_eq!(sms.max_in_flight(), 1, "{backend:?}");
+        // A second release finds no slot: exit 2 with the reason.
+        let again = output(
+            db.flow()
+                .args(["release-slot", "notify-0000", "send", "--by", "ops"]),
+        );
+        assert_eq!(
+            again.status.code(),
+            Some(2),
+            "{backend:?}: {}",
+            stderr(&again)
+        );
         assert!(
-            per_second.values().all(|&n| n <= 4),
-            "{backend:?}: requests per second {per_second:?}"
+            stderr(&again).contains("holds no concurrency slot"),
+            "{}",
+            stderr(&again)
         );
-        // Every run's one call succeeded on its first attempt, its key re-sent as is.
-        for i in 0..runs {
-            let calls = rt
-                .block_on(ledger.list_calls(&format!("throttled-{i:04}")))
-                .expect("calls");
-            assert_eq!(calls.len(), 1, "{backend:?}: {calls:?}");
-            assert_eq!(calls[0].attempt_count, 1, "{backend:?}: {:?}", calls[0]);
-        }
-        let refusals = log.iter().filter(|r| r.at_ms <= refused_until).count();
-        eprintln!(
-            "{backend:?}: {refusals} refusals, {} requests in all for {runs} runs",
-            log.len()
-        );
-        drop(daemons);
+        drop((stopped, other));
     }
 }

@@ -146,7 +146,8 @@ async fn execute_inner(shared: &Shared, claimed: Claimed) -> &'static str {
                 RunStatus::Queued => tracing::info!(
                     run = %run.id,
                     workflow = %run.workflow_name,
-                    "run released to the queue: stopping"
+                    why = outcome.error.as_deref().unwrap_or("stopping"),
+                    "run back on the queue"
                 ),
                 _ => tracing::info!(
                     run = %run.id,

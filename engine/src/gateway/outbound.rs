@@ -314,7 +314,7 @@ impl Gateway {
 /// line, and when it is further back (well within `flow_ledger::WAITER_FRESH`, so a
 /// waiter keeps its place).
 const SLOT_ASK_SOON: Duration = Duration::from_secs(1);
-const SLOT_ASK_LATER: Duration = Duration::from_secs(5);
+const SLOT_ASK_LATER: Duration = Duration::from_secs(10);
 
 /// The shortest wait a `Retry-After` makes (a `0` must not make a busy loop).
 const MIN_HOLD_OFF: Duration = Duration::from_millis(500);
