@@ -253,8 +253,17 @@ impl Gateway {
         let ledger = &self.inner.ledger;
         let mut until = self.now().plus(wait.max(MIN_HOLD_OFF));
         if c.tool.flow_controlled() {
+            // Telling the other workers is worth a try, not a reason to leave this call
+            // outbound (the next holder would have to call it in doubt).
             let key = format!("{}/{}", c.workflow.name, c.tool.name);
-            until = ledger.hold_off(&key, until, self.now()).await?;
+            match ledger.hold_off(&key, until, self.now()).await {
+                Ok(latest) => until = latest,
+                Err(e) => tracing::warn!(
+                    tool = key,
+                    error = %e,
+                    "cannot record the downstream's hold-off for the other workers"
+                ),
+            }
         }
         let why = super::Deferral::HeldOff;
         let words = format!("{why} until {}", until.to_rfc3339());
