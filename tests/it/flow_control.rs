@@ -418,6 +418,21 @@ fn a_call_in_doubt_keeps_its_slot_until_released() {
             "{}",
             stderr(&again)
         );
+        let none = output(
+            db.flow()
+                .args(["release-slot", "notify-0000", "nope", "--by", "ops"]),
+        );
+        assert_eq!(
+            none.status.code(),
+            Some(2),
+            "{backend:?}: {}",
+            stderr(&none)
+        );
+        assert!(
+            stderr(&none).contains("has no call of node `nope`"),
+            "{}",
+            stderr(&none)
+        );
         drop((stopped, other));
     }
 }

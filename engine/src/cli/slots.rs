@@ -41,9 +41,21 @@ pub(crate) async fn release_slot(
         );
         return Ok(exit::OK);
     }
-    Err(Error::invalid(format!(
-        "{}/{} holds no concurrency slot: only a call in doubt of a tool with `concurrency:` \
-         keeps one (see `flow show {}`)",
-        args.run, args.node, args.run
-    )))
+    // Say why not, from what the call is.
+    let why = match ledger.get_call(&args.run, &args.node).await {
+        Err(flow_ledger::Error::NotFound { .. }) => {
+            format!("run {} has no call of node `{}`", args.run, args.node)
+        }
+        Err(e) => return Err(Error::from(e)),
+        Ok(call) if call.status != flow_ledger::CallStatus::InDoubt => format!(
+            "{}/{} holds no concurrency slot: it is {}, and only a call in doubt keeps one",
+            args.run, args.node, call.status
+        ),
+        Ok(_) => format!(
+            "{}/{} holds no concurrency slot: its tool has no `concurrency:`, or the slot \
+             was released already",
+            args.run, args.node
+        ),
+    };
+    Err(Error::invalid(why))
 }

@@ -13,6 +13,8 @@ crate::conformance!(
     a_limit_counts_calls_in_flight_and_in_doubt,
     waiters_are_served_oldest_first_and_a_freed_slot_wakes_the_next,
     concurrent_marks_never_exceed_the_limit,
+    a_hold_off_lasts_until_its_latest_end,
+    a_waiting_call_says_why_until_it_is_marked,
 );
 
 fn ops() -> flow_ledger::Actor {
@@ -222,4 +224,60 @@ async fn concurrent_marks_never_exceed_the_limit(db: TestDb) {
         }
     }
     assert_eq!(marked, 3);
+}
+
+async fn a_hold_off_lasts_until_its_latest_end(db: TestDb) {
+    let now = db.now();
+    assert_eq!(db.ledger.held_off("wf/api", now).await.unwrap(), None);
+    let two = now.plus(Duration::from_secs(2));
+    let five = now.plus(Duration::from_secs(5));
+    assert_eq!(db.ledger.hold_off("wf/api", five, now).await.unwrap(), five);
+    // A shorter one later does not end it sooner; the same end twice is one row.
+    assert_eq!(db.ledger.hold_off("wf/api", two, now).await.unwrap(), five);
+    assert_eq!(db.ledger.hold_off("wf/api", five, now).await.unwrap(), five);
+    assert_eq!(db.ledger.held_off("wf/api", now).await.unwrap(), Some(five));
+    // Another key is not held off.
+    assert_eq!(db.ledger.held_off("wf/other", now).await.unwrap(), None);
+    db.clock.set(five);
+    assert_eq!(db.ledger.held_off("wf/api", db.now()).await.unwrap(), None);
+}
+
+async fn a_waiting_call_says_why_until_it_is_marked(db: TestDb) {
+    let (run, call) = waiting_call(&db, "run_a").await;
+    db.ledger
+        .release_call_waiting(&call, Some("rate limited until soon"), db.now())
+        .await
+        .unwrap();
+    let stored = db.ledger.get_call("run_a", "send").await.unwrap();
+    assert_eq!(stored.waiting.as_deref(), Some("rate limited until soon"));
+    // Claimed again and refused a slot: the slot's words replace the rate limit's.
+    let call = claim_send(&db, &run).await;
+    let (_, holder) = waiting_call(&db, "run_b").await;
+    assert_eq!(mark(&db, &holder, 1).await, SlotMark::Marked);
+    assert!(matches!(mark(&db, &call, 1).await, SlotMark::Full { .. }));
+    let stored = db.ledger.get_call("run_a", "send").await.unwrap();
+    let why = stored.waiting.unwrap_or_default();
+    assert!(
+        why.starts_with("waiting for a slot of wf/sms: 1 of 1"),
+        "{why}"
+    );
+    db.ledger
+        .complete_call(complete_ok(&holder, json!({})), db.now())
+        .await
+        .unwrap();
+    // Marked at last: nothing waits any more.
+    let call = claim_send(&db, &run).await;
+    assert_eq!(mark(&db, &call, 1).await, SlotMark::Marked);
+    assert_eq!(
+        db.ledger.get_call("run_a", "send").await.unwrap().waiting,
+        None
+    );
+    // A refused request given back with the downstream's words.
+    db.ledger
+        .give_back_waiting(&call, Some("held off"), db.now())
+        .await
+        .unwrap();
+    let stored = db.ledger.get_call("run_a", "send").await.unwrap();
+    assert_eq!(stored.status, flow_ledger::CallStatus::Claimed);
+    assert_eq!(stored.waiting.as_deref(), Some("held off"));
 }
