@@ -175,6 +175,21 @@ impl Conn<'_> {
         matches!(self, Conn::Postgres(_))
     }
 
+    /// On PostgreSQL, the transaction lock named `key` (`pg_advisory_xact_lock`): the
+    /// transactions that take it take turns until they commit, so what one counts or
+    /// looks up next under READ COMMITTED includes the other's writes. SQLite has one
+    /// writer: nothing to take.
+    pub(crate) async fn take_turns(&mut self, key: &str) -> Result<(), Error> {
+        if self.is_postgres() {
+            self.optional::<(i32,)>(
+                "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 0))) AS l",
+                args![key],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
     /// Picks the dialect-specific text of a statement.
     pub(crate) fn pick(&self, sqlite: &'static str, postgres: &'static str) -> &'static str {
         if self.is_postgres() { postgres } else { sqlite }

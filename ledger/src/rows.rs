@@ -33,7 +33,7 @@ fn kind(v: Option<String>) -> Result<Option<ErrorKind>, Error> {
     v.map(|k| k.parse()).transpose()
 }
 
-fn count(v: i64) -> u32 {
+pub(crate) fn count(v: i64) -> u32 {
     u32::try_from(v.max(0)).unwrap_or(u32::MAX)
 }
 

@@ -27,7 +27,7 @@ use crate::fence::call_fence;
 use crate::ledger::Ledger;
 use crate::model::Scope;
 use crate::model::{Actor, CallLease};
-use crate::rows::TextRow;
+use crate::rows::{TextRow, count};
 use crate::state::CallTransition;
 use serde_json::json;
 
@@ -71,10 +71,26 @@ pub struct SlotUse {
     pub waiting: u32,
 }
 
+/// Whether the `tool_calls` row `w` is a *live* waiter: refused a slot, still claimed,
+/// asked again no earlier than the parameter `$fresh`, and its run queued or running.
+/// The one definition the line's order, the wake-up and the gauge all read.
+macro_rules! live_waiter {
+    ($fresh:literal) => {
+        concat!(
+            " w.status = 'claimed' AND w.slot_waiting_since IS NOT NULL
+              AND w.updated_at >= ",
+            $fresh,
+            " AND EXISTS (SELECT 1 FROM runs r WHERE r.tenant = w.tenant
+                  AND r.workspace = w.workspace AND r.id = w.run_id
+                  AND r.status IN ('queued', 'running')) "
+        )
+    };
+}
+
 /// The calls in flight and the live waiters ahead of the call (`$4`, `$5`) of limit `$3`.
 /// `$6` is now, `$7` the oldest a live waiter's last ask may be.
-const COUNT: &str = "
-    WITH me AS (
+const COUNT: &str = concat!(
+    "WITH me AS (
         SELECT COALESCE(slot_waiting_since, $6) AS since FROM tool_calls
         WHERE tenant = $1 AND workspace = $2 AND run_id = $4 AND tool_call_id = $5)
     SELECT
@@ -82,14 +98,12 @@ const COUNT: &str = "
          WHERE tenant = $1 AND workspace = $2 AND slot = $3
            AND status IN ('outbound', 'in_doubt')) AS n,
         (SELECT count(*) FROM tool_calls w, me
-         WHERE w.tenant = $1 AND w.workspace = $2 AND w.slot = $3 AND w.status = 'claimed'
-           AND w.slot_waiting_since IS NOT NULL AND w.updated_at >= $7
-           AND (w.slot_waiting_since < me.since
+         WHERE w.tenant = $1 AND w.workspace = $2 AND w.slot = $3 AND",
+    live_waiter!("$7"),
+    "AND (w.slot_waiting_since < me.since
              OR (w.slot_waiting_since = me.since
-               AND (w.run_id < $4 OR (w.run_id = $4 AND w.tool_call_id < $5))))
-           AND EXISTS (SELECT 1 FROM runs r WHERE r.tenant = w.tenant
-               AND r.workspace = w.workspace AND r.id = w.run_id
-               AND r.status IN ('queued', 'running'))) AS ahead";
+               AND (w.run_id < $4 OR (w.run_id = $4 AND w.tool_call_id < $5))))) AS ahead"
+);
 
 /// The counts [`COUNT`] returns.
 #[derive(sqlx::FromRow)]
@@ -117,8 +131,12 @@ impl Ledger {
         self.write(move |c| {
             Box::pin(async move {
                 let scope = ledger.scope();
-                lock_slot(c, scope, &slot.key).await?;
-                let fresh = Timestamp(now.0 - i64::try_from(WAITER_FRESH.as_millis()).unwrap_or(0));
+                // The limit's marks take turns (PostgreSQL; SQLite has one writer).
+                c.take_turns(&format!(
+                    "flow-slot:{}:{}:{}",
+                    scope.tenant, scope.workspace, slot.key
+                ))
+                .await?;
                 let counts = c
                     .optional::<Counts>(
                         COUNT,
@@ -129,13 +147,12 @@ impl Ledger {
                             &lease.run_id,
                             &lease.tool_call_id,
                             now,
-                            fresh,
+                            now.minus(WAITER_FRESH),
                         ],
                     )
                     .await?
                     .ok_or(Error::LeaseLost)?;
-                let in_use = u32::try_from(counts.n).unwrap_or(u32::MAX);
-                let ahead = u32::try_from(counts.ahead).unwrap_or(u32::MAX);
+                let (in_use, ahead) = (count(counts.n), count(counts.ahead));
                 if in_use.saturating_add(ahead) < slot.limit {
                     ledger.mark_in(c, &lease, Some(&slot.key), now).await?;
                     return Ok(SlotMark::Marked);
@@ -155,21 +172,23 @@ impl Ledger {
     /// The use of every limit that has calls in a slot or waiting, by key.
     pub async fn slot_use(&self, now: Timestamp) -> Result<Vec<SlotUse>, Error> {
         let s = self.scope();
-        let fresh = Timestamp(now.0 - i64::try_from(WAITER_FRESH.as_millis()).unwrap_or(0));
         let mut pc = self.pool().acquire().await?;
         let rows = pc
             .conn()
             .all::<SlotRow>(
-                "SELECT slot AS key,
-                    SUM(CASE WHEN status = 'outbound' THEN 1 ELSE 0 END) AS in_flight,
-                    SUM(CASE WHEN status = 'in_doubt' THEN 1 ELSE 0 END) AS in_doubt,
-                    SUM(CASE WHEN status = 'claimed' AND slot_waiting_since IS NOT NULL
-                        AND updated_at >= $3 THEN 1 ELSE 0 END) AS waiting
-                 FROM tool_calls
-                 WHERE tenant = $1 AND workspace = $2 AND slot IS NOT NULL
-                   AND status IN ('outbound', 'in_doubt', 'claimed')
-                 GROUP BY slot ORDER BY slot",
-                args![&s.tenant, &s.workspace, fresh],
+                concat!(
+                    "SELECT w.slot AS key,
+                        SUM(CASE WHEN w.status = 'outbound' THEN 1 ELSE 0 END) AS in_flight,
+                        SUM(CASE WHEN w.status = 'in_doubt' THEN 1 ELSE 0 END) AS in_doubt,
+                        SUM(CASE WHEN",
+                    live_waiter!("$3"),
+                    "THEN 1 ELSE 0 END) AS waiting
+                     FROM tool_calls w
+                     WHERE w.tenant = $1 AND w.workspace = $2 AND w.slot IS NOT NULL
+                       AND w.status IN ('outbound', 'in_doubt', 'claimed')
+                     GROUP BY w.slot ORDER BY w.slot"
+                ),
+                args![&s.tenant, &s.workspace, now.minus(WAITER_FRESH)],
             )
             .await?;
         Ok(rows
@@ -237,24 +256,6 @@ struct SlotRow {
     waiting: i64,
 }
 
-fn count(n: i64) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
-}
-
-/// On PostgreSQL, the transaction lock of one limit: its marks take turns. SQLite has
-/// one writer.
-async fn lock_slot(c: &mut Conn<'_>, s: &Scope, key: &str) -> Result<(), Error> {
-    if c.is_postgres() {
-        let key = format!("flow-slot:{}:{}:{key}", s.tenant, s.workspace);
-        c.optional::<(i32,)>(
-            "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 0))) AS l",
-            args![key],
-        )
-        .await?;
-    }
-    Ok(())
-}
-
 /// The holder lets go of a claimed call that found no slot: it waits in line under
 /// `key` since its first refusal (`CallTransition::Release`, status unchanged).
 async fn wait_in_line(
@@ -295,16 +296,16 @@ pub(crate) async fn wake_next_waiter(
     slot: &str,
     now: Timestamp,
 ) -> Result<(), Error> {
-    let fresh = Timestamp(now.0 - i64::try_from(WAITER_FRESH.as_millis()).unwrap_or(0));
     c.execute(
-        "UPDATE runs SET not_before = $4
-         WHERE tenant = $1 AND workspace = $2 AND status = 'queued' AND not_before > $4
-           AND id = (SELECT w.run_id FROM tool_calls w
-               WHERE w.tenant = $1 AND w.workspace = $2 AND w.slot = $3
-                 AND w.status = 'claimed' AND w.slot_waiting_since IS NOT NULL
-                 AND w.updated_at >= $5
-               ORDER BY w.slot_waiting_since, w.run_id, w.tool_call_id LIMIT 1)",
-        args![&s.tenant, &s.workspace, slot, now, fresh],
+        concat!(
+            "UPDATE runs SET not_before = $4
+             WHERE tenant = $1 AND workspace = $2 AND status = 'queued' AND not_before > $4
+               AND id = (SELECT w.run_id FROM tool_calls w
+                   WHERE w.tenant = $1 AND w.workspace = $2 AND w.slot = $3 AND",
+            live_waiter!("$5"),
+            "ORDER BY w.slot_waiting_since, w.run_id, w.tool_call_id LIMIT 1)"
+        ),
+        args![&s.tenant, &s.workspace, slot, now, now.minus(WAITER_FRESH)],
     )
     .await?;
     Ok(())

@@ -120,7 +120,7 @@ impl Drop for Daemon {
     }
 }
 
-fn open_ledger(rt: &tokio::runtime::Runtime, db: &TestDb) -> Ledger {
+pub(crate) fn open_ledger(rt: &tokio::runtime::Runtime, db: &TestDb) -> Ledger {
     rt.block_on(Ledger::open(&db.url, OpenOptions::default()))
         .expect("open ledger")
 }

@@ -9,9 +9,9 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use flow_adapters::testkit::http::{Behavior, CountingServer};
-use flow_ledger::{Ledger, NewRun, OpenOptions, RunStatus};
+use flow_ledger::{Ledger, NewRun, RunStatus};
 
-use crate::daemon::{Daemon, wait_until};
+use crate::daemon::{Daemon, open_ledger, wait_until};
 use crate::support::{Backend, TestDb, backends, output, postgres_available, runtime, stderr};
 
 /// `notify`: one POST to a downstream that may hang, through a tool limited to `limit`
@@ -57,11 +57,6 @@ fn enqueue(rt: &tokio::runtime::Runtime, ledger: &Ledger, name: &str, text: &str
         .expect("enqueue");
 }
 
-fn open(rt: &tokio::runtime::Runtime, db: &TestDb) -> Ledger {
-    rt.block_on(Ledger::open(&db.url, OpenOptions::default()))
-        .expect("open ledger")
-}
-
 /// The runs of `workflow` in `status`.
 fn count(rt: &tokio::runtime::Runtime, ledger: &Ledger, prefix: &str, status: RunStatus) -> usize {
     let filter = flow_ledger::RunFilter {
@@ -85,7 +80,7 @@ fn a_hanging_tool_takes_its_slots_and_no_daemon_slot_from_other_runs() {
         sms.set("*", Behavior::HoldUntilReleased);
         pay.set("*", Behavior::hold(Duration::from_millis(5)));
         let db = TestDb::new(backend);
-        let ledger = open(&rt, &db);
+        let ledger = open_ledger(&rt, &db);
         let (notify, refund) = (notify(&sms.url(), 2), refund(&pay.url()));
         // Twelve runs for the hanging tool first, then the refunds: with four daemon
         // slots, runs that held a slot while waiting for the tool would stall them all.
@@ -147,7 +142,7 @@ fn the_limit_holds_across_daemons_killed_at_random() {
     let sms = rt.block_on(CountingServer::start()).expect("sms server");
     sms.set("*", Behavior::hold(Duration::from_millis(60)));
     let db = TestDb::new(Backend::Postgres);
-    let ledger = open(&rt, &db);
+    let ledger = open_ledger(&rt, &db);
     let text = notify(&sms.url(), 3);
     let runs = 60;
     for i in 0..runs {
@@ -285,7 +280,7 @@ fn held_off(backend: Backend, daemons: &[&[(&str, &str)]]) {
     let api = rt.block_on(CountingServer::start()).expect("server");
     api.set("*", Behavior::status_retry_after(429, "2"));
     let db = TestDb::new(backend);
-    let ledger = open(&rt, &db);
+    let ledger = open_ledger(&rt, &db);
     let text = throttled(&api.url());
     let runs = 16;
     for i in 0..runs {
@@ -359,7 +354,7 @@ fn a_call_in_doubt_keeps_its_slot_until_released() {
         let sms = rt.block_on(CountingServer::start()).expect("sms server");
         sms.set("*", Behavior::HoldUntilReleased);
         let db = TestDb::new(backend);
-        let ledger = open(&rt, &db);
+        let ledger = open_ledger(&rt, &db);
         let text = notify(&sms.url(), 1);
         enqueue(&rt, &ledger, "notify", &text, 0);
         let args = ["--concurrency", "4", "--poll-interval", "100ms"];
@@ -402,37 +397,20 @@ fn a_call_in_doubt_keeps_its_slot_until_released() {
         });
         assert_eq!(sms.total(), 4, "{backend:?}: each run's request once");
         assert_eq!(sms.max_in_flight(), 1, "{backend:?}");
-        // A second release finds no slot: exit 2 with the reason.
-        let again = output(
-            db.flow()
-                .args(["release-slot", "notify-0000", "send", "--by", "ops"]),
-        );
-        assert_eq!(
-            again.status.code(),
-            Some(2),
-            "{backend:?}: {}",
-            stderr(&again)
-        );
-        assert!(
-            stderr(&again).contains("holds no concurrency slot"),
-            "{}",
-            stderr(&again)
-        );
-        let none = output(
-            db.flow()
-                .args(["release-slot", "notify-0000", "nope", "--by", "ops"]),
-        );
-        assert_eq!(
-            none.status.code(),
-            Some(2),
-            "{backend:?}: {}",
-            stderr(&none)
-        );
-        assert!(
-            stderr(&none).contains("has no call of node `nope`"),
-            "{}",
-            stderr(&none)
-        );
+        // A second release finds no slot, an unknown node no call: exit 2 with the reason.
+        for (node, reason) in [
+            ("send", "holds no concurrency slot"),
+            ("nope", "has no call of node `nope`"),
+        ] {
+            let refused =
+                output(
+                    db.flow()
+                        .args(["release-slot", "notify-0000", node, "--by", "ops"]),
+                );
+            let said = stderr(&refused);
+            assert_eq!(refused.status.code(), Some(2), "{backend:?}: {said}");
+            assert!(said.contains(reason), "{backend:?}: {said}");
+        }
         drop((stopped, other));
     }
 }

@@ -687,23 +687,17 @@ impl Gateway {
         workflow: &Workflow,
         tool: &ToolDecl,
     ) -> Result<Option<(Timestamp, Deferral)>, flow_ledger::Error> {
-        let key = format!("{}/{}", workflow.name, tool.name);
         if !tool.flow_controlled() {
             return Ok(None);
         }
+        let key = limit_key(workflow, tool);
         if let Some(until) = self.inner.ledger.held_off(&key, self.now()).await? {
             return Ok(Some((until, Deferral::HeldOff)));
         }
-        let limits = [
-            (tool.quota_per_day, Window::Day),
-            (tool.rate_limit_per_minute, Window::Minute),
-            (tool.rate_limit_per_second, Window::Second),
-        ];
         // The day quota is checked first: when it is exhausted the minute window is not
         // touched. (When the minute window then refuses, the day slot taken stays used:
         // a known over-count of one per refusal, on the safe side of the quota.)
-        for (limit, window) in limits {
-            let Some(limit) = limit else { continue };
+        for (limit, window) in rate_windows(tool) {
             if let RateDecision::Limited { retry_at } = self
                 .inner
                 .ledger
@@ -729,28 +723,34 @@ impl Gateway {
         c: &StepCall<'_>,
         extra: u32,
     ) -> Result<(), flow_ledger::Error> {
-        let key = format!("{}/{}", c.workflow.name, c.tool.name);
-        let n = extra;
-        if c.tool.quota_per_day.is_some() {
+        let key = limit_key(c.workflow, c.tool);
+        for (_, window) in rate_windows(c.tool) {
             self.inner
                 .ledger
-                .rate_add(&key, Window::Day, n, self.now())
-                .await?;
-        }
-        if c.tool.rate_limit_per_minute.is_some() {
-            self.inner
-                .ledger
-                .rate_add(&key, Window::Minute, n, self.now())
-                .await?;
-        }
-        if c.tool.rate_limit_per_second.is_some() {
-            self.inner
-                .ledger
-                .rate_add(&key, Window::Second, n, self.now())
+                .rate_add(&key, window, extra, self.now())
                 .await?;
         }
         Ok(())
     }
+}
+
+/// What a tool's limits are counted under in the ledger — its rate windows, quota,
+/// hold-off and concurrency slots: `<workflow>/<tool>`, the same for a resume and for
+/// every daemon.
+pub(super) fn limit_key(workflow: &Workflow, tool: &ToolDecl) -> String {
+    format!("{}/{}", workflow.name, tool.name)
+}
+
+/// The tool's counted windows that have a limit, the day quota first, then the minute
+/// and the second.
+fn rate_windows(tool: &ToolDecl) -> impl Iterator<Item = (u32, Window)> {
+    [
+        (tool.quota_per_day, Window::Day),
+        (tool.rate_limit_per_minute, Window::Minute),
+        (tool.rate_limit_per_second, Window::Second),
+    ]
+    .into_iter()
+    .filter_map(|(limit, window)| Some((limit?, window)))
 }
 
 /// A node's call rendered and checked, before anything is claimed.

@@ -212,7 +212,7 @@ impl Gateway {
             return Ok(None);
         };
         let slot = Slot {
-            key: format!("{}/{}", c.workflow.name, c.tool.name),
+            key: super::limit_key(c.workflow, c.tool),
             limit,
         };
         match ledger
@@ -255,7 +255,7 @@ impl Gateway {
         if c.tool.flow_controlled() {
             // Telling the other workers is worth a try, not a reason to leave this call
             // outbound (the next holder would have to call it in doubt).
-            let key = format!("{}/{}", c.workflow.name, c.tool.name);
+            let key = super::limit_key(c.workflow, c.tool);
             match ledger.hold_off(&key, until, self.now()).await {
                 Ok(latest) => until = latest,
                 Err(e) => tracing::warn!(

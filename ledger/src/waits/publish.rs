@@ -77,15 +77,8 @@ impl EventRow {
 /// On PostgreSQL, the transaction lock of an event name: a publish and a wait's begin
 /// of the same name take turns, so neither misses the other. SQLite has one writer.
 pub(super) async fn lock_name(c: &mut Conn<'_>, s: &Scope, name: &str) -> Result<(), Error> {
-    if c.is_postgres() {
-        let key = format!("flow-event:{}:{}:{name}", s.tenant, s.workspace);
-        c.optional::<(i32,)>(
-            "SELECT 1 FROM (SELECT pg_advisory_xact_lock(hashtextextended($1, 0))) AS l",
-            args![key],
-        )
-        .await?;
-    }
-    Ok(())
+    c.take_turns(&format!("flow-event:{}:{}:{name}", s.tenant, s.workspace))
+        .await
 }
 
 fn check_text(what: &str, v: &str) -> Result<(), Error> {
